@@ -1,0 +1,75 @@
+"""File formats that travel between machines: kernel batches in, measurement results out.
+
+Both are Parquet (zstd). Only pyarrow is needed, so the GPU worker can use this module on a
+bare host. The warehouse ingests result files written in RESULT_SCHEMA and refuses others.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import pyarrow as pa
+
+HARNESS_VERSION = "kernelcast-harness-1"
+
+FAILURE_KINDS = (
+    "compile_failed",  # the module does not import / Triton does not compile it
+    "runtime_error",  # raised while running a case
+    "incorrect",  # ran, but check_implementation said no on some case
+    "timeout",  # its worker went past the time limit and was killed
+    "crashed",  # its worker died (segfault, illegal memory access, abort)
+    "infrastructure",  # our fault, not the kernel's (e.g. no GPU, reference failed)
+)
+
+# A batch for the worker: one row per kernel. Extra columns are allowed and ignored by the worker.
+BATCH_SCHEMA = pa.schema(
+    [
+        pa.field("kernel_id", pa.string(), nullable=False),
+        pa.field("task", pa.string(), nullable=False),
+        pa.field("source", pa.string(), nullable=False),
+    ]
+)
+
+# A result: one row per (batch, kernel). Per-case lists are aligned with case_ids.
+RESULT_SCHEMA = pa.schema(
+    [
+        pa.field("batch_id", pa.string(), nullable=False),  # one profiling run (uuid4 hex)
+        pa.field("kernel_id", pa.string(), nullable=False),
+        pa.field("task", pa.string(), nullable=False),
+        pa.field("status", pa.string(), nullable=False),  # "ok" | "failed"
+        pa.field("failure_kind", pa.string()),  # one of FAILURE_KINDS when failed
+        pa.field("error", pa.string()),  # one line
+        pa.field("case_ids", pa.list_(pa.string())),
+        pa.field("kernel_median_ms", pa.list_(pa.float64())),
+        pa.field("kernel_mean_ms", pa.list_(pa.float64())),
+        pa.field("kernel_stderr_ms", pa.list_(pa.float64())),
+        pa.field("kernel_reps", pa.list_(pa.int32())),
+        pa.field("ref_median_ms", pa.list_(pa.float64())),
+        pa.field("ref_mean_ms", pa.list_(pa.float64())),
+        pa.field("ref_stderr_ms", pa.list_(pa.float64())),
+        pa.field("ref_reps", pa.list_(pa.int32())),
+        pa.field("case_speedups", pa.list_(pa.float64())),  # t_ref / t_kernel, medians
+        pa.field("speedup", pa.float64()),  # geometric mean over cases; null unless status ok
+        pa.field("needs_recheck", pa.bool_()),  # speedup > 10x: flagged for a re-measure
+        pa.field("protocol", pa.string(), nullable=False),  # "kernelcast" | "paper"
+        pa.field("harness_version", pa.string(), nullable=False),
+        pa.field("hardware_id", pa.string(), nullable=False),  # e.g. "nvidia-h200-sm90"
+        pa.field("hardware_json", pa.string(), nullable=False),  # full fingerprint, JSON
+        pa.field("measured_at", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("compile_s", pa.float64()),
+        pa.field("check_s", pa.float64()),
+        pa.field("time_s", pa.float64()),
+    ]
+)
+
+
+def hardware_id(device_name: str, capability: tuple[int, int] | None) -> str:
+    """Partition key of a device type: 'NVIDIA H200', (9, 0) -> 'nvidia-h200-sm90'; CPU -> 'cpu'."""
+    slug = re.sub(r"[^a-z0-9]+", "-", device_name.lower()).strip("-") or "unknown"
+    return f"{slug}-sm{capability[0]}{capability[1]}" if capability else slug
+
+
+def measurement_id(batch_id: str, kernel_id: str) -> str:
+    """Deterministic id of one result row, so re-ingesting a file adds nothing."""
+    return hashlib.sha256(f"{batch_id}:{kernel_id}".encode()).hexdigest()[:24]

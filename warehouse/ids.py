@@ -1,0 +1,21 @@
+"""Content-addressed ids. A kernel id is the sha256 of its normalised source, so the same code
+written twice (other line endings, trailing spaces, blank lines at the ends) is one kernel."""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def normalise_source(source: str) -> str:
+    """Line endings to \\n, trailing whitespace per line dropped, blank lines at both ends dropped."""
+    lines = [line.rstrip() for line in source.replace("\r\n", "\n").replace("\r", "\n").split("\n")]
+    return "\n".join(lines).strip("\n") + "\n"
+
+
+def kernel_id(source: str) -> str:
+    """sha256 hex digest of the normalised source.
+
+    >>> kernel_id("x = 1\\r\\n") == kernel_id("\\nx = 1   \\n\\n")
+    True
+    """
+    return hashlib.sha256(normalise_source(source).encode("utf-8")).hexdigest()
