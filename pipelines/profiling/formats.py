@@ -31,6 +31,21 @@ BATCH_SCHEMA = pa.schema(
     ]
 )
 
+# A kernel batch as `kernelcast generate` writes it: a superset of BATCH_SCHEMA that carries
+# lineage, so the same file feeds the GPU worker and the warehouse's `kernels` table.
+KERNEL_BATCH_SCHEMA = pa.schema(
+    list(BATCH_SCHEMA)
+    + [
+        pa.field("language", pa.string()),  # "triton" | "pytorch"
+        pa.field("generator", pa.string()),  # "reference" | "kernelcast-space" | "llm:<model>" | ...
+        pa.field("generator_version", pa.string()),
+        pa.field("algorithm", pa.string()),  # family id within the task, e.g. "online_single_pass"
+        pa.field("knobs_json", pa.string()),  # JSON object of knob values, sorted keys
+        pa.field("parent_kernel_id", pa.string()),  # null for seeds and references
+        pa.field("mutation", pa.string()),  # e.g. "BLOCK_N:256->512", "algorithm:two_pass->online"
+    ]
+)
+
 # A result: one row per (batch, kernel). Per-case lists are aligned with case_ids.
 RESULT_SCHEMA = pa.schema(
     [
