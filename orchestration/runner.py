@@ -1,0 +1,98 @@
+"""`kernelcast run`: materialise the whole graph into $KERNELCAST_HOME, in-process.
+
+Runs are recorded in the Dagster instance under $KERNELCAST_HOME/dagster, so the UI shows them.
+Partitioned assets (measurements per hardware) are materialised once per known partition.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import dagster as dg
+
+from orchestration.settings import Settings
+
+log = logging.getLogger(__name__)
+
+DAGSTER_YAML = """\
+# Written by kernelcast. DuckDB allows one writer per file: assets that write share one pool.
+concurrency:
+  pools:
+    default_limit: 1
+telemetry:
+  enabled: false
+"""
+
+
+def prepare_home(settings: Settings) -> None:
+    """Create $KERNELCAST_HOME and point Dagster at it (idempotent)."""
+    for d in (settings.home, settings.dagster_home, settings.inbox, settings.reports_dir, settings.mlflow_artifacts):
+        d.mkdir(parents=True, exist_ok=True)
+    cfg = settings.dagster_home / "dagster.yaml"
+    if not cfg.exists() or cfg.read_text() != DAGSTER_YAML:
+        cfg.write_text(DAGSTER_YAML)
+    os.environ["DAGSTER_HOME"] = str(settings.dagster_home)
+    os.environ["KERNELCAST_HOME"] = str(settings.home)
+    os.environ["KERNELCAST_PROFILE"] = settings.profile
+
+
+@dataclass
+class StepResult:
+    label: str
+    success: bool
+    materialized: list[str]
+    checks_failed: list[str]
+
+
+def _run_selection(defs: dg.Definitions, instance: dg.DagsterInstance, selection: dg.AssetSelection,
+                   partition_key: str | None, label: str) -> StepResult:
+    job = dg.define_asset_job(f"kernelcast_run_{label}", selection=selection)
+    resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).get_job_def(job.name)
+    result = resolved.execute_in_process(instance=instance, partition_key=partition_key, raise_on_error=False)
+    mats = [
+        e.asset_key.to_user_string()
+        for e in result.get_asset_materialization_events()
+        if e.asset_key is not None
+    ] if hasattr(result, "get_asset_materialization_events") else []
+    failed_checks = [
+        ev.event_specific_data.check_name
+        for ev in result.all_events
+        if ev.event_type_value == "ASSET_CHECK_EVALUATION" and not ev.event_specific_data.passed
+    ]
+    return StepResult(label, result.success, mats, failed_checks)
+
+
+def run_graph(settings: Settings, defs: dg.Definitions | None = None) -> list[StepResult]:
+    """Materialise every asset: unpartitioned ones, then each known partition of the rest."""
+    from orchestration.definitions import build_defs
+    from orchestration.partitions import HARDWARE_PARTITIONS, discover_hardware_partitions
+
+    prepare_home(settings)
+    defs = defs or build_defs(settings)
+    instance = dg.DagsterInstance.get()
+    repo = defs.get_repository_def()
+    graph = repo.asset_graph
+    partitioned = {k for k in graph.materializable_asset_keys if graph.get(k).partitions_def is not None}
+    unpartitioned = set(graph.materializable_asset_keys) - partitioned
+
+    steps: list[StepResult] = []
+    if not partitioned:
+        steps.append(_run_selection(defs, instance, dg.AssetSelection.keys(*unpartitioned), None, "all"))
+        return steps
+    # Upstream of the partitioned assets first, then each partition, then everything downstream.
+    upstream = dg.AssetSelection.keys(*partitioned).upstream() - dg.AssetSelection.keys(*partitioned)
+    steps.append(_run_selection(defs, instance, upstream, None, "upstream"))
+    keys = discover_hardware_partitions(settings)
+    existing = set(instance.get_dynamic_partitions(HARDWARE_PARTITIONS.name))
+    new = [k for k in keys if k not in existing]
+    if new:
+        instance.add_dynamic_partitions(HARDWARE_PARTITIONS.name, new)
+    for key in keys:
+        steps.append(_run_selection(defs, instance, dg.AssetSelection.keys(*partitioned), key, f"hw_{key}".replace("-", "_")))
+    downstream = dg.AssetSelection.keys(*partitioned).downstream() - dg.AssetSelection.keys(*partitioned)
+    rest = dg.AssetSelection.keys(*unpartitioned) - upstream
+    steps.append(_run_selection(defs, instance, downstream | rest, None, "downstream"))
+    return steps

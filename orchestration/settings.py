@@ -1,0 +1,127 @@
+"""One settings object for the whole platform, chosen once by profile.
+
+Profiles (see README):
+    smoke    tests and CI: seconds, tiny everything
+    default  the README's `make run` on 2 CPU cores: at most ~10 minutes from an empty state
+    gpu      a CUDA host: full-size settings (the paper's training settings)
+
+`KERNELCAST_PROFILE` or `--profile` picks one; `KERNELCAST_HOME` says where state lives.
+Asset bodies never branch on where they run: they read these numbers.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+PROFILE_NAMES = ("smoke", "default", "gpu")
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    kernels_per_task: int = 24  # candidates generated per task per run (lineage walk from the seed)
+    seed: int = 0
+    cpu_check_sample: int = 2  # kernels per task checked under the Triton interpreter
+    compile_features: bool = True  # AOT-compile for sm_90 and store regs/spills/smem
+    workers: int = 2  # child processes for checks and compiles
+    timeout_s: float = 120.0  # per kernel, checks and compiles
+
+
+@dataclass(frozen=True)
+class ProfilingSettings:
+    measure_on_cuda: bool = True  # the asset measures unmeasured candidates when a GPU is present
+    timeout_s: float = 120.0  # per kernel
+    compile_workers: int = 8
+    max_kernels: int = 2000  # per materialisation
+
+
+@dataclass(frozen=True)
+class CurationSettings:
+    eval_per_bin: int = 12  # bin-balanced eval target per bin per task
+    lineage_k: int = 1  # mutations around an eval candidate kept out of training
+    holdout_tasks: tuple[str, ...] = ()
+    cross_pairs_per_task: int = 200
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class EvaluationSettings:
+    n_boot: int = 1000
+    repeats: int = 1
+
+
+@dataclass(frozen=True)
+class Settings:
+    profile: str
+    home: Path
+    data_dir: Path
+    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    profiling: ProfilingSettings = field(default_factory=ProfilingSettings)
+    curation: CurationSettings = field(default_factory=CurationSettings)
+    evaluation: EvaluationSettings = field(default_factory=EvaluationSettings)
+
+    # ---- where state lives -------------------------------------------------------------
+    @property
+    def warehouse_path(self) -> Path:
+        return self.home / "warehouse.duckdb"
+
+    @property
+    def mlflow_uri(self) -> str:
+        return f"sqlite:///{(self.home / 'mlflow.db').resolve()}"
+
+    @property
+    def mlflow_artifacts(self) -> Path:
+        return self.home / "mlartifacts"
+
+    @property
+    def dagster_home(self) -> Path:
+        return self.home / "dagster"
+
+    @property
+    def inbox(self) -> Path:
+        return self.home / "inbox"
+
+    @property
+    def reports_dir(self) -> Path:
+        return self.home / "reports"
+
+    @property
+    def measurements_dir(self) -> Path:
+        return self.data_dir / "measurements"
+
+
+def _repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def default_home() -> Path:
+    return Path(os.environ.get("KERNELCAST_HOME", Path.cwd() / ".kernelcast")).resolve()
+
+
+def load_settings(profile: str | None = None, home: str | Path | None = None) -> Settings:
+    """Resolve the profile (argument, then KERNELCAST_PROFILE, then 'default') into Settings."""
+    name = profile or os.environ.get("KERNELCAST_PROFILE", "default")
+    if name not in PROFILE_NAMES:
+        raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")
+    base = Settings(
+        profile=name,
+        home=Path(home).resolve() if home else default_home(),
+        data_dir=Path(os.environ.get("KERNELCAST_DATA", _repo_root() / "data")).resolve(),
+    )
+    if name == "smoke":
+        return replace(
+            base,
+            generation=GenerationSettings(kernels_per_task=4, cpu_check_sample=1, workers=1, compile_features=False),
+            profiling=ProfilingSettings(max_kernels=20, compile_workers=1),
+            curation=CurationSettings(eval_per_bin=3, cross_pairs_per_task=20),
+            evaluation=EvaluationSettings(n_boot=50, repeats=1),
+        )
+    if name == "gpu":
+        return replace(
+            base,
+            generation=GenerationSettings(kernels_per_task=500, cpu_check_sample=8, workers=8),
+            profiling=ProfilingSettings(max_kernels=20000, compile_workers=14),
+            evaluation=EvaluationSettings(n_boot=1000, repeats=3),
+        )
+    return base

@@ -1,0 +1,81 @@
+"""`kernelcast ui`: the Dagster UI and the MLflow UI side by side on 127.0.0.1.
+
+Both servers run as child process groups; Ctrl-C or SIGTERM stops both (SIGTERM to each group,
+then SIGKILL after a grace period), so nothing is left listening.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from orchestration.runner import prepare_home
+from orchestration.settings import Settings
+
+GRACE_S = 10.0
+
+
+def _commands(settings: Settings, dagster_port: int, mlflow_port: int) -> dict[str, list[str]]:
+    repo = Path(__file__).resolve().parent.parent
+    bin_dir = Path(sys.executable).parent
+    return {
+        "dagster": [
+            str(bin_dir / "dagster"), "dev", "-w", str(repo / "workspace.yaml"),
+            "-h", "127.0.0.1", "-p", str(dagster_port),
+        ],
+        "mlflow": [
+            str(bin_dir / "mlflow"), "server", "--backend-store-uri", settings.mlflow_uri,
+            "--default-artifact-root", settings.mlflow_artifacts.resolve().as_uri(),
+            "--host", "127.0.0.1", "--port", str(mlflow_port), "--workers", "1",
+        ],
+    }
+
+
+def stop(procs: dict[str, subprocess.Popen]) -> None:
+    for p in procs.values():
+        if p.poll() is None:
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + GRACE_S
+    for p in procs.values():
+        try:
+            p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+
+
+def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000) -> None:
+    prepare_home(settings)
+    env = dict(os.environ)
+    procs: dict[str, subprocess.Popen] = {}
+    stopping = False
+
+    def _on_signal(signum, frame):  # noqa: ARG001
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGTERM, _on_signal)
+    signal.signal(signal.SIGINT, _on_signal)
+    try:
+        for name, cmd in _commands(settings, dagster_port, mlflow_port).items():
+            # start_new_session: the server and its own children form one group we can stop.
+            procs[name] = subprocess.Popen(cmd, env=env, cwd=Path(__file__).resolve().parent.parent, start_new_session=True)
+        print(f"Dagster UI: http://127.0.0.1:{dagster_port}   MLflow UI: http://127.0.0.1:{mlflow_port}   (Ctrl-C stops both)", flush=True)
+        while not stopping:
+            dead = [n for n, p in procs.items() if p.poll() is not None]
+            if dead:
+                raise RuntimeError(f"{dead[0]} server exited with code {procs[dead[0]].returncode}")
+            time.sleep(0.5)
+    finally:
+        stop(procs)
+        print("stopped Dagster and MLflow UIs", flush=True)

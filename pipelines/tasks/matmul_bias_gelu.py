@@ -1,0 +1,76 @@
+"""Task `matmul_bias_gelu`: out = gelu(A @ B + bias), exact (erf) GELU, bf16 in and out.
+
+Reference memory traffic (M x N output, bf16 = 2 bytes): the matmul reads A and B once each
+(cuBLAS tiles them) and writes M*N*2 bytes; the bias add reads and writes M*N*2 bytes again; the
+GELU reads and writes them a third time. A fused epilogue saves 4 * M * N bytes of traffic, which
+matters when K is small relative to M and N (low arithmetic intensity).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from pipelines.tasks.contract import Task, allclose_check, default_device
+
+RTOL = 2e-2
+ATOL = 2e-2
+
+DESCRIPTION = (
+    "Fused linear layer with GELU: given A of shape (M, K), B of shape (K, N) and bias of shape "
+    "(N,), all bfloat16 and contiguous, compute out = gelu(A @ B + bias) with the exact erf GELU "
+    "0.5*x*(1+erf(x/sqrt(2))), returned as a bfloat16 (M, N) tensor. Inputs are a tuple (A, B, "
+    "bias). The matmul costs 2*M*N*K FLOPs (tensor-core bound for large K); the PyTorch reference "
+    "runs it with cuBLAS and then applies the bias add and the GELU as two separate elementwise "
+    "kernels, so it moves the M*N output through global memory three times (about 10*M*N bytes "
+    "beyond the matmul). Accumulation must be at least fp32-accurate; results are compared with "
+    f"rtol={RTOL}, atol={ATOL}. Benchmark shapes: 4096x4096x4096, 8192x8192x2048 and a small-K "
+    "16384x4096x512 (M x N x K) where the epilogue traffic is a large share of the time."
+)
+
+
+def generate_input(seed: int, M: int, N: int, K: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A (M, K), B (K, N), bias (N,) in bf16; B is scaled by 1/sqrt(K) so outputs are O(1)."""
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    a = torch.randn(M, K, generator=gen)
+    b = torch.randn(K, N, generator=gen) / math.sqrt(K)
+    bias = torch.randn(N, generator=gen)
+    device = default_device()
+    return tuple(t.to(device=device, dtype=torch.bfloat16).contiguous() for t in (a, b, bias))
+
+
+def ref_kernel(data: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Unfused PyTorch: cuBLAS matmul, then bias add, then exact GELU (three kernels)."""
+    a, b, bias = data
+    out = torch.matmul(a, b)  # (M, N) bf16, fp32 accumulation inside cuBLAS
+    out = out + bias  # second pass over (M, N)
+    return torch.nn.functional.gelu(out, approximate="none")  # third pass
+
+
+def check_implementation(data, output) -> tuple[bool, str]:
+    """Compare with the reference in fp32 at bf16-level tolerances."""
+    if isinstance(output, torch.Tensor) and output.dtype != torch.bfloat16:
+        return False, f"output: dtype {output.dtype} != torch.bfloat16"
+    return allclose_check(output, ref_kernel(data), rtol=RTOL, atol=ATOL)
+
+
+TASK = Task(
+    name="matmul_bias_gelu",
+    description=DESCRIPTION,
+    generate_input=generate_input,
+    ref_kernel=ref_kernel,
+    check_implementation=check_implementation,
+    correctness_cases=(
+        {"M": 37, "N": 45, "K": 70, "seed": 11},
+        {"M": 64, "N": 32, "K": 48, "seed": 12},
+        {"M": 19, "N": 80, "K": 33, "seed": 13},
+    ),
+    benchmark_cases=(
+        {"M": 4096, "N": 4096, "K": 4096, "seed": 1},
+        {"M": 8192, "N": 8192, "K": 2048, "seed": 2},
+        {"M": 16384, "N": 4096, "K": 512, "seed": 3},
+    ),
+    tolerances={"rtol": RTOL, "atol": ATOL},
+    source="kernelcast",
+)
