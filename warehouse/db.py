@@ -11,16 +11,17 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import re
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import duckdb
 import polars as pl
 import pyarrow as pa
 
-from warehouse.errors import MigrationError, WarehouseError, WarehouseLockedError
+from warehouse.errors import MigrationError, WarehouseError, WarehouseLockedError, one_line
 
 MEMORY = ":memory:"
 _MIGRATION_NAME = re.compile(r"^(\d{3})_([a-z0-9_]+)\.sql$")
@@ -97,7 +98,7 @@ def connect(path: str | Path, read_only: bool = False) -> duckdb.DuckDBPyConnect
             raise WarehouseLockedError(
                 f"warehouse {target} is in use by another process; retry when it finishes"
             ) from exc
-        raise WarehouseError(f"cannot open warehouse {target}: {_one_line(exc)}") from exc
+        raise WarehouseError(f"cannot open warehouse {target}: {one_line(exc)}") from exc
     try:
         if read_only:
             pending = pending_migrations(con)
@@ -166,7 +167,7 @@ def apply_migrations(con: duckdb.DuckDBPyConnection) -> list[Migration]:
                 )
         except duckdb.Error as exc:
             raise MigrationError(
-                f"migration {migration.version:03d}_{migration.name} failed: {_one_line(exc)}"
+                f"migration {migration.version:03d}_{migration.name} failed: {one_line(exc)}"
             ) from exc
         done.append(migration)
     return done
@@ -205,7 +206,9 @@ def execute(
     Returns:
         The rows of the (last) statement; an INSERT gives [(rows_inserted,)].
     """
-    return con.execute(sql, params).fetchall() if params is not None else con.execute(sql).fetchall()
+    return (
+        con.execute(sql, params).fetchall() if params is not None else con.execute(sql).fetchall()
+    )
 
 
 def query_frame(
@@ -249,9 +252,3 @@ def table_names(con: duckdb.DuckDBPyConnection) -> list[str]:
         "WHERE table_schema = 'main' AND table_type = 'BASE TABLE' ORDER BY table_name",
     )
     return [r[0] for r in rows]
-
-
-def _one_line(exc: BaseException) -> str:
-    """First line of an exception message, for one-line errors."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__

@@ -21,3 +21,9 @@ class IngestError(WarehouseError):
 
 class ValidationError(WarehouseError):
     """A frame handed to a typed write breaks a rule of its table; nothing was written."""
+
+
+def one_line(exc: BaseException) -> str:
+    """First line of an exception's message (or its type name), for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

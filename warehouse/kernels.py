@@ -1,0 +1,235 @@
+"""Tasks, kernels and their pre-GPU facts (compile features, CPU checks).
+
+Kernels are content-addressed and immutable: adding one twice adds nothing. Features and checks
+are upserts, since a re-run of the compiler or checker replaces the old answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from warehouse.db import query_frame, transaction
+from warehouse.errors import ValidationError
+from warehouse.frames import (
+    Frame,
+    check_in,
+    conform,
+    dedupe_last,
+    insert_frame,
+    json_text,
+    to_polars,
+)
+from warehouse.ids import kernel_id as compute_kernel_id
+
+TASK_COLUMNS = (
+    "task",
+    "description",
+    "contract_version",
+    "source",
+    "correctness_cases",
+    "benchmark_cases",
+    "tolerances",
+)
+KERNEL_COLUMNS = (
+    "kernel_id",
+    "task",
+    "source",
+    "language",
+    "generator",
+    "generator_version",
+    "algorithm",
+    "knobs_json",
+    "parent_kernel_id",
+    "mutation",
+)
+FEATURE_COLUMNS = ("kernel_id", "target", "status", "n_regs", "n_spills", "shared_bytes", "error")
+FEATURE_STATUSES = ("compiled", "compile_failed", "rejected")
+CHECK_COLUMNS = ("kernel_id", "check_kind", "ok", "failure_kind", "message", "seconds")
+
+_TASK_SCHEMA = {
+    "task": pl.String,
+    "description": pl.String,
+    "contract_version": pl.Int32,
+    "source": pl.String,
+    "correctness_cases": pl.String,
+    "benchmark_cases": pl.String,
+    "tolerances": pl.String,
+}
+
+
+def upsert_tasks(con: duckdb.DuckDBPyConnection, rows: Iterable[Mapping[str, Any]]) -> int:
+    """Insert or replace task rows.
+
+    Args:
+        con: a writable connection.
+        rows: dicts with `task` and `description`; optional `contract_version` (default 1),
+            `source`, and `correctness_cases` / `benchmark_cases` / `tolerances` as JSON text
+            or JSON-serialisable objects (e.g. a tuple of case dicts).
+    Returns:
+        Rows inserted or updated.
+    Raises:
+        ValidationError: a row lacks task/description or holds something not JSON-serialisable.
+    """
+    records = []
+    for row in rows:
+        name = row.get("task")
+        if not name or not row.get("description"):
+            raise ValidationError(
+                f"tasks: every row needs 'task' and 'description' (got task={name!r})"
+            )
+        records.append(
+            {
+                "task": str(name),
+                "description": str(row["description"]),
+                "contract_version": int(row.get("contract_version") or 1),
+                "source": row.get("source"),
+                "correctness_cases": json_text(
+                    row.get("correctness_cases"), f"tasks[{name}].correctness_cases"
+                ),
+                "benchmark_cases": json_text(
+                    row.get("benchmark_cases"), f"tasks[{name}].benchmark_cases"
+                ),
+                "tolerances": json_text(row.get("tolerances"), f"tasks[{name}].tolerances"),
+            }
+        )
+    frame = dedupe_last(pl.DataFrame(records, schema=_TASK_SCHEMA), ["task"])
+    with transaction(con):
+        return insert_frame(con, "tasks", frame, ["task"], "update", touch="updated_at")
+
+
+def read_tasks(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """Every task, ordered by name; JSON columns come back as text."""
+    return query_frame(con, "SELECT * FROM tasks ORDER BY task")
+
+
+def validate_kernels(frame: pl.DataFrame, what: str = "kernels") -> pl.DataFrame:
+    """Check kernel rows and return them conformed to the table's columns.
+
+    Args:
+        frame: rows with at least kernel_id, task, source.
+        what: where the rows come from, for error messages.
+    Returns:
+        The rows with every kernel column, one per kernel_id.
+    Raises:
+        ValidationError: a required column is missing/null, a kernel_id is not the hash of its
+            normalised source, or knobs_json is not JSON.
+    """
+    frame = conform(frame, KERNEL_COLUMNS, ("kernel_id", "task", "source"), what)
+    for kid, source in zip(
+        frame.get_column("kernel_id").to_list(), frame.get_column("source").to_list(), strict=True
+    ):
+        expected = compute_kernel_id(source)
+        if kid != expected:
+            raise ValidationError(
+                f"{what}: kernel_id {kid[:16]}... does not match its source (sha256 of normalised source is {expected[:16]}...)"
+            )
+    for knobs in frame.get_column("knobs_json").drop_nulls().to_list():
+        json_text(knobs, f"{what}.knobs_json")
+    return frame.unique(subset=["kernel_id"], keep="first", maintain_order=True)
+
+
+def add_kernels(
+    con: duckdb.DuckDBPyConnection, frame: Frame, *, in_transaction: bool = False
+) -> int:
+    """Add kernels; ones already present (same kernel_id) are left as they are.
+
+    Args:
+        con: a writable connection.
+        frame: polars or Arrow rows with kernel_id, task, source and optional lineage columns
+            (language, generator, generator_version, algorithm, knobs_json, parent_kernel_id,
+            mutation).
+        in_transaction: the caller already opened a transaction on `con`.
+    Returns:
+        Kernels newly added.
+    Raises:
+        ValidationError: see `validate_kernels`; nothing is written.
+    """
+    rows = validate_kernels(to_polars(frame, "kernels"))
+    if in_transaction:
+        return insert_frame(con, "kernels", rows, ["kernel_id"], "nothing")
+    with transaction(con):
+        return insert_frame(con, "kernels", rows, ["kernel_id"], "nothing")
+
+
+def read_kernels(
+    con: duckdb.DuckDBPyConnection,
+    task: str | None = None,
+    kernel_ids: Sequence[str] | None = None,
+    with_source: bool = True,
+) -> pl.DataFrame:
+    """Kernels, optionally of one task or a list of ids.
+
+    Args:
+        con: an open connection.
+        task: only this task.
+        kernel_ids: only these ids.
+        with_source: include the `source` column (large).
+    Returns:
+        One row per kernel, ordered by task, kernel_id.
+    """
+    cols = "*" if with_source else "* EXCLUDE (source)"
+    where, params = [], []
+    if task is not None:
+        where.append("task = ?")
+        params.append(task)
+    if kernel_ids is not None:
+        where.append("list_contains(?, kernel_id)")
+        params.append(list(kernel_ids))
+    sql = f"SELECT {cols} FROM kernels"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    return query_frame(con, sql + " ORDER BY task, kernel_id", params)
+
+
+def add_kernel_features(con: duckdb.DuckDBPyConnection, frame: Frame) -> int:
+    """Insert or replace compile features per (kernel_id, target).
+
+    Args:
+        con: a writable connection.
+        frame: kernel_id, target, status ('compiled' | 'compile_failed' | 'rejected'), and
+            optional n_regs, n_spills, shared_bytes, error.
+    Returns:
+        Rows inserted or updated.
+    Raises:
+        ValidationError: missing columns or an unknown status; nothing is written.
+    """
+    rows = conform(
+        to_polars(frame, "kernel_features"),
+        FEATURE_COLUMNS,
+        ("kernel_id", "target", "status"),
+        "kernel_features",
+    )
+    check_in(rows, "status", FEATURE_STATUSES, "kernel_features")
+    rows = dedupe_last(rows, ["kernel_id", "target"])
+    with transaction(con):
+        return insert_frame(
+            con, "kernel_features", rows, ["kernel_id", "target"], "update", touch="updated_at"
+        )
+
+
+def add_kernel_checks(con: duckdb.DuckDBPyConnection, frame: Frame) -> int:
+    """Insert or replace check results per (kernel_id, check_kind).
+
+    Args:
+        con: a writable connection.
+        frame: kernel_id, check_kind, ok, and optional failure_kind, message, seconds.
+    Returns:
+        Rows inserted or updated.
+    Raises:
+        ValidationError: missing columns; nothing is written.
+    """
+    rows = conform(
+        to_polars(frame, "kernel_checks"),
+        CHECK_COLUMNS,
+        ("kernel_id", "check_kind", "ok"),
+        "kernel_checks",
+    )
+    rows = dedupe_last(rows, ["kernel_id", "check_kind"])
+    with transaction(con):
+        return insert_frame(
+            con, "kernel_checks", rows, ["kernel_id", "check_kind"], "update", touch="checked_at"
+        )
