@@ -1,6 +1,5 @@
 """kernel_tasks: the task suite, written to the warehouse's `tasks` table."""
 
-from __future__ import annotations
 
 import dagster as dg
 

@@ -173,6 +173,128 @@ def dataset(profile: Optional[str] = ProfileOpt, as_json: bool = typer.Option(Fa
         typer.echo(summary_markdown(summary))
 
 
+# ---- generate -----------------------------------------------------------------------------
+@app.command()
+@one_line_errors
+def generate(
+    task: str = typer.Option(..., "--task", help="Task name (see `kernelcast tasks`)."),
+    count: int = typer.Option(100, "--count", min=1, help="Kernels to generate (the reference comes on top)."),
+    out: Path = typer.Option(..., "--out", help="Kernel batch Parquet for the GPU worker and `kernelcast ingest`."),
+    seed: int = typer.Option(0, help="Sampling seed: same seed, same kernels."),
+    mode: str = typer.Option("lineage", help="lineage (mutation tree from the seed kernel) | uniform (stratified by algorithm)."),
+    compile: bool = typer.Option(True, "--compile/--no-compile", help="AOT-compile for sm_90: registers, spills, shared memory."),
+    check: bool = typer.Option(False, "--check/--no-check", help="Also check every kernel on CPU (Triton interpreter; slow)."),
+    workers: int = typer.Option(2, help="Child processes for compiles and checks."),
+) -> None:
+    """Generate a batch of candidate kernels of one task, with lineage and compile features."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from pipelines.generation.candidates import build_candidates, write_batch
+    from pipelines.tasks import get_task
+
+    get_task(task)  # a one-line error naming the known tasks
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                  transient=True) as bar:
+        ids: dict[str, int] = {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if stage not in ids:
+                ids[stage] = bar.add_task(f"{task}: {stage}", total=total)
+            bar.update(ids[stage], completed=done, total=total)
+
+        frame = build_candidates(task, count, seed=seed, compile=compile, check=check, progress=progress,
+                                 mode=mode, n_workers=workers)
+    path = write_batch(frame, out)
+    compiled = int((frame["compile_status"] == "compiled").sum()) if compile else 0
+    typer.echo(f"{path}: {frame.height} kernels ({frame['algorithm'].n_unique()} algorithms)"
+               + (f", {compiled} compiled for sm_90" if compile else ""))
+
+
+# ---- check --------------------------------------------------------------------------------
+@app.command()
+@one_line_errors
+def check(
+    task: str = typer.Option(..., "--task", help="Task name."),
+    kernel: Path = typer.Option(..., "--kernel", exists=True, dir_okay=False, help="A module defining custom_kernel(data)."),
+    timeout_s: float = typer.Option(120.0, help="Seconds before the kernel is killed."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Check a kernel's correctness on the task's small cases on the CPU (Triton interpreter),
+    in a child process with a timeout. Exit 0 if correct, 1 if not."""
+    from pipelines.profiling.check import check_source
+    from pipelines.tasks import get_task
+
+    get_task(task)
+    outcome = check_source(task, kernel.read_text(), timeout_s=timeout_s, device="cpu")
+    report = {"task": task, "kernel": str(kernel), "ok": outcome.ok, "failure_kind": outcome.failure_kind,
+              "message": outcome.message, "seconds": round(outcome.seconds, 3)}
+    if as_json:
+        _print_json(report)
+    else:
+        typer.echo(f"{'ok' if outcome.ok else outcome.failure_kind}: {outcome.message} ({outcome.seconds:.1f} s)")
+    if not outcome.ok:
+        raise typer.Exit(1)
+
+
+# ---- profile ------------------------------------------------------------------------------
+@app.command()
+@one_line_errors
+def profile(
+    batch: Path = typer.Option(..., "--batch", exists=True, dir_okay=False, help="Kernel batch Parquet (kernel_id, task, source)."),
+    out: Path = typer.Option(..., "--out", help="Result Parquet; rerun with the same path to resume."),
+    device: str = typer.Option("cuda", help="cuda (full protocol) | cpu (interpreter, correctness cases; for tests)."),
+    time_budget_s: Optional[float] = typer.Option(None, help="Stop cleanly before this much wall time."),
+    compile_workers: int = typer.Option(8, help="Parallel compile processes."),
+) -> None:
+    """Measure a batch on this host's GPU (the worker runs untrusted kernels in child processes)."""
+    import torch
+
+    from pipelines.profiling.launch import run_worker
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise CliError("no CUDA GPU on this host; use --device cpu for an interpreter run, or run the worker on a GPU host")
+    rc = run_worker(batch, out, device=device, time_budget_s=time_budget_s, compile_workers=compile_workers)
+    if rc != 0:
+        raise typer.Exit(rc)
+
+
+# ---- evaluate -----------------------------------------------------------------------------
+@app.command()
+@one_line_errors
+def evaluate(
+    forecasts: Path = typer.Option(..., "--forecasts", exists=True, dir_okay=False,
+                                   help="Parquet: pair_id, task, true_speedup, p1..p8 [, predicted_bin, repeat, parse_ok]."),
+    n_boot: int = typer.Option(1000, help="Bootstrap replicates for the 95% intervals."),
+    report: Optional[Path] = typer.Option(None, help="Also write an HTML report into this folder."),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Score a forecasts file: Brier, CRPS, NLL, accuracy, ECE, AURC, speedup recovered (method.md)."""
+    import polars as pl
+    from rich.progress import Progress
+
+    from pipelines.evaluation.evaluate import evaluate_forecasts
+    from pipelines.evaluation.report import write_report
+
+    try:
+        frame = pl.read_parquet(forecasts)
+    except Exception as exc:
+        raise CliError(f"{forecasts}: not a readable Parquet file ({type(exc).__name__})") from exc
+    with Progress(transient=True) as bar:
+        t = bar.add_task("bootstrap", total=n_boot)
+        result = evaluate_forecasts(frame, n_boot=n_boot, progress=lambda done, total: bar.update(t, completed=done, total=total))
+    if report:
+        typer.echo(f"report: {write_report({forecasts.stem: result}, report)}", err=True)
+    if as_json:
+        _print_json({k: v for k, v in result.items() if k != "curves"})
+        return
+    keys = ("n", "parse_rate", "brier", "crps", "nll", "accuracy", "off_by_one", "ece", "aurc",
+            "selective_risk_at_50", "recovered_mean", "recovered_at_10", "within_20", "recovered_random_mean")
+    for k in keys:
+        v = result.get(k)
+        ci = (result.get("intervals") or {}).get(k)
+        typer.echo(f"{k:<22} {v:.4f}" + (f"  [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "") if isinstance(v, float) else f"{k:<22} {v}")
+
+
 # ---- ui -----------------------------------------------------------------------------------
 @app.command()
 @one_line_errors

@@ -96,7 +96,7 @@ def entropy(p: np.ndarray) -> np.ndarray:
     p = np.asarray(p, dtype=np.float64)
     with np.errstate(divide="ignore", invalid="ignore"):
         terms = np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0)
-    return -np.sum(terms, axis=1)
+    return np.maximum(-np.sum(terms, axis=1), 0.0)  # max(): no -0.0 for a point mass
 
 
 def accuracy(predicted_bin: np.ndarray, y: np.ndarray, parse_ok: np.ndarray | None = None) -> np.ndarray:

@@ -1,0 +1,18 @@
+"""GPU profiling: measure kernels against their task's reference, safely, on a bare host.
+
+Imports only the standard library, numpy, torch, triton, pyarrow and `pipelines.tasks`, so
+`python3 -m pipelines.profiling.worker --batch B.parquet --out O.parquet` runs on a GPU host
+with nothing else installed. This package file imports nothing, so `formats` stays cheap.
+
+Public API
+    worker.run_batch(batch, out, WorkerConfig(...), progress=cb) -> RunSummary   measure a batch
+    check.check_source(task, source, timeout_s=, device=) -> CheckOutcome        screen one kernel
+    check.check_sources(items, n_workers, timeout_s, progress=cb) -> [CheckOutcome]
+    formats.BATCH_SCHEMA / RESULT_SCHEMA / FAILURE_KINDS                         file contracts
+    results.read_results(path) -> list[dict]
+
+Modules: worker (parent event loop, CLI), sandbox (child processes and their channel),
+child (a child's entry point), runner (compile/check/time inside a child), timing (L2 flush,
+CUDA events, adaptive reps, protocols), hardware (fingerprint), results (JSONL + Parquet,
+resume), taskload (task registry + KERNELCAST_TASK_MODULES overrides), check.
+"""

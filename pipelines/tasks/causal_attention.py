@@ -44,7 +44,9 @@ def ref_kernel(data: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.T
     """Explicit attention: bf16 scores, fp32 scale/mask/softmax, bf16 probabilities @ v."""
     q, k, v = data
     S, D = q.shape[-2], q.shape[-1]
-    scores = torch.matmul(q, k.transpose(-2, -1)).float() * (1.0 / math.sqrt(D))  # (B, H, S, S) fp32
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() * (
+        1.0 / math.sqrt(D)
+    )  # (B, H, S, S) fp32
     causal = torch.ones(S, S, dtype=torch.bool, device=q.device).triu(1)  # True above the diagonal
     scores = scores.masked_fill(causal, float("-inf"))
     probs = torch.softmax(scores, dim=-1)

@@ -1,0 +1,88 @@
+"""curated_pairs and its splits: a versioned, leakage-free pair dataset in DuckDB `pairs`."""
+
+
+import dagster as dg
+
+from orchestration.resources import SettingsResource, WarehouseResource
+
+GROUP = "curation"
+NO_EVAL_TRAIN_LEAKAGE = "no_eval_train_leakage"
+EVERY_BIN_POPULATED = "every_bin_populated"
+PAIRS_NEED_TWO_CORRECT_MEASUREMENTS = "pairs_need_two_correct_measurements"
+
+CURATION_OUTPUTS = {
+    "curated_pairs": "Every pair of the current dataset version (reference, parent, cross), DuckDB `pairs`.",
+    "eval_set": "Bin-balanced evaluation pairs (candidate vs task reference), split 'eval' of `pairs`.",
+    "rl_training_pool": "Training pairs with no eval candidate within k mutations, split 'train' of `pairs`.",
+    "discovery_pairs": "Parent -> child pairs of search lineages, split 'discovery' of `pairs`.",
+}
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec(name, group_name=GROUP, kinds={"duckdb", "polars"}, description=desc,
+                     deps=["kernel_measurements"] if name == "curated_pairs" else ["curated_pairs"])
+        for name, desc in CURATION_OUTPUTS.items()
+    ],
+    check_specs=[
+        dg.AssetCheckSpec(NO_EVAL_TRAIN_LEAKAGE, asset="rl_training_pool", blocking=True,
+                          description="No training pair shares a candidate, anchor or near lineage with an eval candidate."),
+        dg.AssetCheckSpec(EVERY_BIN_POPULATED, asset="eval_set",
+                          description="Every (task, bin) of the eval set reaches its target; a shortfall is reported as a warning."),
+        dg.AssetCheckSpec(PAIRS_NEED_TWO_CORRECT_MEASUREMENTS, asset="curated_pairs", blocking=True),
+    ],
+    pool="duckdb_writer",
+)
+def curated_pairs(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource):
+    """Pairs from the measurements of every hardware, split without leakage and versioned."""
+    import polars as pl
+
+    from pipelines.curation.dataset import curate, warehouse_pairs
+    from warehouse import checks_curation
+    from warehouse.datasets import make_pair_id, write_dataset
+    from warehouse.measurements import measurements_frame
+
+    cur = settings.get().curation
+    with warehouse.connect() as con:
+        frame = measurements_frame(con)
+        refs = checks_curation.reference_kernel_ids(con)
+    ds = curate(frame, refs, per_bin=cur.eval_per_bin, lineage_k=cur.lineage_k, holdout_tasks=cur.holdout_tasks,
+                cross_per_task=cur.cross_pairs_per_task, seed=cur.seed)
+    rows = warehouse_pairs(ds, make_pair_id)
+    with warehouse.connect() as con:
+        added = write_dataset(con, ds.version.version, ds.version.digest, ds.version.counts, ds.measurement_ids, rows)
+        unsupported = checks_curation.pairs_without_two_correct_measurements(con, ds.version.version)
+    version = ds.version.version
+    by_split = {s: rows.filter(pl.col("split") == s) for s in ("eval", "train", "discovery")}
+    short = ds.splits.shortfall.filter(pl.col("shortfall") > 0)
+
+    def _md(df: pl.DataFrame) -> dg.MetadataValue:
+        if df.is_empty():
+            return dg.MetadataValue.md("(empty)")
+        t = df.group_by("task").agg(pl.len().alias("pairs"), pl.col("true_bin").n_unique().alias("bins")).sort("task")
+        return dg.MetadataValue.md("| task | pairs | bins |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in t.iter_rows()))
+
+    common = {"table": "pairs", "dataset_version": version}
+    yield dg.MaterializeResult(asset_key="curated_pairs", metadata={**common, "rows": rows.height, "rows_added": added,
+                               "measurements": len(ds.measurement_ids), "digest": ds.version.digest, "preview": _md(rows)})
+    yield dg.MaterializeResult(asset_key="eval_set", metadata={**common, "rows": by_split["eval"].height, "preview": _md(by_split["eval"])})
+    yield dg.MaterializeResult(asset_key="rl_training_pool", metadata={**common, "rows": by_split["train"].height, "preview": _md(by_split["train"])})
+    yield dg.MaterializeResult(asset_key="discovery_pairs", metadata={**common, "rows": by_split["discovery"].height, "preview": _md(by_split["discovery"])})
+    yield dg.AssetCheckResult(asset_key="rl_training_pool", check_name=NO_EVAL_TRAIN_LEAKAGE, passed=not ds.leakage,
+                              severity=dg.AssetCheckSeverity.ERROR,
+                              metadata={"value": len(ds.leakage), "threshold": 0, "offending": ", ".join(ds.leakage[:5]) or "none"})
+    yield dg.AssetCheckResult(
+        asset_key="eval_set", check_name=EVERY_BIN_POPULATED, passed=short.is_empty() and by_split["eval"].height > 0,
+        severity=dg.AssetCheckSeverity.WARN,
+        metadata={"cells_short": short.height, "target_per_bin": cur.eval_per_bin,
+                  "shortfall": dg.MetadataValue.md(
+                      "| task | hardware | bin | available | shortfall |\n|---|---|---|---|---|\n"
+                      + "\n".join(f"| {r['task']} | {r['hardware_id']} | {r['bin']} | {r['available']} | {r['shortfall']} |" for r in short.head(40).iter_rows(named=True))
+                  )},
+    )
+    yield dg.AssetCheckResult(asset_key="curated_pairs", check_name=PAIRS_NEED_TWO_CORRECT_MEASUREMENTS, passed=not unsupported,
+                              severity=dg.AssetCheckSeverity.ERROR,
+                              metadata={"value": len(unsupported), "threshold": 0, "offending": ", ".join(unsupported[:5]) or "none"})
+
+
+defs = dg.Definitions(assets=[curated_pairs])

@@ -1,0 +1,111 @@
+"""forecasts -> calibration_report, utility_report: every forecaster scored on the eval set."""
+
+
+import dagster as dg
+
+from orchestration.resources import MlflowResource, SettingsResource, WarehouseResource
+
+GROUP = "evaluation"
+ORACLE_IS_PERFECT = "oracle_scores_perfect"
+REFERENCE_FORECASTERS_PRESENT = "reference_forecasters_present"
+
+
+def _current_version(con) -> str | None:
+    from warehouse.datasets import list_dataset_versions
+
+    versions = list_dataset_versions(con)
+    return None if versions.is_empty() else versions["dataset_version"][0]
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"duckdb", "polars"},
+    pool="duckdb_writer",
+    deps=["eval_set", "rl_training_pool", "discovery_pairs"],
+    check_specs=[dg.AssetCheckSpec(REFERENCE_FORECASTERS_PRESENT, asset="forecasts", blocking=True,
+                                   description="Uniform, bin prior and oracle forecast every eval pair.")],
+)
+def forecasts(context: dg.AssetExecutionContext, warehouse: WarehouseResource) -> dg.MaterializeResult:
+    """Forecasts of every forecaster on the eval and discovery pairs of the current dataset
+    version (DuckDB `forecasts`): the reference forecasters now, registered surrogates too."""
+    import polars as pl
+
+    from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
+    from warehouse.datasets import read_pairs
+    from warehouse.forecasts import write_forecasts
+
+    with warehouse.connect() as con:
+        version = _current_version(con)
+        if version is None:
+            raise dg.Failure("no dataset version yet: materialise curated_pairs first")
+        evals = pl.concat([read_pairs(con, version, "eval"), read_pairs(con, version, "discovery")], how="diagonal_relaxed")
+        train = read_pairs(con, version, "train")
+        frame = reference_forecasts(evals, train)
+        written = write_forecasts(con, frame.select([c for c in frame.columns if c not in ("task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "pair_type", "true_speedup", "model")]))
+    n_eval = evals.height
+    per_model = frame.group_by("model_ref").len()
+    missing = [m for m in REFERENCE_FORECASTERS if per_model.filter(pl.col("model_ref") == m)["len"].sum() != n_eval]
+    return dg.MaterializeResult(
+        metadata={"table": "forecasts", "rows": frame.height, "rows_written": written, "dataset_version": version,
+                  "models": ", ".join(sorted(per_model["model_ref"].to_list()))},
+        check_results=[dg.AssetCheckResult(check_name=REFERENCE_FORECASTERS_PRESENT, passed=not missing and n_eval > 0,
+                                           severity=dg.AssetCheckSeverity.ERROR,
+                                           metadata={"eval_pairs": n_eval, "missing": ", ".join(missing) or "none"})],
+    )
+
+
+@dg.multi_asset(
+    specs=[
+        dg.AssetSpec("calibration_report", group_name=GROUP, kinds={"mlflow", "html"}, deps=["forecasts"],
+                     description="Brier, CRPS, NLL, ECE, selective risk per forecaster with 95% bootstrap intervals; HTML report + MLflow run."),
+        dg.AssetSpec("utility_report", group_name=GROUP, kinds={"mlflow"}, deps=["forecasts"],
+                     description="Speedup recovered under a measurement budget (1-50%) and discovery precision/recall per forecaster."),
+    ],
+    check_specs=[dg.AssetCheckSpec(ORACLE_IS_PERFECT, asset="calibration_report", blocking=True,
+                                   description="The oracle scores Brier 0 and accuracy 1: the scoring pipeline is wired right.")],
+)
+def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsResource,
+                       warehouse: WarehouseResource, mlflow: MlflowResource):
+    """Evaluate every forecaster of the current dataset version and log the report to MLflow."""
+    import json
+
+    import mlflow as mlf
+
+    from pipelines.evaluation.suite import evaluate_models, headline_markdown, write_evaluation_report
+    from warehouse.forecasts import read_forecasts
+
+    cfg = settings.get()
+    with warehouse.connect(read_only=True) as con:
+        version = _current_version(con)
+        frame = read_forecasts(con, dataset_version=version, with_pairs=True)
+    frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame
+    results = evaluate_models(frame, n_boot=cfg.evaluation.n_boot, progress=lambda m: context.log.info(f"evaluating {m}"))
+    out_dir = cfg.reports_dir / version
+    html = write_evaluation_report(results, out_dir, title=f"kernelcast evaluation, dataset {version}")
+    (out_dir / "metrics.json").write_text(json.dumps(results, indent=1, default=str))
+    mlflow.client()
+    exp = mlflow.experiment_id("kernelcast-evaluation")
+    with mlf.start_run(experiment_id=exp, run_name=f"evaluation-{version}") as run:
+        mlf.set_tags({"dagster_run_id": context.run_id, "dataset_version": version, "kind": "evaluation"})
+        for model, r in results.items():
+            safe = model.replace(":", "_")
+            for key in ("brier", "crps", "nll", "accuracy", "ece", "aurc", "recovered_mean", "recovered_at_10", "within_20"):
+                if isinstance(r.get(key), (int, float)):
+                    mlf.log_metric(f"{safe}.{key}", float(r[key]))
+        mlf.log_artifacts(str(out_dir), artifact_path="report")
+    oracle = results.get("baseline:oracle", {})
+    table = headline_markdown(results)
+    common = {"dataset_version": version, "mlflow_run_id": run.info.run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(run.info.run_id))}
+    yield dg.MaterializeResult(asset_key="calibration_report", metadata={**common, "report": dg.MetadataValue.path(str(html)),
+                                                                         "headline": dg.MetadataValue.md(table)})
+    util = "| model | recovered_mean | recovered_at_10 | within_20 | random | discovery F1 |\n|---|---|---|---|---|---|\n" + "\n".join(
+        f"| {m} | {r.get('recovered_mean')} | {r.get('recovered_at_10')} | {r.get('within_20')} | {r.get('recovered_random_mean')} | {(r.get('discovery') or {}).get('f1')} |"
+        for m, r in results.items())
+    yield dg.MaterializeResult(asset_key="utility_report", metadata={**common, "utility": dg.MetadataValue.md(util)})
+    ok = oracle.get("brier") == 0.0 and oracle.get("accuracy") == 1.0
+    yield dg.AssetCheckResult(asset_key="calibration_report", check_name=ORACLE_IS_PERFECT, passed=bool(ok),
+                              severity=dg.AssetCheckSeverity.ERROR,
+                              metadata={"oracle_brier": oracle.get("brier"), "oracle_accuracy": oracle.get("accuracy")})
+
+
+defs = dg.Definitions(assets=[forecasts, evaluation_reports])

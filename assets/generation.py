@@ -1,0 +1,92 @@
+"""kernel_candidates: generated Triton kernels with lineage and compile features, in DuckDB."""
+
+
+import dagster as dg
+
+from orchestration.resources import SettingsResource, WarehouseResource
+
+GROUP = "generation"
+UNIQUE_KERNEL_IDS = "unique_kernel_ids"
+PARENTS_EXIST = "parents_exist"
+EVERY_KERNEL_COMPILED_OR_FAILED = "every_kernel_compiled_or_recorded"
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"duckdb", "triton"},
+    pool="duckdb_writer",
+    deps=["kernel_tasks"],
+    check_specs=[
+        dg.AssetCheckSpec(UNIQUE_KERNEL_IDS, asset="kernel_candidates", blocking=True,
+                          description="Ids are unique and equal the sha256 of the normalised source."),
+        dg.AssetCheckSpec(PARENTS_EXIST, asset="kernel_candidates", blocking=True),
+        dg.AssetCheckSpec(EVERY_KERNEL_COMPILED_OR_FAILED, asset="kernel_candidates", blocking=True,
+                          description="Every generated kernel has an sm_90 compile record (compiled, compile_failed or rejected)."),
+    ],
+)
+def kernel_candidates(
+    context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource
+) -> dg.MaterializeResult:
+    """Candidate kernels per task (DuckDB `kernels`, `kernel_features`, `kernel_checks`): a lineage
+    walk through each task's Triton kernel space, AOT-compiled for sm_90, a sample CPU-checked."""
+    import polars as pl
+
+    from pipelines.generation import tables
+    from pipelines.generation.candidates import build_candidates
+    from pipelines.tasks import task_names
+    from warehouse import checks_generation as gchecks
+    from warehouse.kernels import add_kernel_checks, add_kernel_features, add_kernels
+    from warehouse.ids import kernel_id
+
+    g = settings.get().generation
+    frames = []
+    for i, task in enumerate(task_names()):
+        context.log.info(f"[{i + 1}/{len(task_names())}] {task}: {g.kernels_per_task} kernels")
+        frame = build_candidates(task, g.kernels_per_task, seed=g.seed, compile=g.compile_features,
+                                 n_workers=g.workers, compile_timeout_s=g.timeout_s)
+        if g.cpu_check_sample:
+            # Checks under the interpreter cost ~seconds per kernel: a deterministic sample (the
+            # reference row and the first kernels of the lineage walk) keeps `make run` bounded.
+            sample = build_candidates(task, g.cpu_check_sample, seed=g.seed, compile=False, check=True,
+                                      n_workers=g.workers, check_timeout_s=g.timeout_s)
+            frame = frame.update(sample.select("kernel_id", *[c for c in sample.columns if c.startswith("check_")]), on="kernel_id")
+        frames.append(frame)
+    frame = pl.concat(frames)
+    mismatched = [r for r, s in zip(frame["kernel_id"], frame["source"]) if kernel_id(s) != r]
+    duplicates = frame.filter(pl.col("kernel_id").is_duplicated())["kernel_id"].unique().to_list()
+    with warehouse.connect() as con:
+        added = add_kernels(con, tables.kernel_rows(frame.unique("kernel_id", keep="first")))
+        add_kernel_features(con, tables.feature_rows(frame.unique("kernel_id", keep="first")))
+        add_kernel_checks(con, tables.check_rows(frame.unique("kernel_id", keep="first")))
+        orphans = gchecks.orphan_parents(con)
+        uncompiled = gchecks.without_compile_record(con, frame.filter(pl.col("language") == "triton")["kernel_id"].to_list(), "sm_90") if g.compile_features else []
+    checked = frame.filter(pl.col("check_ok").is_not_null())
+    return dg.MaterializeResult(
+        metadata={
+            "table": "kernels",
+            "rows": frame.height,
+            "rows_added": added,
+            "tasks": frame["task"].n_unique(),
+            "compiled": int((frame["compile_status"] == "compiled").sum()),
+            "cpu_checked": checked.height,
+            "cpu_check_passed": int(checked["check_ok"].sum()),
+            "preview": dg.MetadataValue.md(tables.summary_markdown(frame)),
+        },
+        check_results=[
+            _result(UNIQUE_KERNEL_IDS, duplicates + mismatched),
+            _result(PARENTS_EXIST, orphans),
+            _result(EVERY_KERNEL_COMPILED_OR_FAILED, uncompiled),
+        ],
+    )
+
+
+def _result(name: str, offending: list[str]) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(
+        check_name=name,
+        passed=not offending,
+        severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"value": len(offending), "threshold": 0, "offending": ", ".join(offending[:5]) or "none"},
+    )
+
+
+defs = dg.Definitions(assets=[kernel_candidates])

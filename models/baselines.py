@@ -1,0 +1,109 @@
+"""Reference forecasters: the floor and the ceiling every surrogate is read against.
+
+Each takes a pairs frame (columns pair_id, task, speedup, and optionally hardware_id,
+anchor_kernel_id, candidate_kernel_id, pair_type) and returns a forecasts frame in the
+format `pipelines.evaluation.evaluate` reads: pair_id, task, hardware_id, anchor_kernel_id,
+candidate_kernel_id, pair_type, true_speedup, repeat, parse_ok, predicted_bin, p1..p8,
+model.
+
+- uniform: 1/8 everywhere (Brier 0.4375); predicted_bin = argmax = bin 1 by convention of
+  the first maximum (its accuracy is the share of true bin 1).
+- bin prior: per task, the bin frequencies of the TRAINING pairs, Laplace-smoothed
+  ((count_b + alpha) / (n + 8 alpha), alpha = 1), so no bin gets probability 0 and a task
+  with little data stays near uniform. A task absent from training falls back to the prior
+  pooled over all training pairs (also smoothed).
+- oracle: one-hot on the true bin (Brier 0, accuracy 1). It is the oracle of the BIN, not
+  of the ranking: candidates sharing the top bin tie and are ordered by kernel id, so its
+  recovered speedup can stay below the utility oracle's 1.0.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import polars as pl
+
+from models.bins import NUM_BINS, speedups_to_bins
+
+P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
+_KEEP = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "pair_type")
+
+
+def _frame(pairs: pl.DataFrame, p: np.ndarray, model: str) -> pl.DataFrame:
+    """Forecasts frame of pairs with probabilities p (n, 8)."""
+    if "speedup" not in pairs.columns:
+        raise ValueError("pairs frame is missing column: speedup")
+    base = pairs.select([c for c in _KEEP if c in pairs.columns]).with_columns(
+        pairs["speedup"].cast(pl.Float64).alias("true_speedup"),
+        pl.lit(0, dtype=pl.Int64).alias("repeat"),
+        pl.lit(True).alias("parse_ok"),
+        pl.Series("predicted_bin", (np.argmax(p, axis=1) + 1).astype(np.int64)),
+        pl.lit(model).alias("model"),
+    )
+    probs = pl.DataFrame({c: p[:, i] for i, c in enumerate(P_COLS)}, schema={c: pl.Float64 for c in P_COLS})
+    return pl.concat([base, probs], how="horizontal")
+
+
+def uniform_forecasts(pairs: pl.DataFrame) -> pl.DataFrame:
+    """1/8 on every bin.
+
+    >>> f = uniform_forecasts(pl.DataFrame({"pair_id": ["a"], "task": ["t"], "speedup": [2.0]}))
+    >>> f["p3"].to_list(), f["predicted_bin"].to_list()
+    ([0.125], [1])
+    """
+    return _frame(pairs, np.full((pairs.height, NUM_BINS), 1.0 / NUM_BINS), "uniform")
+
+
+def oracle_forecasts(pairs: pl.DataFrame) -> pl.DataFrame:
+    """All mass on the true bin.
+
+    >>> oracle_forecasts(pl.DataFrame({"pair_id": ["a"], "task": ["t"], "speedup": [3.0]}))["predicted_bin"].to_list()
+    [7]
+    """
+    y = speedups_to_bins(pairs["speedup"].cast(pl.Float64).to_numpy())
+    p = np.zeros((pairs.height, NUM_BINS))
+    p[np.arange(pairs.height), y - 1] = 1.0
+    return _frame(pairs, p, "oracle")
+
+
+def bin_prior(training_pairs: pl.DataFrame, alpha: float = 1.0) -> dict[str | None, np.ndarray]:
+    """Laplace-smoothed bin frequencies per task of the training pairs; key None = pooled.
+
+    Args:
+        training_pairs: frame with task and speedup (or true_bin).
+        alpha: pseudo-count per bin.
+    Returns:
+        {task: (8,) probabilities, None: (8,) pooled probabilities}.
+
+    >>> pr = bin_prior(pl.DataFrame({"task": ["t", "t"], "speedup": [1.2, 1.3]}))
+    >>> pr["t"][4], pr["t"][0]  # (2 + 1) / (2 + 8), (0 + 1) / 10
+    (np.float64(0.3), np.float64(0.1))
+    """
+    if "true_bin" in training_pairs.columns:
+        y = training_pairs["true_bin"].cast(pl.Int64).to_numpy()
+    else:
+        y = speedups_to_bins(training_pairs["speedup"].cast(pl.Float64).to_numpy())
+    tasks = np.asarray(training_pairs["task"].cast(pl.Utf8).to_list(), dtype=object)
+
+    def smoothed(sel: np.ndarray) -> np.ndarray:
+        counts = np.bincount(y[sel] - 1, minlength=NUM_BINS).astype(np.float64)
+        return (counts + alpha) / (counts.sum() + NUM_BINS * alpha)
+
+    out: dict[str | None, np.ndarray] = {None: smoothed(np.ones(y.size, dtype=bool))}
+    for t in sorted(set(tasks.tolist())):
+        out[t] = smoothed(tasks == t)
+    return out
+
+
+def bin_prior_forecasts(pairs: pl.DataFrame, training_pairs: pl.DataFrame, alpha: float = 1.0) -> pl.DataFrame:
+    """Per-task training bin prior for every pair (pooled prior for unseen tasks).
+
+    Args:
+        pairs: the pairs to forecast (e.g. the eval set).
+        training_pairs: the training pool; only its task and bins are read.
+        alpha: Laplace pseudo-count.
+    Returns:
+        A forecasts frame, model "bin_prior".
+    """
+    prior = bin_prior(training_pairs, alpha)
+    p = np.stack([prior.get(t, prior[None]) for t in pairs["task"].cast(pl.Utf8).to_list()]) if pairs.height else np.zeros((0, NUM_BINS))
+    return _frame(pairs, p, "bin_prior")

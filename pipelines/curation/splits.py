@@ -1,0 +1,232 @@
+"""Eval / training / discovery splits without leakage through near-copies (method.md 5).
+
+- Eval candidates: per (task, hardware) and true bin, up to `per_bin` candidates (default
+  12, so at most 96 per task and hardware), chosen by a seeded hash of the kernel id (the
+  same data and seed give the same choice whatever the row order). Bins with fewer
+  candidates give all they have; the shortfall is reported per (task, hardware, bin).
+  eval_set = the reference pairs of the chosen (hardware, candidate) rows.
+- Blocked kernels: everything within `lineage_k` mutations of an eval candidate, meaning
+  every kernel that shares an ancestor-or-self with it at most k generations above both.
+  For k = 1: the candidate, its parent, its children and its siblings. The task reference
+  is never blocked (it anchors every reference pair) and does not link its children.
+  A blocked kernel is blocked on every hardware.
+- rl_training_pool: reference and cross pairs whose candidate and anchor are not blocked,
+  that are not eval pairs, and whose task is not held out (the paper kept
+  gdn_chunk_fwd_o out of training).
+- discovery_pairs: every parent pair, with `leak_free` = neither kernel appears in the
+  training pool (read a trained model's discovery numbers on those).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from models.bins import NUM_BINS
+
+log = logging.getLogger(__name__)
+
+DEFAULT_PER_BIN = 12
+DEFAULT_LINEAGE_K = 1
+
+
+@dataclass(frozen=True)
+class SplitConfig:
+    """Split settings.
+
+    Attributes:
+        per_bin: eval candidates per (task, hardware, bin); 12 x 8 bins = 96 per task at most.
+        lineage_k: mutations around an eval candidate kept out of training (1: parent,
+            children, siblings).
+        holdout_tasks: tasks kept entirely out of training (still evaluated).
+        seed: seed of the eval choice.
+    """
+
+    per_bin: int = DEFAULT_PER_BIN
+    lineage_k: int = DEFAULT_LINEAGE_K
+    holdout_tasks: tuple[str, ...] = ()
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class Splits:
+    """The three pair sets and what decided them."""
+
+    eval_set: pl.DataFrame
+    rl_training_pool: pl.DataFrame
+    discovery_pairs: pl.DataFrame
+    shortfall: pl.DataFrame  # task, hardware_id, bin, available, target, selected, shortfall
+    blocked_kernel_ids: frozenset[str] = field(default_factory=frozenset)
+
+    def all_pairs(self) -> pl.DataFrame:
+        """The three sets stacked, each with its `split` column (eval/train/discovery)."""
+        return pl.concat(
+            [self.eval_set, self.rl_training_pool, self.discovery_pairs.drop("leak_free")],
+            how="diagonal_relaxed",
+        )
+
+
+def _hash_key(seed: int, kernel_id: str) -> str:
+    return hashlib.sha256(f"{seed}|{kernel_id}".encode()).hexdigest()
+
+
+def select_eval_candidates(
+    reference_pairs: pl.DataFrame, per_bin: int = DEFAULT_PER_BIN, seed: int = 0
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """Bin-balanced choice of eval pairs among reference pairs.
+
+    Args:
+        reference_pairs: pairs of type 'reference' (task, hardware_id, candidate_kernel_id,
+            true_bin, ...).
+        per_bin: target per (task, hardware, bin).
+        seed: the choice is the `per_bin` smallest sha256(seed|kernel id) in each cell.
+    Returns:
+        (the chosen pairs, the shortfall frame with one row per task, hardware and bin 1..8).
+    """
+    ranked = reference_pairs.with_columns(
+        pl.Series("_h", [_hash_key(seed, k) for k in reference_pairs["candidate_kernel_id"]], dtype=pl.Utf8)
+    ).sort(["task", "hardware_id", "true_bin", "_h"])
+    chosen = ranked.filter(pl.int_range(pl.len()).over(["task", "hardware_id", "true_bin"]) < per_bin).drop("_h")
+    cells = reference_pairs.select("task", "hardware_id").unique().join(
+        pl.DataFrame({"bin": list(range(1, NUM_BINS + 1))}, schema={"bin": pl.Int64}), how="cross"
+    )
+    avail = reference_pairs.group_by("task", "hardware_id", pl.col("true_bin").alias("bin")).agg(
+        pl.len().cast(pl.Int64).alias("available")
+    )
+    shortfall = (
+        cells.join(avail, on=["task", "hardware_id", "bin"], how="left")
+        .with_columns(pl.col("available").fill_null(0), pl.lit(per_bin, dtype=pl.Int64).alias("target"))
+        .with_columns(pl.min_horizontal("available", "target").alias("selected"))
+        .with_columns((pl.col("target") - pl.col("selected")).alias("shortfall"))
+        .sort("task", "hardware_id", "bin")
+    )
+    short = shortfall.filter(pl.col("shortfall") > 0)
+    if short.height:
+        log.info("eval selection short in %d (task, hardware, bin) cells, %d candidates in all",
+                 short.height, int(short["shortfall"].sum()))
+    return chosen, shortfall
+
+
+def lineage_map(lineage: pl.DataFrame, reference_ids: Iterable[str] = ()) -> dict[str, str]:
+    """child -> parent from a frame with kernel_id, parent_kernel_id; reference edges dropped."""
+    refs = set(reference_ids)
+    rows = lineage.select("kernel_id", "parent_kernel_id").unique().drop_nulls().rows()
+    return {c: p for c, p in rows if p not in refs and c not in refs}
+
+
+def lineage_neighbourhood(kernels: Iterable[str], parent_of: Mapping[str, str], k: int = DEFAULT_LINEAGE_K) -> set[str]:
+    """Kernels sharing an ancestor-or-self with one of `kernels`, at most k generations above both.
+
+    Args:
+        kernels: the centres (eval candidates).
+        parent_of: child -> parent.
+        k: generations.
+    Returns:
+        The centres and their neighbourhoods.
+
+    >>> parent_of = {"b": "a", "c": "a", "d": "b", "e": "d"}
+    >>> sorted(lineage_neighbourhood(["b"], parent_of, 1))  # parent, sibling, child
+    ['a', 'b', 'c', 'd']
+    >>> sorted(lineage_neighbourhood(["b"], parent_of, 0))
+    ['b']
+    """
+    children: dict[str, list[str]] = {}
+    for c, p in parent_of.items():
+        children.setdefault(p, []).append(c)
+    out: set[str] = set()
+    for centre in kernels:
+        ancestors, node = [centre], centre
+        for _ in range(k):
+            node = parent_of.get(node)
+            if node is None:
+                break
+            ancestors.append(node)
+        for depth, anc in enumerate(ancestors):
+            # From an ancestor `depth` generations up, go down at most k generations.
+            frontier = [anc]
+            out.add(anc)
+            for _ in range(k):
+                frontier = [ch for f in frontier for ch in children.get(f, [])]
+                out.update(frontier)
+    return out
+
+
+def make_splits(pairs: pl.DataFrame, lineage: pl.DataFrame, config: SplitConfig = SplitConfig()) -> Splits:
+    """Eval set, RL training pool and discovery pairs from all pairs.
+
+    Args:
+        pairs: output of `pairs.build_pairs`.
+        lineage: kernel_id, parent_kernel_id of every known kernel (the labels frame will do).
+        config: `SplitConfig`.
+    Returns:
+        `Splits`; each frame carries a `split` column.
+    """
+    reference = pairs.filter(pl.col("pair_type") == "reference")
+    ref_ids = set(reference["anchor_kernel_id"].to_list())
+    eval_set, shortfall = select_eval_candidates(reference, config.per_bin, config.seed)
+    parent_of = lineage_map(lineage, ref_ids)
+    blocked = lineage_neighbourhood(eval_set["candidate_kernel_id"].unique().to_list(), parent_of, config.lineage_k)
+    blocked -= ref_ids
+    eval_ids = set(eval_set["pair_id"].to_list())
+    pool = pairs.filter(
+        pl.col("pair_type").is_in(["reference", "cross"])
+        & ~pl.col("pair_id").is_in(list(eval_ids))
+        & ~pl.col("candidate_kernel_id").is_in(list(blocked))
+        & ~pl.col("anchor_kernel_id").is_in(list(blocked))
+        & ~pl.col("task").is_in(list(config.holdout_tasks))
+    )
+    train_kernels = set(pool["candidate_kernel_id"].to_list()) | set(pool["anchor_kernel_id"].to_list())
+    discovery = pairs.filter(pl.col("pair_type") == "parent").with_columns(
+        (
+            ~pl.col("candidate_kernel_id").is_in(list(train_kernels))
+            & ~pl.col("anchor_kernel_id").is_in(list(train_kernels))
+        ).alias("leak_free")
+    )
+    log.info("splits: eval %d, train %d, discovery %d, blocked kernels %d",
+             eval_set.height, pool.height, discovery.height, len(blocked))
+    return Splits(
+        eval_set=eval_set.with_columns(pl.lit("eval").alias("split")),
+        rl_training_pool=pool.with_columns(pl.lit("train").alias("split")),
+        discovery_pairs=discovery.with_columns(pl.lit("discovery").alias("split")),
+        shortfall=shortfall,
+        blocked_kernel_ids=frozenset(blocked),
+    )
+
+
+def find_leakage(
+    eval_set: pl.DataFrame,
+    training_pool: pl.DataFrame,
+    lineage: pl.DataFrame,
+    *,
+    lineage_k: int = DEFAULT_LINEAGE_K,
+    holdout_tasks: Iterable[str] = (),
+) -> list[str]:
+    """Training pair ids that leak eval information; must be empty.
+
+    A training pair leaks if it is an eval pair, if its candidate or (non-reference) anchor
+    is within `lineage_k` mutations of an eval candidate, or if its task is held out.
+
+    Args:
+        eval_set: eval pairs (reference pairs).
+        training_pool: training pairs.
+        lineage: kernel_id, parent_kernel_id.
+        lineage_k: as in `SplitConfig`.
+        holdout_tasks: tasks that must not appear in training.
+    Returns:
+        Sorted offending training pair ids.
+    """
+    ref_ids = set(eval_set["anchor_kernel_id"].to_list())
+    parent_of = lineage_map(lineage, ref_ids)
+    blocked = lineage_neighbourhood(eval_set["candidate_kernel_id"].to_list(), parent_of, lineage_k) - ref_ids
+    eval_ids = set(eval_set["pair_id"].to_list())
+    held = set(holdout_tasks)
+    bad = [
+        pid
+        for pid, a, c, t in training_pool.select("pair_id", "anchor_kernel_id", "candidate_kernel_id", "task").rows()
+        if pid in eval_ids or c in blocked or a in blocked or t in held
+    ]
+    return sorted(set(bad))

@@ -1,0 +1,117 @@
+"""One self-contained HTML page per evaluation: metric tables and figures (base64 PNGs).
+
+`write_report` also writes the PNGs beside index.html, so they can be logged as artifacts.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from pipelines.evaluation import figures
+
+log = logging.getLogger(__name__)
+
+HEADLINE = (
+    ("n", "forecasts"), ("parse_rate", "parse rate"), ("brier", "Brier"), ("crps", "CRPS"),
+    ("nll", "NLL"), ("accuracy", "accuracy"), ("off_by_one", "off-by-one"), ("ece", "ECE"),
+    ("aurc", "AURC"), ("selective_risk_at_50", "risk@50%"), ("recovered_mean", "recovered (1-50%)"),
+    ("recovered_at_10", "recovered@10%"), ("within_20", "within 20%"),
+    ("recovered_random_mean", "random order"),
+)
+DISCOVERY = (("n", "pairs"), ("base_rate", "base rate"), ("precision", "precision"),
+             ("recall", "recall"), ("f1", "F1"), ("pr_auc", "PR-AUC"))
+
+_TEMPLATE = jinja2.Template(
+    """<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>{{ title }}</title>
+<style>
+body{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}
+table{border-collapse:collapse;margin:1em 0;font-size:13px}
+th,td{border:1px solid #ccc;padding:3px 7px;text-align:right}
+th:first-child,td:first-child{text-align:left}
+.ci{color:#777;font-size:11px}
+img{max-width:100%;margin:0.5em}
+</style></head><body>
+<h1>{{ title }}</h1>
+<h2>Headline metrics</h2>
+<table><tr><th>model</th>{% for _, label in headline %}<th>{{ label }}</th>{% endfor %}</tr>
+{% for name, res in results.items() %}<tr><td>{{ name }}</td>
+{% for key, _ in headline %}<td>{{ fmt(res.get(key)) }}{% if res.get("intervals") and res["intervals"].get(key) %}<br><span class="ci">[{{ fmt(res["intervals"][key][0]) }}, {{ fmt(res["intervals"][key][1]) }}]</span>{% endif %}</td>{% endfor %}</tr>
+{% endfor %}</table>
+<p class="ci">Brackets: {{ level }} bootstrap intervals over pairs. Oracle recovered = 1.0.</p>
+<h2>Figures</h2>
+{% for alt, data in images %}<img alt="{{ alt }}" src="data:image/png;base64,{{ data }}">{% endfor %}
+{% for name, res in results.items() %}
+<h2>{{ name }}: per task</h2>
+<table><tr><th>task</th>{% for _, label in headline %}<th>{{ label }}</th>{% endfor %}</tr>
+{% for task, row in res.get("per_task", {}).items() %}<tr><td>{{ task }}</td>{% for key, _ in headline %}<td>{{ fmt(row.get(key)) }}</td>{% endfor %}</tr>
+{% endfor %}</table>
+{% if res.get("discovery") %}<h3>Discovery moments (parent &rarr; child)</h3>
+<table><tr><th>task</th>{% for _, label in discovery %}<th>{{ label }}</th>{% endfor %}</tr>
+<tr><td><b>all</b></td>{% for key, _ in discovery %}<td>{{ fmt(res["discovery"].get(key)) }}</td>{% endfor %}</tr>
+{% for task, row in res["discovery"].get("per_task", {}).items() %}<tr><td>{{ task }}</td>{% for key, _ in discovery %}<td>{{ fmt(row.get(key)) }}</td>{% endfor %}</tr>
+{% endfor %}</table>{% endif %}
+{% endfor %}
+<h2>Conventions</h2><ul>{% for c in conventions %}<li>{{ c }}</li>{% endfor %}</ul>
+</body></html>
+""",
+    autoescape=True,
+)
+
+
+def _fmt(v: Any) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return "–"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.4f}"
+    return str(v)
+
+
+def write_report(
+    results_by_model: Mapping[str, Mapping[str, Any]], out_dir: str | Path, title: str = "kernelcast evaluation"
+) -> Path:
+    """Write index.html (and the figure PNGs) for several forecasters' results.
+
+    Args:
+        results_by_model: {model name: `evaluate_forecasts` result}.
+        out_dir: created if missing.
+        title: page title.
+    Returns:
+        Path of index.html.
+    """
+    if not results_by_model:
+        raise ValueError("write_report needs at least one model's results")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    pngs = {
+        "reliability.png": figures.reliability_figure(results_by_model),
+        "risk_coverage.png": figures.risk_coverage_figure(results_by_model),
+        "recovered.png": figures.recovered_figure(results_by_model),
+    }
+    for name, data in pngs.items():
+        (out / name).write_bytes(data)
+    first = next(iter(results_by_model.values()))
+    level = first.get("interval_level")
+    html = _TEMPLATE.render(
+        title=title,
+        results=results_by_model,
+        headline=HEADLINE,
+        discovery=DISCOVERY,
+        fmt=_fmt,
+        level=f"{level:.0%}" if isinstance(level, (int, float)) else "",
+        images=[(n.removesuffix(".png"), base64.b64encode(d).decode("ascii")) for n, d in pngs.items()],
+        conventions=first.get("conventions", []),
+    )
+    path = out / "index.html"
+    path.write_text(html, encoding="utf-8")
+    log.info("evaluation report written to %s", path)
+    return path

@@ -1,0 +1,177 @@
+"""Speedup recovered under a measurement budget (method.md section 4).
+
+A pool is every correct candidate of one task on one hardware, each with its true speedup S
+over the pool's common anchor (the task reference). A forecaster ranks the pool, by default by
+the expected log2-speedup sum_b p_b r_b (r = models.bins.BIN_LOG2_VALUES), parse failures
+last, ties by kernel id (ascending). With budget fraction f the top k = max(1, ceil(f n))
+candidates are measured and
+
+    recovered(f) = max S over the top k / max S over the pool.
+
+Budgets are whole percents 1..50, so k is computed in integers (ceil(7 * 100 / 100) must be
+7, and 0.07 * 100 in floating point is 7.000000000000001). A task's curve is the mean of its
+pools' curves (one pool per hardware). Headline: mean over the 50 budgets per task, then mean
+over tasks; beside it the exact expectation under a uniformly random order (closed form from
+order statistics) and the oracle, 1.0 by definition.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from models.bins import BIN_LOG2_VALUES
+
+BUDGET_PERCENTS = np.arange(1, 51)  # f = 1%, 2%, ..., 50%
+WITHIN_THRESHOLD = 0.8  # "within 20%" of the pool's best
+
+
+def expected_log2_score(p: np.ndarray) -> np.ndarray:
+    """Ranking score sum_b p_b r_b of (n, 8) distributions.
+
+    >>> expected_log2_score(np.array([[0.0] * 7 + [1.0]])).tolist()
+    [2.5]
+    """
+    return np.asarray(p, dtype=np.float64) @ np.asarray(BIN_LOG2_VALUES)
+
+
+def budget_k(n: int, percents: np.ndarray = BUDGET_PERCENTS) -> np.ndarray:
+    """k = max(1, ceil(percent * n / 100)) in exact integer arithmetic.
+
+    >>> budget_k(100, np.array([1, 7, 50])).tolist(), budget_k(3, np.array([1, 10, 50])).tolist()
+    ([1, 7, 50], [1, 1, 2])
+    """
+    pct = np.asarray(percents, dtype=np.int64)
+    return np.maximum(1, -(-(pct * n) // 100))
+
+
+def rank_order(score: np.ndarray, parse_ok: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
+    """Indices of the pool in measuring order.
+
+    Args:
+        score: (n,) higher is measured first.
+        parse_ok: (n,) bool; failures go last whatever their score.
+        tiebreak: (n,) sortable keys (kernel ids); ascending among equal scores.
+    Returns:
+        (n,) int indices.
+
+    >>> rank_order(np.array([1.0, 2.0, 2.0]), np.array([True, True, False]), np.array(["a", "b", "c"])).tolist()
+    [1, 0, 2]
+    """
+    ok = np.asarray(parse_ok, dtype=bool)
+    s = np.where(ok, np.asarray(score, dtype=np.float64), 0.0)
+    # lexsort: last key is primary. Failures last, then score descending, then tiebreak ascending.
+    tb = np.asarray(tiebreak)
+    if tb.dtype.kind not in "iu":  # strings: rank them once (integer codes sort as given)
+        tb = np.unique(tb, return_inverse=True)[1]
+    return np.lexsort((tb, -s, ~ok))
+
+
+def recovered_curve(speedup_in_order: np.ndarray, percents: np.ndarray = BUDGET_PERCENTS) -> np.ndarray:
+    """recovered(f) for a pool already in measuring order.
+
+    >>> recovered_curve(np.array([1.0, 4.0, 2.0]), np.array([1, 50, 100])).tolist()
+    [0.25, 1.0, 1.0]
+    """
+    s = np.asarray(speedup_in_order, dtype=np.float64)
+    best_so_far = np.maximum.accumulate(s)
+    k = budget_k(s.size, percents)
+    return best_so_far[k - 1] / best_so_far[-1]
+
+
+def random_recovered_curve(speedup: np.ndarray, percents: np.ndarray = BUDGET_PERCENTS) -> np.ndarray:
+    """Exact E[recovered(f)] when the pool is measured in a uniformly random order.
+
+    With S sorted ascending S_(1) <= ... <= S_(n), the best of a random k-subset is S_(i)
+    with probability C(i-1, k-1) / C(n, k) (i = k..n), so
+    E[max] = sum_i S_(i) C(i-1, k-1) / C(n, k). Ties in S need no care: the sum is over
+    positions, and equal values give the same expected value.
+
+    >>> random_recovered_curve(np.array([1.0, 2.0]), np.array([1, 100])).tolist()  # k = 1, 2
+    [0.75, 1.0]
+    """
+    s_desc = np.sort(np.asarray(speedup, dtype=np.float64))[::-1]
+    n = s_desc.size
+    k = budget_k(n, percents).astype(np.float64)[:, None]  # (budgets, 1)
+    # Weights w_i = C(i-1, k-1) / C(n, k) of S_(n), S_(n-1), ..., S_(1): w_n = k / n and
+    # w_{i-1} / w_i = (i - k) / (i - 1). The ratio is 0 at i = k, so every weight below S_(k)
+    # is 0; the running product never forms a huge binomial.
+    i = np.arange(n, 1, -1, dtype=np.float64)[None, :]  # n .. 2, (1, n-1)
+    ratios = (i - k) / (i - 1.0)
+    w = (k / n) * np.concatenate([np.ones_like(k), np.cumprod(ratios, axis=1)], axis=1)  # (budgets, n)
+    return np.abs(w) @ s_desc / s_desc[0]  # abs(): 0 * negative ratio leaves -0.0, harmless
+
+
+@dataclass
+class UtilityResult:
+    """Budget curves per task and their summaries.
+
+    Attributes:
+        percents: (50,) budget percents.
+        model: task -> (50,) recovered(f) of the forecaster.
+        random: task -> (50,) expected recovered(f) under a random order.
+    """
+
+    percents: np.ndarray
+    model: dict[str, np.ndarray] = field(default_factory=dict)
+    random: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def summary(self, tasks: list[str] | None = None) -> dict[str, float]:
+        """Headline numbers over `tasks` (default all): means over tasks of per-task values."""
+        tasks = sorted(self.model) if tasks is None else tasks
+        if not tasks:
+            return {k: math.nan for k in ("recovered_mean", "recovered_at_10", "within_20",
+                                           "recovered_random_mean", "recovered_random_at_10")}
+        m = np.stack([self.model[t] for t in tasks])  # (tasks, 50)
+        r = np.stack([self.random[t] for t in tasks])
+        at10 = int(np.nonzero(self.percents == 10)[0][0]) if 10 in self.percents else None
+        return {
+            "recovered_mean": float(m.mean(axis=1).mean()),
+            "recovered_at_10": float(m[:, at10].mean()) if at10 is not None else math.nan,
+            "within_20": float(np.mean(m >= WITHIN_THRESHOLD - 1e-12)),
+            "recovered_random_mean": float(r.mean(axis=1).mean()),
+            "recovered_random_at_10": float(r[:, at10].mean()) if at10 is not None else math.nan,
+            "recovered_oracle_mean": 1.0,
+        }
+
+
+def utility(
+    task: np.ndarray,
+    pool: np.ndarray,
+    speedup: np.ndarray,
+    score: np.ndarray,
+    parse_ok: np.ndarray,
+    tiebreak: np.ndarray,
+    percents: np.ndarray = BUDGET_PERCENTS,
+) -> UtilityResult:
+    """Recovered-speedup curves of one forecaster over all pools.
+
+    Args:
+        task: (n,) task of each candidate.
+        pool: (n,) pool key (task and hardware); every pool lies in one task.
+        speedup: (n,) true S of each candidate over the pool anchor, > 0.
+        score: (n,) ranking score (e.g. `expected_log2_score`).
+        parse_ok: (n,) bool.
+        tiebreak: (n,) kernel ids.
+        percents: budget percents.
+    Returns:
+        A `UtilityResult`; a task's curve is the mean of its pools' curves.
+    """
+    task = np.asarray(task)
+    pool = np.asarray(pool)
+    speedup = np.asarray(speedup, dtype=np.float64)
+    out = UtilityResult(percents=np.asarray(percents))
+    per_task_model: dict[str, list[np.ndarray]] = {}
+    per_task_random: dict[str, list[np.ndarray]] = {}
+    for key in np.unique(pool):
+        idx = np.nonzero(pool == key)[0]
+        order = idx[rank_order(score[idx], parse_ok[idx], tiebreak[idx])]
+        t = str(task[idx[0]])
+        per_task_model.setdefault(t, []).append(recovered_curve(speedup[order], percents))
+        per_task_random.setdefault(t, []).append(random_recovered_curve(speedup[idx], percents))
+    for t, curves in per_task_model.items():
+        out.model[t] = np.mean(curves, axis=0)
+        out.random[t] = np.mean(per_task_random[t], axis=0)
+    return out

@@ -1,0 +1,627 @@
+"""Ahead-of-time compile features of kernel modules for a GPU we do not have (default sm_90).
+
+Triton compiles for Hopper without a GPU: ASTSource -> ttir -> ttgir -> llir -> ptx -> cubin with
+the ptxas the wheel ships. To know *what* a module launches (which @triton.jit functions, with
+which constexprs, dtypes, num_warps, num_stages), we run its `custom_kernel(data)` on CPU tensors
+with `JITFunction.run` replaced by a function that compiles for the target and returns without
+launching. Registers and stack (spill) bytes come from `cuobjdump --dump-resource-usage` of the
+cubin, dynamic shared memory from Triton's metadata.
+
+Input: the task's FIRST BENCHMARK CASE by default (the shapes the GPU will time, so constexprs
+such as BLOCK = next_power_of_2(N) match the measured run), built on the CPU once per worker and
+reused; `case="correctness"` uses the last correctness case instead (small, for tests and for
+tasks whose benchmark inputs are too big for the host). Kernels do not execute, so reuse is safe
+unless a launcher mutates its input's shape in PyTorch.
+
+Untrusted code runs in child processes (`python -m pipelines.generation.aot`), each a long-lived
+worker speaking JSON lines on a private pipe; a compile that exceeds its time limit or kills its
+worker is recorded and the worker is replaced. Nothing here raises on a bad kernel.
+
+Statuses:
+    compiled        every launch compiled and fits the target
+    compile_failed  import error, exception while launching, Triton/ptxas error, timeout, crash
+    rejected        compiled (or about to) but exceeds a hardware limit: dynamic shared memory over
+                    the target's per-block maximum (232448 B on sm_90; the compiler does not
+                    enforce it, so we stop before ptxas), or more than 1024 threads per block
+    skipped         not a Triton module (language != 'triton', e.g. the PyTorch reference)
+    error           our side failed (task input could not be built, worker would not start)
+Autotuned kernels (@triton.autotune) compile every config: features are the max over configs.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import selectors
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int], None]  # (done, total)
+
+# Max dynamic shared memory per block (opt-in), bytes, by compute capability.
+SHARED_MEMORY_LIMIT = {80: 166912, 86: 101376, 89: 101376, 90: 232448, 100: 232448}
+DEFAULT_SHARED_LIMIT = 232448
+MAX_THREADS_PER_BLOCK = 1024
+# SM counts shown to launchers that size persistent grids from device properties.
+SM_COUNT = {80: 108, 86: 84, 89: 128, 90: 132, 100: 148}
+
+STATUSES = ("compiled", "compile_failed", "rejected", "skipped", "error")
+DEFAULT_TIMEOUT_S = 120.0  # per kernel; big tiles with heavy spilling take ptxas ~60 s
+INPUT_TIMEOUT_S = 300.0  # building a benchmark input on the CPU, once per worker and case
+WORKER_START_TIMEOUT_S = 120.0
+MAX_JOBS_PER_WORKER = 100  # replace workers now and then: untrusted modules accumulate state
+
+_REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True)
+class Features:
+    """Compile-time features of one kernel module for the target.
+
+    Aggregates are maxima over the module's distinct compiled kernels.
+    """
+
+    status: str  # one of STATUSES
+    n_regs: int | None = None  # registers per thread
+    n_spills: int | None = None  # local (stack) bytes per thread / 4, as Triton's CompiledKernel
+    shared_bytes: int | None = None  # dynamic shared memory per block, bytes
+    n_kernels: int = 0  # distinct (function, specialisation, options) compiled
+    n_launches: int = 0  # launches the module made for the input
+    error: str | None = None  # one line
+    seconds: float = 0.0  # wall time of this kernel's compile request
+    kernels: tuple[dict, ...] = field(default=())  # per kernel: name, n_regs, stack_bytes, ...
+
+    def to_row(self) -> dict[str, Any]:
+        """Flat columns for a frame (per-kernel details as JSON)."""
+        row = asdict(self)
+        row["kernels"] = json.dumps(list(self.kernels), sort_keys=True)
+        return row
+
+
+# =============================================================================================
+# Parent side: the worker pool
+# =============================================================================================
+
+
+def _one_line(text: str, limit: int = 400) -> str:
+    lines = [ln.strip() for ln in str(text).strip().splitlines() if ln.strip()]
+    if not lines:
+        return ""
+    msg = lines[0] if len(lines) == 1 else f"{lines[0]} ... {lines[-1]}"
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def _worker_env(cache_dir: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("TRITON_INTERPRET", None)  # the worker needs real JITFunctions, not the interpreter
+    env["KERNELCAST_DEVICE"] = "cpu"  # task inputs on the CPU
+    env["CUDA_VISIBLE_DEVICES"] = ""  # never touch a GPU, even on a GPU host
+    env["TRITON_CACHE_DIR"] = cache_dir
+    # the child imports what this process can import (the repo first)
+    paths = [str(_REPO_ROOT)] + [p for p in sys.path if p and os.path.isdir(p)]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    return env
+
+
+class _Worker:
+    """One child process; requests are answered in order, one at a time."""
+
+    def __init__(self, env: dict[str, str]):
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+        self.jobs = 0
+        self._buf = b""
+
+    def _start(self) -> None:
+        # untrusted modules and Triton may print: by default that is dropped (errors come back in
+        # the answers); KERNELCAST_AOT_STDERR=<file> appends it there for debugging
+        log_path = os.environ.get("KERNELCAST_AOT_STDERR")
+        stderr = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pipelines.generation.aot"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=stderr,
+            env=self.env,
+            cwd=str(_REPO_ROOT),
+        )
+        if log_path:
+            stderr.close()  # the child holds its own descriptor
+        self.jobs = 0
+        self._buf = b""
+        ready = self._read(WORKER_START_TIMEOUT_S)
+        if ready is None or ready.get("phase") != "ready":
+            self.stop()
+            raise RuntimeError("aot worker did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                try:  # a healthy worker exits at end of input; a stuck one is killed
+                    self.proc.stdin.close()
+                    self.proc.wait(timeout=2)
+                except (OSError, subprocess.TimeoutExpired):
+                    self.proc.kill()
+            self.proc.wait()
+            for stream in (self.proc.stdin, self.proc.stdout):
+                if stream:
+                    stream.close()
+        self.proc = None
+
+    def _read(self, timeout_s: float) -> dict | None:
+        """The next JSON line, or None on timeout or EOF (the caller tells which by poll())."""
+        assert self.proc is not None and self.proc.stdout is not None
+        deadline = time.monotonic() + timeout_s
+        fd = self.proc.stdout.fileno()
+        with selectors.DefaultSelector() as sel:
+            sel.register(fd, selectors.EVENT_READ)
+            while b"\n" not in self._buf:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    return None
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return None
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def request(self, job: dict, timeout_s: float) -> Features:
+        start = time.monotonic()
+        try:
+            if (
+                self.proc is None
+                or self.proc.poll() is not None
+                or self.jobs >= MAX_JOBS_PER_WORKER
+            ):
+                self.stop()
+                self._start()
+            self.jobs += 1
+            assert self.proc is not None and self.proc.stdin is not None
+            self.proc.stdin.write((json.dumps(job) + "\n").encode())
+            self.proc.stdin.flush()
+        except (RuntimeError, OSError) as exc:
+            self.stop()
+            return Features(
+                "error", error=_one_line(f"aot worker: {exc}"), seconds=time.monotonic() - start
+            )
+        # phase 1: the input is built (slow only the first time per task and case)
+        msg = self._read(INPUT_TIMEOUT_S)
+        if msg is not None and msg.get("phase") == "input":
+            # phase 2: the kernel itself, under the kernel's time limit
+            t0 = time.monotonic()
+            msg = self._read(timeout_s)
+            if msg is None:
+                crashed = self.proc.poll() is not None
+                self.stop()
+                what = "worker crashed" if crashed else f"timeout after {timeout_s:.0f} s"
+                return Features("compile_failed", error=what, seconds=time.monotonic() - t0)
+            msg.pop("phase", None)
+            msg["kernels"] = tuple(msg.get("kernels") or ())
+            return Features(**msg)
+        if msg is not None:  # answered without building the input: the input failed
+            msg.pop("phase", None)
+            msg["kernels"] = tuple(msg.get("kernels") or ())
+            return Features(**msg)
+        crashed = self.proc is None or self.proc.poll() is not None
+        self.stop()
+        what = (
+            "crashed while building the task input"
+            if crashed
+            else "timeout building the task input"
+        )
+        return Features("error", error=f"aot worker {what}", seconds=time.monotonic() - start)
+
+
+def compile_many(
+    records: Iterable[Mapping[str, Any]],
+    n_workers: int = 2,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    progress: Progress | None = None,
+    target: tuple[int, int] = (90, 32),
+    case: str = "benchmark",
+    cache_dir: str | None = None,
+) -> list[Features]:
+    """Compile features of many kernel records, in input order; never raises on a bad kernel.
+
+    Args:
+        records: mappings with 'source' and 'task' (a registry task, or one named in
+            KERNELCAST_TASK_MODULES); a 'language' other than 'triton' is skipped.
+        n_workers: child processes compiling in parallel.
+        timeout_s: limit per kernel (after its input exists); past it the worker is killed.
+        progress: called as progress(done, total).
+        target: (compute capability, warp size), e.g. (90, 32) for H100/H200.
+        case: 'benchmark' (first benchmark case) or 'correctness' (last correctness case).
+        cache_dir: Triton cache directory; None uses a private temporary one, removed afterwards
+            (fresh compiles, no litter in ~/.triton).
+
+    Returns:
+        One Features per record.
+    """
+    items = list(records)
+    results: list[Features | None] = [None] * len(items)
+    # one scratch root for this call: the private Triton cache and every worker's module files
+    # (a killed worker cannot clean up after itself, so the parent removes it all at the end)
+    root = tempfile.mkdtemp(prefix="kernelcast-aot-")
+    env = _worker_env(cache_dir or os.path.join(root, "triton-cache"))
+    env["KERNELCAST_AOT_WORKDIR"] = root
+    lock = threading.Lock()
+    state = {"next": 0, "done": 0}
+
+    def report() -> None:
+        state["done"] += 1
+        if progress:
+            progress(state["done"], len(items))
+
+    def run_worker() -> None:
+        worker = _Worker(env)
+        try:
+            while True:
+                with lock:
+                    i = state["next"]
+                    state["next"] += 1
+                if i >= len(items):
+                    return
+                rec = items[i]
+                if (rec.get("language") or "triton") != "triton":
+                    feats = Features(
+                        "skipped", error=f"language {rec.get('language')}: nothing to compile"
+                    )
+                else:
+                    job = {
+                        "source": rec["source"],
+                        "task": rec["task"],
+                        "target": list(target),
+                        "case": case,
+                    }
+                    try:
+                        feats = worker.request(job, timeout_s)
+                    except Exception as exc:  # noqa: BLE001 - a garbled answer must not stop the batch
+                        worker.stop()
+                        feats = Features(
+                            "error", error=_one_line(f"aot worker: {type(exc).__name__}: {exc}")
+                        )
+                results[i] = feats
+                with lock:
+                    report()
+        finally:
+            worker.stop()
+
+    try:
+        threads = [
+            threading.Thread(target=run_worker, daemon=True) for _ in range(max(1, n_workers))
+        ]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    return [r if r is not None else Features("error", error="not compiled") for r in results]
+
+
+def compile_features(
+    source: str,
+    task: str,
+    target: tuple[int, int] = (90, 32),
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    case: str = "benchmark",
+) -> Features:
+    """Compile features of one kernel module (a one-worker `compile_many`).
+
+    Args:
+        source: module source defining custom_kernel(data).
+        task: task name (registry or KERNELCAST_TASK_MODULES).
+        target: (compute capability, warp size).
+        timeout_s: time limit for this kernel.
+        case: 'benchmark' or 'correctness' (see the module docstring).
+    """
+    rec = {"source": source, "task": task, "language": "triton"}
+    return compile_many([rec], n_workers=1, timeout_s=timeout_s, target=target, case=case)[0]
+
+
+# =============================================================================================
+# Child side: import, capture launches, compile for the target
+# =============================================================================================
+
+
+class _Rejected(Exception):
+    """A hardware limit is exceeded; raised from inside triton.compile before ptxas."""
+
+
+_RESOURCE_RE = re.compile(
+    r"Function\s+(\S+):\s*\n\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)"
+)
+
+
+def _resource_usage(cubin: bytes, workdir: str) -> tuple[int, int]:
+    """(registers, stack bytes) per thread, max over the cubin's functions, via cuobjdump."""
+    from triton import knobs
+
+    tool = knobs.nvidia.cuobjdump.path  # the wheel's own, or TRITON_CUOBJDUMP_PATH
+    path = os.path.join(workdir, "kernel.cubin")
+    with open(path, "wb") as f:
+        f.write(cubin)
+    out = subprocess.run(
+        [str(tool), "--dump-resource-usage", path], capture_output=True, text=True, check=True
+    )
+    found = _RESOURCE_RE.findall(out.stdout)
+    if not found:
+        raise RuntimeError(
+            f"cuobjdump gave no resource usage: {_one_line(out.stdout + out.stderr)}"
+        )
+    return max(int(m[1]) for m in found), max(int(m[2]) for m in found)
+
+
+class _Capture:
+    """Patches Triton so that launches compile for `target` and return without running."""
+
+    def __init__(self, capability: int, warp_size: int, workdir: str):
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource, make_backend
+
+        self.triton = triton
+        self.target = GPUTarget("cuda", capability, warp_size)
+        self.backend = make_backend(self.target)
+        self.ASTSource = ASTSource
+        self.shared_limit = SHARED_MEMORY_LIMIT.get(capability, DEFAULT_SHARED_LIMIT)
+        self.workdir = workdir
+        self.binders: dict[int, Any] = {}
+        self.compiled: dict[Any, Any] = {}
+        self.kernels: list[dict] = []
+        self.launches = 0
+        self.current = "?"
+
+    # -- the replacement of JITFunction.run ------------------------------------------------
+    def run(self, fn, *args, grid, warmup, **kwargs):
+        from triton import knobs
+        from triton.runtime.jit import create_function_from_signature
+
+        kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
+        kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+        for hook in fn.pre_run_hooks:
+            hook(*args, **kwargs)
+        binder = self.binders.get(id(fn))
+        if binder is None:
+            binder = self.binders[id(fn)] = create_function_from_signature(
+                fn.signature, fn.params, self.backend
+            )
+        bound_args, specialization, options = binder(*args, **kwargs)
+        self.launches += 1
+        key = (id(fn), str(specialization), str(options))
+        if key in self.compiled:
+            return self.compiled[key]
+        options, signature, constexprs, attrs = fn._pack_args(
+            self.backend, kwargs, bound_args, specialization, options
+        )
+        threads = options.num_warps * self.target.warp_size
+        if threads > MAX_THREADS_PER_BLOCK:
+            raise _Rejected(f"{fn.__name__}: {threads} threads per block > {MAX_THREADS_PER_BLOCK}")
+        src = self.ASTSource(fn, signature, constexprs, attrs)
+        self.current = fn.__name__  # for messages raised inside the compile pipeline
+        kernel = self.triton.compile(src, target=self.target, options=options.__dict__)
+        n_regs, stack = _resource_usage(kernel.asm["cubin"], self.workdir)
+        self.kernels.append(
+            {
+                "name": kernel.metadata.name,
+                "n_regs": n_regs,
+                "stack_bytes": stack,
+                "shared_bytes": int(kernel.metadata.shared),
+                "num_warps": int(kernel.metadata.num_warps),
+                "num_stages": int(kernel.metadata.num_stages),
+            }
+        )
+        self.compiled[key] = kernel
+        return kernel
+
+    # -- the replacement of Autotuner.run: every config, no benchmarking ---------------------
+    @staticmethod
+    def autotune_run(tuner, *args, **kwargs):
+        ret = None
+        for config in tuner.configs:
+            ret = tuner.fn.run(*args, **kwargs, **config.all_kwargs())
+        return ret
+
+    def stages_hook(self, backend, stages, options, language, capability):
+        """Stop before ptxas when the shared memory Triton allocated exceeds the target's limit."""
+        make_ptx = stages.get("ptx")
+        if make_ptx is None:
+            return
+        limit = self.shared_limit
+        capture = self
+
+        def checked_ptx(src, metadata):
+            shared = int(metadata.get("shared") or 0)
+            if shared > limit:
+                raise _Rejected(f"{capture.current}: shared memory {shared} B > {limit} B")
+            return make_ptx(src, metadata)
+
+        stages["ptx"] = checked_ptx
+
+    def __enter__(self):
+        from triton import knobs
+        from triton.runtime.autotuner import Autotuner
+        from triton.runtime.jit import JITFunction
+
+        capture = self
+        self._saved = (JITFunction.run, Autotuner.run, knobs.runtime.add_stages_inspection_hook)
+
+        def run(fn, *args, grid=None, warmup=False, **kwargs):
+            return capture.run(fn, *args, grid=grid, warmup=warmup, **kwargs)
+
+        JITFunction.run = run
+        Autotuner.run = _Capture.autotune_run
+        knobs.runtime.add_stages_inspection_hook = self.stages_hook
+        return self
+
+    def __exit__(self, *exc):
+        from triton import knobs
+        from triton.runtime.autotuner import Autotuner
+        from triton.runtime.jit import JITFunction
+
+        JITFunction.run, Autotuner.run, knobs.runtime.add_stages_inspection_hook = self._saved
+        return False
+
+
+def _resolve_task(name: str):
+    # the same resolution as the profiling sandboxes: registry, or KERNELCAST_TASK_MODULES
+    from pipelines.profiling.taskload import load_task
+
+    return load_task(name)
+
+
+def _fake_device_properties(capability: int) -> None:
+    """Give launchers that read torch.cuda device properties (persistent grids) the target's."""
+    import types
+
+    import torch
+
+    if torch.cuda.is_available():
+        return
+    props = types.SimpleNamespace(
+        name="NVIDIA H200" if capability == 90 else f"sm_{capability}",
+        major=capability // 10,
+        minor=capability % 10,
+        multi_processor_count=SM_COUNT.get(capability, 132),
+        total_memory=141 * 2**30,
+        warp_size=32,
+        max_threads_per_multi_processor=2048,
+        regs_per_multiprocessor=65536,
+        shared_memory_per_block_optin=SHARED_MEMORY_LIMIT.get(capability, DEFAULT_SHARED_LIMIT),
+    )
+    torch.cuda.get_device_properties = lambda device=None: props
+    torch.cuda.current_device = lambda: 0
+
+
+class _ChildState:
+    def __init__(self, workdir: str):
+        self.workdir = workdir
+        self.inputs: dict[tuple[str, str], Any] = {}
+        self.n = 0
+
+    def task_input(self, task_spec: str, case: str):
+        key = (task_spec, case)
+        if key not in self.inputs:
+            task = _resolve_task(task_spec)
+            if case == "benchmark" and task.benchmark_cases:
+                chosen = dict(task.benchmark_cases[0])
+            elif task.correctness_cases:
+                chosen = dict(task.correctness_cases[-1])
+            else:
+                raise ValueError(f"task {task.name} has no cases")
+            seed = chosen.pop("seed", 0)
+            self.inputs.clear()  # one input alive at a time: benchmark inputs can be large
+            self.inputs[key] = task.generate_input(seed=seed, **chosen)
+        return self.inputs[key]
+
+    def compile(self, source: str, data: Any, capability: int, warp_size: int) -> dict:
+        import importlib.util
+
+        import torch
+
+        start = time.monotonic()
+        self.n += 1
+        name = f"kernelcast_aot_{os.getpid()}_{self.n}"
+        path = os.path.join(self.workdir, name + ".py")
+        with open(path, "w") as f:
+            f.write(source)
+
+        def result(status: str, error: str | None = None, cap: _Capture | None = None) -> dict:
+            kernels = cap.kernels if cap else []
+            return {
+                "status": status,
+                "n_regs": max((k["n_regs"] for k in kernels), default=None),
+                "n_spills": max((k["stack_bytes"] // 4 for k in kernels), default=None),
+                "shared_bytes": max((k["shared_bytes"] for k in kernels), default=None),
+                "n_kernels": len(kernels),
+                "n_launches": cap.launches if cap else 0,
+                "error": error,
+                "seconds": time.monotonic() - start,
+                "kernels": kernels,
+            }
+
+        try:
+            spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module  # triton.jit reads the source through the module
+            spec.loader.exec_module(module)
+        except BaseException as exc:  # noqa: BLE001 - untrusted code: anything is a compile failure
+            sys.modules.pop(name, None)
+            return result("compile_failed", _one_line(f"import: {type(exc).__name__}: {exc}"))
+        try:
+            fn = getattr(module, "custom_kernel", None)
+            if not callable(fn):
+                return result("compile_failed", "module defines no custom_kernel(data)")
+            cap = _Capture(capability, warp_size, self.workdir)
+            try:
+                with cap, torch.no_grad():
+                    fn(data)
+            except _Rejected as exc:
+                return result("rejected", _one_line(str(exc)), cap)
+            except BaseException as exc:  # noqa: BLE001
+                return result("compile_failed", _one_line(f"{type(exc).__name__}: {exc}"), cap)
+            if not cap.kernels:
+                return result("compile_failed", "custom_kernel launched no Triton kernel", cap)
+            return result("compiled", None, cap)
+        finally:
+            sys.modules.pop(name, None)
+
+
+def _child_main() -> None:
+    """Worker loop: one JSON request per stdin line; answers on the original stdout only."""
+    out = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)  # anything the kernels or Triton print goes to stderr, not into the protocol
+    sys.stdout = sys.stderr
+
+    import torch  # noqa: F401  (imported before user code; the first request need not pay it)
+    import triton  # noqa: F401
+
+    workdir = tempfile.mkdtemp(prefix="worker-", dir=os.environ.get("KERNELCAST_AOT_WORKDIR"))
+    state = _ChildState(workdir)
+    faked: set[int] = set()
+
+    def send(msg: dict) -> None:
+        out.write(json.dumps(msg) + "\n")
+        out.flush()
+
+    send({"phase": "ready"})
+    try:
+        for line in sys.stdin:
+            job = json.loads(line)
+            capability, warp_size = job["target"]
+            if capability not in faked:
+                _fake_device_properties(capability)
+                faked.add(capability)
+            try:
+                data = state.task_input(job["task"], job.get("case", "benchmark"))
+            except BaseException as exc:  # noqa: BLE001
+                send(
+                    {
+                        "phase": "done",
+                        "status": "error",
+                        "error": _one_line(f"task input: {type(exc).__name__}: {exc}"),
+                    }
+                )
+                continue
+            send({"phase": "input"})
+            msg = state.compile(job["source"], data, capability, warp_size)
+            send({"phase": "done", **msg})
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    _child_main()

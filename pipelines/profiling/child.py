@@ -1,0 +1,95 @@
+"""Entry point of a sandboxed child: `python -m pipelines.profiling.child --role R --config JSON`.
+
+Roles: `compile` (import + compile, see runner.run_compile), `check` (correctness on the
+task's correctness cases), `measure` (check + time on the device). The child says
+{"type": "ready", "info": ...} once its stack is imported, then answers each
+{"type": "job", "job": {...}} with zero or more {"type": "progress"} and one
+{"type": "result", ...}. After a result with restart=True (a poisoned CUDA context) it exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from multiprocessing.connection import Connection
+
+
+def _die_with_parent(parent_pid: int | None) -> None:
+    """Ask Linux to SIGKILL us when the parent dies, so a hung kernel never outlives its run."""
+    try:
+        import ctypes
+        import signal
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass  # not Linux: the parent closing our stdin still ends the idle loop
+    if parent_pid and os.getppid() != parent_pid:
+        os._exit(0)  # the parent died before prctl took effect
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--role", choices=("compile", "check", "measure"), required=True)
+    ap.add_argument("--config", default="{}")
+    args = ap.parse_args(argv)
+    config = json.loads(args.config)
+    _die_with_parent(config.get("parent_pid"))
+
+    # Keep the protocol on a private fd; anything written to fd 1 from now on lands in stderr.
+    tx = Connection(os.dup(1), readable=False)
+    os.dup2(2, 1)
+    rx = Connection(os.dup(0), writable=False)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, format=f"[{args.role} %(process)d] %(message)s")
+
+    def send(msg: dict) -> None:
+        tx.send_bytes(json.dumps(msg).encode())
+
+    device = config.get("device", "cpu")
+    try:
+        from pipelines.profiling import runner
+
+        if args.role == "measure":
+            measurer = runner.Measurer(config)
+            info = {"hardware": measurer.hardware, "pid": os.getpid()}
+        else:
+            import torch
+            import triton  # noqa: F401
+
+            if device == "cuda":
+                torch.cuda.init()
+            info = {"pid": os.getpid()}
+    except Exception as e:  # noqa: BLE001
+        send({"type": "fatal", "error": f"{args.role} worker failed to start: {type(e).__name__}: {e}"})
+        return 1
+    send({"type": "ready", "info": info})
+
+    while True:
+        try:
+            msg = json.loads(rx.recv_bytes())
+        except EOFError:
+            return 0  # the parent went away
+        if msg.get("type") == "exit":
+            return 0
+        job = msg["job"]
+        try:
+            if args.role == "compile":
+                result = runner.run_compile(job, device)
+            elif args.role == "check":
+                result = runner.run_check(job, device)
+            else:
+                result = measurer.measure(job, lambda phase: send({"type": "progress", "phase": phase}))
+        except Exception as e:
+            logging.exception("job %s", job.get("kernel_id"))
+            result = {"ok": False, "status": "failed", "failure_kind": "infrastructure",
+                      "error": f"harness error: {type(e).__name__}: {e}"[:300]}
+        send({"type": "result", "job_id": job.get("job_id"), **result})
+        if result.get("restart"):
+            sys.stderr.flush()
+            os._exit(0)  # skip CUDA teardown in a poisoned context
+
+
+if __name__ == "__main__":
+    sys.exit(main())

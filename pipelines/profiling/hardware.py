@@ -1,0 +1,93 @@
+"""The hardware fingerprint stored with every result row (hardware_json) and its id.
+
+Read inside the measuring process: torch's device properties, plus nvidia-smi where it
+answers (clocks, driver, power limit; seconds at most, never required).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+from pipelines.profiling.formats import hardware_id
+
+_SMI_FIELDS = (
+    "driver_version",
+    "clocks.sm",
+    "clocks.mem",
+    "clocks.max.sm",
+    "clocks.max.mem",
+    "power.limit",
+    "temperature.gpu",
+    "pstate",
+)
+
+
+def _versions() -> dict:
+    out = {"python": platform.python_version()}
+    try:
+        import torch
+
+        out["torch"] = torch.__version__
+        out["cuda"] = torch.version.cuda
+    except Exception:  # noqa: BLE001 - a fingerprint never fails a run
+        pass
+    try:
+        import triton
+
+        out["triton"] = triton.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def nvidia_smi(index: int = 0, timeout_s: float = 10.0) -> dict:
+    """Clocks (MHz), driver, power limit (W), temperature (C) of GPU `index`; {} if unreadable."""
+    cmd = ["nvidia-smi", f"--id={index}", f"--query-gpu={','.join(_SMI_FIELDS)}", "--format=csv,noheader,nounits"]
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, check=True)
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    values = [v.strip() for v in res.stdout.strip().splitlines()[0].split(",")] if res.stdout.strip() else []
+    return {k.replace(".", "_"): v for k, v in zip(_SMI_FIELDS, values) if v and "N/A" not in v}
+
+
+def cuda_fingerprint(device_index: int = 0) -> dict:
+    """Everything we know about the CUDA device: name, capability, SMs, memory, L2, clocks, versions."""
+    import torch
+
+    p = torch.cuda.get_device_properties(device_index)
+    fp = {
+        "kind": "cuda",
+        "name": p.name,
+        "compute_capability": [p.major, p.minor],
+        "sm_count": p.multi_processor_count,
+        "total_memory_bytes": int(p.total_memory),
+        "l2_cache_bytes": int(getattr(p, "L2_cache_size", 0)),
+        "uuid": str(getattr(p, "uuid", "")),
+        **_versions(),
+    }
+    fp["nvidia_smi"] = nvidia_smi(device_index)
+    fp["hardware_id"] = hardware_id(p.name, (p.major, p.minor))
+    return fp
+
+
+def cpu_fingerprint() -> dict:
+    """The CPU host: results measured in the Triton interpreter, marked hardware_id 'cpu'."""
+    return {
+        "kind": "cpu",
+        "name": platform.processor() or platform.machine(),
+        "machine": platform.machine(),
+        "cpu_count": os.cpu_count(),
+        "platform": sys.platform,
+        "interpreter": os.environ.get("TRITON_INTERPRET") == "1",
+        **_versions(),
+        "hardware_id": hardware_id("cpu", None),
+    }
+
+
+def fingerprint_json(fp: dict) -> str:
+    return json.dumps(fp, sort_keys=True)

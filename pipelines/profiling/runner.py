@@ -1,0 +1,447 @@
+"""What a sandboxed child does with one kernel: compile it, check it, time it.
+
+Runs INSIDE the child processes of `child.py`; the parent never imports the kernels. Each
+runner takes a job {"job_id", "kernel_id", "task", "path"} (path: the kernel's source file,
+written by the parent) and returns a plain dict for the JSON channel.
+
+Correctness, per case (see `check_case`): the kernel runs first, on its own freshly generated
+input, into an allocator whose free memory was just filled with NaN bytes (so an output the
+kernel forgets to write is garbage, never a left-over correct answer); then the task's check
+runs on a second, freshly generated copy of the same input (same seed) and computes the
+reference itself. After timing, one more check on a new seed catches kernels that cache
+their result by shape. All device work is synchronised device-wide before anything is read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import hashlib
+import importlib.util
+import logging
+import math
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from pipelines.profiling.sandbox import one_line
+from pipelines.profiling.taskload import load_task
+from pipelines.profiling.timing import (
+    L2Flusher,
+    Timing,
+    TimingSettings,
+    data_nbytes,
+    geomean,
+    time_cpu,
+    time_cuda,
+)
+
+log = logging.getLogger(__name__)
+
+NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
+RECHECK_SEED_SALT = 1_000_003  # the post-timing check draws inputs from seed + this
+
+# Substrings of CUDA errors after which the context is unusable (sticky errors): the child
+# reports the kernel as crashed and exits so the parent starts a fresh one.
+CUDA_FATAL_MARKERS = (
+    "illegal memory access",
+    "unspecified launch failure",
+    "misaligned address",
+    "device-side assert",
+    "illegal instruction",
+    "launch timed out",
+    "uncorrectable ecc",
+    "hardware stack error",
+    "invalid program counter",
+    "warp out-of-range",
+    "cuda error: unknown error",
+)
+
+
+class KernelFailure(Exception):
+    """A kernel-attributable failure with its kind; `restart` asks for a fresh child."""
+
+    def __init__(self, kind: str, message: str, restart: bool = False):
+        super().__init__(message)
+        self.kind, self.message, self.restart = kind, message, restart
+
+
+# ---- loading ---------------------------------------------------------------------------
+def load_kernel(path: str):
+    """Import the kernel file at `path` as a fresh module; return its `custom_kernel`.
+
+    Triton needs a real file (it reads the source with inspect), hence a file per kernel.
+    """
+    name = "kc_kernel_" + hashlib.sha1(path.encode()).hexdigest()[:16]
+    sys.modules.pop(name, None)
+    try:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # @triton.jit resolves globals through the module
+        spec.loader.exec_module(module)
+    except BaseException as e:
+        sys.modules.pop(name, None)
+        raise KernelFailure("compile_failed", f"import failed: {_describe(e)}") from e
+    fn = getattr(module, "custom_kernel", None)
+    if not callable(fn):
+        sys.modules.pop(name, None)
+        raise KernelFailure("compile_failed", "the module defines no callable custom_kernel(data)")
+    return fn
+
+
+def unload_kernel(path: str) -> None:
+    sys.modules.pop("kc_kernel_" + hashlib.sha1(path.encode()).hexdigest()[:16], None)
+    gc.collect()
+
+
+# ---- errors ----------------------------------------------------------------------------
+def _describe(e: BaseException) -> str:
+    """One line: exception type, message and the deepest line of kernel code involved."""
+    where = ""
+    tb = e.__traceback__
+    while tb is not None:
+        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith("kc_kernel_"):
+            where = f" (kernel line {tb.tb_lineno})"  # the deepest frame in the kernel's own file
+        tb = tb.tb_next
+    text = str(e)
+    if type(e).__name__ in ("CompilationError", "UnsupportedLanguageConstruct", "CompileTimeAssertionFailure"):
+        lines = [ln for ln in text.splitlines() if ln.strip()]
+        text = f"{lines[0]} {lines[-1]}" if len(lines) > 1 else text  # position + cause, not the source dump
+    return one_line(f"{type(e).__name__}: {text}{where}")
+
+
+def _is_triton_compile_error(e: BaseException) -> bool:
+    try:
+        from triton.compiler.errors import CompilationError
+        from triton.runtime.errors import OutOfResources, PTXASError
+    except ImportError:  # pragma: no cover - triton is always there in practice
+        return False
+    if isinstance(e, (CompilationError, OutOfResources, PTXASError)):
+        return True
+    # Under TRITON_INTERPRET=1 the kernel body runs as Python: what the compiler would reject
+    # (an undefined name, an attribute tl does not have) surfaces as an InterpreterError.
+    from triton.runtime.errors import InterpreterError
+
+    return isinstance(e, InterpreterError) and isinstance(e.__cause__, (NameError, AttributeError, SyntaxError))
+
+
+def cuda_healthy() -> bool:
+    """Whether the CUDA context still works (a sticky error poisons every later call)."""
+    try:
+        torch.cuda.synchronize()
+        return float((torch.ones(1, device="cuda") + 1).item()) == 2.0
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def classify(e: BaseException, device: str, what: str) -> KernelFailure:
+    """Map an exception raised by kernel code to a failure kind (and whether to restart)."""
+    if isinstance(e, KernelFailure):
+        return e
+    msg = f"{what}: {_describe(e)}"
+    if _is_triton_compile_error(e):
+        return KernelFailure("compile_failed", msg)
+    if device == "cuda":
+        if isinstance(e, torch.cuda.OutOfMemoryError):
+            torch.cuda.empty_cache()
+            return KernelFailure("runtime_error", msg)
+        if any(m in str(e).lower() for m in CUDA_FATAL_MARKERS) or not cuda_healthy():
+            return KernelFailure("crashed", msg, restart=True)
+    return KernelFailure("runtime_error", msg)
+
+
+# ---- inputs and checks -----------------------------------------------------------------
+def make_input(task, case: dict, salt: int = 0) -> Any:
+    """The task's input for `case`, deterministic by the case's seed (+ salt)."""
+    kw = dict(case)
+    seed = int(kw.pop("seed", 0)) + salt
+    return task.generate_input(seed=seed, **kw)
+
+
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()  # device-wide: every stream the kernel may have used
+
+
+def poison_free_memory(device: str, nbytes: int) -> None:
+    """Fill a block of the caching allocator with 0xFF (NaN in every float format), then free it.
+
+    The kernel's next allocations are likely carved from this block, so an output element the
+    kernel never writes reads as NaN instead of whatever an earlier correct run left there.
+    """
+    if device == "cuda" and nbytes > 0:
+        block = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+        block.fill_(0xFF)
+        del block
+
+
+def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0) -> None:
+    """Run the kernel on one case and check it; raises KernelFailure on any problem."""
+    cid = task.case_id(case) + (f" (recheck, seed +{salt})" if salt else "")
+    try:
+        data_k = make_input(task, case, salt)
+        data_r = make_input(task, case, salt)  # independent copy for the reference
+        sync(device)
+    except Exception as e:
+        raise KernelFailure("infrastructure", f"generate_input failed on {cid}: {_describe(e)}") from e
+    poison_free_memory(device, data_nbytes(data_k) * 2)
+    try:
+        out = fn(data_k)
+        sync(device)
+    except Exception as e:
+        raise classify(e, device, f"case {cid}") from e
+    try:
+        ok, message = task.check_implementation(data_r, out)
+        sync(device)
+    except Exception as e:
+        failure = classify(e, device, f"check on case {cid}")
+        if failure.kind == "crashed":
+            raise failure from e
+        raise KernelFailure("incorrect", f"case {cid}: check raised {_describe(e)}") from e
+    if not ok:
+        raise KernelFailure("incorrect", one_line(f"case {cid}: {message}"))
+
+
+def check_all(task, fn: Callable, cases, device: str, progress: Callable[[str], None] | None = None) -> None:
+    for case in cases:
+        if progress:
+            progress(f"checking {task.case_id(case)}")
+        check_case(task, fn, case, device)
+
+
+# ---- torch global state ----------------------------------------------------------------
+_FLAG_ATTRS = (
+    ("torch.backends.cuda.matmul", "allow_tf32"),
+    ("torch.backends.cudnn", "allow_tf32"),
+    ("torch.backends.cuda.matmul", "allow_fp16_reduced_precision_reduction"),
+    ("torch.backends.cuda.matmul", "allow_bf16_reduced_precision_reduction"),
+    ("torch.backends.cudnn", "benchmark"),
+)
+
+
+def snapshot_torch_flags() -> dict:
+    """Global torch switches a kernel module might flip (TF32, default dtype, ...)."""
+    import warnings
+
+    snap: dict = {"default_dtype": torch.get_default_dtype(), "matmul_precision": torch.get_float32_matmul_precision()}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for mod, attr in _FLAG_ATTRS:
+            with contextlib.suppress(Exception):
+                snap[f"{mod}.{attr}"] = getattr(eval(mod), attr)
+    return snap
+
+
+def restore_torch_flags(snap: dict) -> None:
+    """Undo what a kernel changed, so the next reference timing runs as the first did."""
+    import warnings
+
+    torch.set_default_dtype(snap["default_dtype"])
+    torch.set_float32_matmul_precision(snap["matmul_precision"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for mod, attr in _FLAG_ATTRS:
+            key = f"{mod}.{attr}"
+            if key in snap:
+                with contextlib.suppress(Exception):
+                    setattr(eval(mod), attr, snap[key])
+
+
+# ---- the three roles -------------------------------------------------------------------
+@contextlib.contextmanager
+def triton_launches_suppressed():
+    """Within: every Triton launch compiles (and fills the cache) but does not run.
+
+    Compile workers use this on the benchmark shapes, so the measuring process finds the exact
+    specialisations in TRITON_CACHE_DIR without the compile workers putting load on the GPU
+    it is timing on. Autotuners get a benchmarker that just compiles each config once.
+    """
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    orig_run, orig_bench = JITFunction.run, Autotuner.__dict__.get("do_bench")
+
+    def run(self, *args, grid, warmup, **kwargs):
+        return orig_run(self, *args, grid=grid, warmup=True, **kwargs)
+
+    def compile_only_bench(kernel_call, quantiles=None, **_):
+        kernel_call()
+        return [0.0] * len(quantiles) if quantiles else 0.0
+
+    JITFunction.run = run
+    Autotuner.do_bench = property(lambda self: compile_only_bench)
+    try:
+        yield
+    finally:
+        JITFunction.run = orig_run
+        if orig_bench is not None:
+            Autotuner.do_bench = orig_bench
+
+
+def run_compile(job: dict, device: str) -> dict:
+    """Import the kernel; on a GPU also compile it for every benchmark shape without launching."""
+    t0 = time.perf_counter()
+    path = job["path"]
+    try:
+        fn = load_kernel(path)
+        source = open(path, encoding="utf-8").read()
+        if device == "cuda" and "triton" in source:
+            task = load_task(job["task"])
+            with triton_launches_suppressed():
+                for case in task.benchmark_cases:
+                    try:
+                        fn(make_input(task, case))
+                    except Exception as e:
+                        if _is_triton_compile_error(e):
+                            raise KernelFailure("compile_failed", f"case {task.case_id(case)}: {_describe(e)}") from e
+                        # Anything else may be an artefact of not launching: the GPU stage decides.
+                        log.debug("warm run of %s: %s", job["kernel_id"], e)
+            if not cuda_healthy():
+                raise KernelFailure("crashed", "CUDA context broken while compiling", restart=True)
+        return {"ok": True, "seconds": time.perf_counter() - t0}
+    except KernelFailure as f:
+        return {"ok": False, "failure_kind": f.kind, "error": f.message, "seconds": time.perf_counter() - t0, "restart": f.restart}
+    finally:
+        unload_kernel(path)
+
+
+def run_check(job: dict, device: str) -> dict:
+    """Correctness on the task's correctness cases (the `kernelcast check` path)."""
+    t0 = time.perf_counter()
+    path = job["path"]
+    try:
+        task = load_task(job["task"])
+    except Exception as e:  # noqa: BLE001
+        return {"ok": False, "failure_kind": "infrastructure", "error": f"task: {_describe(e)}", "seconds": 0.0}
+    try:
+        fn = load_kernel(path)
+        check_all(task, fn, task.correctness_cases, device)
+        return {"ok": True, "failure_kind": None, "error": "ok", "seconds": time.perf_counter() - t0}
+    except KernelFailure as f:
+        return {"ok": False, "failure_kind": f.kind, "error": f.message, "seconds": time.perf_counter() - t0, "restart": f.restart}
+    finally:
+        unload_kernel(path)
+
+
+class Measurer:
+    """The measuring child's state: device, L2 flusher, reference timings, settings."""
+
+    def __init__(self, config: dict):
+        self.device = config.get("device", "cuda")
+        self.protocol = config.get("protocol", "kernelcast")
+        self.ref_refresh_s = float(config.get("ref_refresh_s", 180.0))
+        self.check_correctness_cases = bool(config.get("check_correctness_cases", True))
+        max_reps = int(config.get("max_reps") or 0)
+        if self.device == "cuda":
+            if not torch.cuda.is_available():
+                raise RuntimeError("no CUDA device visible (use --device cpu on a CPU host)")
+            from pipelines.profiling.hardware import cuda_fingerprint
+
+            torch.cuda.set_device(0)
+            self.hardware = cuda_fingerprint(0)
+            self.flusher = L2Flusher(self.hardware.get("l2_cache_bytes") or 64 * 2**20)
+            s = TimingSettings()
+            overrides = {k: config[k] for k in ("min_reps", "max_case_s", "rse_target") if config.get(k) is not None}
+            self.settings = TimingSettings(**{**s.__dict__, **overrides, **({"max_reps": max_reps} if max_reps else {})})
+        else:
+            from pipelines.profiling.hardware import cpu_fingerprint
+
+            self.hardware = cpu_fingerprint()
+            self.flusher = None
+            self.settings = TimingSettings.for_cpu(max_reps or 5)
+        self.refs: dict[tuple[str, str], tuple[Timing, float]] = {}  # (task, case_id) -> (timing, when)
+        self.flags = snapshot_torch_flags()
+
+    def cases(self, task) -> tuple:
+        return tuple(task.benchmark_cases) if self.device == "cuda" else tuple(task.correctness_cases)
+
+    def time_fn(self, fn: Callable, data: Any) -> Timing:
+        if self.device == "cuda":
+            return time_cuda(fn, data, self.settings, protocol=self.protocol, flusher=self.flusher)
+        return time_cpu(fn, data, self.settings, protocol=self.protocol)
+
+    def reference_timings(self, task, progress: Callable[[str], None]) -> list[Timing]:
+        """The task's reference per case; re-timed when older than ref_refresh_s (drift: clocks, heat)."""
+        now = time.monotonic()
+        cases = self.cases(task)
+        keys = [(task.name, task.case_id(c)) for c in cases]
+        stale = any(k not in self.refs or now - self.refs[k][1] > self.ref_refresh_s for k in keys)
+        if stale:
+            restore_torch_flags(self.flags)
+            for key, case in zip(keys, cases):
+                progress(f"timing reference {key[1]}")
+                try:
+                    data = make_input(task, case)
+                    timing = self.time_fn(task.ref_kernel, data)
+                    del data
+                except Exception as e:
+                    failure = classify(e, self.device, f"reference on case {key[1]}")
+                    raise KernelFailure("infrastructure", failure.message, restart=failure.restart) from e
+                self.refs[key] = (timing, time.monotonic())
+        return [self.refs[k][0] for k in keys]
+
+    def measure(self, job: dict, progress: Callable[[str], None]) -> dict:
+        """Check and time one kernel; a result dict (the per-kernel part of a RESULT_SCHEMA row)."""
+        path, result = job["path"], {"check_s": None, "time_s": None}
+        try:
+            try:
+                task = load_task(job["task"])
+            except Exception as e:
+                raise KernelFailure("infrastructure", f"task {job['task']!r}: {_describe(e)}") from e
+            cases = self.cases(task)
+            refs = self.reference_timings(task, progress)
+            progress("importing kernel")
+            fn = load_kernel(path)
+
+            t0 = time.perf_counter()
+            check_cases = cases + (tuple(task.correctness_cases) if self.device == "cuda" and self.check_correctness_cases else ())
+            check_all(task, fn, check_cases, self.device, progress)
+            result["check_s"] = time.perf_counter() - t0
+
+            t0 = time.perf_counter()
+            timings = []
+            for case in cases:
+                progress(f"timing {task.case_id(case)}")
+                data = make_input(task, case)
+                sync(self.device)
+                try:
+                    timings.append(self.time_fn(fn, data))
+                except Exception as e:
+                    raise classify(e, self.device, f"timing case {task.case_id(case)}") from e
+                del data
+            progress("recheck with a new seed")
+            check_case(task, fn, cases[0], self.device, salt=RECHECK_SEED_SALT)  # no caching by shape
+            result["time_s"] = time.perf_counter() - t0
+
+            stat = [t.stat(self.protocol) for t in timings]
+            ref_stat = [r.stat(self.protocol) for r in refs]
+            if any(not (x > 0 and math.isfinite(x)) for x in stat + ref_stat):
+                raise KernelFailure("infrastructure", f"non-positive or non-finite time: kernel {stat}, reference {ref_stat}")
+            case_speedups = [r / k for r, k in zip(ref_stat, stat)]
+            speedup = geomean(case_speedups)
+            result.update(
+                status="ok",
+                failure_kind=None,
+                error=None,
+                case_ids=[task.case_id(c) for c in cases],
+                kernel_median_ms=[t.median_ms for t in timings],
+                kernel_mean_ms=[t.mean_ms for t in timings],
+                kernel_stderr_ms=[t.stderr_ms for t in timings],
+                kernel_reps=[t.reps for t in timings],
+                ref_median_ms=[t.median_ms for t in refs],
+                ref_mean_ms=[t.mean_ms for t in refs],
+                ref_stderr_ms=[t.stderr_ms for t in refs],
+                ref_reps=[t.reps for t in refs],
+                case_speedups=case_speedups,
+                speedup=speedup,
+                needs_recheck=speedup > NEEDS_RECHECK_ABOVE,
+            )
+        except KernelFailure as f:
+            result.update(status="failed", failure_kind=f.kind, error=f.message, restart=f.restart)
+        finally:
+            unload_kernel(path)
+            restore_torch_flags(self.flags)
+        return result

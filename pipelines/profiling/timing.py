@@ -1,0 +1,205 @@
+"""Timing one callable on one input: CUDA events on a GPU, perf_counter on the CPU.
+
+Two protocols (the `protocol` column of a result):
+
+kernelcast (default)
+    Before EVERY timed call the L2 is flushed by writing a buffer of at least twice its size
+    (so no call finds its inputs in cache from the previous one); each call is bracketed by
+    its own pair of CUDA events; inputs are generated once per case and reused. Reps run in
+    chunks until the relative standard error of the mean is under `rse_target` (0.5%), with a
+    minimum number of reps and caps on reps and on wall time per case. The statistic used for
+    speedups is the MEDIAN of the per-call times.
+paper
+    As the paper's harness: no L2 flush, the input is cloned INSIDE the timed window (the
+    clone's cost is part of every call), and the statistic is the MEAN of reps. Same adaptive
+    stopping, so the two protocols differ only in these three points.
+
+Only the standard library, numpy and torch are used (the worker runs on bare hosts).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipelines.profiling.results import PROTOCOLS  # noqa: F401 - re-exported; torch-free home
+
+
+@dataclass(frozen=True)
+class TimingSettings:
+    """How hard to try per case. Defaults are for the GPU; `for_cpu()` gives CI-sized ones."""
+
+    min_reps: int = 10  # never stop before this many timed calls (unless the time cap hits)
+    max_reps: int = 1000  # hard cap on timed calls per case
+    max_case_s: float = 1.0  # wall-clock cap per case for the timed loop, seconds
+    rse_target: float = 0.005  # stop once stderr(mean)/mean is below this (0.5%)
+    warmup_ms: float = 10.0  # untimed calls until this much GPU time has passed (and >= 2 calls)
+
+    @staticmethod
+    def for_cpu(max_reps: int = 5) -> TimingSettings:
+        return TimingSettings(min_reps=2, max_reps=max_reps, max_case_s=2.0, rse_target=0.05, warmup_ms=0.0)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Per-call times of one callable on one case, in milliseconds."""
+
+    median_ms: float
+    mean_ms: float
+    stderr_ms: float  # standard error of the mean, std(ddof=1) / sqrt(reps)
+    reps: int
+
+    def stat(self, protocol: str) -> float:
+        """The number speedups are made of: the median (kernelcast) or the mean (paper)."""
+        return self.mean_ms if protocol == "paper" else self.median_ms
+
+
+def summarize(times_ms: list[float] | np.ndarray) -> Timing:
+    """Median, mean and standard error of the mean of per-call times (ms).
+
+    >>> t = summarize([1.0, 2.0, 3.0])
+    >>> (t.median_ms, t.mean_ms, round(t.stderr_ms, 4), t.reps)
+    (2.0, 2.0, 0.5774, 3)
+    """
+    a = np.asarray(times_ms, dtype=np.float64)
+    if a.size == 0:
+        raise ValueError("no timed calls")
+    stderr = float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else float("inf")
+    return Timing(float(np.median(a)), float(a.mean()), stderr, int(a.size))
+
+
+def relative_stderr(times_ms: list[float]) -> float:
+    """stderr(mean)/mean; inf for fewer than two samples or a non-positive mean."""
+    if len(times_ms) < 2:
+        return math.inf
+    t = summarize(times_ms)
+    return t.stderr_ms / t.mean_ms if t.mean_ms > 0 else math.inf
+
+
+def geomean(values: list[float]) -> float:
+    """Geometric mean of positive numbers (the speedup over cases).
+
+    >>> round(geomean([2.0, 8.0]), 6)
+    4.0
+    """
+    if not values or any(not (v > 0 and math.isfinite(v)) for v in values):
+        raise ValueError(f"geomean needs positive finite values, got {values}")
+    return float(math.exp(sum(math.log(v) for v in values) / len(values)))
+
+
+def clone_data(data: Any) -> Any:
+    """A deep copy of a task input: tensors cloned (same device, dtype, strides), containers rebuilt."""
+    if isinstance(data, torch.Tensor):
+        return data.clone()
+    if isinstance(data, tuple):
+        items = [clone_data(x) for x in data]
+        return type(data)(*items) if hasattr(data, "_fields") else tuple(items)  # namedtuples too
+    if isinstance(data, list):
+        return [clone_data(x) for x in data]
+    if isinstance(data, dict):
+        return {k: clone_data(v) for k, v in data.items()}
+    return data
+
+
+def data_nbytes(data: Any) -> int:
+    """Total bytes of the tensors inside a task input."""
+    if isinstance(data, torch.Tensor):
+        return data.numel() * data.element_size()
+    if isinstance(data, (tuple, list)):
+        return sum(data_nbytes(x) for x in data)
+    if isinstance(data, dict):
+        return sum(data_nbytes(v) for v in data.values())
+    return 0
+
+
+class L2Flusher:
+    """A device buffer of at least 2x the L2 size; `flush()` enqueues a write over all of it.
+
+    Writing (zero_) rather than reading evicts every line the previous call left in L2, and the
+    write is stream-ordered before the start event, so it is never inside a timed window.
+    """
+
+    def __init__(self, l2_bytes: int, device: str = "cuda", min_bytes: int = 128 * 2**20):
+        self.nbytes = max(2 * int(l2_bytes), int(min_bytes))  # H200: L2 60 MB -> 128 MiB buffer
+        self.buf = torch.empty(self.nbytes // 4, dtype=torch.int32, device=device)
+
+    def flush(self) -> None:
+        self.buf.zero_()
+
+
+def _should_stop(times: list[float], elapsed_s: float, s: TimingSettings) -> bool:
+    n = len(times)
+    if n >= s.max_reps:
+        return True
+    if elapsed_s >= s.max_case_s and n >= 3:
+        return True  # time cap beats min_reps, so one slow kernel cannot stall the batch
+    return n >= s.min_reps and relative_stderr(times) < s.rse_target
+
+
+def time_cuda(
+    fn: Callable[[Any], Any],
+    data: Any,
+    settings: TimingSettings,
+    *,
+    protocol: str = "kernelcast",
+    flusher: L2Flusher | None = None,
+) -> Timing:
+    """Time `fn(data)` with CUDA events per call, under `protocol` (see the module docstring)."""
+    flush = flusher.flush if (protocol == "kernelcast" and flusher is not None) else None
+    clone_inside = protocol == "paper"
+
+    def one_call() -> None:
+        fn(clone_data(data) if clone_inside else data)
+
+    # Warm-up: JIT compilation, autotuning, allocator growth, clocks ramping up. Untimed.
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n_warm = 0
+    while n_warm < 2 or ((time.perf_counter() - t0) * 1e3 < settings.warmup_ms and n_warm < 100):
+        if flush:
+            flush()
+        one_call()
+        torch.cuda.synchronize()
+        n_warm += 1
+    per_call_s = max((time.perf_counter() - t0) / n_warm, 1e-6)
+
+    times: list[float] = []
+    start = time.perf_counter()
+    while True:
+        # Chunks of ~50 ms keep the host ahead of the GPU while stop checks stay frequent.
+        chunk = int(min(max(1, 0.05 / per_call_s), settings.max_reps - len(times), 100))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(chunk)]
+        for ev_start, ev_end in events:
+            if flush:
+                flush()
+            ev_start.record()
+            one_call()
+            ev_end.record()
+        torch.cuda.synchronize()  # device-wide: work the kernel left on other streams is done too
+        times.extend(ev_start.elapsed_time(ev_end) for ev_start, ev_end in events)  # ms
+        if _should_stop(times, time.perf_counter() - start, settings):
+            break
+    return summarize(times)
+
+
+def time_cpu(
+    fn: Callable[[Any], Any], data: Any, settings: TimingSettings, *, protocol: str = "kernelcast"
+) -> Timing:
+    """Time `fn(data)` with perf_counter (CPU mode, Triton interpreter): few reps, for CI."""
+    clone_inside = protocol == "paper"
+    fn(clone_data(data) if clone_inside else data)  # one warm-up call
+    times: list[float] = []
+    start = time.perf_counter()
+    while True:
+        t0 = time.perf_counter()
+        fn(clone_data(data) if clone_inside else data)
+        times.append((time.perf_counter() - t0) * 1e3)  # ms
+        if _should_stop(times, time.perf_counter() - start, settings):
+            break
+    return summarize(times)

@@ -1,0 +1,579 @@
+"""The profiling worker: a batch of kernels in, one result row per kernel out.
+
+    python3 -m pipelines.profiling.worker --batch B.parquet --out O.parquet [--device cuda|cpu]
+        [--protocol kernelcast|paper] [--compile-workers N] [--timeout-s S] [--max-reps R]
+        [--time-budget-s T] [--limit K] [--log-dir D] [--summary-json S] [--no-phased]
+
+Pipeline (one parent, many children; the parent never runs kernel code):
+
+    batch --> compile pool (N children, shared TRITON_CACHE_DIR) --> measuring child --> rows
+              import + compile for the benchmark       check every case, then time
+              shapes without launching (GPU)            kernel and reference in one process
+
+* Compile children import the kernel and, on a GPU, run its launcher on every benchmark input
+  with Triton launches suppressed: the exact specialisations land in the shared cache while
+  the GPU stays free for the timing child. A syntax/import/Triton compile error is
+  `compile_failed` here; a child that dies is `crashed`, one that hangs is `timeout`.
+* One measuring child owns the GPU: correctness on every benchmark case (and the small
+  correctness cases), then timing (timing.py: L2 flush, CUDA events per call, adaptive reps).
+  The reference is timed per task and case when first needed and again every
+  --ref-refresh-s seconds (clock and thermal drift); each row carries the reference timing in
+  force when the kernel was measured, which is at most that old.
+* A child that crashes, hangs (no progress for --timeout-s) or hits a sticky CUDA error is
+  killed and replaced; the kernel gets its failure kind and the batch goes on.
+* Rows are appended to <out>.partial.jsonl as they finish; the final Parquet is written at the
+  end, or at --time-budget-s, or on Ctrl-C/SIGTERM. Rerunning with the same --out resumes.
+* --device cpu: children run Triton's interpreter; correctness and timing (perf_counter, few
+  reps) use the task's correctness cases; rows get hardware_id 'cpu'. For tests and CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from pipelines.profiling.formats import FAILURE_KINDS, HARNESS_VERSION
+from pipelines.profiling.hardware import fingerprint_json
+from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
+from pipelines.profiling.sandbox import ChildDied, Sandbox, one_line
+
+log = logging.getLogger(__name__)
+
+
+class WorkerError(RuntimeError):
+    """The run cannot go on (no GPU, the measuring child keeps failing to start, bad batch)."""
+
+
+@dataclass
+class WorkerConfig:
+    """Run settings; the CLI flags map one to one."""
+
+    device: str = "cuda"  # "cuda" | "cpu" (Triton interpreter, correctness cases)
+    protocol: str = "kernelcast"  # "kernelcast" | "paper" (see timing.py)
+    compile_workers: int = max(1, min(14, (os.cpu_count() or 2) - 2))  # leave cores to parent + timer
+    timeout_s: float = 120.0  # per compile job; per measuring phase (a case's check or timing)
+    max_reps: int | None = None  # cap on timed calls per case (None: 1000 on GPU, 5 on CPU)
+    time_budget_s: float | None = None  # stop cleanly before this much wall time has passed
+    limit: int | None = None  # measure at most this many new kernels in this run
+    ref_refresh_s: float = 180.0  # re-time a task's reference after this long (drift)
+    recycle_after: int = 500  # restart the measuring child after this many kernels (modules pile up)
+    startup_timeout_s: float = 300.0  # for a child to import torch/triton and init CUDA
+    lookahead: int | None = None  # compiled kernels waiting for the timer at most (None: 4 or 8 x workers)
+    phased: bool | None = None  # alternate compile and measure phases (None: on for cuda, see _dispatch)
+    log_dir: str | None = None  # keep children's stderr logs here (default: a temp dir, deleted)
+    progress_every_s: float = 5.0
+    min_reps: int | None = None  # timing overrides (GPU only); None keeps timing.TimingSettings
+    max_case_s: float | None = None
+
+    def validate(self) -> None:
+        if self.device not in ("cuda", "cpu"):
+            raise ValueError(f"--device must be cuda or cpu, got {self.device!r}")
+        if self.protocol not in PROTOCOLS:
+            raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
+        if self.compile_workers < 1 or self.timeout_s <= 0:
+            raise ValueError("--compile-workers must be >= 1 and --timeout-s > 0")
+
+
+@dataclass
+class Progress:
+    """What the progress callback sees."""
+
+    done: int  # rows in the output, this run and earlier attempts
+    total: int  # kernels in the batch
+    ok: int
+    failed: int
+    rate_per_s: float  # kernels finished per second in this run
+    eta_s: float | None
+    compiling: int
+    waiting: int  # compiled, waiting for the timer
+
+    def line(self) -> str:
+        eta = "?" if self.eta_s is None else _fmt_s(self.eta_s)
+        return (
+            f"[profile] {self.done}/{self.total} done (ok {self.ok}, failed {self.failed}), "
+            f"{self.rate_per_s:.2f} kernels/s, ETA {eta}, compiling {self.compiling}, waiting {self.waiting}"
+        )
+
+
+@dataclass
+class RunSummary:
+    out_path: Path
+    batch_id: str
+    total: int
+    measured_now: int
+    rows: list[dict] = field(repr=False, default_factory=list)
+    stopped: str = "complete"  # "complete" | "time budget" | "limit" | "interrupted"
+    elapsed_s: float = 0.0
+    hardware_id: str | None = None
+
+    def by_task(self) -> dict[str, dict]:
+        """{task: {"ok": n, "failed": {kind: n}, "median_speedup": x}} over all rows."""
+        out: dict[str, dict] = {}
+        for r in self.rows:
+            t = out.setdefault(r["task"], {"ok": 0, "failed": Counter(), "speedups": []})
+            if r["status"] == "ok":
+                t["ok"] += 1
+                t["speedups"].append(r["speedup"])
+            else:
+                t["failed"][r["failure_kind"]] += 1
+        for t in out.values():
+            sp = t.pop("speedups")
+            t["median_speedup"] = statistics.median(sp) if sp else None
+            t["failed"] = dict(t["failed"])
+        return out
+
+    def table(self) -> str:
+        """A short text table by task: ok, failures by kind, median speedup."""
+        kinds = list(FAILURE_KINDS)
+        head = ["task", "ok"] + kinds + ["median_speedup"]
+        lines = [head]
+        for task, t in sorted(self.by_task().items()):
+            ms = t["median_speedup"]
+            lines.append([task, str(t["ok"])] + [str(t["failed"].get(k, 0)) for k in kinds] + ["-" if ms is None else f"{ms:.3f}"])
+        widths = [max(len(row[i]) for row in lines) for i in range(len(head))]
+        text = "\n".join("  ".join(c.rjust(w) if i else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))) for row in lines)
+        return (
+            f"{text}\n{len(self.rows)}/{self.total} kernels in {self.out_path} ({self.stopped}; "
+            f"{self.measured_now} this run in {_fmt_s(self.elapsed_s)}; hardware {self.hardware_id})"
+        )
+
+
+def _fmt_s(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def read_batch(path: str | Path) -> list[dict]:
+    """The kernels of a batch file (kernel_id, task, source; other columns ignored), deduplicated."""
+    try:
+        table = pq.read_table(path, columns=["kernel_id", "task", "source"])
+    except FileNotFoundError:
+        raise WorkerError(f"batch file not found: {path}") from None
+    except Exception as e:  # noqa: BLE001 - pyarrow raises several kinds for a bad file
+        raise WorkerError(f"cannot read batch {path}: {one_line(e)}") from None
+    seen: set[str] = set()
+    kernels = []
+    for row in table.to_pylist():
+        if not row["kernel_id"] or row["kernel_id"] in seen:
+            continue
+        seen.add(row["kernel_id"])
+        kernels.append(row)
+    return kernels
+
+
+class _Run:
+    """The event loop of one worker run; `run_batch` is the public door."""
+
+    def __init__(self, kernels: list[dict], store: ResultStore, cfg: WorkerConfig, workdir: Path,
+                 progress: Callable[[Progress], None] | None):
+        self.cfg, self.store, self.workdir, self.progress_cb = cfg, store, workdir, progress
+        self.total = len(kernels)
+        done = store.done_ids()
+        todo = [k for k in kernels if k["kernel_id"] not in done]
+        self.limited = cfg.limit is not None and len(todo) > cfg.limit
+        self.queue = deque(todo[: cfg.limit] if cfg.limit is not None else todo)
+        self.compiled: deque[tuple[dict, float]] = deque()  # (kernel, compile seconds)
+        self.pool: list[Sandbox | None] = [None] * cfg.compile_workers
+        self.measurer: Sandbox | None = None
+        self.spare: Sandbox | None = None  # a started measuring child that takes over after a death
+        self.hardware: dict | None = None
+        self.pending_rows: list[tuple[dict, dict, float | None]] = []  # until the hardware is known
+        self.measured_now = 0
+        self.start_failures = 0
+        self.n_children = 0
+        self.t0 = time.monotonic()
+        self.last_progress = 0.0
+        self.measure_s_ema: float | None = None  # seconds per measured kernel, for the budget stop
+        self.phased = cfg.phased if cfg.phased is not None else cfg.device == "cuda"
+        self.lookahead = cfg.lookahead or (8 if self.phased else 4) * cfg.compile_workers
+        self.phase = "compile"
+        self.env_extra = {"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR") or str(workdir / "triton-cache")}
+        self.base_config = {
+            "device": cfg.device, "protocol": cfg.protocol, "max_reps": cfg.max_reps,
+            "ref_refresh_s": cfg.ref_refresh_s, "parent_pid": os.getpid(),
+            "min_reps": cfg.min_reps, "max_case_s": cfg.max_case_s,
+        }
+        (workdir / "kernels").mkdir(parents=True, exist_ok=True)
+
+    # ---- children --------------------------------------------------------------------
+    def _spawn(self, role: str) -> Sandbox:
+        self.n_children += 1
+        log_dir = Path(self.cfg.log_dir) if self.cfg.log_dir else self.workdir / "logs"
+        return Sandbox(role, self.cfg.device, self.base_config, log_dir / f"{role}-{self.n_children:04d}.log", self.env_extra)
+
+    def _children(self) -> list[Sandbox]:
+        return [s for s in self.pool + [self.measurer, self.spare] if s is not None]
+
+    def _kernel_path(self, kernel: dict) -> str:
+        import hashlib
+
+        path = self.workdir / "kernels" / f"k_{hashlib.sha256(kernel['kernel_id'].encode()).hexdigest()[:20]}.py"
+        if not path.exists():
+            path.write_text(kernel["source"], encoding="utf-8")
+        return str(path)
+
+    def _job(self, kernel: dict) -> dict:
+        return {"job_id": kernel["kernel_id"], "kernel_id": kernel["kernel_id"], "task": kernel["task"], "path": self._kernel_path(kernel)}
+
+    def _retire(self, sb: Sandbox) -> None:
+        sb.kill()
+        if sb is self.measurer:
+            self.measurer = None
+        elif sb is self.spare:
+            self.spare = None
+        else:
+            self.pool[self.pool.index(sb)] = None
+
+    # ---- rows ------------------------------------------------------------------------
+    def _record(self, kernel: dict, result: dict, compile_s: float | None) -> None:
+        if self.hardware is None:
+            self.pending_rows.append((kernel, result, compile_s))
+            return
+        hw = self.hardware
+        row = {
+            "batch_id": self.store.batch_id,
+            "kernel_id": kernel["kernel_id"],
+            "task": kernel["task"],
+            "status": result.get("status", "failed"),
+            "failure_kind": result.get("failure_kind"),
+            "error": result.get("error"),
+            "protocol": self.cfg.protocol,
+            "harness_version": HARNESS_VERSION,
+            "hardware_id": hw["hardware_id"],
+            "hardware_json": fingerprint_json(hw),
+            "measured_at": now_utc(),
+            "compile_s": compile_s,
+            "check_s": result.get("check_s"),
+            "time_s": result.get("time_s"),
+        }
+        for key in ("case_ids", "kernel_median_ms", "kernel_mean_ms", "kernel_stderr_ms", "kernel_reps", "ref_median_ms",
+                    "ref_mean_ms", "ref_stderr_ms", "ref_reps", "case_speedups", "speedup", "needs_recheck"):
+            row[key] = result.get(key)
+        if row["status"] != "ok":
+            row["status"], row["speedup"] = "failed", None
+            row["failure_kind"] = row["failure_kind"] if row["failure_kind"] in FAILURE_KINDS else "infrastructure"
+        self.store.append(row)
+        self.measured_now += 1
+
+    def _fail(self, kernel: dict, kind: str, error: str, compile_s: float | None = None) -> None:
+        self._record(kernel, {"status": "failed", "failure_kind": kind, "error": one_line(error)}, compile_s)
+
+    def _set_hardware(self, info: dict) -> None:
+        hw = info.get("hardware")
+        if self.hardware is not None or not hw:
+            return
+        earlier = self.store.hardware_ids()
+        if earlier and earlier != {hw["hardware_id"]}:
+            raise WorkerError(f"{self.store.out_path} holds results from {', '.join(sorted(earlier))}, "
+                              f"this device is {hw['hardware_id']}: use another --out")
+        self.hardware = hw
+        pending, self.pending_rows = self.pending_rows, []
+        for kernel, result, compile_s in pending:
+            self._record(kernel, result, compile_s)
+
+    # ---- messages ----------------------------------------------------------------------
+    def _on_message(self, sb: Sandbox) -> None:
+        now = time.monotonic()
+        try:
+            msg = sb.recv()
+        except ChildDied as e:
+            self._on_death(sb, str(e))
+            return
+        kind = msg.get("type")
+        if kind == "ready":
+            sb.ready, sb.info = True, msg.get("info", {})
+            self.start_failures = 0
+            if sb.role == "measure":
+                self._set_hardware(sb.info)
+        elif kind == "fatal":
+            self._on_death(sb, msg.get("error", "failed to start"))
+        elif kind == "progress":
+            sb.deadline = now + self.cfg.timeout_s
+            sb.phase = msg.get("phase", "")
+        elif kind == "result":
+            kernel, sb.job, sb.deadline = sb.job, None, None
+            if kernel is None:
+                return
+            if sb.role == "compile":
+                if msg.get("ok"):
+                    self.compiled.append((kernel, msg.get("seconds")))
+                else:
+                    self._fail(kernel, msg.get("failure_kind") or "infrastructure", msg.get("error", ""), msg.get("seconds"))
+            else:
+                took = now - sb.job_started
+                self.measure_s_ema = took if self.measure_s_ema is None else 0.8 * self.measure_s_ema + 0.2 * took
+                self._record(kernel, msg, sb.compile_s)
+                sb.jobs_done += 1
+            if msg.get("restart") or (sb is self.measurer and sb.jobs_done >= self.cfg.recycle_after):
+                self._retire(sb)
+
+    def _on_death(self, sb: Sandbox, reason: str) -> None:
+        kernel = sb.job
+        if kernel is not None:
+            self._fail(kernel, "crashed", reason, getattr(sb, "compile_s", None))
+        elif not sb.ready:
+            self._on_start_failure(sb, reason)
+        self._retire(sb)
+
+    def _on_start_failure(self, sb: Sandbox, reason: str) -> None:
+        self.start_failures += 1
+        if self.start_failures >= 3 or (sb is self.measurer and self.hardware is None and "failed to start" in reason):
+            raise WorkerError(one_line(reason))
+
+    def _check_deadlines(self) -> None:
+        now = time.monotonic()
+        for sb in self._children():
+            if sb.job is not None and sb.deadline is not None and now > sb.deadline:
+                kernel = sb.job
+                what = "compiling" if sb.role == "compile" else f"measuring (last step: {getattr(sb, 'phase', '') or 'start'})"
+                sb.job = None
+                self._retire(sb)
+                self._fail(kernel, "timeout", f"no progress for {self.cfg.timeout_s:.0f} s while {what}; worker killed",
+                           getattr(sb, "compile_s", None))
+            elif not sb.ready and now - sb.started_at > self.cfg.startup_timeout_s:
+                self._retire(sb)
+                self._on_start_failure(sb, f"{sb.role} worker did not start within {self.cfg.startup_timeout_s:.0f} s")
+
+    # ---- dispatch ------------------------------------------------------------------------
+    def _dispatch(self, stopping: bool) -> None:
+        """Hand out work. Phased (default on a GPU): compile a chunk of `lookahead` kernels with
+        the timer idle, then time them with the compile pool idle, and so on; compile children
+        touch the GPU (inputs, CUDA contexts) and would otherwise share it with timed calls."""
+        in_compile = sum(1 for s in self.pool if s is not None and s.job is not None)
+        m = self.measurer
+        if self.phased:
+            if self.phase == "measure" and not self.compiled and (m is None or m.job is None):
+                self.phase = "compile"
+            if self.phase == "compile" and self.compiled and in_compile == 0 and (
+                    len(self.compiled) >= self.lookahead or not self.queue):
+                self.phase = "measure"
+        allow_compile = not self.phased or self.phase == "compile"
+        allow_measure = not self.phased or self.phase == "measure"
+        starting = sum(1 for s in self.pool if s is not None and not s.ready)
+        for i, sb in enumerate(self.pool):
+            if stopping or not allow_compile or not self.queue or len(self.compiled) + in_compile >= self.lookahead:
+                break
+            if sb is None:
+                if starting < len(self.queue):  # no more children than kernels left to compile
+                    self.pool[i] = self._spawn("compile")
+                    starting += 1
+                continue
+            if sb.ready and sb.job is None:
+                kernel = self.queue.popleft()
+                sb.send({"type": "job", "job": self._job(kernel)})
+                sb.job, sb.deadline = kernel, time.monotonic() + self.cfg.timeout_s
+                in_compile += 1
+        work_left = bool(self.compiled or self.queue or in_compile)
+        if self.measurer is None and not stopping and work_left:
+            # A crash or hang costs a restart; the spare has paid its start-up (imports, CUDA init) already.
+            self.measurer, self.spare = (self.spare, None) if self.spare is not None else (self._spawn("measure"), None)
+        if self.spare is None and self.measurer is not None and self.measurer.ready and work_left and not stopping:
+            self.spare = self._spawn("measure")
+        m = self.measurer
+        if m is not None and m.ready and m.job is None and self.compiled and not stopping and allow_measure:
+            kernel, compile_s = self.compiled.popleft()
+            try:
+                m.send({"type": "job", "job": self._job(kernel)})
+            except ChildDied as e:
+                self.compiled.appendleft((kernel, compile_s))
+                self._on_death(m, str(e))
+                return
+            m.job, m.compile_s, m.phase = kernel, compile_s, ""
+            m.job_started = time.monotonic()
+            m.deadline = m.job_started + self.cfg.timeout_s
+
+    def _busy(self) -> bool:
+        return bool(self.queue or self.compiled or any(s.job is not None for s in self._children()))
+
+    def _emit_progress(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self.last_progress < self.cfg.progress_every_s:
+            return
+        self.last_progress = now
+        rows = list(self.store.rows.values())
+        ok = sum(r["status"] == "ok" for r in rows)
+        rate = self.measured_now / max(now - self.t0, 1e-9)
+        left = self.total - len(rows)
+        info = Progress(len(rows), self.total, ok, len(rows) - ok, rate, left / rate if rate > 0 else None,
+                        sum(1 for s in self.pool if s is not None and s.job is not None), len(self.compiled))
+        if self.progress_cb:
+            self.progress_cb(info)
+        log.info(info.line())
+
+    # ---- main loop ---------------------------------------------------------------------
+    def run(self) -> str:
+        budget = self.cfg.time_budget_s
+        hard_stop = self.t0 + budget - 3.0 if budget else math.inf  # leave time to write the file
+        stopped = "complete"
+        while True:
+            now = time.monotonic()
+            # Stop taking new kernels when the next one would likely not finish inside the budget.
+            expected = 2.0 * (self.measure_s_ema or 1.0) + 2.0
+            stopping = now + expected > hard_stop
+            self._dispatch(stopping)
+            if not self._busy():
+                break
+            m = self.measurer
+            if stopping and (m is None or m.job is None):
+                stopped = "time budget"
+                break
+            if now >= hard_stop:
+                if m is not None and m.job is not None:
+                    m.job = None  # not recorded: a resumed run measures it again
+                    self._retire(m)
+                stopped = "time budget"
+                break
+            conns = {s.conn: s for s in self._children()}
+            deadlines = [s.deadline for s in self._children() if s.deadline is not None] + [hard_stop, now + 0.5]
+            timeout = max(0.01, min(deadlines) - now)
+            for conn in wait(list(conns), timeout=timeout) if conns else []:
+                sb = conns[conn]
+                if sb in self._children():  # not retired by an earlier message of this round
+                    self._on_message(sb)
+            self._check_deadlines()
+            self._emit_progress()
+        if stopped == "complete" and self.limited:
+            stopped = "limit"
+        self._emit_progress(force=True)
+        return stopped
+
+    def close(self) -> None:
+        """Busy children are killed at once; idle ones are asked to exit, then killed if slow."""
+        children = self._children()
+        for sb in children:
+            if sb.job is not None or not sb.ready:
+                sb.kill()
+            else:
+                try:
+                    sb.send({"type": "exit"})
+                except ChildDied:
+                    pass
+        end = time.monotonic() + 3.0
+        for sb in children:
+            while sb.alive() and time.monotonic() < end:
+                time.sleep(0.02)
+            sb.kill()
+        self.pool, self.measurer, self.spare = [None] * len(self.pool), None, None
+
+
+def run_batch(
+    batch_path: str | Path,
+    out_path: str | Path,
+    config: WorkerConfig | None = None,
+    progress: Callable[[Progress], None] | None = None,
+) -> RunSummary:
+    """Measure every kernel of `batch_path` not yet in `out_path`; write `out_path` (RESULT_SCHEMA).
+
+    Args:
+        batch_path: Parquet with kernel_id, task, source (BATCH_SCHEMA; extra columns ignored).
+        out_path: result Parquet; with its `.partial.jsonl` beside it, the resume state.
+        config: run settings (device, protocol, workers, timeouts, budget, limit).
+        progress: called every `config.progress_every_s` seconds with a `Progress`.
+    Returns:
+        A RunSummary; `summary.table()` is the end-of-run table by task.
+    Raises:
+        WorkerError when the run cannot go on (the file then holds what was done).
+    """
+    cfg = config or WorkerConfig()
+    cfg.validate()
+    kernels = read_batch(batch_path)
+    store = ResultStore(out_path, cfg.protocol)
+    workdir = Path(tempfile.mkdtemp(prefix="kernelcast-worker-"))
+    run = _Run(kernels, store, cfg, workdir, progress)
+    stopped = "interrupted"
+    try:
+        stopped = run.run()
+    finally:
+        run.close()
+        if run.hardware is None and run.pending_rows:
+            log.warning("%d failures not recorded: the measuring child never started", len(run.pending_rows))
+        store.finalize()
+        if not cfg.log_dir:
+            import shutil
+
+            shutil.rmtree(workdir, ignore_errors=True)
+    return RunSummary(
+        out_path=Path(out_path), batch_id=store.batch_id, total=len(kernels), measured_now=run.measured_now,
+        rows=list(store.rows.values()), stopped=stopped, elapsed_s=time.monotonic() - run.t0,
+        hardware_id=run.hardware["hardware_id"] if run.hardware else None,
+    )
+
+
+# ---- command line ----------------------------------------------------------------------
+def _parser() -> argparse.ArgumentParser:
+    d = WorkerConfig()
+    ap = argparse.ArgumentParser(prog="python3 -m pipelines.profiling.worker", description="Measure a batch of kernels (see module docstring).")
+    ap.add_argument("--batch", required=True, help="input Parquet: kernel_id, task, source")
+    ap.add_argument("--out", required=True, help="result Parquet (RESULT_SCHEMA); rerun with the same path to resume")
+    ap.add_argument("--device", choices=("cuda", "cpu"), default=d.device)
+    ap.add_argument("--protocol", choices=PROTOCOLS, default=d.protocol)
+    ap.add_argument("--compile-workers", type=int, default=d.compile_workers)
+    ap.add_argument("--timeout-s", type=float, default=d.timeout_s, help="per compile job / per measuring step")
+    ap.add_argument("--max-reps", type=int, default=None, help="cap on timed calls per case")
+    ap.add_argument("--time-budget-s", type=float, default=None, help="stop cleanly before this much wall time")
+    ap.add_argument("--limit", type=int, default=None, help="measure at most this many new kernels")
+    ap.add_argument("--ref-refresh-s", type=float, default=d.ref_refresh_s)
+    ap.add_argument("--recycle-after", type=int, default=d.recycle_after)
+    ap.add_argument("--log-dir", default=None, help="keep the children's logs (and the Triton cache) here")
+    ap.add_argument("--phased", action=argparse.BooleanOptionalAction, default=None,
+                    help="alternate compile and timing phases (default: on for cuda)")
+    ap.add_argument("--lookahead", type=int, default=None, help="kernels compiled ahead of the timer (chunk size)")
+    ap.add_argument("--progress-every-s", type=float, default=d.progress_every_s)
+    ap.add_argument("--json", action="store_true", help="print the summary by task as JSON on stdout")
+    ap.add_argument("--summary-json", default=None, help="also write the run summary (wall time, counts) here")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    cfg = WorkerConfig(
+        device=args.device, protocol=args.protocol, compile_workers=args.compile_workers, timeout_s=args.timeout_s,
+        max_reps=args.max_reps, time_budget_s=args.time_budget_s, limit=args.limit, ref_refresh_s=args.ref_refresh_s,
+        recycle_after=args.recycle_after, log_dir=args.log_dir, progress_every_s=args.progress_every_s,
+        phased=args.phased, lookahead=args.lookahead,
+    )
+
+    def on_term(signum, frame):  # SIGTERM: finish like Ctrl-C, writing the final file
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_term)
+    try:
+        summary = run_batch(args.batch, args.out, cfg, progress=lambda p: print(p.line(), file=sys.stderr, flush=True))
+    except (WorkerError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: partial results kept in {args.out}; rerun to resume", file=sys.stderr)
+        return 130
+    report = {
+        "out": str(summary.out_path), "batch_id": summary.batch_id, "stopped": summary.stopped,
+        "elapsed_s": summary.elapsed_s, "measured_now": summary.measured_now, "total": summary.total,
+        "hardware_id": summary.hardware_id, "config": cfg.__dict__, "by_task": summary.by_task(),
+    }
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(report, indent=2, default=str))
+    if args.json:
+        print(json.dumps(report, indent=2, default=str))
+    else:
+        print(summary.table())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

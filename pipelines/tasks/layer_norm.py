@@ -1,0 +1,81 @@
+"""LayerNorm of a bf16 matrix with bf16 weight and bias, eps = 1e-5.
+
+The reference is `F.layer_norm(x.float(), (N,), weight.float(), bias.float(), eps).to(bf16)`:
+PyTorch's fused fp32 LayerNorm between an upcast and a downcast, three kernels and about
+20 B of HBM traffic per element (upcast 2R+4W, layer_norm 4R+4W, downcast 4R+2W) against
+4 B/elt for a fused bf16-in/bf16-out kernel: up to ~5x of headroom.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from pipelines.tasks.contract import Task, allclose_check, default_device
+
+EPS = 1e-5
+RTOL = 2e-2
+ATOL = 2e-2
+
+
+def generate_input(seed: int, M: int, N: int):
+    """(x (M, N) bf16 ~ 0.5 + N(0,1), weight (N,) ~ 1 + N(0, 0.1^2), bias (N,) ~ N(0, 0.1^2), eps).
+
+    The non-zero mean makes a kernel that forgets to centre x (or mixes up mean and variance) fail.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    x = 0.5 + torch.randn(M, N, generator=gen, dtype=torch.float32)
+    w = 1.0 + 0.1 * torch.randn(N, generator=gen, dtype=torch.float32)
+    b = 0.1 * torch.randn(N, generator=gen, dtype=torch.float32)
+    dev = default_device()
+    bf = torch.bfloat16
+    return x.to(bf).to(dev), w.to(bf).to(dev), b.to(bf).to(dev), EPS
+
+
+def ref_kernel(data) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias in fp32 (biased var), rounded to bf16."""
+    x, weight, bias, eps = data
+    n = x.shape[-1]
+    # 20 B/elt: x.float() 2R+4W, layer_norm 4R+4W, .to(bf16) 4R+2W.
+    y = F.layer_norm(x.float(), (n,), weight.float(), bias.float(), eps)
+    return y.to(torch.bfloat16)
+
+
+def check_implementation(data, output: torch.Tensor) -> tuple[bool, str]:
+    """Elementwise close to the reference, rtol = atol = 2e-2, bf16 output."""
+    if isinstance(output, torch.Tensor) and output.dtype != torch.bfloat16:
+        return False, f"output: dtype {output.dtype} != torch.bfloat16"
+    return allclose_check(output, ref_kernel(data), rtol=RTOL, atol=ATOL)
+
+
+TASK = Task(
+    name="layer_norm",
+    description=(
+        "LayerNorm: given x of shape (M, N) in bfloat16 (row-major, contiguous), weight and bias of "
+        "shape (N,) in bfloat16 and eps = 1e-5, return y = (x - mean_j x) / sqrt(var_j x + eps) * "
+        "weight + bias (biased variance) of shape (M, N) in bfloat16, statistics and normalisation "
+        "in fp32. The PyTorch reference is F.layer_norm(x.float(), (N,), weight.float(), "
+        "bias.float(), eps).to(bf16): an upcast kernel, PyTorch's fused fp32 LayerNorm and a "
+        "downcast, about 20 bytes of HBM traffic per element where a fused kernel needs 4 (read "
+        "2 B, write 2 B; weight and bias stay in cache). Memory-bound; each row needs mean and "
+        "variance (two reductions, or one pass of sum and sum of squares, or Welford) before its "
+        "outputs. Benchmark rows are 4096 to 16384 wide, one width (5120) not a power of two."
+    ),
+    generate_input=generate_input,
+    ref_kernel=ref_kernel,
+    check_implementation=check_implementation,
+    correctness_cases=(
+        {"M": 11, "N": 1000, "seed": 1},
+        {"M": 5, "N": 4099, "seed": 2},
+        {"M": 64, "N": 128, "seed": 3},
+    ),
+    # Reference on an H200 ~ 20 B/elt / 3.5e12 B/s: 8192^2 ~380 us, 16384x4096 ~380 us,
+    # 2048x16384 ~190 us, 6144x5120 ~180 us.
+    benchmark_cases=(
+        {"M": 8192, "N": 8192, "seed": 11},
+        {"M": 16384, "N": 4096, "seed": 12},
+        {"M": 2048, "N": 16384, "seed": 13},
+        {"M": 6144, "N": 5120, "seed": 14},
+    ),
+    tolerances={"rtol": RTOL, "atol": ATOL},
+)

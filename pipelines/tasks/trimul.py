@@ -1,0 +1,181 @@
+"""trimul: the AlphaFold3 outgoing triangle multiplicative update (GPU MODE's bioml/trimul).
+
+data = (input (bs, N, N, dim) fp32, mask (bs, N, N), weights: dict, config: dict), the layout,
+weight names, benchmark cases and tolerances of GPU MODE's problem, so unmodified GPU MODE
+submissions (which define `custom_kernel(data)`) run here.
+
+    x      = LayerNorm_dim(input)                                  (bs, N, N, dim)
+    left   = (x @ left_proj^T)  * mask * sigmoid(x @ left_gate^T)  (bs, N, N, hidden)
+    right  = (x @ right_proj^T) * mask * sigmoid(x @ right_gate^T)
+    out    = einsum('b i k h, b j k h -> b i j h', left, right)    the triangle contraction
+    output = (LayerNorm_hidden(out) * sigmoid(x @ out_gate^T)) @ to_out^T
+
+Costs at N = 1024, dim = 384, hidden = 128: five fp32 projections (5 x 0.1 TFLOP), the
+contraction (bs * hidden batched N x N x N matmuls, 0.27 TFLOP) and ~10 GB of fp32 traffic for
+the unfused intermediates. Inputs are generated from a torch.Generator (GPU MODE's Cauchy input
+uses the global RNG; here it is drawn by inverse CDF from the same generator, so every case is
+deterministic by seed).
+
+Imports only the standard library and torch (the GPU worker imports this on a bare host).
+"""
+
+from __future__ import annotations
+
+import math
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from pipelines.tasks.contract import Task, allclose_check, default_device
+
+# GPU MODE: check_implementation = make_match_reference(ref_kernel, rtol=2e-2, atol=2e-2).
+RTOL = 2e-2
+ATOL = 2e-2
+CAUCHY_SCALE = 2.0  # GPU MODE: Cauchy(loc=0, scale=2)
+
+WEIGHT_NAMES = (
+    "norm.weight",
+    "norm.bias",
+    "left_proj.weight",
+    "right_proj.weight",
+    "left_gate.weight",
+    "right_gate.weight",
+    "out_gate.weight",
+    "to_out_norm.weight",
+    "to_out_norm.bias",
+    "to_out.weight",
+)
+
+
+def generate_input(
+    seed: int, seqlen: int, bs: int, dim: int, hiddendim: int, nomask: bool, distribution: str
+):
+    """(input, mask, weights, config) as GPU MODE's trimul generates them; deterministic by seed.
+
+    mask is float32 ones when `nomask`, else int64 0/1 (as GPU MODE's torch.randint gives it).
+    """
+    device = default_device()
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    shape = (bs, seqlen, seqlen, dim)
+    if distribution == "cauchy":
+        # Inverse CDF of Cauchy(0, 2): heavy tails stress LayerNorm statistics.
+        u = torch.rand(shape, generator=gen, device=device, dtype=torch.float32)
+        u = u.clamp(1e-7, 1.0 - 1e-7)
+        x = CAUCHY_SCALE * torch.tan(math.pi * (u - 0.5))
+    elif distribution == "normal":
+        x = torch.randn(shape, generator=gen, device=device, dtype=torch.float32)
+    else:
+        raise ValueError(f"distribution must be 'normal' or 'cauchy', got {distribution!r}")
+    if nomask:
+        mask = torch.ones((bs, seqlen, seqlen), device=device, dtype=torch.float32)
+    else:
+        mask = torch.randint(0, 2, (bs, seqlen, seqlen), generator=gen, device=device)
+
+    def randn(*size):
+        return torch.randn(size, generator=gen, device=device, dtype=torch.float32)
+
+    h, d = hiddendim, dim
+    weights = {
+        "norm.weight": randn(d),
+        "norm.bias": randn(d),
+        "left_proj.weight": randn(h, d) / math.sqrt(h),
+        "right_proj.weight": randn(h, d) / math.sqrt(h),
+        "left_gate.weight": randn(h, d) / math.sqrt(h),
+        "right_gate.weight": randn(h, d) / math.sqrt(h),
+        "out_gate.weight": randn(h, d) / math.sqrt(h),
+        "to_out_norm.weight": randn(h),
+        "to_out.weight": randn(d, h) / math.sqrt(d),
+        "to_out_norm.bias": randn(h),
+    }
+    config = {"hidden_dim": h, "dim": d}
+    return x.contiguous(), mask, weights, config
+
+
+@contextmanager
+def _full_fp32():
+    """fp32 matmuls without TF32, as GPU MODE's reference runs (its DisableCuDNNTF32)."""
+    saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    try:
+        yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def ref_kernel(data):
+    """The PyTorch module of GPU MODE's reference, written functionally (same ops, same order)."""
+    x, mask, w, config = data
+    dim, hidden = config["dim"], config["hidden_dim"]
+    with _full_fp32():
+        x = F.layer_norm(x, (dim,), w["norm.weight"], w["norm.bias"])  # (bs, N, N, dim)
+        m = mask.unsqueeze(-1)  # (bs, N, N, 1); int64 or fp32, promoted to fp32 below
+        left = F.linear(x, w["left_proj.weight"]) * m  # (bs, N, N, hidden)
+        right = F.linear(x, w["right_proj.weight"]) * m
+        left = left * F.linear(x, w["left_gate.weight"]).sigmoid()
+        right = right * F.linear(x, w["right_gate.weight"]).sigmoid()
+        out_gate = F.linear(x, w["out_gate.weight"]).sigmoid()
+        out = torch.einsum("... i k d, ... j k d -> ... i j d", left, right)  # (bs, N, N, hidden)
+        out = F.layer_norm(out, (hidden,), w["to_out_norm.weight"], w["to_out_norm.bias"])
+        return F.linear(out * out_gate, w["to_out.weight"])  # (bs, N, N, dim)
+
+
+def check_implementation(data, output) -> tuple[bool, str]:
+    """GPU MODE's tolerance: |out - ref| <= 2e-2 + 2e-2 * |ref| elementwise."""
+    if isinstance(output, (tuple, list)) and len(output) >= 1 and isinstance(output[0], torch.Tensor):
+        output = output[0]  # GPU MODE's output_t admits (output, extras)
+    return allclose_check(output, ref_kernel(data), rtol=RTOL, atol=ATOL, what="output")
+
+
+def _case(seqlen, bs, dim, hiddendim, seed, nomask, distribution):
+    return {
+        "seqlen": seqlen,
+        "bs": bs,
+        "dim": dim,
+        "hiddendim": hiddendim,
+        "seed": seed,
+        "nomask": nomask,
+        "distribution": distribution,
+    }
+
+
+TASK = Task(
+    name="trimul",
+    description=(
+        "The outgoing Triangle Multiplicative Update of AlphaFold3 (GPU MODE bioml/trimul), forward "
+        "only. Inputs: x (bs, N, N, dim) fp32, a 0/1 mask (bs, N, N), LayerNorm and bias-free "
+        "projection weights (hidden_dim = 128, dim 128-768). Compute x = LayerNorm(x); "
+        "left = (x W_lp^T) * mask * sigmoid(x W_lg^T) and right likewise; "
+        "out[b,i,j,h] = sum_k left[b,i,k,h] * right[b,j,k,h] (a batched N x N x N matmul per "
+        "channel h); output = (LayerNorm_h(out) * sigmoid(x W_og^T)) W_out^T, shape (bs, N, N, dim). "
+        "The reference runs unfused PyTorch in full fp32 (no TF32): five projections, elementwise "
+        "gating, an einsum that permutes to channel-first batched matmuls, LayerNorm and a final "
+        "projection, each materialising fp32 intermediates. Fusing LayerNorm, projections and gates, "
+        "running the contraction on tensor cores in bf16/fp16 with fp32 accumulation (within the "
+        "2e-2 tolerance) and fusing the output LayerNorm, gate and projection leave large headroom. "
+        "Benchmarks: N = 256-1024, bs 1-2, dim 128 or 384, with and without mask, normal and "
+        "heavy-tailed Cauchy inputs."
+    ),
+    generate_input=generate_input,
+    ref_kernel=ref_kernel,
+    check_implementation=check_implementation,
+    correctness_cases=(
+        _case(16, 1, 32, 32, 7, True, "normal"),
+        _case(20, 2, 48, 32, 8, False, "normal"),  # ragged N and dim, masked
+        _case(24, 1, 32, 32, 9, False, "cauchy"),  # heavy tails, masked
+    ),
+    # GPU MODE's seven benchmark cases, verbatim.
+    benchmark_cases=(
+        _case(256, 2, 128, 128, 9371, True, "normal"),
+        _case(768, 1, 128, 128, 381, True, "cauchy"),
+        _case(256, 2, 384, 128, 2301, False, "normal"),
+        _case(512, 1, 128, 128, 12819, True, "normal"),
+        _case(1024, 1, 128, 128, 381, True, "cauchy"),
+        _case(768, 1, 384, 128, 481, False, "normal"),
+        _case(1024, 1, 384, 128, 23291, True, "normal"),
+    ),
+    tolerances={"rtol": RTOL, "atol": ATOL},
+    source="gpumode",
+)

@@ -1,0 +1,77 @@
+"""Build the kernel batches of a GPU measuring round (run here, on the CPU).
+
+For every task: a lineage walk from the seed kernel (parent -> child moments for discovery pairs
+and search) plus a stratified uniform sample over algorithm families (every algorithm, so every
+bin the space can reach). Kernels are interleaved across tasks so that a run cut short by its
+time budget still covers every task. Writes:
+
+    <out>/kernels.parquet      every kernel (+ the task references), KERNEL_BATCH_SCHEMA: goes to data/
+    <out>/part-<i>.parquet     the worker's input, split into parts (one per GPU call)
+
+Usage:
+    python scripts/build_gpu_batches.py --out .gpu-batches --parts 2 \
+        --plan softmax=1000,rms_norm=1000,layer_norm=1000,fp8_quant=900,cross_entropy=900,\
+matmul_bias_gelu=600,causal_attention=500,gdn_chunk_fwd_o=400,trimul=250
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import time
+from pathlib import Path
+
+import polars as pl
+
+from pipelines.generation import sampler
+from pipelines.generation.candidates import RECORD_COLUMNS, write_batch, FEATURE_COLUMNS
+from pipelines.generation.reference import reference_record
+
+
+def parse_plan(text: str) -> dict[str, int]:
+    plan = {}
+    for item in text.split(","):
+        name, _, n = item.strip().partition("=")
+        plan[name] = int(n)
+    return plan
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--plan", required=True, help="task=count,... (kernels per task, lineage + uniform halves)")
+    ap.add_argument("--parts", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--lineage-share", type=float, default=0.5)
+    args = ap.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    per_task: dict[str, list[dict]] = {}
+    refs = []
+    for task, n in parse_plan(args.plan).items():
+        t0 = time.perf_counter()
+        n_lineage = max(1, int(n * args.lineage_share))
+        recs = sampler.generate_lineage(task, n_lineage, args.seed)
+        ids = {r["kernel_id"] for r in recs}
+        extra = [r for r in sampler.sample_uniform(task, n - n_lineage + 200, args.seed + 1) if r["kernel_id"] not in ids]
+        recs += extra[: n - len(recs)]
+        per_task[task] = recs
+        refs.append(reference_record(task))
+        print(f"{task}: {len(recs)} kernels ({n_lineage} lineage), {len({r['algorithm'] for r in recs})} algorithms, {time.perf_counter() - t0:.1f} s", flush=True)
+    # Round-robin across tasks, so every part and every prefix of a part covers every task.
+    order = [r for group in itertools.zip_longest(*per_task.values()) for r in group if r is not None]
+    cols = list(RECORD_COLUMNS)
+
+    def frame(rows: list[dict]) -> pl.DataFrame:
+        df = pl.DataFrame([{c: r.get(c) for c in cols} for r in rows], schema=RECORD_COLUMNS, orient="row")
+        return df.with_columns([pl.lit(None, dtype=t).alias(c) for c, t in FEATURE_COLUMNS.items()])
+
+    write_batch(frame(refs + order), args.out / "kernels.parquet")
+    size = -(-len(order) // args.parts)
+    for i in range(args.parts):
+        part = order[i * size:(i + 1) * size]
+        write_batch(frame(part), args.out / f"part-{i + 1}.parquet")
+        print(f"part-{i + 1}: {len(part)} kernels -> {(args.out / f'part-{i + 1}.parquet').stat().st_size / 1e6:.1f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,170 @@
+"""The LLM mutator against a real local HTTP server (stdlib), no model needed.
+
+The server implements POST /v1/chat/completions and answers according to the model name:
+'coder' replies with two code blocks (the last one is the child), 'chatty' with prose only,
+'flaky' fails with 503 once then answers, 'broken' always fails with 500.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import ClassVar
+
+import numpy as np
+import pytest
+
+from pipelines.generation import llm_mutator
+from pipelines.generation.llm_mutator import LLMEndpoint, LLMMutator, ParentResult
+from pipelines.generation.reference import reference_record
+from warehouse.ids import kernel_id
+
+CHILD = "import torch\n\n\ndef custom_kernel(data):\n    return torch.softmax(data, dim=-1)\n"
+CODER_REPLY = (
+    "Here is the old idea:\n```python\nprint('draft')\n```\n"
+    f"Better: fuse the passes.\n```python\n{CHILD}```\nDone."
+)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    calls: ClassVar[list[dict]] = []
+    flaky_failed = False
+
+    def log_message(self, *args):  # keep test output quiet
+        pass
+
+    def do_POST(self):
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        _Handler.calls.append(
+            {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
+        )
+        model = body["model"]
+        if self.path != "/v1/chat/completions":
+            return self._send(404, {"error": "not found"})
+        if model == "broken" or (model == "flaky" and not _Handler.flaky_failed):
+            _Handler.flaky_failed = True
+            return self._send(503 if model == "flaky" else 500, {"error": "busy"})
+        text = CODER_REPLY if model in ("coder", "flaky") else "I would make it faster, trust me."
+        self._send(
+            200,
+            {
+                "choices": [{"message": {"role": "assistant", "content": text}}],
+                "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+            },
+        )
+
+    def _send(self, code: int, payload: dict):
+        data = json.dumps(payload).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+
+@pytest.fixture(scope="module")
+def server_url():
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def parent():
+    return reference_record("softmax")
+
+
+def _endpoint(url: str, model: str, **kw) -> LLMEndpoint:
+    settings = {"api_key": "k-test", "timeout_s": 10.0, "backoff_s": 0.01, **kw}
+    return LLMEndpoint(base_url=url, model=model, **settings)
+
+
+def test_prompt_carries_the_paper_ingredients(parent):
+    msgs = llm_mutator.build_prompt(
+        "softmax",
+        "Row softmax of a matrix.",
+        parent["source"],
+        ParentResult(failure_kind="incorrect", message="case M=37: 3 off"),
+    )
+    user = msgs[1]["content"]
+    assert "Row softmax of a matrix." in user and parent["source"].strip() in user
+    assert "FAILED (incorrect: case M=37: 3 off)" in user and "fix the failure first" in user
+    assert "custom_kernel(data)" in user and "```python" in user
+
+
+def test_last_code_block_becomes_the_child(server_url, parent):
+    _Handler.calls.clear()
+    mut = LLMMutator(
+        _endpoint(server_url, "coder"), results={parent["kernel_id"]: ParentResult(speedup=0.8)}
+    )
+    child = mut.mutate(parent, np.random.default_rng(0))
+    assert child["source"] == CHILD
+    assert child["kernel_id"] == kernel_id(CHILD)
+    assert (child["generator"], child["mutation"], child["parent_kernel_id"]) == (
+        "llm:coder",
+        "llm",
+        parent["kernel_id"],
+    )
+    assert child["llm_failure"] is None and child["llm_reply"] == CODER_REPLY
+    assert json.loads(child["llm_usage_json"])["completion_tokens"] == 5
+    call = _Handler.calls[-1]
+    assert call["auth"] == "Bearer k-test"
+    assert "0.800x" in call["body"]["messages"][1]["content"]  # the measured result went out
+    # the rng fixes the request seed: a seeded search asks the same question again
+    mut.mutate(parent, np.random.default_rng(0))
+    assert _Handler.calls[-1]["body"]["seed"] == call["body"]["seed"]
+
+
+def test_reply_without_code_is_recorded_as_no_code(server_url, parent):
+    child = LLMMutator(_endpoint(server_url, "chatty")).mutate(parent, np.random.default_rng(1))
+    assert child["llm_failure"] == "no_code"
+    assert child["source"] == child["llm_reply"] == "I would make it faster, trust me."
+    assert child["parent_kernel_id"] == parent["kernel_id"]
+
+
+def test_retries_then_succeeds_and_gives_up_cleanly(server_url, parent):
+    _Handler.flaky_failed = False
+    child = LLMMutator(_endpoint(server_url, "flaky", retries=2)).mutate(
+        parent, np.random.default_rng(2)
+    )
+    assert child["llm_failure"] is None and child["source"] == CHILD
+    dead = LLMMutator(_endpoint(server_url, "broken", retries=1)).mutate(
+        parent, np.random.default_rng(3)
+    )
+    assert dead["llm_failure"] == "request_failed" and "HTTP 500" in dead["llm_reply"]
+
+
+def test_unreachable_endpoint_is_recorded(parent):
+    child = LLMMutator(_endpoint("http://127.0.0.1:9/v1", "coder", retries=0, timeout_s=2)).mutate(
+        parent, np.random.default_rng(4)
+    )
+    assert child["llm_failure"] == "request_failed"
+
+
+def test_endpoint_from_env(monkeypatch):
+    monkeypatch.delenv("KERNELCAST_LLM_BASE_URL", raising=False)
+    with pytest.raises(ValueError, match="KERNELCAST_LLM_BASE_URL"):
+        LLMEndpoint.from_env()
+    monkeypatch.setenv("KERNELCAST_LLM_BASE_URL", "http://h:1/v1")
+    monkeypatch.setenv("KERNELCAST_LLM_MODEL", "m")
+    monkeypatch.setenv("KERNELCAST_LLM_API_KEY", "s")
+    ep = LLMEndpoint.from_env(timeout_s=5)
+    assert (ep.base_url, ep.model, ep.api_key, ep.timeout_s) == ("http://h:1/v1", "m", "s", 5)
+
+
+@pytest.mark.parametrize(
+    "reply, expected",
+    [
+        ("```python\na = 1\n```", "a = 1\n"),
+        ("```py\na = 1\n```\ntext\n```\nb = 2\n```", "b = 2\n"),
+        ("no code at all", None),
+        ("```python\n\n```", None),
+        ("```python\nunterminated", None),
+    ],
+)
+def test_extract_last_code_block(reply, expected):
+    assert llm_mutator.extract_last_code_block(reply) == expected

@@ -1,0 +1,25 @@
+"""The examples in the docstrings of the surrogate modules run and hold (pytest does not collect them)."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "models.forecast",
+    "models.parsing",
+    "models.prompts",
+    "models.hardware",
+    "models.rewards",
+    "models.cache",
+    "models.tiny",
+    "models.backends.transformers_backend",
+    "models.backends.openai_backend",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name):
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0
+    assert result.attempted > 0

@@ -1,0 +1,198 @@
+"""OpenAIForecaster against a real local HTTP server (stdlib http.server) speaking chat completions."""
+
+import json
+import math
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from models.backends import BackendError, ForecastRequest
+from models.backends.openai_backend import OpenAIForecaster, label_logprobs
+from models.cache import ForecastCache
+from models.prompts import ANSWER_PREFIX, build_prompt
+
+ANSWER = 'The candidate halves memory traffic.\n```json\n{"predicted_bin": 6, "p": [0, 0, 0, 0, 0.2, 0.5, 0.2, 0.1], "reasoning": "fewer loads"}\n```'
+
+
+class FakeServer:
+    """A chat completions endpoint whose reply depends on the requested model name.
+
+    models: "good" (a valid answer), "garbage" (unparseable text), "flaky" (HTTP 503 on
+    the first call of each prompt, then valid), "broken" (always 500), "bad-request" (400),
+    "logprobs" (top_logprobs for the next token).
+    """
+
+    def __init__(self):
+        self.requests: list[dict] = []
+        self.headers: list[dict] = []
+        self.lock = threading.Lock()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):  # keep test output clean
+                pass
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with server.lock:
+                    server.requests.append(body)
+                    server.headers.append(dict(self.headers))
+                    seen = sum(
+                        1
+                        for r in server.requests
+                        if r["messages"] == body["messages"] and r["model"] == body["model"]
+                    )
+                status, reply = server.reply(self.path, body, seen)
+                data = json.dumps(reply).encode()
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.thread = threading.Thread(
+            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+        )
+        self.thread.start()
+        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+
+    def reply(self, path, body, seen):
+        if path != "/v1/chat/completions":
+            return 404, {"error": "not found"}
+        model = body["model"]
+        if model == "broken" or (model == "flaky" and seen == 1):
+            return (500 if model == "broken" else 503), {"error": "overloaded"}
+        if model == "bad-request":
+            return 400, {"error": {"message": "unknown parameter"}}
+        usage = {"prompt_tokens": 321, "completion_tokens": 42}
+        if model == "logprobs":
+            top = [
+                {"token": "6", "logprob": math.log(0.5)},
+                {"token": " 5", "logprob": math.log(0.2)},
+                {"token": "5", "logprob": math.log(0.1)},
+                {"token": "x", "logprob": math.log(0.1)},
+            ]
+            choice = {
+                "message": {"role": "assistant", "content": "6"},
+                "logprobs": {"content": [{"token": "6", "top_logprobs": top}]},
+            }
+            return 200, {"choices": [choice], "usage": {**usage, "completion_tokens": 1}}
+        content = "I am not sure { maybe" if model == "garbage" else ANSWER
+        return 200, {
+            "choices": [{"message": {"role": "assistant", "content": content}}],
+            "usage": usage,
+        }
+
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture
+def server():
+    s = FakeServer()
+    yield s
+    s.close()
+
+
+def requests_(n=3):
+    return [
+        ForecastRequest(
+            build_prompt(
+                "softmax", "Row softmax.", "a\n", f"b{i}\n", {"name": "NVIDIA H200"}, "diff"
+            ),
+            f"p{i}",
+        )
+        for i in range(n)
+    ]
+
+
+def test_verbalized_answers_parse(server):
+    forecaster = OpenAIForecaster(server.base_url, "good", api_key="sk-test", concurrency=3)
+    out = forecaster.forecast(requests_(3))
+    assert len(out) == 3 and len(server.requests) == 3
+    for f in out:
+        assert f.parse_ok and f.predicted_bin == 6 and f.p[5] == pytest.approx(0.5)
+        assert (f.tokens, f.prompt_tokens) == (42, 321) and f.latency_s > 0
+    body = server.requests[0]
+    assert (
+        body["model"] == "good"
+        and body["temperature"] == 0.0
+        and body["messages"][0]["role"] == "system"
+    )
+    assert server.headers[0]["Authorization"] == "Bearer sk-test"
+    assert "sk-test" not in repr(forecaster)
+
+
+def test_garbage_reply_is_a_recorded_parse_failure(server):
+    out = OpenAIForecaster(server.base_url, "garbage").forecast(requests_(2))
+    assert [f.parse_ok for f in out] == [False, False]
+    assert out[0].parse_error == "no JSON object found" and out[0].text == "I am not sure { maybe"
+
+
+def test_transport_failures_are_retried(server):
+    out = OpenAIForecaster(server.base_url, "flaky", retries=1, backoff_s=0.01).forecast(
+        requests_(2)
+    )
+    assert all(f.parse_ok for f in out)
+    assert len(server.requests) == 4  # one 503 and one success per prompt
+
+
+def test_persistent_failure_raises_after_retries(server):
+    forecaster = OpenAIForecaster(server.base_url, "broken", retries=2, backoff_s=0.01)
+    with pytest.raises(BackendError, match="HTTP 500"):
+        forecaster.forecast(requests_(1))
+    assert len(server.requests) == 3
+    with pytest.raises(BackendError, match="HTTP 400"):
+        OpenAIForecaster(server.base_url, "bad-request", retries=3, backoff_s=0.01).forecast(
+            requests_(1)
+        )
+    assert len(server.requests) == 4  # a 400 is not retried
+
+
+def test_unreachable_server_raises_backend_error():
+    forecaster = OpenAIForecaster("http://127.0.0.1:9/v1", "good", retries=0, timeout_s=2)
+    with pytest.raises(BackendError):
+        forecaster.forecast(requests_(1))
+
+
+def test_logprob_readout(server):
+    forecaster = OpenAIForecaster(server.base_url, "logprobs", use_logprobs=True)
+    (f,) = forecaster.forecast(requests_(1), repeats=1)
+    assert f.parse_ok and f.readout == "logprob" and f.predicted_bin == 6
+    assert f.raw_sum == pytest.approx(0.8)  # 0.5 + (0.2 + 0.1 for " 5" and "5")
+    assert (
+        f.p[5] == pytest.approx(0.5 / 0.8) and f.p[4] == pytest.approx(0.3 / 0.8) and f.p[0] == 0.0
+    )
+    body = server.requests[0]
+    assert body["messages"][-1] == {"role": "assistant", "content": ANSWER_PREFIX}
+    assert (
+        body["max_tokens"] == 1
+        and body["logprobs"] is True
+        and body["continue_final_message"] is True
+    )
+    assert label_logprobs([]) == [None] * 8
+
+
+def test_cache_serves_a_rerun_without_requests(server, tmp_path):
+    cache = ForecastCache(tmp_path)
+    first = OpenAIForecaster(server.base_url, "good", cache=cache).forecast(requests_(2), repeats=3)
+    assert len(server.requests) == 2  # greedy: repeats share one request
+    again = OpenAIForecaster(server.base_url, "good", cache=ForecastCache(tmp_path)).forecast(
+        requests_(2), repeats=3
+    )
+    assert len(server.requests) == 2 and all(f.cached for f in again)
+    assert [(f.p, f.repeat) for f in again] == [(f.p, f.repeat) for f in first]
+    sampled = OpenAIForecaster(server.base_url, "good", cache=cache, temperature=0.7)
+    sampled.forecast(requests_(2), repeats=3)
+    assert len(server.requests) == 2 + 6  # sampling: every repeat is its own request and key
+
+
+def test_progress_callback(server):
+    seen = []
+    OpenAIForecaster(server.base_url, "good", concurrency=1).forecast(
+        requests_(5), progress=lambda d, t: seen.append((d, t))
+    )
+    assert seen[-1] == (5, 5)
