@@ -17,7 +17,11 @@ says eos = pad = id 2 ("<|im_end|>", the end of a ChatML turn), so that is what 
 or generation would never stop at the end of the assistant's turn.
 
 Idempotent: `kernelcast_base.json` in the output directory records the GGUF's sha256 (and
-size and mtime, to skip re-hashing); a second call with the same GGUF returns at once.
+size and mtime, to skip re-hashing); a second call with the same GGUF returns at once. The
+marker also holds a probe: the GGUF-loaded model's top next-token logits after a short chat
+prompt, and the converted model's largest difference from them (0.0 in fp32; the
+conversion refuses to finish above 1e-3), so the saved checkpoint can be checked against
+the GGUF at any time without loading the GGUF again.
 """
 
 from __future__ import annotations
@@ -110,9 +114,10 @@ def plain_copy(gguf_model: Any, dtype: str = "float32") -> Any:
     settings.pop("quantization_config", None)
     settings["dtype"] = dtype
     config = LlamaConfig.from_dict(settings)
-    with torch.device("meta"):  # no random init of 135M parameters that load_state_dict overwrites
-        model = LlamaForCausalLM(config)
-    model.load_state_dict(gguf_model.state_dict(), assign=True)
+    # Built on the CPU, not the meta device: non-persistent buffers (rotary inv_freq) are not in
+    # the state dict and must be real for the forward pass that checks the conversion.
+    model = LlamaForCausalLM(config)
+    model.load_state_dict(gguf_model.state_dict())
     model.tie_weights()
     return model.to(getattr(torch, dtype)).eval()
 
@@ -130,6 +135,40 @@ def fix_chatml_tokenizer(tokenizer: Any) -> Any:
     )
     fast.chat_template = tokenizer.chat_template
     return fast
+
+
+PROBE_TEXT = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+
+
+def probe_logits(
+    model: Any, tokenizer: Any, text: str = PROBE_TEXT, top: int = 20
+) -> dict[str, Any]:
+    """The top next-token logits of `model` after a short fixed chat prompt.
+
+    Recorded from the GGUF-loaded model in the marker, so the saved checkpoint can be
+    checked against the GGUF later without loading the GGUF again.
+
+    Returns:
+        {"text", "token_ids": [top ids], "logits": [their logits]}.
+    """
+    import torch
+
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        last = model(input_ids=ids).logits[0, -1].float()  # (vocab,)
+    values, index = torch.topk(last, top)
+    return {"text": text, "token_ids": index.tolist(), "logits": values.tolist()}
+
+
+def max_logit_diff(model: Any, tokenizer: Any, probe: dict[str, Any]) -> float:
+    """Largest |logit difference| of `model` against a recorded probe, over its top tokens."""
+    import torch
+
+    ids = tokenizer(probe["text"], add_special_tokens=False, return_tensors="pt")["input_ids"]
+    with torch.inference_mode():
+        last = model(input_ids=ids).logits[0, -1].float()
+    ours = last[torch.tensor(probe["token_ids"])]
+    return float((ours - torch.tensor(probe["logits"])).abs().max())
 
 
 def _marker_matches(out: Path, gguf: Path, dtype: str) -> bool:
@@ -173,9 +212,15 @@ def convert_smollm2_gguf(
     sha = file_sha256(gguf)
     gguf_model, gguf_tokenizer = load_gguf(gguf)
     t_load = time.perf_counter() - t0
-    model = plain_copy(gguf_model, dtype)
-    del gguf_model
     tokenizer = fix_chatml_tokenizer(gguf_tokenizer)
+    model = plain_copy(gguf_model, dtype)
+    probe = probe_logits(gguf_model, tokenizer)
+    probe["max_abs_logit_diff"] = max_logit_diff(model, tokenizer, probe)
+    del gguf_model
+    if dtype == "float32" and probe["max_abs_logit_diff"] > 1e-3:
+        raise RuntimeError(
+            f"converted model disagrees with the GGUF: max |logit diff| {probe['max_abs_logit_diff']:.3g}"
+        )
     model.generation_config = GenerationConfig(
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
@@ -197,6 +242,7 @@ def convert_smollm2_gguf(
         "gguf_mtime_ns": stat.st_mtime_ns,
         "dtype": dtype,
         "load_seconds": round(t_load, 1),
+        "probe": probe,
         "convert_seconds": round(seconds, 1),
     }
     (tmp / MARKER).write_text(json.dumps(marker, indent=2))

@@ -57,11 +57,12 @@ def _corpus() -> list[str]:
     return texts
 
 
-def build_tokenizer(vocab_size: int = 512):
+def build_tokenizer(vocab_size: int = 1024):
     """A byte-level BPE PreTrainedTokenizerFast with ChatML special tokens and template.
 
     Args:
-        vocab_size: target vocabulary size (the 256 bytes and 3 special tokens included).
+        vocab_size: target vocabulary size (the 256 bytes and 3 special tokens included);
+            the small corpus saturates near 950, which shortens prompts ~40% against 512.
     Returns:
         A PreTrainedTokenizerFast (pad = eos = "<|im_end|>", bos = "<|im_start|>").
     """
@@ -102,14 +103,14 @@ def build_tiny_model(
     hidden_size: int = 64,
     num_layers: int = 2,
     num_heads: int = 4,
-    vocab_size: int = 512,
+    vocab_size: int = 1024,
 ) -> Path:
     """Write a tiny causal LM and its tokenizer to `out_dir` (save_pretrained layout).
 
     Args:
         out_dir: created if missing; overwritten.
         seed: weight initialisation seed (same seed -> same bytes).
-        hidden_size: model width; 64 gives ~0.1M parameters, 256 with 4 layers ~3M.
+        hidden_size: model width; 64 gives ~0.1M parameters, 256 with 4 layers ~3.4M.
         num_layers: decoder layers.
         num_heads: attention heads (2 key/value heads when divisible, to exercise GQA).
         vocab_size: BPE vocabulary target.
@@ -129,7 +130,7 @@ def build_tiny_model(
         num_hidden_layers=num_layers,
         num_attention_heads=num_heads,
         num_key_value_heads=2 if num_heads % 2 == 0 else num_heads,
-        max_position_embeddings=8192,  # full prompts run to a few thousand tokens with a 512-token vocabulary
+        max_position_embeddings=8192,  # full-style prompts with real kernels run to thousands of tokens
         tie_word_embeddings=True,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,

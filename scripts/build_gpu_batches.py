@@ -43,6 +43,8 @@ def main() -> None:
     ap.add_argument("--parts", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lineage-share", type=float, default=0.5)
+    ap.add_argument("--chunk", type=int, default=48, help="kernels of one task in a row")
+    ap.add_argument("--first-part-share", type=float, default=None, help="share of kernels in part 1 (default: equal parts)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     per_task: dict[str, list[dict]] = {}
@@ -57,8 +59,11 @@ def main() -> None:
         per_task[task] = recs
         refs.append(reference_record(task))
         print(f"{task}: {len(recs)} kernels ({n_lineage} lineage), {len({r['algorithm'] for r in recs})} algorithms, {time.perf_counter() - t0:.1f} s", flush=True)
-    # Round-robin across tasks, so every part and every prefix of a part covers every task.
-    order = [r for group in itertools.zip_longest(*per_task.values()) for r in group if r is not None]
+    # Round-robin across tasks in chunks: every prefix of the order (a run cut short by its time
+    # budget) covers every task, and consecutive kernels of one task reuse the worker's cached
+    # inputs of that task.
+    chunks = [[recs[i:i + args.chunk] for i in range(0, len(recs), args.chunk)] for recs in per_task.values()]
+    order = [r for group in itertools.zip_longest(*chunks) for chunk in group if chunk for r in chunk]
     cols = list(RECORD_COLUMNS)
 
     def frame(rows: list[dict]) -> pl.DataFrame:
@@ -67,8 +72,12 @@ def main() -> None:
 
     write_batch(frame(refs + order), args.out / "kernels.parquet")
     size = -(-len(order) // args.parts)
-    for i in range(args.parts):
-        part = order[i * size:(i + 1) * size]
+    bounds = [(i * size, (i + 1) * size) for i in range(args.parts)]
+    if args.first_part_share and args.parts == 2:
+        cut = int(len(order) * args.first_part_share)
+        bounds = [(0, cut), (cut, len(order))]
+    for i, (lo, hi) in enumerate(bounds):
+        part = order[lo:hi]
         write_batch(frame(part), args.out / f"part-{i + 1}.parquet")
         print(f"part-{i + 1}: {len(part)} kernels -> {(args.out / f'part-{i + 1}.parquet').stat().st_size / 1e6:.1f} MB")
 

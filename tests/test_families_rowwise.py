@@ -19,7 +19,9 @@ from pipelines.generation.families import _rowwise as rw
 from pipelines.tasks import get_task
 
 # The interpreter itself indexes with 1-element arrays (numpy deprecation); not our code.
-pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning")
+pytestmark = pytest.mark.filterwarnings(
+    "ignore:Conversion of an array with ndim:DeprecationWarning"
+)
 
 TASKS = ("softmax", "rms_norm", "layer_norm", "fp8_quant")
 ALLOWED_IMPORTS = {"torch", "triton", "triton.language", "math"}
@@ -157,10 +159,18 @@ def test_fp8_kernel_rounds_like_torch_across_binades(rounding, tmp_path):
     """Values whose e4m3 rounding carries into the next binade (the interpreter's own cast gets
     127.99 -> 64); the kernel's q must equal torch's cast bit for bit (up to the sign of zero)."""
     fam = next(f for f in families("fp8_quant").FAMILIES if f.algorithm == "group_tile")
-    values = {"GROUPS_PER_PROGRAM": 2, "NUM_WARPS": 4, "scale_math": "div", "rounding": rounding, "eviction": "none"}
+    values = {
+        "GROUPS_PER_PROGRAM": 2,
+        "NUM_WARPS": 4,
+        "scale_math": "div",
+        "rounding": rounding,
+        "eviction": "none",
+    }
     module = load_kernel(fam.render(values), tmp_path)
     # group 0: absmax 448 -> scale 1, so q = x exactly; values just below powers of two and odd steps
-    edges = torch.tensor([448.0, 127.5, 63.9, 31.99, 15.9, 7.97, 3.99, 1.99, 0.999, 0.0155, 0.003, -0.002])
+    edges = torch.tensor(
+        [448.0, 127.5, 63.9, 31.99, 15.9, 7.97, 3.99, 1.99, 0.999, 0.0155, 0.003, -0.002]
+    )
     row0 = torch.cat([edges, torch.linspace(-448.0, 448.0, 128 - edges.numel())])
     row1 = torch.linspace(-3.0, 5.0, 128)  # group 1: a scale that is not a power of two
     x = torch.cat([row0, row1]).reshape(1, 256).to(torch.bfloat16)
@@ -170,3 +180,21 @@ def test_fp8_kernel_rounds_like_torch_across_binades(rounding, tmp_path):
     differ = (q.view(torch.uint8) != q_ref.view(torch.uint8)) & (q_ref.float() != 0)
     assert not differ.any(), (q.float()[differ], q_ref.float()[differ])
     assert torch.equal(q.float() == 0, q_ref.float() == 0)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_seed_kernel_honours_row_strides(task, tmp_path):
+    """Inputs that are row-strided views (padding after each row) give the same answer."""
+    t = get_task(task)
+    case = {"M": 3, "K": 256, "seed": 7} if task == "fp8_quant" else {"M": 3, "N": 300, "seed": 7}
+    x, *rest = t.generate_input(**case)
+    padded = torch.zeros(x.shape[0], x.shape[1] + 128, dtype=x.dtype)
+    padded[:, : x.shape[1]] = x
+    view = padded[:, : x.shape[1]]
+    assert view.stride(0) != view.shape[1]
+    data = (view, *rest)
+    algorithm, values = families(task).SEED
+    fam = next(f for f in families(task).FAMILIES if f.algorithm == algorithm)
+    out = load_kernel(fam.render(values), tmp_path).custom_kernel(data)
+    ok, msg = t.check_implementation(data, out)
+    assert ok, msg

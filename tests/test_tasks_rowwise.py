@@ -19,7 +19,9 @@ def _tensors(data):
 
 def _same(a, b) -> bool:
     ta, tb = _tensors(a), _tensors(b)
-    return len(ta) == len(tb) and all(x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(ta, tb))
+    return len(ta) == len(tb) and all(
+        x.dtype == y.dtype and torch.equal(x, y) for x, y in zip(ta, tb)
+    )
 
 
 @pytest.mark.parametrize("name", ROWWISE)
@@ -39,7 +41,9 @@ def test_reference_passes_its_own_check_and_leaves_inputs_alone(name):
         before = [t.clone() for t in _tensors(data)]
         ok, msg = task.check_implementation(data, task.ref_kernel(data))
         assert ok, f"{name} {case}: {msg}"
-        assert all(torch.equal(b, t) for b, t in zip(before, _tensors(data))), "reference modified its input"
+        assert all(torch.equal(b, t) for b, t in zip(before, _tensors(data))), (
+            "reference modified its input"
+        )
 
 
 @pytest.mark.parametrize("name", ROWWISE)

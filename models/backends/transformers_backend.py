@@ -56,7 +56,9 @@ def checkpoint_ref(path: str | Path) -> str:
     and modification times, so weights saved again into the same directory get new keys.
     """
     root = Path(path).resolve()
-    stats = sorted((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in root.iterdir() if p.is_file())
+    stats = sorted(
+        (p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in root.iterdir() if p.is_file()
+    )
     digest = hashlib.sha256(repr(stats).encode()).hexdigest()[:12]
     return f"{root}@{digest}"
 

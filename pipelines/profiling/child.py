@@ -49,8 +49,16 @@ def main(argv: list[str] | None = None) -> int:
 
     device = config.get("device", "cpu")
     try:
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            from pipelines.tasks.interpreter_fixes import patch_triton_interpreter
+
+            patch_triton_interpreter()  # bf16 tl.dot is wrong in Triton 3.6's interpreter
         from pipelines.profiling import runner
 
+        if args.role != "measure":
+            # Compile children only need each shape once; keep their cached inputs small, since
+            # a dozen of them share the GPU's memory with the measuring child.
+            runner._CACHE.max_bytes = 3 * 2**30
         if args.role == "measure":
             measurer = runner.Measurer(config)
             info = {"hardware": measurer.hardware, "pid": os.getpid()}

@@ -35,9 +35,9 @@ from pipelines.profiling.results import PROTOCOLS  # noqa: F401 - re-exported; t
 class TimingSettings:
     """How hard to try per case. Defaults are for the GPU; `for_cpu()` gives CI-sized ones."""
 
-    min_reps: int = 10  # never stop before this many timed calls (unless the time cap hits)
+    min_reps: int = 8  # never stop before this many timed calls (unless the time cap hits)
     max_reps: int = 1000  # hard cap on timed calls per case
-    max_case_s: float = 1.0  # wall-clock cap per case for the timed loop, seconds
+    max_case_s: float = 0.3  # wall-clock cap per case for the timed loop, seconds
     rse_target: float = 0.005  # stop once stderr(mean)/mean is below this (0.5%)
     warmup_ms: float = 10.0  # untimed calls until this much GPU time has passed (and >= 2 calls)
 

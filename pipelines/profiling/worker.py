@@ -154,7 +154,7 @@ class RunSummary:
 
 
 def _fmt_s(s: float) -> str:
-    s = int(round(s))
+    s = round(s)
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
@@ -529,7 +529,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--limit", type=int, default=None, help="measure at most this many new kernels")
     ap.add_argument("--ref-refresh-s", type=float, default=d.ref_refresh_s)
     ap.add_argument("--recycle-after", type=int, default=d.recycle_after)
-    ap.add_argument("--log-dir", default=None, help="keep the children's logs (and the Triton cache) here")
+    ap.add_argument("--log-dir", default=None, help="keep the children's logs here (the temp work dir with the Triton cache is kept too)")
     ap.add_argument("--phased", action=argparse.BooleanOptionalAction, default=None,
                     help="alternate compile and timing phases (default: on for cuda)")
     ap.add_argument("--lookahead", type=int, default=None, help="kernels compiled ahead of the timer (chunk size)")

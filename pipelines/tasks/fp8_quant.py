@@ -57,16 +57,21 @@ def check_implementation(data, output) -> tuple[bool, str]:
         return False, "output: expected a tuple (q, scales)"
     q, scales = output
     if not isinstance(q, torch.Tensor) or q.dtype != torch.float8_e4m3fn:
-        return False, f"q: expected a torch.float8_e4m3fn tensor, got {getattr(q, 'dtype', type(q).__name__)}"
+        return (
+            False,
+            f"q: expected a torch.float8_e4m3fn tensor, got {getattr(q, 'dtype', type(q).__name__)}",
+        )
     if not isinstance(scales, torch.Tensor) or scales.dtype != torch.float32:
-        return False, f"scales: expected a float32 tensor, got {getattr(scales, 'dtype', type(scales).__name__)}"
+        return (
+            False,
+            f"scales: expected a float32 tensor, got {getattr(scales, 'dtype', type(scales).__name__)}",
+        )
     q_ref, s_ref = ref_kernel(data)
     ok, msg = allclose_check(scales, s_ref, rtol=SCALE_RTOL, atol=0.0, what="scales")
     if not ok:
         return ok, msg
     if q.shape != q_ref.shape:
         return False, f"q: shape {tuple(q.shape)} != expected {tuple(q_ref.shape)}"
-    M, K = x.shape
     s_full = s_ref.repeat_interleave(GROUP, dim=1)  # (M, K)
     deq = q.float() * s_full
     xf = x.float()
@@ -103,7 +108,7 @@ TASK = Task(
     check_implementation=check_implementation,
     correctness_cases=(
         {"M": 6, "K": 640, "seed": 1},
-        {"M": 37, "K": 256, "seed": 2},
+        {"M": 13, "K": 256, "seed": 2},
         {"M": 2, "K": 2048, "seed": 3},
     ),
     # The paper's shapes. Reference on an H200: ~7 launches (~25-40 us) for the 256-row shapes,

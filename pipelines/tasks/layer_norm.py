@@ -67,7 +67,7 @@ TASK = Task(
     correctness_cases=(
         {"M": 11, "N": 1000, "seed": 1},
         {"M": 5, "N": 4099, "seed": 2},
-        {"M": 64, "N": 128, "seed": 3},
+        {"M": 20, "N": 128, "seed": 3},
     ),
     # Reference on an H200 ~ 20 B/elt / 3.5e12 B/s: 8192^2 ~380 us, 16384x4096 ~380 us,
     # 2048x16384 ~190 us, 6144x5120 ~180 us.

@@ -65,7 +65,7 @@ TASK = Task(
     correctness_cases=(
         {"M": 11, "N": 1000, "seed": 1},
         {"M": 5, "N": 4099, "seed": 2},
-        {"M": 64, "N": 128, "seed": 3},
+        {"M": 20, "N": 128, "seed": 3},
     ),
     # Reference time on an H200 ~ 20 B/elt / 3.5e12 B/s: 8192^2 ~380 us, 2048x16384 ~190 us,
     # 65536x512 ~190 us, 4096x10000 ~230 us.

@@ -15,7 +15,8 @@ through the same neighbours everywhere.
 from __future__ import annotations
 
 import textwrap
-from typing import Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from pipelines.generation.space import Family, Knob, KnobValues
 
@@ -23,15 +24,21 @@ from pipelines.generation.space import Family, Knob, KnobValues
 # Knob domains (ordered: a mutation steps to a neighbouring value)
 # -----------------------------------------------------------------------------
 # Columns per loop step of looped kernels; 16 and 32 are deliberately naive (many tiny passes).
-BLOCK_N_LOOP = Knob("BLOCK_N", (16, 32, 64, 128, 256, 512, 1024, 2048, 4096), "columns per loop step")
+BLOCK_N_LOOP = Knob(
+    "BLOCK_N", (16, 32, 64, 128, 256, 512, 1024, 2048, 4096), "columns per loop step"
+)
 BLOCK_N_TILE = Knob("BLOCK_N", (64, 128, 256, 512, 1024), "columns per 2-D tile")
 BLOCK_M_TILE = Knob("BLOCK_M", (1, 2, 4, 8), "rows per 2-D tile")
 NUM_WARPS = Knob("NUM_WARPS", (1, 2, 4, 8, 16), "warps per program")
 # Whole-row-in-registers kernels hold next_pow2(N) fp32 values per row: fewer than 4 warps spill badly.
 NUM_WARPS_ROW = Knob("NUM_WARPS", (4, 8, 16, 32), "warps per program (row held in registers)")
 NUM_STAGES = Knob("NUM_STAGES", (1, 2, 3, 4), "software-pipelining depth of loops")
-ROWS_PER_PROGRAM = Knob("ROWS_PER_PROGRAM", (1, 2, 4, 8), "rows handled by one program, one after another")
-GRID_SIZE = Knob("GRID_SIZE", (16, 32, 66, 132, 264, 528, 1056, 2112), "programs of a persistent grid")
+ROWS_PER_PROGRAM = Knob(
+    "ROWS_PER_PROGRAM", (1, 2, 4, 8), "rows handled by one program, one after another"
+)
+GRID_SIZE = Knob(
+    "GRID_SIZE", (16, 32, 66, 132, 264, 528, 1056, 2112), "programs of a persistent grid"
+)
 EVICTION = Knob("eviction", ("none", "evict_last", "evict_first"), "L2 eviction hint on loads of x")
 
 # A looped kernel keeps about BLOCK_N / (32 * NUM_WARPS) values per thread per live tensor; past
@@ -127,7 +134,11 @@ def module(
     choices = [f"{k}={v}" for k, v in values.items() if not k.isupper()]
     if choices:
         knob_block += "\n# algorithm choices of this variant: " + ", ".join(choices)
-    parts = [doc, imports, section("Knobs of this variant (one point of the kernelcast space)") + "\n" + knob_block]
+    parts = [
+        doc,
+        imports,
+        section("Knobs of this variant (one point of the kernelcast space)") + "\n" + knob_block,
+    ]
     if helpers:
         parts.append(section("Helpers") + "\n" + helpers.strip("\n"))
     parts.append(section("Compute kernels") + "\n" + kernels.strip("\n"))
@@ -172,7 +183,9 @@ def default_point(fam: Family) -> dict[str, Any]:
     return best
 
 
-ROW_GUARD = Knob("row_guard", ("branch", "clamp"), "rows past M: skipped by an if, or clamped to M-1")
+ROW_GUARD = Knob(
+    "row_guard", ("branch", "clamp"), "rows past M: skipped by an if, or clamped to M-1"
+)
 
 
 def rows_loop(guard: str, body: str) -> str:
@@ -187,7 +200,8 @@ def rows_loop(guard: str, body: str) -> str:
     return (
         "    for r in tl.range(0, ROWS_PER_PROGRAM, num_stages=NUM_STAGES):\n"
         "        # rows past M are clamped to M - 1: a duplicate, identical write instead of a branch\n"
-        "        row = tl.minimum(pid * ROWS_PER_PROGRAM + r, M - 1)\n" + textwrap.indent(body, " " * 8)
+        "        row = tl.minimum(pid * ROWS_PER_PROGRAM + r, M - 1)\n"
+        + textwrap.indent(body, " " * 8)
     )
 
 
@@ -204,5 +218,6 @@ def persistent_loop(body: str) -> str:
         "    # -- persistent schedule: program p handles rows p, p + P, p + 2P, ...\n"
         "    pid = tl.program_id(0)\n"
         "    nprog = tl.num_programs(0)\n"
-        "    for row in tl.range(pid, M, nprog, num_stages=NUM_STAGES):\n" + textwrap.indent(body, " " * 8)
+        "    for row in tl.range(pid, M, nprog, num_stages=NUM_STAGES):\n"
+        + textwrap.indent(body, " " * 8)
     )

@@ -39,16 +39,20 @@ G_PERSIST = Knob("GROUPS_PER_PROGRAM", (1, 2, 4, 8), "128-column groups per tile
 NUM_WARPS_SMALL = Knob("NUM_WARPS", (1, 2, 4, 8), "warps per program")
 CHUNK = Knob("CHUNK", (8, 16, 32, 64), "elements per step within a 128-column group")
 SCALE_MATH = Knob(
-    "scale_math", ("div", "mul_reciprocal"),
+    "scale_math",
+    ("div", "mul_reciprocal"),
     "q = x / scale, or q = x * (448 / absmax) (one division per group instead of per element)",
 )
 ROUNDING = Knob(
-    "rounding", ("cvt", "bits"),
+    "rounding",
+    ("cvt", "bits"),
     "e4m3 rounding by the hardware cvt, or by an fp32 bit trick before an exact cast",
 )
-TMP_DTYPE = Knob("tmp_dtype", ("float32", "bfloat16"), "dtype of the clamped values handed to PyTorch")
+TMP_DTYPE = Knob(
+    "tmp_dtype", ("float32", "bfloat16"), "dtype of the clamped values handed to PyTorch"
+)
 
-HELPERS = '''\
+HELPERS = """\
 @triton.jit
 def round_to_e4m3(v):
     # v: fp32, |v| <= 448. Returns v rounded half-to-even onto the e4m3 grid, still fp32, so the
@@ -60,9 +64,9 @@ def round_to_e4m3(v):
     # subnormal range (|v| < 2^-6): a fixed step of 2^-9; adding 1.5 * 2^14 rounds to it
     sub = (tl.abs(v) + 24576.0) - 24576.0
     sub = tl.where(v < 0, -sub, sub)
-    return tl.where(tl.abs(v) < 0.015625, sub, normal)'''
+    return tl.where(tl.abs(v) < 0.015625, sub, normal)"""
 
-PROLOGUE = '''\
+PROLOGUE = """\
 def custom_kernel(data):
     (x,) = data
     assert x.ndim == 2 and x.dtype == torch.bfloat16, "fp8_quant expects x: (M, K) bf16"
@@ -72,7 +76,7 @@ def custom_kernel(data):
         x = x.contiguous()  # the kernels step through columns with unit stride
     n_groups = K // 128
     q = torch.empty((M, K), dtype=torch.float8_e4m3fn, device=x.device)
-    scales = torch.empty((M, n_groups), dtype=torch.float32, device=x.device)'''
+    scales = torch.empty((M, n_groups), dtype=torch.float32, device=x.device)"""
 
 PRE_ROUND_LINE = (
     "    # the Triton interpreter (CPU tensors) cannot round fp32 -> e4m3 correctly: pre-round there\n"
@@ -88,7 +92,9 @@ def _quantise(v: KnobValues, x: str, amax: str, bcast: str) -> str:
     if v.get("scale_math", "div") == "div":
         lines.append(f"q = {x} / scale{bcast}")
     else:
-        lines.append(f"q = {x} * (448.0 / tl.maximum({amax}, 1e-10)){bcast}  # one division per group")
+        lines.append(
+            f"q = {x} * (448.0 / tl.maximum({amax}, 1e-10)){bcast}  # one division per group"
+        )
     lines.append("q = tl.minimum(tl.maximum(q, -448.0), 448.0)")
     return "\n".join(lines)
 
@@ -116,12 +122,27 @@ def _pre_round(v: KnobValues) -> tuple[str, str, str]:
     return "", "", ""
 
 
-def _module(v: KnobValues, algorithm: str, summary: str, details: str, traffic: str, kernels: str, launcher: str,
-            helpers: bool = True) -> str:
+def _module(
+    v: KnobValues,
+    algorithm: str,
+    summary: str,
+    details: str,
+    traffic: str,
+    kernels: str,
+    launcher: str,
+    helpers: bool = True,
+) -> str:
     choices = ", ".join(f"{k}={v[k]}" for k in ("scale_math", "rounding", "tmp_dtype") if k in v)
     return rw.module(
-        task=TASK, algorithm=algorithm, summary=summary, details=details + (f" {choices}." if choices else ""),
-        traffic=traffic, values=v, knob_docs=KNOB_DOCS, kernels=kernels, launcher=launcher,
+        task=TASK,
+        algorithm=algorithm,
+        summary=summary,
+        details=details + (f" {choices}." if choices else ""),
+        traffic=traffic,
+        values=v,
+        knob_docs=KNOB_DOCS,
+        kernels=kernels,
+        launcher=launcher,
         helpers=HELPERS if helpers else "",
     )
 
@@ -179,12 +200,15 @@ def fp8_quant_kernel(
     return q, scales
 """
     return _module(
-        v, "group_tile", "one program per (row, GROUPS_PER_PROGRAM groups), a [G, 128] tile",
+        v,
+        "group_tile",
+        "one program per (row, GROUPS_PER_PROGRAM groups), a [G, 128] tile",
         """Each program loads a [G, 128] tile (G consecutive groups of one row), reduces the
         absmax of each group along the 128 columns, and writes the e4m3 values and the G scales;
         no loop, so the grid is M x K/(128 G) programs.""",
         "2 B read + 1 B written per element, 4 B per 128 elements of scales, one kernel.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -217,12 +241,15 @@ def fp8_quant_kernel(
     return q, scales
 """
     return _module(
-        v, "row_looped", "one program per row, looping over its groups",
+        v,
+        "row_looped",
+        "one program per row, looping over its groups",
         """One program per row walks the row's groups G at a time ([G, 128] tiles), the loop
         software-pipelined NUM_STAGES deep. Only M programs: with few rows (the 256-row shapes)
         most SMs get one program or none.""",
         "2 B read + 1 B written per element, 4 B per 128 elements of scales, one kernel.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -262,12 +289,15 @@ def fp8_quant_kernel(
     return q, scales
 """
     return _module(
-        v, "persistent_tiles", "a fixed grid of programs striding over all [G, 128] tiles",
+        v,
+        "persistent_tiles",
+        "a fixed grid of programs striding over all [G, 128] tiles",
         """GRID_SIZE programs (capped at the tile count) stride over the M x K/(128 G) tiles,
         the tile loop software-pipelined NUM_STAGES deep. A grid far below the SM count leaves
         the GPU idle; near it, launch cost is paid once.""",
         "2 B read + 1 B written per element, 4 B per 128 elements of scales, one kernel.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -338,12 +368,15 @@ def quantise_kernel(
     return q, scales
 """
     return _module(
-        v, "two_kernel_unfused", "a scales kernel, then a quantise kernel re-reading x",
+        v,
+        "two_kernel_unfused",
+        "a scales kernel, then a quantise kernel re-reading x",
         """Unfused: the first launch reads x and writes the per-group scales, the second reads x
         again plus the scales and writes the e4m3 values. Twice the reads of x and two
         launches.""",
         "2 x 2 B read + 1 B written per element, scales written and read back.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -356,7 +389,10 @@ def render_chunked(v: KnobValues) -> str:
     if v["scale_math"] == "div":
         inv, scaled = "", "x / scale"
     else:
-        inv, scaled = "    inv = 448.0 / tl.maximum(amax, 1e-10)  # one division per group", "x * inv"
+        inv, scaled = (
+            "    inv = 448.0 / tl.maximum(amax, 1e-10)  # one division per group",
+            "x * inv",
+        )
     kernels = f"""\
 @triton.jit
 def fp8_quant_kernel(
@@ -395,12 +431,15 @@ def fp8_quant_kernel(
     return q, scales
 """
     return _module(
-        v, "chunked_naive", "one program per group, two passes of CHUNK elements",
+        v,
+        "chunked_naive",
+        "one program per group, two passes of CHUNK elements",
         """Naive: one program per (row, group) walks its 128 elements CHUNK at a time, once for
         the absmax and once to quantise, with a block reduction per chunk; small chunks over
         many warps leave most threads idle and serialise on latency.""",
         "2 x 2 B read (the second from L1/L2) + 1 B written per element.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -435,7 +474,7 @@ def fp8_prepare_kernel(
 """
     launcher = f"""\
 {PROLOGUE}
-    t = torch.empty((M, K), dtype=torch.{v['tmp_dtype']}, device=x.device)  # clamped x / scale
+    t = torch.empty((M, K), dtype=torch.{v["tmp_dtype"]}, device=x.device)  # clamped x / scale
     fp8_prepare_kernel[(M,)](
         x, t, scales, n_groups, x.stride(0), t.stride(0), scales.stride(0),
         G=GROUPS_PER_PROGRAM,
@@ -447,13 +486,17 @@ def fp8_prepare_kernel(
 """
     nbytes = 4 if v["tmp_dtype"] == "float32" else 2
     return _module(
-        v, "torch_cast_fallback", "Triton scales and clamps, PyTorch casts to e4m3",
+        v,
+        "torch_cast_fallback",
+        "Triton scales and clamps, PyTorch casts to e4m3",
         f"""A row-looped Triton kernel computes the scales and the clamped, scaled values but
-        stores them as {v['tmp_dtype']}; PyTorch then casts to float8_e4m3fn and copies. The
+        stores them as {v["tmp_dtype"]}; PyTorch then casts to float8_e4m3fn and copies. The
         documented interpreter-safe fallback (no fp8 cast inside the kernel), paid for with a
         round trip through an (M, K) temporary.""",
         f"2 B read + {nbytes} B written by Triton, then {nbytes} B read + 1 B written (+ a 1 B copy) by PyTorch per element.",
-        kernels, launcher, helpers=False,
+        kernels,
+        launcher,
+        helpers=False,
     )
 
 
@@ -504,11 +547,14 @@ def quantise_kernel(
     return q, scales
 """
     return _module(
-        v, "torch_scales", "PyTorch computes the group scales, Triton quantises",
+        v,
+        "torch_scales",
+        "PyTorch computes the group scales, Triton quantises",
         """The per-group scales come from PyTorch (an fp32 copy of x, abs, amax, clamp, divide);
         a [G, 128]-tiled Triton kernel then reads x and the scales and writes e4m3.""",
         "PyTorch moves ~18 B per element for the scales; Triton reads 2 B and writes 1 B.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -521,43 +567,69 @@ def _tile_ok(v: KnobValues) -> bool:
 
 FAMILIES: tuple[Family, ...] = (
     rw.family(
-        TASK, "group_tile", "one program per (row, G groups), [G, 128] tile, no loop",
+        TASK,
+        "group_tile",
+        "one program per (row, G groups), [G, 128] tile, no loop",
         (G_TILE, rw.NUM_WARPS, SCALE_MATH, ROUNDING, rw.EVICTION),
-        render_group_tile, _tile_ok,
+        render_group_tile,
+        _tile_ok,
     ),
     rw.family(
-        TASK, "row_looped", "one program per row looping over its groups",
+        TASK,
+        "row_looped",
+        "one program per row looping over its groups",
         (G_LOOP, rw.NUM_WARPS, rw.NUM_STAGES, SCALE_MATH, ROUNDING, rw.EVICTION),
-        render_row_looped, _tile_ok,
+        render_row_looped,
+        _tile_ok,
     ),
     rw.family(
-        TASK, "persistent_tiles", "a fixed grid of programs striding over all tiles",
+        TASK,
+        "persistent_tiles",
+        "a fixed grid of programs striding over all tiles",
         (rw.GRID_SIZE, G_PERSIST, NUM_WARPS_SMALL, rw.NUM_STAGES, ROUNDING),
-        render_persistent, _tile_ok,
+        render_persistent,
+        _tile_ok,
     ),
     rw.family(
-        TASK, "two_kernel_unfused", "scales kernel, then a quantise kernel re-reading x",
+        TASK,
+        "two_kernel_unfused",
+        "scales kernel, then a quantise kernel re-reading x",
         (G_LOOP, rw.NUM_WARPS, SCALE_MATH, ROUNDING, rw.EVICTION),
-        render_two_kernel, _tile_ok,
+        render_two_kernel,
+        _tile_ok,
     ),
     rw.family(
-        TASK, "chunked_naive", "one program per group, two passes of CHUNK elements",
+        TASK,
+        "chunked_naive",
+        "one program per group, two passes of CHUNK elements",
         (CHUNK, rw.NUM_WARPS, rw.NUM_STAGES, SCALE_MATH, ROUNDING, rw.EVICTION),
         render_chunked,
     ),
     rw.family(
-        TASK, "torch_cast_fallback", "Triton scales and clamps, PyTorch casts to e4m3",
+        TASK,
+        "torch_cast_fallback",
+        "Triton scales and clamps, PyTorch casts to e4m3",
         (G_LOOP, rw.NUM_WARPS, rw.NUM_STAGES, SCALE_MATH, TMP_DTYPE, rw.EVICTION),
-        render_torch_cast, _tile_ok,
+        render_torch_cast,
+        _tile_ok,
     ),
     rw.family(
-        TASK, "torch_scales", "PyTorch computes the scales, Triton quantises",
+        TASK,
+        "torch_scales",
+        "PyTorch computes the scales, Triton quantises",
         (G_LOOP, rw.NUM_WARPS, SCALE_MATH, ROUNDING, rw.EVICTION),
-        render_torch_scales, _tile_ok,
+        render_torch_scales,
+        _tile_ok,
     ),
 )
 
 SEED: tuple[str, dict] = (
     "group_tile",
-    {"GROUPS_PER_PROGRAM": 1, "NUM_WARPS": 4, "scale_math": "div", "rounding": "cvt", "eviction": "none"},
+    {
+        "GROUPS_PER_PROGRAM": 1,
+        "NUM_WARPS": 4,
+        "scale_math": "div",
+        "rounding": "cvt",
+        "eviction": "none",
+    },
 )

@@ -27,13 +27,14 @@ KNOB_DOCS = {
 }
 
 VAR_ALGO = Knob(
-    "var_algo", ("centered", "sumsq"),
+    "var_algo",
+    ("centered", "sumsq"),
     "variance as mean((x - mean)^2), or mean(x^2) - mean^2 from the same registers",
 )
 TMP_DTYPE = Knob("tmp_dtype", ("float32", "bfloat16"), "dtype of the x-hat (M, N) temporary")
 FALLBACK = Knob("fallback", ("normalise_in_torch", "stats_in_torch"), "which half runs in PyTorch")
 
-PROLOGUE = '''\
+PROLOGUE = """\
 def custom_kernel(data):
     x, weight, bias, eps = data
     assert x.ndim == 2 and x.dtype == torch.bfloat16, "layer_norm expects x: (M, N) bf16"
@@ -42,7 +43,7 @@ def custom_kernel(data):
         x = x.contiguous()  # the kernels step through columns with unit stride
     weight, bias = weight.contiguous(), bias.contiguous()
     M, N = x.shape
-    y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)'''
+    y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)"""
 
 SIGNATURE = """\
     # pointers
@@ -80,10 +81,25 @@ tl.store(y_ptr + row * stride_ym + cols, {AFFINE}, mask=col_mask)
 """
 
 
-def _module(v: KnobValues, algorithm: str, summary: str, details: str, traffic: str, kernels: str, launcher: str) -> str:
+def _module(
+    v: KnobValues,
+    algorithm: str,
+    summary: str,
+    details: str,
+    traffic: str,
+    kernels: str,
+    launcher: str,
+) -> str:
     return rw.module(
-        task=TASK, algorithm=algorithm, summary=summary, details=details, traffic=traffic,
-        values=v, knob_docs=KNOB_DOCS, kernels=kernels, launcher=launcher,
+        task=TASK,
+        algorithm=algorithm,
+        summary=summary,
+        details=details,
+        traffic=traffic,
+        values=v,
+        knob_docs=KNOB_DOCS,
+        kernels=kernels,
+        launcher=launcher,
     )
 
 
@@ -120,13 +136,16 @@ def layer_norm_kernel(
     return y
 """
     return _module(
-        v, "row_in_registers", "fused single pass, the whole row held in registers",
+        v,
+        "row_in_registers",
+        "fused single pass, the whole row held in registers",
         f"""Each program loads whole rows (BLOCK_N = next_pow2(N)) into registers, computes
-        mean and variance in fp32 ({v['var_algo']}), applies weight and bias and writes the row
+        mean and variance in fp32 ({v["var_algo"]}), applies weight and bias and writes the row
         once; weight and bias are loaded once per program for its ROWS_PER_PROGRAM rows;
         {rw.guard_words(v["row_guard"])}.""",
         "2 B read + 2 B written per element, one kernel.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -158,13 +177,16 @@ def layer_norm_kernel(
     return y
 """
     return _module(
-        v, "persistent_row_in_registers", "fused single pass over a fixed, persistent grid",
+        v,
+        "persistent_row_in_registers",
+        "fused single pass over a fixed, persistent grid",
         f"""GRID_SIZE programs (capped at M) stride over the rows; each row is loaded whole into
-        registers, normalised ({v['var_algo']} variance) and written once, the row loop
+        registers, normalised ({v["var_algo"]} variance) and written once, the row loop
         software-pipelined NUM_STAGES deep. A grid far below the SM count leaves the GPU
         idle.""",
         "2 B read + 2 B written per element, one kernel.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -257,7 +279,9 @@ STATS_WELFORD = """\
     var = tl.sum(m2 + cnt * dev * dev, axis=0) / N"""
 
 
-def _render_looped(v: KnobValues, algorithm: str, summary: str, stats: str, details: str, traffic: str) -> str:
+def _render_looped(
+    v: KnobValues, algorithm: str, summary: str, stats: str, details: str, traffic: str
+) -> str:
     ev = rw.evict(v)
     kernels = _looped_kernel(stats).replace("{ev}", ev)
     return _module(v, algorithm, summary, details, traffic, kernels, LOOPED_LAUNCHER)
@@ -265,7 +289,9 @@ def _render_looped(v: KnobValues, algorithm: str, summary: str, stats: str, deta
 
 def render_three_pass(v: KnobValues) -> str:
     return _render_looped(
-        v, "three_pass_looped", "looped: mean, centred variance, then normalise",
+        v,
+        "three_pass_looped",
+        "looped: mean, centred variance, then normalise",
         STATS_THREE_PASS,
         """One program per row loops over the columns BLOCK_N at a time, three times: the
         mean, the variance of the centred values (numerically the safest), then the
@@ -276,7 +302,9 @@ def render_three_pass(v: KnobValues) -> str:
 
 def render_sum_sumsq(v: KnobValues) -> str:
     return _render_looped(
-        v, "sum_sumsq_looped", "looped: sum and sum of squares in one read, normalise in a second",
+        v,
+        "sum_sumsq_looped",
+        "looped: sum and sum of squares in one read, normalise in a second",
         STATS_SUMSQ,
         """One program per row loops over the columns BLOCK_N at a time: pass 1 accumulates sum
         and sum of squares per lane (var = E[x^2] - E[x]^2, clamped), pass 2 re-reads x and
@@ -287,7 +315,9 @@ def render_sum_sumsq(v: KnobValues) -> str:
 
 def render_welford(v: KnobValues) -> str:
     return _render_looped(
-        v, "welford_looped", "looped: per-lane Welford in one read, normalise in a second",
+        v,
+        "welford_looped",
+        "looped: per-lane Welford in one read, normalise in a second",
         STATS_WELFORD,
         """One program per row loops over the columns BLOCK_N at a time: pass 1 runs Welford's
         update per lane (a division per element, numerically stable), the lanes are merged
@@ -380,7 +410,7 @@ def affine_kernel(
 {PROLOGUE}
     mean = torch.empty((M,), dtype=torch.float32, device=x.device)
     rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
-    h = torch.empty((M, N), dtype=torch.{v['tmp_dtype']}, device=x.device)
+    h = torch.empty((M, N), dtype=torch.{v["tmp_dtype"]}, device=x.device)
     tiles = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     stats_kernel[(M,)](x, mean, rstd, N, x.stride(0), eps, BLOCK_N=BLOCK_N, **launch)
@@ -390,12 +420,15 @@ def affine_kernel(
 """
     nbytes = 4 if v["tmp_dtype"] == "float32" else 2
     return _module(
-        v, "unfused_multi_kernel", "stats, normalise, affine as three kernels through an (M, N) temporary",
+        v,
+        "unfused_multi_kernel",
+        "stats, normalise, affine as three kernels through an (M, N) temporary",
         f"""No fusion: a looped per-row kernel writes mean and rstd (two passes over x) to fp32
-        (M,) temporaries, a 2-D tiled kernel writes x-hat to an (M, N) {v['tmp_dtype']}
+        (M,) temporaries, a 2-D tiled kernel writes x-hat to an (M, N) {v["tmp_dtype"]}
         temporary, and a third 2-D tiled kernel applies weight and bias.""",
         f"x read three times (3 x 2 B), temporary written and read ({nbytes} + {nbytes} B), y written (2 B) per element.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -492,10 +525,17 @@ def layer_norm_apply_kernel(
 """
         details = """Per-row statistics come from PyTorch (an fp32 copy of x, var_mean); only
         the normalise-and-affine pass is a looped Triton kernel."""
-        traffic = "PyTorch moves ~10 B per element for the statistics; Triton reads 2 B and writes 2 B."
+        traffic = (
+            "PyTorch moves ~10 B per element for the statistics; Triton reads 2 B and writes 2 B."
+        )
     return _module(
-        v, "torch_partial", "half Triton, half PyTorch fallback",
-        details + f" fallback={v['fallback']}.", traffic, kernels, f"{PROLOGUE}\n{body}",
+        v,
+        "torch_partial",
+        "half Triton, half PyTorch fallback",
+        details + f" fallback={v['fallback']}.",
+        traffic,
+        kernels,
+        f"{PROLOGUE}\n{body}",
     )
 
 
@@ -506,36 +546,58 @@ LOOPED_KNOBS = (rw.BLOCK_N_LOOP, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION)
 
 FAMILIES: tuple[Family, ...] = (
     rw.family(
-        TASK, "row_in_registers", "fused single pass, whole row in registers, rows looped per program",
+        TASK,
+        "row_in_registers",
+        "fused single pass, whole row in registers, rows looped per program",
         (rw.ROWS_PER_PROGRAM, rw.NUM_WARPS_ROW, rw.NUM_STAGES, rw.EVICTION, VAR_ALGO, rw.ROW_GUARD),
         render_row_in_registers,
     ),
     rw.family(
-        TASK, "persistent_row_in_registers", "fused single pass over a persistent grid striding rows",
+        TASK,
+        "persistent_row_in_registers",
+        "fused single pass over a persistent grid striding rows",
         (rw.GRID_SIZE, rw.NUM_WARPS_ROW, rw.NUM_STAGES, rw.EVICTION, VAR_ALGO),
         render_persistent,
     ),
     rw.family(
-        TASK, "three_pass_looped", "looped mean, centred variance, normalise: three reads of x",
-        LOOPED_KNOBS, render_three_pass, rw.looped_constraint,
+        TASK,
+        "three_pass_looped",
+        "looped mean, centred variance, normalise: three reads of x",
+        LOOPED_KNOBS,
+        render_three_pass,
+        rw.looped_constraint,
     ),
     rw.family(
-        TASK, "sum_sumsq_looped", "looped sum and sum of squares in one read, normalise in a second",
-        LOOPED_KNOBS, render_sum_sumsq, rw.looped_constraint,
+        TASK,
+        "sum_sumsq_looped",
+        "looped sum and sum of squares in one read, normalise in a second",
+        LOOPED_KNOBS,
+        render_sum_sumsq,
+        rw.looped_constraint,
     ),
     rw.family(
-        TASK, "welford_looped", "looped per-lane Welford in one read, normalise in a second",
-        LOOPED_KNOBS, render_welford, rw.looped_constraint,
+        TASK,
+        "welford_looped",
+        "looped per-lane Welford in one read, normalise in a second",
+        LOOPED_KNOBS,
+        render_welford,
+        rw.looped_constraint,
     ),
     rw.family(
-        TASK, "unfused_multi_kernel", "stats, normalise, affine as three kernels through an (M, N) temporary",
+        TASK,
+        "unfused_multi_kernel",
+        "stats, normalise, affine as three kernels through an (M, N) temporary",
         (rw.BLOCK_M_TILE, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, TMP_DTYPE),
-        render_unfused, rw.tile_constraint,
+        render_unfused,
+        rw.tile_constraint,
     ),
     rw.family(
-        TASK, "torch_partial", "statistics or normalisation left to PyTorch",
+        TASK,
+        "torch_partial",
+        "statistics or normalisation left to PyTorch",
         (FALLBACK, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION),
-        render_torch_partial, rw.looped_constraint,
+        render_torch_partial,
+        rw.looped_constraint,
     ),
 )
 

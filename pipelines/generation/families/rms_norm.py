@@ -28,7 +28,8 @@ KNOB_DOCS = {
 }
 
 EPILOGUE = Knob(
-    "epilogue", ("fp32_weight", "bf16_weight"),
+    "epilogue",
+    ("fp32_weight", "bf16_weight"),
     "x * rstd * w in fp32 with one rounding, or (x * rstd) rounded to bf16 then times w in bf16",
 )
 TMP_DTYPE = Knob("tmp_dtype", ("float32", "bfloat16"), "dtype of the normalised (M, N) temporary")
@@ -36,7 +37,7 @@ FALLBACK = Knob("fallback", ("normalise_in_torch", "stats_in_torch"), "which hal
 BLOCK_M_ROWS = Knob("BLOCK_M", (2, 4, 8, 16), "rows per 2-D tile")
 SPLIT = Knob("SPLIT", (2, 4, 8, 16), "programs sharing one row")
 
-PROLOGUE = '''\
+PROLOGUE = """\
 def custom_kernel(data):
     x, weight, eps = data
     assert x.ndim == 2 and x.dtype == torch.bfloat16, "rms_norm expects x: (M, N) bf16"
@@ -45,7 +46,7 @@ def custom_kernel(data):
         x = x.contiguous()  # the kernels step through columns with unit stride
     weight = weight.contiguous()
     M, N = x.shape
-    y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)'''
+    y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)"""
 
 SIGNATURE = """\
     # pointers
@@ -64,7 +65,9 @@ def _epilogue(v: KnobValues, x: str, rstd: str, w: str) -> str:
         # LlamaRMSNorm's rounding: normalise in fp32, round to bf16, multiply by the bf16 weight.
         # The fp32 product of two bf16 values is exact, so rounding it once more is exactly a
         # bf16 multiply (and it runs under the Triton interpreter, which cannot multiply bf16).
-        return f"(({x} * {rstd}).to(tl.bfloat16).to(tl.float32) * {w}.to(tl.float32)).to(tl.bfloat16)"
+        return (
+            f"(({x} * {rstd}).to(tl.bfloat16).to(tl.float32) * {w}.to(tl.float32)).to(tl.bfloat16)"
+        )
     return f"({x} * {rstd} * {w}.to(tl.float32)).to(tl.bfloat16)"
 
 
@@ -78,10 +81,25 @@ tl.store(y_ptr + row * stride_ym + cols, {_epilogue(v, "x", "rstd", "w")}, mask=
 """
 
 
-def _module(v: KnobValues, algorithm: str, summary: str, details: str, traffic: str, kernels: str, launcher: str) -> str:
+def _module(
+    v: KnobValues,
+    algorithm: str,
+    summary: str,
+    details: str,
+    traffic: str,
+    kernels: str,
+    launcher: str,
+) -> str:
     return rw.module(
-        task=TASK, algorithm=algorithm, summary=summary, details=details + f" epilogue={v.get('epilogue', 'fp32_weight')}.",
-        traffic=traffic, values=v, knob_docs=KNOB_DOCS, kernels=kernels, launcher=launcher,
+        task=TASK,
+        algorithm=algorithm,
+        summary=summary,
+        details=details + f" epilogue={v.get('epilogue', 'fp32_weight')}.",
+        traffic=traffic,
+        values=v,
+        knob_docs=KNOB_DOCS,
+        kernels=kernels,
+        launcher=launcher,
     )
 
 
@@ -117,13 +135,16 @@ def rms_norm_kernel(
     return y
 """
     return _module(
-        v, "row_in_registers", "fused single pass, the whole row held in registers",
+        v,
+        "row_in_registers",
+        "fused single pass, the whole row held in registers",
         f"""Each program loads whole rows (BLOCK_N = next_pow2(N)) into registers, reduces the
         sum of squares in fp32 and writes the normalised, weighted row once; the weight vector
         is loaded once per program and reused for its ROWS_PER_PROGRAM rows;
         {rw.guard_words(v["row_guard"])}.""",
         "2 B read + 2 B written per element, one kernel; weight 2 B/col per program.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -154,13 +175,16 @@ def rms_norm_kernel(
     return y
 """
     return _module(
-        v, "persistent_row_in_registers", "fused single pass over a fixed, persistent grid",
+        v,
+        "persistent_row_in_registers",
+        "fused single pass over a fixed, persistent grid",
         """GRID_SIZE programs (capped at M) stride over the rows; each row is loaded whole into
         registers, reduced and written once, the row loop software-pipelined NUM_STAGES deep.
         The weight is loaded once per program. A grid far below the SM count leaves the GPU
         idle.""",
         "2 B read + 2 B written per element, one kernel.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -206,12 +230,15 @@ def rms_norm_kernel(
     return y
 """
     return _module(
-        v, "two_pass_looped", "looped: sum of squares, then a second read to normalise",
+        v,
+        "two_pass_looped",
+        "looped: sum of squares, then a second read to normalise",
         """One program per row loops over the columns BLOCK_N at a time (any N, fixed register
         budget): pass 1 accumulates squares per lane in fp32, pass 2 reads x again with the
         weight and writes the output.""",
         "2 x 2 B read + 2 B written per element (the second read hits L2 for short rows).",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -262,12 +289,15 @@ def rms_norm_kernel(
     return y
 """
     return _module(
-        v, "multi_row_tile", "looped 2-D tiles of BLOCK_M rows x BLOCK_N columns per program",
+        v,
+        "multi_row_tile",
+        "looped 2-D tiles of BLOCK_M rows x BLOCK_N columns per program",
         """Each program owns BLOCK_M rows and walks them together in [BLOCK_M, BLOCK_N] tiles,
         twice (sum of squares, then normalise); fewer, fatter programs that share each weight
         block, good for short rows, with less parallelism for few rows.""",
         "2 x 2 B read + 2 B written per element.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -336,12 +366,15 @@ def rms_norm_apply_kernel(
     return y
 """
     return _module(
-        v, "split_row_atomic", "each row split over SPLIT programs; partial sums meet via atomics",
+        v,
+        "split_row_atomic",
+        "each row split over SPLIT programs; partial sums meet via atomics",
         """More parallelism per row: a grid of (M, SPLIT) programs each sums the squares of a
         column chunk and atomically adds it to an fp32 per-row total; a second launch over the
         same grid normalises each chunk. Costs a zero-fill, atomics and a second read of x.""",
         "2 x 2 B read + 2 B written per element, plus M atomics x SPLIT and a 4 B/row zero-fill.",
-        kernels, launcher,
+        kernels,
+        launcher,
     )
 
 
@@ -418,7 +451,7 @@ def weight_kernel(
     launcher = f"""\
 {PROLOGUE}
     rstd = torch.empty((M,), dtype=torch.float32, device=x.device)
-    h = torch.empty((M, N), dtype=torch.{v['tmp_dtype']}, device=x.device)
+    h = torch.empty((M, N), dtype=torch.{v["tmp_dtype"]}, device=x.device)
     tiles = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     rstd_kernel[(M,)](x, rstd, N, x.stride(0), eps, BLOCK_N=BLOCK_N, **launch)
@@ -428,14 +461,18 @@ def weight_kernel(
 """
     nbytes = 4 if v["tmp_dtype"] == "float32" else 2
     return rw.module(
-        task=TASK, algorithm="unfused_multi_kernel",
+        task=TASK,
+        algorithm="unfused_multi_kernel",
         summary="rstd, scale and weight as three kernels through an (M, N) temporary",
         details=f"""No fusion: a looped per-row kernel writes rstd to an fp32 (M,) temporary, a
-        2-D tiled kernel writes h = x * rstd to an (M, N) {v['tmp_dtype']} temporary, and a
+        2-D tiled kernel writes h = x * rstd to an (M, N) {v["tmp_dtype"]} temporary, and a
         third 2-D tiled kernel multiplies by the weight and writes bf16. Three launches and a
         round trip of the temporary through HBM.""",
         traffic=f"x read twice (2 + 2 B), temporary written and read ({nbytes} + {nbytes} B), y written (2 B) per element.",
-        values=v, knob_docs=KNOB_DOCS, kernels=kernels, launcher=launcher,
+        values=v,
+        knob_docs=KNOB_DOCS,
+        kernels=kernels,
+        launcher=launcher,
     )
 
 
@@ -519,11 +556,19 @@ def rms_norm_apply_kernel(
 """
         details = """The per-row statistics come from PyTorch (fp32 copy of x, squares, mean,
         rsqrt); only the normalise-and-weight pass is a looped Triton kernel."""
-        traffic = "PyTorch moves ~18 B per element for the statistics; Triton reads 2 B and writes 2 B."
+        traffic = (
+            "PyTorch moves ~18 B per element for the statistics; Triton reads 2 B and writes 2 B."
+        )
     return rw.module(
-        task=TASK, algorithm="torch_partial", summary="half Triton, half PyTorch fallback",
-        details=details + f" fallback={v['fallback']}.", traffic=traffic, values=v,
-        knob_docs=KNOB_DOCS, kernels=kernels, launcher=f"{PROLOGUE}\n{body}",
+        task=TASK,
+        algorithm="torch_partial",
+        summary="half Triton, half PyTorch fallback",
+        details=details + f" fallback={v['fallback']}.",
+        traffic=traffic,
+        values=v,
+        knob_docs=KNOB_DOCS,
+        kernels=kernels,
+        launcher=f"{PROLOGUE}\n{body}",
     )
 
 
@@ -532,43 +577,68 @@ def rms_norm_apply_kernel(
 # -----------------------------------------------------------------------------
 FAMILIES: tuple[Family, ...] = (
     rw.family(
-        TASK, "row_in_registers", "fused single pass, whole row in registers, rows looped per program",
+        TASK,
+        "row_in_registers",
+        "fused single pass, whole row in registers, rows looped per program",
         (rw.ROWS_PER_PROGRAM, rw.NUM_WARPS_ROW, rw.NUM_STAGES, rw.EVICTION, EPILOGUE, rw.ROW_GUARD),
         render_row_in_registers,
     ),
     rw.family(
-        TASK, "persistent_row_in_registers", "fused single pass over a persistent grid striding rows",
+        TASK,
+        "persistent_row_in_registers",
+        "fused single pass over a persistent grid striding rows",
         (rw.GRID_SIZE, rw.NUM_WARPS_ROW, rw.NUM_STAGES, rw.EVICTION, EPILOGUE),
         render_persistent,
     ),
     rw.family(
-        TASK, "two_pass_looped", "looped sum of squares, then a second read to normalise",
+        TASK,
+        "two_pass_looped",
+        "looped sum of squares, then a second read to normalise",
         (rw.BLOCK_N_LOOP, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION, EPILOGUE),
-        render_two_pass, rw.looped_constraint,
+        render_two_pass,
+        rw.looped_constraint,
     ),
     rw.family(
-        TASK, "multi_row_tile", "looped 2-D tiles, several rows per program",
+        TASK,
+        "multi_row_tile",
+        "looped 2-D tiles, several rows per program",
         (BLOCK_M_ROWS, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION, EPILOGUE),
-        render_multi_row, rw.tile_constraint,
+        render_multi_row,
+        rw.tile_constraint,
     ),
     rw.family(
-        TASK, "split_row_atomic", "rows split over SPLIT programs, partial sums via atomics",
+        TASK,
+        "split_row_atomic",
+        "rows split over SPLIT programs, partial sums via atomics",
         (SPLIT, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, EPILOGUE),
-        render_split, rw.looped_constraint,
+        render_split,
+        rw.looped_constraint,
     ),
     rw.family(
-        TASK, "unfused_multi_kernel", "rstd, scale, weight as three kernels through an (M, N) temporary",
+        TASK,
+        "unfused_multi_kernel",
+        "rstd, scale, weight as three kernels through an (M, N) temporary",
         (rw.BLOCK_M_TILE, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, TMP_DTYPE),
-        render_unfused, rw.tile_constraint,
+        render_unfused,
+        rw.tile_constraint,
     ),
     rw.family(
-        TASK, "torch_partial", "statistics or normalisation left to PyTorch",
+        TASK,
+        "torch_partial",
+        "statistics or normalisation left to PyTorch",
         (FALLBACK, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION),
-        render_torch_partial, rw.looped_constraint,
+        render_torch_partial,
+        rw.looped_constraint,
     ),
 )
 
 SEED: tuple[str, dict] = (
     "two_pass_looped",
-    {"BLOCK_N": 1024, "NUM_WARPS": 4, "NUM_STAGES": 2, "eviction": "none", "epilogue": "fp32_weight"},
+    {
+        "BLOCK_N": 1024,
+        "NUM_WARPS": 4,
+        "NUM_STAGES": 2,
+        "eviction": "none",
+        "epilogue": "fp32_weight",
+    },
 )

@@ -29,21 +29,23 @@ KNOB_DOCS = {
 }
 
 EXP_IMPL = Knob("exp_impl", ("exp", "exp2"), "tl.exp, or tl.exp2 of log2(e)-prescaled inputs")
-ROW_GUARD = Knob("row_guard", ("branch", "clamp"), "rows past M: skipped by an if, or clamped to M-1")
+ROW_GUARD = Knob(
+    "row_guard", ("branch", "clamp"), "rows past M: skipped by an if, or clamped to M-1"
+)
 ONLINE_STATE = Knob("online_state", ("vector", "scalar"), "online max/sum kept per lane or per row")
 TMP_DTYPE = Knob("tmp_dtype", ("float32", "bfloat16"), "dtype of the exp(x - max) temporary")
 FALLBACK = Knob("fallback", ("normalise_in_torch", "stats_in_torch"), "which half runs in PyTorch")
 
 LOG2E = "1.4426950408889634"
 
-PROLOGUE = '''\
+PROLOGUE = """\
 def custom_kernel(data):
     (x,) = data
     assert x.ndim == 2 and x.dtype == torch.bfloat16, "softmax expects x: (M, N) bf16"
     if x.stride(1) != 1:
         x = x.contiguous()  # the kernels step through columns with unit stride
     M, N = x.shape
-    y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)'''
+    y = torch.empty((M, N), dtype=torch.bfloat16, device=x.device)"""
 
 SIGNATURE_ROW = """\
     # pointers
@@ -126,7 +128,7 @@ def softmax_kernel(
         details=f"""Fused softmax as in Triton tutorial 02: each program loads whole rows
         (BLOCK_N = next_pow2(N)) into registers, takes max, exponentials and sum in fp32 and
         writes the row once. Each program handles ROWS_PER_PROGRAM rows in a loop; {guard}.
-        exp_impl={v['exp_impl']}.""",
+        exp_impl={v["exp_impl"]}.""",
         traffic="2 B read + 2 B written per element, one kernel.",
         values=v,
         knob_docs=KNOB_DOCS,
@@ -174,7 +176,7 @@ def softmax_kernel(
         the rows, each row loaded whole into registers (BLOCK_N = next_pow2(N)), normalised in
         fp32 and written once; the row loop is software-pipelined NUM_STAGES deep. A grid much
         smaller than the SM count leaves the GPU idle; a large one costs scheduling.
-        exp_impl={v['exp_impl']}.""",
+        exp_impl={v["exp_impl"]}.""",
         traffic="2 B read + 2 B written per element, one kernel.",
         values=v,
         knob_docs=KNOB_DOCS,
@@ -328,7 +330,7 @@ def softmax_kernel(
         details=f"""One program per row loops over the columns BLOCK_N at a time, three
         times: the row max, the sum of exponentials, then the normalised write. Simple and
         exact, but x is read three times and every pass ends in a block reduction.
-        exp_impl={v['exp_impl']}.""",
+        exp_impl={v["exp_impl"]}.""",
         traffic="3 x 2 B read + 2 B written per element (re-reads hit L2 only for short rows).",
         values=v,
         knob_docs=KNOB_DOCS,
@@ -431,7 +433,7 @@ def normalise_kernel(
     # fp32 per-row temporaries and the (M, N) temporary of exp(x - max)
     row_max = torch.empty((M,), dtype=torch.float32, device=x.device)
     row_sum = torch.empty((M,), dtype=torch.float32, device=x.device)
-    e = torch.empty((M, N), dtype=torch.{v['tmp_dtype']}, device=x.device)
+    e = torch.empty((M, N), dtype=torch.{v["tmp_dtype"]}, device=x.device)
     tiles = (triton.cdiv(M, BLOCK_M), triton.cdiv(N, BLOCK_N))
     launch = dict(num_warps=NUM_WARPS, num_stages=NUM_STAGES)
     row_max_kernel[(M,)](x, row_max, N, x.stride(0), BLOCK_N=BLOCK_N, **launch)
@@ -446,7 +448,7 @@ def normalise_kernel(
         algorithm="unfused_multi_kernel",
         summary="four kernels (max, exp, sum, divide) through an (M, N) temporary",
         details=f"""The textbook decomposition without fusion: a looped row-max kernel, a
-        2-D tiled kernel writing exp(x - max) to an (M, N) {v['tmp_dtype']} temporary, a
+        2-D tiled kernel writing exp(x - max) to an (M, N) {v["tmp_dtype"]} temporary, a
         looped row-sum kernel over that temporary, and a 2-D tiled divide. Four launches and
         an extra round trip through HBM.""",
         traffic=f"x read twice (2 + 2 B), temporary written once and read twice ({nbytes} + 2 x {nbytes} B), y written (2 B) per element.",
@@ -546,7 +548,9 @@ def softmax_normalise_kernel(
 """
         details = """Row statistics in PyTorch (an fp32 copy of x, amax, exp of the shifted
         copy, sum); only the final normalise-and-write is a looped Triton kernel."""
-        traffic = "PyTorch moves ~26 B per element for the statistics; Triton reads 2 B and writes 2 B."
+        traffic = (
+            "PyTorch moves ~26 B per element for the statistics; Triton reads 2 B and writes 2 B."
+        )
     launcher = f"{PROLOGUE}\n{body}"
     return rw.module(
         task=TASK,
@@ -566,38 +570,60 @@ def softmax_normalise_kernel(
 # -----------------------------------------------------------------------------
 FAMILIES: tuple[Family, ...] = (
     rw.family(
-        TASK, "row_in_registers", "fused single pass, whole row in registers, rows looped per program",
+        TASK,
+        "row_in_registers",
+        "fused single pass, whole row in registers, rows looped per program",
         (rw.ROWS_PER_PROGRAM, rw.NUM_WARPS_ROW, rw.NUM_STAGES, rw.EVICTION, EXP_IMPL, ROW_GUARD),
         render_row_in_registers,
     ),
     rw.family(
-        TASK, "persistent_row_in_registers", "fused single pass over a persistent grid striding rows",
+        TASK,
+        "persistent_row_in_registers",
+        "fused single pass over a persistent grid striding rows",
         (rw.GRID_SIZE, rw.NUM_WARPS_ROW, rw.NUM_STAGES, rw.EVICTION, EXP_IMPL),
         render_persistent,
     ),
     rw.family(
-        TASK, "online_two_pass", "looped online max/sum in one read, normalise in a second read",
+        TASK,
+        "online_two_pass",
+        "looped online max/sum in one read, normalise in a second read",
         (rw.BLOCK_N_LOOP, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION, ONLINE_STATE),
-        render_online, rw.looped_constraint,
+        render_online,
+        rw.looped_constraint,
     ),
     rw.family(
-        TASK, "three_pass", "looped max, sum and normalise passes, three reads of x",
+        TASK,
+        "three_pass",
+        "looped max, sum and normalise passes, three reads of x",
         (rw.BLOCK_N_LOOP, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION, EXP_IMPL),
-        render_three_pass, rw.looped_constraint,
+        render_three_pass,
+        rw.looped_constraint,
     ),
     rw.family(
-        TASK, "unfused_multi_kernel", "max, exp, sum, divide as four kernels through an (M, N) temporary",
+        TASK,
+        "unfused_multi_kernel",
+        "max, exp, sum, divide as four kernels through an (M, N) temporary",
         (rw.BLOCK_M_TILE, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, TMP_DTYPE),
-        render_unfused, rw.tile_constraint,
+        render_unfused,
+        rw.tile_constraint,
     ),
     rw.family(
-        TASK, "torch_partial", "statistics or normalisation left to PyTorch with fp32 copies",
+        TASK,
+        "torch_partial",
+        "statistics or normalisation left to PyTorch with fp32 copies",
         (FALLBACK, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION),
-        render_torch_partial, rw.looped_constraint,
+        render_torch_partial,
+        rw.looped_constraint,
     ),
 )
 
 SEED: tuple[str, dict] = (
     "online_two_pass",
-    {"BLOCK_N": 1024, "NUM_WARPS": 4, "NUM_STAGES": 2, "eviction": "none", "online_state": "vector"},
+    {
+        "BLOCK_N": 1024,
+        "NUM_WARPS": 4,
+        "NUM_STAGES": 2,
+        "eviction": "none",
+        "online_state": "vector",
+    },
 )
