@@ -86,7 +86,7 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     mlflow.client()
     exp = mlflow.experiment_id("kernelcast-evaluation")
     with mlf.start_run(experiment_id=exp, run_name=f"evaluation-{version}") as run:
-        mlf.set_tags({"dagster_run_id": context.run_id, "dataset_version": version, "kind": "evaluation"})
+        mlf.set_tags({"dagster_run_id": context.run.run_id, "dataset_version": version, "kind": "evaluation"})
         for model, r in results.items():
             safe = model.replace(":", "_")
             for key in ("brier", "crps", "nll", "accuracy", "ece", "aurc", "recovered_mean", "recovered_at_10", "within_20"):

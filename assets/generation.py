@@ -38,9 +38,19 @@ def kernel_candidates(
     from warehouse.kernels import add_kernel_checks, add_kernel_features, add_kernels
     from warehouse.ids import kernel_id
 
+    from pipelines.generation.candidates import sample_records
+
     g = settings.get().generation
-    frames = []
+    frames, skipped = [], []
     for i, task in enumerate(task_names()):
+        # Sampling is deterministic and cheap; compiling is not. A task whose sampled kernels are
+        # all stored with their sm_90 features already is skipped (a rerun with nothing new).
+        ids = [r["kernel_id"] for r in sample_records(task, g.kernels_per_task, g.seed)]
+        if g.compile_features:
+            with warehouse.connect(read_only=True) as con:
+                if len(gchecks.known_kernels(con, ids, "sm_90")) == len(ids):
+                    skipped.append(task)
+                    continue
         context.log.info(f"[{i + 1}/{len(task_names())}] {task}: {g.kernels_per_task} kernels")
         frame = build_candidates(task, g.kernels_per_task, seed=g.seed, compile=g.compile_features,
                                  n_workers=g.workers, compile_timeout_s=g.timeout_s)
@@ -51,6 +61,15 @@ def kernel_candidates(
                                       n_workers=g.workers, check_timeout_s=g.timeout_s)
             frame = frame.update(sample.select("kernel_id", *[c for c in sample.columns if c.startswith("check_")]), on="kernel_id")
         frames.append(frame)
+    if not frames:
+        with warehouse.connect(read_only=True) as con:
+            orphans = gchecks.orphan_parents(con)
+        return dg.MaterializeResult(
+            metadata={"table": "kernels", "rows": 0, "rows_added": 0, "skipped_tasks": ", ".join(skipped),
+                      "note": "every sampled kernel already stored with its features"},
+            check_results=[_result(UNIQUE_KERNEL_IDS, []), _result(PARENTS_EXIST, orphans),
+                           _result(EVERY_KERNEL_COMPILED_OR_FAILED, [])],
+        )
     frame = pl.concat(frames)
     mismatched = [r for r, s in zip(frame["kernel_id"], frame["source"]) if kernel_id(s) != r]
     duplicates = frame.filter(pl.col("kernel_id").is_duplicated())["kernel_id"].unique().to_list()
@@ -67,6 +86,7 @@ def kernel_candidates(
             "rows": frame.height,
             "rows_added": added,
             "tasks": frame["task"].n_unique(),
+            "skipped_tasks": ", ".join(skipped) or "none",
             "compiled": int((frame["compile_status"] == "compiled").sum()),
             "cpu_checked": checked.height,
             "cpu_check_passed": int(checked["check_ok"].sum()),

@@ -69,7 +69,7 @@ def kernel_measurements(
         with warehouse.connect(read_only=True) as con:
             todo = unmeasured_kernels(con, hardware, cfg.profiling.max_kernels)
         if todo.height:
-            stamp = context.run_id[:8]
+            stamp = context.run.run_id[:8]
             batch, out = cfg.home / "measured" / f"batch-{stamp}.parquet", cfg.home / "measured" / f"results-{stamp}.parquet"
             out.parent.mkdir(parents=True, exist_ok=True)
             todo.write_parquet(batch, compression="zstd")

@@ -75,7 +75,9 @@ def run(profile: Optional[str] = ProfileOpt) -> None:
     for s in steps:
         ok &= s.success and not s.checks_failed
         mark = "ok" if s.success else "FAILED"
-        console.print(f"  {s.label:<24} {mark:<6} {len(s.materialized)} assets" + (f"; failed checks: {', '.join(s.checks_failed)}" if s.checks_failed else ""))
+        console.print(f"  {s.label:<24} {mark:<6} {len(s.materialized)} assets"
+                      + (f"; failed checks: {', '.join(s.checks_failed)}" if s.checks_failed else "")
+                      + (f"; warnings: {', '.join(s.checks_warned)}" if s.checks_warned else ""))
     if not ok:
         raise CliError("some assets or checks failed; open `kernelcast ui` for the run logs")
     console.print(f"done. State in {settings.home}; `kernelcast ui` opens Dagster and MLflow.")

@@ -44,25 +44,27 @@ class StepResult:
     label: str
     success: bool
     materialized: list[str]
-    checks_failed: list[str]
+    checks_failed: list[str]  # ERROR severity: the run fails
+    checks_warned: list[str]  # WARN severity: reported, the run goes on
 
 
 def _run_selection(defs: dg.Definitions, instance: dg.DagsterInstance, selection: dg.AssetSelection,
                    partition_key: str | None, label: str) -> StepResult:
     job = dg.define_asset_job(f"kernelcast_run_{label}", selection=selection)
-    resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).get_job_def(job.name)
-    result = resolved.execute_in_process(instance=instance, partition_key=partition_key, raise_on_error=False)
+    resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def(job.name)
+    # Quiet console: the UI keeps the full event log; the CLI prints one line per step.
+    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
+    result = resolved.execute_in_process(instance=instance, partition_key=partition_key, raise_on_error=False,
+                                         run_config=quiet)
     mats = [
         e.asset_key.to_user_string()
         for e in result.get_asset_materialization_events()
         if e.asset_key is not None
     ] if hasattr(result, "get_asset_materialization_events") else []
-    failed_checks = [
-        ev.event_specific_data.check_name
-        for ev in result.all_events
-        if ev.event_type_value == "ASSET_CHECK_EVALUATION" and not ev.event_specific_data.passed
-    ]
-    return StepResult(label, result.success, mats, failed_checks)
+    evaluations = [ev.event_specific_data for ev in result.all_events if ev.event_type_value == "ASSET_CHECK_EVALUATION"]
+    failed = [e.check_name for e in evaluations if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR]
+    warned = [e.check_name for e in evaluations if not e.passed and e.severity != dg.AssetCheckSeverity.ERROR]
+    return StepResult(label, result.success, mats, failed, warned)
 
 
 def run_graph(settings: Settings, defs: dg.Definitions | None = None) -> list[StepResult]:
@@ -80,10 +82,10 @@ def run_graph(settings: Settings, defs: dg.Definitions | None = None) -> list[St
 
     steps: list[StepResult] = []
     if not partitioned:
-        steps.append(_run_selection(defs, instance, dg.AssetSelection.keys(*unpartitioned), None, "all"))
+        steps.append(_run_selection(defs, instance, dg.AssetSelection.assets(*unpartitioned), None, "all"))
         return steps
     # Upstream of the partitioned assets first, then each partition, then everything downstream.
-    upstream = dg.AssetSelection.keys(*partitioned).upstream() - dg.AssetSelection.keys(*partitioned)
+    upstream = dg.AssetSelection.assets(*partitioned).upstream() - dg.AssetSelection.assets(*partitioned)
     steps.append(_run_selection(defs, instance, upstream, None, "upstream"))
     keys = discover_hardware_partitions(settings)
     existing = set(instance.get_dynamic_partitions(HARDWARE_PARTITIONS.name))
@@ -91,8 +93,8 @@ def run_graph(settings: Settings, defs: dg.Definitions | None = None) -> list[St
     if new:
         instance.add_dynamic_partitions(HARDWARE_PARTITIONS.name, new)
     for key in keys:
-        steps.append(_run_selection(defs, instance, dg.AssetSelection.keys(*partitioned), key, f"hw_{key}".replace("-", "_")))
-    downstream = dg.AssetSelection.keys(*partitioned).downstream() - dg.AssetSelection.keys(*partitioned)
-    rest = dg.AssetSelection.keys(*unpartitioned) - upstream
+        steps.append(_run_selection(defs, instance, dg.AssetSelection.assets(*partitioned), key, f"hw_{key}".replace("-", "_")))
+    downstream = dg.AssetSelection.assets(*partitioned).downstream() - dg.AssetSelection.assets(*partitioned)
+    rest = dg.AssetSelection.assets(*unpartitioned) - upstream
     steps.append(_run_selection(defs, instance, downstream | rest, None, "downstream"))
     return steps

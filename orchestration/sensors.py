@@ -16,14 +16,14 @@ from orchestration.settings import load_settings
 
 measurement_ingest_job = dg.define_asset_job(
     "measurement_ingest_job",
-    selection=dg.AssetSelection.keys("kernel_measurements"),
+    selection=dg.AssetSelection.assets("kernel_measurements"),
     partitions_def=HARDWARE_PARTITIONS,
     description="Ingest (and on a GPU host, measure) one hardware partition.",
 )
 
 downstream_job = dg.define_asset_job(
     "downstream_job",
-    selection=dg.AssetSelection.keys("kernel_measurements").downstream() - dg.AssetSelection.keys("kernel_measurements"),
+    selection=dg.AssetSelection.assets("kernel_measurements").downstream() - dg.AssetSelection.assets("kernel_measurements"),
     description="Curation, forecasts and reports after new measurements.",
 )
 

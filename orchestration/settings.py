@@ -20,9 +20,9 @@ PROFILE_NAMES = ("smoke", "default", "gpu")
 
 @dataclass(frozen=True)
 class GenerationSettings:
-    kernels_per_task: int = 24  # candidates generated per task per run (lineage walk from the seed)
+    kernels_per_task: int = 8  # candidates generated per task per run (lineage walk from the seed)
     seed: int = 0
-    cpu_check_sample: int = 2  # kernels per task checked under the Triton interpreter
+    cpu_check_sample: int = 1  # kernels per task checked under the Triton interpreter
     compile_features: bool = True  # AOT-compile for sm_90 and store regs/spills/smem
     workers: int = 2  # child processes for checks and compiles
     timeout_s: float = 120.0  # per kernel, checks and compiles

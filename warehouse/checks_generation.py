@@ -36,3 +36,19 @@ def without_compile_record(con: duckdb.DuckDBPyConnection, kernel_ids: list[str]
         [kernel_ids, target, limit],
     )
     return [r[0] for r in rows]
+
+
+def known_kernels(con: duckdb.DuckDBPyConnection, kernel_ids: list[str], target: str) -> set[str]:
+    """Of `kernel_ids`, those already in `kernels` with a compile record for `target`."""
+    if not kernel_ids:
+        return set()
+    rows = execute(
+        con,
+        """
+        SELECT k.id FROM unnest(?::VARCHAR[]) AS k(id)
+        WHERE EXISTS (SELECT 1 FROM kernels x WHERE x.kernel_id = k.id)
+          AND EXISTS (SELECT 1 FROM kernel_features f WHERE f.kernel_id = k.id AND f.target = ?)
+        """,
+        [kernel_ids, target],
+    )
+    return {r[0] for r in rows}

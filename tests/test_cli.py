@@ -1,0 +1,139 @@
+"""The `kernelcast` command line: contracts other tools rely on, and one-line errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from orchestration.cli import app
+
+REPO = Path(__file__).resolve().parent.parent
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def home(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_help_lists_every_command():
+    out = runner.invoke(app, ["--help"]).output
+    for cmd in ("run", "tasks", "generate", "check", "profile", "ingest", "dataset", "evaluate", "ui"):
+        assert cmd in out
+
+
+def test_tasks_json_lists_nine_tasks_with_cases():
+    res = runner.invoke(app, ["tasks", "--json"])
+    assert res.exit_code == 0, res.output
+    tasks = json.loads(res.output)
+    names = {t["task"] for t in tasks}
+    assert {"trimul", "cross_entropy", "fp8_quant", "gdn_chunk_fwd_o", "softmax", "rms_norm", "layer_norm",
+            "matmul_bias_gelu", "causal_attention"} <= names
+    for t in tasks:
+        assert t["benchmark_cases"] and t["correctness_cases"] and t["description"]
+
+
+def _one_line_error(res) -> str:
+    lines = [l for l in res.output.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, res.output
+    assert lines[0].startswith("error:")
+    return lines[0]
+
+
+def test_ingest_missing_file_is_one_line_error(tmp_path):
+    res = runner.invoke(app, ["ingest", str(tmp_path / "nope.parquet")])
+    assert res.exit_code == 2
+    assert "no such file" in _one_line_error(res)
+
+
+def test_ingest_corrupt_file_writes_nothing(tmp_path, home):
+    bad = tmp_path / "results-bad.parquet"
+    bad.write_bytes(b"PAR1 this is not parquet")
+    res = runner.invoke(app, ["ingest", str(bad)])
+    assert res.exit_code == 2
+    _one_line_error(res)
+    from warehouse.db import connect
+
+    with connect(home / "warehouse.duckdb", read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM measurements").fetchone()[0] == 0
+
+
+def test_ingest_is_idempotent_and_dataset_reports_counts(home):
+    data = REPO / "data" / "measurements" / "h200"
+    first = runner.invoke(app, ["ingest", str(data), "--json"])
+    assert first.exit_code == 0, first.output
+    added = sum(f["added"] for f in json.loads(first.output)["files"])
+    second = runner.invoke(app, ["ingest", str(data), "--json"])
+    assert sum(f["added"] for f in json.loads(second.output)["files"]) == 0
+    rows = sum(pl.read_parquet(f).height for f in data.glob("*.parquet"))
+    assert added == rows
+    ds = runner.invoke(app, ["dataset", "--json"])
+    assert ds.exit_code == 0, ds.output
+    summary = json.loads(ds.output)
+    assert summary["n_tasks"] == 9 and summary["by_status"]["ok"] > 500
+
+
+def test_dataset_without_warehouse_is_one_line_error():
+    res = runner.invoke(app, ["dataset"])
+    assert res.exit_code == 2
+    assert "no warehouse" in _one_line_error(res)
+
+
+def test_unknown_task_is_one_line_error(tmp_path):
+    res = runner.invoke(app, ["generate", "--task", "nope", "--out", str(tmp_path / "b.parquet")])
+    assert res.exit_code == 2
+    assert "unknown task" in _one_line_error(res)
+
+
+def test_unknown_profile_is_one_line_error():
+    res = runner.invoke(app, ["run", "--profile", "huge"])
+    assert res.exit_code == 2
+    assert "unknown profile" in _one_line_error(res)
+
+
+def test_profile_without_gpu_says_so(tmp_path):
+    batch = tmp_path / "b.parquet"
+    pl.DataFrame({"kernel_id": ["x"], "task": ["softmax"], "source": ["x = 1"]}).write_parquet(batch)
+    res = runner.invoke(app, ["profile", "--batch", str(batch), "--out", str(tmp_path / "o.parquet")])
+    assert res.exit_code == 2
+    assert "no CUDA GPU" in _one_line_error(res)
+
+
+def test_check_flags_a_wrong_kernel_and_passes_the_seed(tmp_path):
+    from pipelines.generation import registry
+
+    good = tmp_path / "good.py"
+    good.write_text(registry.render_point(registry.seed_point("softmax")))
+    res = runner.invoke(app, ["check", "--task", "softmax", "--kernel", str(good), "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output)["ok"] is True
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text("import torch\n\ndef custom_kernel(data):\n    (x,) = data\n    return torch.zeros_like(x)\n")
+    res = runner.invoke(app, ["check", "--task", "softmax", "--kernel", str(wrong), "--json"])
+    assert res.exit_code == 1
+    assert json.loads(res.output)["failure_kind"] == "incorrect"
+
+
+def test_evaluate_json_contract(tmp_path):
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    n = 40
+    p = rng.dirichlet(np.ones(8), size=n)
+    frame = pl.DataFrame({"pair_id": [f"p{i}" for i in range(n)], "task": ["a", "b"] * (n // 2),
+                          "true_speedup": rng.lognormal(0, 1, n), **{f"p{i + 1}": p[:, i] for i in range(8)}})
+    path = tmp_path / "f.parquet"
+    frame.write_parquet(path)
+    res = runner.invoke(app, ["evaluate", "--forecasts", str(path), "--json", "--n-boot", "20"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output)
+    for key in ("n", "parse_rate", "brier", "crps", "nll", "accuracy", "off_by_one", "ece", "aurc",
+                "selective_risk_at_50", "recovered_mean", "recovered_at_10", "within_20", "recovered_random_mean", "per_task"):
+        assert key in out
+    assert set(out["per_task"]) == {"a", "b"}
+    assert out["n"] == n

@@ -1,0 +1,143 @@
+"""The Dagster code location and the assets end to end, on a temp KERNELCAST_HOME.
+
+Real parts throughout: a DuckDB file, the committed H200 measurements, an ephemeral Dagster
+instance, a sqlite MLflow store.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+
+from orchestration.definitions import build_defs
+from orchestration.settings import load_settings
+
+REPO = Path(__file__).resolve().parent.parent
+H200 = "nvidia-h200-sm90"
+
+EXPECTED_ASSETS = {
+    "kernel_tasks", "kernel_candidates", "kernel_measurements", "curated_pairs", "eval_set",
+    "rl_training_pool", "discovery_pairs", "forecasts", "calibration_report", "utility_report",
+}
+EXPECTED_CHECKS = {
+    "references_pass_own_check", "unique_kernel_ids", "parents_exist", "every_kernel_compiled_or_recorded",
+    "speedup_requires_correctness", "speedups_finite_positive", "one_fingerprint_per_batch",
+    "no_eval_train_leakage", "every_bin_populated", "pairs_need_two_correct_measurements",
+    "reference_forecasters_present", "oracle_scores_perfect",
+}
+
+
+@pytest.fixture()
+def settings(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("KERNELCAST_DATA", str(REPO / "data"))
+    return load_settings("smoke")
+
+
+def test_definitions_snapshot(settings):
+    """Keys, checks, jobs, schedules and sensors: renames must be deliberate."""
+    defs = build_defs(settings)
+    graph = defs.get_repository_def().asset_graph
+    keys = {k.to_user_string() for k in graph.materializable_asset_keys}
+    assert keys == EXPECTED_ASSETS
+    checks = {k.name for k in graph.asset_check_keys}
+    assert checks == EXPECTED_CHECKS
+    repo = defs.get_repository_def()
+    assert {j.name for j in repo.get_all_jobs()} >= {"full_graph_job", "measurement_ingest_job", "downstream_job"}
+    assert {s.name for s in repo.schedule_defs} == {"nightly_schedule"}
+    assert {s.name for s in repo.sensor_defs} == {"measurement_inbox_sensor", "downstream_after_measurements_sensor"}
+    for key in graph.materializable_asset_keys:
+        node = graph.get(key)
+        assert node.group_name and node.group_name != "default", key
+        assert node.description, f"{key} has no description"
+
+
+def _materialize(defs, selection, instance, partition_key=None):
+    job = dg.define_asset_job("t", selection=selection)
+    resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def("t")
+    return resolved.execute_in_process(instance=instance, partition_key=partition_key, raise_on_error=False)
+
+
+def _check_results(result) -> dict[str, bool]:
+    return {
+        ev.event_specific_data.check_name: ev.event_specific_data.passed
+        for ev in result.all_events
+        if ev.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
+
+
+@pytest.mark.slow
+def test_measurements_curation_and_evaluation_on_committed_data(settings):
+    """Ingest the committed H200 files, curate, forecast with the reference forecasters, report."""
+    from warehouse.db import connect
+
+    defs = build_defs(settings)
+    instance = dg.DagsterInstance.ephemeral()
+    instance.add_dynamic_partitions("hardware", [H200])
+
+    tasks = _materialize(defs, dg.AssetSelection.assets("kernel_tasks"), instance)
+    assert tasks.success and _check_results(tasks) == {"references_pass_own_check": True}
+
+    meas = _materialize(defs, dg.AssetSelection.assets("kernel_measurements"), instance, partition_key=H200)
+    assert meas.success
+    assert _check_results(meas) == {
+        "speedup_requires_correctness": True, "speedups_finite_positive": True, "one_fingerprint_per_batch": True,
+    }
+    with connect(settings.warehouse_path, read_only=True) as con:
+        n_ok = con.execute("SELECT count(*) FROM measurements WHERE status = 'ok' AND protocol = 'kernelcast'").fetchone()[0]
+        n_files = con.execute("SELECT count(*) FROM ingested_files").fetchone()[0]
+    files = list((REPO / "data" / "measurements").rglob("*.parquet"))
+    assert n_files == len(files)
+    assert n_ok > 500
+
+    # Re-materialising adds nothing (idempotent ingest).
+    again = _materialize(defs, dg.AssetSelection.assets("kernel_measurements"), instance, partition_key=H200)
+    mat = again.get_asset_materialization_events()[0].step_materialization_data.materialization
+    assert mat.metadata["rows_added"].value == 0
+
+    down = _materialize(defs, dg.AssetSelection.assets("kernel_measurements").downstream() - dg.AssetSelection.assets("kernel_measurements"), instance)
+    assert down.success, [e.message for e in down.all_events if e.is_failure]
+    checks = _check_results(down)
+    assert checks["no_eval_train_leakage"] is True
+    assert checks["pairs_need_two_correct_measurements"] is True
+    assert checks["reference_forecasters_present"] is True
+    assert checks["oracle_scores_perfect"] is True
+    assert "every_bin_populated" in checks  # a warning, with the shortfall in its metadata
+
+    with connect(settings.warehouse_path, read_only=True) as con:
+        pairs = con.sql("SELECT split, count(*) AS n FROM pairs GROUP BY split").pl()
+        forecasts = con.sql("SELECT model_ref, count(*) AS n FROM forecasts GROUP BY model_ref").pl()
+    by_split = dict(pairs.iter_rows())
+    assert by_split["eval"] > 0 and by_split["train"] > 0
+    assert set(forecasts["model_ref"]) == {"baseline:uniform", "baseline:bin_prior", "baseline:oracle"}
+    reports = list(settings.reports_dir.rglob("index.html"))
+    assert len(reports) == 1 and "<img" in reports[0].read_text()
+    metrics = json.loads((reports[0].parent / "metrics.json").read_text())
+    assert metrics["baseline:uniform"]["brier"] == pytest.approx(0.4375)
+    assert metrics["baseline:oracle"]["brier"] == 0.0
+
+    import mlflow
+
+    runs = mlflow.search_runs(experiment_names=["kernelcast-evaluation"], output_format="list")
+    assert len(runs) == 1 and runs[0].data.tags["dagster_run_id"] == down.run_id
+
+
+def test_dataset_summary_reads_duckdb(settings):
+    from pipelines.curation.summary import dataset_summary
+    from warehouse.db import connect
+    from warehouse.ingest import ingest_path
+    from warehouse.measurements import measurements_frame
+
+    with connect(settings.warehouse_path) as con:
+        ingest_path(con, REPO / "data" / "measurements" / "h200")
+        summary = dataset_summary(measurements_frame(con))
+    frame = pl.concat([pl.read_parquet(f) for f in sorted((REPO / "data/measurements/h200").glob("results-*.parquet"))], how="diagonal_relaxed")
+    assert summary["n_measurements"] == frame.height
+    assert summary["by_status"]["ok"] == int((frame["status"] == "ok").sum())
+    assert summary["n_tasks"] == 9
+    assert sum(summary["by_bin"].values()) == sum(sum(b.values()) for b in summary["by_task_bin"].values())
+    assert json.dumps(summary)  # serialisable as the CLI prints it
