@@ -71,7 +71,11 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
 
     import mlflow as mlf
 
-    from pipelines.evaluation.suite import evaluate_models, headline_markdown, write_evaluation_report
+    from pipelines.evaluation.suite import (
+        evaluate_models,
+        headline_markdown,
+        write_evaluation_report,
+    )
     from warehouse.forecasts import read_forecasts
 
     cfg = settings.get()

@@ -32,13 +32,11 @@ def kernel_candidates(
     import polars as pl
 
     from pipelines.generation import tables
-    from pipelines.generation.candidates import build_candidates
+    from pipelines.generation.candidates import build_candidates, sample_records
     from pipelines.tasks import task_names
     from warehouse import checks_generation as gchecks
-    from warehouse.kernels import add_kernel_checks, add_kernel_features, add_kernels
     from warehouse.ids import kernel_id
-
-    from pipelines.generation.candidates import sample_records
+    from warehouse.kernels import add_kernel_checks, add_kernel_features, add_kernels
 
     g = settings.get().generation
     frames, skipped = [], []

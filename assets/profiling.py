@@ -45,10 +45,10 @@ def kernel_measurements(
     """Kernel measurements of one hardware type (DuckDB `measurements`): the shipped data/ files,
     the inbox, and on a CUDA host of this type, new measurements of unmeasured candidates."""
     from pipelines.profiling import launch
-    from warehouse.queue import unmeasured_kernels
     from warehouse import checks
     from warehouse.errors import IngestError
     from warehouse.ingest import ingest_file
+    from warehouse.queue import unmeasured_kernels
 
     cfg = settings.get()
     hardware = context.partition_key

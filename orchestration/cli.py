@@ -9,8 +9,8 @@ from __future__ import annotations
 import functools
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, List, Optional
 
 import typer
 
@@ -37,17 +37,17 @@ def one_line_errors(fn: Callable) -> Callable:
         except (CliError, ValueError, FileNotFoundError, KeyError) as exc:
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             typer.echo(f"error: {msg}", err=True)
-            raise typer.Exit(2)
+            raise typer.Exit(2) from exc
         except Exception as exc:  # the last line of defence: still one line, still non-zero
             name = type(exc).__name__
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             typer.echo(f"error: {name}: {msg}", err=True)
-            raise typer.Exit(1)
+            raise typer.Exit(1) from exc
 
     return wrapper
 
 
-def _settings(profile: Optional[str]):
+def _settings(profile: str | None):
     from orchestration.settings import load_settings
 
     return load_settings(profile)
@@ -60,7 +60,7 @@ def _print_json(obj) -> None:
 # ---- run ----------------------------------------------------------------------------------
 @app.command()
 @one_line_errors
-def run(profile: Optional[str] = ProfileOpt) -> None:
+def run(profile: str | None = ProfileOpt) -> None:
     """Materialise the whole asset graph into $KERNELCAST_HOME (the main job)."""
     from rich.console import Console
 
@@ -120,8 +120,8 @@ def tasks(as_json: bool = typer.Option(False, "--json", help="Machine-readable o
 @app.command()
 @one_line_errors
 def ingest(
-    files: List[Path] = typer.Argument(..., help="Result or kernel Parquet files, or folders of them."),
-    profile: Optional[str] = ProfileOpt,
+    files: list[Path] = typer.Argument(..., help="Result or kernel Parquet files, or folders of them."),
+    profile: str | None = ProfileOpt,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Load measurement result (and kernel) files into the warehouse. Idempotent."""
@@ -158,7 +158,7 @@ def ingest(
 # ---- dataset ------------------------------------------------------------------------------
 @app.command()
 @one_line_errors
-def dataset(profile: Optional[str] = ProfileOpt, as_json: bool = typer.Option(False, "--json")) -> None:
+def dataset(profile: str | None = ProfileOpt, as_json: bool = typer.Option(False, "--json")) -> None:
     """Counts of the measured dataset by task, hardware, bin and status, read from DuckDB."""
     from pipelines.curation.summary import dataset_summary, summary_markdown
     from warehouse.db import connect
@@ -189,7 +189,13 @@ def generate(
     workers: int = typer.Option(2, help="Child processes for compiles and checks."),
 ) -> None:
     """Generate a batch of candidate kernels of one task, with lineage and compile features."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     from pipelines.generation.candidates import build_candidates, write_batch
     from pipelines.tasks import get_task
@@ -245,7 +251,7 @@ def profile(
     batch: Path = typer.Option(..., "--batch", exists=True, dir_okay=False, help="Kernel batch Parquet (kernel_id, task, source)."),
     out: Path = typer.Option(..., "--out", help="Result Parquet; rerun with the same path to resume."),
     device: str = typer.Option("cuda", help="cuda (full protocol) | cpu (interpreter, correctness cases; for tests)."),
-    time_budget_s: Optional[float] = typer.Option(None, help="Stop cleanly before this much wall time."),
+    time_budget_s: float | None = typer.Option(None, help="Stop cleanly before this much wall time."),
     compile_workers: int = typer.Option(8, help="Parallel compile processes."),
 ) -> None:
     """Measure a batch on this host's GPU (the worker runs untrusted kernels in child processes)."""
@@ -267,7 +273,7 @@ def evaluate(
     forecasts: Path = typer.Option(..., "--forecasts", exists=True, dir_okay=False,
                                    help="Parquet: pair_id, task, true_speedup, p1..p8 [, predicted_bin, repeat, parse_ok]."),
     n_boot: int = typer.Option(1000, help="Bootstrap replicates for the 95% intervals."),
-    report: Optional[Path] = typer.Option(None, help="Also write an HTML report into this folder."),
+    report: Path | None = typer.Option(None, help="Also write an HTML report into this folder."),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Score a forecasts file: Brier, CRPS, NLL, accuracy, ECE, AURC, speedup recovered (method.md)."""
@@ -301,7 +307,7 @@ def evaluate(
 @app.command()
 @one_line_errors
 def ui(
-    profile: Optional[str] = ProfileOpt,
+    profile: str | None = ProfileOpt,
     dagster_port: int = typer.Option(3000, help="Dagster UI port on 127.0.0.1."),
     mlflow_port: int = typer.Option(5000, help="MLflow UI port on 127.0.0.1."),
 ) -> None:

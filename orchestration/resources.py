@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import dagster as dg
 
@@ -27,7 +27,7 @@ class WarehouseResource(dg.ConfigurableResource):
     path: str
 
     @contextlib.contextmanager
-    def connect(self, read_only: bool = False) -> Iterator["duckdb.DuckDBPyConnection"]:  # noqa: F821
+    def connect(self, read_only: bool = False) -> Iterator[duckdb.DuckDBPyConnection]:  # noqa: F821
         from warehouse.db import connect
 
         con = connect(self.path, read_only=read_only)

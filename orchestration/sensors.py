@@ -7,7 +7,6 @@ measurements land, `downstream_after_measurements_sensor` requests the rest of t
 
 
 import json
-from pathlib import Path
 
 import dagster as dg
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import polars as pl
 
 from pipelines.generation import sampler
-from pipelines.generation.candidates import RECORD_COLUMNS, write_batch, FEATURE_COLUMNS
+from pipelines.generation.candidates import FEATURE_COLUMNS, RECORD_COLUMNS, write_batch
 from pipelines.generation.reference import reference_record
 
 

@@ -32,9 +32,9 @@ FIXTURES = REPO / "tests" / "fixtures_kernels"
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(FIXTURES))
 
-from tiny_task import EXPECTED
+from tiny_task import EXPECTED  # noqa: E402
 
-from pipelines.profiling.formats import BATCH_SCHEMA, RESULT_SCHEMA
+from pipelines.profiling.formats import BATCH_SCHEMA, RESULT_SCHEMA  # noqa: E402
 
 GOOD = ("good_triton.py", "good_torch.py")
 

@@ -39,7 +39,7 @@ def test_tasks_json_lists_nine_tasks_with_cases():
 
 
 def _one_line_error(res) -> str:
-    lines = [l for l in res.output.strip().splitlines() if l.strip()]
+    lines = [line for line in res.output.strip().splitlines() if line.strip()]
     assert len(lines) == 1, res.output
     assert lines[0].startswith("error:")
     return lines[0]

@@ -156,3 +156,21 @@ def test_warehouse_shaped_frame_and_one_model_at_a_time():
     two = pl.concat([uniform_forecasts(pairs_frame(4)), oracle_forecasts(pairs_frame(4))])
     with pytest.raises(ValueError, match="evaluate one at a time"):
         evaluate_forecasts(two, n_boot=0)
+
+
+def test_per_task_intervals_bracket_the_task_estimate():
+    import numpy as np
+    import polars as pl
+
+    from pipelines.evaluation.evaluate import evaluate_forecasts
+
+    rng = np.random.default_rng(1)
+    n = 60
+    p = rng.dirichlet(np.ones(8), size=n)
+    frame = pl.DataFrame({"pair_id": [f"p{i}" for i in range(n)], "task": ["a", "b", "c"] * 20,
+                          "true_speedup": rng.lognormal(0, 1, n), **{f"p{i + 1}": p[:, i] for i in range(8)}})
+    result = evaluate_forecasts(frame, n_boot=200)
+    for task, block in result["per_task"].items():
+        lo, hi = block["intervals"]["brier"]
+        assert lo <= block["brier"] <= hi, task
+        assert hi - lo > 0

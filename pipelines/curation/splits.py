@@ -145,8 +145,8 @@ def lineage_neighbourhood(kernels: Iterable[str], parent_of: Mapping[str, str], 
             if node is None:
                 break
             ancestors.append(node)
-        for depth, anc in enumerate(ancestors):
-            # From an ancestor `depth` generations up, go down at most k generations.
+        for anc in ancestors:
+            # From each ancestor (at most k generations up), go down at most k generations.
             frontier = [anc]
             out.add(anc)
             for _ in range(k):

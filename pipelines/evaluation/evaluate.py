@@ -381,6 +381,18 @@ def evaluate_forecasts(
         level=level,
         progress=progress,
     )
+    # Per-task intervals: the same bootstrap within each task's pairs.
+    for t in result["per_task"]:
+        sub = a.take(np.nonzero(a.task == t)[0])
+        result["per_task"][t]["intervals"] = bootstrap.bootstrap_intervals(
+            lambda rows, sub=sub: headline(sub.take(rows)),
+            sub.pair,
+            np.zeros(len(sub.pair), dtype=np.int64),
+            INTERVAL_KEYS,
+            n_boot=n_boot,
+            seed=seed,
+            level=level,
+        )
     result["interval_level"] = level
     result["n_boot"] = n_boot
     result["seed"] = seed

@@ -6,8 +6,9 @@ tables and the same report when it is registered.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import polars as pl
 

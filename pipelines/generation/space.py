@@ -12,8 +12,9 @@ Each task's families live in `pipelines/generation/families/<task>.py`, which de
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 KnobValues = Mapping[str, Any]
 
