@@ -303,6 +303,56 @@ def evaluate(
         typer.echo(f"{k:<22} {v:.4f}" + (f"  [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "") if isinstance(v, float) else f"{k:<22} {v}")
 
 
+# ---- forecast -----------------------------------------------------------------------------
+@app.command()
+@one_line_errors
+def forecast(
+    task: str = typer.Option(..., "--task", help="Task name."),
+    anchor: Path = typer.Option(..., "--anchor", exists=True, dir_okay=False, help="The anchor kernel module."),
+    candidate: Path = typer.Option(..., "--candidate", exists=True, dir_okay=False, help="The candidate kernel module."),
+    model: str = typer.Option("smollm2", "--model", help="'smollm2' (embedded base model) or a local HF checkpoint dir."),
+    hardware: str = typer.Option("nvidia-h200-sm90", help="Hardware id whose fingerprint goes into the prompt."),
+    readout: str = typer.Option("logprob", help="logprob (next-token bin probabilities) | verbalized (JSON answer)."),
+    style: str = typer.Option("diff", help="full (both sources) | diff (anchor + unified diff)."),
+    profile: str | None = ProfileOpt,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Forecast the candidate's speedup over the anchor as a distribution over the 8 bins.
+
+    No surrogate is registered yet, so this answers from the base model; the first call converts
+    the embedded SmolLM2 GGUF into $KERNELCAST_HOME/models (a few minutes on a CPU)."""
+    from models.base_model import resolve_base_model
+    from models.bins import BIN_NAMES
+    from models.service import DEFAULT_HARDWARE, forecast_pair, hardware_from_warehouse
+    from pipelines.tasks import get_task
+
+    settings = _settings(profile)
+    t = get_task(task)
+    if readout not in ("logprob", "verbalized"):
+        raise CliError(f"--readout must be logprob or verbalized, got {readout!r}")
+    if style not in ("full", "diff"):
+        raise CliError(f"--style must be full or diff, got {style!r}")
+    fp = hardware_from_warehouse(settings.warehouse_path, hardware) or DEFAULT_HARDWARE
+    typer.echo(f"loading model {model} ...", err=True)
+    path = resolve_base_model(model, settings.home)
+    result, model_ref = forecast_pair(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, path,
+                                      readout=readout, style=style, cache_dir=settings.home / "forecast-cache")
+    report = {"task": task, "model_ref": model_ref, "source": "base model (no registered surrogate yet)",
+              "readout": readout, "parse_ok": result.parse_ok, "parse_error": result.parse_error,
+              "predicted_bin": result.predicted_bin, "p": list(result.p) if result.p is not None else None,
+              "raw_sum": result.raw_sum}
+    if as_json:
+        _print_json(report)
+    elif not result.parse_ok:
+        typer.echo(f"no forecast: {result.parse_error}")
+    else:
+        typer.echo(f"predicted bin {result.predicted_bin} ({BIN_NAMES[result.predicted_bin - 1]}), model {model_ref}")
+        for i, p in enumerate(result.p, start=1):
+            typer.echo(f"  bin {i} {BIN_NAMES[i - 1]:<22} {p:6.3f} " + "#" * int(round(40 * p)))
+    if not result.parse_ok:
+        raise typer.Exit(1)
+
+
 # ---- ui -----------------------------------------------------------------------------------
 @app.command()
 @one_line_errors

@@ -137,3 +137,32 @@ def test_evaluate_json_contract(tmp_path):
         assert key in out
     assert set(out["per_task"]) == {"a", "b"}
     assert out["n"] == n
+
+
+def test_forecast_answers_a_distribution_from_a_local_model(tmp_path):
+    from models.tiny import build_tiny_model
+    from pipelines.generation import registry
+
+    model_dir = build_tiny_model(tmp_path / "tiny")
+    anchor, cand = tmp_path / "a.py", tmp_path / "c.py"
+    seed = registry.seed_point("softmax")
+    anchor.write_text(registry.render_point(seed))
+    from pipelines.generation.mutations import neighbours
+
+    child, _ = neighbours(seed)[0]
+    cand.write_text(registry.render_point(child))
+    res = runner.invoke(app, ["forecast", "--task", "softmax", "--anchor", str(anchor), "--candidate", str(cand),
+                              "--model", str(model_dir), "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{"):])
+    assert out["parse_ok"] is True and len(out["p"]) == 8
+    assert abs(sum(out["p"]) - 1) < 1e-6 and 1 <= out["predicted_bin"] <= 8
+
+
+def test_forecast_unknown_model_is_one_line_error(tmp_path):
+    a = tmp_path / "a.py"
+    a.write_text("x = 1\n")
+    res = runner.invoke(app, ["forecast", "--task", "softmax", "--anchor", str(a), "--candidate", str(a),
+                              "--model", str(tmp_path / "missing")])
+    assert res.exit_code == 2
+    assert "no such checkpoint" in res.output
