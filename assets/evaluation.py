@@ -25,7 +25,7 @@ def _current_version(con) -> str | None:
     check_specs=[dg.AssetCheckSpec(REFERENCE_FORECASTERS_PRESENT, asset="forecasts", blocking=True,
                                    description="Uniform, bin prior and oracle forecast every eval pair.")],
 )
-def forecasts(context: dg.AssetExecutionContext, warehouse: WarehouseResource) -> dg.MaterializeResult:
+def forecasts(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource) -> dg.MaterializeResult:
     """Forecasts of every forecaster on the eval and discovery pairs of the current dataset
     version (DuckDB `forecasts`): the reference forecasters now, registered surrogates too."""
     import polars as pl
@@ -42,16 +42,52 @@ def forecasts(context: dg.AssetExecutionContext, warehouse: WarehouseResource) -
         train = read_pairs(con, version, "train")
         frame = reference_forecasts(evals, train)
         written = write_forecasts(con, frame.select([c for c in frame.columns if c not in ("task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "pair_type", "true_speedup", "model")]))
+    lm_rows = _language_model_forecasts(context, settings.get(), warehouse, read_pairs, version)
+    if lm_rows is not None:
+        with warehouse.connect() as con:
+            written += write_forecasts(con, lm_rows)
     n_eval = evals.height
     per_model = frame.group_by("model_ref").len()
     missing = [m for m in REFERENCE_FORECASTERS if per_model.filter(pl.col("model_ref") == m)["len"].sum() != n_eval]
     return dg.MaterializeResult(
-        metadata={"table": "forecasts", "rows": frame.height, "rows_written": written, "dataset_version": version,
-                  "models": ", ".join(sorted(per_model["model_ref"].to_list()))},
+        metadata={"table": "forecasts", "rows": frame.height + (lm_rows.height if lm_rows is not None else 0),
+                  "rows_written": written, "dataset_version": version,
+                  "models": ", ".join(sorted(per_model["model_ref"].to_list()) + (sorted(set(lm_rows["model_ref"])) if lm_rows is not None else []))},
         check_results=[dg.AssetCheckResult(check_name=REFERENCE_FORECASTERS_PRESENT, passed=not missing and n_eval > 0,
                                            severity=dg.AssetCheckSeverity.ERROR,
                                            metadata={"eval_pairs": n_eval, "missing": ", ".join(missing) or "none"})],
     )
+
+
+def _language_model_forecasts(context, cfg, warehouse, read_pairs, version):
+    """Forecasts of each configured language model on a deterministic sample of eval pairs."""
+    if not cfg.evaluation.lm_models:
+        return None
+    import polars as pl
+
+    from models.backends.transformers_backend import TransformersForecaster
+    from models.base_model import resolve_base_model
+    from models.cache import ForecastCache
+    from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
+    from pipelines.evaluation.lm_forecasts import forecast_pairs, sample_pairs
+    from warehouse.kernels import read_kernels
+
+    with warehouse.connect(read_only=True) as con:
+        evals = sample_pairs(read_pairs(con, version, "eval"), cfg.evaluation.lm_pairs_per_task)
+        ids = sorted(set(evals["anchor_kernel_id"]) | set(evals["candidate_kernel_id"]))
+        kernels = read_kernels(con, kernel_ids=ids)
+    sources = {r["kernel_id"]: (r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}
+    frames = []
+    for spec in cfg.evaluation.lm_models:
+        path = resolve_base_model(spec, cfg.home)
+        forecaster = TransformersForecaster(str(path), readout="logprob", batch_size=1,
+                                            cache=ForecastCache(cfg.home / "forecast-cache"))
+        for hw, part in evals.group_by("hardware_id"):
+            fp = hardware_from_warehouse(cfg.warehouse_path, hw[0]) or DEFAULT_HARDWARE
+            context.log.info(f"{spec}: forecasting {part.height} eval pairs on {hw[0]}")
+            frames.append(forecast_pairs(part, sources, fp, forecaster, f"base:{spec}", style=cfg.evaluation.lm_prompt_style,
+                                         progress=lambda d, t, spec=spec: context.log.info(f"{spec}: {d}/{t}")))
+    return pl.concat(frames, how="diagonal_relaxed") if frames else None
 
 
 @dg.multi_asset(

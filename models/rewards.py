@@ -11,8 +11,8 @@ message is read). A completion that does not parse scores 0.0 in every part; a r
 - crps        = 1 - CRPS, CRPS = (1/7) * sum_{k=1..7} (F_k - 1[k>=y])^2 (ordinal)
 
 "correctness+brier" = correctness + w * (1 - Brier). In TRL the preferred form is two reward
-functions with weights, which logs one curve per part (`reward/correctness_reward/mean`,
-`reward/brier_reward/mean`):
+functions with weights, which logs one curve per part (`rewards/correctness_reward/mean`,
+`rewards/brier_reward/mean`):
 
     GRPOTrainer(..., reward_funcs=[correctness_reward, brier_reward],
                 args=GRPOConfig(..., reward_weights=[1.0, w]))

@@ -49,6 +49,13 @@ class CurationSettings:
 class EvaluationSettings:
     n_boot: int = 1000
     repeats: int = 1
+    # Language models forecast beside the reference forecasters ('smollm2' = the embedded base
+    # model, or local checkpoint dirs). Off on CPU: a prompt pair of real kernels is ~3-4k tokens
+    # and SmolLM2-135M took 30-50 s per pair on 2 loaded cores (measured 2026-11-29), so even a
+    # 9-pair sample would blow the default profile's 10 minutes. The gpu profile turns it on.
+    lm_models: tuple[str, ...] = ()
+    lm_pairs_per_task: int | None = 2  # None: every eval pair
+    lm_prompt_style: str = "full"
 
 
 @dataclass(frozen=True)
@@ -115,13 +122,13 @@ def load_settings(profile: str | None = None, home: str | Path | None = None) ->
             generation=GenerationSettings(kernels_per_task=4, cpu_check_sample=1, workers=1, compile_features=False),
             profiling=ProfilingSettings(max_kernels=20, compile_workers=1),
             curation=CurationSettings(eval_per_bin=3, cross_pairs_per_task=20),
-            evaluation=EvaluationSettings(n_boot=50, repeats=1),
+            evaluation=EvaluationSettings(n_boot=50, repeats=1, lm_models=()),
         )
     if name == "gpu":
         return replace(
             base,
             generation=GenerationSettings(kernels_per_task=500, cpu_check_sample=8, workers=8),
             profiling=ProfilingSettings(max_kernels=20000, compile_workers=14),
-            evaluation=EvaluationSettings(n_boot=1000, repeats=3),
+            evaluation=EvaluationSettings(n_boot=1000, repeats=3, lm_models=("smollm2",), lm_pairs_per_task=None),
         )
     return base

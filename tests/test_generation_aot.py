@@ -176,7 +176,9 @@ def test_timeout_kills_the_worker_and_the_next_kernel_still_compiles(monkeypatch
     monkeypatch.setenv("KERNELCAST_TASK_MODULES", f"tiny_scale={TINY_TASK_FILE}")
     hang = "import time\n\ndef custom_kernel(data):\n    time.sleep(600)\n"
     records = [{"task": "tiny_scale", "source": s} for s in (hang, GOOD)]
-    hung, good = aot.compile_many(records, n_workers=1, timeout_s=3, case="correctness")
+    # 15 s: long enough for the replacement worker to start (import torch + triton) and compile
+    # the good kernel on a loaded 2-core machine; the hanging kernel sleeps 600 s.
+    hung, good = aot.compile_many(records, n_workers=1, timeout_s=15, case="correctness")
     assert hung.status == "compile_failed" and "timeout" in hung.error
     assert good.status == "compiled"
 

@@ -15,6 +15,9 @@ MODULES = [
     "models.tiny",
     "models.backends.transformers_backend",
     "models.backends.openai_backend",
+    "models.sft",
+    "models.training",
+    "models.registry",
 ]
 
 

@@ -1,0 +1,609 @@
+"""GRPO training of the surrogate (method.md section 5): settings, rows, SFT warm-up, GRPO, MLflow.
+
+    settings = TrainingSettings.profile("smoke", base_model=str(tiny_dir))
+    rows = build_training_rows(read_pairs(con, version, split="train"), kernels, tasks, hardware)
+    result = train_grpo(settings, rows, out_dir, tracking_uri="sqlite:///mlflow.db",
+                        dataset_version=version, measurement_ids=dataset_measurement_ids(con, version))
+
+One LoRA adapter (peft) is trained twice: first a short supervised warm-up on the answer
+format (`models.sft`: small models never write the format zero-shot, so GRPO would see no
+reward signal), then TRL's GRPOTrainer with the calibration-shaped rewards of
+`models.rewards`. The adapter (relative to the untouched base model) and the tokenizer are
+saved to `out_dir`; `models.registry` registers them.
+
+MLflow: the resolved settings as params, per-step metrics from the trainer's log history
+(one reward curve per reward function, frac_reward_zero_std, loss), parse rates before and
+after the warm-up, the dataset as an input (name = dataset version, source and digest
+"duckdb:pairs@<version>"), the measurement ids as `measurement_ids.txt`, and tags
+dataset_version, base_model, git_commit, dagster_run_id. TRL's own MLflow callback is not
+used (report_to="none"): logging here is explicit and works against any tracking URI.
+
+This module never imports dagster; the tracking URI is a plain string.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import subprocess
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import polars as pl
+
+from models.prompts import build_prompt
+from models.sft import sft_warmup
+
+log = logging.getLogger(__name__)
+
+RewardSpec = Literal["correctness", "correctness+brier", "correctness+crps"]
+REWARDS: tuple[str, ...] = ("correctness", "correctness+brier", "correctness+crps")
+DEFAULT_EXPERIMENT = "kernelcast-training"
+
+
+@dataclass(frozen=True)
+class TrainingSettings:
+    """Everything that decides a training run; logged to MLflow as params, resolved.
+
+    Defaults are the paper's (GPT-OSS-20B, LoRA rank 32, section 5); `profile` scales them
+    down for CPU and tests and says why.
+
+    Attributes:
+        base_model: "smollm2", a local checkpoint directory or a cached HF id
+            (`models.base_model.resolve_base_model`).
+        reward: which reward: correctness alone, or plus w * (1 - Brier) / (1 - CRPS).
+        reward_weight: w; honoured through GRPOConfig.reward_weights = [1, w].
+        lora_rank: LoRA r (paper 32); alpha = 2r, the usual scaling.
+        lora_targets: module names LoRA wraps ("all-linear" or a tuple of names).
+        lora_modules_to_save: modules trained in full and saved with the adapter; only for
+            randomly initialised test models (see the "smoke" profile).
+        learning_rate: GRPO learning rate (paper 4e-5).
+        prompts_per_step: distinct prompts per optimizer step (paper 8).
+        num_generations: rollouts per prompt, the GRPO group (paper 8).
+        max_steps: GRPO optimizer steps (paper 20).
+        temperature: rollout sampling temperature (paper 1.0: groups need diverse answers).
+        max_completion_length: new tokens per rollout (paper up to 8192).
+        beta: KL coefficient; 0 as TRL's default (and no reference model to hold).
+        prompt_style: "full" (paper) or "diff" (shorter; small models and CPU budgets).
+        sft_steps: supervised format warm-up steps before GRPO (0 = none).
+        sft_lr: warm-up learning rate.
+        parse_probe_rows: rows whose greedy parse rate is measured before/after warm-up.
+        seed: seeds the warm-up order, LoRA init and the trainer.
+    """
+
+    base_model: str = "smollm2"
+    reward: RewardSpec = "correctness+brier"
+    reward_weight: float = 1.0
+    lora_rank: int = 32
+    lora_targets: tuple[str, ...] | str = ("q_proj", "k_proj", "v_proj", "o_proj")
+    lora_modules_to_save: tuple[str, ...] = ()
+    learning_rate: float = 4e-5
+    prompts_per_step: int = 8
+    num_generations: int = 8
+    max_steps: int = 20
+    temperature: float = 1.0
+    max_completion_length: int = 8192
+    beta: float = 0.0
+    prompt_style: str = "full"
+    sft_steps: int = 0
+    sft_lr: float = 1e-4
+    parse_probe_rows: int = 8
+    seed: int = 0
+    tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.reward not in REWARDS:
+            raise ValueError(f"reward must be one of {REWARDS}, got {self.reward!r}")
+        if not math.isfinite(self.reward_weight) or self.reward_weight < 0:
+            raise ValueError(f"reward_weight must be finite and >= 0, got {self.reward_weight}")
+        if self.num_generations < 2:
+            raise ValueError("num_generations must be >= 2: GRPO compares rollouts within a group")
+
+    @classmethod
+    def profile(cls, name: str, **overrides: Any) -> TrainingSettings:
+        """Settings of a named profile ("smoke", "default", "gpu"), then overrides.
+
+        >>> TrainingSettings.profile("gpu").lora_rank, TrainingSettings.profile("smoke").max_steps
+        (32, 2)
+        """
+        if name not in PROFILES:
+            raise ValueError(f"unknown training profile {name!r}; use one of {sorted(PROFILES)}")
+        return dataclasses.replace(cls(), **{**PROFILES[name], **overrides})
+
+    def reward_parts(self) -> tuple[list[Any], list[float]]:
+        """(reward functions, weights) for GRPOTrainer: one curve per part in TRL's logs."""
+        from models.rewards import brier_reward, correctness_reward, crps_reward
+
+        if self.reward == "correctness":
+            return [correctness_reward], [1.0]
+        second = brier_reward if self.reward == "correctness+brier" else crps_reward
+        return [correctness_reward, second], [1.0, float(self.reward_weight)]
+
+    def as_params(self) -> dict[str, str]:
+        """Flat string params for MLflow (the resolved config)."""
+        out = {}
+        for key, value in dataclasses.asdict(self).items():
+            if key == "tags":
+                continue
+            out[key] = ",".join(value) if isinstance(value, (tuple, list)) else str(value)
+        return out
+
+
+# Per-profile overrides of the paper defaults; each says why.
+PROFILES: dict[str, dict[str, Any]] = {
+    # Tests and CI: a tiny random model (models/tiny.py), seconds per step. 2 prompts x 2
+    # rollouts is the smallest batch GRPO accepts; 96 tokens fit the warm-up answer (~70
+    # tokens). The tiny model's embeddings are random with std 0.02, so logits stay near
+    # uniform unless the (tied) embedding itself trains: it goes in modules_to_save, and
+    # LoRA wraps every linear layer at a high rate, or 120 steps cannot teach the format.
+    "smoke": dict(
+        reward="correctness+brier",
+        lora_rank=16,
+        lora_targets="all-linear",
+        lora_modules_to_save=("embed_tokens",),
+        learning_rate=1e-3,
+        prompts_per_step=2,
+        num_generations=2,
+        max_steps=2,
+        max_completion_length=96,
+        prompt_style="diff",
+        sft_steps=120,  # measured: greedy parse rate 0 -> 1 (seeds 0, 1, 3 checked), ~15 s on one core
+        sft_lr=1e-2,
+        parse_probe_rows=2,
+    ),
+    # SmolLM2-135M on a 2-core CPU: a GRPO step with LoRA is 20-60 s there (stack.md), so 4
+    # steps of 4 prompts x 4 rollouts (16 completions, the smallest group count that still
+    # shows signal) keep a run near 5 minutes. "diff" prompts halve the prompt tokens; 256
+    # new tokens are enough for brief reasoning plus the JSON. A 40-step warm-up gets the
+    # format first (zero-shot parse rate is ~0, stack.md). lr 1e-4: a 135M model with rank
+    # 16 moves little at the paper's 4e-5 in 4 steps.
+    "default": dict(
+        base_model="smollm2",
+        lora_rank=16,
+        learning_rate=1e-4,
+        prompts_per_step=4,
+        num_generations=4,
+        max_steps=4,
+        max_completion_length=256,
+        prompt_style="diff",
+        sft_steps=40,
+        sft_lr=2e-4,
+        parse_probe_rows=4,
+    ),
+    # The paper's settings (section 5): LoRA 32, lr 4e-5, 8 x 8 rollouts, 20 steps, T = 1.0,
+    # up to 8192 new tokens, full prompts. A short warm-up still helps a small base model;
+    # a 20B model that already writes the format can set sft_steps=0.
+    "gpu": dict(sft_steps=20, sft_lr=1e-4),
+}
+
+
+@dataclass(frozen=True)
+class TrainingResult:
+    """What a training run produced.
+
+    Attributes:
+        run_id: the MLflow run (None when no tracking URI was given).
+        adapter_dir: the saved LoRA adapter + tokenizer.
+        metrics: final metrics (parse rates before/after warm-up, mean frac_reward_zero_std,
+            last loss, mean rewards, sft loss first/last).
+        steps: GRPO optimizer steps run.
+        log_history: the trainer's per-step logs.
+    """
+
+    run_id: str | None
+    adapter_dir: Path
+    metrics: dict[str, float]
+    steps: int
+    log_history: list[dict[str, Any]] = field(default_factory=list)
+
+
+def build_training_rows(
+    pairs: pl.DataFrame,
+    kernels: Mapping[str, str],
+    tasks: Mapping[str, str],
+    hardware: Mapping[str, Any] | Mapping[str, Mapping[str, Any]],
+    style: str = "diff",
+) -> list[dict[str, Any]]:
+    """One GRPO dataset row per training pair: the prompt, the true bin and the pair id.
+
+    Args:
+        pairs: pairs rows (`warehouse.read_pairs(..., split="train")`): task,
+            anchor_kernel_id, candidate_kernel_id, true_bin, pair_id, hardware_id. The caller
+            passes training pairs only (method.md: never an eval pair).
+        kernels: kernel_id -> source.
+        tasks: task name -> one-paragraph description.
+        hardware: one fingerprint for every pair, or hardware_id -> fingerprint.
+        style: prompt style ("diff" for small models, "full" as the paper).
+    Returns:
+        [{"prompt": chat messages, "true_bin": int, "pair_id": str}], in the pairs' order.
+    Raises:
+        KeyError: a kernel source or task description is missing (one line naming it).
+    """
+    per_id = bool(hardware) and all(isinstance(v, Mapping) for v in hardware.values())
+    rows = []
+    for pair in pairs.iter_rows(named=True):
+        for key in ("anchor_kernel_id", "candidate_kernel_id"):
+            if pair[key] not in kernels:
+                raise KeyError(f"pair {pair.get('pair_id')}: no source for kernel {pair[key]}")
+        if pair["task"] not in tasks:
+            raise KeyError(f"pair {pair.get('pair_id')}: no description for task {pair['task']!r}")
+        hw = hardware.get(pair.get("hardware_id"), {}) if per_id else hardware
+        rows.append(
+            {
+                "prompt": build_prompt(
+                    pair["task"],
+                    tasks[pair["task"]],
+                    kernels[pair["anchor_kernel_id"]],
+                    kernels[pair["candidate_kernel_id"]],
+                    dict(hw),
+                    style,  # type: ignore[arg-type]
+                ),
+                "true_bin": int(pair["true_bin"]),
+                "pair_id": str(pair["pair_id"]),
+            }
+        )
+    return rows
+
+
+def git_commit() -> str | None:
+    """`git rev-parse HEAD` of the working directory, or None outside a repository."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, check=True
+        )
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def _load_base(settings: TrainingSettings):
+    """(model, tokenizer) of the base model, on CPU/CUDA as available, float32 on CPU."""
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from models.base_model import resolve_base_model
+
+    path = resolve_base_model(settings.base_model)
+    cuda = torch.cuda.is_available()
+    # CPU: float32 (bf16=False in the trainer); GPU: bfloat16 halves memory, as the paper runs.
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path), dtype=torch.bfloat16 if cuda else torch.float32
+    )
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to("cuda" if cuda else "cpu"), tokenizer
+
+
+def _with_lora(model: Any, settings: TrainingSettings):
+    """The model wrapped in a fresh LoRA adapter (the only trainable weights)."""
+    import torch
+    from peft import LoraConfig, get_peft_model
+
+    targets = settings.lora_targets
+    config = LoraConfig(
+        r=settings.lora_rank,
+        lora_alpha=2 * settings.lora_rank,
+        lora_dropout=0.0,  # few steps: dropout only adds noise to the GRPO ratios
+        target_modules=targets if isinstance(targets, str) else list(targets),
+        modules_to_save=list(settings.lora_modules_to_save) or None,
+        # Tied embeddings (tiny model, SmolLM2) stay tied when the embedding is trained.
+        ensure_weight_tying=bool(settings.lora_modules_to_save),
+        task_type="CAUSAL_LM",
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(settings.seed)
+        return get_peft_model(model, config)
+
+
+def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float]):
+    import torch
+    from trl import GRPOConfig
+
+    cuda = torch.cuda.is_available()
+    completions = settings.prompts_per_step * settings.num_generations
+    return GRPOConfig(
+        output_dir=str(out_dir / "trainer"),
+        use_cpu=not cuda,
+        bf16=cuda,  # CPU: bf16=False (stack.md)
+        use_vllm=False,
+        learning_rate=settings.learning_rate,
+        max_steps=settings.max_steps,
+        # One optimizer step = prompts_per_step prompts x num_generations rollouts.
+        per_device_train_batch_size=completions,
+        gradient_accumulation_steps=1,
+        num_generations=settings.num_generations,
+        temperature=settings.temperature,
+        max_completion_length=settings.max_completion_length,
+        beta=settings.beta,
+        reward_weights=weights,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        seed=settings.seed,
+        disable_tqdm=True,
+    )
+
+
+def _mean(values: Sequence[float]) -> float:
+    finite = [v for v in values if isinstance(v, (int, float)) and math.isfinite(v)]
+    return sum(finite) / len(finite) if finite else float("nan")
+
+
+def _summary(history: list[dict[str, Any]]) -> dict[str, float]:
+    """Final metrics from the trainer's per-step logs."""
+    steps = [h for h in history if "loss" in h or any(k.startswith("reward") for k in h)]
+    out: dict[str, float] = {}
+    keys = {k for h in steps for k in h if k.startswith("reward") or k == "frac_reward_zero_std"}
+    for key in sorted(keys):
+        out[f"{key.replace('/', '_')}_avg"] = _mean([h[key] for h in steps if key in h])
+    losses = [h["loss"] for h in steps if "loss" in h]
+    if losses:
+        out["loss_last"] = float(losses[-1])
+    return out
+
+
+def _log_to_mlflow(
+    client: Any,
+    run_id: str,
+    settings: TrainingSettings,
+    history: list[dict[str, Any]],
+    sft_losses: list[float],
+    metrics: dict[str, float],
+    rows: Sequence[dict[str, Any]],
+    dataset_version: str | None,
+    measurement_ids: Sequence[str] | None,
+) -> None:
+    """Per-step metrics, final metrics, the dataset input and the measurement ids artifact."""
+    import mlflow
+    from mlflow.entities import Metric
+
+    # MLflow metric names allow '/', but one flat name per curve reads the same everywhere.
+    batch = [
+        Metric("sft/loss", float(loss), 0, step)
+        for step, loss in enumerate(sft_losses)
+        if math.isfinite(loss)
+    ]
+    for h in history:
+        step = int(h.get("step", 0))
+        for key, value in h.items():
+            if key in ("step", "epoch") or not isinstance(value, (int, float)):
+                continue
+            if math.isfinite(float(value)):
+                batch.append(Metric(key, float(value), 0, step))
+    batch += [Metric(k, float(v), 0, 0) for k, v in metrics.items() if math.isfinite(float(v))]
+    for start in range(0, len(batch), 900):  # MLflow accepts at most 1000 metrics per batch
+        client.log_batch(run_id, metrics=batch[start : start + 900])
+
+    version = dataset_version or "unversioned"
+    frame = pl.DataFrame(
+        {"pair_id": [r["pair_id"] for r in rows], "true_bin": [r["true_bin"] for r in rows]}
+    ).to_pandas()
+    dataset = mlflow.data.from_pandas(
+        frame,
+        source=DuckDBPairsSource(version),
+        name=version,
+        # MLflow stores at most 36 characters of a digest.
+        digest=f"duckdb:pairs@{version}"[:36],
+    )
+    with mlflow.start_run(run_id=run_id):
+        mlflow.log_input(dataset, context="training")
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "measurement_ids.txt"
+        path.write_text("".join(f"{m}\n" for m in (measurement_ids or [])))
+        client.log_artifact(run_id, str(path))
+
+
+def _dataset_source_class():
+    from mlflow.data.dataset_source import DatasetSource
+
+    class _DuckDBPairsSource(DatasetSource):
+        """The pairs table of one dataset version in the kernelcast warehouse."""
+
+        def __init__(self, dataset_version: str) -> None:
+            self.dataset_version = dataset_version
+
+        @staticmethod
+        def _get_source_type() -> str:
+            return "duckdb"
+
+        def load(self, **kwargs: Any) -> str:
+            return self.uri
+
+        @property
+        def uri(self) -> str:
+            return f"duckdb:pairs@{self.dataset_version}"
+
+        @staticmethod
+        def _can_resolve(raw_source: Any) -> bool:
+            return isinstance(raw_source, str) and raw_source.startswith("duckdb:pairs@")
+
+        @classmethod
+        def _resolve(cls, raw_source: Any) -> _DuckDBPairsSource:
+            return cls(str(raw_source).split("@", 1)[1])
+
+        def to_dict(self) -> dict[str, Any]:
+            return {"uri": self.uri}
+
+        @classmethod
+        def from_dict(cls, source_dict: dict[Any, Any]) -> _DuckDBPairsSource:
+            return cls._resolve(source_dict["uri"])
+
+    return _DuckDBPairsSource
+
+
+def DuckDBPairsSource(dataset_version: str) -> Any:  # noqa: N802 - reads as a class at call sites
+    """An MLflow dataset source naming `duckdb:pairs@<dataset_version>`."""
+    return _dataset_source_class()(dataset_version)
+
+
+def mlflow_experiment(client: Any, tracking_uri: str, name: str) -> str:
+    """The experiment id of `name`, created if missing. For a sqlite store its artifacts go
+    beside the database file (not ./mlruns in whatever directory the process runs from)."""
+    found = client.get_experiment_by_name(name)
+    if found is not None:
+        return found.experiment_id
+    location = None
+    if tracking_uri.startswith("sqlite:///"):
+        location = (
+            (Path(tracking_uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
+        )
+    return client.create_experiment(name, artifact_location=location)
+
+
+def train_grpo(
+    settings: TrainingSettings,
+    rows: Sequence[dict[str, Any]],
+    out_dir: str | Path,
+    tracking_uri: str | None = None,
+    experiment: str = DEFAULT_EXPERIMENT,
+    tags: Mapping[str, str] | None = None,
+    dataset_version: str | None = None,
+    measurement_ids: Sequence[str] | None = None,
+) -> TrainingResult:
+    """Format warm-up, then GRPO, then save the adapter; logs the run to MLflow.
+
+    Args:
+        settings: the resolved training settings.
+        rows: `build_training_rows` output (training pairs only).
+        out_dir: where the adapter + tokenizer are saved (created).
+        tracking_uri: MLflow tracking URI (e.g. "sqlite:///.../mlflow.db"); None = no MLflow.
+        experiment: MLflow experiment name.
+        tags: extra run tags (e.g. {"dagster_run_id": ...}).
+        dataset_version: the warehouse dataset version the rows come from.
+        measurement_ids: the measurements behind that version (logged as an artifact).
+    Returns:
+        TrainingResult(run_id, adapter_dir, metrics, steps, log_history).
+    Raises:
+        ValueError: fewer rows than prompts_per_step (a step would repeat prompts).
+    """
+    from datasets import Dataset
+    from trl import GRPOTrainer
+
+    from models.sft import parse_rate, run_sft
+
+    if len(rows) < settings.prompts_per_step:
+        raise ValueError(
+            f"{len(rows)} training rows, fewer than prompts_per_step={settings.prompts_per_step}"
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    base, tokenizer = _load_base(settings)
+    model = _with_lora(base, settings)
+
+    probe = list(rows[: settings.parse_probe_rows])
+    probe_tokens = settings.max_completion_length
+    metrics: dict[str, float] = {
+        "parse_rate_before_sft": parse_rate(model, tokenizer, probe, probe_tokens)
+    }
+    sft_losses = run_sft(model, tokenizer, rows, settings)
+    metrics["parse_rate_after_sft"] = parse_rate(model, tokenizer, probe, probe_tokens)
+    if sft_losses:
+        metrics["sft_loss_first"], metrics["sft_loss_last"] = sft_losses[0], sft_losses[-1]
+    log.info(
+        "format warm-up: parse rate %.2f -> %.2f over %d probe rows",
+        metrics["parse_rate_before_sft"],
+        metrics["parse_rate_after_sft"],
+        len(probe),
+    )
+
+    funcs, weights = settings.reward_parts()
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=funcs,
+        args=_grpo_config(settings, out, weights),
+        train_dataset=Dataset.from_list([dict(r) for r in rows]),
+        processing_class=tokenizer,
+    )
+    trainer.train()
+    history = [dict(h) for h in trainer.state.log_history]
+    metrics.update(_summary(history))
+    trainer.model.save_pretrained(str(out))
+    tokenizer.save_pretrained(str(out))
+    steps = int(trainer.state.global_step)
+    log.info("GRPO: %d steps, adapter saved to %s", steps, out)
+
+    run_id = None
+    if tracking_uri:
+        run_id = _log_run(
+            tracking_uri,
+            experiment,
+            settings,
+            history,
+            sft_losses,
+            metrics,
+            rows,
+            dataset_version,
+            measurement_ids,
+            tags,
+        )
+    return TrainingResult(run_id, out, metrics, steps, history)
+
+
+def _log_run(
+    tracking_uri: str,
+    experiment: str,
+    settings: TrainingSettings,
+    history: list[dict[str, Any]],
+    sft_losses: list[float],
+    metrics: dict[str, float],
+    rows: Sequence[dict[str, Any]],
+    dataset_version: str | None,
+    measurement_ids: Sequence[str] | None,
+    tags: Mapping[str, str] | None,
+) -> str:
+    """Create the MLflow run with params, tags, metrics, input and artifacts; its id."""
+    import mlflow
+    from mlflow import MlflowClient
+    from mlflow.entities import Param, RunTag
+
+    mlflow.set_tracking_uri(tracking_uri)
+    client = MlflowClient(tracking_uri)
+    experiment_id = mlflow_experiment(client, tracking_uri, experiment)
+    run_tags = {
+        "dataset_version": dataset_version or "",
+        "base_model": settings.base_model,
+        **({"git_commit": c} if (c := git_commit()) else {}),
+        **dict(settings.tags),
+        **dict(tags or {}),
+    }
+    run = client.create_run(experiment_id, tags=run_tags, run_name="grpo")
+    run_id = run.info.run_id
+    try:
+        params = [Param(k, v[:6000]) for k, v in settings.as_params().items()]
+        params.append(Param("dataset_version", dataset_version or ""))
+        params.append(Param("train_rows", str(len(rows))))
+        client.log_batch(run_id, params=params, tags=[RunTag("kernelcast.stage", "training")])
+        _log_to_mlflow(
+            client,
+            run_id,
+            settings,
+            history,
+            sft_losses,
+            metrics,
+            rows,
+            dataset_version,
+            measurement_ids,
+        )
+    except Exception:
+        client.set_terminated(run_id, "FAILED")
+        raise
+    client.set_terminated(run_id, "FINISHED")
+    return run_id
+
+
+__all__ = [
+    "PROFILES",
+    "REWARDS",
+    "TrainingResult",
+    "TrainingSettings",
+    "build_training_rows",
+    "git_commit",
+    "mlflow_experiment",
+    "sft_warmup",
+    "train_grpo",
+]
