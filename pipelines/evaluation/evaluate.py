@@ -329,6 +329,9 @@ def _counts(a: ForecastArrays) -> dict[str, int]:
     }
 
 
+PER_TASK_BOOT = 200
+
+
 def evaluate_forecasts(
     frame: pl.DataFrame,
     *,
@@ -381,7 +384,9 @@ def evaluate_forecasts(
         level=level,
         progress=progress,
     )
-    # Per-task intervals: the same bootstrap within each task's pairs.
+    # Per-task intervals: the same bootstrap within each task's pairs, with at most
+    # PER_TASK_BOOT replicates (tasks have tens of pairs; 200 replicates pin a 95% percentile
+    # interval to about a percentile point, and keep a rerun of the graph fast).
     for t in result["per_task"]:
         sub = a.take(np.nonzero(a.task == t)[0])
         result["per_task"][t]["intervals"] = bootstrap.bootstrap_intervals(
@@ -389,7 +394,7 @@ def evaluate_forecasts(
             sub.pair,
             np.zeros(len(sub.pair), dtype=np.int64),
             INTERVAL_KEYS,
-            n_boot=n_boot,
+            n_boot=min(n_boot, PER_TASK_BOOT),
             seed=seed,
             level=level,
         )
