@@ -3,6 +3,7 @@
 
 import dagster as dg
 
+from assets._checks import offending_ids_result
 from orchestration.resources import SettingsResource, WarehouseResource
 
 GROUP = "curation"
@@ -68,9 +69,7 @@ def curated_pairs(context: dg.AssetExecutionContext, settings: SettingsResource,
     yield dg.MaterializeResult(asset_key="eval_set", metadata={**common, "rows": by_split["eval"].height, "preview": _md(by_split["eval"])})
     yield dg.MaterializeResult(asset_key="rl_training_pool", metadata={**common, "rows": by_split["train"].height, "preview": _md(by_split["train"])})
     yield dg.MaterializeResult(asset_key="discovery_pairs", metadata={**common, "rows": by_split["discovery"].height, "preview": _md(by_split["discovery"])})
-    yield dg.AssetCheckResult(asset_key="rl_training_pool", check_name=NO_EVAL_TRAIN_LEAKAGE, passed=not ds.leakage,
-                              severity=dg.AssetCheckSeverity.ERROR,
-                              metadata={"value": len(ds.leakage), "threshold": 0, "offending": ", ".join(ds.leakage[:5]) or "none"})
+    yield offending_ids_result(NO_EVAL_TRAIN_LEAKAGE, ds.leakage, asset_key="rl_training_pool")
     yield dg.AssetCheckResult(
         asset_key="eval_set", check_name=EVERY_BIN_POPULATED, passed=short.is_empty() and by_split["eval"].height > 0,
         severity=dg.AssetCheckSeverity.WARN,
@@ -80,9 +79,7 @@ def curated_pairs(context: dg.AssetExecutionContext, settings: SettingsResource,
                       + "\n".join(f"| {r['task']} | {r['hardware_id']} | {r['bin']} | {r['available']} | {r['shortfall']} |" for r in short.head(40).iter_rows(named=True))
                   )},
     )
-    yield dg.AssetCheckResult(asset_key="curated_pairs", check_name=PAIRS_NEED_TWO_CORRECT_MEASUREMENTS, passed=not unsupported,
-                              severity=dg.AssetCheckSeverity.ERROR,
-                              metadata={"value": len(unsupported), "threshold": 0, "offending": ", ".join(unsupported[:5]) or "none"})
+    yield offending_ids_result(PAIRS_NEED_TWO_CORRECT_MEASUREMENTS, unsupported, asset_key="curated_pairs")
 
 
 defs = dg.Definitions(assets=[curated_pairs])

@@ -3,6 +3,7 @@
 
 import dagster as dg
 
+from assets._checks import offending_ids_result
 from orchestration.resources import SettingsResource, WarehouseResource
 
 GROUP = "generation"
@@ -65,8 +66,8 @@ def kernel_candidates(
         return dg.MaterializeResult(
             metadata={"table": "kernels", "rows": 0, "rows_added": 0, "skipped_tasks": ", ".join(skipped),
                       "note": "every sampled kernel already stored with its features"},
-            check_results=[_result(UNIQUE_KERNEL_IDS, []), _result(PARENTS_EXIST, orphans),
-                           _result(EVERY_KERNEL_COMPILED_OR_FAILED, [])],
+            check_results=[offending_ids_result(UNIQUE_KERNEL_IDS, []), offending_ids_result(PARENTS_EXIST, orphans),
+                           offending_ids_result(EVERY_KERNEL_COMPILED_OR_FAILED, [])],
         )
     frame = pl.concat(frames)
     mismatched = [r for r, s in zip(frame["kernel_id"], frame["source"]) if kernel_id(s) != r]
@@ -91,20 +92,12 @@ def kernel_candidates(
             "preview": dg.MetadataValue.md(tables.summary_markdown(frame)),
         },
         check_results=[
-            _result(UNIQUE_KERNEL_IDS, duplicates + mismatched),
-            _result(PARENTS_EXIST, orphans),
-            _result(EVERY_KERNEL_COMPILED_OR_FAILED, uncompiled),
+            offending_ids_result(UNIQUE_KERNEL_IDS, duplicates + mismatched),
+            offending_ids_result(PARENTS_EXIST, orphans),
+            offending_ids_result(EVERY_KERNEL_COMPILED_OR_FAILED, uncompiled),
         ],
     )
 
-
-def _result(name: str, offending: list[str]) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(
-        check_name=name,
-        passed=not offending,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={"value": len(offending), "threshold": 0, "offending": ", ".join(offending[:5]) or "none"},
-    )
 
 
 defs = dg.Definitions(assets=[kernel_candidates])

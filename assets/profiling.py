@@ -5,6 +5,7 @@ from pathlib import Path
 
 import dagster as dg
 
+from assets._checks import offending_ids_result
 from orchestration.partitions import HARDWARE_PARTITIONS, hardware_of_file, result_files
 from orchestration.resources import SettingsResource, WarehouseResource
 
@@ -96,20 +97,12 @@ def kernel_measurements(
             "files_rejected": dg.MetadataValue.md("\n".join(f"- {r}" for r in rejected) or "none"),
         },
         check_results=[
-            _result(SPEEDUP_REQUIRES_CORRECTNESS, bad_cases),
-            _result(SPEEDUPS_FINITE_POSITIVE, bad_values),
-            _result(ONE_FINGERPRINT_PER_BATCH, bad_batches),
+            offending_ids_result(SPEEDUP_REQUIRES_CORRECTNESS, bad_cases),
+            offending_ids_result(SPEEDUPS_FINITE_POSITIVE, bad_values),
+            offending_ids_result(ONE_FINGERPRINT_PER_BATCH, bad_batches),
         ],
     )
 
-
-def _result(name: str, offending: list[str]) -> dg.AssetCheckResult:
-    return dg.AssetCheckResult(
-        check_name=name,
-        passed=not offending,
-        severity=dg.AssetCheckSeverity.ERROR,
-        metadata={"value": len(offending), "threshold": 0, "offending": ", ".join(offending[:5]) or "none"},
-    )
 
 
 defs = dg.Definitions(assets=[kernel_measurements])
