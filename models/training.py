@@ -31,12 +31,13 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
-
-import polars as pl
+from typing import TYPE_CHECKING, Any, Literal
 
 from models.prompts import build_prompt
 from models.sft import sft_warmup
+
+if TYPE_CHECKING:  # polars only for type hints: the GPU host trains without it
+    import polars as pl
 
 log = logging.getLogger(__name__)
 
@@ -380,9 +381,11 @@ def _log_to_mlflow(
         client.log_batch(run_id, metrics=batch[start : start + 900])
 
     version = dataset_version or "unversioned"
-    frame = pl.DataFrame(
+    import pandas as pd
+
+    frame = pd.DataFrame(
         {"pair_id": [r["pair_id"] for r in rows], "true_bin": [r["true_bin"] for r in rows]}
-    ).to_pandas()
+    )
     dataset = mlflow.data.from_pandas(
         frame,
         source=DuckDBPairsSource(version),
