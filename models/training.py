@@ -193,6 +193,7 @@ class TrainingResult:
             last loss, mean rewards, sft loss first/last).
         steps: GRPO optimizer steps run.
         log_history: the trainer's per-step logs.
+        sft_losses: the format warm-up's per-step losses.
     """
 
     run_id: str | None
@@ -200,6 +201,7 @@ class TrainingResult:
     metrics: dict[str, float]
     steps: int
     log_history: list[dict[str, Any]] = field(default_factory=list)
+    sft_losses: list[float] = field(default_factory=list)
 
 
 def build_training_rows(
@@ -532,7 +534,7 @@ def train_grpo(
 
     run_id = None
     if tracking_uri:
-        run_id = _log_run(
+        run_id = log_training_run(
             tracking_uri,
             experiment,
             settings,
@@ -544,10 +546,10 @@ def train_grpo(
             measurement_ids,
             tags,
         )
-    return TrainingResult(run_id, out, metrics, steps, history)
+    return TrainingResult(run_id, out, metrics, steps, history, sft_losses)
 
 
-def _log_run(
+def log_training_run(
     tracking_uri: str,
     experiment: str,
     settings: TrainingSettings,
@@ -559,7 +561,11 @@ def _log_run(
     measurement_ids: Sequence[str] | None,
     tags: Mapping[str, str] | None,
 ) -> str:
-    """Create the MLflow run with params, tags, metrics, input and artifacts; its id."""
+    """Create the MLflow run with params, tags, metrics, input and artifacts; its id.
+
+    Also used on its own for a run trained elsewhere (a GPU host without MLflow): its
+    history and warm-up losses are logged afterwards (scripts/surrogate_job.py ingest).
+    """
     import mlflow
     from mlflow import MlflowClient
     from mlflow.entities import Param, RunTag
@@ -606,6 +612,7 @@ __all__ = [
     "TrainingSettings",
     "build_training_rows",
     "git_commit",
+    "log_training_run",
     "mlflow_experiment",
     "sft_warmup",
     "train_grpo",
