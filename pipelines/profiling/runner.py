@@ -32,6 +32,7 @@ from pipelines.profiling.sandbox import one_line
 from pipelines.profiling.taskload import load_task
 from pipelines.profiling.timing import (
     L2Flusher,
+    LaunchCover,
     Timing,
     TimingSettings,
     data_nbytes,
@@ -384,13 +385,27 @@ def run_check(job: dict, device: str) -> dict:
         unload_kernel(path)
 
 
+REF_FIRST = 3  # timings of each reference case when a task is first measured
+REF_KEEP = 5  # reference timings kept per case; speedups use their median
+
+
+def middle_timing(timings: list[Timing]) -> Timing:
+    """The timing with the median median_ms (the lower middle for an even count).
+
+    >>> [middle_timing([Timing(m, m, 0.0, 1) for m in ms]).median_ms for ms in ([3.0, 1.0, 2.0], [4.0, 1.0])]
+    [2.0, 1.0]
+    """
+    ordered = sorted(timings, key=lambda t: t.median_ms)
+    return ordered[(len(ordered) - 1) // 2]
+
+
 class Measurer:
     """The measuring child's state: device, L2 flusher, reference timings, settings."""
 
     def __init__(self, config: dict):
         self.device = config.get("device", "cuda")
         self.protocol = config.get("protocol", "kernelcast")
-        self.ref_refresh_s = float(config.get("ref_refresh_s", 180.0))
+        self.ref_refresh_s = float(config.get("ref_refresh_s", 60.0))
         # Off by default: generation checks the small cases on the CPU, and on the GPU their new shapes
         # would force fresh JIT compiles inside the timing process.
         self.check_correctness_cases = bool(config.get("check_correctness_cases", False))
@@ -403,6 +418,7 @@ class Measurer:
             torch.cuda.set_device(0)
             self.hardware = cuda_fingerprint(0)
             self.flusher = L2Flusher(self.hardware.get("l2_cache_bytes") or 64 * 2**20)
+            self.cover = LaunchCover()
             s = TimingSettings()
             overrides = {k: config[k] for k in ("min_reps", "max_case_s", "rse_target") if config.get(k) is not None}
             self.settings = TimingSettings(**{**s.__dict__, **overrides, **({"max_reps": max_reps} if max_reps else {})})
@@ -411,8 +427,10 @@ class Measurer:
 
             self.hardware = cpu_fingerprint()
             self.flusher = None
+            self.cover = None
             self.settings = TimingSettings.for_cpu(max_reps or 5)
-        self.refs: dict[tuple[str, str], tuple[Timing, float]] = {}  # (task, case_id) -> (timing, when)
+        # (task, case_id) -> the last REF_KEEP reference timings and when the newest was taken
+        self.refs: dict[tuple[str, str], tuple[list[Timing], float]] = {}
         self.flags = snapshot_torch_flags()
 
     def cases(self, task) -> tuple:
@@ -420,11 +438,16 @@ class Measurer:
 
     def time_fn(self, fn: Callable, data: Any) -> Timing:
         if self.device == "cuda":
-            return time_cuda(fn, data, self.settings, protocol=self.protocol, flusher=self.flusher)
+            return time_cuda(fn, data, self.settings, protocol=self.protocol, flusher=self.flusher, launch_cover=self.cover)
         return time_cpu(fn, data, self.settings, protocol=self.protocol)
 
     def reference_timings(self, task, progress: Callable[[str], None]) -> list[Timing]:
-        """The task's reference per case; re-timed when older than ref_refresh_s (drift: clocks, heat)."""
+        """The task's reference per case: the median of its last REF_KEEP timings.
+
+        A task's first use times each case REF_FIRST times; after that one more timing is
+        added whenever the newest is older than ref_refresh_s (clocks, heat). One disturbed
+        timing (a busy host, a clock dip) then moves no speedup: the middle one is used.
+        """
         now = time.monotonic()
         cases = self.cases(task)
         keys = [(task.name, task.case_id(c)) for c in cases]
@@ -433,15 +456,17 @@ class Measurer:
             restore_torch_flags(self.flags)
             for key, case in zip(keys, cases):
                 progress(f"timing reference {key[1]}")
+                kept = self.refs.get(key, ([], 0.0))[0]
                 try:
                     data = make_input(task, case)
-                    timing = self.time_fn(task.ref_kernel, data)
+                    for _ in range(1 if kept else REF_FIRST):
+                        kept.append(self.time_fn(task.ref_kernel, data))
                     del data
                 except Exception as e:
                     failure = classify(e, self.device, f"reference on case {key[1]}")
                     raise KernelFailure("infrastructure", failure.message, restart=failure.restart) from e
-                self.refs[key] = (timing, time.monotonic())
-        return [self.refs[k][0] for k in keys]
+                self.refs[key] = (kept[-REF_KEEP:], time.monotonic())
+        return [middle_timing(self.refs[k][0]) for k in keys]
 
     def measure(self, job: dict, progress: Callable[[str], None]) -> dict:
         """Check and time one kernel; a result dict (the per-kernel part of a RESULT_SCHEMA row)."""

@@ -15,10 +15,13 @@ Pipeline (one parent, many children; the parent never runs kernel code):
   the GPU stays free for the timing child. A syntax/import/Triton compile error is
   `compile_failed` here; a child that dies is `crashed`, one that hangs is `timeout`.
 * One measuring child owns the GPU: correctness on every benchmark case (and the small
-  correctness cases), then timing (timing.py: L2 flush, CUDA events per call, adaptive reps).
-  The reference is timed per task and case when first needed and again every
-  --ref-refresh-s seconds (clock and thermal drift); each row carries the reference timing in
-  force when the kernel was measured, which is at most that old.
+  correctness cases), then timing (timing.py: L2 flush, launch cover, CUDA events per call,
+  adaptive reps). The reference is timed 3 times per task and case when first needed and
+  once more every --ref-refresh-s seconds (clock and thermal drift); each row carries the
+  median of the last 5 reference timings, the newest at most that old.
+* On a GPU host with 4+ cores the measuring children keep two cores to themselves and the
+  compile children run on the rest at lower priority, so compiles never delay the launches
+  being timed.
 * A child that crashes, hangs (no progress for --timeout-s) or hits a sticky CUDA error is
   killed and replaced; the kernel gets its failure kind and the batch goes on.
 * Rows are appended to <out>.partial.jsonl as they finish; the final Parquet is written at the
@@ -70,7 +73,7 @@ class WorkerConfig:
     max_reps: int | None = None  # cap on timed calls per case (None: 1000 on GPU, 5 on CPU)
     time_budget_s: float | None = None  # stop cleanly before this much wall time has passed
     limit: int | None = None  # measure at most this many new kernels in this run
-    ref_refresh_s: float = 180.0  # re-time a task's reference after this long (drift)
+    ref_refresh_s: float = 60.0  # re-time a task's reference after this long (drift)
     recycle_after: int = 500  # restart the measuring child after this many kernels (modules pile up)
     startup_timeout_s: float = 300.0  # for a child to import torch/triton and init CUDA
     lookahead: int | None = None  # compiled kernels waiting for the timer at most (None: 4 or 8 x workers)
