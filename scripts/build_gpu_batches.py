@@ -12,6 +12,13 @@ Usage:
     python scripts/build_gpu_batches.py --out .gpu-batches --parts 2 \
         --plan softmax=1000,rms_norm=1000,layer_norm=1000,fp8_quant=900,cross_entropy=900,\
 matmul_bias_gelu=600,causal_attention=500,gdn_chunk_fwd_o=400,trimul=250
+
+A batch biased to chosen algorithms (no lineage; `sampler.sample_algorithms`): --algorithms
+names them per task (alg1+alg2), or "bin-fill" takes sampler.BIN_FILL_ALGORITHMS for every task
+of the plan that has an entry there; tasks without one keep the lineage + uniform mix:
+    python scripts/build_gpu_batches.py --out .gpu-batches-binfill --parts 1 --seed 7 \
+        --plan softmax=40,rms_norm=40,layer_norm=40,fp8_quant=40,cross_entropy=40,\
+matmul_bias_gelu=40,trimul=20 --algorithms bin-fill
 """
 
 from __future__ import annotations
@@ -36,6 +43,19 @@ def parse_plan(text: str) -> dict[str, int]:
     return plan
 
 
+def parse_algorithms(text: str | None, tasks: list[str]) -> dict[str, tuple[str, ...]]:
+    """'bin-fill' -> sampler.BIN_FILL_ALGORITHMS (plan tasks only); 'task=a+b,task2=c' -> as written."""
+    if not text:
+        return {}
+    if text == "bin-fill":
+        return {t: sampler.BIN_FILL_ALGORITHMS[t] for t in tasks if t in sampler.BIN_FILL_ALGORITHMS}
+    out = {}
+    for item in text.split(","):
+        name, _, algs = item.strip().partition("=")
+        out[name] = tuple(a for a in algs.split("+") if a)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, required=True)
@@ -44,13 +64,21 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--lineage-share", type=float, default=0.5)
     ap.add_argument("--chunk", type=int, default=48, help="kernels of one task in a row")
+    ap.add_argument("--algorithms", default=None, help="'bin-fill' or task=alg1+alg2,... (restricted uniform sample)")
     ap.add_argument("--first-part-share", type=float, default=None, help="share of kernels in part 1 (default: equal parts)")
     args = ap.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     per_task: dict[str, list[dict]] = {}
     refs = []
-    for task, n in parse_plan(args.plan).items():
+    plan = parse_plan(args.plan)
+    restricted = parse_algorithms(args.algorithms, list(plan))
+    for task, n in plan.items():
         t0 = time.perf_counter()
+        if task in restricted:
+            per_task[task] = sampler.sample_algorithms(task, n, args.seed, restricted[task])
+            refs.append(reference_record(task))
+            print(f"{task}: {len(per_task[task])} kernels of {', '.join(restricted[task])}, {time.perf_counter() - t0:.1f} s", flush=True)
+            continue
         n_lineage = max(1, int(n * args.lineage_share))
         recs = sampler.generate_lineage(task, n_lineage, args.seed)
         ids = {r["kernel_id"] for r in recs}

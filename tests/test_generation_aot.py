@@ -186,3 +186,36 @@ def test_timeout_kills_the_worker_and_the_next_kernel_still_compiles(monkeypatch
 def test_unknown_task_is_an_error_not_a_crash(features):
     f = features["unknown_task"]
     assert f.status == "error" and "task input" in f.error
+
+
+# The algorithms added for the empty speedup bins (grid-capped persistent kernels, the
+# Hopper-tuned fused matmul): each family's default point compiles for sm_90 without spills.
+NEW_FAMILIES = (
+    ("softmax", "grid_capped_online"),
+    ("rms_norm", "grid_capped_two_pass"),
+    ("layer_norm", "grid_capped_sum_sumsq"),
+    ("fp8_quant", "grid_capped_tiles"),
+    ("cross_entropy", "grid_capped_online"),
+    ("matmul_bias_gelu", "hopper_tuned_fused"),
+)
+
+
+def test_new_algorithms_compile_for_sm90():
+    from pipelines.generation import registry
+    from pipelines.generation.families._rowwise import default_point
+
+    records = []
+    for task, algorithm in NEW_FAMILIES:
+        fam = registry.family(task, algorithm)
+        point = registry.KernelPoint(task, algorithm, default_point(fam))
+        records.append(registry.make_record(point))
+    # the tuned matmul at its fastest measured H200 point (128x256x64, 8 warps, 3 stages: 1.61x)
+    fast = {
+        "BLOCK_M": 128, "BLOCK_N": 256, "BLOCK_K": 64, "GROUP_M": 8,
+        "NUM_WARPS": 8, "NUM_STAGES": 3, "gelu": "tanh_sigmoid",
+    }
+    records.append(registry.make_record(registry.KernelPoint("matmul_bias_gelu", "hopper_tuned_fused", fast)))
+    feats = aot.compile_many(records, n_workers=2, timeout_s=300, case="correctness")
+    for rec, f in zip(records, feats, strict=True):
+        assert f.status == "compiled", (rec["task"], rec["algorithm"], rec["knobs_json"], f.error)
+        assert f.n_regs and f.n_spills == 0, (rec["algorithm"], f.n_regs, f.n_spills)

@@ -340,3 +340,28 @@ def test_a_smaller_count_gives_a_prefix(toy_space):
         long = [r["kernel_id"] for r in draw(TOY, 50, seed=4)]
         short = [r["kernel_id"] for r in draw(TOY, 9, seed=4)]
         assert short == long[:9], draw.__name__
+
+
+# -- restricted samples (batches biased to chosen algorithms) -------------------------------------
+
+
+def test_bin_fill_algorithms_name_real_families():
+    for task, algorithms in sampler.BIN_FILL_ALGORITHMS.items():
+        for name in algorithms:
+            assert registry.family(task, name).algorithm == name
+
+
+def test_sample_algorithms_is_restricted_distinct_and_deterministic():
+    recs = sampler.sample_algorithms("rms_norm", 30, seed=3)
+    again = sampler.sample_algorithms("rms_norm", 30, seed=3)
+    assert [r["kernel_id"] for r in recs] == [r["kernel_id"] for r in again]
+    assert len({r["kernel_id"] for r in recs}) == 30
+    assert {r["algorithm"] for r in recs} == {"grid_capped_two_pass"}
+    assert all(list(r) == KERNEL_BATCH_SCHEMA.names for r in recs)
+    assert all(r["parent_kernel_id"] is None and r["mutation"] is None for r in recs)
+    other = sampler.sample_algorithms("rms_norm", 30, seed=4)
+    assert [r["kernel_id"] for r in other] != [r["kernel_id"] for r in recs]
+    two = sampler.sample_algorithms("softmax", 10, seed=0, algorithms=["grid_capped_online", "three_pass"])
+    assert {r["algorithm"] for r in two} == {"grid_capped_online", "three_pass"}
+    with pytest.raises(ValueError, match="no algorithm"):
+        sampler.sample_algorithms("softmax", 3, seed=0, algorithms=["nope"])

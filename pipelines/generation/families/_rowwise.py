@@ -221,3 +221,38 @@ def persistent_loop(body: str) -> str:
         "    for row in tl.range(pid, M, nprog, num_stages=NUM_STAGES):\n"
         + textwrap.indent(body, " " * 8)
     )
+
+
+# -----------------------------------------------------------------------------
+# Grid-capped persistent kernels (deliberate under-occupancy)
+# -----------------------------------------------------------------------------
+# A fixed, small number of programs, each walking many rows: throughput grows with the program
+# count until the SMs are busy (132 on an H100/H200), so PROGRAMS is an honest, monotone
+# slowdown knob (one program uses one SM of 132; 128 programs nearly fill the GPU). Measured on
+# an H200 (2026-11-29, BLOCK_N 2048, 4 warps): LayerNorm speedup ~0.015 x PROGRAMS against the
+# PyTorch reference (0.06 at 4, 0.9 at 64, 1.7 at 128); 1 and 2 programs took up to 0.4 s a call.
+PROGRAMS = Knob(
+    "PROGRAMS",
+    (4, 8, 16, 24, 32, 48, 64, 96, 128),
+    "programs of the capped grid, each looping over rows p, p + P, ...",
+)
+BLOCK_N_CAPPED = Knob("BLOCK_N", (512, 1024, 2048, 4096), "columns per loop step")
+NUM_WARPS_CAPPED = Knob("NUM_WARPS", (2, 4, 8), "warps per program")
+PROGRAMS_DOC = "programs of the capped grid (min(PROGRAMS, rows) are launched)"
+
+CAPPED_DETAILS = """Only min(PROGRAMS, M) programs are launched, whatever the size of the
+problem: program p handles rows p, p + P, p + 2P, ... one after another, each with a looped
+body of BLOCK_N columns per step. An H100/H200 has 132 SMs, so with PROGRAMS < 132 most of
+the GPU idles and the kernel is bound by the memory latency one program can hide; time falls
+roughly as 1 / PROGRAMS until the SMs fill up."""
+
+
+def capped_rows_loop(body: str, rows: str = "M") -> str:
+    """The capped persistent schedule (program p takes rows p, p + P, ...) around `body`
+    (unindented kernel code using `row`), at kernel-body indentation."""
+    return (
+        "    # -- capped persistent schedule: program p handles rows p, p + P, p + 2P, ...\n"
+        "    pid = tl.program_id(0)\n"
+        "    nprog = tl.num_programs(0)\n"
+        f"    for row in range(pid, {rows}, nprog):\n" + textwrap.indent(body, " " * 8)
+    )

@@ -23,6 +23,7 @@ custom_kernel(data), with the family, algorithm and knob values in its docstring
 
 from __future__ import annotations
 
+from pipelines.generation.families._rowwise import PROGRAMS as rw_PROGRAMS
 from pipelines.generation.space import Family, Knob, KnobValues
 
 TASK = "cross_entropy"
@@ -788,6 +789,90 @@ def custom_kernel(data):
 # Knob domains and constraints
 # ---------------------------------------------------------------------------------------------
 
+# ---------------------------------------------------------------------------------------------
+# Family: grid_capped_online (deliberate under-occupancy)
+# ---------------------------------------------------------------------------------------------
+
+def _render_grid_capped(v: KnobValues) -> str:
+    e, oh = v["exp_fn"], v["onehot"]
+    doc = f"""
+Algorithm: the row_online body (online max/sum-exp in one read of the row, then a grad write
+loop re-reading it) on a capped persistent grid: only min(PROGRAMS, B) programs are launched,
+whatever B is, and program p handles rows p, p + P, p + 2P, ... one after another. An
+H100/H200 has 132 SMs, so with PROGRAMS < 132 most of the GPU idles and the kernel is bound by
+the memory latency one program can hide; time falls roughly as 1 / PROGRAMS until the SMs fill.
+4 B read + 2 B written per logit, at the bandwidth PROGRAMS programs reach.
+Exponential: {e}; one-hot: {oh}."""
+    return (
+        _header("grid_capped_online", "a capped grid of PROGRAMS programs, each looping over rows", doc, v)
+        + f'''
+
+# =============================================================================================
+# Compute kernel
+# =============================================================================================
+
+@triton.jit
+def ce_capped_kernel(
+    # pointers
+    logits_ptr, targets_ptr, loss_ptr, grad_ptr,
+    # sizes
+    B, V,
+    # strides (elements)
+    stride_lb, stride_gb,
+    # meta-parameters
+    BLOCK_V: tl.constexpr,
+    NUM_STAGES: tl.constexpr,
+):
+{_ruler("capped persistent schedule: program p handles rows p, p + P, p + 2P, ...")}    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    cols = tl.arange(0, BLOCK_V)
+    for row in range(pid, B, nprog):
+        row_logits = logits_ptr + tl.cast(row, tl.int64) * stride_lb
+        row_grad = grad_ptr + tl.cast(row, tl.int64) * stride_gb
+        # -- loop 1: per-lane running (max, sum of exp), combined once after the loop
+        m_vec = tl.full([BLOCK_V], -1e30, dtype=tl.float32)
+        s_vec = tl.zeros([BLOCK_V], dtype=tl.float32)
+        for start in tl.range(0, V, BLOCK_V, num_stages=NUM_STAGES):
+            offs = start + cols
+            x = tl.load(row_logits + offs, mask=offs < V, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m_vec, x)
+            s_vec = s_vec * {_exp("m_vec - m_new", e)} + {_exp("x - m_new", e)}
+            m_vec = m_new
+        m = tl.max(m_vec, axis=0)
+        lse = m + tl.log(tl.sum(s_vec * {_exp("m_vec - m", e)}, axis=0))
+        # -- loop 2: grad = softmax - onehot, bf16 store
+        t = tl.load(targets_ptr + row)
+        for start in tl.range(0, V, BLOCK_V, num_stages=NUM_STAGES):
+            offs = start + cols
+            mask = offs < V
+            x = tl.load(row_logits + offs, mask=mask, other=0.0).to(tl.float32)
+            p = {_exp("x - lse", e)}
+            g = {_onehot("p", "offs", oh)}
+            tl.store(row_grad + offs, g.to(tl.bfloat16), mask=mask)
+        # -- loss = lse - x[target]
+        x_t = tl.load(row_logits + t).to(tl.float32)
+        tl.store(loss_ptr + row, lse - x_t)
+
+
+# =============================================================================================
+# Launcher
+# =============================================================================================
+
+def custom_kernel(data):
+    """(logits, targets) -> (loss, grad) on a capped grid of PROGRAMS programs, one launch."""
+{_LAUNCH_PROLOGUE}    PROGRAMS = {v["PROGRAMS"]}  # programs of the capped grid (min(PROGRAMS, B) launched)
+    BLOCK_V = {v["BLOCK_V"]}  # chunk of a row per loop iteration (elements)
+    NUM_WARPS = {v["NUM_WARPS"]}
+    NUM_STAGES = {v["NUM_STAGES"]}  # software-pipelining depth of the chunk loops
+    ce_capped_kernel[(min(PROGRAMS, B),)](
+        logits, targets, loss, grad, B, V, logits.stride(0), grad.stride(0),
+        BLOCK_V=BLOCK_V, NUM_STAGES=NUM_STAGES, num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
+    return loss, grad
+'''
+    )
+
+
 _EXP = Knob("exp_fn", ("exp", "exp2"), "tl.exp, or tl.exp2 of a log2(e)-scaled argument")
 _ONEHOT = Knob("onehot", ("where", "subtract"), "one-hot as a select or as a 0/1 subtraction")
 _WARPS = Knob("NUM_WARPS", (1, 2, 4, 8, 16), "warps per program")
@@ -905,6 +990,21 @@ FAMILIES: tuple[Family, ...] = (
         ),
         render=_render_torch_partial,
         constraint=lambda v: _per_thread(v["BLOCK_V"], v["NUM_WARPS"]) * 3 <= _MAX_ELEMS_PER_THREAD,
+    ),
+    Family(
+        task=TASK,
+        algorithm="grid_capped_online",
+        summary="row_online body on a capped grid of PROGRAMS programs looping over rows",
+        knobs=(
+            Knob("PROGRAMS", rw_PROGRAMS.values, "programs of the capped grid"),
+            Knob("BLOCK_V", (512, 1024, 2048, 4096), "chunk per iteration"),
+            Knob("NUM_WARPS", (2, 4, 8), "warps per program"),
+            _STAGES,
+            _EXP,
+            _ONEHOT,
+        ),
+        render=_render_grid_capped,
+        constraint=_fits_vector("BLOCK_V", live_vectors=3),
     ),
 )
 

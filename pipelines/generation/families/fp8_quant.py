@@ -26,6 +26,7 @@ from pipelines.generation.space import Family, Knob, KnobValues
 TASK = "fp8_quant"
 
 KNOB_DOCS = {
+    "PROGRAMS": "programs of the capped grid (min(PROGRAMS, tiles) are launched)",
     "GROUPS_PER_PROGRAM": "128-column groups per tile",
     "CHUNK": "elements per step within a 128-column group",
     "NUM_WARPS": "warps per program",
@@ -561,6 +562,55 @@ def quantise_kernel(
 # -----------------------------------------------------------------------------
 # The space
 # -----------------------------------------------------------------------------
+# -----------------------------------------------------------------------------
+# grid_capped_tiles
+# -----------------------------------------------------------------------------
+def render_grid_capped(v: KnobValues) -> str:
+    param, pre_line, pre_kw = _pre_round(v)
+    kernels = f"""\
+@triton.jit
+def fp8_quant_kernel(
+{SIGNATURE}
+    # meta-parameters
+    G: tl.constexpr,  # 128-column groups per tile
+    NUM_STAGES: tl.constexpr,
+{param}):
+    # -- capped persistent schedule over the M x cdiv(n_groups, G) tiles: program p takes
+    #    tiles p, p + P, p + 2P, ... (row-major, so consecutive tiles walk along a row)
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    tiles_per_row = tl.cdiv(n_groups, G)
+    for tile in tl.range(pid, M * tiles_per_row, nprog, num_stages=NUM_STAGES):
+        row = tile // tiles_per_row
+        groups = (tile % tiles_per_row) * G + tl.arange(0, G)
+{_indent(_tile_body(v), 8)}
+"""
+    launcher = f"""\
+{PROLOGUE}
+{pre_line}    tiles = M * triton.cdiv(n_groups, GROUPS_PER_PROGRAM)
+    grid = (min(PROGRAMS, tiles),)  # deliberately few programs: each walks tiles / PROGRAMS tiles
+    fp8_quant_kernel[grid](
+        x, q, scales, M, n_groups, x.stride(0), q.stride(0), scales.stride(0),
+        G=GROUPS_PER_PROGRAM, NUM_STAGES=NUM_STAGES,{pre_kw}
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
+    return q, scales
+"""
+    return _module(
+        v,
+        "grid_capped_tiles",
+        "[G, 128] tiles walked by a capped grid of PROGRAMS programs",
+        """Only min(PROGRAMS, tiles) programs are launched, whatever the size of the problem:
+        program p quantises [G, 128] tiles p, p + P, p + 2P, ... one after another. An H100/H200
+        has 132 SMs, so with PROGRAMS < 132 most of the GPU idles and the kernel is bound by the
+        memory latency one program can hide; time falls roughly as 1 / PROGRAMS until the SMs
+        fill up.""",
+        "2 B read + 1 B written per element, but at the bandwidth PROGRAMS programs reach.",
+        kernels,
+        launcher,
+    )
+
+
 def _tile_ok(v: KnobValues) -> bool:
     return rw.elems_per_thread_ok(v["GROUPS_PER_PROGRAM"] * 128, v["NUM_WARPS"])
 
@@ -619,6 +669,14 @@ FAMILIES: tuple[Family, ...] = (
         "PyTorch computes the scales, Triton quantises",
         (G_LOOP, rw.NUM_WARPS, SCALE_MATH, ROUNDING, rw.EVICTION),
         render_torch_scales,
+        _tile_ok,
+    ),
+    rw.family(
+        TASK,
+        "grid_capped_tiles",
+        "[G, 128] tiles walked by a capped grid of PROGRAMS programs (under-occupancy)",
+        (rw.PROGRAMS, G_LOOP, NUM_WARPS_SMALL, rw.NUM_STAGES, ROUNDING),
+        render_grid_capped,
         _tile_ok,
     ),
 )

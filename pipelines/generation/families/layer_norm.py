@@ -540,6 +540,67 @@ def layer_norm_apply_kernel(
 
 
 # -----------------------------------------------------------------------------
+# grid_capped_sum_sumsq
+# -----------------------------------------------------------------------------
+def render_grid_capped(v: KnobValues) -> str:
+    body = f"""\
+# -- pass 1: sum and sum of squares of the row in one read (fp32 per-lane accumulators)
+s1 = tl.zeros([BLOCK_N], dtype=tl.float32)
+s2 = tl.zeros([BLOCK_N], dtype=tl.float32)
+for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+    offs = start + cols
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < N, other=0.0).to(tl.float32)
+    s1 += x
+    s2 += x * x
+mean = tl.sum(s1, axis=0) / N
+var = tl.maximum(tl.sum(s2, axis=0) / N - mean * mean, 0.0)
+rstd = tl.rsqrt(var + eps)
+# -- pass 2: re-read the row, normalise, affine, write bf16
+for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+    offs = start + cols
+    mask = offs < N
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    b = tl.load(b_ptr + offs, mask=mask, other=0.0)
+    xhat = (x - mean) * rstd
+    tl.store(y_ptr + row * stride_ym + offs, {AFFINE}, mask=mask)
+"""
+    kernels = f"""\
+@triton.jit
+def layer_norm_kernel(
+{SIGNATURE}
+    # meta-parameters
+    BLOCK_N: tl.constexpr,  # columns per loop step
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the column loops
+):
+    cols = tl.arange(0, BLOCK_N)
+{rw.capped_rows_loop(body)}"""
+    launcher = f"""\
+{PROLOGUE}
+    grid = (min(PROGRAMS, M),)  # deliberately few programs: each walks M / PROGRAMS rows
+    layer_norm_kernel[grid](
+        x, weight, bias, y, M, N, x.stride(0), y.stride(0), eps,
+        BLOCK_N=BLOCK_N, NUM_STAGES=NUM_STAGES,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
+    return y
+"""
+    return rw.module(
+        task=TASK,
+        algorithm="grid_capped_sum_sumsq",
+        summary="looped sum/sum-of-squares LayerNorm on a capped grid of PROGRAMS programs",
+        details=rw.CAPPED_DETAILS
+        + """ Per row: sum and sum of squares in one looped read, then a second read that
+        normalises and applies weight and bias.""",
+        traffic="2 x 2 B read + 2 B written per element, but at the bandwidth PROGRAMS programs reach.",
+        values=v,
+        knob_docs={**KNOB_DOCS, "PROGRAMS": rw.PROGRAMS_DOC},
+        kernels=kernels,
+        launcher=launcher,
+    )
+
+
+# -----------------------------------------------------------------------------
 # The space
 # -----------------------------------------------------------------------------
 LOOPED_KNOBS = (rw.BLOCK_N_LOOP, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION)
@@ -597,6 +658,14 @@ FAMILIES: tuple[Family, ...] = (
         "statistics or normalisation left to PyTorch",
         (FALLBACK, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION),
         render_torch_partial,
+        rw.looped_constraint,
+    ),
+    rw.family(
+        TASK,
+        "grid_capped_sum_sumsq",
+        "looped sum/sumsq LayerNorm on a capped grid of PROGRAMS programs (under-occupancy)",
+        (rw.PROGRAMS, rw.BLOCK_N_CAPPED, rw.NUM_WARPS_CAPPED, rw.NUM_STAGES),
+        render_grid_capped,
         rw.looped_constraint,
     ),
 )

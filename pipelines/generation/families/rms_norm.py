@@ -573,6 +573,64 @@ def rms_norm_apply_kernel(
 
 
 # -----------------------------------------------------------------------------
+# grid_capped_two_pass
+# -----------------------------------------------------------------------------
+FP32_EPILOGUE = {"epilogue": "fp32_weight"}  # x * rstd * w in fp32, one rounding
+
+
+def render_grid_capped(v: KnobValues) -> str:
+    body = f"""\
+# -- pass 1: sum of squares of the row, BLOCK_N columns per step (fp32)
+acc = tl.zeros([BLOCK_N], dtype=tl.float32)
+for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+    offs = start + cols
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=offs < N, other=0.0).to(tl.float32)
+    acc += x * x
+rstd = tl.rsqrt(tl.sum(acc, axis=0) / N + eps)
+# -- pass 2: re-read the row, normalise, scale by the weight, write bf16
+for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+    offs = start + cols
+    mask = offs < N
+    x = tl.load(x_ptr + row * stride_xm + offs, mask=mask, other=0.0).to(tl.float32)
+    w = tl.load(w_ptr + offs, mask=mask, other=0.0)
+    tl.store(y_ptr + row * stride_ym + offs, {_epilogue(FP32_EPILOGUE, "x", "rstd", "w")}, mask=mask)
+"""
+    kernels = f"""\
+@triton.jit
+def rms_norm_kernel(
+{SIGNATURE}
+    # meta-parameters
+    BLOCK_N: tl.constexpr,  # columns per loop step
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the column loops
+):
+    cols = tl.arange(0, BLOCK_N)
+{rw.capped_rows_loop(body)}"""
+    launcher = f"""\
+{PROLOGUE}
+    grid = (min(PROGRAMS, M),)  # deliberately few programs: each walks M / PROGRAMS rows
+    rms_norm_kernel[grid](
+        x, weight, y, M, N, x.stride(0), y.stride(0), eps,
+        BLOCK_N=BLOCK_N, NUM_STAGES=NUM_STAGES,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
+    return y
+"""
+    return rw.module(
+        task=TASK,
+        algorithm="grid_capped_two_pass",
+        summary="looped two-pass RMSNorm on a capped grid of PROGRAMS programs",
+        details=rw.CAPPED_DETAILS
+        + """ Per row: a looped sum of squares, then a second read that normalises and
+        multiplies by the weight (fp32, one rounding to bf16).""",
+        traffic="2 x 2 B read + 2 B written per element, but at the bandwidth PROGRAMS programs reach.",
+        values=v,
+        knob_docs={**KNOB_DOCS, "PROGRAMS": rw.PROGRAMS_DOC},
+        kernels=kernels,
+        launcher=launcher,
+    )
+
+
+# -----------------------------------------------------------------------------
 # The space
 # -----------------------------------------------------------------------------
 FAMILIES: tuple[Family, ...] = (
@@ -628,6 +686,14 @@ FAMILIES: tuple[Family, ...] = (
         "statistics or normalisation left to PyTorch",
         (FALLBACK, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION),
         render_torch_partial,
+        rw.looped_constraint,
+    ),
+    rw.family(
+        TASK,
+        "grid_capped_two_pass",
+        "looped two-pass RMSNorm on a capped grid of PROGRAMS programs (under-occupancy)",
+        (rw.PROGRAMS, rw.BLOCK_N_CAPPED, rw.NUM_WARPS_CAPPED, rw.NUM_STAGES),
+        render_grid_capped,
         rw.looped_constraint,
     ),
 )

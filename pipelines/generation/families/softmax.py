@@ -566,6 +566,68 @@ def softmax_normalise_kernel(
 
 
 # -----------------------------------------------------------------------------
+# grid_capped_online
+# -----------------------------------------------------------------------------
+def render_grid_capped(v: KnobValues) -> str:
+    body = """\
+x_row = x_ptr + row * stride_xm
+y_row = y_ptr + row * stride_ym
+# -- pass 1 (one read of the row): per-lane running max m_i and sum d_i rescaled to it
+m_i = tl.full([BLOCK_N], float("-inf"), tl.float32)
+d_i = tl.zeros([BLOCK_N], dtype=tl.float32)
+for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+    offs = start + cols
+    x = tl.load(x_row + offs, mask=offs < N, other=float("-inf")).to(tl.float32)
+    m_new = tl.maximum(m_i, x)
+    # lanes that saw only padding keep m = -inf: shift them by 0 so no inf - inf appears
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+    d_i = d_i * tl.exp(m_i - m_safe) + tl.exp(x - m_safe)
+    m_i = m_new
+m = tl.max(m_i, axis=0)
+inv_den = 1.0 / tl.sum(d_i * tl.exp(m_i - m), axis=0)
+# -- pass 2 (second read of the row): normalise and write bf16
+for start in tl.range(0, N, BLOCK_N, num_stages=NUM_STAGES):
+    offs = start + cols
+    mask = offs < N
+    x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(y_row + offs, (tl.exp(x - m) * inv_den).to(tl.bfloat16), mask=mask)
+"""
+    kernels = f"""\
+@triton.jit
+def softmax_kernel(
+{SIGNATURE_ROW}
+    # meta-parameters
+    BLOCK_N: tl.constexpr,  # columns per loop step
+    NUM_STAGES: tl.constexpr,  # software-pipelining depth of the column loops
+):
+    cols = tl.arange(0, BLOCK_N)
+{rw.capped_rows_loop(body)}"""
+    launcher = f"""\
+{PROLOGUE}
+    grid = (min(PROGRAMS, M),)  # deliberately few programs: each walks M / PROGRAMS rows
+    softmax_kernel[grid](
+        x, y, M, N, x.stride(0), y.stride(0),
+        BLOCK_N=BLOCK_N, NUM_STAGES=NUM_STAGES,
+        num_warps=NUM_WARPS, num_stages=NUM_STAGES,
+    )
+    return y
+"""
+    return rw.module(
+        task=TASK,
+        algorithm="grid_capped_online",
+        summary="looped online softmax on a capped grid of PROGRAMS programs",
+        details=rw.CAPPED_DETAILS
+        + """ Per row: pass 1 keeps per-lane online max and sum in one read, pass 2 reads the
+        row again and writes exp(x - max) / sum.""",
+        traffic="2 x 2 B read + 2 B written per element, but at the bandwidth PROGRAMS programs reach.",
+        values=v,
+        knob_docs={**KNOB_DOCS, "PROGRAMS": rw.PROGRAMS_DOC},
+        kernels=kernels,
+        launcher=launcher,
+    )
+
+
+# -----------------------------------------------------------------------------
 # The space
 # -----------------------------------------------------------------------------
 FAMILIES: tuple[Family, ...] = (
@@ -613,6 +675,14 @@ FAMILIES: tuple[Family, ...] = (
         "statistics or normalisation left to PyTorch with fp32 copies",
         (FALLBACK, rw.BLOCK_N_TILE, rw.NUM_WARPS, rw.NUM_STAGES, rw.EVICTION),
         render_torch_partial,
+        rw.looped_constraint,
+    ),
+    rw.family(
+        TASK,
+        "grid_capped_online",
+        "looped online softmax on a capped grid of PROGRAMS programs (under-occupancy)",
+        (rw.PROGRAMS, rw.BLOCK_N_CAPPED, rw.NUM_WARPS_CAPPED, rw.NUM_STAGES),
+        render_grid_capped,
         rw.looped_constraint,
     ),
 )
