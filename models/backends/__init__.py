@@ -8,6 +8,11 @@ Implementations:
   process; logprob readout (one forward pass per batch) or verbalized (batched generation).
 - `OpenAIForecaster` (`models.backends.openai_backend`): any OpenAI-compatible chat
   completions server (vLLM, llama.cpp server, hosted APIs), threads for concurrency.
+- `VLLMOfflineForecaster` (`models.backends.vllm_backend`): vLLM's offline engine in a child
+  process under the vLLM venv's python; logprob readout (the eight label logprobs) or
+  verbalized (optionally with structured outputs); `VLLMEngine` shares one engine.
+
+`make_forecaster(name, **kwargs)` builds one by name ("transformers", "openai", "vllm").
 
 This base class does what every backend shares: the optional `ForecastCache` (a rerun costs
 nothing), repeats (a deterministic readout - logprob, or greedy decoding - is computed once
@@ -148,16 +153,47 @@ class Forecaster(ABC):
         return out
 
 
+# Backend name -> (module, class), for `make_forecaster` and the lazy re-exports below.
+BACKENDS: dict[str, tuple[str, str]] = {
+    "transformers": ("models.backends.transformers_backend", "TransformersForecaster"),
+    "openai": ("models.backends.openai_backend", "OpenAIForecaster"),
+    "vllm": ("models.backends.vllm_backend", "VLLMOfflineForecaster"),
+}
+_EXPORTS = {cls: module for module, cls in BACKENDS.values()}
+_EXPORTS["VLLMEngine"] = "models.backends.vllm_backend"
+
+
+def make_forecaster(backend: str, **kwargs: Any) -> Forecaster:
+    """A Forecaster by backend name; kwargs go to its constructor.
+
+    Args:
+        backend: "transformers" (in process), "openai" (a chat completions server) or
+            "vllm" (vLLM's offline engine in a child process).
+        **kwargs: the backend's constructor arguments (e.g. model=..., readout=...).
+    Raises:
+        ValueError: an unknown name.
+
+    >>> make_forecaster("nope")
+    Traceback (most recent call last):
+    ...
+    ValueError: unknown forecasting backend 'nope'; one of openai, transformers, vllm
+    """
+    if backend not in BACKENDS:
+        raise ValueError(
+            f"unknown forecasting backend {backend!r}; one of {', '.join(sorted(BACKENDS))}"
+        )
+    import importlib
+
+    module, cls = BACKENDS[backend]
+    return getattr(importlib.import_module(module), cls)(**kwargs)
+
+
 def __getattr__(name: str) -> Any:
     # Lazy re-exports: importing the package must not import torch/transformers.
-    if name == "TransformersForecaster":
-        from models.backends.transformers_backend import TransformersForecaster
+    if name in _EXPORTS:
+        import importlib
 
-        return TransformersForecaster
-    if name == "OpenAIForecaster":
-        from models.backends.openai_backend import OpenAIForecaster
-
-        return OpenAIForecaster
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(name)
 
 
@@ -168,4 +204,7 @@ __all__ = [
     "Forecaster",
     "OpenAIForecaster",
     "TransformersForecaster",
+    "VLLMEngine",
+    "VLLMOfflineForecaster",
+    "make_forecaster",
 ]
