@@ -1,0 +1,206 @@
+"""Train surrogate reward variants on a GPU host and forecast the eval set with each.
+
+Runs where torch, transformers, peft, trl and datasets are installed but not duckdb,
+polars or mlflow (the H200 host with the .gpu-carry wheels). The inputs are JSONL files that
+`scripts/surrogate_job.py export` writes from the warehouse; what this writes comes back to
+`scripts/surrogate_job.py ingest`, which logs the runs to MLflow, registers the adapters and
+evaluates the forecasts beside the reference forecasters.
+
+    python3 scripts/gpu_train_surrogates.py --job JOB_DIR --out OUT_DIR \
+        [--variants correctness,correctness+brier,correctness+crps] [--profile gpu] \
+        [--set max_completion_length=1024 --set sft_steps=60 ...] [--repeats 4]
+
+JOB_DIR holds train.jsonl ({"prompt", "true_bin", "pair_id"}) and eval.jsonl ({"prompt",
+"pair_id", ...}). OUT_DIR gets, per variant, <variant>.tar (variant name with "+" as "_")
+holding <variant>/adapter/ (LoRA weights, no tokenizer: the base model's is the same) and
+<variant>/training.json (settings, metrics, per-step history, warm-up losses, seconds);
+forecasts-<variant or base>.jsonl (one row per model, readout, pair and repeat); and
+summary.json, rewritten after every model, so a run stopped by a time limit still returns
+whatever finished. One tar and one forecast file per model keep the number of files small
+(a GPU call returns at most 8).
+
+The eval forecasts use two readouts: "logprob" (one forward pass, deterministic) and
+"verbalized" (sampled at the training temperature, --repeats answers per pair), the
+model_ref of a row saying which model and readout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import logging
+import os
+import shutil
+import sys
+import tarfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+log = logging.getLogger("gpu_train_surrogates")
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def parse_overrides(items: list[str]) -> dict[str, Any]:
+    """`key=value` pairs; values parsed as JSON when they parse (numbers, lists), else strings."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--set wants key=value, got {item!r}")
+        try:
+            out[key] = json.loads(value)
+        except json.JSONDecodeError:
+            out[key] = value
+    return out
+
+
+def safe_name(variant: str) -> str:
+    """A file name for a variant: "correctness+brier" -> "correctness_brier"."""
+    return variant.replace("+", "_")
+
+
+def forecast_rows(model: Any, tokenizer: Any, rows: list[dict[str, Any]], model_ref: str,
+                  repeats: int, max_new_tokens: int, temperature: float,
+                  batch_size: int = 32) -> list[dict[str, Any]]:
+    """Logprob and verbalized forecasts of `rows` by one model, as forecast-table rows."""
+    from models.backends import ForecastRequest
+    from models.backends.transformers_backend import TransformersForecaster
+
+    requests = [ForecastRequest(r["prompt"], request_id=r["pair_id"]) for r in rows]
+    out: list[dict[str, Any]] = []
+    readouts = [("logprob", 1, {}), ("verbalized", repeats,
+                                     {"max_new_tokens": max_new_tokens, "temperature": temperature})]
+    for readout, n, kwargs in readouts:
+        t0 = time.perf_counter()
+        forecaster = TransformersForecaster(model, tokenizer, readout=readout, batch_size=batch_size,
+                                            model_ref=model_ref, seed=0, **kwargs)
+        results = forecaster.forecast(requests, repeats=n)
+        for i, f in enumerate(results):
+            out.append({"pair_id": rows[i // n]["pair_id"], "model_ref": f"{model_ref}|{readout}",
+                        "repeat": i % n, **f.to_row()})
+        parsed = sum(1 for f in results if f.parse_ok)
+        log.info("%s %s: %d forecasts, %d parsed, %.1f s", model_ref, readout, len(results), parsed,
+                 time.perf_counter() - t0)
+    return out
+
+
+def _free(torch: Any) -> None:
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--job", type=Path, required=True, help="folder with train.jsonl and eval.jsonl")
+    ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--variants", default="correctness,correctness+brier,correctness+crps")
+    ap.add_argument("--profile", default="gpu", help="TrainingSettings profile (gpu = the paper's)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one TrainingSettings field (repeatable)")
+    ap.add_argument("--repeats", type=int, default=4, help="sampled verbalized answers per eval pair")
+    ap.add_argument("--eval-limit", type=int, default=0, help="forecast only the first N eval rows (0 = all)")
+    ap.add_argument("--eval-max-new-tokens", type=int, default=256,
+                    help="token budget of a verbalized eval answer (the warm-up format is ~70 tokens)")
+    ap.add_argument("--batch-size", type=int, default=32, help="eval forecasts per forward/generate batch")
+    ap.add_argument("--skip-base", action="store_true", help="do not forecast with the base model")
+    ap.add_argument("--time-budget-s", type=float, default=0.0,
+                    help="start no variant that would not finish by then, judged by the last one (0 = no limit)")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    import torch
+
+    from models.base_model import resolve_base_model
+    from models.registry import load_surrogate
+    from models.training import TrainingSettings, train_grpo
+
+    train = read_jsonl(args.job / "train.jsonl")
+    evals = read_jsonl(args.job / "eval.jsonl")
+    if args.eval_limit:
+        evals = evals[: args.eval_limit]
+    overrides = parse_overrides(args.set)
+    args.out.mkdir(parents=True, exist_ok=True)
+    variants = [v for v in args.variants.split(",") if v]
+    settings = {v: TrainingSettings.profile(args.profile, reward=v, **overrides) for v in variants}
+    first = next(iter(settings.values()))
+    base_path = resolve_base_model(first.base_model)
+    log.info("base model %s; %d train rows, %d eval rows; cuda=%s", base_path, len(train), len(evals),
+             torch.cuda.is_available())
+
+    summary: dict[str, Any] = {"base_model": first.base_model, "profile": args.profile, "overrides": overrides,
+                               "train_rows": len(train), "eval_rows": len(evals), "repeats": args.repeats,
+                               "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+                               "variants": {}}
+
+    def write_summary() -> None:
+        (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+
+    def write_forecasts(name: str, rows: list[dict[str, Any]]) -> None:
+        with open(args.out / f"forecasts-{name}.jsonl", "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in rows)
+
+    def evaluate(model: Any, tok: Any, ref: str) -> list[dict[str, Any]]:
+        return forecast_rows(model, tok, evals, ref, args.repeats, args.eval_max_new_tokens,
+                             first.temperature, args.batch_size)
+
+    if not args.skip_base:
+        from models.backends.transformers_backend import load_model_and_tokenizer
+
+        t0 = time.perf_counter()
+        model, tok = load_model_and_tokenizer(base_path, dtype="bfloat16" if torch.cuda.is_available() else None)
+        write_forecasts("base", evaluate(model, tok, f"base:{first.base_model}"))
+        summary["base_eval_s"] = round(time.perf_counter() - t0, 1)
+        write_summary()
+        del model
+    started, last_s = time.perf_counter(), 0.0
+    for variant, s in settings.items():
+        elapsed = time.perf_counter() - started
+        if args.time_budget_s and last_s and elapsed + last_s > args.time_budget_s:
+            log.warning("%s skipped: %.0f s used, the last variant took %.0f s, budget %.0f s",
+                        variant, elapsed, last_s, args.time_budget_s)
+            summary.setdefault("skipped", []).append(variant)
+            write_summary()
+            continue
+        name = safe_name(variant)
+        vdir = args.out / name
+        t0 = time.perf_counter()
+        result = train_grpo(s, train, vdir / "adapter")
+        train_s = time.perf_counter() - t0
+        for junk in os.listdir(vdir / "adapter"):  # the base model's tokenizer is the same
+            path = vdir / "adapter" / junk
+            if junk == "trainer" or junk.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+                shutil.rmtree(path) if path.is_dir() else path.unlink()
+        _free(torch)
+        t1 = time.perf_counter()
+        model, tok = load_surrogate(vdir / "adapter", base_path)
+        write_forecasts(name, evaluate(model, tok, f"trained:{variant}"))
+        eval_s = time.perf_counter() - t1
+        record = {"settings": s.as_params(), "metrics": result.metrics, "steps": result.steps,
+                  "log_history": result.log_history, "sft_losses": result.sft_losses,
+                  "train_s": train_s, "eval_s": eval_s}
+        (vdir / "training.json").write_text(json.dumps(record, indent=1, default=str))
+        with tarfile.open(args.out / f"{name}.tar", "w") as tar:
+            tar.add(vdir, arcname=name)
+        shutil.rmtree(vdir)
+        summary["variants"][variant] = {"metrics": result.metrics, "steps": result.steps,
+                                        "train_s": round(train_s, 1), "eval_s": round(eval_s, 1)}
+        last_s = train_s + eval_s
+        write_summary()
+        log.info("%s: trained in %.0f s, evaluated in %.0f s: %s", variant, train_s, eval_s, result.metrics)
+        del model
+        _free(torch)
+    print(json.dumps(summary, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""Train the surrogate on another host: export a job from the warehouse, ingest what comes back.
+
+A GPU host without duckdb/polars/mlflow trains with `scripts/gpu_train_surrogates.py`; this
+script is both ends of that trip, on the machine that holds the warehouse and MLflow:
+
+    # 1. the job: training prompts (train split) and eval prompts of the latest dataset version
+    python scripts/surrogate_job.py export --out .gpu-job [--style full]
+    # 2. on the GPU host (see README "Training on the H200")
+    python3 scripts/gpu_train_surrogates.py --job .gpu-job --out $OUT/train
+    # 3. back here: MLflow runs, registry versions (+ model_lineage rows), forecasts, report
+    python scripts/surrogate_job.py ingest RESULTS_DIR --job .gpu-job [--alias challenger]
+
+`ingest` logs each variant's training (settings, per-step history, warm-up losses, the
+dataset as input, measurement ids) as an MLflow run tagged with the host it ran on, registers
+its adapter as a new version of kernelcast-surrogate, writes the eval forecasts into the
+warehouse under `models:/kernelcast-surrogate/<version>|<readout>` (the base model's under
+`base:<spec>|<readout>|<host>`), and writes the evaluation report of those models beside the
+reference forecasters (bootstrap intervals) to <home>/reports/<version>-surrogates/.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tarfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+
+
+def _settings(profile: str, home: Path | None):
+    from orchestration.settings import load_settings
+
+    return load_settings(profile, home)
+
+
+def _latest_version(con) -> str:
+    from warehouse.datasets import list_dataset_versions
+
+    versions = list_dataset_versions(con)
+    if versions.is_empty():
+        raise typer.BadParameter("no dataset version in the warehouse: run `kernelcast run` first")
+    return str(versions.sort("created_at")["dataset_version"][-1])
+
+
+def _write_jsonl(path: Path, rows: list[dict]) -> None:
+    with open(path, "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+
+
+@app.command()
+def export(
+    out: Annotated[Path, typer.Option(help="job folder to write")] = Path(".gpu-job"),
+    style: Annotated[str, typer.Option(help="prompt style: full (paper) or diff")] = "full",
+    version: Annotated[str | None, typer.Option(help="dataset version (default: the newest)")] = None,
+    profile: Annotated[str, typer.Option(help="settings profile naming the warehouse")] = "default",
+    home: Annotated[Path | None, typer.Option(help="KERNELCAST_HOME")] = None,
+) -> None:
+    """Write train.jsonl, eval.jsonl and job.json for gpu_train_surrogates.py."""
+    from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
+    from models.training import build_training_rows
+    from pipelines.evaluation.lm_forecasts import prompt_source
+    from pipelines.tasks import get_task
+    from warehouse.datasets import dataset_measurement_ids, read_pairs
+    from warehouse.db import connect
+    from warehouse.kernels import read_kernels
+
+    cfg = _settings(profile, home)
+    with connect(cfg.warehouse_path, read_only=True) as con:
+        version = version or _latest_version(con)
+        train, evals = read_pairs(con, version, "train"), read_pairs(con, version, "eval")
+        ids = sorted(set(train["anchor_kernel_id"]) | set(train["candidate_kernel_id"])
+                     | set(evals["anchor_kernel_id"]) | set(evals["candidate_kernel_id"]))
+        kernels = read_kernels(con, kernel_ids=ids)
+        measurement_ids = dataset_measurement_ids(con, version)
+    sources = {r["kernel_id"]: prompt_source(r["task"], r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}
+    tasks = {t: get_task(t).description for t in set(train["task"]) | set(evals["task"])}
+    hardware = {hw: hardware_from_warehouse(cfg.warehouse_path, hw) or DEFAULT_HARDWARE
+                for hw in set(train["hardware_id"]) | set(evals["hardware_id"])}
+    out.mkdir(parents=True, exist_ok=True)
+    train_rows = build_training_rows(train, sources, tasks, hardware, style=style)
+    eval_rows = build_training_rows(evals, sources, tasks, hardware, style=style)
+    _write_jsonl(out / "train.jsonl", train_rows)
+    _write_jsonl(out / "eval.jsonl", eval_rows)
+    (out / "measurement_ids.txt").write_text("".join(f"{m}\n" for m in measurement_ids))
+    job = {"dataset_version": version, "style": style, "train_rows": len(train_rows), "eval_rows": len(eval_rows),
+           "measurements": len(measurement_ids)}
+    (out / "job.json").write_text(json.dumps(job, indent=1))
+    typer.echo(json.dumps(job))
+
+
+def _unpack(results: Path) -> Path:
+    """Unpack each <variant>.tar of a results folder in place (idempotent); the folder."""
+    if not (results / "summary.json").is_file():
+        raise typer.BadParameter(f"{results}: no summary.json (not a gpu_train_surrogates.py output)")
+    unpacked = results.parent / f"{results.name}-unpacked"
+    unpacked.mkdir(parents=True, exist_ok=True)
+    for tar_path in sorted(results.glob("*.tar")):
+        with tarfile.open(tar_path) as tar:
+            tar.extractall(unpacked, filter="data")
+    return unpacked
+
+
+@app.command()
+def ingest(
+    results: Annotated[Path, typer.Argument(help="the folder gpu_train_surrogates.py wrote (--out)")],
+    job: Annotated[Path, typer.Option(help="the job folder that was sent")] = Path(".gpu-job"),
+    host: Annotated[str, typer.Option(help="where it ran (a tag and part of the base model's ref)")] = "h200",
+    alias: Annotated[str | None, typer.Option(help="alias for every new version (e.g. challenger)")] = None,
+    n_boot: Annotated[int, typer.Option(help="bootstrap replicates of the report")] = 1000,
+    profile: Annotated[str, typer.Option(help="settings profile naming warehouse and MLflow")] = "default",
+    home: Annotated[Path | None, typer.Option(help="KERNELCAST_HOME")] = None,
+) -> None:
+    """Log, register and evaluate a training run done on another host."""
+    import polars as pl
+
+    from models.registry import register_surrogate
+    from models.training import TrainingSettings, log_training_run
+    from pipelines.evaluation.suite import (
+        evaluate_models,
+        headline_markdown,
+        write_evaluation_report,
+    )
+    from warehouse.db import connect
+    from warehouse.forecasts import P_COLUMNS, read_forecasts, write_forecasts
+
+    cfg = _settings(profile, home)
+    folder = _unpack(results)
+    summary = json.loads((results / "summary.json").read_text())
+    meta = json.loads((job / "job.json").read_text())
+    version = meta["dataset_version"]
+    train_rows = [json.loads(line) for line in open(job / "train.jsonl")]
+    measurement_ids = (job / "measurement_ids.txt").read_text().split()
+    refs: dict[str, str] = {}
+    with connect(cfg.warehouse_path) as con:
+        for variant, info in summary["variants"].items():
+            name = variant.replace("+", "_")
+            record = json.loads((folder / name / "training.json").read_text())
+            settings = TrainingSettings.profile(summary["profile"], reward=variant, **summary["overrides"])
+            metrics = {**record["metrics"], "train_s": record["train_s"], "eval_s": record["eval_s"]}
+            run_id = log_training_run(cfg.mlflow_uri, "kernelcast-training", settings, record["log_history"],
+                                      record["sft_losses"], metrics, train_rows, version, measurement_ids,
+                                      {"trained_on": f"{host} ({summary['device']})", "kernelcast.trained_elsewhere": "true"})
+            number = register_surrogate(cfg.mlflow_uri, run_id, folder / name / "adapter", base_model=settings.base_model,
+                                        dataset_version=version, alias=alias, con=con)
+            refs[f"trained:{variant}"] = f"models:/kernelcast-surrogate/{number}"
+            typer.echo(f"{variant}: MLflow run {run_id}, registered version {number} ({info['steps']} GRPO steps)")
+        frame = pl.concat([pl.read_ndjson(p, infer_schema_length=None) for p in sorted(results.glob("forecasts-*.jsonl"))],
+                          how="diagonal_relaxed")
+
+        def rename(ref: str) -> str:
+            model, _, readout = ref.partition("|")
+            return f"{refs[model]}|{readout}" if model in refs else f"{model}|{readout}|{host}"
+
+        frame = frame.with_columns(pl.col("model_ref").map_elements(rename, return_dtype=pl.String))
+        keep = [c for c in frame.columns if c in ("pair_id", "model_ref", "repeat", "predicted_bin", "argmax_bin", "p",
+                                                   "raw_sum", "parse_ok", "parse_error", "tokens", "latency_s")
+                or c in P_COLUMNS]
+        write_forecasts(con, frame.select(keep))
+        models = set(frame["model_ref"].unique())
+        stored = read_forecasts(con, dataset_version=version, with_pairs=True)
+    stored = stored.rename({"speedup": "true_speedup"}) if "speedup" in stored.columns else stored
+    evaluated_pairs = set(frame["pair_id"])
+    stored = stored.filter(pl.col("pair_id").is_in(evaluated_pairs)
+                           & (pl.col("model_ref").is_in(models) | pl.col("model_ref").str.starts_with("baseline:")))
+    report = evaluate_models(stored, n_boot=n_boot)
+    out_dir = cfg.reports_dir / f"{version}-surrogates"
+    html = write_evaluation_report(report, out_dir, title=f"Surrogates trained on {host}, dataset {version}")
+    (out_dir / "metrics.json").write_text(json.dumps(report, indent=1, default=str))
+    typer.echo(headline_markdown(report))
+    typer.echo(f"report: {html}")
+
+
+if __name__ == "__main__":
+    app()
