@@ -1,0 +1,107 @@
+"""Training on another host, end to end on CPU: export a job from a real warehouse, run
+scripts/gpu_train_surrogates.py on it (tiny in-process model, smoke settings), ingest what
+it wrote: MLflow run, registry version + lineage row, forecasts in the warehouse, report.
+
+Real parts: the committed H200 measurements curated into a temp DuckDB file by the Dagster
+assets, a sqlite MLflow store and registry, the real warm-up + GRPO code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import dagster as dg
+import pytest
+from typer.testing import CliRunner
+
+REPO = Path(__file__).resolve().parent.parent
+H200 = "nvidia-h200-sm90"
+sys.path.insert(0, str(REPO / "scripts"))
+
+import surrogate_job  # noqa: E402  (scripts/ is not a package)
+
+
+@pytest.fixture(scope="module")
+def home(tmp_path_factory):
+    """A KERNELCAST_HOME whose warehouse holds a curated dataset version of the H200 data."""
+    from orchestration.definitions import build_defs
+    from orchestration.settings import load_settings
+
+    root = tmp_path_factory.mktemp("job")
+    env = {"KERNELCAST_HOME": str(root / "home"), "KERNELCAST_DATA": str(REPO / "data")}
+    old = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        defs = build_defs(load_settings("smoke"))
+        instance = dg.DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions("hardware", [H200])
+        for names, partition in ((("kernel_tasks",), None), (("kernel_measurements",), H200),
+                                 (("curated_pairs", "eval_set", "rl_training_pool", "discovery_pairs"), None)):
+            job = dg.define_asset_job("t", selection=dg.AssetSelection.assets(*names))
+            resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def("t")
+            assert resolved.execute_in_process(instance=instance, partition_key=partition).success
+        yield root / "home"
+    finally:
+        for k, v in old.items():
+            os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+def _invoke(*args: str):
+    result = CliRunner().invoke(surrogate_job.app, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+@pytest.mark.slow
+def test_export_train_elsewhere_ingest(home, tmp_path):
+    from models.tiny import build_tiny_model
+    from warehouse.db import connect
+
+    job = tmp_path / "job"
+    meta = json.loads(_invoke("export", "--out", str(job), "--style", "diff", "--profile", "smoke",
+                              "--home", str(home)).strip().splitlines()[-1])
+    train = [json.loads(line) for line in open(job / "train.jsonl")]
+    evals = [json.loads(line) for line in open(job / "eval.jsonl")]
+    assert meta["train_rows"] == len(train) > 0 and meta["eval_rows"] == len(evals) > 0
+    assert not {r["pair_id"] for r in train} & {r["pair_id"] for r in evals}  # no eval pair trains
+    assert len((job / "measurement_ids.txt").read_text().split()) == meta["measurements"] > 0
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "out"
+    cmd = [sys.executable, str(REPO / "scripts" / "gpu_train_surrogates.py"), "--job", str(job), "--out", str(out),
+           "--profile", "smoke", "--variants", "correctness+brier", "--set", f"base_model={tiny}",
+           "--set", "sft_steps=2", "--set", "max_steps=1", "--eval-limit", "2", "--repeats", "1",
+           "--eval-max-new-tokens", "16", "--base-readouts", "logprob"]
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO,
+                         env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["variants"]["correctness+brier"]["steps"] == 1
+    assert sorted(p.name for p in out.iterdir()) == [
+        "correctness_brier.tar", "forecasts-base.jsonl", "forecasts-correctness_brier.jsonl", "summary.json"]
+
+    report = _invoke("ingest", str(out), "--job", str(job), "--host", "cpu-test", "--alias", "challenger",
+                     "--n-boot", "20", "--profile", "smoke", "--home", str(home))
+    assert "registered version 1" in report and "models:/kernelcast-surrogate/1|verbalized" in report
+
+    from mlflow import MlflowClient
+    from orchestration.settings import load_settings
+
+    cfg = load_settings("smoke", home)
+    client = MlflowClient(cfg.mlflow_uri, registry_uri=cfg.mlflow_uri)
+    version = client.get_model_version_by_alias("kernelcast-surrogate", "challenger")
+    assert int(version.version) == 1 and version.tags["dataset_version"] == meta["dataset_version"]
+    run_info = client.get_run(version.run_id)
+    assert run_info.data.tags["trained_on"].startswith("cpu-test")
+    assert run_info.data.params["reward"] == "correctness+brier" and "train_s" in run_info.data.metrics
+    with connect(cfg.warehouse_path, read_only=True) as con:
+        lineage = con.execute("SELECT dataset_version FROM model_lineage WHERE model_version = 1").fetchall()
+        refs = dict(con.execute("SELECT model_ref, count(*) FROM forecasts GROUP BY 1").fetchall())
+    assert lineage == [(meta["dataset_version"],)]
+    assert refs == {f"base:{tiny}|logprob|cpu-test": 2, "models:/kernelcast-surrogate/1|logprob": 2,
+                    "models:/kernelcast-surrogate/1|verbalized": 2}
+    assert (cfg.reports_dir / f"{meta['dataset_version']}-surrogates" / "index.html").is_file()
