@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One measuring call on the GPU host: measure a batch under a time budget, optionally re-measure
+# a subset in a second worker run (repeatability), print the benchmarks. Results land in $OUT.
+#
+#   bash scripts/gpu_measure_round.sh BATCH.parquet NAME [BUDGET_S=380] [REPEAT_N=0] [REPEAT_BUDGET_S=130]
+#
+# Used for run1 on 2026-11-29 as: scripts/gpu_measure_round.sh .gpu-batches/run1/batch.parquet run1 380 200 130
+# (with `bash .gpu-carry/a/stage.sh` first when the next call trains; see README).
+set -u
+batch=$1 name=$2 budget=${3:-380} repeat_n=${4:-0} repeat_budget=${5:-130}
+out=${OUT:?set OUT to the output folder}
+nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$out/gpu-$name.txt"
+python3 -m pipelines.profiling.worker --batch "$batch" --out "$out/results-$name.parquet" \
+  --compile-workers 12 --timeout-s 60 --time-budget-s "$budget" --summary-json "$out/summary-$name.json" \
+  > "$out/$name.log" 2>&1
+tail -12 "$out/$name.log"
+python3 scripts/bench_profiling.py throughput "$out/results-$name.parquet" --summary "$out/summary-$name.json"
+if [ "$repeat_n" -gt 0 ]; then
+  python3 scripts/bench_profiling.py subset "$out/results-$name.parquet" "$batch" --n "$repeat_n" --out /tmp/repeat-batch.parquet
+  python3 -m pipelines.profiling.worker --batch /tmp/repeat-batch.parquet --out "$out/results-$name-repeat.parquet" \
+    --compile-workers 12 --timeout-s 60 --time-budget-s "$repeat_budget" > "$out/$name-repeat.log" 2>&1
+  tail -3 "$out/$name-repeat.log"
+  python3 scripts/bench_profiling.py compare "$out/results-$name.parquet" "$out/results-$name-repeat.parquet"
+fi
