@@ -192,3 +192,33 @@ def test_knobs_follow_the_naming_convention(task_name: str) -> None:
         for knob in fam.knobs:
             assert knob.name.isupper() or knob.name.islower(), knob.name
             assert len(knob.values) >= 2 and len(set(knob.values)) == len(knob.values)
+
+
+# Bin-fill families of gdn_chunk_fwd_o (aimed at 0.7x-2x of the reference on the H200).
+GDN_BIN_FILL = ("grid_capped_fused", "torch_intra_triton_inter", "torch_terms_triton_gate")
+
+
+@pytest.mark.parametrize("algorithm", GDN_BIN_FILL)
+def test_gdn_bin_fill_family_is_correct_on_every_case(load_kernel, algorithm: str) -> None:
+    fam = _family("gdn_chunk_fwd_o", algorithm)
+    for i in range(len(get_task("gdn_chunk_fwd_o").correctness_cases)):
+        _run(load_kernel, "gdn_chunk_fwd_o", fam, _test_point(fam), case_index=i)
+
+
+def test_gdn_grid_capped_program_walks_several_tiles(load_kernel) -> None:
+    """3 programs over 16 tiles (2 heads x 4 chunks, the last partial, x 2 ragged V blocks)."""
+    task = get_task("gdn_chunk_fwd_o")
+    fam = _family("gdn_chunk_fwd_o", "grid_capped_fused")
+    values = _test_point(fam, PROGRAMS=3, BLOCK_V=64)
+    data = task.generate_input(seed=41, B=1, T=200, H=2, K=32, V=80)
+    ok, msg = task.check_implementation(data, load_kernel(fam.render(values)).custom_kernel(data))
+    assert ok, f"grid_capped_fused {values}: {msg}"
+
+
+def test_gdn_bin_fill_algorithms_are_sampled() -> None:
+    from pipelines.generation import sampler
+
+    assert set(GDN_BIN_FILL) <= set(sampler.BIN_FILL_ALGORITHMS["gdn_chunk_fwd_o"])
+    records = sampler.sample_algorithms("gdn_chunk_fwd_o", 30, seed=7)
+    assert len({r["kernel_id"] for r in records}) == 30
+    assert {r["algorithm"] for r in records} == set(sampler.BIN_FILL_ALGORITHMS["gdn_chunk_fwd_o"])

@@ -189,7 +189,8 @@ def test_unknown_task_is_an_error_not_a_crash(features):
 
 
 # The algorithms added for the empty speedup bins (grid-capped persistent kernels, the
-# Hopper-tuned fused matmul): each family's default point compiles for sm_90 without spills.
+# Hopper-tuned fused matmul, gdn_chunk_fwd_o's capped-grid and PyTorch-fp32 partial ports):
+# each family's default point compiles for sm_90 without spills.
 NEW_FAMILIES = (
     ("softmax", "grid_capped_online"),
     ("rms_norm", "grid_capped_two_pass"),
@@ -197,6 +198,9 @@ NEW_FAMILIES = (
     ("fp8_quant", "grid_capped_tiles"),
     ("cross_entropy", "grid_capped_online"),
     ("matmul_bias_gelu", "hopper_tuned_fused"),
+    ("gdn_chunk_fwd_o", "grid_capped_fused"),
+    ("gdn_chunk_fwd_o", "torch_intra_triton_inter"),
+    ("gdn_chunk_fwd_o", "torch_terms_triton_gate"),
 )
 
 

@@ -152,7 +152,8 @@ def sample_uniform(
 # Algorithms added to reach the speedup bins the first H200 round left empty (2026-11-29):
 # grid-capped persistent kernels for the slow end (bins 1-4) of the memory-bound tasks, a
 # Hopper-tuned fused matmul for bins 6+ of matmul_bias_gelu, and trimul's naive unfused kernel
-# (its small-tile points measured ~0.12x, bin 1).
+# (its small-tile points measured ~0.12x, bin 1). gdn_chunk_fwd_o had nothing between 0.7x and 2x
+# (bins 4-6): a capped-grid fused kernel and two PyTorch-fp32 partial ports (unmeasured, aimed there).
 BIN_FILL_ALGORITHMS: dict[str, tuple[str, ...]] = {
     "softmax": ("grid_capped_online",),
     "rms_norm": ("grid_capped_two_pass",),
@@ -161,6 +162,7 @@ BIN_FILL_ALGORITHMS: dict[str, tuple[str, ...]] = {
     "cross_entropy": ("grid_capped_online",),
     "matmul_bias_gelu": ("hopper_tuned_fused",),
     "trimul": ("unfused_cuda_core",),
+    "gdn_chunk_fwd_o": ("grid_capped_fused", "torch_intra_triton_inter", "torch_terms_triton_gate"),
 }
 
 

@@ -5,6 +5,11 @@ From slowest to fastest, roughly: one program per token with CUDA-core dot produ
 sub-chunk tiles, torch for the inter-chunk matmul plus a Triton intra-chunk kernel, two kernels
 through a materialised gated score matrix, and fused one-pass chunk kernels on tensor cores
 (whole chunk, or 16/32-row sub-chunks that skip key sub-blocks above the diagonal).
+
+Three bin-fill families aim between those (0.7x-2x of the reference, bins 4-6, empty after the
+first H200 round): the fused kernel on a capped persistent grid (speedup ~ PROGRAMS), the intra-
+chunk attention term left to PyTorch fp32, and both terms in PyTorch with only the gated epilogue
+in Triton.
 """
 
 from __future__ import annotations
@@ -658,7 +663,371 @@ FMA = family(
 )
 
 
-FAMILIES = (FUSED, SUB, TWO, TORCH, TOKEN, FMA)
+# ----------------------------------------------------------------------------------------------
+# grid_capped_fused: the fused chunk kernel on a capped persistent grid (bin fill, 2026-11-29)
+# ----------------------------------------------------------------------------------------------
+# The first H200 round left bins 4-6 (0.71x-2x of the reference) empty: tensor-core kernels run
+# at 3-20x, CUDA-core ones at 0.06-0.7x. Reference: 2.36, 2.31, 4.49 ms on the three benchmark
+# cases (the fused kernel: 0.12-0.15, 0.12-0.15, 0.23-0.29 ms). Capping the grid makes the fused
+# kernel latency-bound: one program per SM walks its tiles one after another, each tile about
+# two dependent HBM round trips (the q, k, h loop, then g and v) plus a store, ~1.5-4 us with
+# 4-8 warps. Case 1 at BLOCK_V 64 has 8192 tiles, so t ~ 8192 * t_tile / PROGRAMS and the
+# speedup ~ (0.07-0.19) x PROGRAMS (BLOCK_V 128: half the tiles, ~1.5x faster). PROGRAMS is
+# log-spaced so that, whatever t_tile turns out to be, two to four values land in 0.71x-2x.
+GRID_CAPPED_PROGRAMS = (3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def render_grid_capped_fused(v: Values) -> str:
+    exp, to_arg = _gate(v)
+    bases = "\n".join("    " + line if line else line for line in BASES.splitlines()) + "\n"
+    body = f'''@triton.jit
+def gdn_capped_o_kernel(
+{SIGNATURE}
+    BH,  # batch * heads
+    # meta-parameters
+    BT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """Few programs, each looping over (V block, chunk, batch * head) tiles of the fused kernel."""
+    # ---- capped persistent schedule: program p takes tiles p, p + P, p + 2P, ... --------------
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    n_v = tl.cdiv(V, BLOCK_V)
+    n_chunks = tl.cdiv(T, BT)
+    for tile in range(pid, n_v * n_chunks * BH, nprog):
+        # V blocks vary fastest: programs running side by side share one chunk's q and k in L2
+        pid_v = tile % n_v
+        pid_n = (tile // n_v) % n_chunks
+        pid_bh = tile // (n_v * n_chunks)
+{bases}        offs_t = pid_n * BT + tl.arange(0, BT)
+        offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+        t_mask = offs_t < T  # the last chunk may be partial
+        v_mask = offs_v < V
+
+        # ---- q @ h (BT, BLOCK_V) and q @ k^T (BT, BT) on tensor cores, fp32 accumulate ---------
+        acc = tl.zeros((BT, BLOCK_V), tl.float32)
+        A = tl.zeros((BT, BT), tl.float32)
+        for k0 in range(0, K, BLOCK_K):
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            k_mask = offs_k < K
+            q = tl.load(q_base + offs_t[:, None] * stride_qt + offs_k[None, :], mask=t_mask[:, None] & k_mask[None, :], other=0.0)
+            kt = tl.load(k_base + offs_t[None, :] * stride_kt + offs_k[:, None], mask=k_mask[:, None] & t_mask[None, :], other=0.0)
+            hh = tl.load(h_base + offs_k[:, None] * stride_hk + offs_v[None, :], mask=k_mask[:, None] & v_mask[None, :], other=0.0)
+            acc = tl.dot(q, hh, acc)
+            A = tl.dot(q, kt, A)
+
+        # ---- gates and causal mask in registers ------------------------------------------------
+        g = tl.load(g_base + offs_t * stride_gt, mask=t_mask, other=0.0){to_arg}
+        acc = acc * {exp}(g)[:, None]
+        causal = (offs_t[:, None] >= offs_t[None, :]) & t_mask[None, :]
+        A = tl.where(causal, A * {exp}(g[:, None] - g[None, :]), 0.0)  # select: masked exp may overflow
+
+        # ---- intra-chunk part and masked write-back --------------------------------------------
+        vv = tl.load(v_base + offs_t[:, None] * stride_vt + offs_v[None, :], mask=t_mask[:, None] & v_mask[None, :], other=0.0)
+        out = (acc + tl.dot(A.to(tl.bfloat16), vv)) * scale
+        tl.store(o_base + offs_t[:, None] * stride_ot + offs_v[None, :], out.to(tl.bfloat16), mask=t_mask[:, None] & v_mask[None, :])
+
+
+def custom_kernel(data):
+    """Fused chunk output on min({v["PROGRAMS"]}, tiles) persistent programs."""
+{CHECK_SHAPES}
+    o = torch.empty_like(v)
+    PROGRAMS, BLOCK_K, BLOCK_V = {v["PROGRAMS"]}, {v["BLOCK_K"]}, {v["BLOCK_V"]}
+    n_tiles = triton.cdiv(V, BLOCK_V) * NT * B * H
+    grid = (min(PROGRAMS, n_tiles),)  # deliberately few programs: each walks n_tiles / PROGRAMS tiles
+    gdn_capped_o_kernel[grid](
+        q, k, v, h, g, o,
+        T, H, K, V, scale,
+        {LAUNCH_STRIDES}
+        B * H, BT=64, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V,
+        num_warps={v["NUM_WARPS"]}, num_stages={v["NUM_STAGES"]},
+    )
+    return o
+'''
+    changes = (
+        f"The fused chunk kernel (q @ h and the gated causal score block on bf16 tensor cores, one "
+        f"store) on a capped grid: only min({v['PROGRAMS']}, tiles) programs are launched and "
+        "program p handles tiles p, p + P, p + 2P, ... one after another. An H100/H200 has 132 "
+        "SMs, so with PROGRAMS < 132 most of the GPU idles and every tile pays its HBM latency "
+        "in sequence: time falls roughly as 1 / PROGRAMS until the SMs fill up. Gates with "
+        f"{exp}; scale applied at the output."
+    )
+    return module(TASK, "grid_capped_fused", CAPPED.summary, changes, v, body)
+
+
+CAPPED = family(
+    TASK,
+    "grid_capped_fused",
+    "fused tensor-core chunk kernel on a capped grid of PROGRAMS persistent programs",
+    {
+        "PROGRAMS": GRID_CAPPED_PROGRAMS,
+        "BLOCK_K": (32, 64, 128),
+        "BLOCK_V": (64, 128),
+        "NUM_WARPS": (4, 8),
+        "NUM_STAGES": (1, 2, 3),
+        "gate": ("exp", "exp2"),
+    },
+    render_grid_capped_fused,
+    _chunk_ok,
+    docs={"PROGRAMS": "programs of the capped grid (min(PROGRAMS, tiles) are launched)"},
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# Torch fallbacks for the intra-chunk term (bin fill, 2026-11-29)
+# ----------------------------------------------------------------------------------------------
+# The reference spends most of its 2.36 ms (case 1) on fp32 copies and the materialised
+# (B, NT, H, 64, 64) gated score matrix of the intra-chunk term; its inter-chunk term is ~0.8 ms
+# (torch_inter_triton_intra with an fp32 torch matmul measured 0.84-0.98 ms in all, 2.4-2.8x).
+
+
+def _torch_chunks(form: str) -> str:
+    """Launcher lines: padded fp32 chunks qc, kc, vc, the gates gc and the causal decay matrix.
+
+    "einsum": (B, NT, 64, H, D) views of padded fp32 copies, as the reference; "bmm": contiguous
+    (B, NT, H, 64, D) fp32 copies, batch dimensions first for torch.matmul.
+    """
+    if form == "einsum":
+        chunks = (
+            "    # (B, T, H, D) -> (B, NT, 64, H, D) fp32, padded to whole chunks (the reference's layout)\n"
+            "    qc, kc, vc = (\n"
+            "        torch.nn.functional.pad(x.float(), (0, 0, 0, 0, 0, pad)).view(B, NT, 64, H, x.shape[-1])\n"
+            "        for x in (q, k, v)\n"
+            "    )\n"
+        )
+    else:
+        chunks = (
+            "    # (B, T, H, D) -> (B, NT, H, 64, D) fp32, one contiguous copy each (batched-matmul layout)\n"
+            "    qc, kc, vc = (\n"
+            "        torch.nn.functional.pad(x, (0, 0, 0, 0, 0, pad)).view(B, NT, 64, H, x.shape[-1])\n"
+            "        .transpose(2, 3).to(torch.float32, memory_format=torch.contiguous_format)\n"
+            "        for x in (q, k, v)\n"
+            "    )\n"
+        )
+    return (
+        "    pad = NT * 64 - T\n"
+        + chunks
+        + "    gc = torch.nn.functional.pad(g, (0, 0, 0, pad)).view(B, NT, 64, H).permute(0, 1, 3, 2)  # (B, NT, H, 64)\n"
+        "    causal = torch.ones(64, 64, dtype=torch.bool, device=q.device).tril()\n"
+        "    # (B, NT, H, 64, 64) fp32 decay exp(g_i - g_j), masked before exp can overflow\n"
+        '    decay = torch.exp(torch.where(causal, gc[..., :, None] - gc[..., None, :], float("-inf")))\n'
+    )
+
+
+def _torch_intra(form: str) -> str:
+    """Launcher lines: `intra` (B, NT, 64, H, V) fp32, the unscaled intra-chunk term."""
+    if form == "einsum":
+        return (
+            '    scores = torch.einsum("bnihk,bnjhk->bnhij", qc, kc) * decay  # (B, NT, H, 64, 64) fp32\n'
+            '    intra = torch.einsum("bnhij,bnjhv->bnihv", scores, vc)  # (B, NT, 64, H, V) fp32\n'
+        )
+    return (
+        "    scores = torch.matmul(qc, kc.transpose(-1, -2)) * decay  # (B, NT, H, 64, 64) fp32\n"
+        "    intra = torch.matmul(scores, vc).transpose(2, 3)  # (B, NT, 64, H, V) view, fp32\n"
+    )
+
+
+def _torch_inter(form: str) -> str:
+    """Launcher lines: `inter` (B, NT, 64, H, V) fp32, q @ h per chunk before its gate."""
+    if form == "einsum":
+        return '    inter = torch.einsum("bnchk,bnhkv->bnchv", qc, h.float())  # (B, NT, 64, H, V) fp32\n'
+    return (
+        "    inter = torch.matmul(qc, h.float()).transpose(2, 3)  # (B, NT, 64, H, V) view, fp32\n"
+    )
+
+
+TORCH_FORMS = ("einsum", "bmm")
+TORCH_FORM_NOTES = {
+    "einsum": "fp32 einsums on padded (B, NT, 64, H, D) copies, as the reference",
+    "bmm": "fp32 torch.matmul on contiguous (B, NT, H, 64, D) copies",
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# torch_intra_triton_inter: PyTorch for the masked attention term, Triton for q @ h and the sum
+# ----------------------------------------------------------------------------------------------
+# Expected (unmeasured): the torch intra term costs about the reference's share for it, ~1.0-1.4 ms
+# on case 1 (fp32 copies ~0.6 GB+, two fp32 batched matmuls of 4.3 GFLOP each, the 64 MB score and
+# decay matrices), the Triton kernel ~0.1 ms (reads q, h and the 128 MB fp32 term): ~1.6-2.3x.
+
+
+def render_torch_intra(v: Values) -> str:
+    exp, to_arg = _gate(v)
+    form = v["intra_form"]
+    body = f'''@triton.jit
+def gdn_inter_kernel(
+{SIGNATURE}
+    x_ptr,  # (B, NT, 64, H, V) fp32 intra-chunk term from torch (any strides)
+    stride_xb, stride_xn, stride_xi, stride_xh, stride_xv,
+    # meta-parameters
+    BT: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """o = scale * (exp(g) * (q @ h) + x) for a (BT, BLOCK_V) tile; x is the torch intra term."""
+    # ---- map program to (V block, chunk, batch * head) ---------------------------------------
+    pid_v = tl.program_id(0)
+    pid_n = tl.program_id(1)
+    pid_bh = tl.program_id(2)
+{BASES}    offs_t = pid_n * BT + tl.arange(0, BT)
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    t_mask = offs_t < T
+    v_mask = offs_v < V
+
+    # ---- inter-chunk part q @ h on tensor cores, fp32 accumulate over K ------------------------
+    acc = tl.zeros((BT, BLOCK_V), tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        q = tl.load(q_base + offs_t[:, None] * stride_qt + offs_k[None, :], mask=t_mask[:, None] & (offs_k[None, :] < K), other=0.0)
+        hh = tl.load(h_base + offs_k[:, None] * stride_hk + offs_v[None, :], mask=(offs_k[:, None] < K) & v_mask[None, :], other=0.0)
+        acc = tl.dot(q, hh, acc)
+    g = tl.load(g_base + offs_t * stride_gt, mask=t_mask, other=0.0){to_arg}
+
+    # ---- add the torch intra-chunk term (padded to whole chunks) and write back ----------------
+    rows = tl.arange(0, BT)
+    x_base = x_ptr + off_b * stride_xb + pid_n * stride_xn + off_h * stride_xh
+    x = tl.load(x_base + rows[:, None] * stride_xi + offs_v[None, :] * stride_xv, mask=v_mask[None, :], other=0.0)
+    out = (acc * {exp}(g)[:, None] + x) * scale
+    tl.store(o_base + offs_t[:, None] * stride_ot + offs_v[None, :], out.to(tl.bfloat16), mask=t_mask[:, None] & v_mask[None, :])
+
+
+def custom_kernel(data):
+    """torch computes the gated causal intra-chunk term ({form}, fp32); Triton adds q @ h."""
+{CHECK_SHAPES}
+    # ---- intra-chunk term in PyTorch: materialised (B, NT, H, 64, 64) gated scores -------------
+{_torch_chunks(form)}{_torch_intra(form)}
+    # ---- inter-chunk term, gate, sum and scale in one Triton kernel ------------------------------
+    o = torch.empty_like(v)
+    BLOCK_K, BLOCK_V = {v["BLOCK_K"]}, {v["BLOCK_V"]}
+    gdn_inter_kernel[(triton.cdiv(V, BLOCK_V), NT, B * H)](
+        q, k, v, h, g, o,
+        T, H, K, V, scale,
+        {LAUNCH_STRIDES}
+        intra, intra.stride(0), intra.stride(1), intra.stride(2), intra.stride(3), intra.stride(4),
+        BT=64, BLOCK_K=BLOCK_K, BLOCK_V=BLOCK_V, num_warps={v["NUM_WARPS"]}, num_stages={v["NUM_STAGES"]},
+    )
+    return o
+'''
+    changes = (
+        "Partial PyTorch fallback, the mirror image of torch_inter_triton_intra: the intra-chunk "
+        "masked attention term (scores q k^T, decay exp(g_i - g_j) under the causal mask, times v) "
+        f"runs in torch ({TORCH_FORM_NOTES[form]}) through an fp32 (B, NT, H, 64, 64) score matrix "
+        "and an fp32 (B, NT, 64, H, V) temporary; one Triton kernel computes q @ h on tensor "
+        f"cores, applies exp(g) ({exp}), adds the temporary, scales and writes o."
+    )
+    return module(TASK, "torch_intra_triton_inter", TORCH_INTRA.summary, changes, v, body)
+
+
+TORCH_INTRA = family(
+    TASK,
+    "torch_intra_triton_inter",
+    "torch fp32 for the gated intra-chunk attention term, Triton kernel for q @ h and the sum",
+    {
+        "BLOCK_K": (16, 32, 64, 128),
+        "BLOCK_V": (16, 32, 64, 128),
+        "NUM_WARPS": (2, 4, 8),
+        "NUM_STAGES": (1, 2, 3),
+        "gate": ("exp", "exp2"),
+        "intra_form": TORCH_FORMS,
+    },
+    render_torch_intra,
+    lambda v: (
+        v["NUM_STAGES"] * (BT * v["BLOCK_K"] + v["BLOCK_K"] * v["BLOCK_V"]) * 2 <= SMEM_LIMIT
+        # the q @ h accumulator and the loaded torch term: 256 per thread spilled on sm_90
+        and acc_regs(2 * BT * v["BLOCK_V"], v["NUM_WARPS"]) <= MAX_ACC_REGS // 2
+    ),
+)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch_terms_triton_gate: both terms in PyTorch fp32, Triton fuses only the gated epilogue
+# ----------------------------------------------------------------------------------------------
+# Expected (unmeasured): the reference minus its fp32 scale pass, final add, reshape and cast
+# (~0.3-0.5 GB of its ~5 GB of traffic), plus a Triton epilogue reading two 128 MB fp32 terms
+# (~0.07 ms on case 1): ~1.6-2.2 ms against 2.36 ms, ~1.05-1.5x.
+
+
+def render_torch_terms(v: Values) -> str:
+    exp, to_arg = _gate(v)
+    form = v["torch_form"]
+    body = f'''@triton.jit
+def gdn_gate_kernel(
+    # pointers: the two fp32 terms from torch, indexed (b, n, i, h, v); g (B, T, H) fp32; o (B, T, H, V)
+    inter_ptr, intra_ptr, g_ptr, o_ptr,
+    # sizes and the attention scale
+    T, H, V, scale,
+    # strides, in elements
+    stride_ib, stride_in, stride_ii, stride_ih, stride_iv,
+    stride_ab, stride_an, stride_ai, stride_ah, stride_av,
+    stride_gb, stride_gt, stride_gh, stride_ob, stride_ot, stride_oh,
+    # meta-parameters
+    BT: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_V: tl.constexpr,
+):
+    """o = scale * (exp(g) * inter + intra) for BLOCK_T rows and BLOCK_V columns of one chunk."""
+    # ---- map program to (V block, chunk and row block, batch * head) ---------------------------
+    pid_v = tl.program_id(0)
+    pid_n = tl.program_id(1) // (BT // BLOCK_T)
+    sub = tl.program_id(1) % (BT // BLOCK_T)
+    pid_bh = tl.program_id(2)
+    off_b = pid_bh // H
+    off_h = pid_bh % H
+    rows = sub * BLOCK_T + tl.arange(0, BLOCK_T)  # rows inside the chunk
+    offs_t = pid_n * BT + rows
+    offs_v = pid_v * BLOCK_V + tl.arange(0, BLOCK_V)
+    t_mask = offs_t < T
+    mask = t_mask[:, None] & (offs_v[None, :] < V)
+
+    # ---- load both terms and the gate, combine in fp32, write bf16 ------------------------------
+    inter = tl.load(inter_ptr + off_b * stride_ib + pid_n * stride_in + off_h * stride_ih + rows[:, None] * stride_ii + offs_v[None, :] * stride_iv, mask=mask, other=0.0)
+    intra = tl.load(intra_ptr + off_b * stride_ab + pid_n * stride_an + off_h * stride_ah + rows[:, None] * stride_ai + offs_v[None, :] * stride_av, mask=mask, other=0.0)
+    g = tl.load(g_ptr + off_b * stride_gb + offs_t * stride_gt + off_h * stride_gh, mask=t_mask, other=0.0){to_arg}
+    out = (inter * {exp}(g)[:, None] + intra) * scale
+    tl.store(o_ptr + off_b * stride_ob + offs_t[:, None] * stride_ot + off_h * stride_oh + offs_v[None, :], out.to(tl.bfloat16), mask=mask)
+
+
+def custom_kernel(data):
+    """torch computes both terms in fp32 ({form}); one Triton kernel gates, sums, scales, casts."""
+{CHECK_SHAPES}
+    # ---- both terms in PyTorch fp32 ---------------------------------------------------------------
+{_torch_chunks(form)}{_torch_inter(form)}{_torch_intra(form)}
+    # ---- fused epilogue: gate the inter-chunk term, add, scale, cast -----------------------------
+    o = torch.empty_like(v)
+    BLOCK_T, BLOCK_V = {v["BLOCK_T"]}, {v["BLOCK_V"]}
+    gdn_gate_kernel[(triton.cdiv(V, BLOCK_V), NT * (64 // BLOCK_T), B * H)](
+        inter, intra, g, o,
+        T, H, V, scale,
+        inter.stride(0), inter.stride(1), inter.stride(2), inter.stride(3), inter.stride(4),
+        intra.stride(0), intra.stride(1), intra.stride(2), intra.stride(3), intra.stride(4),
+        g.stride(0), g.stride(1), g.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        BT=64, BLOCK_T=BLOCK_T, BLOCK_V=BLOCK_V, num_warps={v["NUM_WARPS"]},
+    )
+    return o
+'''
+    changes = (
+        "Mostly PyTorch: both the inter-chunk product q @ h and the gated causal intra-chunk term "
+        f"run in torch fp32 ({TORCH_FORM_NOTES[form]}), each into an fp32 (B, NT, 64, H, V) "
+        "temporary; only the epilogue is a Triton kernel, which applies exp(g) to the inter-chunk "
+        f"term ({exp}), adds the intra-chunk term, scales and casts to bf16 in one pass (the "
+        "reference spends three passes and a reshape copy on that)."
+    )
+    return module(TASK, "torch_terms_triton_gate", TORCH_TERMS.summary, changes, v, body)
+
+
+TORCH_TERMS = family(
+    TASK,
+    "torch_terms_triton_gate",
+    "both terms in torch fp32, a Triton kernel for the gate, sum, scale and cast",
+    {
+        "BLOCK_T": (16, 32, 64),
+        "BLOCK_V": (32, 64, 128),
+        "NUM_WARPS": (2, 4, 8),
+        "gate": ("exp", "exp2"),
+        "torch_form": TORCH_FORMS,
+    },
+    render_torch_terms,
+    # two fp32 tiles per thread; 256 spilled on sm_90
+    lambda v: acc_regs(2 * v["BLOCK_T"] * v["BLOCK_V"], v["NUM_WARPS"]) <= MAX_ACC_REGS // 2,
+)
+
+
+FAMILIES = (FUSED, SUB, TWO, TORCH, TOKEN, FMA, CAPPED, TORCH_INTRA, TORCH_TERMS)
 
 # The seed kernel: the fused chunk kernel with fla's mid-sized tiles.
 SEED = (
