@@ -21,13 +21,15 @@ def _current_version(con) -> str | None:
     group_name=GROUP,
     kinds={"duckdb", "polars"},
     pool="duckdb_writer",
-    deps=["eval_set", "rl_training_pool", "discovery_pairs"],
+    deps=["eval_set", "rl_training_pool", "discovery_pairs", "surrogate_model"],
     check_specs=[dg.AssetCheckSpec(REFERENCE_FORECASTERS_PRESENT, asset="forecasts", blocking=True,
                                    description="Uniform, bin prior and oracle forecast every eval pair.")],
 )
-def forecasts(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource) -> dg.MaterializeResult:
+def forecasts(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
+              mlflow: MlflowResource) -> dg.MaterializeResult:
     """Forecasts of every forecaster on the eval and discovery pairs of the current dataset
-    version (DuckDB `forecasts`): the reference forecasters now, registered surrogates too."""
+    version (DuckDB `forecasts`): the reference forecasters on every pair; the surrogate
+    versions just trained (@challenger's batch) and @champion on a capped eval subset."""
     import polars as pl
 
     from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
@@ -43,6 +45,9 @@ def forecasts(context: dg.AssetExecutionContext, settings: SettingsResource, war
         frame = reference_forecasts(evals, train)
         written = write_forecasts(con, frame.select([c for c in frame.columns if c not in ("task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "pair_type", "true_speedup", "model")]))
     lm_rows = _language_model_forecasts(context, settings.get(), warehouse, read_pairs, version)
+    surrogate_rows = _surrogate_forecasts(context, settings.get(), warehouse, mlflow, read_pairs, version)
+    lm_rows = pl.concat([f for f in (lm_rows, surrogate_rows) if f is not None], how="diagonal_relaxed") \
+        if (lm_rows is not None or surrogate_rows is not None) else None
     if lm_rows is not None:
         with warehouse.connect() as con:
             written += write_forecasts(con, lm_rows)
@@ -87,6 +92,40 @@ def _language_model_forecasts(context, cfg, warehouse, read_pairs, version):
             context.log.info(f"{spec}: forecasting {part.height} eval pairs on {hw[0]}")
             frames.append(forecast_pairs(part, sources, fp, forecaster, f"base:{spec}", style=cfg.evaluation.lm_prompt_style,
                                          progress=lambda d, t, spec=spec: context.log.info(f"{spec}: {d}/{t}")))
+    return pl.concat(frames, how="diagonal_relaxed") if frames else None
+
+
+def _surrogate_forecasts(context, cfg, warehouse, mlflow, read_pairs, version):
+    """Logprob forecasts of each challenger version and the champion on the capped eval subset."""
+    from models.registry import alias_version
+    from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
+    from models.surrogate import challengers, eval_subset, model_ref, registered_forecaster
+    from pipelines.evaluation.lm_forecasts import forecast_pairs
+    from warehouse.kernels import read_kernels
+
+    mlflow.client()
+    champion = alias_version(mlflow.tracking_uri, "champion")
+    versions = sorted(set(challengers(mlflow.tracking_uri)) | ({champion} if champion else set()))
+    if not versions:
+        return None
+    import polars as pl
+
+    # The same subset for every version (and the champion), so promotion compares like with like.
+    with warehouse.connect(read_only=True) as con:
+        evals = eval_subset(read_pairs(con, version, "eval"), cfg.surrogate.eval_pairs)
+        ids = sorted(set(evals["anchor_kernel_id"]) | set(evals["candidate_kernel_id"]))
+        kernels = read_kernels(con, kernel_ids=ids)
+    sources = {r["kernel_id"]: (r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}
+    frames = []
+    for v in versions:
+        forecaster, info = registered_forecaster(mlflow.tracking_uri, v, cfg.home, cache_dir=cfg.home / "forecast-cache")
+        ref = model_ref(v)
+        for hw, part in evals.group_by("hardware_id"):
+            fp = hardware_from_warehouse(cfg.warehouse_path, hw[0]) or DEFAULT_HARDWARE
+            context.log.info(f"{ref} ({info['reward']}): forecasting {part.height} eval pairs on {hw[0]}")
+            frames.append(forecast_pairs(part, sources, fp, forecaster, ref, style=info["prompt_style"],
+                                         progress=lambda d, t, ref=ref: context.log.info(f"{ref}: {d}/{t}")))
+        del forecaster
     return pl.concat(frames, how="diagonal_relaxed") if frames else None
 
 

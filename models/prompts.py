@@ -7,6 +7,16 @@ and the candidate (style "full": both sources, as the paper) or the anchor and a
 to the candidate (style "diff": fewer tokens, for small models and CPU budgets), then a
 one-line reminder of the output format (small models follow the last thing they read).
 
+Style "compact" is for CPU training and evaluation budgets, where every prompt token costs
+(SmolLM2-135M on 2 CPU cores: a forward pass over the ~3,000-token "diff" prompt of a real
+pair takes 15-45 s, so even a few training steps blow a 10-minute run). It keeps the role,
+the speedup definition, the bin table and the output format (no probability or analysis
+guide), the task's first sentence, the hardware on one line, and only a unified diff (1 line
+of context) between the two sources with comments, docstrings and imports removed, cut after
+`COMPACT_DIFF_LINES` lines: about 1,000 instead of 3,000 tokens (median over the committed
+training pool). It sees less of each kernel, which is the price of fitting a CPU budget. A
+model is trained and queried in one style.
+
 The logprob readout continues the assistant turn from `ANSWER_PREFIX`; the next token is the
 bin label "1".."8".
 
@@ -17,14 +27,19 @@ bin label "1".."8".
 
 from __future__ import annotations
 
+import ast
 import difflib
+import io
+import tokenize
 from typing import Any, Literal
 
 from models.bins import BIN_NAMES, BIN_RANGES, NUM_BINS
 from models.hardware import hardware_table
 
-PromptStyle = Literal["full", "diff"]
-PROMPT_STYLES: tuple[str, ...] = ("full", "diff")
+PromptStyle = Literal["full", "diff", "compact"]
+PROMPT_STYLES: tuple[str, ...] = ("full", "diff", "compact")
+# Diff lines the compact style keeps (hunk headers included): ~25 tokens each on Triton code.
+COMPACT_DIFF_LINES = 24
 # Bump when the wording changes: cached forecasts and trained models are tied to a prompt.
 PROMPT_VERSION = "1"
 
@@ -110,6 +125,74 @@ def system_prompt() -> str:
     )
 
 
+def compact_system_prompt() -> str:
+    """The "compact" style's instructions: role, speedup, bins, output format (no guides)."""
+    return "\n\n".join([ROLE, SPEEDUP_DEFINITION, "## Bins\n" + bin_table(), OUTPUT_FORMAT])
+
+
+def strip_comments(source: str) -> str:
+    """Python source without comments, docstrings and blank lines (unchanged if unparsable).
+
+    >>> print(strip_comments("'Doc.'\\nx = 1  # one\\n\\n# alone\\ny = '#'\\n"), end="")
+    x = 1
+    y = '#'
+    """
+    try:
+        tree = ast.parse(source)
+        tokens = list(tokenize.generate_tokens(io.StringIO(source).readline))
+    except (SyntaxError, tokenize.TokenError, ValueError):
+        return source
+    lines = source.splitlines()
+    drop: set[int] = set()  # 0-based line numbers of docstrings
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body:
+            first = body[0]
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                drop.update(range(first.lineno - 1, (first.end_lineno or first.lineno)))
+    for tok in tokens:
+        if tok.type == tokenize.COMMENT:
+            row, col = tok.start
+            lines[row - 1] = lines[row - 1][:col].rstrip()
+    kept = [line for i, line in enumerate(lines) if i not in drop and line.strip()]
+    return "\n".join(kept) + "\n"
+
+
+def hardware_line(hardware: dict[str, Any]) -> str:
+    """The hardware table's rows on one line ("device NVIDIA H200; SM count 132; ...").
+
+    >>> hardware_line({"device_name": "NVIDIA H200", "sm_count": 132})
+    'device NVIDIA H200; SM count 132; memory bandwidth 4.8 TB/s (datasheet)'
+    """
+    rows = hardware_table(hardware).splitlines()[2:]
+    cells = [[c.strip() for c in row.strip("|").split("|")] for row in rows]
+    return "; ".join(f"{c[0]} {c[1]}" for c in cells if len(c) >= 2) or "unknown device"
+
+
+def compact_diff(anchor_source: str, candidate_source: str, max_lines: int = COMPACT_DIFF_LINES) -> str:
+    """Unified diff (1 line of context) of the comment-free sources, cut after `max_lines`.
+
+    >>> print(compact_diff("x = 1  # a\\ny = 2\\n", "x = 1\\ny = 3\\n"), end="")
+    @@ -1,2 +1,2 @@
+     x = 1
+    -y = 2
+    +y = 3
+    """
+    def code(source: str) -> str:
+        kept = strip_comments(source).splitlines(keepends=True)
+        return "".join(line for line in kept if not line.startswith(("import ", "from ")))
+
+    diff = unified_diff(code(anchor_source), code(candidate_source), context=1)
+    lines = [line for line in diff.splitlines() if not line.startswith(("--- ", "+++ "))]
+    if len(lines) > max_lines:
+        lines = lines[:max_lines] + [f"... ({len(lines) - max_lines} more diff lines)"]
+    return "\n".join(lines) + "\n"
+
+
 def unified_diff(anchor_source: str, candidate_source: str, context: int = 3) -> str:
     """Unified diff from the anchor to the candidate source.
 
@@ -146,6 +229,17 @@ def user_prompt(
     style: PromptStyle = "full",
 ) -> str:
     """The per-pair part: task, hardware, anchor, candidate (or diff), format reminder."""
+    if style == "compact":
+        first = task_description.strip().split(". ")[0].rstrip(".") + "."
+        return "\n\n".join(
+            [
+                f"## Task: {task_name}\n{first}",
+                "## Hardware\n" + hardware_line(hardware),
+                "## Change from the anchor to the candidate (unified diff, comments removed)\n"
+                "```diff\n" + compact_diff(anchor_source, candidate_source) + "```",
+                REMINDER,
+            ]
+        )
     parts = [
         f"## Task: {task_name}\n{task_description.strip()}",
         "## Hardware\n" + hardware_table(hardware),
@@ -182,14 +276,17 @@ def build_prompt(
         candidate_source: the candidate kernel's source.
         hardware: a profiling fingerprint or warehouse hardware row (`models.hardware`);
             only whitelisted device fields are shown, never timings.
-        style: "full" (both sources) or "diff" (anchor + unified diff).
+        style: "full" (both sources), "diff" (anchor + unified diff) or "compact" (short
+            instructions + comment-free diff only; CPU budgets).
     Returns:
         [{"role": "system", ...}, {"role": "user", ...}].
     Raises:
         ValueError: an unknown style.
     """
+    if style not in PROMPT_STYLES:
+        raise ValueError(f"unknown prompt style {style!r}; use one of {PROMPT_STYLES}")
     return [
-        {"role": "system", "content": system_prompt()},
+        {"role": "system", "content": compact_system_prompt() if style == "compact" else system_prompt()},
         {
             "role": "user",
             "content": user_prompt(

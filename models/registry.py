@@ -21,6 +21,7 @@ import logging
 import re
 import shutil
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,8 @@ def register_surrogate(
     alias: str | None = None,
     con: Any = None,
     dagster_run_id: str | None = None,
+    tags: Mapping[str, str] | None = None,
+    prompt_style: str | None = None,
 ) -> int:
     """Register a trained adapter as a new version of the surrogate model.
 
@@ -67,6 +70,9 @@ def register_surrogate(
         con: a writable DuckDB connection: when given, a model_lineage row is recorded
             (needs dataset_version, registered in the warehouse).
         dagster_run_id: the orchestrating run, for the lineage row and a version tag.
+        tags: extra version tags (e.g. reward, training_key, training_batch).
+        prompt_style: the prompt style it was trained with (base_model.json, a version tag):
+            forecasts must use the same style.
     Returns:
         The new version number.
     Raises:
@@ -84,7 +90,14 @@ def register_surrogate(
         staged = Path(tmp) / ADAPTER_ARTIFACT
         shutil.copytree(adapter_dir, staged, ignore=shutil.ignore_patterns("trainer"))
         (staged / BASE_MODEL_FILE).write_text(
-            json.dumps({"base_model": base_model, "dataset_version": dataset_version}, indent=1)
+            json.dumps(
+                {
+                    "base_model": base_model,
+                    "dataset_version": dataset_version,
+                    **({"prompt_style": prompt_style} if prompt_style else {}),
+                },
+                indent=1,
+            )
         )
         client.log_artifacts(run_id, str(staged), ADAPTER_ARTIFACT)
     try:
@@ -92,14 +105,17 @@ def register_surrogate(
     except MlflowException as exc:
         if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
             raise
-    tags = {"base_model": base_model, "dataset_version": dataset_version or ""}
+    version_tags = {"base_model": base_model, "dataset_version": dataset_version or ""}
     if dagster_run_id:
-        tags["dagster_run_id"] = dagster_run_id
+        version_tags["dagster_run_id"] = dagster_run_id
+    if prompt_style:
+        version_tags["prompt_style"] = prompt_style
+    version_tags.update({k: str(v) for k, v in (tags or {}).items()})
     mv = client.create_model_version(
         name,
         source=f"{run.info.artifact_uri.rstrip('/')}/{ADAPTER_ARTIFACT}",
         run_id=run_id,
-        tags=tags,
+        tags=version_tags,
         description=f"LoRA adapter on {base_model}, trained on dataset {dataset_version}",
     )
     version = int(mv.version)
@@ -127,6 +143,51 @@ def set_alias(tracking_uri: str, alias: str, version: int | str, name: str = DEF
     if alias not in ALIASES:
         raise ValueError(f"alias must be one of {ALIASES}, got {alias!r}")
     _client(tracking_uri).set_registered_model_alias(name, alias, str(version))
+
+
+def alias_version(tracking_uri: str, alias: str, name: str = DEFAULT_NAME) -> int | None:
+    """The version `alias` points at, or None (no such model or alias)."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return int(_client(tracking_uri).get_model_version_by_alias(name, alias).version)
+    except MlflowException:
+        return None
+
+
+def version_info(tracking_uri: str, version: int | str, name: str = DEFAULT_NAME) -> dict[str, Any] | None:
+    """{"version", "run_id", "tags", "source"} of one version, or None if it does not exist."""
+    from mlflow.exceptions import MlflowException
+
+    try:
+        mv = _client(tracking_uri).get_model_version(name, str(version))
+    except MlflowException:
+        return None
+    return {"version": int(mv.version), "run_id": mv.run_id, "tags": dict(mv.tags), "source": mv.source}
+
+
+def find_versions(tracking_uri: str, name: str = DEFAULT_NAME, **tags: str) -> list[dict[str, Any]]:
+    """Versions of `name` whose tags equal every given tag, newest first (`version_info` dicts).
+
+    Returns [] when the model does not exist yet.
+    """
+    for key, value in tags.items():
+        if not re.fullmatch(r"[\w.-]+", key) or "'" in str(value):
+            raise ValueError(f"unsupported tag filter {key}={value!r}")
+    query = " and ".join([f"name = '{name}'", *(f"tags.{k} = '{v}'" for k, v in tags.items())])
+    found = _client(tracking_uri).search_model_versions(query)
+    out = [
+        {"version": int(mv.version), "run_id": mv.run_id, "tags": dict(mv.tags), "source": mv.source}
+        for mv in found
+    ]
+    return sorted(out, key=lambda v: -v["version"])
+
+
+def set_version_tag(
+    tracking_uri: str, version: int | str, key: str, value: str, name: str = DEFAULT_NAME
+) -> None:
+    """Set one tag of a model version."""
+    _client(tracking_uri).set_model_version_tag(name, str(version), key, value)
 
 
 def parse_model_uri(uri: str) -> tuple[str, str | None, int | None]:

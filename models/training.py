@@ -69,7 +69,8 @@ class TrainingSettings:
         temperature: rollout sampling temperature (paper 1.0: groups need diverse answers).
         max_completion_length: new tokens per rollout (paper up to 8192).
         beta: KL coefficient; 0 as TRL's default (and no reference model to hold).
-        prompt_style: "full" (paper) or "diff" (shorter; small models and CPU budgets).
+        prompt_style: "full" (paper), "diff" (shorter; small models) or "compact" (shortest;
+            CPU budgets, see models/prompts.py).
         sft_steps: supervised format warm-up steps before GRPO (0 = none).
         sft_lr: warm-up learning rate.
         parse_probe_rows: rows whose greedy parse rate is measured before/after warm-up.
@@ -156,24 +157,31 @@ PROFILES: dict[str, dict[str, Any]] = {
         sft_lr=1e-2,
         parse_probe_rows=2,
     ),
-    # SmolLM2-135M on a 2-core CPU: a GRPO step with LoRA is 20-60 s there (stack.md), so 4
-    # steps of 4 prompts x 4 rollouts (16 completions, the smallest group count that still
-    # shows signal) keep a run near 5 minutes. "diff" prompts halve the prompt tokens; 256
-    # new tokens are enough for brief reasoning plus the JSON. A 40-step warm-up gets the
-    # format first (zero-shot parse rate is ~0, stack.md). lr 1e-4: a 135M model with rank
-    # 16 moves little at the paper's 4e-5 in 4 steps.
+    # SmolLM2-135M on a 2-core CPU inside `make run`, where training and evaluating the
+    # surrogate may add ~6-8 minutes. The first version of this profile (4 steps of 4 x 4
+    # rollouts of 256 tokens, "diff" prompts, a 40-step warm-up) was far over: on this
+    # machine a forward pass over a real pair's ~3,000-token "diff" prompt takes 15-45 s.
+    # Measured 2026-11-29 with "compact" prompts (~1,100 tokens, models/prompts.py): a
+    # warm-up step ~14 s, one GRPO step of 2 prompts x 2 rollouts ~150 s (generation, then
+    # a forward and backward pass over 4 x 1,100 tokens; ~330 s before gradient
+    # checkpointing was turned off on CPU, see _grpo_config), a parse probe ~15-30 s. So: one
+    # GRPO step of the smallest group (2 x 2), 96 new tokens (the warm-up answer is ~75
+    # tokens), a 6-step warm-up at a high rate and one probe row: ~5 minutes. This is a
+    # plumbing-scale run on real data (warm-up, GRPO, registry, evaluation, promotion), not
+    # a useful model: SmolLM2 does not learn the answer format in 6 steps (probe parse rate
+    # stays 0, so GRPO rewards are all 0); a model worth using comes from the "gpu" profile.
     "default": dict(
         base_model="smollm2",
         lora_rank=16,
         learning_rate=1e-4,
-        prompts_per_step=4,
-        num_generations=4,
-        max_steps=4,
-        max_completion_length=256,
-        prompt_style="diff",
-        sft_steps=40,
-        sft_lr=2e-4,
-        parse_probe_rows=4,
+        prompts_per_step=2,
+        num_generations=2,
+        max_steps=1,
+        max_completion_length=96,
+        prompt_style="compact",
+        sft_steps=6,
+        sft_lr=5e-4,
+        parse_probe_rows=1,
     ),
     # The paper's settings (section 5): LoRA 32, lr 4e-5, 8 x 8 rollouts, 20 steps, T = 1.0,
     # up to 8192 new tokens, full prompts. A short warm-up still helps a small base model;
@@ -314,6 +322,10 @@ def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float]
         use_cpu=not cuda,
         bf16=cuda,  # CPU: bf16=False (stack.md)
         use_vllm=False,
+        # TRL defaults to gradient checkpointing, which also turns the KV cache off while the
+        # rollouts are generated: every new token re-reads the whole prompt. On a CPU (small
+        # model, no memory pressure) that made one GRPO step of 4 rollouts ~330 s, not ~150 s.
+        gradient_checkpointing=cuda,
         learning_rate=settings.learning_rate,
         max_steps=settings.max_steps,
         # One optimizer step = prompts_per_step prompts x num_generations rollouts.

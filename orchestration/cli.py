@@ -77,7 +77,9 @@ def run(profile: str | None = ProfileOpt) -> None:
         mark = "ok" if s.success else "FAILED"
         console.print(f"  {s.label:<24} {mark:<6} {len(s.materialized)} assets"
                       + (f"; failed checks: {', '.join(s.checks_failed)}" if s.checks_failed else "")
-                      + (f"; warnings: {', '.join(s.checks_warned)}" if s.checks_warned else ""))
+                      + (f"; warnings: {', '.join(s.checks_warned)}" if s.checks_warned else "")
+                      + (f"; challenger held back (promotion gates: {', '.join(s.promotion_held)})"
+                         if s.promotion_held else ""))
     if not ok:
         raise CliError("some assets or checks failed; open `kernelcast ui` for the run logs")
     console.print(f"done. State in {settings.home}; `kernelcast ui` opens Dagster and MLflow.")
@@ -304,25 +306,42 @@ def evaluate(
 
 
 # ---- forecast -----------------------------------------------------------------------------
+CHAMPION_URI = "models:/kernelcast-surrogate@champion"
+
+
+def _registered_champion(settings) -> int | None:
+    """The @champion version of the local registry, or None (no registry, nothing promoted)."""
+    if not (settings.home / "mlflow.db").is_file():
+        return None  # do not create an MLflow store just to find it empty
+    from models.registry import alias_version
+
+    return alias_version(settings.mlflow_uri, "champion")
+
+
 @app.command()
 @one_line_errors
 def forecast(
     task: str = typer.Option(..., "--task", help="Task name."),
     anchor: Path = typer.Option(..., "--anchor", exists=True, dir_okay=False, help="The anchor kernel module."),
     candidate: Path = typer.Option(..., "--candidate", exists=True, dir_okay=False, help="The candidate kernel module."),
-    model: str = typer.Option("smollm2", "--model", help="'smollm2' (embedded base model) or a local HF checkpoint dir."),
+    model: str | None = typer.Option(
+        None, "--model",
+        help=f"Default: {CHAMPION_URI} when one is registered, else 'smollm2'. Also models:/kernelcast-surrogate/N, "
+             "'smollm2' (embedded base model) or a local HF checkpoint dir."),
     hardware: str = typer.Option("nvidia-h200-sm90", help="Hardware id whose fingerprint goes into the prompt."),
     readout: str = typer.Option("logprob", help="logprob (next-token bin probabilities) | verbalized (JSON answer)."),
-    style: str = typer.Option("diff", help="full (both sources) | diff (anchor + unified diff)."),
+    style: str | None = typer.Option(None, help="full | diff | compact; default: the surrogate's training style, else diff."),
     profile: str | None = ProfileOpt,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Forecast the candidate's speedup over the anchor as a distribution over the 8 bins.
 
-    No surrogate is registered yet, so this answers from the base model; the first call converts
-    the embedded SmolLM2 GGUF into $KERNELCAST_HOME/models (a few minutes on a CPU)."""
+    Answers from the registered surrogate @champion when there is one, else from the base model
+    (the first call converts the embedded SmolLM2 GGUF into $KERNELCAST_HOME/models, a minute or
+    two on a CPU). The JSON says which ("source", "model_uri", "model_version")."""
     from models.base_model import resolve_base_model
     from models.bins import BIN_NAMES
+    from models.registry import DEFAULT_NAME, parse_model_uri
     from models.service import DEFAULT_HARDWARE, forecast_pair, hardware_from_warehouse
     from pipelines.tasks import get_task
 
@@ -330,15 +349,46 @@ def forecast(
     t = get_task(task)
     if readout not in ("logprob", "verbalized"):
         raise CliError(f"--readout must be logprob or verbalized, got {readout!r}")
-    if style not in ("full", "diff"):
-        raise CliError(f"--style must be full or diff, got {style!r}")
+    if style is not None and style not in ("full", "diff", "compact"):
+        raise CliError(f"--style must be full, diff or compact, got {style!r}")
     fp = hardware_from_warehouse(settings.warehouse_path, hardware) or DEFAULT_HARDWARE
+    version: int | None = None
+    uri: str | None = None
+    if model is None:
+        version = _registered_champion(settings)
+        uri = CHAMPION_URI if version is not None else None
+        model = uri or "smollm2"
+    elif model.startswith("models:/"):
+        name, alias, number = parse_model_uri(model)
+        if name != DEFAULT_NAME:
+            raise CliError(f"only {DEFAULT_NAME} is served here, got {name!r}")
+        from models.registry import alias_version
+
+        version = alias_version(settings.mlflow_uri, alias, name) if alias else number
+        if version is None:
+            raise CliError(f"{model} is not registered in {settings.mlflow_uri}")
+        uri = model
     typer.echo(f"loading model {model} ...", err=True)
-    path = resolve_base_model(model, settings.home)
-    result, model_ref = forecast_pair(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, path,
-                                      readout=readout, style=style, cache_dir=settings.home / "forecast-cache")
-    report = {"task": task, "model_ref": model_ref, "source": "base model (no registered surrogate yet)",
-              "readout": readout, "parse_ok": result.parse_ok, "parse_error": result.parse_error,
+    if version is not None:
+        from models.backends import ForecastRequest
+        from models.prompts import build_prompt
+        from models.surrogate import registered_forecaster
+
+        forecaster, info = registered_forecaster(settings.mlflow_uri, version, settings.home,
+                                                 cache_dir=settings.home / "forecast-cache", readout=readout)
+        style = style or info["prompt_style"]
+        messages = build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, style=style)
+        (result,) = forecaster.forecast([ForecastRequest(messages)])
+        model_ref = f"models:/{DEFAULT_NAME}/{version}"
+        source = f"registered surrogate {uri} (version {version}, reward {info['reward'] or 'unknown'})"
+    else:
+        style = style or "diff"
+        path = resolve_base_model(model, settings.home)
+        result, model_ref = forecast_pair(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, path,
+                                          readout=readout, style=style, cache_dir=settings.home / "forecast-cache")
+        source = "base model (no registered surrogate @champion)" if model == "smollm2" and uri is None else "local checkpoint"
+    report = {"task": task, "model_ref": model_ref, "source": source, "model_uri": uri, "model_version": version,
+              "readout": readout, "style": style, "parse_ok": result.parse_ok, "parse_error": result.parse_error,
               "predicted_bin": result.predicted_bin, "p": list(result.p) if result.p is not None else None,
               "raw_sum": result.raw_sum}
     if as_json:
@@ -346,11 +396,42 @@ def forecast(
     elif not result.parse_ok:
         typer.echo(f"no forecast: {result.parse_error}")
     else:
-        typer.echo(f"predicted bin {result.predicted_bin} ({BIN_NAMES[result.predicted_bin - 1]}), model {model_ref}")
+        typer.echo(f"predicted bin {result.predicted_bin} ({BIN_NAMES[result.predicted_bin - 1]}), {source}")
         for i, p in enumerate(result.p, start=1):
             typer.echo(f"  bin {i} {BIN_NAMES[i - 1]:<22} {p:6.3f} " + "#" * int(round(40 * p)))
     if not result.parse_ok:
         raise typer.Exit(1)
+
+
+# ---- promote ------------------------------------------------------------------------------
+@app.command()
+@one_line_errors
+def promote(
+    version: int = typer.Option(..., "--version", min=1, help="Registered version of kernelcast-surrogate."),
+    alias: str = typer.Option("champion", "--alias", help="champion | challenger."),
+    profile: str | None = ProfileOpt,
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Point an alias of models:/kernelcast-surrogate at a version by hand (manual promotion).
+
+    The automatic rule (model_promotion asset) is bypassed: use this to roll back or to
+    promote a version you have evaluated yourself."""
+    from models.registry import ALIASES, DEFAULT_NAME, alias_version, set_alias, version_info
+
+    settings = _settings(profile)
+    if alias not in ALIASES:
+        raise CliError(f"--alias must be one of {', '.join(ALIASES)}, got {alias!r}")
+    if not (settings.home / "mlflow.db").is_file():
+        raise CliError(f"no MLflow registry at {settings.home / 'mlflow.db'}; run `kernelcast run` first")
+    if version_info(settings.mlflow_uri, version) is None:
+        raise CliError(f"{DEFAULT_NAME} has no version {version}")
+    before = alias_version(settings.mlflow_uri, alias)
+    set_alias(settings.mlflow_uri, alias, version)
+    report = {"model": DEFAULT_NAME, "alias": alias, "version": version, "previous": before}
+    if as_json:
+        _print_json(report)
+    else:
+        typer.echo(f"{DEFAULT_NAME}@{alias} -> version {version} (was {before if before is not None else 'unset'})")
 
 
 # ---- ui -----------------------------------------------------------------------------------

@@ -12,10 +12,11 @@ from orchestration.settings import Settings, load_settings
 
 def stage_defs() -> list[dg.Definitions]:
     """Each stage module ends in a small `defs`; new stages are added here once."""
-    from assets import curation, evaluation, generation, profiling, tasks
+    from assets import curation, evaluation, generation, profiling, promotion, tasks, training
     from orchestration import sensors
 
-    return [tasks.defs, generation.defs, profiling.defs, curation.defs, evaluation.defs, sensors.defs]
+    return [tasks.defs, generation.defs, profiling.defs, curation.defs, training.defs, evaluation.defs,
+            promotion.defs, sensors.defs]
 
 
 def build_defs(settings: Settings | None = None) -> dg.Definitions:

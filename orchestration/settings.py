@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 PROFILE_NAMES = ("smoke", "default", "gpu")
 
@@ -59,6 +60,28 @@ class EvaluationSettings:
 
 
 @dataclass(frozen=True)
+class SurrogateSettings:
+    """The surrogate: base model, which reward variants train, how it is evaluated and promoted."""
+
+    base_model: str = "smollm2"  # 'smollm2' (embedded GGUF), 'tiny' (test model) or a checkpoint dir
+    # Reward variants trained, one registered version each ('correctness', 'correctness+brier',
+    # 'correctness+crps'). On CPU one variant: a run trains at ~4-5 min per variant.
+    variants: tuple[str, ...] = ("correctness+brier",)
+    training_profile: str = "default"  # models.training.PROFILES entry
+    training_overrides: tuple[tuple[str, Any], ...] = ()  # (field, value) on top of that profile
+    force_retrain: bool = False  # False: a version with the same training key is re-used
+    # Eval pairs each surrogate version (and the champion) forecasts. 16 on CPU: the logprob
+    # readout is one forward pass per pair, ~4-6 s for a ~1,100-token compact prompt of
+    # SmolLM2-135M on 2 cores, so 16 pairs (about 2 per task) cost 1-1.5 minutes per version,
+    # what is left of make run's budget after ~5 minutes of training. Few pairs make a noisy
+    # Brier: the promotion rule compares versions on the same pairs, and the gpu profile
+    # forecasts every eval pair (None).
+    eval_pairs: int | None = 16
+    parse_rate_floor: float = 0.8  # promotion gate (models.promotion)
+    min_brier_gain: float = 0.0  # a challenger must beat the champion's Brier by more than this
+
+
+@dataclass(frozen=True)
 class Settings:
     profile: str
     home: Path
@@ -67,6 +90,7 @@ class Settings:
     profiling: ProfilingSettings = field(default_factory=ProfilingSettings)
     curation: CurationSettings = field(default_factory=CurationSettings)
     evaluation: EvaluationSettings = field(default_factory=EvaluationSettings)
+    surrogate: SurrogateSettings = field(default_factory=SurrogateSettings)
 
     # ---- where state lives -------------------------------------------------------------
     @property
@@ -123,6 +147,11 @@ def load_settings(profile: str | None = None, home: str | Path | None = None) ->
             profiling=ProfilingSettings(max_kernels=20, compile_workers=1),
             curation=CurationSettings(eval_per_bin=3, cross_pairs_per_task=20),
             evaluation=EvaluationSettings(n_boot=50, repeats=1, lm_models=()),
+            # The tiny in-process model (models/tiny.py): training and forecasts take seconds.
+            # Real pairs' prompts in the compact style; 10 warm-up steps exercise the code (the
+            # tiny model does not learn the format from real prompts in 120 steps either).
+            surrogate=SurrogateSettings(base_model="tiny", training_profile="smoke", eval_pairs=12,
+                                        training_overrides=(("prompt_style", "compact"), ("sft_steps", 10))),
         )
     if name == "gpu":
         return replace(
@@ -130,5 +159,9 @@ def load_settings(profile: str | None = None, home: str | Path | None = None) ->
             generation=GenerationSettings(kernels_per_task=500, cpu_check_sample=8, workers=8),
             profiling=ProfilingSettings(max_kernels=20000, compile_workers=14),
             evaluation=EvaluationSettings(n_boot=1000, repeats=3, lm_models=("smollm2",), lm_pairs_per_task=None),
+            surrogate=SurrogateSettings(
+                variants=("correctness", "correctness+brier", "correctness+crps"),
+                training_profile="gpu", eval_pairs=None,
+            ),
         )
     return base

@@ -22,12 +22,15 @@ H200 = "nvidia-h200-sm90"
 EXPECTED_ASSETS = {
     "kernel_tasks", "kernel_candidates", "kernel_measurements", "curated_pairs", "eval_set",
     "rl_training_pool", "discovery_pairs", "forecasts", "calibration_report", "utility_report",
+    "base_model", "surrogate_model", "model_promotion",
 }
 EXPECTED_CHECKS = {
     "references_pass_own_check", "unique_kernel_ids", "parents_exist", "every_kernel_compiled_or_recorded",
     "speedup_requires_correctness", "speedups_finite_positive", "one_fingerprint_per_batch",
     "no_eval_train_leakage", "every_bin_populated", "pairs_need_two_correct_measurements",
     "reference_forecasters_present", "oracle_scores_perfect",
+    "base_model_loads", "tokenizer_round_trips", "surrogate_registered_with_lineage",
+    "challenger_parse_rate_above_floor", "challenger_brier_not_worse_than_uniform",
 }
 
 
@@ -100,8 +103,15 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
     assert mat.metadata["rows_added"].value == 0
 
     down = _materialize(defs, dg.AssetSelection.assets("kernel_measurements").downstream() - dg.AssetSelection.assets("kernel_measurements"), instance)
-    assert down.success, [e.message for e in down.all_events if e.is_failure]
     checks = _check_results(down)
+    # The smoke surrogate (tiny random model) may fail a promotion gate: that holds it back
+    # (model_promotion does not run), it does not break the graph.
+    from assets.promotion import PROMOTION_GATES
+
+    held = {c for c, ok in checks.items() if not ok} & set(PROMOTION_GATES)
+    failures = [e for e in down.all_events if e.event_type_value == "STEP_FAILURE"]
+    assert down.success or (held and all(e.event_specific_data.error.cls_name == "DagsterAssetCheckFailedError"
+                                           for e in failures)), [e.message for e in down.all_events if e.is_failure]
     assert checks["no_eval_train_leakage"] is True
     assert checks["pairs_need_two_correct_measurements"] is True
     assert checks["reference_forecasters_present"] is True
@@ -113,7 +123,8 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
         forecasts = con.sql("SELECT model_ref, count(*) AS n FROM forecasts GROUP BY model_ref").pl()
     by_split = dict(pairs.iter_rows())
     assert by_split["eval"] > 0 and by_split["train"] > 0
-    assert set(forecasts["model_ref"]) == {"baseline:uniform", "baseline:bin_prior", "baseline:oracle"}
+    assert set(forecasts["model_ref"]) == {"baseline:uniform", "baseline:bin_prior", "baseline:oracle",
+                                           "models:/kernelcast-surrogate/1"}  # the smoke surrogate
     reports = list(settings.reports_dir.rglob("index.html"))
     assert len(reports) == 1 and "<img" in reports[0].read_text()
     metrics = json.loads((reports[0].parent / "metrics.json").read_text())

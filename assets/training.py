@@ -1,0 +1,135 @@
+"""base_model -> surrogate_model: the base checkpoint, then GRPO-trained versions in the MLflow registry."""
+
+import shutil
+
+import dagster as dg
+
+from orchestration.resources import MlflowResource, SettingsResource, WarehouseResource
+
+GROUP = "training"
+BASE_MODEL_LOADS = "base_model_loads"
+TOKENIZER_ROUND_TRIPS = "tokenizer_round_trips"
+SURROGATE_REGISTERED_WITH_LINEAGE = "surrogate_registered_with_lineage"
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"torch"},
+    check_specs=[
+        dg.AssetCheckSpec(BASE_MODEL_LOADS, asset="base_model", blocking=True,
+                          description="The checkpoint loads and a forward pass gives finite logits."),
+        dg.AssetCheckSpec(TOKENIZER_ROUND_TRIPS, asset="base_model", blocking=True,
+                          description="A real prompt encodes and decodes back to itself; bin labels 1..8 are single tokens."),
+    ],
+)
+def base_model(settings: SettingsResource) -> dg.MaterializeResult:
+    """The base language model as a plain HF checkpoint under $KERNELCAST_HOME/models/ (the
+    embedded SmolLM2 GGUF converted once; the tiny test model in the smoke profile)."""
+    from models.base_model import resolve_base_model, verify_base_model
+
+    cfg = settings.get()
+    spec = cfg.surrogate.base_model
+    path = resolve_base_model(spec, cfg.home)  # idempotent: converted once, then found
+    report = verify_base_model(path)
+    return dg.MaterializeResult(
+        metadata={"base_model": spec, "path": dg.MetadataValue.path(str(path)),
+                  "parameters": report["parameters"], "dtype": report["dtype"]},
+        check_results=[
+            dg.AssetCheckResult(check_name=BASE_MODEL_LOADS, passed=bool(report["loads"]),
+                                severity=dg.AssetCheckSeverity.ERROR,
+                                metadata={"parameters": report["parameters"], "error": report["load_error"] or "none"}),
+            dg.AssetCheckResult(check_name=TOKENIZER_ROUND_TRIPS,
+                                passed=bool(report["round_trip"] and report["labels_single_tokens"]),
+                                severity=dg.AssetCheckSeverity.ERROR,
+                                metadata={"round_trip": report["round_trip"], "prompt_tokens": report["prompt_tokens"],
+                                          "labels_single_tokens": report["labels_single_tokens"]}),
+        ],
+    )
+
+
+def _training_inputs(con, version: str):
+    """(training pairs, kernel id -> prompt source, task -> description) of `version`."""
+    from pipelines.evaluation.lm_forecasts import prompt_source
+    from pipelines.tasks import get_task
+    from warehouse.datasets import read_pairs
+    from warehouse.kernels import read_kernels
+
+    train = read_pairs(con, version, "train")
+    ids = sorted(set(train["anchor_kernel_id"]) | set(train["candidate_kernel_id"]))
+    kernels = read_kernels(con, kernel_ids=ids)
+    sources = {r["kernel_id"]: prompt_source(r["task"], r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}
+    tasks = {t: get_task(t).description for t in train["task"].unique().to_list()}
+    return train, sources, tasks
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"torch", "mlflow"},
+    pool="duckdb_writer",
+    deps=["base_model", "rl_training_pool"],
+    check_specs=[dg.AssetCheckSpec(SURROGATE_REGISTERED_WITH_LINEAGE, asset="surrogate_model", blocking=True,
+                                   description="Every trained variant is a registered version with a model_lineage row.")],
+)
+def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
+                    mlflow: MlflowResource) -> dg.MaterializeResult:
+    """LoRA adapters on the base model, one per configured reward variant, trained with GRPO on
+    the training pool of the current dataset version and registered in MLflow as
+    models:/kernelcast-surrogate (alias @challenger); lineage in DuckDB `model_lineage`."""
+    from assets.evaluation import _current_version
+    from models.base_model import resolve_base_model
+    from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
+    from models.surrogate import base_model_identity, train_or_reuse
+    from models.training import TrainingSettings, build_training_rows
+    from warehouse.datasets import dataset_measurement_ids
+    from warehouse.lineage import read_model_lineage
+
+    cfg = settings.get()
+    sur = cfg.surrogate
+    with warehouse.connect(read_only=True) as con:
+        version = _current_version(con)
+        if version is None:
+            raise dg.Failure("no dataset version yet: materialise curated_pairs first")
+        measurement_ids = dataset_measurement_ids(con, version)
+        train, sources, tasks = _training_inputs(con, version)
+    base_path = resolve_base_model(sur.base_model, cfg.home)
+    identity = base_model_identity(base_path)
+    by_hw = {h: hardware_from_warehouse(cfg.warehouse_path, h) or DEFAULT_HARDWARE
+             for h in train["hardware_id"].unique().to_list()}
+    mlflow.client()  # sets the tracking and registry URIs of this process
+    produced, rows_md = [], []
+    for variant in sur.variants:
+        ts = TrainingSettings.profile(sur.training_profile, **{**dict(sur.training_overrides),
+                                                               "base_model": sur.base_model, "reward": variant})
+        rows = build_training_rows(train, sources, tasks, by_hw, style=ts.prompt_style)
+        context.log.info(f"{variant}: {len(rows)} training rows, profile {sur.training_profile}")
+        work = cfg.home / "training" / context.run.run_id / variant.replace("+", "_")
+        with warehouse.connect() as con:  # the lineage row is written at registration
+            out = train_or_reuse(ts, rows, work, mlflow.tracking_uri, version, identity, batch=context.run.run_id,
+                                 measurement_ids=measurement_ids, con=con, dagster_run_id=context.run.run_id,
+                                 force=sur.force_retrain)
+        shutil.rmtree(work, ignore_errors=True)  # the adapter now lives in MLflow's artifacts
+        produced.append(out)
+        m = out.metrics
+        rows_md.append(f"| {variant} | {out.version} | {'re-used' if out.reused else 'trained'} | {out.seconds:.0f} | "
+                       f"{m.get('parse_rate_before_sft', '')} -> {m.get('parse_rate_after_sft', '')} | "
+                       f"{m.get('frac_reward_zero_std_avg', '')} | {out.run_id} |")
+    with warehouse.connect(read_only=True) as con:
+        lineage = read_model_lineage(con, "kernelcast-surrogate")
+    recorded = set(lineage["model_version"].to_list()) if lineage.height else set()
+    missing = [str(p.version) for p in produced if str(p.version) not in recorded]
+    table = ("| reward | version | | seconds | parse rate before -> after warm-up | frac_reward_zero_std | mlflow run |\n"
+             "|---|---|---|---|---|---|---|\n" + "\n".join(rows_md)) if rows_md else "(no variants configured)"
+    first_run = next((p.run_id for p in produced if p.run_id), None)
+    return dg.MaterializeResult(
+        metadata={"dataset_version": version, "registered_model": "kernelcast-surrogate",
+                  "versions": ", ".join(str(p.version) for p in produced) or "none",
+                  "train_rows": train.height, "training_profile": sur.training_profile,
+                  "variants": dg.MetadataValue.md(table),
+                  **({"mlflow_run_id": first_run, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(first_run))} if first_run else {})},
+        check_results=[dg.AssetCheckResult(check_name=SURROGATE_REGISTERED_WITH_LINEAGE, passed=not missing,
+                                           severity=dg.AssetCheckSeverity.ERROR,
+                                           metadata={"value": len(missing), "threshold": 0, "offending": ", ".join(missing) or "none"})],
+    )
+
+
+defs = dg.Definitions(assets=[base_model, surrogate_model])

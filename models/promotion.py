@@ -1,0 +1,175 @@
+"""Promotion of a registered surrogate version: challenger -> champion, one explicit rule.
+
+A newly registered version gets the alias "challenger" (`models.surrogate`). Each challenger
+is forecast on the same eval subset as the uniform forecaster and the current champion, and
+the rule below decides, from those scores alone, whether one of them becomes "champion":
+
+1. Gates (each must hold for a challenger to be eligible):
+   - `parse_rate_above_floor`: parse rate on its evaluated pairs >= `policy.parse_rate_floor`
+     (and at least one evaluated pair);
+   - `brier_not_worse_than_uniform`: its Brier (full set: a parse failure scores as the
+     uniform distribution, method.md section 3) <= the uniform forecaster's Brier on the
+     same pairs (0.4375).
+2. No eligible challenger: nothing changes.
+3. The candidate is the eligible challenger with the lowest Brier (ties: the newest version).
+4. No champion yet: the candidate becomes champion.
+5. The candidate already is the champion: nothing changes.
+6. Otherwise both are compared on the pairs both forecast: the candidate becomes champion
+   only if its Brier there is lower than the champion's by more than `policy.min_brier_gain`;
+   a champion not forecast on any common pair is never replaced blind (nothing changes).
+
+Brier is the deciding score because it is the proper score GRPO's calibration reward
+optimises and it rewards calibrated distributions, not only right argmaxes (method.md).
+The Dagster checks `challenger_parse_rate_above_floor` and
+`challenger_brier_not_worse_than_uniform` report the gates and block `model_promotion` when
+no challenger passes; `model_promotion` re-reads the scores and applies this same rule.
+
+>>> c = ChallengerScores(version=3, n_pairs=24, parse_rate=1.0, brier=0.40, uniform_brier=0.4375)
+>>> decide_promotion([c], champion=None).promote
+3
+>>> from dataclasses import replace
+>>> decide_promotion([replace(c, brier=0.5)], champion=None).reason
+'no challenger passes the gates'
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+GATE_PARSE_RATE = "parse_rate_above_floor"
+GATE_BRIER = "brier_not_worse_than_uniform"
+GATES = (GATE_PARSE_RATE, GATE_BRIER)
+
+__all__ = [
+    "GATES",
+    "GATE_BRIER",
+    "GATE_PARSE_RATE",
+    "ChallengerScores",
+    "Decision",
+    "PromotionPolicy",
+    "decide_promotion",
+    "gate_failures",
+]
+
+
+@dataclass(frozen=True)
+class PromotionPolicy:
+    """Thresholds of the rule.
+
+    Attributes:
+        parse_rate_floor: least parse rate on the evaluated pairs. The logprob readout always
+            yields a distribution (rate 1.0); the verbalized readout of a small model often
+            does not, and a model that rarely answers is not a forecaster.
+        min_brier_gain: how much lower than the champion's a challenger's Brier must be (0:
+            any strict improvement; raise it to ignore noise on small eval subsets).
+    """
+
+    parse_rate_floor: float = 0.8
+    min_brier_gain: float = 0.0
+
+
+@dataclass(frozen=True)
+class ChallengerScores:
+    """One challenger's scores on its evaluated pairs, and the comparison with the champion.
+
+    Attributes:
+        version: registered model version.
+        n_pairs: eval pairs it forecast.
+        parse_rate: share of those forecasts that parsed.
+        brier: mean Brier over them (failures scored as uniform).
+        uniform_brier: the uniform forecaster's mean Brier on the same pairs.
+        common_brier: its Brier on the pairs the champion also forecast (None: no champion
+            or no common pair).
+        champion_brier: the champion's Brier on those common pairs.
+        reward: the reward variant it was trained with (for reports only).
+    """
+
+    version: int
+    n_pairs: int
+    parse_rate: float
+    brier: float
+    uniform_brier: float
+    common_brier: float | None = None
+    champion_brier: float | None = None
+    reward: str = ""
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What the rule decided.
+
+    Attributes:
+        promote: the version that becomes champion, or None (nothing changes).
+        champion_before: the champion when the rule ran (None: none).
+        candidate: the best eligible challenger (None: none passed the gates).
+        reason: one line saying why.
+        failures: version -> gates it failed (empty list = eligible).
+    """
+
+    promote: int | None
+    champion_before: int | None
+    candidate: int | None
+    reason: str
+    failures: dict[int, list[str]] = field(default_factory=dict)
+
+
+def gate_failures(scores: ChallengerScores, policy: PromotionPolicy = PromotionPolicy()) -> list[str]:
+    """The gates a challenger fails (empty: eligible).
+
+    >>> gate_failures(ChallengerScores(1, 10, 0.5, 0.30, 0.4375))
+    ['parse_rate_above_floor']
+    >>> gate_failures(ChallengerScores(1, 0, 1.0, 0.30, 0.4375))
+    ['parse_rate_above_floor', 'brier_not_worse_than_uniform']
+    """
+    failed = []
+    if scores.n_pairs <= 0 or not scores.parse_rate >= policy.parse_rate_floor:
+        failed.append(GATE_PARSE_RATE)
+    finite = math.isfinite(scores.brier) and math.isfinite(scores.uniform_brier)
+    if scores.n_pairs <= 0 or not finite or scores.brier > scores.uniform_brier:
+        failed.append(GATE_BRIER)
+    return failed
+
+
+def decide_promotion(
+    challengers: Sequence[ChallengerScores],
+    champion: int | None,
+    policy: PromotionPolicy = PromotionPolicy(),
+) -> Decision:
+    """Apply the promotion rule of the module docstring.
+
+    Args:
+        challengers: the scores of every challenger (newly registered versions).
+        champion: the version the "champion" alias points at now, or None.
+        policy: thresholds.
+    Returns:
+        A Decision; `promote` is the version to alias "champion", or None.
+    """
+    failures = {c.version: gate_failures(c, policy) for c in challengers}
+    eligible = [c for c in challengers if not failures[c.version]]
+    if not challengers:
+        return Decision(None, champion, None, "no challengers", failures)
+    if not eligible:
+        return Decision(None, champion, None, "no challenger passes the gates", failures)
+    best = min(eligible, key=lambda c: (c.brier, -c.version))
+    if champion is None:
+        return Decision(best.version, None, best.version,
+                        f"no champion yet; version {best.version} passes the gates (Brier {best.brier:.4f})",
+                        failures)
+    if best.version == champion:
+        return Decision(None, champion, best.version, f"version {best.version} already is the champion", failures)
+    if best.common_brier is None or best.champion_brier is None:
+        return Decision(None, champion, best.version,
+                        f"champion {champion} has no forecasts on the pairs version {best.version} was scored on",
+                        failures)
+    gain = best.champion_brier - best.common_brier
+    if gain > policy.min_brier_gain:
+        return Decision(best.version, champion, best.version,
+                        f"version {best.version} beats champion {champion}: Brier {best.common_brier:.4f} "
+                        f"vs {best.champion_brier:.4f} on the same pairs",
+                        failures)
+    return Decision(None, champion, best.version,
+                    f"version {best.version} does not beat champion {champion}: Brier {best.common_brier:.4f} "
+                    f"vs {best.champion_brier:.4f} (needs a gain > {policy.min_brier_gain})",
+                    failures)

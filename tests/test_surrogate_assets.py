@@ -1,0 +1,332 @@
+"""The surrogate in the graph: base_model -> surrogate_model -> forecasts -> reports ->
+promotion gates -> model_promotion, the promotion rule, and the CLI around the registry.
+
+Real parts: the committed H200 measurements in a temp DuckDB file, a sqlite MLflow store, an
+ephemeral Dagster instance, the tiny in-process model (smoke profile) trained with the real
+warm-up + GRPO code. Promotion cases are driven by writing forecasts into the warehouse, as
+the forecasts asset would, and re-running the gates and model_promotion.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import dagster as dg
+import polars as pl
+import pytest
+from typer.testing import CliRunner
+
+from models.promotion import (
+    GATE_BRIER,
+    GATE_PARSE_RATE,
+    ChallengerScores,
+    PromotionPolicy,
+    decide_promotion,
+    gate_failures,
+)
+
+REPO = Path(__file__).resolve().parent.parent
+H200 = "nvidia-h200-sm90"
+NAME = "kernelcast-surrogate"
+
+
+# ---- the rule, pure ------------------------------------------------------------------------
+def scores(version, brier, parse_rate=1.0, n=24, common=None, champion=None):
+    return ChallengerScores(version, n, parse_rate, brier, 0.4375, common, champion)
+
+
+def test_rule_promotes_when_no_champion_and_gates_pass():
+    d = decide_promotion([scores(1, 0.40)], champion=None)
+    assert (d.promote, d.candidate, d.failures) == (1, 1, {1: []})
+    assert "no champion yet" in d.reason
+
+
+@pytest.mark.parametrize(
+    "challenger, failed",
+    [
+        (scores(1, 0.30, parse_rate=0.5), [GATE_PARSE_RATE]),
+        (scores(1, 0.44), [GATE_BRIER]),  # worse than uniform (0.4375)
+        (scores(1, 0.30, n=0), [GATE_PARSE_RATE, GATE_BRIER]),  # nothing evaluated
+        (scores(1, float("nan")), [GATE_BRIER]),
+    ],
+)
+def test_rule_holds_a_challenger_that_fails_a_gate(challenger, failed):
+    assert gate_failures(challenger) == failed
+    d = decide_promotion([challenger], champion=None)
+    assert d.promote is None and d.reason == "no challenger passes the gates"
+    assert d.failures == {1: failed}
+
+
+def test_rule_boundaries_are_inclusive():
+    # Exactly the floor and exactly uniform's Brier pass.
+    assert gate_failures(scores(1, 0.4375, parse_rate=0.8)) == []
+    assert gate_failures(scores(1, 0.4375, parse_rate=0.79)) == [GATE_PARSE_RATE]
+
+
+def test_rule_keeps_a_champion_that_is_not_beaten():
+    d = decide_promotion([scores(3, 0.35, common=0.35, champion=0.30)], champion=2)
+    assert d.promote is None and d.candidate == 3 and "does not beat champion 2" in d.reason
+    tie = decide_promotion([scores(3, 0.30, common=0.30, champion=0.30)], champion=2)
+    assert tie.promote is None  # a tie keeps the champion
+    margin = decide_promotion([scores(3, 0.29, common=0.29, champion=0.30)], 2, PromotionPolicy(min_brier_gain=0.05))
+    assert margin.promote is None
+
+
+def test_rule_replaces_a_beaten_champion_and_picks_the_best_eligible():
+    cs = [
+        scores(4, 0.20, parse_rate=0.1, common=0.20, champion=0.33),  # best Brier but fails the floor
+        scores(5, 0.31, common=0.31, champion=0.33),
+        scores(6, 0.30, common=0.30, champion=0.33),
+    ]
+    d = decide_promotion(cs, champion=2)
+    assert (d.promote, d.candidate) == (6, 6) and "beats champion 2" in d.reason
+    assert d.failures[4] == [GATE_PARSE_RATE]
+    # Already champion; champion never scored on the same pairs: nothing changes.
+    assert decide_promotion([scores(2, 0.3)], champion=2).promote is None
+    blind = decide_promotion([scores(7, 0.1)], champion=2)
+    assert blind.promote is None and "has no forecasts" in blind.reason
+    assert decide_promotion([], champion=None).reason == "no challengers"
+
+
+# ---- the graph, end to end -------------------------------------------------------------------
+def _materialize(defs, selection, instance, partition_key=None):
+    job = dg.define_asset_job("t", selection=selection)
+    resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def("t")
+    return resolved.execute_in_process(instance=instance, partition_key=partition_key, raise_on_error=False)
+
+
+def _checks(result) -> dict[str, bool]:
+    return {
+        ev.event_specific_data.check_name: ev.event_specific_data.passed
+        for ev in result.all_events
+        if ev.event_type_value == "ASSET_CHECK_EVALUATION"
+    }
+
+
+def _materialized(result) -> set[str]:
+    return {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
+
+
+EVALUATE_AND_PROMOTE = ("forecasts", "calibration_report", "utility_report", "model_promotion")
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    """Committed data ingested and curated, then base_model, surrogate_model (one smoke
+    variant on the tiny model), forecasts, reports, gates and promotion materialised."""
+    from orchestration.definitions import build_defs
+    from orchestration.settings import load_settings
+
+    home = tmp_path_factory.mktemp("surrogate") / "home"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KERNELCAST_HOME", str(home))
+        mp.setenv("KERNELCAST_DATA", str(REPO / "data"))
+        settings = load_settings("smoke")
+        defs = build_defs(settings)
+        instance = dg.DagsterInstance.ephemeral()
+        instance.add_dynamic_partitions("hardware", [H200])
+        assert _materialize(defs, dg.AssetSelection.assets("kernel_tasks"), instance).success
+        assert _materialize(defs, dg.AssetSelection.assets("kernel_measurements"), instance, H200).success
+        selection = dg.AssetSelection.assets("curated_pairs", "eval_set", "rl_training_pool", "discovery_pairs",
+                                             "base_model", "surrogate_model", *EVALUATE_AND_PROMOTE)
+        result = _materialize(defs, selection, instance)
+        yield settings, defs, instance, result
+
+
+@pytest.mark.slow
+def test_base_and_surrogate_are_built_registered_and_traced(graph):
+    import mlflow
+    from mlflow import MlflowClient
+
+    from warehouse.db import connect
+
+    settings, _, _, result = graph
+    checks = _checks(result)
+    assert checks["base_model_loads"] and checks["tokenizer_round_trips"]
+    assert checks["surrogate_registered_with_lineage"]
+    assert {"base_model", "surrogate_model", "forecasts", "calibration_report"} <= _materialized(result)
+    assert (settings.home / "models" / "tiny" / "config.json").is_file()
+
+    client = MlflowClient(settings.mlflow_uri, registry_uri=settings.mlflow_uri)
+    mv = client.get_model_version_by_alias(NAME, "challenger")
+    assert int(mv.version) == 1
+    assert mv.tags["reward"] == "correctness+brier" and mv.tags["prompt_style"] == "compact"
+    assert mv.tags["base_model"] == "tiny" and mv.tags["training_batch"] == result.run_id
+    run = client.get_run(mv.run_id)
+    with connect(settings.warehouse_path, read_only=True) as con:
+        version = con.execute("SELECT dataset_version FROM dataset_versions").fetchall()[0][0]
+        lineage = con.sql("SELECT * FROM model_lineage").pl().to_dicts()
+        n_meas = con.execute("SELECT count(*) FROM dataset_measurements WHERE dataset_version = ?", [version]).fetchall()[0][0]
+    assert run.data.tags["dagster_run_id"] == result.run_id
+    assert run.data.tags["dataset_version"] == version and len(run.data.tags["git_commit"]) == 40
+    assert [i.dataset.name for i in run.inputs.dataset_inputs] == [version]
+    ids = Path(mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path="measurement_ids.txt",
+                                                   tracking_uri=settings.mlflow_uri)).read_text().split()
+    assert len(ids) == n_meas > 0
+    assert [(r["model_name"], r["model_version"], r["dataset_version"], r["mlflow_run_id"], r["dagster_run_id"])
+            for r in lineage] == [(NAME, "1", version, mv.run_id, result.run_id)]
+
+
+@pytest.mark.slow
+def test_forecasts_hold_the_challenger_on_the_capped_eval_subset(graph):
+    from warehouse.db import connect
+
+    settings, _, _, _ = graph
+    with connect(settings.warehouse_path, read_only=True) as con:
+        rows = con.sql(
+            "SELECT f.*, p.split FROM forecasts f JOIN pairs p USING (pair_id) WHERE model_ref = ?",
+            params=[f"models:/{NAME}/1"],
+        ).pl()
+    assert rows.height == settings.surrogate.eval_pairs == 12
+    assert set(rows["split"]) == {"eval"} and rows["parse_ok"].all()  # logprob readout always parses
+    assert all(math.isclose(sum(r), 1.0, abs_tol=1e-6) for r in rows.select([f"p{i}" for i in range(1, 9)]).rows())
+    report = json.loads(next(settings.reports_dir.rglob("metrics.json")).read_text())
+    assert report[f"models:/{NAME}/1"]["n"] == 12
+
+
+@pytest.mark.slow
+def test_gates_and_promotion_agree_with_the_rule(graph):
+    """Whatever the tiny model scored, the checks and model_promotion follow models.promotion."""
+    from models.registry import alias_version
+
+    settings, _, _, result = graph
+    checks = _checks(result)
+    assert "challenger_parse_rate_above_floor" in checks and checks["challenger_parse_rate_above_floor"]
+    eligible = checks["challenger_brier_not_worse_than_uniform"]
+    # Gates passed -> model_promotion ran and version 1 (no champion before) is champion;
+    # failed -> model_promotion was held back and there is no champion.
+    assert ("model_promotion" in _materialized(result)) == eligible
+    assert alias_version(settings.mlflow_uri, "champion") == (1 if eligible else None)
+
+
+def _write_surrogate_forecasts(settings, version: int, quality: str) -> None:
+    """Forecasts of `version` on the eval pairs forecast by version 1: 'good' puts 0.65 on the
+    true bin, 'fair' 0.4, 'bad' puts 0.9 on a wrong bin (worse than uniform)."""
+    from warehouse.db import connect
+    from warehouse.forecasts import write_forecasts
+
+    with connect(settings.warehouse_path) as con:
+        pairs = con.sql(
+            "SELECT p.pair_id, p.true_bin FROM forecasts f JOIN pairs p USING (pair_id) WHERE f.model_ref = ?",
+            params=[f"models:/{NAME}/1"],
+        ).pl()
+        rows = []
+        for pair_id, y in pairs.iter_rows():
+            peak, target = {"good": (0.65, y), "fair": (0.4, y), "bad": (0.9, 1 if y != 1 else 8)}[quality]
+            p = [(1 - peak) / 7] * 8
+            p[target - 1] = peak
+            rows.append({"pair_id": pair_id, "model_ref": f"models:/{NAME}/{version}", "parse_ok": True,
+                         "predicted_bin": target, "argmax_bin": target, "p": p, "raw_sum": 1.0})
+        write_forecasts(con, pl.DataFrame(rows))
+
+
+def _register_challenger(settings, batch: str) -> int:
+    """A new version from version 1's adapter, as the next training batch's challenger."""
+    from mlflow import MlflowClient
+
+    from models.registry import register_surrogate
+
+    client = MlflowClient(settings.mlflow_uri, registry_uri=settings.mlflow_uri)
+    v1 = client.get_model_version(NAME, "1")
+    local = Path(client.download_artifacts(v1.run_id, "adapter", str(settings.home / f"adapter-{batch}")))
+    return register_surrogate(settings.mlflow_uri, v1.run_id, local, base_model="tiny", alias="challenger",
+                              tags={"training_batch": batch, "reward": "correctness+brier"}, prompt_style="compact")
+
+
+def _promote_again(defs, instance):
+    # Only the evaluation and promotion assets: forecasts are written by the test.
+    selection = dg.AssetSelection.assets("calibration_report", "utility_report", "model_promotion")
+    return _materialize(defs, selection, instance)
+
+
+@pytest.mark.slow
+def test_promotion_passes_then_holds_a_worse_challenger_then_a_failing_one(graph):
+    from models.registry import alias_version, set_alias
+
+    settings, defs, instance, _ = graph
+    uri = settings.mlflow_uri
+    # (1) Version 1 scores well and there is no champion: it passes the gates and is promoted.
+    set_alias(uri, "challenger", 1)
+    _write_surrogate_forecasts(settings, 1, "good")
+    from mlflow import MlflowClient
+
+    client = MlflowClient(uri, registry_uri=uri)
+    if alias_version(uri, "champion") is not None:
+        client.delete_registered_model_alias(NAME, "champion")
+    run = _promote_again(defs, instance)
+    assert run.success and _checks(run)["challenger_brier_not_worse_than_uniform"]
+    assert "model_promotion" in _materialized(run)
+    assert alias_version(uri, "champion") == 1
+
+    # (2) A challenger better than uniform but worse than the champion: gates pass, no change.
+    v2 = _register_challenger(settings, "batch-2")
+    _write_surrogate_forecasts(settings, v2, "fair")
+    run = _promote_again(defs, instance)
+    assert run.success and _checks(run)["challenger_brier_not_worse_than_uniform"]
+    mat = next(e for e in run.get_asset_materialization_events() if e.asset_key.to_user_string() == "model_promotion")
+    meta = mat.step_materialization_data.materialization.metadata
+    assert "does not beat champion 1" in meta["reason"].value
+    assert alias_version(uri, "champion") == 1 and alias_version(uri, "challenger") == v2
+
+    # (3) A challenger worse than uniform: the blocking gate fails, model_promotion never runs.
+    v3 = _register_challenger(settings, "batch-3")
+    _write_surrogate_forecasts(settings, v3, "bad")
+    run = _promote_again(defs, instance)
+    assert _checks(run)["challenger_brier_not_worse_than_uniform"] is False
+    assert "model_promotion" not in _materialized(run) and not run.success
+    assert alias_version(uri, "champion") == 1
+
+
+@pytest.mark.slow
+def test_runner_reports_a_held_challenger_as_a_decision_not_a_failure(graph):
+    from orchestration.runner import _run_selection
+
+    settings, defs, instance, _ = graph
+    # The "bad" challenger of the previous test (or the tiny model's own) is @challenger now.
+    step = _run_selection(defs, instance, dg.AssetSelection.assets("calibration_report", "utility_report",
+                                                                   "model_promotion"), None, "promote")
+    assert step.promotion_held == ["challenger_brier_not_worse_than_uniform"]
+    assert step.success and step.checks_failed == []
+
+
+# ---- the CLI around the registry -------------------------------------------------------------
+@pytest.mark.slow
+def test_forecast_cli_answers_from_the_champion(graph, tmp_path, monkeypatch):
+    from models.registry import alias_version, set_alias
+    from orchestration.cli import app
+
+    settings, _, _, _ = graph
+    set_alias(settings.mlflow_uri, "champion", 1)
+    monkeypatch.setenv("KERNELCAST_HOME", str(settings.home))
+    anchor, cand = tmp_path / "a.py", tmp_path / "c.py"
+    anchor.write_text("def custom_kernel(data):\n    return data[0] * 2\n")
+    cand.write_text("def custom_kernel(data):\n    return data[0] + data[0]\n")
+    res = CliRunner().invoke(app, ["forecast", "--task", "softmax", "--anchor", str(anchor), "--candidate", str(cand),
+                                   "--profile", "smoke", "--json"])
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout[res.stdout.index("{"):])
+    assert out["model_uri"] == f"models:/{NAME}@champion" and out["model_version"] == 1
+    assert out["source"].startswith("registered surrogate") and out["style"] == "compact"
+    assert out["parse_ok"] and math.isclose(sum(out["p"]), 1.0, abs_tol=1e-6)
+
+    # Manual promotion, then the CLI follows the alias; a missing version is a one-line error.
+    promoted = CliRunner().invoke(app, ["promote", "--version", "2", "--profile", "smoke", "--json"])
+    assert promoted.exit_code == 0, promoted.output
+    assert json.loads(promoted.stdout) == {"model": NAME, "alias": "champion", "version": 2, "previous": 1}
+    assert alias_version(settings.mlflow_uri, "champion") == 2
+    missing = CliRunner().invoke(app, ["promote", "--version", "99", "--profile", "smoke"])
+    assert missing.exit_code == 2 and "has no version 99" in missing.output
+    res = CliRunner().invoke(app, ["forecast", "--task", "softmax", "--anchor", str(anchor), "--candidate", str(cand),
+                                   "--profile", "smoke", "--json"])
+    assert json.loads(res.stdout[res.stdout.index("{"):])["model_version"] == 2
+
+
+def test_no_registry_means_no_champion(tmp_path):
+    from orchestration.cli import _registered_champion
+    from orchestration.settings import load_settings
+
+    settings = load_settings("smoke", home=tmp_path)
+    assert _registered_champion(settings) is None
+    assert not (tmp_path / "mlflow.db").exists()  # looking does not create a store
