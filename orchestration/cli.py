@@ -354,6 +354,7 @@ def forecast(
     fp = hardware_from_warehouse(settings.warehouse_path, hardware) or DEFAULT_HARDWARE
     version: int | None = None
     uri: str | None = None
+    auto = model is None
     if model is None:
         version = _registered_champion(settings)
         uri = CHAMPION_URI if version is not None else None
@@ -386,7 +387,8 @@ def forecast(
         path = resolve_base_model(model, settings.home)
         result, model_ref = forecast_pair(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, path,
                                           readout=readout, style=style, cache_dir=settings.home / "forecast-cache")
-        source = "base model (no registered surrogate @champion)" if model == "smollm2" and uri is None else "local checkpoint"
+        source = ("base model (no registered surrogate @champion)" if auto
+                  else "base model" if model.strip().lower() == "smollm2" else "local checkpoint")
     report = {"task": task, "model_ref": model_ref, "source": source, "model_uri": uri, "model_version": version,
               "readout": readout, "style": style, "parse_ok": result.parse_ok, "parse_error": result.parse_error,
               "predicted_bin": result.predicted_bin, "p": list(result.p) if result.p is not None else None,
