@@ -73,6 +73,7 @@ def smoothed_one_hot(true_bin: int, peak: float = 0.6, neighbour: float = 0.15) 
 def format_target(true_bin: int) -> str:
     """The warm-up target completion for a row with this true bin (a parseable answer).
 
+    >>> from models.parsing import parse_forecast
     >>> parse_forecast(format_target(3)).predicted_bin
     3
     """

@@ -75,6 +75,13 @@ class TrainingSettings:
         sft_lr: warm-up learning rate.
         parse_probe_rows: rows whose greedy parse rate is measured before/after warm-up.
         seed: seeds the warm-up order, LoRA init and the trainer.
+        micro_batch_size: completions per forward/backward pass; an optimizer step still
+            takes prompts_per_step x num_generations completions (gradient accumulation),
+            so this bounds activation memory only (64 full-prompt completions of ~3k
+            tokens would need ~90 GB of activations in one pass).
+        gradient_checkpointing: trade compute for activation memory; None = on with CUDA
+            (a 20B model needs it), off on CPU. It also turns the KV cache off during
+            rollouts, so a small model on a big GPU runs faster with it False.
     """
 
     base_model: str = "smollm2"
@@ -95,6 +102,8 @@ class TrainingSettings:
     sft_lr: float = 1e-4
     parse_probe_rows: int = 8
     seed: int = 0
+    micro_batch_size: int = 16
+    gradient_checkpointing: bool | None = None
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -317,6 +326,9 @@ def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float]
 
     cuda = torch.cuda.is_available()
     completions = settings.prompts_per_step * settings.num_generations
+    micro = max(1, min(settings.micro_batch_size, completions))
+    while completions % micro:  # accumulation needs a whole number of micro-batches
+        micro -= 1
     return GRPOConfig(
         output_dir=str(out_dir / "trainer"),
         use_cpu=not cuda,
@@ -325,12 +337,13 @@ def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float]
         # TRL defaults to gradient checkpointing, which also turns the KV cache off while the
         # rollouts are generated: every new token re-reads the whole prompt. On a CPU (small
         # model, no memory pressure) that made one GRPO step of 4 rollouts ~330 s, not ~150 s.
-        gradient_checkpointing=cuda,
+        gradient_checkpointing=cuda if settings.gradient_checkpointing is None else settings.gradient_checkpointing,
         learning_rate=settings.learning_rate,
         max_steps=settings.max_steps,
-        # One optimizer step = prompts_per_step prompts x num_generations rollouts.
-        per_device_train_batch_size=completions,
-        gradient_accumulation_steps=1,
+        # One optimizer step = prompts_per_step prompts x num_generations rollouts, generated
+        # together (generation batch) and back-propagated in micro-batches.
+        per_device_train_batch_size=micro,
+        gradient_accumulation_steps=completions // micro,
         num_generations=settings.num_generations,
         temperature=settings.temperature,
         max_completion_length=settings.max_completion_length,

@@ -8,14 +8,15 @@
 # 2026-11-29 (H200), job of 181 train / 337 eval pairs, full prompts: the GGUF conversion took
 # 42 s, the base model's logprob eval 29 s, its verbalized eval (674 answers of 256 tokens, none
 # parses) 213 s, the 60-step warm-up 20 s (probe parse rate 0 -> 0.38), GRPO 20-25 s per step
-# of 8 x 8 rollouts: the call's 590 s ran out after 3 GRPO steps of the first variant.
+# of 8 x 8 rollouts: the call's 590 s ran out after 3 GRPO steps of the first variant. TRL's
+# default gradient checkpointing also switches the KV cache off during rollouts, hence it is off here.
 set -u
 job=$1 variants=$2; shift 2
 out=${OUT:?set OUT to the output folder}
 source .gpu-carry/b/finish.sh > "$out/finish.log" 2>&1 || { echo "finish.sh failed"; cat "$out/finish.log"; exit 1; }
 export KERNELCAST_HOME=/tmp/kc HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 python3 scripts/gpu_train_surrogates.py --job "$job" --out "$out/train" --profile gpu --variants "$variants" \
-  --set max_completion_length=160 --set sft_steps=60 --set sft_lr=0.0002 \
+  --set max_completion_length=160 --set gradient_checkpointing=false --set sft_steps=60 --set sft_lr=0.0002 \
   --repeats 2 --batch-size 64 --eval-max-new-tokens 160 --base-readouts logprob "$@" > "$out/train.log" 2>&1
 grep -v "it/s\]" "$out/train.log" | tail -25
 ls -la "$out/train"
