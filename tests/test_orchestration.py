@@ -93,6 +93,11 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
     with connect(settings.warehouse_path, read_only=True) as con:
         n_ok = con.execute("SELECT count(*) FROM measurements WHERE status = 'ok' AND protocol = 'kernelcast'").fetchone()[0]
         n_files = con.execute("SELECT count(*) FROM ingested_files").fetchone()[0]
+        # Lineage is kept: every committed kernel's parent is committed too (kernel_candidates'
+        # parents_exist check runs over the whole table).
+        from warehouse.checks_generation import orphan_parents
+
+        assert orphan_parents(con) == []
     files = list((REPO / "data" / "measurements").rglob("*.parquet"))
     assert n_files == len(files)
     assert n_ok > 500
