@@ -136,3 +136,27 @@ def parse_forecast(text: str) -> Forecast:
         return validate_answer((answers or objects)[-1], text=text)
     except Exception as exc:  # noqa: BLE001 - model output must never crash a run; record why
         return Forecast.failure(f"unexpected parse error: {type(exc).__name__}: {exc}", text=text)
+
+
+def answer_json_schema(reasoning_max_chars: int = 400) -> dict[str, Any]:
+    """JSON schema of the verbalized answer (method.md section 2), flat, no $ref.
+
+    >>> s = answer_json_schema(100)
+    >>> s["required"], s["properties"]["p"]["minItems"], s["properties"]["reasoning"]["maxLength"]
+    (['predicted_bin', 'p', 'reasoning'], 8, 100)
+    """
+    return {
+        "type": "object",
+        "properties": {
+            "predicted_bin": {"type": "integer", "minimum": 1, "maximum": NUM_BINS},
+            "p": {
+                "type": "array",
+                "items": {"type": "number", "minimum": 0, "maximum": 1},
+                "minItems": NUM_BINS,
+                "maxItems": NUM_BINS,
+            },
+            "reasoning": {"type": "string", "maxLength": int(reasoning_max_chars)},
+        },
+        "required": ["predicted_bin", "p", "reasoning"],
+        "additionalProperties": False,
+    }

@@ -79,6 +79,12 @@ class FakeServer:
                 "logprobs": {"content": [{"token": "6", "top_logprobs": top}]},
             }
             return 200, {"choices": [choice], "usage": {**usage, "completion_tokens": 1}}
+        if model == "tool" and body.get("tool_choice"):
+            args = json.dumps({"predicted_bin": 2, "p": [0.1, 0.6, 0.3, 0, 0, 0, 0, 0], "reasoning": "slow"})
+            call = {"id": "c0", "type": "function", "function": {"name": body["tool_choice"]["function"]["name"],
+                                                                 "arguments": args}}
+            message = {"role": "assistant", "content": None, "tool_calls": [call]}
+            return 200, {"choices": [{"message": message}], "usage": usage}
         content = "I am not sure { maybe" if model == "garbage" else ANSWER
         return 200, {
             "choices": [{"message": {"role": "assistant", "content": content}}],
@@ -196,3 +202,35 @@ def test_progress_callback(server):
         requests_(5), progress=lambda d, t: seen.append((d, t))
     )
     assert seen[-1] == (5, 5)
+
+
+def test_json_schema_mode_sends_the_answer_schema(server):
+    from models.parsing import answer_json_schema
+
+    f = OpenAIForecaster(server.base_url, "good", answer_mode="json_schema", reasoning_max_chars=120, concurrency=1)
+    (out,) = f.forecast(requests_(1))
+    assert out.parse_ok and out.predicted_bin == 6
+    fmt = server.requests[-1]["response_format"]
+    assert fmt["type"] == "json_schema" and fmt["json_schema"]["schema"] == answer_json_schema(120)
+    assert "tools" not in server.requests[-1]
+
+
+def test_tool_mode_reads_the_forced_call_and_falls_back_to_content(server):
+    from models.backends.openai_backend import TOOL_NAME
+
+    (out,) = OpenAIForecaster(server.base_url, "tool", answer_mode="tool", concurrency=1).forecast(requests_(1))
+    body = server.requests[-1]
+    assert body["tool_choice"] == {"type": "function", "function": {"name": TOOL_NAME}}
+    assert body["tools"][0]["function"]["parameters"]["required"] == ["predicted_bin", "p", "reasoning"]
+    assert out.parse_ok and out.predicted_bin == 2 and out.p[1] == pytest.approx(0.6)
+    # A server that answers in plain content instead: the content is parsed
+    (plain,) = OpenAIForecaster(server.base_url, "good", answer_mode="tool", concurrency=1).forecast(requests_(1))
+    assert plain.parse_ok and plain.predicted_bin == 6
+
+
+def test_answer_modes_are_cache_keys_and_validated(server):
+    text = OpenAIForecaster(server.base_url, "good")
+    tool = OpenAIForecaster(server.base_url, "good", answer_mode="tool")
+    assert "answer_mode" not in text.cache_params() and tool.cache_params()["answer_mode"] == "tool"
+    with pytest.raises(ValueError, match="answer_mode"):
+        OpenAIForecaster(server.base_url, "good", answer_mode="xml")

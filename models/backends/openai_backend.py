@@ -8,7 +8,13 @@ other HTTP errors are not (a 400 will not get better). A request still failing r
 failure: it is a recorded Forecast with parse_ok False.
 
 Readouts:
-- verbalized (default): the reply's message content goes through `parse_forecast`.
+- verbalized (default): the reply's message content goes through `parse_forecast`. How the
+  answer is asked for (`answer_mode`): "text" (free text, the JSON block found by the parser),
+  "json_schema" (`response_format` with the answer's JSON schema: servers with structured
+  outputs, vLLM among them, can only write a valid object) or "tool" (one function
+  `submit_forecast` whose parameters are that schema, forced with a named `tool_choice`; the
+  call's arguments are the answer). A reply without the expected tool call falls back to its
+  content, and either way an answer that does not parse is a recorded failure.
 - logprob (`use_logprobs=True`): the prompt plus a partial assistant turn holding
   `ANSWER_PREFIX`, one token generated with `logprobs`/`top_logprobs`; the labels "1".."8"
   among the top tokens give the distribution (absent labels get probability 0). Continuing
@@ -30,12 +36,18 @@ from typing import Any
 
 from models.backends import BackendError, Forecaster, Messages
 from models.forecast import LOGPROB, VERBALIZED, Forecast
-from models.parsing import parse_forecast
+from models.parsing import answer_json_schema, parse_forecast
 from models.prompts import ANSWER_PREFIX, BIN_LABELS, with_answer_prefix
 
 log = logging.getLogger(__name__)
 
 _RETRY_STATUS = {408, 409, 429, 500, 502, 503, 504}
+ANSWER_MODES = ("text", "json_schema", "tool")
+TOOL_NAME = "submit_forecast"
+TOOL_DESCRIPTION = (
+    "Submit the forecast: the most likely speedup bin (1-8) and a probability for each of the "
+    "8 bins, with a short reasoning."
+)
 
 
 class _Retryable(Exception):
@@ -105,7 +117,13 @@ class OpenAIForecaster(Forecaster):
         model_ref: str | None = None,
         extra_body: dict[str, Any] | None = None,
         backoff_s: float = 0.5,
+        answer_mode: str = "text",
+        reasoning_max_chars: int = 400,
     ) -> None:
+        if answer_mode not in ANSWER_MODES:
+            raise ValueError(f"answer_mode must be one of {ANSWER_MODES}, got {answer_mode!r}")
+        self.answer_mode = answer_mode
+        self.reasoning_max_chars = int(reasoning_max_chars)
         self.url = base_url.rstrip("/") + "/chat/completions"
         self.model = model
         self.api_key = api_key
@@ -142,6 +160,9 @@ class OpenAIForecaster(Forecaster):
             "top_p": self.top_p,
             "parse_retries": self.parse_retries,
             "extra": self.extra_body,
+            # "text" keeps the keys cached before answer modes existed
+            **({"answer_mode": self.answer_mode, "reasoning_max_chars": self.reasoning_max_chars}
+               if self.answer_mode != "text" else {}),
         }
 
     def is_deterministic(self) -> bool:
@@ -167,6 +188,16 @@ class OpenAIForecaster(Forecaster):
                 temperature=self.temperature,
                 top_p=self.top_p,
             )
+            schema = answer_json_schema(self.reasoning_max_chars)
+            if self.answer_mode == "json_schema":
+                body["response_format"] = {
+                    "type": "json_schema",
+                    "json_schema": {"name": "forecast", "schema": schema, "strict": True},
+                }
+            elif self.answer_mode == "tool":
+                body["tools"] = [{"type": "function", "function": {
+                    "name": TOOL_NAME, "description": TOOL_DESCRIPTION, "parameters": schema}}]
+                body["tool_choice"] = {"type": "function", "function": {"name": TOOL_NAME}}
         body.update(self.extra_body)
         return body
 
@@ -254,8 +285,13 @@ class OpenAIForecaster(Forecaster):
             return Forecast.from_label_logprobs(
                 label_logprobs(content[0].get("top_logprobs") or [])
             )
-        text = (choice.get("message") or {}).get("content") or ""
-        return parse_forecast(text)
+        message = choice.get("message") or {}
+        if self.answer_mode == "tool":
+            for call in message.get("tool_calls") or []:
+                function = (call or {}).get("function") or {}
+                if function.get("name") == TOOL_NAME:
+                    return parse_forecast(str(function.get("arguments") or ""))
+        return parse_forecast(message.get("content") or "")
 
     def _run(self, items: list[tuple[Messages, int]]) -> list[Forecast | BaseException]:
         def one(item: tuple[Messages, int]) -> Forecast | BaseException:

@@ -54,9 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from models.backends import BackendError, Forecaster, Messages, Progress
-from models.bins import NUM_BINS
 from models.forecast import LOGPROB, VERBALIZED, Forecast
-from models.parsing import parse_forecast
+from models.parsing import answer_json_schema, parse_forecast
 from models.prompts import ANSWER_PREFIX
 
 log = logging.getLogger(__name__)
@@ -66,30 +65,6 @@ PYTHON_ENV = "KERNELCAST_VLLM_PYTHON"
 REPO_VLLM_PYTHON = Path(__file__).resolve().parents[2] / ".vllm-venv" / "bin" / "python"
 # Seed offset between parse-retry attempts of one (prompt, repeat) (a prime, far from repeats).
 _RETRY_SEED_STRIDE = 7919
-
-
-def answer_json_schema(reasoning_max_chars: int = 400) -> dict[str, Any]:
-    """JSON schema of the verbalized answer (method.md section 2), flat, no $ref.
-
-    >>> s = answer_json_schema(100)
-    >>> s["required"], s["properties"]["p"]["minItems"], s["properties"]["reasoning"]["maxLength"]
-    (['predicted_bin', 'p', 'reasoning'], 8, 100)
-    """
-    return {
-        "type": "object",
-        "properties": {
-            "predicted_bin": {"type": "integer", "minimum": 1, "maximum": NUM_BINS},
-            "p": {
-                "type": "array",
-                "items": {"type": "number", "minimum": 0, "maximum": 1},
-                "minItems": NUM_BINS,
-                "maxItems": NUM_BINS,
-            },
-            "reasoning": {"type": "string", "maxLength": int(reasoning_max_chars)},
-        },
-        "required": ["predicted_bin", "p", "reasoning"],
-        "additionalProperties": False,
-    }
 
 
 def resolve_vllm_python(python: str | Path | None = None) -> str:
