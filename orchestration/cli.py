@@ -331,6 +331,11 @@ def forecast(
     hardware: str = typer.Option("nvidia-h200-sm90", help="Hardware id whose fingerprint goes into the prompt."),
     readout: str = typer.Option("logprob", help="logprob (next-token bin probabilities) | verbalized (JSON answer)."),
     style: str | None = typer.Option(None, help="full | diff | compact; default: the surrogate's training style, else diff."),
+    endpoint: str | None = typer.Option(
+        None, "--endpoint",
+        help="An OpenAI-compatible server (e.g. http://host:8000/v1, vLLM serving openai/gpt-oss-20b); "
+             "--model is then the served model name and the style defaults to full."),
+    answer_mode: str = typer.Option("text", help="With --endpoint and verbalized: text | json_schema | tool."),
     profile: str | None = ProfileOpt,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
@@ -338,9 +343,10 @@ def forecast(
 
     Answers from the registered surrogate @champion when there is one, else from the base model
     (the first call converts the embedded SmolLM2 GGUF into $KERNELCAST_HOME/models, a minute or
-    two on a CPU). The JSON says which ("source", "model_uri", "model_version")."""
+    two on a CPU). The JSON says which ("source", "model_uri", "model_version"). With --endpoint,
+    any OpenAI-compatible server answers instead (logprob readout via top_logprobs, verbalized
+    as text, a JSON-schema response or a forced tool call)."""
     from models.base_model import resolve_base_model
-    from models.bins import BIN_NAMES
     from models.registry import DEFAULT_NAME, parse_model_uri
     from models.service import DEFAULT_HARDWARE, forecast_pair, hardware_from_warehouse
     from pipelines.tasks import get_task
@@ -352,6 +358,13 @@ def forecast(
     if style is not None and style not in ("full", "diff", "compact"):
         raise CliError(f"--style must be full, diff or compact, got {style!r}")
     fp = hardware_from_warehouse(settings.warehouse_path, hardware) or DEFAULT_HARDWARE
+    if endpoint is not None:
+        style = style or "full"
+        result, model_ref = _forecast_via_endpoint(t, anchor, candidate, fp, endpoint, model, readout, style,
+                                                   answer_mode, settings)
+        _report_forecast({"task": task, "model_ref": model_ref, "source": f"OpenAI-compatible endpoint {endpoint}",
+                          "model_uri": None, "model_version": None, "readout": readout, "style": style}, result, as_json)
+        return
     version: int | None = None
     uri: str | None = None
     auto = model is None
@@ -389,8 +402,15 @@ def forecast(
                                           readout=readout, style=style, cache_dir=settings.home / "forecast-cache")
         source = ("base model (no registered surrogate @champion)" if auto
                   else "base model" if model.strip().lower() == "smollm2" else "local checkpoint")
-    report = {"task": task, "model_ref": model_ref, "source": source, "model_uri": uri, "model_version": version,
-              "readout": readout, "style": style, "parse_ok": result.parse_ok, "parse_error": result.parse_error,
+    _report_forecast({"task": task, "model_ref": model_ref, "source": source, "model_uri": uri, "model_version": version,
+                      "readout": readout, "style": style}, result, as_json)
+
+
+def _report_forecast(meta: dict, result, as_json: bool) -> None:
+    """Print a forecast (JSON, or a bar per bin); exit 1 when it did not parse."""
+    from models.bins import BIN_NAMES
+
+    report = {**meta, "parse_ok": result.parse_ok, "parse_error": result.parse_error,
               "predicted_bin": result.predicted_bin, "p": list(result.p) if result.p is not None else None,
               "raw_sum": result.raw_sum}
     if as_json:
@@ -398,11 +418,33 @@ def forecast(
     elif not result.parse_ok:
         typer.echo(f"no forecast: {result.parse_error}")
     else:
-        typer.echo(f"predicted bin {result.predicted_bin} ({BIN_NAMES[result.predicted_bin - 1]}), {source}")
+        typer.echo(f"predicted bin {result.predicted_bin} ({BIN_NAMES[result.predicted_bin - 1]}), {meta['source']}")
         for i, p in enumerate(result.p, start=1):
             typer.echo(f"  bin {i} {BIN_NAMES[i - 1]:<22} {p:6.3f} " + "#" * int(round(40 * p)))
     if not result.parse_ok:
         raise typer.Exit(1)
+
+
+def _forecast_via_endpoint(t, anchor: Path, candidate: Path, fp: dict, endpoint: str, model: str | None,
+                           readout: str, style: str, answer_mode: str, settings):
+    """One forecast from an OpenAI-compatible server: (Forecast, model_ref)."""
+    from models.backends import BackendError, ForecastRequest
+    from models.backends.openai_backend import ANSWER_MODES, OpenAIForecaster
+    from models.cache import ForecastCache
+    from models.prompts import build_prompt
+
+    if not model:
+        raise CliError("--endpoint needs --model: the served model name")
+    if answer_mode not in ANSWER_MODES:
+        raise CliError(f"--answer-mode must be one of {', '.join(ANSWER_MODES)}, got {answer_mode!r}")
+    forecaster = OpenAIForecaster(endpoint, model, use_logprobs=readout == "logprob", answer_mode=answer_mode,
+                                  cache=ForecastCache(settings.home / "forecast-cache"))
+    messages = build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, style=style)
+    try:
+        (result,) = forecaster.forecast([ForecastRequest(messages)])
+    except BackendError as e:
+        raise CliError(str(e)) from e
+    return result, forecaster.model_ref
 
 
 # ---- promote ------------------------------------------------------------------------------

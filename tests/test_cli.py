@@ -166,3 +166,26 @@ def test_forecast_unknown_model_is_one_line_error(tmp_path):
                               "--model", str(tmp_path / "missing")])
     assert res.exit_code == 2
     assert "no such checkpoint" in res.output
+
+
+@pytest.mark.parametrize("mode, bin_", [("text", 6), ("tool", 2)])
+def test_forecast_through_an_openai_endpoint(tmp_path, monkeypatch, mode, bin_):
+    """--endpoint: the chat-completions server answers (a real local HTTP server)."""
+    from test_models_openai_backend import FakeServer
+
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    a = tmp_path / "a.py"
+    a.write_text("def custom_kernel(data):\n    return data\n")
+    server = FakeServer()
+    try:
+        args = ["forecast", "--task", "softmax", "--anchor", str(a), "--candidate", str(a), "--endpoint", server.base_url,
+                "--readout", "verbalized", "--answer-mode", mode, "--json"]
+        res = runner.invoke(app, [*args, "--model", "tool" if mode == "tool" else "good"])
+        missing = runner.invoke(app, args)
+    finally:
+        server.close()
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.output[res.output.index("{"):])
+    assert out["predicted_bin"] == bin_ and out["source"].startswith("OpenAI-compatible endpoint")
+    assert out["style"] == "full" and server.requests[0]["messages"][0]["role"] == "system"
+    assert missing.exit_code == 2 and "--model" in missing.output
