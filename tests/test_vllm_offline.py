@@ -349,9 +349,11 @@ def test_backend_doctests():
     import doctest
     import importlib
 
-    for name in ("models.backends", "models.backends.vllm_backend"):
+    # models.backends has examples; vllm_backend's answer schema (and its example) moved to
+    # models.parsing, whose doctests run in tests/test_models_doctests.py.
+    for name, has_examples in (("models.backends", True), ("models.backends.vllm_backend", False)):
         result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
-        assert result.failed == 0 and result.attempted > 0, name
+        assert result.failed == 0 and (result.attempted > 0 or not has_examples), name
 
 
 if __name__ == "__main__":  # pragma: no cover
