@@ -63,6 +63,27 @@ def checkpoint_ref(path: str | Path) -> str:
     return f"{root}@{digest}"
 
 
+def eos_token_ids(tokenizer: Any, generation_eos: Any = None) -> list[int]:
+    """Stop tokens: the tokenizer's eos plus the generation config's (an int or a list).
+
+    >>> class Tok: eos_token_id = 2
+    >>> eos_token_ids(Tok(), [7, 2])
+    [2, 7]
+    """
+    ids: set[int] = set()
+    for value in (tokenizer.eos_token_id, generation_eos):
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(int(v) for v in value)
+    return sorted(ids)
+
+
+def render_chat(tokenizer: Any, messages: Messages) -> str:
+    """The prompt text: chat template with the assistant generation prompt."""
+    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+
+
 def _common_prefix_len(seqs: Sequence[Sequence[int]]) -> int:
     """Length of the longest common prefix of token sequences.
 
@@ -221,20 +242,12 @@ class TransformersForecaster(Forecaster):
         return 0
 
     def _eos_ids(self) -> list[int]:
-        ids = set()
         gen_eos = getattr(getattr(self.model, "generation_config", None), "eos_token_id", None)
-        for value in (self.tokenizer.eos_token_id, gen_eos):
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, (list, tuple)):
-                ids.update(int(v) for v in value)
-        return sorted(ids)
+        return eos_token_ids(self.tokenizer, gen_eos)
 
     def render(self, messages: Messages) -> str:
         """The prompt text: chat template with the assistant generation prompt."""
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        return render_chat(self.tokenizer, messages)
 
     # --- running --------------------------------------------------------------------------
 

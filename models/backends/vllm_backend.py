@@ -439,21 +439,17 @@ class VLLMOfflineForecaster(Forecaster):
 
     def _eos_ids(self) -> list[int]:
         """Stop tokens: the tokenizer's eos plus generation_config.json's (as the HF backend)."""
-        ids: set[int] = set()
+        from models.backends.transformers_backend import eos_token_ids
+
         gen = self.model_dir / "generation_config.json"
         gen_eos = json.loads(gen.read_text()).get("eos_token_id") if gen.is_file() else None
-        for value in (self.tokenizer.eos_token_id, gen_eos):
-            if isinstance(value, int):
-                ids.add(value)
-            elif isinstance(value, (list, tuple)):
-                ids.update(int(v) for v in value)
-        return sorted(ids)
+        return eos_token_ids(self.tokenizer, gen_eos)
 
     def render(self, messages: Messages) -> str:
         """The prompt text: chat template with the assistant generation prompt."""
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
+        from models.backends.transformers_backend import render_chat
+
+        return render_chat(self.tokenizer, messages)
 
     # --- requests -----------------------------------------------------------------------------
 
