@@ -73,35 +73,26 @@ def _language_model_forecasts(context, cfg, warehouse, read_pairs, version):
     from models.backends.transformers_backend import TransformersForecaster
     from models.base_model import resolve_base_model
     from models.cache import ForecastCache
-    from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
-    from pipelines.evaluation.lm_forecasts import forecast_pairs, sample_pairs
-    from warehouse.kernels import read_kernels
+    from pipelines.evaluation.lm_forecasts import forecast_by_hardware, pair_sources, sample_pairs
 
     with warehouse.connect(read_only=True) as con:
         evals = sample_pairs(read_pairs(con, version, "eval"), cfg.evaluation.lm_pairs_per_task)
-        ids = sorted(set(evals["anchor_kernel_id"]) | set(evals["candidate_kernel_id"]))
-        kernels = read_kernels(con, kernel_ids=ids)
-    sources = {r["kernel_id"]: (r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}
+        sources = pair_sources(con, evals)
     frames = []
     for spec in cfg.evaluation.lm_models:
         path = resolve_base_model(spec, cfg.home)
         forecaster = TransformersForecaster(str(path), readout="logprob", batch_size=1,
                                             cache=ForecastCache(cfg.home / "forecast-cache"))
-        for hw, part in evals.group_by("hardware_id"):
-            fp = hardware_from_warehouse(cfg.warehouse_path, hw[0]) or DEFAULT_HARDWARE
-            context.log.info(f"{spec}: forecasting {part.height} eval pairs on {hw[0]}")
-            frames.append(forecast_pairs(part, sources, fp, forecaster, f"base:{spec}", style=cfg.evaluation.lm_prompt_style,
-                                         progress=lambda d, t, spec=spec: context.log.info(f"{spec}: {d}/{t}")))
+        frames += forecast_by_hardware(evals, sources, cfg.warehouse_path, forecaster, f"base:{spec}",
+                                       style=cfg.evaluation.lm_prompt_style, log=context.log.info)
     return pl.concat(frames, how="diagonal_relaxed") if frames else None
 
 
 def _surrogate_forecasts(context, cfg, warehouse, mlflow, read_pairs, version):
     """Logprob forecasts of each challenger version and the champion on the capped eval subset."""
     from models.registry import alias_version
-    from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
     from models.surrogate import challengers, eval_subset, model_ref, registered_forecaster
-    from pipelines.evaluation.lm_forecasts import forecast_pairs
-    from warehouse.kernels import read_kernels
+    from pipelines.evaluation.lm_forecasts import forecast_by_hardware, pair_sources
 
     mlflow.client()
     champion = alias_version(mlflow.tracking_uri, "champion")
@@ -113,18 +104,13 @@ def _surrogate_forecasts(context, cfg, warehouse, mlflow, read_pairs, version):
     # The same subset for every version (and the champion), so promotion compares like with like.
     with warehouse.connect(read_only=True) as con:
         evals = eval_subset(read_pairs(con, version, "eval"), cfg.surrogate.eval_pairs)
-        ids = sorted(set(evals["anchor_kernel_id"]) | set(evals["candidate_kernel_id"]))
-        kernels = read_kernels(con, kernel_ids=ids)
-    sources = {r["kernel_id"]: (r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}
+        sources = pair_sources(con, evals)
     frames = []
     for v in versions:
         forecaster, info = registered_forecaster(mlflow.tracking_uri, v, cfg.home, cache_dir=cfg.home / "forecast-cache")
-        ref = model_ref(v)
-        for hw, part in evals.group_by("hardware_id"):
-            fp = hardware_from_warehouse(cfg.warehouse_path, hw[0]) or DEFAULT_HARDWARE
-            context.log.info(f"{ref} ({info['reward']}): forecasting {part.height} eval pairs on {hw[0]}")
-            frames.append(forecast_pairs(part, sources, fp, forecaster, ref, style=info["prompt_style"],
-                                         progress=lambda d, t, ref=ref: context.log.info(f"{ref}: {d}/{t}")))
+        context.log.info(f"{model_ref(v)}: reward {info['reward']}")
+        frames += forecast_by_hardware(evals, sources, cfg.warehouse_path, forecaster, model_ref(v),
+                                       style=info["prompt_style"], log=context.log.info)
         del forecaster
     return pl.concat(frames, how="diagonal_relaxed") if frames else None
 

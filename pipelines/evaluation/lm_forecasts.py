@@ -64,3 +64,28 @@ def forecast_pairs(pairs: pl.DataFrame, kernels: dict[str, tuple[str, str | None
     for i, f in enumerate(results):
         rows.append({"pair_id": ids[i // repeats], "model_ref": model_ref, **f.to_row()})
     return pl.DataFrame(rows, infer_schema_length=None)
+
+
+def pair_sources(con: Any, pairs: pl.DataFrame) -> dict[str, tuple[str, str | None]]:
+    """kernel_id -> (source, generator) for every anchor and candidate of `pairs` (one read)."""
+    from warehouse.kernels import read_kernels
+
+    ids = sorted(set(pairs["anchor_kernel_id"]) | set(pairs["candidate_kernel_id"]))
+    kernels = read_kernels(con, kernel_ids=ids)
+    return {r["kernel_id"]: (r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}
+
+
+def forecast_by_hardware(pairs: pl.DataFrame, sources: dict[str, tuple[str, str | None]], warehouse_path: Any,
+                         forecaster: Forecaster, model_ref: str, *, style: str,
+                         log: Callable[[str], None] = lambda message: None) -> list[pl.DataFrame]:
+    """`forecast_pairs` per hardware id of `pairs`, each prompt showing that device's stored
+    fingerprint (the default H200 table when the warehouse has none)."""
+    from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
+
+    frames = []
+    for (hw,), part in pairs.group_by("hardware_id"):
+        fp = hardware_from_warehouse(warehouse_path, hw) or DEFAULT_HARDWARE
+        log(f"{model_ref}: forecasting {part.height} eval pairs on {hw}")
+        frames.append(forecast_pairs(part, sources, fp, forecaster, model_ref, style=style,
+                                     progress=lambda done, total: log(f"{model_ref}: {done}/{total}")))
+    return frames
