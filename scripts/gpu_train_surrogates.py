@@ -44,8 +44,20 @@ log = logging.getLogger("gpu_train_surrogates")
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """Rows of a JSONL job file; a missing file or a bad line ends the run with one line."""
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise SystemExit(f"error: cannot read {path}: {e.strerror}") from e
+    rows = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as e:
+            raise SystemExit(f"error: {path}:{number}: not JSON ({e.msg})") from e
+    return rows
 
 
 def parse_overrides(items: list[str]) -> dict[str, Any]:

@@ -107,6 +107,42 @@ def _unpack(results: Path) -> Path:
     return unpacked
 
 
+def _load_results(results: Path, job: Path) -> dict:
+    """Read and check everything `ingest` will write, before it writes anything: a missing or
+    malformed file is one line (BadParameter) and leaves MLflow and the warehouse untouched."""
+    import polars as pl
+
+    from warehouse.db import connect
+    from warehouse.errors import WarehouseError
+    from warehouse.forecasts import FORECAST_COLUMNS, P_COLUMNS, write_forecasts
+
+    try:
+        folder = _unpack(results)
+        summary = json.loads((results / "summary.json").read_text())
+        version = json.loads((job / "job.json").read_text())["dataset_version"]
+        train_rows = [json.loads(line) for line in open(job / "train.jsonl") if line.strip()]
+        measurement_ids = (job / "measurement_ids.txt").read_text().split()
+        records = {}
+        for variant in summary["variants"]:
+            name = variant.replace("+", "_")
+            if not (folder / name / "adapter" / "adapter_config.json").is_file():
+                raise FileNotFoundError(f"{folder / name / 'adapter'} holds no adapter_config.json")
+            records[variant] = json.loads((folder / name / "training.json").read_text())
+            for key in ("metrics", "log_history", "sft_losses", "train_s", "eval_s", "steps"):
+                records[variant][key]  # noqa: B018 - a KeyError names the missing field
+        paths = sorted(results.glob("forecasts-*.jsonl"))
+        if not paths:
+            raise FileNotFoundError(f"{results} holds no forecasts-*.jsonl")
+        frame = pl.concat([pl.read_ndjson(p, infer_schema_length=None) for p in paths], how="diagonal_relaxed")
+        frame = frame.select([c for c in frame.columns if c in FORECAST_COLUMNS or c in P_COLUMNS])
+        with connect(":memory:") as scratch:  # the warehouse's own validation, on a throwaway copy
+            write_forecasts(scratch, frame)
+    except (OSError, KeyError, ValueError, WarehouseError, tarfile.TarError, pl.exceptions.PolarsError) as e:
+        raise typer.BadParameter(f"{type(e).__name__}: {e}".splitlines()[0]) from e
+    return {"folder": folder, "summary": summary, "dataset_version": version, "train_rows": train_rows,
+            "measurement_ids": measurement_ids, "records": records, "forecasts": frame}
+
+
 @app.command()
 def ingest(
     results: Annotated[Path, typer.Argument(help="the folder gpu_train_surrogates.py wrote (--out)")],
@@ -128,20 +164,17 @@ def ingest(
         write_evaluation_report,
     )
     from warehouse.db import connect
-    from warehouse.forecasts import P_COLUMNS, read_forecasts, write_forecasts
+    from warehouse.forecasts import read_forecasts, write_forecasts
 
     cfg = _settings(profile, home)
-    folder = _unpack(results)
-    summary = json.loads((results / "summary.json").read_text())
-    meta = json.loads((job / "job.json").read_text())
-    version = meta["dataset_version"]
-    train_rows = [json.loads(line) for line in open(job / "train.jsonl")]
-    measurement_ids = (job / "measurement_ids.txt").read_text().split()
+    loaded = _load_results(results, job)
+    summary, folder, version = loaded["summary"], loaded["folder"], loaded["dataset_version"]
+    train_rows, measurement_ids, records = loaded["train_rows"], loaded["measurement_ids"], loaded["records"]
     refs: dict[str, str] = {}
     with connect(cfg.warehouse_path) as con:
         for variant, info in summary["variants"].items():
             name = variant.replace("+", "_")
-            record = json.loads((folder / name / "training.json").read_text())
+            record = records[variant]
             settings = TrainingSettings.profile(summary["profile"], reward=variant, **summary["overrides"])
             metrics = {**record["metrics"], "train_s": record["train_s"], "eval_s": record["eval_s"]}
             run_id = log_training_run(cfg.mlflow_uri, "kernelcast-training", settings, record["log_history"],
@@ -151,18 +184,14 @@ def ingest(
                                         dataset_version=version, alias=alias, con=con)
             refs[f"trained:{variant}"] = f"models:/kernelcast-surrogate/{number}"
             typer.echo(f"{variant}: MLflow run {run_id}, registered version {number} ({info['steps']} GRPO steps)")
-        frame = pl.concat([pl.read_ndjson(p, infer_schema_length=None) for p in sorted(results.glob("forecasts-*.jsonl"))],
-                          how="diagonal_relaxed")
+        frame = loaded["forecasts"]
 
         def rename(ref: str) -> str:
             model, _, readout = ref.partition("|")
             return f"{refs[model]}|{readout}" if model in refs else f"{model}|{readout}|{host}"
 
         frame = frame.with_columns(pl.col("model_ref").map_elements(rename, return_dtype=pl.String))
-        keep = [c for c in frame.columns if c in ("pair_id", "model_ref", "repeat", "predicted_bin", "argmax_bin", "p",
-                                                   "raw_sum", "parse_ok", "parse_error", "tokens", "latency_s")
-                or c in P_COLUMNS]
-        write_forecasts(con, frame.select(keep))
+        write_forecasts(con, frame)
         models = set(frame["model_ref"].unique())
         stored = read_forecasts(con, dataset_version=version, with_pairs=True)
     stored = stored.rename({"speedup": "true_speedup"}) if "speedup" in stored.columns else stored

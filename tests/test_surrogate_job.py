@@ -56,6 +56,15 @@ def _invoke(*args: str):
     return result.output
 
 
+def _registered_versions(home):
+    from mlflow import MlflowClient
+
+    from orchestration.settings import load_settings
+
+    uri = load_settings("smoke", home).mlflow_uri
+    return MlflowClient(uri, registry_uri=uri).search_model_versions("name='kernelcast-surrogate'")
+
+
 @pytest.mark.slow
 def test_export_train_elsewhere_ingest(home, tmp_path):
     from models.tiny import build_tiny_model
@@ -84,11 +93,24 @@ def test_export_train_elsewhere_ingest(home, tmp_path):
     assert sorted(p.name for p in out.iterdir()) == [
         "correctness_brier.tar", "forecasts-base.jsonl", "forecasts-correctness_brier.jsonl", "summary.json"]
 
+    # A corrupt forecast file: one line, and nothing logged, registered or written.
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(out, broken)
+    path = broken / "forecasts-correctness_brier.jsonl"
+    path.write_text(path.read_text() + '{"pair_id": "x", "model_ref": "m", "predicted_bin": 9, "parse_ok": tr\n')
+    bad = CliRunner().invoke(surrogate_job.app, ["ingest", str(broken), "--job", str(job), "--profile", "smoke",
+                                                 "--home", str(home)])
+    assert bad.exit_code == 2 and "Invalid value" in bad.output, bad.output
+    assert _registered_versions(home) == []
+
     report = _invoke("ingest", str(out), "--job", str(job), "--host", "cpu-test", "--alias", "challenger",
                      "--n-boot", "20", "--profile", "smoke", "--home", str(home))
     assert "registered version 1" in report and "models:/kernelcast-surrogate/1|verbalized" in report
 
     from mlflow import MlflowClient
+
     from orchestration.settings import load_settings
 
     cfg = load_settings("smoke", home)
