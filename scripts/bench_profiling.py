@@ -7,6 +7,8 @@
     python3 scripts/bench_profiling.py compare RUN.parquet REPEAT.parquet
     # (c) our protocol vs the paper's on the same kernels (and each protocol against itself)
     python3 scripts/bench_profiling.py compare KERNELCAST.parquet PAPER.parquet
+    # the rest of a batch after earlier runs (next call of a session; any status counts as done)
+    python3 scripts/bench_profiling.py remaining BATCH.parquet RUN1.parquet [RUN2.parquet ...] --out REST.parquet
 
 `compare` joins two result files on kernel_id (both ok) and reports, over the common
 kernels, the median and 95th percentile of |log2(speedup_a / speedup_b)|, the share within
@@ -114,6 +116,17 @@ def subset(result_path: str, batch_path: str, n: int, out: str, seed: int = 0) -
     return {"picked": len(pick), "written": sub.num_rows, "out": out}
 
 
+def remaining(batch_path: str, result_paths: list[str], out: str) -> dict:
+    """The batch's kernels that none of the result files has a row for, in batch order."""
+    done: set[str] = set()
+    for path in result_paths:
+        done.update(pq.read_table(path, columns=["kernel_id"]).column("kernel_id").to_pylist())
+    batch = pq.read_table(batch_path)
+    rest = batch.filter(pa.array([k not in done for k in batch.column("kernel_id").to_pylist()]))
+    pq.write_table(rest, out, compression="zstd")
+    return {"batch": batch.num_rows, "done": batch.num_rows - rest.num_rows, "remaining": rest.num_rows, "out": out}
+
+
 def _print(report: dict, as_json: bool) -> None:
     if as_json:
         print(json.dumps(report, indent=2, default=str))
@@ -139,7 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--n", type=int, default=200)
     s.add_argument("--out", required=True)
     s.add_argument("--seed", type=int, default=0)
-    for p in (t, c, s):
+    r = sub.add_parser("remaining")
+    r.add_argument("batch")
+    r.add_argument("results", nargs="+")
+    r.add_argument("--out", required=True)
+    for p in (t, c, s, r):
         p.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
@@ -147,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             report = throughput(args.result, args.summary)
         elif args.cmd == "compare":
             report = compare(args.a, args.b)
+        elif args.cmd == "remaining":
+            report = remaining(args.batch, args.results, args.out)
         else:
             report = subset(args.result, args.batch, args.n, args.out, args.seed)
     except (OSError, pa.ArrowInvalid, KeyError) as e:

@@ -6,19 +6,28 @@
 #
 # Used for run1 on 2026-11-29 as: scripts/gpu_measure_round.sh .gpu-batches/run1/batch.parquet run1 380 200 130
 # (with `bash .gpu-carry/a/stage.sh` first when the next call trains; see README).
+# On a host of several GPUs, KC_GPU=i measures on GPU i and KC_CPUS=a-b keeps the worker and all
+# its children on those cores (scripts/gpu_measure_parallel.sh runs one such worker per GPU).
+# KC_KEEP=DIR also copies the result files there (a warm host keeps /root between the calls of
+# a session, so the next call can measure `bench_profiling.py remaining` of the same batch).
 set -u
 batch=$1 name=$2 budget=${3:-380} repeat_n=${4:-0} repeat_budget=${5:-130}
 out=${OUT:?set OUT to the output folder}
-nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$out/gpu-$name.txt"
-python3 -m pipelines.profiling.worker --batch "$batch" --out "$out/results-$name.parquet" \
-  --compile-workers 12 --timeout-s 60 --time-budget-s "$budget" --summary-json "$out/summary-$name.json" \
+pin=()
+[ -n "${KC_CPUS:-}" ] && pin=(taskset -c "$KC_CPUS")
+smi_id=()
+if [ -n "${KC_GPU:-}" ]; then export CUDA_VISIBLE_DEVICES=$KC_GPU; smi_id=(--id="$KC_GPU"); fi
+nvidia-smi "${smi_id[@]}" --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$out/gpu-$name.txt"
+"${pin[@]}" python3 -m pipelines.profiling.worker --batch "$batch" --out "$out/results-$name.parquet" \
+  --compile-workers "${KC_COMPILE_WORKERS:-12}" --timeout-s 60 --time-budget-s "$budget" --summary-json "$out/summary-$name.json" \
   > "$out/$name.log" 2>&1
 tail -12 "$out/$name.log"
 python3 scripts/bench_profiling.py throughput "$out/results-$name.parquet" --summary "$out/summary-$name.json"
 if [ "$repeat_n" -gt 0 ]; then
-  python3 scripts/bench_profiling.py subset "$out/results-$name.parquet" "$batch" --n "$repeat_n" --out /tmp/repeat-batch.parquet
-  python3 -m pipelines.profiling.worker --batch /tmp/repeat-batch.parquet --out "$out/results-$name-repeat.parquet" \
-    --compile-workers 12 --timeout-s 60 --time-budget-s "$repeat_budget" > "$out/$name-repeat.log" 2>&1
+  python3 scripts/bench_profiling.py subset "$out/results-$name.parquet" "$batch" --n "$repeat_n" --out "/tmp/repeat-$name.parquet"
+  "${pin[@]}" python3 -m pipelines.profiling.worker --batch "/tmp/repeat-$name.parquet" --out "$out/results-$name-repeat.parquet" \
+    --compile-workers "${KC_COMPILE_WORKERS:-12}" --timeout-s 60 --time-budget-s "$repeat_budget" > "$out/$name-repeat.log" 2>&1
   tail -3 "$out/$name-repeat.log"
   python3 scripts/bench_profiling.py compare "$out/results-$name.parquet" "$out/results-$name-repeat.parquet"
 fi
+if [ -n "${KC_KEEP:-}" ]; then mkdir -p "$KC_KEEP" && cp "$out"/results-"$name"*.parquet "$KC_KEEP"/; fi

@@ -1,22 +1,32 @@
 #!/usr/bin/env bash
 # One training call on the GPU host (after `bash .gpu-carry/a/stage.sh` in the call before, with
-# .gpu-carry/b and the job folder carried in this one): train reward variants from SmolLM2 and
-# forecast the eval set; outputs in $OUT/train for `scripts/surrogate_job.py ingest`.
+# .gpu-carry/b and the job folder carried in this one): train reward variants from SmolLM2 side
+# by side (one process each, see gpu_train_surrogates.py --parallel) and forecast the eval set;
+# outputs in $OUT/train for `scripts/surrogate_job.py ingest`, also packed as $OUT/train-*.tar
+# (a call returns at most 8 files).
 #
-#   bash scripts/gpu_train_round.sh JOB_DIR VARIANTS [EXTRA ARGS for gpu_train_surrogates.py]
+#   [KC_TRAIN_GPUS=1] [KC_DEADLINE_S=480] bash scripts/gpu_train_round.sh JOB_DIR VARIANTS [EXTRA ARGS]
 #
 # 2026-11-29 (H200), job of 181 train / 337 eval pairs, full prompts: the GGUF conversion took
 # 42 s, the base model's logprob eval 29 s, its verbalized eval (674 answers of 256 tokens, none
 # parses) 213 s, the 60-step warm-up 20 s (probe parse rate 0 -> 0.38), GRPO 20-25 s per step
-# of 8 x 8 rollouts: the call's 590 s ran out after 3 GRPO steps of the first variant. TRL's
-# default gradient checkpointing also switches the KV cache off during rollouts, hence it is off here.
+# of 8 x 8 rollouts with gradient checkpointing on: the call's 590 s ran out after 3 GRPO steps
+# of the first variant, one variant at a time. TRL's default gradient checkpointing also switches
+# the KV cache off during rollouts, hence it is off here.
 set -u
 job=$1 variants=$2; shift 2
 out=${OUT:?set OUT to the output folder}
 source .gpu-carry/b/finish.sh > "$out/finish.log" 2>&1 || { echo "finish.sh failed"; cat "$out/finish.log"; exit 1; }
 export KERNELCAST_HOME=/tmp/kc HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
+gpus=${KC_TRAIN_GPUS:-}
+[ -n "$gpus" ] && export CUDA_VISIBLE_DEVICES=$gpus  # the parent's base-model eval, too
 python3 scripts/gpu_train_surrogates.py --job "$job" --out "$out/train" --profile gpu --variants "$variants" \
+  --parallel --deadline-s "${KC_DEADLINE_S:-0}" \
   --set max_completion_length=160 --set gradient_checkpointing=false --set sft_steps=60 --set sft_lr=0.0002 \
   --repeats 2 --batch-size 64 --eval-max-new-tokens 160 --base-readouts logprob "$@" > "$out/train.log" 2>&1
 grep -v "it/s\]" "$out/train.log" | tail -25
+for f in "$out"/train/train-*.log; do echo "== $f"; grep -v "it/s\]" "$f" | grep -i "warm-up\|parse\|error\|Traceback\|trained in" | tail -8; done
 ls -la "$out/train"
+# Pack: one tar per adapter (each a few MB), one for the rest.
+(cd "$out" && for t in train/*.tar; do [ -e "$t" ] && mv "$t" "train-$(basename "$t")"; done
+ tar cf train-rest.tar train && rm -rf train)

@@ -19,6 +19,13 @@ summary.json, rewritten after every model, so a run stopped by a time limit stil
 whatever finished. One tar and one forecast file per model keep the number of files small
 (a GPU call returns at most 8).
 
+--parallel trains the variants at once, one child process each (this script with one variant
+and --skip-base, its own sub-folder and CUDA_VISIBLE_DEVICES from --gpus, round robin), while
+this process forecasts with the base model; then it merges the children's files into OUT_DIR.
+A 135M model leaves an H200 mostly idle (rollouts are token-by-token generation), so three
+variants side by side take little longer than one. --deadline-s kills children still running
+then, so a GPU call with a hard limit still returns the variants that finished.
+
 The eval forecasts use two readouts: "logprob" (one forward pass, deterministic) and
 "verbalized" (sampled at the training temperature, --repeats answers per pair), the
 model_ref of a row saying which model and readout.
@@ -32,6 +39,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 import time
@@ -110,6 +118,69 @@ def _free(torch: Any) -> None:
         torch.cuda.empty_cache()
 
 
+def child_command(args: argparse.Namespace, variant: str, out: Path) -> list[str]:
+    """This script's command line for one variant of a --parallel run."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--job", str(args.job), "--out", str(out),
+           "--variants", variant, "--skip-base", "--profile", args.profile, "--repeats", str(args.repeats),
+           "--eval-limit", str(args.eval_limit), "--eval-max-new-tokens", str(args.eval_max_new_tokens),
+           "--batch-size", str(args.batch_size)]
+    for item in args.set:
+        cmd += ["--set", item]
+    return cmd
+
+
+def merge_child(summary: dict[str, Any], child_out: Path, out: Path, variant: str) -> None:
+    """Move a child's tar and forecast file into `out` and its variant record into `summary`;
+    a child that finished nothing leaves the variant under "skipped"."""
+    name = safe_name(variant)
+    try:
+        child = json.loads((child_out / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        child = {}
+    done = variant in child.get("variants", {}) and (child_out / f"{name}.tar").is_file()
+    if not done:
+        summary.setdefault("skipped", []).append(variant)
+        return
+    for path in (child_out / f"{name}.tar", child_out / f"forecasts-{name}.jsonl"):
+        shutil.move(str(path), out / path.name)
+    summary["variants"][variant] = child["variants"][variant]
+
+
+def run_children(args: argparse.Namespace, variants: list[str]) -> list[tuple[str, Path, Any]]:
+    """Start one child per variant; [(variant, its out folder, Popen)]."""
+    gpus = [g for g in args.gpus.split(",") if g] if args.gpus else []
+    children = []
+    for i, variant in enumerate(variants):
+        child_out = args.out / f"_{safe_name(variant)}"
+        child_out.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if gpus:
+            env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
+        log_file = open(args.out / f"train-{safe_name(variant)}.log", "w")  # noqa: SIM115 - the child owns it
+        proc = subprocess.Popen(child_command(args, variant, child_out), env=env, stdout=log_file,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        children.append((variant, child_out, proc))
+        log.info("%s: child %d on GPU %s", variant, proc.pid, env.get("CUDA_VISIBLE_DEVICES", "(all)"))
+    return children
+
+
+def wait_children(children: list[tuple[str, Path, Any]], deadline: float | None) -> None:
+    """Wait for every child; kill those still running at `deadline` (perf_counter time)."""
+    import signal
+
+    for variant, _, proc in children:
+        timeout = None if deadline is None else max(0.0, deadline - time.perf_counter())
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            log.warning("%s: killed at the deadline", variant)
+            continue
+        if code:
+            log.warning("%s: child exited with %d (see its log)", variant, code)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--job", type=Path, required=True, help="folder with train.jsonl and eval.jsonl")
@@ -129,6 +200,10 @@ def main(argv: list[str] | None = None) -> int:
                          "its 674 full-budget answers took 213 s on the H200)")
     ap.add_argument("--time-budget-s", type=float, default=0.0,
                     help="start no variant that would not finish by then, judged by the last one (0 = no limit)")
+    ap.add_argument("--parallel", action="store_true", help="train the variants at once, one child process each")
+    ap.add_argument("--gpus", default="", help="with --parallel: GPU indices handed out to the children in turn")
+    ap.add_argument("--deadline-s", type=float, default=0.0,
+                    help="with --parallel: kill children still running this long after the start (0 = never)")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -167,6 +242,8 @@ def main(argv: list[str] | None = None) -> int:
         return forecast_rows(model, tok, evals, ref, args.repeats, args.eval_max_new_tokens,
                              first.temperature, args.batch_size, tuple(readouts.split(",")))
 
+    run_started = time.perf_counter()
+    children = run_children(args, variants) if args.parallel else []
     if not args.skip_base:
         from models.backends.transformers_backend import load_model_and_tokenizer
 
@@ -176,6 +253,14 @@ def main(argv: list[str] | None = None) -> int:
         summary["base_eval_s"] = round(time.perf_counter() - t0, 1)
         write_summary()
         del model
+    if args.parallel:
+        wait_children(children, run_started + args.deadline_s if args.deadline_s else None)
+        for variant, child_out, _ in children:
+            merge_child(summary, child_out, args.out, variant)
+            shutil.rmtree(child_out, ignore_errors=True)
+        write_summary()
+        print(json.dumps(summary, indent=1, default=str))
+        return 0
     started, last_s = time.perf_counter(), 0.0
     for variant, s in settings.items():
         elapsed = time.perf_counter() - started

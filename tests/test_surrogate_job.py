@@ -127,3 +127,37 @@ def test_export_train_elsewhere_ingest(home, tmp_path):
     assert refs == {f"base:{tiny}|logprob|cpu-test": 2, "models:/kernelcast-surrogate/1|logprob": 2,
                     "models:/kernelcast-surrogate/1|verbalized": 2}
     assert (cfg.reports_dir / f"{meta['dataset_version']}-surrogates" / "index.html").is_file()
+
+
+@pytest.mark.slow
+def test_parallel_variants_merge_into_one_results_folder(home, tmp_path):
+    """--parallel: one child per variant, the base eval in the parent, one merged folder; a
+    deadline that passes before any child finishes leaves those variants under "skipped"."""
+    from models.tiny import build_tiny_model
+
+    job = tmp_path / "job"
+    _invoke("export", "--out", str(job), "--style", "diff", "--profile", "smoke", "--home", str(home))
+    tiny = build_tiny_model(tmp_path / "tiny")
+    common = [sys.executable, str(REPO / "scripts" / "gpu_train_surrogates.py"), "--job", str(job),
+              "--profile", "smoke", "--variants", "correctness,correctness+crps", "--parallel",
+              "--set", f"base_model={tiny}", "--set", "sft_steps=1", "--set", "max_steps=1", "--eval-limit", "2",
+              "--repeats", "1", "--eval-max-new-tokens", "8", "--base-readouts", "logprob"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "out"
+    run = subprocess.run([*common, "--out", str(out)], capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert sorted(summary["variants"]) == ["correctness", "correctness+crps"] and "skipped" not in summary
+    assert sorted(p.name for p in out.iterdir()) == [
+        "correctness.tar", "correctness_crps.tar", "forecasts-base.jsonl", "forecasts-correctness.jsonl",
+        "forecasts-correctness_crps.jsonl", "summary.json", "train-correctness.log", "train-correctness_crps.log"]
+    rows = [json.loads(line) for line in open(out / "forecasts-correctness_crps.jsonl")]
+    assert {r["model_ref"] for r in rows} == {"trained:correctness+crps|logprob", "trained:correctness+crps|verbalized"}
+
+    late = tmp_path / "late"
+    run = subprocess.run([*common, "--out", str(late), "--deadline-s", "0.5"], capture_output=True, text=True,
+                         timeout=900, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((late / "summary.json").read_text())
+    assert summary["variants"] == {} and sorted(summary["skipped"]) == ["correctness", "correctness+crps"]
+    assert not list(late.glob("*.tar")) and not list(late.glob("_*"))

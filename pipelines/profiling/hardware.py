@@ -55,6 +55,22 @@ def nvidia_smi(index: int = 0, timeout_s: float = 10.0) -> dict:
     return {k.replace(".", "_"): v for k, v in zip(_SMI_FIELDS, values) if v and "N/A" not in v}
 
 
+def physical_gpu_index(device_index: int = 0) -> int:
+    """nvidia-smi's index of torch's device `device_index`: under CUDA_VISIBLE_DEVICES=1 (one
+    worker per GPU on a multi-GPU host) torch's device 0 is the host's GPU 1.
+
+    >>> os.environ["CUDA_VISIBLE_DEVICES"] = "1"; physical_gpu_index(0)
+    1
+    >>> os.environ["CUDA_VISIBLE_DEVICES"] = "GPU-abc"; physical_gpu_index(0)
+    0
+    >>> del os.environ["CUDA_VISIBLE_DEVICES"]
+    """
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if device_index < len(visible) and visible[device_index].isdigit():
+        return int(visible[device_index])
+    return device_index  # unset, or UUIDs: nvidia-smi's order is the best guess
+
+
 def cuda_fingerprint(device_index: int = 0) -> dict:
     """Everything we know about the CUDA device: name, capability, SMs, memory, L2, clocks, versions."""
     import torch
@@ -70,7 +86,7 @@ def cuda_fingerprint(device_index: int = 0) -> dict:
         "uuid": str(getattr(p, "uuid", "")),
         **_versions(),
     }
-    fp["nvidia_smi"] = nvidia_smi(device_index)
+    fp["nvidia_smi"] = nvidia_smi(physical_gpu_index(device_index))
     fp["hardware_id"] = hardware_id(p.name, (p.major, p.minor))
     return fp
 

@@ -1,0 +1,67 @@
+"""scripts/bench_profiling.py on small result files: the batch bookkeeping between the calls
+of a GPU session (subset, remaining) and the repeatability comparison."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+
+import bench_profiling  # noqa: E402  (scripts/ is not a package)
+
+
+def _results(path: Path, speedups: dict[str, float | None]) -> str:
+    n = len(speedups)
+    pq.write_table(pa.table({
+        "kernel_id": list(speedups), "status": ["ok" if s else "failed" for s in speedups.values()],
+        "speedup": list(speedups.values()), "protocol": ["kernelcast"] * n,
+        "kernel_median_ms": [[1.0, 2.0]] * n, "kernel_stderr_ms": [[0.001, 0.004]] * n}), path)
+    return str(path)
+
+
+def test_remaining_keeps_batch_order_and_counts_failures_as_done(tmp_path):
+    batch = tmp_path / "batch.parquet"
+    pq.write_table(pa.table({"kernel_id": ["k1", "k2", "k3", "k4", "k5"], "source": ["s"] * 5}), batch)
+    run1 = _results(tmp_path / "r1.parquet", {"k2": 1.5, "k9": 2.0})
+    run2 = _results(tmp_path / "r2.parquet", {"k4": None})
+    out = tmp_path / "rest.parquet"
+    report = bench_profiling.remaining(str(batch), [run1, run2], str(out))
+    assert report == {"batch": 5, "done": 2, "remaining": 3, "out": str(out)}
+    assert pq.read_table(out).column("kernel_id").to_pylist() == ["k1", "k3", "k5"]
+    assert pq.read_table(out).column_names == ["kernel_id", "source"]
+
+
+def test_subset_picks_only_correct_kernels_deterministically(tmp_path):
+    batch = tmp_path / "batch.parquet"
+    ids = [f"k{i}" for i in range(10)]
+    pq.write_table(pa.table({"kernel_id": ids}), batch)
+    run = _results(tmp_path / "r.parquet", {k: (None if k in ("k0", "k1") else 1.0 + i) for i, k in enumerate(ids)})
+    a = bench_profiling.subset(run, str(batch), 5, str(tmp_path / "a.parquet"), seed=3)
+    bench_profiling.subset(run, str(batch), 5, str(tmp_path / "b.parquet"), seed=3)
+    picked = pq.read_table(tmp_path / "a.parquet").column("kernel_id").to_pylist()
+    assert a["written"] == 5 and picked == pq.read_table(tmp_path / "b.parquet").column("kernel_id").to_pylist()
+    assert not {"k0", "k1"} & set(picked)
+
+
+def test_remaining_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
+    code = bench_profiling.main(["remaining", str(tmp_path / "nope.parquet"), str(tmp_path / "r.parquet"),
+                                 "--out", str(tmp_path / "x.parquet")])
+    assert code == 2 and capsys.readouterr().err.startswith("error:")
+
+
+@pytest.mark.parametrize("shift", [1.0, 1.1])
+def test_compare_measures_the_log2_ratio_between_runs(tmp_path, shift):
+    a = _results(tmp_path / "a.parquet", {f"k{i}": 1.0 + i for i in range(20)})
+    b = _results(tmp_path / "b.parquet", {f"k{i}": (1.0 + i) * shift for i in range(20)})
+    report = bench_profiling.compare(a, b)
+    assert report["common"] == 20 and report["spearman"] == pytest.approx(1.0)
+    assert report["median_abs_log2"] == pytest.approx(math.log2(shift), abs=1e-9)
+    assert report["p95_abs_log2"] == pytest.approx(math.log2(shift), abs=1e-9)
+    assert report["spread_a"] == {"cases": 40, "median_rel_stderr": pytest.approx(0.0015),
+                                  "p95_rel_stderr": pytest.approx(0.002)}
