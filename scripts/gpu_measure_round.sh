@@ -14,7 +14,9 @@ set -u
 batch=$1 name=$2 budget=${3:-380} repeat_n=${4:-0} repeat_budget=${5:-130}
 out=${OUT:?set OUT to the output folder}
 pin=()
-[ -n "${KC_CPUS:-}" ] && pin=(taskset -c "$KC_CPUS")
+if [ -n "${KC_CPUS:-}" ]; then
+  if command -v taskset > /dev/null; then pin=(taskset -c "$KC_CPUS"); else echo "warning: no taskset, cores not pinned"; fi
+fi
 smi_id=()
 if [ -n "${KC_GPU:-}" ]; then export CUDA_VISIBLE_DEVICES=$KC_GPU; smi_id=(--id="$KC_GPU"); fi
 nvidia-smi "${smi_id[@]}" --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$out/gpu-$name.txt"
