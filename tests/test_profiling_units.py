@@ -227,3 +227,20 @@ def test_launch_suppression_patches_and_restores_triton():
     with runner.triton_launches_suppressed():
         assert JITFunction.run is not run and isinstance(Autotuner.__dict__["do_bench"], property)
     assert JITFunction.run is run and Autotuner.__dict__["do_bench"] is bench
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_release_cuda_memory_returns_free_blocks_above_the_threshold():
+    x = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    del x  # freed, but still reserved by the caching allocator
+    reserved = torch.cuda.memory_reserved()
+    assert reserved >= 512 * 2**20
+    assert runner.release_cuda_memory(keep_bytes=reserved) is False  # at the threshold: kept
+    assert runner.release_cuda_memory(keep_bytes=0) is True
+    assert torch.cuda.memory_reserved() < reserved
+
+
+def test_release_cuda_memory_is_a_no_op_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runner.release_cuda_memory(keep_bytes=0) is False

@@ -73,8 +73,9 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.role != "measure":
             # Compile children only need each shape once; keep their cached inputs small, since
-            # a dozen of them share the GPU's memory with the measuring child.
-            runner._CACHE.max_bytes = 3 * 2**30
+            # a dozen of them share the GPU's memory with the measuring child (runner.run_compile
+            # also returns their allocator's free blocks after each kernel).
+            runner._CACHE.max_bytes = 2 * 2**30
         if args.role == "measure":
             measurer = runner.Measurer(config)
             info = {"hardware": measurer.hardware, "pid": os.getpid()}

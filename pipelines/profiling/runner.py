@@ -212,6 +212,19 @@ class InputCache:
 _CACHE = InputCache()
 
 
+def release_cuda_memory(keep_bytes: int) -> bool:
+    """Give the caching allocator's free blocks back to the device once this process reserves
+    more than `keep_bytes`; True if it did. A compile child runs each kernel's launcher on the
+    benchmark inputs (launches suppressed, but torch ops in a launcher and its outputs are real
+    allocations); without this, a dozen children each kept ~9 GB reserved after trimul's
+    1024 x 1024 pair tensors, and the measuring child's reference then ran out of memory
+    (H200, 2026-11-29 session 3: 36 trimul kernels recorded as `infrastructure` failures)."""
+    if not torch.cuda.is_available() or torch.cuda.memory_reserved() <= keep_bytes:
+        return False
+    torch.cuda.empty_cache()
+    return True
+
+
 def make_input(task, case: dict, salt: int = 0) -> Any:
     """The task's input for `case`, deterministic by the case's seed (+ salt): a fresh clone."""
     return _CACHE.get(task, case, salt)
@@ -365,6 +378,8 @@ def run_compile(job: dict, device: str) -> dict:
         return {"ok": False, "failure_kind": f.kind, "error": f.message, "seconds": time.perf_counter() - t0, "restart": f.restart}
     finally:
         unload_kernel(path)
+        if device == "cuda":
+            release_cuda_memory(keep_bytes=_CACHE.max_bytes + 2**30)
 
 
 def run_check(job: dict, device: str) -> dict:
