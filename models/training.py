@@ -280,6 +280,14 @@ def git_commit() -> str | None:
         return None
 
 
+SMALL_MODEL_BYTES = 4 * 2**30  # checkpoints under this train with float32 weights on a GPU
+
+
+def _checkpoint_bytes(path: Path) -> int:
+    """Bytes of a checkpoint's weight files (safetensors or bin)."""
+    return sum(f.stat().st_size for f in Path(path).iterdir() if f.suffix in (".safetensors", ".bin"))
+
+
 def _load_base(settings: TrainingSettings):
     """(model, tokenizer) of the base model, on CPU/CUDA as available, float32 on CPU."""
     import torch
@@ -289,9 +297,13 @@ def _load_base(settings: TrainingSettings):
 
     path = resolve_base_model(settings.base_model)
     cuda = torch.cuda.is_available()
-    # CPU: float32 (bf16=False in the trainer); GPU: bfloat16 halves memory, as the paper runs.
+    # CPU: float32 (bf16=False in the trainer). GPU: the trainer computes in bf16 (autocast);
+    # the weights stay float32 for a small model and are bfloat16 only where memory demands it
+    # (a 20B model, as the paper runs). With SmolLM2's weights in bf16, one H200 GRPO run hit a
+    # NaN gradient after 11 steps, and the NaN weights then broke sampling (device-side assert).
+    small = _checkpoint_bytes(path) < SMALL_MODEL_BYTES
     model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch.bfloat16 if cuda else torch.float32
+        str(path), dtype=torch.float32 if (small or not cuda) else torch.bfloat16
     )
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
     if tokenizer.pad_token is None:

@@ -7,12 +7,17 @@
 #
 #   [KC_TRAIN_GPUS=1] [KC_DEADLINE_S=480] bash scripts/gpu_train_round.sh JOB_DIR VARIANTS [EXTRA ARGS]
 #
-# 2026-11-29 (H200), job of 181 train / 337 eval pairs, full prompts: the GGUF conversion took
-# 42 s, the base model's logprob eval 29 s, its verbalized eval (674 answers of 256 tokens, none
-# parses) 213 s, the 60-step warm-up 20 s (probe parse rate 0 -> 0.38), GRPO 20-25 s per step
-# of 8 x 8 rollouts with gradient checkpointing on: the call's 590 s ran out after 3 GRPO steps
-# of the first variant, one variant at a time. TRL's default gradient checkpointing also switches
-# the KV cache off during rollouts, hence it is off here.
+# Seen on the H200 (job of 181 train / 337 eval pairs, full prompts of ~2,900 tokens):
+# - 2026-11-29, one variant at a time, gradient checkpointing on: GGUF conversion 42 s, base
+#   logprob eval 29 s, base verbalized eval (674 answers of 256 tokens, none parses) 213 s,
+#   60-step warm-up 20 s, GRPO 20-25 s per 8 x 8 step: the 590 s call ended after 3 steps.
+#   TRL's gradient checkpointing also switches the KV cache off in rollouts, hence off here.
+# - 2026-11-29 session 3, variants side by side: with micro-batches of 16 completions each
+#   process held 53-75 GB, so three on one GPU (or two beside a measuring worker) ran out of
+#   memory; hence micro_batch_size=4. Alone, a variant ran its 20 GRPO steps in 8-36 s each
+#   (~6 min) and its logprob eval in 33-42 s; the verbalized eval did not finish before the
+#   deadline. One bf16 run hit a NaN gradient at step 12 (models/training.py now keeps a small
+#   model's weights in float32).
 set -u
 job=$1 variants=$2; shift 2
 out=${OUT:?set OUT to the output folder}
@@ -22,7 +27,7 @@ gpus=${KC_TRAIN_GPUS:-}
 [ -n "$gpus" ] && export CUDA_VISIBLE_DEVICES=$gpus  # the parent's base-model eval, too
 python3 scripts/gpu_train_surrogates.py --job "$job" --out "$out/train" --profile gpu --variants "$variants" \
   --parallel --deadline-s "${KC_DEADLINE_S:-0}" \
-  --set max_completion_length=160 --set gradient_checkpointing=false --set sft_steps=60 --set sft_lr=0.0002 \
+  --set max_completion_length=160 --set gradient_checkpointing=false --set micro_batch_size=4 --set sft_steps=60 --set sft_lr=0.0002 \
   --repeats 2 --batch-size 64 --eval-max-new-tokens 160 --base-readouts logprob "$@" > "$out/train.log" 2>&1
 grep -v "it/s\]" "$out/train.log" | tail -25
 for f in "$out"/train/train-*.log; do echo "== $f"; grep -v "it/s\]" "$f" | grep -i "warm-up\|parse\|error\|Traceback\|trained in" | tail -8; done

@@ -13,10 +13,11 @@ evaluates the forecasts beside the reference forecasters.
 JOB_DIR holds train.jsonl ({"prompt", "true_bin", "pair_id"}) and eval.jsonl ({"prompt",
 "pair_id", ...}). OUT_DIR gets, per variant, <variant>.tar (variant name with "+" as "_")
 holding <variant>/adapter/ (LoRA weights, no tokenizer: the base model's is the same) and
-<variant>/training.json (settings, metrics, per-step history, warm-up losses, seconds);
-forecasts-<variant or base>.jsonl (one row per model, readout, pair and repeat); and
-summary.json, rewritten after every model, so a run stopped by a time limit still returns
-whatever finished. One tar and one forecast file per model keep the number of files small
+<variant>/training.json (settings, metrics, per-step history, warm-up losses, seconds),
+written as soon as the variant is trained; forecasts-<variant or base>-<readout>.jsonl (one row per
+model, readout, pair and repeat), each written whole when its readout finishes; and summary.json (per
+variant: the readouts finished), rewritten after each step, so a run stopped by a time limit
+still returns whatever finished. One tar and one forecast file per model keep the number of files small
 (a GPU call returns at most 8).
 
 --parallel trains the variants at once, one child process each (this script with one variant
@@ -141,7 +142,8 @@ def merge_child(summary: dict[str, Any], child_out: Path, out: Path, variant: st
     if not done:
         summary.setdefault("skipped", []).append(variant)
         return
-    for path in (child_out / f"{name}.tar", child_out / f"forecasts-{name}.jsonl"):
+    # Forecast files exist for the readouts that finished before any deadline.
+    for path in [child_out / f"{name}.tar", *sorted(child_out.glob(f"forecasts-{name}-*.jsonl"))]:
         shutil.move(str(path), out / path.name)
     summary["variants"][variant] = child["variants"][variant]
 
@@ -234,9 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     def write_summary() -> None:
         (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
 
-    def write_forecasts(name: str, rows: list[dict[str, Any]]) -> None:
-        with open(args.out / f"forecasts-{name}.jsonl", "w") as f:
+    def write_forecasts(name: str, readout: str, rows: list[dict[str, Any]]) -> None:
+        path = args.out / f"forecasts-{name}-{readout}.jsonl"
+        tmp = path.with_suffix(".part")  # renamed when complete: a killed run leaves no half file
+        with open(tmp, "w") as f:
             f.writelines(json.dumps(r) + "\n" for r in rows)
+        os.replace(tmp, path)
 
     def evaluate(model: Any, tok: Any, ref: str, readouts: str = "logprob,verbalized") -> list[dict[str, Any]]:
         return forecast_rows(model, tok, evals, ref, args.repeats, args.eval_max_new_tokens,
@@ -249,9 +254,10 @@ def main(argv: list[str] | None = None) -> int:
 
         t0 = time.perf_counter()
         model, tok = load_model_and_tokenizer(base_path, dtype="bfloat16" if torch.cuda.is_available() else None)
-        write_forecasts("base", evaluate(model, tok, f"base:{first.base_model}", args.base_readouts))
-        summary["base_eval_s"] = round(time.perf_counter() - t0, 1)
-        write_summary()
+        for readout in args.base_readouts.split(","):
+            write_forecasts("base", readout, evaluate(model, tok, f"base:{first.base_model}", readout))
+            summary["base_eval_s"] = round(time.perf_counter() - t0, 1)
+            write_summary()
         del model
     if args.parallel:
         wait_children(children, run_started + args.deadline_s if args.deadline_s else None)
@@ -279,23 +285,30 @@ def main(argv: list[str] | None = None) -> int:
             path = vdir / "adapter" / junk
             if junk == "trainer" or junk.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
                 shutil.rmtree(path) if path.is_dir() else path.unlink()
+        # The adapter and its record are packed before the evaluation, and the forecasts are
+        # written readout by readout, so a run stopped by a deadline keeps what it finished
+        # (on the H200, two trained variants were lost when the deadline fell in their eval).
+        record = {"settings": s.as_params(), "metrics": result.metrics, "steps": result.steps,
+                  "log_history": result.log_history, "sft_losses": result.sft_losses, "train_s": train_s}
+        (vdir / "training.json").write_text(json.dumps(record, indent=1, default=str))
+        with tarfile.open(args.out / f"{name}.tar.part", "w") as tar:
+            tar.add(vdir, arcname=name)
+        os.replace(args.out / f"{name}.tar.part", args.out / f"{name}.tar")
+        info = summary["variants"][variant] = {"metrics": result.metrics, "steps": result.steps,
+                                               "train_s": round(train_s, 1), "readouts": []}
+        write_summary()
+        log.info("%s: trained in %.0f s: %s", variant, train_s, result.metrics)
         _free(torch)
         t1 = time.perf_counter()
         model, tok = load_surrogate(vdir / "adapter", base_path)
-        write_forecasts(name, evaluate(model, tok, f"trained:{variant}"))
-        eval_s = time.perf_counter() - t1
-        record = {"settings": s.as_params(), "metrics": result.metrics, "steps": result.steps,
-                  "log_history": result.log_history, "sft_losses": result.sft_losses,
-                  "train_s": train_s, "eval_s": eval_s}
-        (vdir / "training.json").write_text(json.dumps(record, indent=1, default=str))
-        with tarfile.open(args.out / f"{name}.tar", "w") as tar:
-            tar.add(vdir, arcname=name)
+        for readout in ("logprob", "verbalized"):
+            write_forecasts(name, readout, evaluate(model, tok, f"trained:{variant}", readout))
+            info["readouts"].append(readout)
+            info["eval_s"] = round(time.perf_counter() - t1, 1)
+            write_summary()
         shutil.rmtree(vdir)
-        summary["variants"][variant] = {"metrics": result.metrics, "steps": result.steps,
-                                        "train_s": round(train_s, 1), "eval_s": round(eval_s, 1)}
-        last_s = train_s + eval_s
-        write_summary()
-        log.info("%s: trained in %.0f s, evaluated in %.0f s: %s", variant, train_s, eval_s, result.metrics)
+        last_s = train_s + info["eval_s"]
+        log.info("%s: evaluated in %.0f s", variant, info["eval_s"])
         del model
         _free(torch)
     print(json.dumps(summary, indent=1, default=str))

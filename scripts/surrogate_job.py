@@ -21,6 +21,7 @@ reference forecasters (bootstrap intervals) to <home>/reports/<version>-surrogat
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import tarfile
 from pathlib import Path
@@ -95,6 +96,23 @@ def export(
     typer.echo(json.dumps(job))
 
 
+def _from_gpu_call(results: Path) -> Path:
+    """The results folder inside what a `scripts/gpu_train_round.sh` call returned (train-rest.tar
+    holding train/, and one train-<variant>.tar per adapter), unpacked beside it once; any other
+    folder as it is."""
+    rest = results / "train-rest.tar"
+    if (results / "summary.json").is_file() or not rest.is_file():
+        return results
+    target = results.parent / f"{results.name}-call"
+    if not (target / "train" / "summary.json").is_file():
+        with tarfile.open(rest) as tar:
+            tar.extractall(target, filter="data")
+        for adapter in results.glob("train-*.tar"):
+            if adapter != rest:
+                shutil.copyfile(adapter, target / "train" / adapter.name.removeprefix("train-"))
+    return target / "train"
+
+
 def _unpack(results: Path) -> Path:
     """Unpack each <variant>.tar of a results folder in place (idempotent); the folder."""
     if not (results / "summary.json").is_file():
@@ -117,6 +135,7 @@ def _load_results(results: Path, job: Path) -> dict:
     from warehouse.forecasts import FORECAST_COLUMNS, P_COLUMNS, write_forecasts
 
     try:
+        results = _from_gpu_call(results)
         folder = _unpack(results)
         summary = json.loads((results / "summary.json").read_text())
         version = json.loads((job / "job.json").read_text())["dataset_version"]
@@ -128,7 +147,7 @@ def _load_results(results: Path, job: Path) -> dict:
             if not (folder / name / "adapter" / "adapter_config.json").is_file():
                 raise FileNotFoundError(f"{folder / name / 'adapter'} holds no adapter_config.json")
             records[variant] = json.loads((folder / name / "training.json").read_text())
-            for key in ("metrics", "log_history", "sft_losses", "train_s", "eval_s", "steps"):
+            for key in ("metrics", "log_history", "sft_losses", "train_s", "steps"):
                 records[variant][key]  # noqa: B018 - a KeyError names the missing field
         paths = sorted(results.glob("forecasts-*.jsonl"))
         if not paths:
@@ -176,7 +195,9 @@ def ingest(
             name = variant.replace("+", "_")
             record = records[variant]
             settings = TrainingSettings.profile(summary["profile"], reward=variant, **summary["overrides"])
-            metrics = {**record["metrics"], "train_s": record["train_s"], "eval_s": record["eval_s"]}
+            metrics = {**record["metrics"], "train_s": record["train_s"]}
+            if info.get("eval_s") is not None:  # absent when a deadline stopped the evaluation
+                metrics["eval_s"] = info["eval_s"]
             run_id = log_training_run(cfg.mlflow_uri, "kernelcast-training", settings, record["log_history"],
                                       record["sft_losses"], metrics, train_rows, version, measurement_ids,
                                       {"trained_on": f"{host} ({summary['device']})", "kernelcast.trained_elsewhere": "true"})

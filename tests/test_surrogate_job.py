@@ -91,14 +91,16 @@ def test_export_train_elsewhere_ingest(home, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["variants"]["correctness+brier"]["steps"] == 1
     assert sorted(p.name for p in out.iterdir()) == [
-        "correctness_brier.tar", "forecasts-base.jsonl", "forecasts-correctness_brier.jsonl", "summary.json"]
+        "correctness_brier.tar", "forecasts-base-logprob.jsonl", "forecasts-correctness_brier-logprob.jsonl",
+        "forecasts-correctness_brier-verbalized.jsonl", "summary.json"]
+    assert summary["variants"]["correctness+brier"]["readouts"] == ["logprob", "verbalized"]
 
     # A corrupt forecast file: one line, and nothing logged, registered or written.
     import shutil
 
     broken = tmp_path / "broken"
     shutil.copytree(out, broken)
-    path = broken / "forecasts-correctness_brier.jsonl"
+    path = broken / "forecasts-correctness_brier-verbalized.jsonl"
     path.write_text(path.read_text() + '{"pair_id": "x", "model_ref": "m", "predicted_bin": 9, "parse_ok": tr\n')
     bad = CliRunner().invoke(surrogate_job.app, ["ingest", str(broken), "--job", str(job), "--profile", "smoke",
                                                  "--home", str(home)])
@@ -149,10 +151,12 @@ def test_parallel_variants_merge_into_one_results_folder(home, tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(summary["variants"]) == ["correctness", "correctness+crps"] and "skipped" not in summary
     assert sorted(p.name for p in out.iterdir()) == [
-        "correctness.tar", "correctness_crps.tar", "forecasts-base.jsonl", "forecasts-correctness.jsonl",
-        "forecasts-correctness_crps.jsonl", "summary.json", "train-correctness.log", "train-correctness_crps.log"]
-    rows = [json.loads(line) for line in open(out / "forecasts-correctness_crps.jsonl")]
-    assert {r["model_ref"] for r in rows} == {"trained:correctness+crps|logprob", "trained:correctness+crps|verbalized"}
+        "correctness.tar", "correctness_crps.tar", "forecasts-base-logprob.jsonl",
+        "forecasts-correctness-logprob.jsonl", "forecasts-correctness-verbalized.jsonl",
+        "forecasts-correctness_crps-logprob.jsonl", "forecasts-correctness_crps-verbalized.jsonl",
+        "summary.json", "train-correctness.log", "train-correctness_crps.log"]
+    rows = [json.loads(line) for line in open(out / "forecasts-correctness_crps-verbalized.jsonl")]
+    assert {r["model_ref"] for r in rows} == {"trained:correctness+crps|verbalized"}
 
     late = tmp_path / "late"
     run = subprocess.run([*common, "--out", str(late), "--deadline-s", "0.5"], capture_output=True, text=True,
@@ -161,3 +165,47 @@ def test_parallel_variants_merge_into_one_results_folder(home, tmp_path):
     summary = json.loads((late / "summary.json").read_text())
     assert summary["variants"] == {} and sorted(summary["skipped"]) == ["correctness", "correctness+crps"]
     assert not list(late.glob("*.tar")) and not list(late.glob("_*"))
+
+
+def test_merge_child_keeps_a_variant_whose_evaluation_a_deadline_cut(tmp_path):
+    """A child killed during its verbalized eval still hands over its adapter tar and the
+    readouts it finished; a child that trained nothing leaves its variant under "skipped"."""
+    import gpu_train_surrogates as gts
+
+    out = tmp_path / "out"
+    done, cut, empty = out / "_correctness", out / "_correctness_crps", out / "_correctness_brier"
+    for folder in (done, cut, empty):
+        folder.mkdir(parents=True)
+    (cut / "correctness_crps.tar").write_bytes(b"tar")
+    (cut / "forecasts-correctness_crps-logprob.jsonl").write_text("{}\n")
+    (cut / "summary.json").write_text(json.dumps({"variants": {"correctness+crps": {"steps": 20, "readouts": ["logprob"]}}}))
+    (empty / "summary.json").write_text(json.dumps({"variants": {}}))
+    summary: dict = {"variants": {}}
+    gts.merge_child(summary, cut, out, "correctness+crps")
+    gts.merge_child(summary, empty, out, "correctness+brier")
+    gts.merge_child(summary, done / "missing", out, "correctness")  # no summary at all
+    assert summary["variants"] == {"correctness+crps": {"steps": 20, "readouts": ["logprob"]}}
+    assert summary["skipped"] == ["correctness+brier", "correctness"]
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == [
+        "correctness_crps.tar", "forecasts-correctness_crps-logprob.jsonl"]
+
+
+def test_a_gpu_calls_packed_files_unpack_into_one_results_folder(tmp_path):
+    """gpu_train_round.sh returns train-rest.tar (train/ without adapters) and one
+    train-<variant>.tar per adapter; ingest reads them as one results folder, unpacked once."""
+    import tarfile
+
+    train = tmp_path / "host" / "train"
+    train.mkdir(parents=True)
+    (train / "summary.json").write_text("{}")
+    (train / "forecasts-base-logprob.jsonl").write_text("{}\n")
+    call = tmp_path / "files_at"
+    call.mkdir()
+    with tarfile.open(call / "train-rest.tar", "w") as tar:
+        tar.add(train, arcname="train")
+    (call / "train-correctness.tar").write_bytes(b"adapter")
+    folder = surrogate_job._from_gpu_call(call)
+    assert folder == tmp_path / "files_at-call" / "train"
+    assert sorted(p.name for p in folder.iterdir()) == ["correctness.tar", "forecasts-base-logprob.jsonl", "summary.json"]
+    assert surrogate_job._from_gpu_call(call) == folder  # idempotent
+    assert surrogate_job._from_gpu_call(folder) == folder  # a plain results folder stays as it is
