@@ -8,6 +8,7 @@
 # (with `bash .gpu-carry/a/stage.sh` first when the next call trains; see README).
 # On a host of several GPUs, KC_GPU=i measures on GPU i and KC_CPUS=a-b keeps the worker and all
 # its children on those cores (scripts/gpu_measure_parallel.sh runs one such worker per GPU).
+# KC_WORKER_ARGS adds worker flags to both worker runs (e.g. "--compile-inputs meta").
 # KC_KEEP=DIR also copies the result files there (a warm host keeps /root between the calls of
 # a session, so the next call can measure `bench_profiling.py remaining` of the same batch).
 set -u
@@ -20,14 +21,14 @@ fi
 smi_id=()
 if [ -n "${KC_GPU:-}" ]; then export CUDA_VISIBLE_DEVICES=$KC_GPU; smi_id=(--id="$KC_GPU"); fi
 nvidia-smi "${smi_id[@]}" --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$out/gpu-$name.txt"
-"${pin[@]}" python3 -m pipelines.profiling.worker --batch "$batch" --out "$out/results-$name.parquet" \
+"${pin[@]}" python3 -m pipelines.profiling.worker --batch "$batch" --out "$out/results-$name.parquet" ${KC_WORKER_ARGS:-} \
   --compile-workers "${KC_COMPILE_WORKERS:-12}" --timeout-s 60 --time-budget-s "$budget" --summary-json "$out/summary-$name.json" \
   > "$out/$name.log" 2>&1
 tail -12 "$out/$name.log"
 python3 scripts/bench_profiling.py throughput "$out/results-$name.parquet" --summary "$out/summary-$name.json"
 if [ "$repeat_n" -gt 0 ]; then
   python3 scripts/bench_profiling.py subset "$out/results-$name.parquet" "$batch" --n "$repeat_n" --out "/tmp/repeat-$name.parquet"
-  "${pin[@]}" python3 -m pipelines.profiling.worker --batch "/tmp/repeat-$name.parquet" --out "$out/results-$name-repeat.parquet" \
+  "${pin[@]}" python3 -m pipelines.profiling.worker --batch "/tmp/repeat-$name.parquet" --out "$out/results-$name-repeat.parquet" ${KC_WORKER_ARGS:-} \
     --compile-workers "${KC_COMPILE_WORKERS:-12}" --timeout-s 60 --time-budget-s "$repeat_budget" > "$out/$name-repeat.log" 2>&1
   tail -3 "$out/$name-repeat.log"
   python3 scripts/bench_profiling.py compare "$out/results-$name.parquet" "$out/results-$name-repeat.parquet"

@@ -244,3 +244,81 @@ def test_release_cuda_memory_returns_free_blocks_above_the_threshold():
 def test_release_cuda_memory_is_a_no_op_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert runner.release_cuda_memory(keep_bytes=0) is False
+
+
+def test_to_meta_keeps_shape_dtype_strides_and_storage_offset():
+    x = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    data = (x, [x[:, 1:].t(), x[2:]], {"scale": 0.5, "y": x.to(torch.bfloat16)})
+    meta = runner.to_meta(data)
+    pairs = [(data[0], meta[0]), (data[1][0], meta[1][0]), (data[1][1], meta[1][1]), (data[2]["y"], meta[2]["y"])]
+    for real, m in pairs:
+        assert m.device.type == "meta" and m.dtype == real.dtype
+        assert (m.shape, m.stride(), m.storage_offset()) == (real.shape, real.stride(), real.storage_offset())
+        assert m.data_ptr() % 16 == (real.data_ptr() - real.untyped_storage().data_ptr()) % 16
+    assert meta[2]["scale"] == 0.5
+
+
+def test_meta_input_is_built_on_the_cpu_once_and_restores_the_device_setting(monkeypatch):
+    task = taskload.load_task("softmax")
+    case = task.benchmark_cases[0]
+    monkeypatch.setenv("KERNELCAST_DEVICE", "cuda")  # as on a GPU host: tasks would place inputs there
+    runner._META_INPUTS.clear()
+    calls = []
+    real_generate = runner._generate
+
+    def counting(task_, case_, salt=0):
+        calls.append(__import__("os").environ["KERNELCAST_DEVICE"])
+        return real_generate(task_, case_, salt)
+
+    monkeypatch.setattr(runner, "_generate", counting)
+    first, second = runner.meta_input(task, case), runner.meta_input(task, case)
+    assert calls == ["cpu"]  # generated once, on the CPU
+    assert __import__("os").environ["KERNELCAST_DEVICE"] == "cuda"
+    flat = [t for t in (first if isinstance(first, (tuple, list)) else [first]) if isinstance(t, torch.Tensor)]
+    assert flat and all(t.device.type == "meta" for t in flat)
+    assert first is not second
+
+
+def test_compile_case_leaves_launchers_that_need_values_to_the_measuring_child(monkeypatch):
+    import triton
+
+    task = taskload.load_task("softmax")
+    case = task.benchmark_cases[0]
+    monkeypatch.setattr(runner, "COMPILE_INPUTS", "meta")
+    seen = []
+
+    def reads_values(data):
+        x = data[0] if isinstance(data, (tuple, list)) else data
+        seen.append(x.device.type)
+        return x.sum().item()  # cannot run on meta tensors
+
+    runner._compile_case(reads_values, task, case, {"kernel_id": "k"})  # logged, not a failure
+    assert seen == ["meta"]
+
+    def bad_triton(data):
+        raise triton.compiler.errors.CompilationError("k.py", None, "bad tl.dot shape")
+
+    with pytest.raises(runner.KernelFailure) as info:
+        runner._compile_case(bad_triton, task, case, {"kernel_id": "k"})
+    assert info.value.kind == "compile_failed"
+
+
+def test_meta_compile_inputs_unphase_the_worker_by_default(tmp_path):
+    from pipelines.profiling.worker import WorkerConfig, _parser, _Run
+
+    args = _parser().parse_args(["--batch", "b", "--out", "o", "--compile-inputs", "meta"])
+    assert args.compile_inputs == "meta"
+    with pytest.raises(ValueError, match="compile-inputs"):
+        WorkerConfig(compile_inputs="gpu").validate()
+
+    class NoRows:
+        def done_ids(self):
+            return set()
+
+    def run(**kw):
+        return _Run([], NoRows(), WorkerConfig(**kw), tmp_path, None)
+
+    assert run(device="cuda").phased is True
+    assert run(device="cuda", compile_inputs="meta").phased is False
+    assert run(device="cuda", compile_inputs="meta", phased=True).phased is True
+    assert run(device="cuda", compile_inputs="meta").base_config["compile_inputs"] == "meta"

@@ -71,6 +71,7 @@ def main(argv: list[str] | None = None) -> int:
             patch_triton_interpreter()  # bf16 tl.dot is wrong in Triton 3.6's interpreter
         from pipelines.profiling import runner
 
+        runner.COMPILE_INPUTS = config.get("compile_inputs", "device")
         if args.role != "measure":
             # Compile children only need each shape once; keep their cached inputs small, since
             # a dozen of them share the GPU's memory with the measuring child (runner.run_compile

@@ -20,6 +20,7 @@ import hashlib
 import importlib.util
 import logging
 import math
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -353,6 +354,67 @@ def triton_launches_suppressed():
             Autotuner.do_bench = orig_bench
 
 
+# What compile children hand the launcher (set by child.py from the worker's --compile-inputs):
+# "device" = real inputs on the GPU (the default: the launcher runs as in the measuring child);
+# "meta" = shape-only tensors on PyTorch's meta device, so a compile child allocates nothing on the
+# GPU and runs no GPU work at all, and compiles may overlap the timing (worker: unphased). A case
+# whose launcher cannot run on meta tensors (it reads values, or mixes devices) is left to the
+# measuring child, which compiles it in its warm-up calls, before anything is timed.
+COMPILE_INPUTS = "device"
+_META_INPUTS: dict[tuple[str, str], Any] = {}
+
+
+def to_meta(data: Any) -> Any:
+    """The same structure with every tensor replaced by a meta tensor of its shape, dtype and
+    strides (its data_ptr keeps the storage offset, so Triton specialises alignment alike).
+
+    >>> x = torch.zeros(4, 8, dtype=torch.bfloat16)
+    >>> m = to_meta((x, [x[:, 1:]], {"n": 3}))
+    >>> m[0].device.type, m[1][0].shape, m[1][0].stride(), m[1][0].data_ptr() % 16, m[2]
+    ('meta', torch.Size([4, 7]), (8, 1), 2, {'n': 3})
+    """
+    if isinstance(data, torch.Tensor):
+        # A meta storage as large as the original, viewed the same way (a plain .to("meta")
+        # would drop a view's storage offset, and with it a misaligned pointer's specialisation).
+        base = torch.empty(data.untyped_storage().nbytes() // data.element_size(), dtype=data.dtype, device="meta")
+        return base.as_strided(data.size(), data.stride(), data.storage_offset())
+    if isinstance(data, tuple):
+        return tuple(to_meta(x) for x in data)
+    if isinstance(data, list):
+        return [to_meta(x) for x in data]
+    if isinstance(data, dict):
+        return {k: to_meta(v) for k, v in data.items()}
+    return data
+
+
+def meta_input(task, case: dict) -> Any:
+    """The case's input as meta tensors, built once per child (generated on the CPU, never the GPU)."""
+    key = (task.name, task.case_id(case))
+    if key not in _META_INPUTS:
+        forced = os.environ.get("KERNELCAST_DEVICE")
+        os.environ["KERNELCAST_DEVICE"] = "cpu"  # tasks place inputs on default_device()
+        try:
+            _META_INPUTS[key] = to_meta(_generate(task, case))
+        finally:
+            if forced is None:
+                os.environ.pop("KERNELCAST_DEVICE", None)
+            else:
+                os.environ["KERNELCAST_DEVICE"] = forced
+    return clone_data(_META_INPUTS[key])
+
+
+def _compile_case(fn, task, case: dict, job: dict) -> None:
+    """Run the launcher on one benchmark case with launches suppressed (see run_compile)."""
+    meta = COMPILE_INPUTS == "meta"
+    try:
+        fn(meta_input(task, case) if meta else make_input(task, case))
+    except Exception as e:
+        if _is_triton_compile_error(e):
+            raise KernelFailure("compile_failed", f"case {task.case_id(case)}: {_describe(e)}") from e
+        # Anything else may be an artefact of not launching (or of meta inputs): the GPU stage decides.
+        log.debug("warm run of %s on %s inputs: %s", job["kernel_id"], COMPILE_INPUTS, e)
+
+
 def run_compile(job: dict, device: str) -> dict:
     """Import the kernel; on a GPU also compile it for every benchmark shape without launching."""
     t0 = time.perf_counter()
@@ -364,13 +426,7 @@ def run_compile(job: dict, device: str) -> dict:
             task = load_task(job["task"])
             with triton_launches_suppressed():
                 for case in task.benchmark_cases:
-                    try:
-                        fn(make_input(task, case))
-                    except Exception as e:
-                        if _is_triton_compile_error(e):
-                            raise KernelFailure("compile_failed", f"case {task.case_id(case)}: {_describe(e)}") from e
-                        # Anything else may be an artefact of not launching: the GPU stage decides.
-                        log.debug("warm run of %s: %s", job["kernel_id"], e)
+                    _compile_case(fn, task, case, job)
             if not cuda_healthy():
                 raise KernelFailure("crashed", "CUDA context broken while compiling", restart=True)
         return {"ok": True, "seconds": time.perf_counter() - t0}
@@ -378,7 +434,7 @@ def run_compile(job: dict, device: str) -> dict:
         return {"ok": False, "failure_kind": f.kind, "error": f.message, "seconds": time.perf_counter() - t0, "restart": f.restart}
     finally:
         unload_kernel(path)
-        if device == "cuda":
+        if device == "cuda" and COMPILE_INPUTS != "meta":
             release_cuda_memory(keep_bytes=_CACHE.max_bytes + 2**30)
 
 
