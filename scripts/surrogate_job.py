@@ -20,6 +20,7 @@ reference forecasters (bootstrap intervals) to <home>/reports/<version>-surrogat
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 import sys
@@ -49,10 +50,18 @@ def _latest_version(con) -> str:
     return str(versions.sort("created_at")["dataset_version"][-1])
 
 
-def _write_jsonl(path: Path, rows: list[dict]) -> None:
-    with open(path, "w") as f:
+def _write_jsonl(path: Path, rows: list[dict], compress: bool = False) -> None:
+    """JSONL rows; gzipped to <path>.gz with `compress`."""
+    with (gzip.open(path.with_name(path.name + ".gz"), "wt") if compress else open(path, "w")) as f:
         for row in rows:
             f.write(json.dumps(row) + "\n")
+
+
+def _job_rows(job: Path, name: str) -> list[dict]:
+    """The rows of <job>/<name>.jsonl, or of <name>.jsonl.gz."""
+    path = job / f"{name}.jsonl"
+    with (open(path) if path.exists() else gzip.open(path.with_name(path.name + ".gz"), "rt")) as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 @app.command()
@@ -62,6 +71,7 @@ def export(
     version: Annotated[str | None, typer.Option(help="dataset version (default: the newest)")] = None,
     profile: Annotated[str, typer.Option(help="settings profile naming the warehouse")] = "default",
     home: Annotated[Path | None, typer.Option(help="KERNELCAST_HOME")] = None,
+    gzip_rows: Annotated[bool, typer.Option("--gzip", help="write train.jsonl.gz and eval.jsonl.gz (to travel)")] = False,
 ) -> None:
     """Write train.jsonl, eval.jsonl and job.json for gpu_train_surrogates.py."""
     from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
@@ -87,8 +97,11 @@ def export(
     out.mkdir(parents=True, exist_ok=True)
     train_rows = build_training_rows(train, sources, tasks, hardware, style=style)
     eval_rows = build_training_rows(evals, sources, tasks, hardware, style=style)
-    _write_jsonl(out / "train.jsonl", train_rows)
-    _write_jsonl(out / "eval.jsonl", eval_rows)
+    for name in ("train", "eval"):  # a job holds one form of each file
+        for stale in (out / f"{name}.jsonl", out / f"{name}.jsonl.gz"):
+            stale.unlink(missing_ok=True)
+    _write_jsonl(out / "train.jsonl", train_rows, gzip_rows)
+    _write_jsonl(out / "eval.jsonl", eval_rows, gzip_rows)
     (out / "measurement_ids.txt").write_text("".join(f"{m}\n" for m in measurement_ids))
     job = {"dataset_version": version, "style": style, "train_rows": len(train_rows), "eval_rows": len(eval_rows),
            "measurements": len(measurement_ids)}
@@ -139,7 +152,7 @@ def _load_results(results: Path, job: Path) -> dict:
         folder = _unpack(results)
         summary = json.loads((results / "summary.json").read_text())
         version = json.loads((job / "job.json").read_text())["dataset_version"]
-        train_rows = [json.loads(line) for line in open(job / "train.jsonl") if line.strip()]
+        train_rows = _job_rows(job, "train")
         measurement_ids = (job / "measurement_ids.txt").read_text().split()
         records = {}
         for variant in summary["variants"]:
@@ -156,7 +169,7 @@ def _load_results(results: Path, job: Path) -> dict:
         frame = frame.select([c for c in frame.columns if c in FORECAST_COLUMNS or c in P_COLUMNS])
         with connect(":memory:") as scratch:  # the warehouse's own validation, on a throwaway copy
             write_forecasts(scratch, frame)
-    except (OSError, KeyError, ValueError, WarehouseError, tarfile.TarError, pl.exceptions.PolarsError) as e:
+    except (OSError, EOFError, KeyError, ValueError, WarehouseError, tarfile.TarError, pl.exceptions.PolarsError) as e:
         raise typer.BadParameter(f"{type(e).__name__}: {e}".splitlines()[0]) from e
     return {"folder": folder, "summary": summary, "dataset_version": version, "train_rows": train_rows,
             "measurement_ids": measurement_ids, "records": records, "forecasts": frame}

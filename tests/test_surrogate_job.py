@@ -75,6 +75,15 @@ def test_export_train_elsewhere_ingest(home, tmp_path):
                               "--home", str(home)).strip().splitlines()[-1])
     train = [json.loads(line) for line in open(job / "train.jsonl")]
     evals = [json.loads(line) for line in open(job / "eval.jsonl")]
+    # --gzip writes the same rows gzipped (and only those: a job holds one form of each file)
+    import gzip
+
+    gz_job = tmp_path / "gz-job"
+    _invoke("export", "--out", str(gz_job), "--style", "diff", "--profile", "smoke", "--home", str(home), "--gzip")
+    assert sorted(p.name for p in gz_job.iterdir()) == ["eval.jsonl.gz", "job.json", "measurement_ids.txt", "train.jsonl.gz"]
+    with gzip.open(gz_job / "train.jsonl.gz", "rt") as f:
+        assert [json.loads(line) for line in f] == train
+    assert surrogate_job._job_rows(gz_job, "train") == train
     assert meta["train_rows"] == len(train) > 0 and meta["eval_rows"] == len(evals) > 0
     assert not {r["pair_id"] for r in train} & {r["pair_id"] for r in evals}  # no eval pair trains
     assert len((job / "measurement_ids.txt").read_text().split()) == meta["measurements"] > 0
@@ -137,8 +146,8 @@ def test_parallel_variants_merge_into_one_results_folder(home, tmp_path):
     deadline that passes before any child finishes leaves those variants under "skipped"."""
     from models.tiny import build_tiny_model
 
-    job = tmp_path / "job"
-    _invoke("export", "--out", str(job), "--style", "diff", "--profile", "smoke", "--home", str(home))
+    job = tmp_path / "job"  # gzipped, as it travels to a GPU host
+    _invoke("export", "--out", str(job), "--style", "diff", "--profile", "smoke", "--home", str(home), "--gzip")
     tiny = build_tiny_model(tmp_path / "tiny")
     common = [sys.executable, str(REPO / "scripts" / "gpu_train_surrogates.py"), "--job", str(job),
               "--profile", "smoke", "--variants", "correctness,correctness+crps", "--parallel",
