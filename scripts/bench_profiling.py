@@ -7,7 +7,7 @@
     python3 scripts/bench_profiling.py compare RUN.parquet REPEAT.parquet
     # (c) our protocol vs the paper's on the same kernels (and each protocol against itself)
     python3 scripts/bench_profiling.py compare KERNELCAST.parquet PAPER.parquet
-    # the rest of a batch after earlier runs (next call of a session; any status counts as done)
+    # the rest of a batch after earlier runs (next call of a session; infrastructure failures are retried)
     python3 scripts/bench_profiling.py remaining BATCH.parquet RUN1.parquet [RUN2.parquet ...] --out REST.parquet
 
 `compare` joins two result files on kernel_id (both ok) and reports, over the common
@@ -117,10 +117,14 @@ def subset(result_path: str, batch_path: str, n: int, out: str, seed: int = 0) -
 
 
 def remaining(batch_path: str, result_paths: list[str], out: str) -> dict:
-    """The batch's kernels that none of the result files has a row for, in batch order."""
+    """The batch's kernels that none of the result files has a row for, in batch order; a row
+    of an `infrastructure` failure (the harness's fault, not the kernel's) does not count, as
+    when the worker resumes."""
     done: set[str] = set()
     for path in result_paths:
-        done.update(pq.read_table(path, columns=["kernel_id"]).column("kernel_id").to_pylist())
+        table = pq.read_table(path)
+        kinds = table.column("failure_kind").to_pylist() if "failure_kind" in table.column_names else [None] * table.num_rows
+        done.update(k for k, kind in zip(table.column("kernel_id").to_pylist(), kinds) if kind != "infrastructure")
     batch = pq.read_table(batch_path)
     rest = batch.filter(pa.array([k not in done for k in batch.column("kernel_id").to_pylist()]))
     pq.write_table(rest, out, compression="zstd")

@@ -25,13 +25,15 @@ def _results(path: Path, speedups: dict[str, float | None]) -> str:
     return str(path)
 
 
-def test_remaining_keeps_batch_order_and_counts_failures_as_done(tmp_path):
+def test_remaining_keeps_batch_order_and_retries_only_infrastructure_failures(tmp_path):
     batch = tmp_path / "batch.parquet"
     pq.write_table(pa.table({"kernel_id": ["k1", "k2", "k3", "k4", "k5"], "source": ["s"] * 5}), batch)
     run1 = _results(tmp_path / "r1.parquet", {"k2": 1.5, "k9": 2.0})
-    run2 = _results(tmp_path / "r2.parquet", {"k4": None})
+    run2 = tmp_path / "r2.parquet"  # k4 was wrong (done); k5 lost to a harness fault (retried)
+    pq.write_table(pa.table({"kernel_id": ["k4", "k5"], "status": ["failed", "failed"],
+                             "failure_kind": ["incorrect", "infrastructure"]}), run2)
     out = tmp_path / "rest.parquet"
-    report = bench_profiling.remaining(str(batch), [run1, run2], str(out))
+    report = bench_profiling.remaining(str(batch), [run1, str(run2)], str(out))
     assert report == {"batch": 5, "done": 2, "remaining": 3, "out": str(out)}
     assert pq.read_table(out).column("kernel_id").to_pylist() == ["k1", "k3", "k5"]
     assert pq.read_table(out).column_names == ["kernel_id", "source"]
