@@ -21,6 +21,7 @@ reference forecasters (bootstrap intervals) to <home>/reports/<version>-surrogat
 from __future__ import annotations
 
 import gzip
+import hashlib
 import json
 import shutil
 import sys
@@ -175,6 +176,30 @@ def _load_results(results: Path, job: Path) -> dict:
             "measurement_ids": measurement_ids, "records": records, "forecasts": frame}
 
 
+def _adapter_digest(variant_dir: Path) -> str:
+    """sha256 over a variant's adapter files and training record (names and bytes, sorted)."""
+    h = hashlib.sha256()
+    for path in sorted(p for p in variant_dir.rglob("*") if p.is_file()):
+        h.update(str(path.relative_to(variant_dir)).encode() + b"\0" + path.read_bytes())
+    return h.hexdigest()
+
+
+def _version_with_digest(uri: str, digest: str) -> int | None:
+    """The registered surrogate version whose adapter has this digest, if any: ingesting the
+    same results twice re-uses it instead of registering a duplicate."""
+    from mlflow import MlflowClient
+    from mlflow.exceptions import MlflowException
+
+    from models.registry import DEFAULT_NAME
+
+    try:
+        versions = MlflowClient(uri, registry_uri=uri).search_model_versions(f"name='{DEFAULT_NAME}'")
+    except MlflowException:
+        return None
+    found = [int(v.version) for v in versions if v.tags.get("adapter_sha256") == digest]
+    return min(found) if found else None
+
+
 @app.command()
 def ingest(
     results: Annotated[Path, typer.Argument(help="the folder gpu_train_surrogates.py wrote (--out)")],
@@ -211,11 +236,22 @@ def ingest(
             metrics = {**record["metrics"], "train_s": record["train_s"]}
             if info.get("eval_s") is not None:  # absent when a deadline stopped the evaluation
                 metrics["eval_s"] = info["eval_s"]
+            digest = _adapter_digest(folder / name)
+            if (number := _version_with_digest(cfg.mlflow_uri, digest)) is not None:
+                refs[f"trained:{variant}"] = f"models:/kernelcast-surrogate/{number}"
+                if alias:
+                    from mlflow import MlflowClient
+
+                    MlflowClient(cfg.mlflow_uri, registry_uri=cfg.mlflow_uri).set_registered_model_alias(
+                        "kernelcast-surrogate", alias, str(number))
+                typer.echo(f"{variant}: already registered as version {number} (same adapter), not logged again")
+                continue
             run_id = log_training_run(cfg.mlflow_uri, "kernelcast-training", settings, record["log_history"],
                                       record["sft_losses"], metrics, train_rows, version, measurement_ids,
-                                      {"trained_on": f"{host} ({summary['device']})", "kernelcast.trained_elsewhere": "true"})
+                                      {"trained_on": f"{host} ({summary['device']})", "kernelcast.trained_elsewhere": "true",
+                                       "adapter_sha256": digest})
             number = register_surrogate(cfg.mlflow_uri, run_id, folder / name / "adapter", base_model=settings.base_model,
-                                        dataset_version=version, alias=alias, con=con)
+                                        dataset_version=version, alias=alias, con=con, tags={"adapter_sha256": digest})
             refs[f"trained:{variant}"] = f"models:/kernelcast-surrogate/{number}"
             typer.echo(f"{variant}: MLflow run {run_id}, registered version {number} ({info['steps']} GRPO steps)")
         frame = loaded["forecasts"]

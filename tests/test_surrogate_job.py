@@ -139,6 +139,15 @@ def test_export_train_elsewhere_ingest(home, tmp_path):
                     "models:/kernelcast-surrogate/1|verbalized": 2}
     assert (cfg.reports_dir / f"{meta['dataset_version']}-surrogates" / "index.html").is_file()
 
+    # The same results again: nothing registered or logged twice, the forecasts unchanged.
+    again = _invoke("ingest", str(out), "--job", str(job), "--host", "cpu-test", "--n-boot", "20",
+                    "--profile", "smoke", "--home", str(home))
+    assert "already registered as version 1" in again
+    assert [int(v.version) for v in _registered_versions(home)] == [1]
+    with connect(cfg.warehouse_path, read_only=True) as con:
+        assert dict(con.execute("SELECT model_ref, count(*) FROM forecasts GROUP BY 1").fetchall()) == refs
+        assert con.execute("SELECT count(*) FROM model_lineage").fetchone()[0] == 1
+
 
 @pytest.mark.slow
 def test_parallel_variants_merge_into_one_results_folder(home, tmp_path):
