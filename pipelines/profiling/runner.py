@@ -163,17 +163,22 @@ def _generate(task, case: dict, salt: int = 0) -> Any:
     return task.generate_input(seed=seed, **kw)
 
 
+def map_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """A task input (tensors inside tuples, lists and dicts) with `fn` applied to every tensor."""
+    if isinstance(data, torch.Tensor):
+        return fn(data)
+    if isinstance(data, tuple):
+        return tuple(map_tensors(x, fn) for x in data)
+    if isinstance(data, list):
+        return [map_tensors(x, fn) for x in data]
+    if isinstance(data, dict):
+        return {k: map_tensors(v, fn) for k, v in data.items()}
+    return data
+
+
 def clone_data(data: Any) -> Any:
     """A deep copy of a task input: every tensor cloned (same values, fresh buffers)."""
-    if isinstance(data, torch.Tensor):
-        return data.clone()
-    if isinstance(data, tuple):
-        return tuple(clone_data(x) for x in data)
-    if isinstance(data, list):
-        return [clone_data(x) for x in data]
-    if isinstance(data, dict):
-        return {k: clone_data(v) for k, v in data.items()}
-    return data
+    return map_tensors(data, torch.Tensor.clone)
 
 
 class InputCache:
@@ -373,18 +378,14 @@ def to_meta(data: Any) -> Any:
     >>> m[0].device.type, m[1][0].shape, m[1][0].stride(), m[1][0].data_ptr() % 16, m[2]
     ('meta', torch.Size([4, 7]), (8, 1), 2, {'n': 3})
     """
-    if isinstance(data, torch.Tensor):
+
+    def meta_like(t: torch.Tensor) -> torch.Tensor:
         # A meta storage as large as the original, viewed the same way (a plain .to("meta")
         # would drop a view's storage offset, and with it a misaligned pointer's specialisation).
-        base = torch.empty(data.untyped_storage().nbytes() // data.element_size(), dtype=data.dtype, device="meta")
-        return base.as_strided(data.size(), data.stride(), data.storage_offset())
-    if isinstance(data, tuple):
-        return tuple(to_meta(x) for x in data)
-    if isinstance(data, list):
-        return [to_meta(x) for x in data]
-    if isinstance(data, dict):
-        return {k: to_meta(v) for k, v in data.items()}
-    return data
+        base = torch.empty(t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype, device="meta")
+        return base.as_strided(t.size(), t.stride(), t.storage_offset())
+
+    return map_tensors(data, meta_like)
 
 
 def meta_input(task, case: dict) -> Any:
