@@ -118,13 +118,15 @@ def subset(result_path: str, batch_path: str, n: int, out: str, seed: int = 0) -
 
 def remaining(batch_path: str, result_paths: list[str], out: str) -> dict:
     """The batch's kernels that none of the result files has a row for, in batch order; a row
-    of an `infrastructure` failure (the harness's fault, not the kernel's) does not count, as
-    when the worker resumes."""
+    of a failure the worker retries on resume (`infrastructure`: the harness's fault, not the
+    kernel's) does not count either."""
+    from pipelines.profiling.results import RETRIED_KINDS
+
     done: set[str] = set()
     for path in result_paths:
-        table = pq.read_table(path)
-        kinds = table.column("failure_kind").to_pylist() if "failure_kind" in table.column_names else [None] * table.num_rows
-        done.update(k for k, kind in zip(table.column("kernel_id").to_pylist(), kinds) if kind != "infrastructure")
+        table = pq.read_table(path, columns=["kernel_id", "failure_kind"])
+        kinds = table.column("failure_kind").to_pylist()
+        done.update(k for k, kind in zip(table.column("kernel_id").to_pylist(), kinds) if kind not in RETRIED_KINDS)
     batch = pq.read_table(batch_path)
     rest = batch.filter(pa.array([k not in done for k in batch.column("kernel_id").to_pylist()]))
     pq.write_table(rest, out, compression="zstd")

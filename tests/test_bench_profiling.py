@@ -20,6 +20,7 @@ def _results(path: Path, speedups: dict[str, float | None]) -> str:
     n = len(speedups)
     pq.write_table(pa.table({
         "kernel_id": list(speedups), "status": ["ok" if s else "failed" for s in speedups.values()],
+        "failure_kind": [None if s else "incorrect" for s in speedups.values()],
         "speedup": list(speedups.values()), "protocol": ["kernelcast"] * n,
         "kernel_median_ms": [[1.0, 2.0]] * n, "kernel_stderr_ms": [[0.001, 0.004]] * n}), path)
     return str(path)

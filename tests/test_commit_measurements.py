@@ -1,55 +1,78 @@
 """scripts/commit_measurements.py: a session's results go under data/ with the kernels they
-measured plus every ancestor the committed data lacks, or nothing is written."""
+measured plus every ancestor the committed data lacks, after the warehouse's own ingest has
+accepted them, or nothing is written."""
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "scripts"))
+REPO = Path(__file__).resolve().parent.parent
+H200 = REPO / "data" / "measurements" / "h200"
+sys.path.insert(0, str(REPO / "scripts"))
 
 import commit_measurements  # noqa: E402  (scripts/ is not a package)
 
 
-def _kernels(ids_parents: dict[str, str | None]) -> pl.DataFrame:
-    return pl.DataFrame({"kernel_id": list(ids_parents), "parent_kernel_id": list(ids_parents.values()),
-                         "source": [f"# {k}" for k in ids_parents]}, schema_overrides={"parent_kernel_id": pl.String})
-
-
-def _results(path: Path, ids: list[str]) -> Path:
-    pl.DataFrame({"kernel_id": ids, "status": ["ok"] * len(ids), "speedup": [1.5] * len(ids)}).write_parquet(path)
-    return path
+def _listing(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.parent.rglob("*") if p.is_file())
 
 
 @pytest.fixture
-def layout(tmp_path):
-    dest = tmp_path / "data"
-    dest.mkdir()
-    _kernels({"a": None}).write_parquet(dest / "kernels-old.parquet")  # already committed
-    pool = tmp_path / "pool.parquet"
-    _kernels({"a": None, "b": "a", "c": "b", "d": None, "e": "zz"}).write_parquet(pool)
-    return dest, pool, tmp_path
+def session(tmp_path):
+    """A destination holding the first committed kernel file, and 30 measured kernels of run2
+    (their kernels, with lineage, in the run1 kernel file) as a new session's results."""
+    dest = tmp_path / "data" / "h200"
+    dest.mkdir(parents=True)
+    shutil.copy(H200 / "kernels-2026-11-29.parquet", dest)
+    results = pl.read_parquet(H200 / "results-2026-11-29-run2.parquet")
+    pool = pl.read_parquet(H200 / "kernels-2026-11-29-run1.parquet")
+    lineage = set(pool.filter(pl.col("parent_kernel_id").is_not_null())["kernel_id"].to_list())
+    picked = results.filter(pl.col("kernel_id").is_in(sorted(lineage))).head(30)
+    run = tmp_path / "results-x1.parquet"
+    picked.write_parquet(run)
+    return dest, run, H200 / "kernels-2026-11-29-run1.parquet", picked
 
 
-def test_measured_kernels_come_with_their_uncommitted_ancestors(layout):
-    dest, pool, tmp = layout
-    run = _results(tmp / "results-r1.parquet", ["c", "d"])
-    assert commit_measurements.main([str(run), "--name", "s9", "--kernels", str(pool), "--dest", str(dest)]) == 0
+def test_results_land_with_every_ancestor_the_committed_data_lacks(session):
+    dest, run, pool_path, picked = session
+    argv = [str(run), "--name", "s9", "--kernels", str(pool_path), "--dest", str(dest)]
+    assert commit_measurements.main(argv) == 0
     kernels = pl.read_parquet(dest / "kernels-s9.parquet")
-    assert sorted(kernels["kernel_id"]) == ["b", "c", "d"]  # b: c's parent; a: already committed
-    assert pl.read_parquet(dest / "results-s9-r1.parquet")["kernel_id"].to_list() == ["c", "d"]
+    committed = set(pl.read_parquet(dest / "kernels-2026-11-29.parquet")["kernel_id"])
+    ids = set(kernels["kernel_id"])
+    assert set(picked["kernel_id"]) <= ids and not ids & committed
+    parents = {p for p in kernels["parent_kernel_id"].to_list() if p}
+    assert parents <= ids | committed  # lineage closed: no orphan parent
+    assert pl.read_parquet(dest / "results-s9-x1.parquet").height == picked.height
+    assert not list(dest.parent.glob(".commit-*"))
     with pytest.raises(SystemExit, match="exists"):  # never overwrites committed data
-        commit_measurements.main([str(run), "--name", "s9", "--kernels", str(pool), "--dest", str(dest)])
+        commit_measurements.main(argv)
 
 
-def test_a_kernel_or_ancestor_found_nowhere_writes_nothing(layout):
-    dest, pool, tmp = layout
-    before = sorted(p.name for p in dest.iterdir())
-    for ids in (["x"], ["e"]):  # x: unknown kernel; e: its parent zz is unknown
-        run = _results(tmp / "results-r2.parquet", ids)
+def test_a_file_the_warehouse_would_refuse_writes_nothing(session, tmp_path):
+    dest, run, pool_path, picked = session
+    before = _listing(dest)
+    bad = tmp_path / "results-bad.parquet"
+    picked.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(-1.0).otherwise(pl.col("speedup"))
+                        .alias("speedup")).write_parquet(bad)
+    with pytest.raises(SystemExit, match="^error: .*speedup"):
+        commit_measurements.main([str(bad), "--name", "s10", "--kernels", str(pool_path), "--dest", str(dest)])
+    with pytest.raises(SystemExit, match="^error: "):  # a missing file: one line
+        commit_measurements.main([str(tmp_path / "nope.parquet"), "--name", "s10", "--kernels", str(pool_path),
+                                  "--dest", str(dest)])
+    assert _listing(dest) == before
+
+
+def test_ancestors_are_followed_transitively_and_a_missing_one_is_an_error():
+    pool = pl.DataFrame({"kernel_id": ["a", "b", "c", "d", "e"], "parent_kernel_id": [None, "a", "b", None, "zz"]},
+                        schema_overrides={"parent_kernel_id": pl.String})
+    took = commit_measurements.with_ancestors({"c", "d"}, pool, have={"a"})
+    assert sorted(took["kernel_id"]) == ["b", "c", "d"]  # b: c's parent; a: already committed
+    for needed in ({"x"}, {"e"}):  # x: unknown kernel; e: its parent zz is unknown
         with pytest.raises(SystemExit, match="found in no kernels file"):
-            commit_measurements.main([str(run), "--name", "s10", "--kernels", str(pool), "--dest", str(dest)])
-        assert sorted(p.name for p in dest.iterdir()) == before
+            commit_measurements.with_ancestors(needed, pool, have=set())
