@@ -58,14 +58,13 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     """Rows of a JSONL job file, or of its gzipped twin (<name>.gz, `surrogate_job.py export
     --gzip`); a missing file or a bad line ends the run with one line."""
     gz = path.with_name(path.name + ".gz")
+    if not path.exists() and gz.exists():
+        path = gz
     try:
-        if not path.exists() and gz.exists():
-            with gzip.open(gz, "rt") as f:
-                lines = f.read().splitlines()
-        else:
-            lines = path.read_text().splitlines()
-    except OSError as e:
-        raise SystemExit(f"error: cannot read {path}: {e.strerror}") from e
+        with (gzip.open(path, "rt") if path.suffix == ".gz" else open(path)) as f:
+            lines = f.read().splitlines()
+    except (OSError, EOFError) as e:  # EOFError: a truncated .gz
+        raise SystemExit(f"error: cannot read {path}: {getattr(e, 'strerror', None) or e}") from e
     rows = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -119,6 +118,14 @@ def forecast_rows(model: Any, tokenizer: Any, rows: list[dict[str, Any]], model_
         log.info("%s %s: %d forecasts, %d parsed, %.1f s", model_ref, readout, len(results), parsed,
                  time.perf_counter() - t0)
     return out
+
+
+def write_whole(path: Path, write: Any) -> None:
+    """Write `path` through `write(tmp_path)` and rename it into place: a run killed by a
+    deadline leaves the previous file or none, never half of one."""
+    tmp = path.with_name(path.name + ".part")
+    write(tmp)
+    os.replace(tmp, path)
 
 
 def _free(torch: Any) -> None:
@@ -242,18 +249,15 @@ def main(argv: list[str] | None = None) -> int:
                                "variants": {}}
 
     def write_summary() -> None:
-        (args.out / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+        write_whole(args.out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=1, default=str)))
 
     def write_forecasts(name: str, readout: str, rows: list[dict[str, Any]]) -> None:
-        path = args.out / f"forecasts-{name}-{readout}.jsonl"
-        tmp = path.with_suffix(".part")  # renamed when complete: a killed run leaves no half file
-        with open(tmp, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in rows)
-        os.replace(tmp, path)
+        text = "".join(json.dumps(r) + "\n" for r in rows)
+        write_whole(args.out / f"forecasts-{name}-{readout}.jsonl", lambda p: p.write_text(text))
 
-    def evaluate(model: Any, tok: Any, ref: str, readouts: str = "logprob,verbalized") -> list[dict[str, Any]]:
+    def evaluate(model: Any, tok: Any, ref: str, readout: str) -> list[dict[str, Any]]:
         return forecast_rows(model, tok, evals, ref, args.repeats, args.eval_max_new_tokens,
-                             first.temperature, args.batch_size, tuple(readouts.split(",")))
+                             first.temperature, args.batch_size, (readout,))
 
     run_started = time.perf_counter()
     children = run_children(args, variants) if args.parallel else []
@@ -299,9 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         record = {"settings": s.as_params(), "metrics": result.metrics, "steps": result.steps,
                   "log_history": result.log_history, "sft_losses": result.sft_losses, "train_s": train_s}
         (vdir / "training.json").write_text(json.dumps(record, indent=1, default=str))
-        with tarfile.open(args.out / f"{name}.tar.part", "w") as tar:
-            tar.add(vdir, arcname=name)
-        os.replace(args.out / f"{name}.tar.part", args.out / f"{name}.tar")
+        def pack(path: Path, vdir: Path = vdir, name: str = name) -> None:
+            with tarfile.open(path, "w") as tar:
+                tar.add(vdir, arcname=name)
+
+        write_whole(args.out / f"{name}.tar", pack)
         info = summary["variants"][variant] = {"metrics": result.metrics, "steps": result.steps,
                                                "train_s": round(train_s, 1), "readouts": []}
         write_summary()

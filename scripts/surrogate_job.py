@@ -32,6 +32,9 @@ from typing import Annotated
 import typer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_train_surrogates import read_jsonl, safe_name  # noqa: E402  (the GPU host's side of the trip)
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
 
@@ -59,10 +62,11 @@ def _write_jsonl(path: Path, rows: list[dict], compress: bool = False) -> None:
 
 
 def _job_rows(job: Path, name: str) -> list[dict]:
-    """The rows of <job>/<name>.jsonl, or of <name>.jsonl.gz."""
-    path = job / f"{name}.jsonl"
-    with (open(path) if path.exists() else gzip.open(path.with_name(path.name + ".gz"), "rt")) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """The rows of <job>/<name>.jsonl, or of <name>.jsonl.gz (the GPU host's reader)."""
+    try:
+        return read_jsonl(job / f"{name}.jsonl")
+    except SystemExit as e:  # its one-line error, as ingest reports bad input
+        raise ValueError(str(e).removeprefix("error: ")) from None
 
 
 @app.command()
@@ -157,7 +161,7 @@ def _load_results(results: Path, job: Path) -> dict:
         measurement_ids = (job / "measurement_ids.txt").read_text().split()
         records = {}
         for variant in summary["variants"]:
-            name = variant.replace("+", "_")
+            name = safe_name(variant)
             if not (folder / name / "adapter" / "adapter_config.json").is_file():
                 raise FileNotFoundError(f"{folder / name / 'adapter'} holds no adapter_config.json")
             records[variant] = json.loads((folder / name / "training.json").read_text())
@@ -230,7 +234,7 @@ def ingest(
     refs: dict[str, str] = {}
     with connect(cfg.warehouse_path) as con:
         for variant, info in summary["variants"].items():
-            name = variant.replace("+", "_")
+            name = safe_name(variant)
             record = records[variant]
             settings = TrainingSettings.profile(summary["profile"], reward=variant, **summary["overrides"])
             metrics = {**record["metrics"], "train_s": record["train_s"]}

@@ -227,3 +227,40 @@ def test_a_gpu_calls_packed_files_unpack_into_one_results_folder(tmp_path):
     assert sorted(p.name for p in folder.iterdir()) == ["correctness.tar", "forecasts-base-logprob.jsonl", "summary.json"]
     assert surrogate_job._from_gpu_call(call) == folder  # idempotent
     assert surrogate_job._from_gpu_call(folder) == folder  # a plain results folder stays as it is
+
+
+def test_job_files_plain_or_gzipped_and_a_broken_one_is_one_line(tmp_path):
+    import gzip
+
+    import gpu_train_surrogates as gts
+
+    rows = [{"prompt": "p", "true_bin": 3, "pair_id": "a"}]
+    with gzip.open(tmp_path / "train.jsonl.gz", "wt") as f:
+        f.write(json.dumps(rows[0]) + "\n")
+    assert gts.read_jsonl(tmp_path / "train.jsonl") == rows == surrogate_job._job_rows(tmp_path, "train")
+    data = (tmp_path / "train.jsonl.gz").read_bytes()
+    (tmp_path / "train.jsonl.gz").write_bytes(data[: len(data) // 2])  # truncated in transit
+    with pytest.raises(SystemExit, match=r"^error: cannot read .*train\.jsonl\.gz: "):
+        gts.read_jsonl(tmp_path / "train.jsonl")
+    with pytest.raises(ValueError, match="cannot read"):  # ingest reports it as bad input
+        surrogate_job._job_rows(tmp_path, "train")
+    (tmp_path / "eval.jsonl").write_text('{"prompt": "p"}\n{"prompt": \n')
+    with pytest.raises(SystemExit, match=r"eval\.jsonl:2: not JSON"):
+        gts.read_jsonl(tmp_path / "eval.jsonl")
+    with pytest.raises(SystemExit, match="cannot read"):
+        gts.read_jsonl(tmp_path / "missing.jsonl")
+
+
+def test_write_whole_leaves_no_half_file(tmp_path):
+    import gpu_train_surrogates as gts
+
+    target = tmp_path / "summary.json"
+    gts.write_whole(target, lambda p: p.write_text("{}"))
+
+    def dies(p):
+        p.write_text('{"half')
+        raise KeyboardInterrupt  # a deadline's kill in mid-write
+
+    with pytest.raises(KeyboardInterrupt):
+        gts.write_whole(target, dies)
+    assert target.read_text() == "{}"
