@@ -13,7 +13,7 @@
 #   60-step warm-up 20 s, GRPO 20-25 s per 8 x 8 step: the 590 s call ended after 3 steps.
 #   TRL's gradient checkpointing also switches the KV cache off in rollouts, hence off here.
 # - 2026-11-29 session 3, variants side by side: with micro-batches of 16 completions each
-#   process held 53-75 GB, so three on one GPU (or two beside a measuring worker) ran out of
+#   process in GRPO held 53-75 GiB, so three on one GPU (or two beside a measuring worker) ran out of
 #   memory; hence micro_batch_size=4. Alone, a variant ran its 20 GRPO steps in 8-36 s each
 #   (~6 min) and its logprob eval in 33-42 s; the verbalized eval did not finish before the
 #   deadline. One bf16 run hit a NaN gradient at step 12 (models/training.py now keeps a small
