@@ -96,6 +96,10 @@ def throughput(path: str, summary_path: str | None) -> dict:
         n_ok_now = len(ok) if s.get("measured_now") == len(rows) else None
         if n_ok_now is not None and s["elapsed_s"] > 0:
             out["ok_per_gpu_hour"] = n_ok_now / s["elapsed_s"] * 3600
+            # How much of the wall the measuring child spent checking and timing (the rest:
+            # start-up, reference timings, and compile phases while the timer waits).
+            busy = sum((r["check_s"] or 0.0) + (r["time_s"] or 0.0) for r in rows)
+            out["measuring_share"] = busy / s["elapsed_s"]
     if span_s and span_s > 0:
         out["ok_per_gpu_hour_steady"] = len(ok) / span_s * 3600  # excludes start-up and the first compile
     for key in ("compile_s", "check_s", "time_s"):

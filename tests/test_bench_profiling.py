@@ -68,3 +68,21 @@ def test_compare_measures_the_log2_ratio_between_runs(tmp_path, shift):
     assert report["p95_abs_log2"] == pytest.approx(math.log2(shift), abs=1e-9)
     assert report["spread_a"] == {"cases": 40, "median_rel_stderr": pytest.approx(0.0015),
                                   "p95_rel_stderr": pytest.approx(0.002)}
+
+
+def test_throughput_counts_correct_kernels_per_hour_and_the_measuring_share(tmp_path):
+    import datetime as dt
+    import json
+
+    t0 = dt.datetime(2026, 11, 29, 17, 0, tzinfo=dt.UTC)
+    n = 4
+    pq.write_table(pa.table({
+        "kernel_id": [f"k{i}" for i in range(n)], "status": ["ok", "ok", "ok", "failed"],
+        "measured_at": [t0 + dt.timedelta(seconds=10 * i) for i in range(n)],
+        "compile_s": [1.0] * n, "check_s": [0.5, 0.5, 0.5, None], "time_s": [2.0, 2.0, 2.0, None]}), tmp_path / "r.parquet")
+    (tmp_path / "s.json").write_text(json.dumps({"elapsed_s": 30.0, "measured_now": n}))
+    report = bench_profiling.throughput(str(tmp_path / "r.parquet"), str(tmp_path / "s.json"))
+    assert report["ok_per_gpu_hour"] == pytest.approx(3 / 30 * 3600)
+    assert report["ok_per_gpu_hour_steady"] == pytest.approx(3 / 30 * 3600)  # 30 s from first to last row
+    assert report["measuring_share"] == pytest.approx(7.5 / 30)
+    assert report["median_time_s"] == 2.0
