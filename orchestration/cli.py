@@ -80,9 +80,52 @@ def run(profile: str | None = ProfileOpt) -> None:
                       + (f"; warnings: {', '.join(s.checks_warned)}" if s.checks_warned else "")
                       + (f"; challenger held back (promotion gates: {', '.join(s.promotion_held)})"
                          if s.promotion_held else ""))
+    for line in _run_headline(settings):
+        console.print(line, highlight=False)
     if not ok:
         raise CliError("some assets or checks failed; open `kernelcast ui` for the run logs")
     console.print(f"done. State in {settings.home}; `kernelcast ui` opens Dagster and MLflow.")
+
+
+HEADLINE_METRICS = ("n", "brier", "ece", "recovered_mean", "parse_rate")
+
+
+def headline_lines(version: str, counts: dict, metrics: dict[str, dict]) -> list[str]:
+    """What a run produced, in numbers: the dataset version and the calibration report's
+    headline metrics per forecaster (evaluation report of that version), as text lines."""
+    lines = [f"dataset {version}: {counts.get('n_measurements', '?')} measurements, {counts.get('n_pairs', '?')} pairs"]
+    if metrics:
+        width = max(len(m) for m in [*metrics, "forecaster"])
+        widths = [max(8, len(c)) for c in HEADLINE_METRICS]
+        lines.append(f"{'forecaster':<{width}} " + " ".join(f"{c:>{w}}" for c, w in zip(HEADLINE_METRICS, widths)))
+        for model, r in metrics.items():
+            cells = [f"{r[c]:>{w}.4f}" if isinstance(r.get(c), float) else f"{r.get(c, '-')!s:>{w}}"
+                     for c, w in zip(HEADLINE_METRICS, widths)]
+            lines.append(f"{model:<{width}} " + " ".join(cells))
+    return lines
+
+
+def _run_headline(settings) -> list[str]:
+    """headline_lines of the newest dataset version; nothing when there is none yet."""
+    import json
+
+    from warehouse.datasets import list_dataset_versions
+    from warehouse.db import connect
+
+    if not settings.warehouse_path.exists():
+        return []
+    try:
+        with connect(settings.warehouse_path, read_only=True) as con:
+            versions = list_dataset_versions(con)
+        if versions.is_empty():
+            return []
+        newest = versions.row(0, named=True)
+        counts = newest["counts"] if isinstance(newest["counts"], dict) else json.loads(newest["counts"] or "{}")
+        report = settings.reports_dir / newest["dataset_version"] / "metrics.json"
+        metrics = json.loads(report.read_text()) if report.is_file() else {}
+        return headline_lines(newest["dataset_version"], counts, metrics)
+    except Exception as e:  # noqa: BLE001 - a summary never fails a finished run
+        return [f"(no summary: {type(e).__name__}: {e})".splitlines()[0]]
 
 
 # ---- tasks --------------------------------------------------------------------------------

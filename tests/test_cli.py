@@ -189,3 +189,38 @@ def test_forecast_through_an_openai_endpoint(tmp_path, monkeypatch, mode, bin_):
     assert out["predicted_bin"] == bin_ and out["source"].startswith("OpenAI-compatible endpoint")
     assert out["style"] == "full" and server.requests[0]["messages"][0]["role"] == "system"
     assert missing.exit_code == 2 and "--model" in missing.output
+
+
+def test_run_headline_prints_the_dataset_and_each_forecasters_numbers(tmp_path):
+    from orchestration.cli import _run_headline, headline_lines
+    from orchestration.settings import load_settings
+
+    lines = headline_lines("ds-1", {"n_measurements": 9, "n_pairs": 4}, {
+        "baseline:uniform": {"n": 4, "brier": 0.4375, "ece": 0.02, "recovered_mean": 0.9, "parse_rate": 1.0},
+        "models:/kernelcast-surrogate/1": {"n": 2, "brier": 0.5, "parse_rate": 0.5}})
+    assert lines == [
+        "dataset ds-1: 9 measurements, 4 pairs",
+        "forecaster                            n    brier      ece recovered_mean parse_rate",
+        "baseline:uniform                      4   0.4375   0.0200         0.9000     1.0000",
+        "models:/kernelcast-surrogate/1        2   0.5000        -              -     0.5000",
+    ]
+    assert _run_headline(load_settings("smoke", tmp_path / "empty-home")) == []  # nothing run yet
+
+
+def test_run_headline_reports_a_broken_report_in_one_line(tmp_path):
+    """A corrupt metrics.json after a finished run: one line, not a crash."""
+    import json
+
+    from orchestration.cli import _run_headline
+    from orchestration.settings import load_settings
+    from warehouse.db import connect
+
+    settings = load_settings("smoke", tmp_path / "home")
+    settings.home.mkdir(parents=True)
+    with connect(settings.warehouse_path) as con:
+        con.execute("INSERT INTO dataset_versions (dataset_version, content_digest, counts, n_measurements, created_at) "
+                    "VALUES ('ds-x', 'd', ?, 0, now())", [json.dumps({"n_measurements": 0, "n_pairs": 0})])
+    (settings.reports_dir / "ds-x").mkdir(parents=True)
+    (settings.reports_dir / "ds-x" / "metrics.json").write_text('{"baseline:uniform": {"n": 4,')
+    lines = _run_headline(settings)
+    assert len(lines) == 1 and lines[0].startswith("(no summary: JSONDecodeError")
