@@ -2,6 +2,8 @@
 
     # (a) throughput: correct measured kernels per GPU-hour, end to end
     python3 scripts/bench_profiling.py throughput RUN.parquet [--summary RUN.summary.json]
+    # ... over several runs (GPUs, calls): each results-X.parquet with its summary-X.json beside it
+    python3 scripts/bench_profiling.py throughput-many results-X.parquet results-Y.parquet ...
     # (b) repeatability: build a re-measure batch from a run, measure it again, compare
     python3 scripts/bench_profiling.py subset RUN.parquet BATCH.parquet --n 200 --out REPEAT_BATCH.parquet
     python3 scripts/bench_profiling.py compare RUN.parquet REPEAT.parquet
@@ -109,6 +111,25 @@ def throughput(path: str, summary_path: str | None) -> dict:
     return out
 
 
+def throughput_many(result_paths: list[str]) -> dict:
+    """Throughput over several runs (several GPUs or calls): each results-X.parquet with the
+    summary-X.json beside it; correct kernels of all runs over the sum of their GPU wall seconds."""
+    out: dict = {}
+    total_ok, total_s = 0, 0.0
+    for path in result_paths:
+        summary = Path(path).with_name(Path(path).name.replace("results-", "summary-", 1)).with_suffix(".json")
+        if not summary.is_file():
+            raise OSError(f"{path}: no run summary beside it ({summary.name})")
+        one = throughput(path, str(summary))
+        if "ok_per_gpu_hour" not in one:
+            raise KeyError(f"{path}: its summary does not cover exactly this file's rows (a resumed run?)")
+        out[Path(path).stem] = f"{one['ok']} correct in {one['wall_s']:.1f} s: {one['ok_per_gpu_hour']:.0f} per GPU-hour"
+        total_ok, total_s = total_ok + one["ok"], total_s + one["wall_s"]
+    out["correct"], out["gpu_s"] = total_ok, round(total_s, 1)
+    out["ok_per_gpu_hour"] = round(total_ok / total_s * 3600) if total_s else float("nan")
+    return out
+
+
 def subset(result_path: str, batch_path: str, n: int, out: str, seed: int = 0) -> dict:
     ok = sorted(_ok_rows(result_path))
     rng = np.random.default_rng(seed)
@@ -153,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("throughput")
     t.add_argument("result")
     t.add_argument("--summary", default=None)
+    m = sub.add_parser("throughput-many", help="several runs together (each with its summary-*.json beside it)")
+    m.add_argument("results", nargs="+")
     c = sub.add_parser("compare")
     c.add_argument("a")
     c.add_argument("b")
@@ -166,12 +189,14 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("batch")
     r.add_argument("results", nargs="+")
     r.add_argument("--out", required=True)
-    for p in (t, c, s, r):
+    for p in (t, m, c, s, r):
         p.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "throughput":
             report = throughput(args.result, args.summary)
+        elif args.cmd == "throughput-many":
+            report = throughput_many(args.results)
         elif args.cmd == "compare":
             report = compare(args.a, args.b)
         elif args.cmd == "remaining":

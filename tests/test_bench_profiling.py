@@ -86,3 +86,24 @@ def test_throughput_counts_correct_kernels_per_hour_and_the_measuring_share(tmp_
     assert report["ok_per_gpu_hour_steady"] == pytest.approx(3 / 30 * 3600)  # 30 s from first to last row
     assert report["measuring_share"] == pytest.approx(7.5 / 30)
     assert report["median_time_s"] == 2.0
+
+
+def test_throughput_many_sums_correct_kernels_over_gpu_seconds(tmp_path):
+    import datetime as dt
+    import json
+
+    t0 = dt.datetime(2026, 11, 29, 17, 0, tzinfo=dt.UTC)
+    for name, statuses, wall in (("a", ["ok", "ok", "failed"], 30.0), ("b", ["ok"] * 5, 60.0)):
+        n = len(statuses)
+        pq.write_table(pa.table({
+            "kernel_id": [f"{name}{i}" for i in range(n)], "status": statuses,
+            "measured_at": [t0 + dt.timedelta(seconds=i) for i in range(n)],
+            "compile_s": [1.0] * n, "check_s": [0.1] * n, "time_s": [0.2] * n}), tmp_path / f"results-{name}.parquet")
+        (tmp_path / f"summary-{name}.json").write_text(json.dumps({"elapsed_s": wall, "measured_now": n}))
+    report = bench_profiling.throughput_many([str(tmp_path / "results-a.parquet"), str(tmp_path / "results-b.parquet")])
+    assert (report["correct"], report["gpu_s"]) == (7, 90.0)
+    assert report["ok_per_gpu_hour"] == round(7 / 90 * 3600)
+    assert report["results-a"].startswith("2 correct in 30.0 s")
+    (tmp_path / "summary-b.json").unlink()
+    with pytest.raises(OSError, match="no run summary beside it"):
+        bench_profiling.throughput_many([str(tmp_path / "results-b.parquet")])

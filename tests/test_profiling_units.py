@@ -303,7 +303,7 @@ def test_compile_case_leaves_launchers_that_need_values_to_the_measuring_child(m
     assert info.value.kind == "compile_failed"
 
 
-def test_meta_compile_inputs_unphase_the_worker_by_default(tmp_path):
+def test_meta_compile_inputs_are_the_gpu_default_and_unphase_the_worker(tmp_path):
     from pipelines.profiling.worker import WorkerConfig, _parser, _Run
 
     args = _parser().parse_args(["--batch", "b", "--out", "o", "--compile-inputs", "meta"])
@@ -318,7 +318,11 @@ def test_meta_compile_inputs_unphase_the_worker_by_default(tmp_path):
     def run(**kw):
         return _Run([], NoRows(), WorkerConfig(**kw), tmp_path, None)
 
-    assert run(device="cuda").phased is True
+    # meta is the default on a GPU (measured faster on the H200s); device inputs phase the worker
+    assert run(device="cuda").compile_inputs == "meta"
+    assert run(device="cuda").phased is False
+    assert run(device="cpu").compile_inputs == "device"
+    assert run(device="cuda", compile_inputs="device").phased is True
     assert run(device="cuda", compile_inputs="meta").phased is False
     assert run(device="cuda", compile_inputs="meta", phased=True).phased is True
     assert run(device="cuda", compile_inputs="meta").base_config["compile_inputs"] == "meta"
