@@ -82,6 +82,15 @@ class TrainingSettings:
         gradient_checkpointing: trade compute for activation memory; None = on with CUDA
             (a 20B model needs it), off on CPU. It also turns the KV cache off during
             rollouts, so a small model on a big GPU runs faster with it False.
+        precision: "auto", "fp32" (float32 weights and compute; TF32 matmuls on a GPU),
+            "bf16-autocast" (float32 weights, bfloat16 compute) or "bf16" (bfloat16 weights
+            and compute). auto: fp32 on CPU and for checkpoints under 4 GiB on a GPU, bf16
+            for big ones (a 20B model, as the paper runs). See `resolve_precision`.
+        max_prompt_tokens: training rows whose prompt is longer are left out (counted in
+            the metrics); None = the base model's context minus max_completion_length, so
+            prompt and rollout always fit the positions the model was built for.
+        max_nonfinite_steps: GRPO stops (with an error) after this many optimizer steps in a
+            row had non-finite gradients; single ones are skipped (models/grad_guard.py).
     """
 
     base_model: str = "smollm2"
@@ -104,6 +113,9 @@ class TrainingSettings:
     seed: int = 0
     micro_batch_size: int = 16
     gradient_checkpointing: bool | None = None
+    precision: str = "auto"
+    max_prompt_tokens: int | None = None
+    max_nonfinite_steps: int = 3
     tags: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -113,6 +125,8 @@ class TrainingSettings:
             raise ValueError(f"reward_weight must be finite and >= 0, got {self.reward_weight}")
         if self.num_generations < 2:
             raise ValueError("num_generations must be >= 2: GRPO compares rollouts within a group")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {PRECISIONS}, got {self.precision!r}")
 
     @classmethod
     def profile(cls, name: str, **overrides: Any) -> TrainingSettings:
@@ -280,7 +294,30 @@ def git_commit() -> str | None:
         return None
 
 
-SMALL_MODEL_BYTES = 4 * 2**30  # checkpoints under this train with float32 weights on a GPU
+SMALL_MODEL_BYTES = 4 * 2**30  # checkpoints under this train in float32 on a GPU
+PRECISIONS = ("auto", "fp32", "bf16-autocast", "bf16")
+
+
+def resolve_precision(precision: str, cuda: bool, checkpoint_bytes: int) -> str:
+    """The precision a run uses: `precision` unless "auto".
+
+    auto: fp32 on CPU (stack.md: bf16 on CPU is slow and unsupported by some ops); on a GPU,
+    fp32 for a small checkpoint and bf16 for a big one. Why not bf16 for SmolLM2 on the H200:
+    with bf16 weights one GRPO run logged a NaN gradient after 11 steps, and with float32
+    weights under bf16 autocast all three runs of the next session did at their first step
+    (2026-11-29, sessions 3 and 4; data/training/h200/). A 135M model in float32 with TF32
+    matmuls costs little on an H200, and removes both mixed-precision paths from suspicion.
+
+    >>> resolve_precision("auto", False, 10**12), resolve_precision("auto", True, 10**8)
+    ('fp32', 'fp32')
+    >>> resolve_precision("auto", True, 40 * 2**30), resolve_precision("bf16-autocast", True, 1)
+    ('bf16', 'bf16-autocast')
+    """
+    if precision != "auto":
+        return precision
+    if not cuda:
+        return "fp32"
+    return "fp32" if checkpoint_bytes < SMALL_MODEL_BYTES else "bf16"
 
 
 def _checkpoint_bytes(path: Path) -> int:
@@ -289,7 +326,8 @@ def _checkpoint_bytes(path: Path) -> int:
 
 
 def _load_base(settings: TrainingSettings):
-    """(model, tokenizer) of the base model, on CPU/CUDA as available, float32 on CPU."""
+    """(model, tokenizer, precision) of the base model, on CPU/CUDA as available, in the
+    weight dtype of `resolve_precision`."""
     import torch
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -297,18 +335,29 @@ def _load_base(settings: TrainingSettings):
 
     path = resolve_base_model(settings.base_model)
     cuda = torch.cuda.is_available()
-    # CPU: float32 (bf16=False in the trainer). GPU: the trainer computes in bf16 (autocast);
-    # the weights stay float32 for a small model and are bfloat16 only where memory demands it
-    # (a 20B model, as the paper runs). With SmolLM2's weights in bf16, one H200 GRPO run hit a
-    # NaN gradient after 11 steps, and the NaN weights then broke sampling (device-side assert).
-    small = _checkpoint_bytes(path) < SMALL_MODEL_BYTES
+    precision = resolve_precision(settings.precision, cuda, _checkpoint_bytes(path))
     model = AutoModelForCausalLM.from_pretrained(
-        str(path), dtype=torch.float32 if (small or not cuda) else torch.bfloat16
+        str(path), dtype=torch.bfloat16 if precision == "bf16" else torch.float32
     )
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.to("cuda" if cuda else "cpu"), tokenizer
+    return model.to("cuda" if cuda else "cpu"), tokenizer, precision
+
+
+def prompt_tokens(tokenizer: Any, prompt: Any) -> int:
+    """Tokens of a training row's prompt as the trainer feeds it (chat template applied)."""
+    if isinstance(prompt, str):
+        return len(tokenizer(prompt)["input_ids"])
+    ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)
+    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def fitting_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, limit: int | None) -> list[dict[str, Any]]:
+    """The rows whose prompt has at most `limit` tokens (all of them when limit is None)."""
+    if limit is None:
+        return list(rows)
+    return [r for r in rows if prompt_tokens(tokenizer, r["prompt"]) <= limit]
 
 
 def _with_lora(model: Any, settings: TrainingSettings):
@@ -332,7 +381,7 @@ def _with_lora(model: Any, settings: TrainingSettings):
         return get_peft_model(model, config)
 
 
-def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float]):
+def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float], precision: str = "fp32"):
     import torch
     from trl import GRPOConfig
 
@@ -344,7 +393,8 @@ def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float]
     return GRPOConfig(
         output_dir=str(out_dir / "trainer"),
         use_cpu=not cuda,
-        bf16=cuda,  # CPU: bf16=False (stack.md)
+        bf16=precision in ("bf16", "bf16-autocast"),  # never on CPU (stack.md): resolve_precision
+        tf32=True if cuda and precision == "fp32" else None,
         use_vllm=False,
         # TRL defaults to gradient checkpointing, which also turns the KV cache off while the
         # rollouts are generated: every new token re-reads the whole prompt. On a CPU (small
@@ -526,6 +576,7 @@ def train_grpo(
     from datasets import Dataset
     from trl import GRPOTrainer
 
+    from models.grad_guard import NonFiniteGradGuard
     from models.sft import parse_rate, run_sft
 
     if len(rows) < settings.prompts_per_step:
@@ -534,13 +585,27 @@ def train_grpo(
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    base, tokenizer = _load_base(settings)
+    base, tokenizer, precision = _load_base(settings)
+    limit = settings.max_prompt_tokens
+    context = getattr(base.config, "max_position_embeddings", None)
+    if limit is None and context:
+        limit = int(context) - settings.max_completion_length
+    kept = fitting_rows(rows, tokenizer, limit)
+    if len(kept) < len(rows):
+        log.info("%d of %d training rows left out: prompt over %s tokens", len(rows) - len(kept), len(rows), limit)
+    if len(kept) < settings.prompts_per_step:
+        raise ValueError(
+            f"{len(kept)} training rows have prompts of at most {limit} tokens, fewer than "
+            f"prompts_per_step={settings.prompts_per_step}"
+        )
+    rows = kept
     model = _with_lora(base, settings)
 
     probe = list(rows[: settings.parse_probe_rows])
     probe_tokens = settings.max_completion_length
     metrics: dict[str, float] = {
-        "parse_rate_before_sft": parse_rate(model, tokenizer, probe, probe_tokens)
+        "parse_rate_before_sft": parse_rate(model, tokenizer, probe, probe_tokens),
+        "train_rows_used": float(len(kept)),
     }
     sft_losses = run_sft(model, tokenizer, rows, settings)
     metrics["parse_rate_after_sft"] = parse_rate(model, tokenizer, probe, probe_tokens)
@@ -554,16 +619,24 @@ def train_grpo(
     )
 
     funcs, weights = settings.reward_parts()
+    guard = NonFiniteGradGuard(settings.max_nonfinite_steps)
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=funcs,
-        args=_grpo_config(settings, out, weights),
+        args=_grpo_config(settings, out, weights, precision),
         train_dataset=Dataset.from_list([dict(r) for r in rows]),
         processing_class=tokenizer,
+        callbacks=[guard],
     )
     trainer.train()
+    if guard.gave_up:
+        raise RuntimeError(
+            f"GRPO stopped: {guard.max_consecutive} steps in a row had non-finite gradients "
+            f"(skipped steps {guard.skipped_steps}; precision {precision})"
+        )
     history = [dict(h) for h in trainer.state.log_history]
     metrics.update(_summary(history))
+    metrics["nonfinite_grad_steps"] = float(len(guard.skipped_steps))
     trainer.model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
     steps = int(trainer.state.global_step)

@@ -233,6 +233,11 @@ def ingest(
     train_rows, measurement_ids, records = loaded["train_rows"], loaded["measurement_ids"], loaded["records"]
     refs: dict[str, str] = {}
     with connect(cfg.warehouse_path) as con:
+        # Forecasts are scored against this version's pairs: in a home without them nothing
+        # could be evaluated, so nothing is logged, registered or written.
+        if con.execute("SELECT 1 FROM pairs WHERE dataset_version = ? LIMIT 1", [version]).fetchone() is None:
+            raise typer.BadParameter(f"dataset version {version} of {job} has no pairs in {cfg.warehouse_path}; "
+                                     "ingest into the KERNELCAST_HOME the job was exported from (--home)")
         for variant, info in summary["variants"].items():
             name = safe_name(variant)
             record = records[variant]

@@ -186,3 +186,112 @@ def test_mlflow_run_holds_config_metrics_dataset_and_ids(trained, tmp_path):
     assert "duckdb:pairs@v-test" in ds.source
     ids = Path(client.download_artifacts(result.run_id, "measurement_ids.txt", str(tmp_path)))
     assert ids.read_text().split() == ["m1", "m2", "m3"]
+
+
+def test_grad_guard_drops_a_non_finite_step_and_gives_up_after_too_many():
+    from transformers import TrainerControl, TrainerState
+
+    from models.grad_guard import NonFiniteGradGuard
+
+    p = torch.nn.Parameter(torch.zeros(3))
+    opt = torch.optim.AdamW([p], lr=0.1)
+    guard = NonFiniteGradGuard(max_consecutive=2)
+    state, control = TrainerState(), TrainerControl()
+
+    def step(grad):
+        p.grad = torch.tensor(grad)
+        guard.on_pre_optimizer_step(None, state, control, optimizer=opt)
+        opt.step()
+        state.global_step += 1
+
+    step([float("nan"), 1.0, 1.0])  # dropped: the weights stay untouched
+    assert p.grad is None and torch.equal(p.detach(), torch.zeros(3)) and guard.skipped_steps == [1]
+    step([1.0, 1.0, 1.0])  # a finite step trains and resets the run of bad ones
+    assert torch.isfinite(p).all() and p.detach().abs().sum() > 0 and guard.consecutive == 0
+    step([float("inf"), 0.0, 0.0])
+    assert not control.should_training_stop
+    step([0.0, float("nan"), 0.0])
+    assert guard.skipped_steps == [1, 3, 4] and guard.gave_up and control.should_training_stop
+    assert torch.isfinite(p).all()
+    with pytest.raises(ValueError, match="max_consecutive"):
+        NonFiniteGradGuard(0)
+
+
+def _poison_lora_grads(monkeypatch, backward_passes: int) -> None:
+    """Make the first `backward_passes` backward passes of the LoRA model produce NaN grads
+    (what the H200 runs logged), by wrapping models.training._with_lora."""
+    import models.training as training
+
+    real = training._with_lora
+    left = {"n": backward_passes}
+
+    def poisoned(model, settings):
+        peft_model = real(model, settings)
+        first = next(p for n, p in peft_model.named_parameters() if p.requires_grad and "lora_A" in n)
+
+        def hook(grad):
+            if left["n"] <= 0:
+                return grad
+            left["n"] -= 1
+            return grad * float("nan")
+
+        # The format warm-up runs backward passes too: poison only GRPO's (armed below).
+        first.register_hook(lambda g: hook(g) if armed["on"] else g)
+        return peft_model
+
+    armed = {"on": False}
+    import trl  # train_grpo imports GRPOTrainer from trl when it runs: arm it there
+
+    class Armed(trl.GRPOTrainer):
+        def train(self, *a, **k):
+            armed["on"] = True
+            return super().train(*a, **k)
+
+    monkeypatch.setattr(training, "_with_lora", poisoned)
+    monkeypatch.setattr(trl, "GRPOTrainer", Armed)
+
+
+def _nan_settings(tmp_path, **kw):
+    tiny = build_tiny_model(tmp_path / "tiny")
+    return TrainingSettings.profile("smoke", base_model=str(tiny), sft_steps=0, parse_probe_rows=1, **kw)
+
+
+def test_a_nan_gradient_costs_one_step_not_the_run(tmp_path, monkeypatch, one_thread):
+    _poison_lora_grads(monkeypatch, backward_passes=1)
+    settings = _nan_settings(tmp_path)
+    rows = build_training_rows(make_pairs(), KERNELS, TASKS, HARDWARE, style=settings.prompt_style)
+    result = train_grpo(settings, rows, tmp_path / "adapter")
+    assert result.steps == 2 and result.metrics["nonfinite_grad_steps"] == 1.0
+    grad_norms = [h["grad_norm"] for h in result.log_history if "grad_norm" in h]
+    assert math.isnan(grad_norms[0]) and math.isfinite(grad_norms[1])
+    from safetensors.torch import load_file
+
+    weights = load_file(str(result.adapter_dir / "adapter_model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
+def test_gradients_that_stay_non_finite_stop_training_with_one_clear_error(tmp_path, monkeypatch, one_thread):
+    _poison_lora_grads(monkeypatch, backward_passes=100)
+    settings = _nan_settings(tmp_path, max_nonfinite_steps=2)
+    rows = build_training_rows(make_pairs(), KERNELS, TASKS, HARDWARE, style=settings.prompt_style)
+    with pytest.raises(RuntimeError, match=r"2 steps in a row had non-finite gradients \(skipped steps \[1, 2\]"):
+        train_grpo(settings, rows, tmp_path / "adapter")
+
+
+def test_rows_with_prompts_over_the_limit_are_left_out(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from models.training import fitting_rows, prompt_tokens
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    tok = PreTrainedTokenizerFast.from_pretrained(str(tiny))
+    rows = build_training_rows(make_pairs(), KERNELS, TASKS, HARDWARE, style="diff")
+    sizes = sorted(prompt_tokens(tok, r["prompt"]) for r in rows)
+    assert sizes[0] > 10
+    assert fitting_rows(rows, tok, None) == rows
+    assert len(fitting_rows(rows, tok, sizes[1])) >= 2 and len(fitting_rows(rows, tok, sizes[0] - 1)) == 0
+    settings = TrainingSettings.profile("smoke", base_model=str(tiny), max_prompt_tokens=sizes[0] - 1)
+    with pytest.raises(ValueError, match="0 training rows have prompts of at most"):
+        train_grpo(settings, rows, tmp_path / "adapter")
+    with pytest.raises(ValueError, match="precision"):
+        TrainingSettings(precision="fp8")

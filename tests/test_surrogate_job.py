@@ -116,6 +116,18 @@ def test_export_train_elsewhere_ingest(home, tmp_path):
     assert bad.exit_code == 2 and "Invalid value" in bad.output, bad.output
     assert _registered_versions(home) == []
 
+    # A home whose warehouse lacks the job's dataset version: one line, nothing written there.
+    from orchestration.settings import load_settings
+
+    other = tmp_path / "other-home"
+    bad = CliRunner().invoke(surrogate_job.app, ["ingest", str(out), "--job", str(job), "--profile", "smoke",
+                                                 "--home", str(other)])
+    said = " ".join(bad.output.replace("│", " ").split())  # rich wraps the message in a box
+    assert bad.exit_code == 2 and "has no pairs in" in said, bad.output
+    assert _registered_versions(home) == [] and _registered_versions(other) == []
+    with connect(load_settings("smoke", other).warehouse_path, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM forecasts").fetchone()[0] == 0
+
     report = _invoke("ingest", str(out), "--job", str(job), "--host", "cpu-test", "--alias", "challenger",
                      "--n-boot", "20", "--profile", "smoke", "--home", str(home))
     assert "registered version 1" in report and "models:/kernelcast-surrogate/1|verbalized" in report
