@@ -24,6 +24,7 @@ This module never imports dagster; the tracking URI is a plain string.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import subprocess
@@ -90,7 +91,7 @@ class TrainingSettings:
             the metrics); None = the base model's context minus max_completion_length, so
             prompt and rollout always fit the positions the model was built for.
         max_nonfinite_steps: GRPO stops (with an error) after this many optimizer steps in a
-            row had non-finite gradients; single ones are skipped (models/grad_guard.py).
+            row had non-finite gradients; single ones are skipped (models/callbacks.py).
     """
 
     base_model: str = "smollm2"
@@ -225,6 +226,8 @@ class TrainingResult:
         steps: GRPO optimizer steps run.
         log_history: the trainer's per-step logs.
         sft_losses: the format warm-up's per-step losses.
+        finished: False when `stop_at` ended GRPO before max_steps (the checkpoint folder
+            then holds the state a later call resumes from; no adapter saved, nothing logged).
     """
 
     run_id: str | None
@@ -233,6 +236,7 @@ class TrainingResult:
     steps: int
     log_history: list[dict[str, Any]] = field(default_factory=list)
     sft_losses: list[float] = field(default_factory=list)
+    finished: bool = True
 
 
 def build_training_rows(
@@ -302,11 +306,11 @@ def resolve_precision(precision: str, cuda: bool, checkpoint_bytes: int) -> str:
     """The precision a run uses: `precision` unless "auto".
 
     auto: fp32 on CPU (stack.md: bf16 on CPU is slow and unsupported by some ops); on a GPU,
-    fp32 for a small checkpoint and bf16 for a big one. Why not bf16 for SmolLM2 on the H200:
-    with bf16 weights one GRPO run logged a NaN gradient after 11 steps, and with float32
-    weights under bf16 autocast all three runs of the next session did at their first step
-    (2026-11-29, sessions 3 and 4; data/training/h200/). A 135M model in float32 with TF32
-    matmuls costs little on an H200, and removes both mixed-precision paths from suspicion.
+    fp32 for a small checkpoint and bf16 for a big one. SmolLM2's GRPO runs on the H200 logged
+    NaN gradient norms in bf16 (after 11 steps with bf16 weights; at step 1 with float32 weights
+    under bf16 autocast; data/training/h200/). The likely cause is cuDNN's attention backward
+    (see _load_base, which now turns that backend off), not bf16 itself; float32 with TF32
+    matmuls also keeps attention off cuDNN, and costs little for a 135M model.
 
     >>> resolve_precision("auto", False, 10**12), resolve_precision("auto", True, 10**8)
     ('fp32', 'fp32')
@@ -335,6 +339,14 @@ def _load_base(settings: TrainingSettings):
 
     path = resolve_base_model(settings.base_model)
     cuda = torch.cuda.is_available()
+    if cuda:
+        # cuDNN's SDPA backward (the default backend on Hopper for bf16/fp16 with a mask since
+        # torch 2.11) returns NaN in grad_q when the padded length is 64 mod 128 and a query row
+        # is fully masked, which left-padded GRPO batches always hold (pytorch/pytorch#196678,
+        # huggingface/trl#7181). Our H200 runs logged NaN gradient norms (step 12 of one run,
+        # step 1 of three others) on torch 2.11. The warm-up and GRPO both run backward passes;
+        # the other backends compute the same attention.
+        torch.backends.cuda.enable_cudnn_sdp(False)
     precision = resolve_precision(settings.precision, cuda, _checkpoint_bytes(path))
     model = AutoModelForCausalLM.from_pretrained(
         str(path), dtype=torch.bfloat16 if precision == "bf16" else torch.float32
@@ -360,6 +372,19 @@ def fitting_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, limit: int | No
     return [r for r in rows if prompt_tokens(tokenizer, r["prompt"]) <= limit]
 
 
+WARMUP_RECORD = "warmup.json"  # beside the checkpoints: the warm-up's figures, for a resumed run
+
+
+def last_checkpoint(folder: Path) -> Path | None:
+    """The newest complete checkpoint-N in `folder` (its trainer_state.json, written last, is
+    there), or None; a checkpoint cut while being written is passed over."""
+    if not folder.is_dir() or not (folder / WARMUP_RECORD).is_file():
+        return None
+    found = [p for p in folder.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    whole = [p for p in found if (p / "trainer_state.json").is_file()]
+    return max(whole, key=lambda p: int(p.name.split("-")[-1]), default=None)
+
+
 def _with_lora(model: Any, settings: TrainingSettings):
     """The model wrapped in a fresh LoRA adapter (the only trainable weights)."""
     import torch
@@ -381,17 +406,26 @@ def _with_lora(model: Any, settings: TrainingSettings):
         return get_peft_model(model, config)
 
 
-def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float], precision: str = "fp32"):
+def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float], precision: str = "fp32",
+                 checkpoint_dir: Path | None = None):
     import torch
     from trl import GRPOConfig
 
     cuda = torch.cuda.is_available()
+    # With a checkpoint folder every optimizer step is saved (LoRA weights, optimizer, RNG and
+    # trainer state: a few MB for SmolLM2's adapter), two kept, so a run cut at any moment
+    # resumes from a whole step.
+    saving = (
+        dict(output_dir=str(checkpoint_dir), save_strategy="steps", save_steps=1, save_total_limit=2)
+        if checkpoint_dir
+        else dict(output_dir=str(out_dir / "trainer"), save_strategy="no")
+    )
     completions = settings.prompts_per_step * settings.num_generations
     micro = max(1, min(settings.micro_batch_size, completions))
     while completions % micro:  # accumulation needs a whole number of micro-batches
         micro -= 1
     return GRPOConfig(
-        output_dir=str(out_dir / "trainer"),
+        **saving,
         use_cpu=not cuda,
         bf16=precision in ("bf16", "bf16-autocast"),  # never on CPU (stack.md): resolve_precision
         tf32=True if cuda and precision == "fp32" else None,
@@ -412,7 +446,6 @@ def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float]
         beta=settings.beta,
         reward_weights=weights,
         logging_steps=1,
-        save_strategy="no",
         report_to="none",
         seed=settings.seed,
         disable_tqdm=True,
@@ -556,8 +589,16 @@ def train_grpo(
     tags: Mapping[str, str] | None = None,
     dataset_version: str | None = None,
     measurement_ids: Sequence[str] | None = None,
+    checkpoint_dir: str | Path | None = None,
+    stop_at: float | None = None,
 ) -> TrainingResult:
     """Format warm-up, then GRPO, then save the adapter; logs the run to MLflow.
+
+    With `checkpoint_dir`, every GRPO step is checkpointed there and a call that finds a
+    checkpoint resumes from it (the warm-up is not repeated: its record is kept beside the
+    checkpoints); with `stop_at` (a time.time() value), GRPO stops cleanly after the first
+    step that ends past it and the result says `finished=False`. Together they let a run
+    longer than one GPU call go on in the next (scripts/gpu_train_surrogates.py).
 
     Args:
         settings: the resolved training settings.
@@ -572,11 +613,12 @@ def train_grpo(
         TrainingResult(run_id, adapter_dir, metrics, steps, log_history).
     Raises:
         ValueError: fewer rows than prompts_per_step (a step would repeat prompts).
+        RuntimeError: max_nonfinite_steps steps in a row had non-finite gradients.
     """
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from models.grad_guard import NonFiniteGradGuard
+    from models.callbacks import NonFiniteGradGuard, StopAt
     from models.sft import parse_rate, run_sft
 
     if len(rows) < settings.prompts_per_step:
@@ -601,45 +643,62 @@ def train_grpo(
     rows = kept
     model = _with_lora(base, settings)
 
-    probe = list(rows[: settings.parse_probe_rows])
-    probe_tokens = settings.max_completion_length
-    metrics: dict[str, float] = {
-        "parse_rate_before_sft": parse_rate(model, tokenizer, probe, probe_tokens),
-        "train_rows_used": float(len(kept)),
-    }
-    sft_losses = run_sft(model, tokenizer, rows, settings)
-    metrics["parse_rate_after_sft"] = parse_rate(model, tokenizer, probe, probe_tokens)
-    if sft_losses:
-        metrics["sft_loss_first"], metrics["sft_loss_last"] = sft_losses[0], sft_losses[-1]
-    log.info(
-        "format warm-up: parse rate %.2f -> %.2f over %d probe rows",
-        metrics["parse_rate_before_sft"],
-        metrics["parse_rate_after_sft"],
-        len(probe),
-    )
+    ckpt = Path(checkpoint_dir) if checkpoint_dir else None
+    resume = last_checkpoint(ckpt) if ckpt else None
+    if resume:  # the warm-up's weights are in the checkpoint; its figures beside it
+        warm = json.loads((ckpt / WARMUP_RECORD).read_text())
+        metrics, sft_losses = warm["metrics"], warm["sft_losses"]
+        log.info("resuming GRPO from %s", resume)
+    else:
+        probe = list(rows[: settings.parse_probe_rows])
+        probe_tokens = settings.max_completion_length
+        metrics = {
+            "parse_rate_before_sft": parse_rate(model, tokenizer, probe, probe_tokens),
+            "train_rows_used": float(len(kept)),
+        }
+        sft_losses = run_sft(model, tokenizer, rows, settings)
+        metrics["parse_rate_after_sft"] = parse_rate(model, tokenizer, probe, probe_tokens)
+        if sft_losses:
+            metrics["sft_loss_first"], metrics["sft_loss_last"] = sft_losses[0], sft_losses[-1]
+        log.info(
+            "format warm-up: parse rate %.2f -> %.2f over %d probe rows",
+            metrics["parse_rate_before_sft"],
+            metrics["parse_rate_after_sft"],
+            len(probe),
+        )
+        if ckpt:
+            ckpt.mkdir(parents=True, exist_ok=True)
+            (ckpt / WARMUP_RECORD).write_text(json.dumps({"metrics": metrics, "sft_losses": sft_losses}))
 
     funcs, weights = settings.reward_parts()
     guard = NonFiniteGradGuard(settings.max_nonfinite_steps)
+    callbacks: list[Any] = [guard]
+    if stop_at is not None:
+        callbacks.append(StopAt(stop_at))
     trainer = GRPOTrainer(
         model=model,
         reward_funcs=funcs,
-        args=_grpo_config(settings, out, weights, precision),
+        args=_grpo_config(settings, out, weights, precision, ckpt),
         train_dataset=Dataset.from_list([dict(r) for r in rows]),
         processing_class=tokenizer,
-        callbacks=[guard],
+        callbacks=callbacks,
     )
-    trainer.train()
+    trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    steps = int(trainer.state.global_step)
     if guard.gave_up:
         raise RuntimeError(
             f"GRPO stopped: {guard.max_consecutive} steps in a row had non-finite gradients "
             f"(skipped steps {guard.skipped_steps}; precision {precision})"
         )
     history = [dict(h) for h in trainer.state.log_history]
+    if steps < settings.max_steps:
+        log.info("GRPO stopped at step %d of %d (stop_at); resume from %s", steps, settings.max_steps, ckpt)
+        return TrainingResult(None, out, metrics, steps, history, sft_losses, finished=False)
     metrics.update(_summary(history))
+    # Steps whose update was skipped, in this process (a resumed run counts its own part).
     metrics["nonfinite_grad_steps"] = float(len(guard.skipped_steps))
     trainer.model.save_pretrained(str(out))
     tokenizer.save_pretrained(str(out))
-    steps = int(trainer.state.global_step)
     log.info("GRPO: %d steps, adapter saved to %s", steps, out)
 
     run_id = None

@@ -28,6 +28,13 @@ A 135M model leaves an H200 mostly idle (rollouts are token-by-token generation)
 variants side by side take little longer than one. --deadline-s kills children still running
 then, so a GPU call with a hard limit still returns the variants that finished.
 
+A run longer than one GPU call goes on in the next: GRPO checkpoints every step in the
+children's folders (OUT_DIR/_<variant>/<variant>-ckpt) and, with --deadline-s, stops cleanly
+--stop-margin-s before the deadline; the variant is then listed under "unfinished" in
+summary.json. The same command on the same OUT_DIR (a warm host keeps /root between calls)
+resumes each variant from its last whole step without repeating the warm-up, evaluates the
+readouts still missing, and skips whatever is done (base forecasts included).
+
 The eval forecasts use two readouts: "logprob" (one forward pass, deterministic) and
 "verbalized" (sampled at the training temperature, --repeats answers per pair), the
 model_ref of a row saying which model and readout.
@@ -52,6 +59,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 log = logging.getLogger("gpu_train_surrogates")
+READOUTS = ("logprob", "verbalized")  # of each trained variant, in this order
 
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
@@ -142,24 +150,35 @@ def child_command(args: argparse.Namespace, variant: str, out: Path) -> list[str
            "--batch-size", str(args.batch_size)]
     for item in args.set:
         cmd += ["--set", item]
+    if args.stop_at is not None:
+        cmd += ["--stop-at", repr(args.stop_at)]
     return cmd
 
 
-def merge_child(summary: dict[str, Any], child_out: Path, out: Path, variant: str) -> None:
-    """Move a child's tar and forecast file into `out` and its variant record into `summary`;
-    a child that finished nothing leaves the variant under "skipped"."""
-    name = safe_name(variant)
+def _read_summary(folder: Path) -> dict[str, Any]:
     try:
-        child = json.loads((child_out / "summary.json").read_text())
+        return json.loads((folder / "summary.json").read_text())
     except (OSError, json.JSONDecodeError):
-        child = {}
+        return {}
+
+
+def merge_child(summary: dict[str, Any], child_out: Path, out: Path, variant: str) -> None:
+    """Copy a child's tar and forecast files into `out` and its variant record into `summary`.
+    A variant the clock stopped inside GRPO goes under "unfinished" (its checkpoint stays in the
+    child's folder, which a later call with the same --out resumes); one that trained nothing
+    goes under "skipped"."""
+    name = safe_name(variant)
+    child = _read_summary(child_out)
     done = variant in child.get("variants", {}) and (child_out / f"{name}.tar").is_file()
     if not done:
-        summary.setdefault("skipped", []).append(variant)
+        if variant in child.get("unfinished", {}):
+            summary.setdefault("unfinished", {})[variant] = child["unfinished"][variant]
+        else:
+            summary.setdefault("skipped", []).append(variant)
         return
     # Forecast files exist for the readouts that finished before any deadline.
     for path in [child_out / f"{name}.tar", *sorted(child_out.glob(f"forecasts-{name}-*.jsonl"))]:
-        shutil.move(str(path), out / path.name)
+        shutil.copy2(path, out / path.name)
     summary["variants"][variant] = child["variants"][variant]
 
 
@@ -220,7 +239,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallel", action="store_true", help="train the variants at once, one child process each")
     ap.add_argument("--gpus", default="", help="with --parallel: GPU indices handed out to the children in turn")
     ap.add_argument("--deadline-s", type=float, default=0.0,
-                    help="with --parallel: kill children still running this long after the start (0 = never)")
+                    help="with --parallel: kill children still running this long after the start (0 = never); "
+                         "GRPO stops cleanly --stop-margin-s before, at a checkpointed step")
+    ap.add_argument("--stop-margin-s", type=float, default=90.0,
+                    help="with --deadline-s: how long before it GRPO stops starting steps (a step of 8 x 8 "
+                         "full-prompt rollouts took 8-39 s on the H200)")
+    ap.add_argument("--stop-at", type=float, default=None, help=argparse.SUPPRESS)  # a child's clean stop (time.time())
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
@@ -247,6 +271,12 @@ def main(argv: list[str] | None = None) -> int:
                                "train_rows": len(train), "eval_rows": len(evals), "repeats": args.repeats,
                                "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
                                "variants": {}}
+    earlier = _read_summary(args.out)
+    if earlier:  # this folder is a run of an earlier call: go on where it stopped
+        if (earlier.get("overrides"), earlier.get("profile")) != (overrides, args.profile):
+            raise SystemExit(f"error: {args.out} holds a run with other settings ({earlier.get('profile')}, "
+                             f"{earlier.get('overrides')}); use a new --out")
+        summary = {**earlier, "device": summary["device"]}
 
     def write_summary() -> None:
         write_whole(args.out / "summary.json", lambda p: p.write_text(json.dumps(summary, indent=1, default=str)))
@@ -260,22 +290,28 @@ def main(argv: list[str] | None = None) -> int:
                              first.temperature, args.batch_size, (readout,))
 
     run_started = time.perf_counter()
+    if args.parallel and args.deadline_s:  # children stop GRPO cleanly before they would be killed
+        args.stop_at = time.time() + args.deadline_s - args.stop_margin_s
     children = run_children(args, variants) if args.parallel else []
     if not args.skip_base:
         from models.backends.transformers_backend import load_model_and_tokenizer
 
-        t0 = time.perf_counter()
-        model, tok = load_model_and_tokenizer(base_path, dtype="bfloat16" if torch.cuda.is_available() else None)
-        for readout in args.base_readouts.split(","):
-            write_forecasts("base", readout, evaluate(model, tok, f"base:{first.base_model}", readout))
-            summary["base_eval_s"] = round(time.perf_counter() - t0, 1)
-            write_summary()
-        del model
+        pending = [r for r in args.base_readouts.split(",") if not (args.out / f"forecasts-base-{r}.jsonl").is_file()]
+        if pending:
+            t0 = time.perf_counter()
+            model, tok = load_model_and_tokenizer(base_path, dtype="bfloat16" if torch.cuda.is_available() else None)
+            for readout in pending:
+                write_forecasts("base", readout, evaluate(model, tok, f"base:{first.base_model}", readout))
+                summary["base_eval_s"] = round(time.perf_counter() - t0, 1)
+                write_summary()
+            del model
     if args.parallel:
         wait_children(children, run_started + args.deadline_s if args.deadline_s else None)
+        for key in ("variants", "skipped", "unfinished"):  # this call's view of every variant
+            summary.pop(key, None)
+        summary["variants"] = {}
         for variant, child_out, _ in children:
             merge_child(summary, child_out, args.out, variant)
-            shutil.rmtree(child_out, ignore_errors=True)
         write_summary()
         print(json.dumps(summary, indent=1, default=str))
         return 0
@@ -290,35 +326,59 @@ def main(argv: list[str] | None = None) -> int:
             continue
         name = safe_name(variant)
         vdir = args.out / name
-        t0 = time.perf_counter()
-        result = train_grpo(s, train, vdir / "adapter")
-        train_s = time.perf_counter() - t0
-        for junk in os.listdir(vdir / "adapter"):  # the base model's tokenizer is the same
-            path = vdir / "adapter" / junk
-            if junk == "trainer" or junk.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
-                shutil.rmtree(path) if path.is_dir() else path.unlink()
-        # The adapter and its record are packed before the evaluation, and the forecasts are
-        # written readout by readout, so a run stopped by a deadline keeps what it finished
-        # (on the H200, two trained variants were lost when the deadline fell in their eval).
-        record = {"settings": s.as_params(), "metrics": result.metrics, "steps": result.steps,
-                  "log_history": result.log_history, "sft_losses": result.sft_losses, "train_s": train_s}
-        (vdir / "training.json").write_text(json.dumps(record, indent=1, default=str))
-        def pack(path: Path, vdir: Path = vdir, name: str = name) -> None:
-            with tarfile.open(path, "w") as tar:
-                tar.add(vdir, arcname=name)
+        tar_path = args.out / f"{name}.tar"
+        info = summary["variants"].get(variant)
+        if info is not None and tar_path.is_file():  # trained in an earlier call
+            if set(READOUTS) <= set(info["readouts"]):
+                continue
+            with tarfile.open(tar_path) as tar:
+                tar.extractall(args.out, filter="data")
+            train_s = info["train_s"]
+        else:
+            earlier = summary.get("unfinished", {}).get(variant, {})
+            t0 = time.perf_counter()
+            # Checkpointed every step beside the outputs, so a run cut by the clock (stop_at, or
+            # a kill) goes on from its last whole step when this script runs again on this folder.
+            result = train_grpo(s, train, vdir / "adapter", checkpoint_dir=args.out / f"{name}-ckpt",
+                                stop_at=args.stop_at)
+            train_s = earlier.get("train_s", 0.0) + time.perf_counter() - t0
+            if not result.finished:
+                summary.setdefault("unfinished", {})[variant] = {"steps": result.steps, "train_s": round(train_s, 1)}
+                write_summary()
+                log.info("%s: stopped by the clock at GRPO step %d of %d; run again to go on", variant,
+                         result.steps, s.max_steps)
+                _free(torch)
+                continue
+            for junk in os.listdir(vdir / "adapter"):  # the base model's tokenizer is the same
+                path = vdir / "adapter" / junk
+                if junk == "trainer" or junk.startswith(("tokenizer", "special_tokens", "vocab", "merges", "chat_template")):
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+            # The adapter and its record are packed before the evaluation, and the forecasts are
+            # written readout by readout, so a run stopped by a deadline keeps what it finished
+            # (on the H200, two trained variants were lost when the deadline fell in their eval).
+            record = {"settings": s.as_params(), "metrics": result.metrics, "steps": result.steps,
+                      "log_history": result.log_history, "sft_losses": result.sft_losses, "train_s": train_s}
+            (vdir / "training.json").write_text(json.dumps(record, indent=1, default=str))
 
-        write_whole(args.out / f"{name}.tar", pack)
-        info = summary["variants"][variant] = {"metrics": result.metrics, "steps": result.steps,
-                                               "train_s": round(train_s, 1), "readouts": []}
-        write_summary()
-        log.info("%s: trained in %.0f s: %s", variant, train_s, result.metrics)
-        _free(torch)
+            def pack(path: Path, vdir: Path = vdir, name: str = name) -> None:
+                with tarfile.open(path, "w") as tar:
+                    tar.add(vdir, arcname=name)
+
+            write_whole(tar_path, pack)
+            info = summary["variants"][variant] = {"metrics": result.metrics, "steps": result.steps,
+                                                   "train_s": round(train_s, 1), "readouts": []}
+            summary.get("unfinished", {}).pop(variant, None)
+            write_summary()
+            shutil.rmtree(args.out / f"{name}-ckpt", ignore_errors=True)
+            log.info("%s: trained in %.0f s: %s", variant, train_s, result.metrics)
+            _free(torch)
         t1 = time.perf_counter()
         model, tok = load_surrogate(vdir / "adapter", base_path)
-        for readout in ("logprob", "verbalized"):
+        for readout in [r for r in READOUTS if r not in info["readouts"]]:
             write_forecasts(name, readout, evaluate(model, tok, f"trained:{variant}", readout))
             info["readouts"].append(readout)
-            info["eval_s"] = round(time.perf_counter() - t1, 1)
+            info["eval_s"] = round(info.get("eval_s", 0.0) + time.perf_counter() - t1, 1)
+            t1 = time.perf_counter()
             write_summary()
         shutil.rmtree(vdir)
         last_s = train_s + info["eval_s"]
@@ -327,7 +387,6 @@ def main(argv: list[str] | None = None) -> int:
         _free(torch)
     print(json.dumps(summary, indent=1, default=str))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())

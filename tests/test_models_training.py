@@ -191,7 +191,7 @@ def test_mlflow_run_holds_config_metrics_dataset_and_ids(trained, tmp_path):
 def test_grad_guard_drops_a_non_finite_step_and_gives_up_after_too_many():
     from transformers import TrainerControl, TrainerState
 
-    from models.grad_guard import NonFiniteGradGuard
+    from models.callbacks import NonFiniteGradGuard
 
     p = torch.nn.Parameter(torch.zeros(3))
     opt = torch.optim.AdamW([p], lr=0.1)
@@ -295,3 +295,42 @@ def test_rows_with_prompts_over_the_limit_are_left_out(tmp_path):
         train_grpo(settings, rows, tmp_path / "adapter")
     with pytest.raises(ValueError, match="precision"):
         TrainingSettings(precision="fp8")
+
+
+def test_a_run_stopped_by_the_clock_resumes_from_its_checkpoint(tmp_path, one_thread):
+    """stop_at ends GRPO at a whole step (checkpointed); the next call resumes there without
+    repeating the warm-up and finishes the run: how training spans several GPU calls."""
+    import json
+
+    from models.training import WARMUP_RECORD, last_checkpoint
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    settings = TrainingSettings.profile("smoke", base_model=str(tiny), sft_steps=3, parse_probe_rows=1)
+    rows = build_training_rows(make_pairs(), KERNELS, TASKS, HARDWARE, style=settings.prompt_style)
+    ckpt = tmp_path / "ckpt"
+    first = train_grpo(settings, rows, tmp_path / "adapter", checkpoint_dir=ckpt, stop_at=0.0)
+    assert not first.finished and first.steps == 1 and first.run_id is None
+    assert last_checkpoint(ckpt).name == "checkpoint-1"
+    assert not (tmp_path / "adapter" / "adapter_config.json").exists()  # nothing final yet
+    warm = json.loads((ckpt / WARMUP_RECORD).read_text())
+    assert len(warm["sft_losses"]) == 3
+
+    # A checkpoint cut while being written (no trainer_state.json) is passed over.
+    (ckpt / "checkpoint-7").mkdir()
+    assert last_checkpoint(ckpt).name == "checkpoint-1"
+
+    second = train_grpo(settings, rows, tmp_path / "adapter", checkpoint_dir=ckpt)
+    assert second.finished and second.steps == 2
+    assert second.sft_losses == warm["sft_losses"]  # the warm-up was not run again
+    assert [h["step"] for h in second.log_history if "loss" in h] == [1, 2]
+    assert (tmp_path / "adapter" / "adapter_config.json").is_file()
+    assert last_checkpoint(tmp_path / "none") is None
+
+    # The same run in one go ends with the same weights: the resume restored the warmed-up
+    # adapter, the optimizer and the sampling state, not a fresh start.
+    from safetensors.torch import load_file
+
+    whole = train_grpo(settings, rows, tmp_path / "whole")
+    a = load_file(str(tmp_path / "adapter" / "adapter_model.safetensors"))
+    b = load_file(str(whole.adapter_dir / "adapter_model.safetensors"))
+    assert a.keys() == b.keys() and all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)

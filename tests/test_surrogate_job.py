@@ -180,7 +180,7 @@ def test_parallel_variants_merge_into_one_results_folder(home, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads((out / "summary.json").read_text())
     assert sorted(summary["variants"]) == ["correctness", "correctness+crps"] and "skipped" not in summary
-    assert sorted(p.name for p in out.iterdir()) == [
+    assert sorted(p.name for p in out.iterdir() if p.is_file()) == [
         "correctness.tar", "correctness_crps.tar", "forecasts-base-logprob.jsonl",
         "forecasts-correctness-logprob.jsonl", "forecasts-correctness-verbalized.jsonl",
         "forecasts-correctness_crps-logprob.jsonl", "forecasts-correctness_crps-verbalized.jsonl",
@@ -194,7 +194,45 @@ def test_parallel_variants_merge_into_one_results_folder(home, tmp_path):
     assert run.returncode == 0, run.stderr[-2000:]
     summary = json.loads((late / "summary.json").read_text())
     assert summary["variants"] == {} and sorted(summary["skipped"]) == ["correctness", "correctness+crps"]
-    assert not list(late.glob("*.tar")) and not list(late.glob("_*"))
+    assert not list(late.glob("*.tar"))
+
+
+@pytest.mark.slow
+def test_a_run_cut_by_the_clock_goes_on_in_the_next_call(home, tmp_path):
+    """A deadline whose stop time has already passed ends GRPO after its first (checkpointed)
+    step: the variant is "unfinished" and nothing is packed. The same command on the same
+    folder (the next GPU call, on a warm host) resumes it, finishes, evaluates and merges."""
+    from models.tiny import build_tiny_model
+
+    job = tmp_path / "job"
+    _invoke("export", "--out", str(job), "--style", "diff", "--profile", "smoke", "--home", str(home), "--gzip")
+    tiny = build_tiny_model(tmp_path / "tiny")
+    cmd = [sys.executable, str(REPO / "scripts" / "gpu_train_surrogates.py"), "--job", str(job), "--out",
+           str(tmp_path / "out"), "--profile", "smoke", "--variants", "correctness", "--parallel",
+           "--set", f"base_model={tiny}", "--set", "sft_steps=2", "--set", "max_steps=2", "--eval-limit", "2",
+           "--repeats", "1", "--eval-max-new-tokens", "8", "--base-readouts", "logprob"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    # stop time = start + 900 - 900: GRPO stops after step 1; the 900 s kill never comes
+    run = subprocess.run([*cmd, "--deadline-s", "900", "--stop-margin-s", "900"], capture_output=True, text=True,
+                         timeout=900, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    out = tmp_path / "out"
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["variants"] == {} and summary["unfinished"]["correctness"]["steps"] == 1
+    assert not list(out.glob("*.tar")) and (out / "_correctness" / "correctness-ckpt" / "checkpoint-1").is_dir()
+    base_file = out / "forecasts-base-logprob.jsonl"
+    base_written = base_file.stat().st_mtime_ns
+
+    run = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert "unfinished" not in summary and summary["variants"]["correctness"]["steps"] == 2
+    assert summary["variants"]["correctness"]["readouts"] == ["logprob", "verbalized"]
+    assert (out / "correctness.tar").is_file() and (out / "forecasts-correctness-verbalized.jsonl").is_file()
+    assert base_file.stat().st_mtime_ns == base_written  # the base forecasts were not made again
+    assert not (out / "_correctness" / "correctness-ckpt").exists()  # done: the checkpoints go
+    child_log = (out / "train-correctness.log").read_text()
+    assert "resuming GRPO from" in child_log and "format warm-up" not in child_log
 
 
 def test_merge_child_keeps_a_variant_whose_evaluation_a_deadline_cut(tmp_path):

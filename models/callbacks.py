@@ -1,11 +1,16 @@
-"""Skip optimizer steps whose gradients are not finite, instead of writing NaN into the weights.
+"""Trainer callbacks of surrogate training (models/training.py).
+
+NonFiniteGradGuard: skip optimizer steps whose gradients are not finite, instead of writing
+NaN into the weights.
 
 Why: on the H200 (2026-11-29) two GRPO runs of SmolLM2 logged `grad_norm: nan` once (after
 11 steps of grad norms 0.23-0.41 in one run, at the first step in another) and the optimizer
 then wrote NaN into the LoRA weights; the next rollout's sampler failed with a device-side
 assert ("probability tensor contains either inf, nan or element < 0") and the whole run, its
 adapter and every later step were lost. A single bad micro-batch should cost one step, not the
-run. Gradient clipping does not help: a NaN norm makes the clip factor NaN too.
+run. Gradient clipping does not help: a NaN norm makes the clip factor NaN too. (The likely
+source, cuDNN's attention backward on torch 2.11, is switched off in models/training.py; the
+guard stays for whatever else a long run meets.)
 
 The guard runs after the gradients of an optimizer step are accumulated and clipped and before
 the step: if any trainable gradient holds a NaN or inf, every gradient is dropped (AdamW skips
@@ -16,6 +21,7 @@ training stops (the caller reports it), since then the model itself is broken, n
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from transformers import TrainerCallback
@@ -70,5 +76,19 @@ class NonFiniteGradGuard(TrainerCallback):
         log.warning("step %d: non-finite gradients, update skipped (%d in a row)", step, self.consecutive)
         if self.consecutive >= self.max_consecutive:
             self.gave_up = True
+            control.should_training_stop = True
+        return control
+
+
+class StopAt(TrainerCallback):
+    """Ends training after the first step that ends past `stop_at` (a time.time() value), so
+    a run with a wall-clock limit (a GPU call) stops at a whole, checkpointed step instead of
+    being killed inside one."""
+
+    def __init__(self, stop_at: float) -> None:
+        self.stop_at = stop_at
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
+        if time.time() >= self.stop_at:
             control.should_training_stop = True
         return control
