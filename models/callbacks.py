@@ -8,8 +8,8 @@ Why: on the H200 (2026-11-29) two GRPO runs of SmolLM2 logged `grad_norm: nan` o
 then wrote NaN into the LoRA weights; the next rollout's sampler failed with a device-side
 assert ("probability tensor contains either inf, nan or element < 0") and the whole run, its
 adapter and every later step were lost. A single bad micro-batch should cost one step, not the
-run. Gradient clipping does not help: a NaN norm makes the clip factor NaN too. (The likely
-source, cuDNN's attention backward on torch 2.11, is switched off in models/training.py; the
+run. Gradient clipping does not help: a NaN norm makes the clip factor NaN too. (The source
+found, cuDNN's attention backward on torch 2.11, is switched off in models/training.py; the
 guard stays for whatever else a long run meets.)
 
 The guard runs after the gradients of an optimizer step are accumulated and clipped and before

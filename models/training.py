@@ -308,9 +308,9 @@ def resolve_precision(precision: str, cuda: bool, checkpoint_bytes: int) -> str:
     auto: fp32 on CPU (stack.md: bf16 on CPU is slow and unsupported by some ops); on a GPU,
     fp32 for a small checkpoint and bf16 for a big one. SmolLM2's GRPO runs on the H200 logged
     NaN gradient norms in bf16 (after 11 steps with bf16 weights; at step 1 with float32 weights
-    under bf16 autocast; data/training/h200/). The likely cause is cuDNN's attention backward
-    (see _load_base, which now turns that backend off), not bf16 itself; float32 with TF32
-    matmuls also keeps attention off cuDNN, and costs little for a 135M model.
+    under bf16 autocast; data/training/h200/). The cause is cuDNN's attention backward (see
+    _load_base, which now turns that backend off), not bf16 itself; float32 with TF32 matmuls
+    also keeps attention off cuDNN, and costs little for a 135M model.
 
     >>> resolve_precision("auto", False, 10**12), resolve_precision("auto", True, 10**8)
     ('fp32', 'fp32')
@@ -340,12 +340,13 @@ def _load_base(settings: TrainingSettings):
     path = resolve_base_model(settings.base_model)
     cuda = torch.cuda.is_available()
     if cuda:
-        # cuDNN's SDPA backward (the default backend on Hopper for bf16/fp16 with a mask since
-        # torch 2.11) returns NaN in grad_q when the padded length is 64 mod 128 and a query row
-        # is fully masked, which left-padded GRPO batches always hold (pytorch/pytorch#196678,
-        # huggingface/trl#7181). Our H200 runs logged NaN gradient norms (step 12 of one run,
-        # step 1 of three others) on torch 2.11. The warm-up and GRPO both run backward passes;
-        # the other backends compute the same attention.
+        # cuDNN's SDPA backward (a default backend on Hopper for bf16/fp16 with a mask in torch
+        # 2.11) returns NaN in grad_q when the sequence length is 64 mod 128 and a query row is
+        # fully masked, which left-padded GRPO batches hold (pytorch/pytorch#196678,
+        # huggingface/trl#7181). Seen on our H200 host: scripts/gpu_check_sdpa.py finds NaN in
+        # grad_q at every length 64 mod 128 (704 ... 6,592) with cuDNN and none with the
+        # memory-efficient or math backends, which compute the same attention. Our GRPO runs
+        # there logged NaN gradient norms (step 12 of one run, step 1 of three others).
         torch.backends.cuda.enable_cudnn_sdp(False)
     precision = resolve_precision(settings.precision, cuda, _checkpoint_bytes(path))
     model = AutoModelForCausalLM.from_pretrained(
@@ -428,7 +429,8 @@ def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float]
         **saving,
         use_cpu=not cuda,
         bf16=precision in ("bf16", "bf16-autocast"),  # never on CPU (stack.md): resolve_precision
-        tf32=True if cuda and precision == "fp32" else None,
+        # float32 weights (fp32, and bf16-autocast outside autocast: rollouts) use TF32 matmuls
+        tf32=True if cuda and precision in ("fp32", "bf16-autocast") else None,
         use_vllm=False,
         # TRL defaults to gradient checkpointing, which also turns the KV cache off while the
         # rollouts are generated: every new token re-reads the whole prompt. On a CPU (small

@@ -21,9 +21,10 @@
 #   model's weights in float32).
 # - 2026-11-29 session 4, one variant per GPU (four-GPU host), float32 weights under bf16
 #   autocast, micro-batches of 8: all three logged a NaN gradient norm at GRPO step 1 (39 s) and
-#   died in the next rollout. Likely cause: cuDNN's attention backward on torch 2.11
-#   (pytorch/pytorch#196678), now switched off in models/training.py; small models also train in
-#   float32 now, non-finite steps are skipped (models/callbacks.py).
+#   died in the next rollout. Cause: cuDNN's attention backward on torch 2.11 returns NaN at
+#   lengths 64 mod 128 with left padding (pytorch/pytorch#196678; seen on the H200 with
+#   scripts/gpu_check_sdpa.py), now switched off in models/training.py; small models also train
+#   in float32 now, non-finite steps are skipped (models/callbacks.py).
 #
 # The run folder is KC_TRAIN_OUT (default /root/kc-keep/train), which a warm host keeps between
 # the calls of a session: GRPO checkpoints every step there and stops cleanly 90 s before the
