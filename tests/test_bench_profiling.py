@@ -107,3 +107,11 @@ def test_throughput_many_sums_correct_kernels_over_gpu_seconds(tmp_path):
     (tmp_path / "summary-b.json").unlink()
     with pytest.raises(OSError, match="no run summary beside it"):
         bench_profiling.throughput_many([str(tmp_path / "results-b.parquet")])
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")
+def test_gpu_check_sdpa_without_a_gpu_is_one_line(capsys):
+    import gpu_check_sdpa  # scripts/ is on the path (above)
+
+    assert gpu_check_sdpa.main([]) == 2
+    assert capsys.readouterr().err.strip() == "error: no CUDA GPU here"
