@@ -316,7 +316,12 @@ def resolve_precision(precision: str, cuda: bool, checkpoint_bytes: int) -> str:
     ('fp32', 'fp32')
     >>> resolve_precision("auto", True, 40 * 2**30), resolve_precision("bf16-autocast", True, 1)
     ('bf16', 'bf16-autocast')
+    >>> resolve_precision("bf16", False, 1)
+    Traceback (most recent call last):
+    ValueError: precision 'bf16' needs a CUDA GPU; on CPU use fp32 (or auto)
     """
+    if not cuda and precision not in ("auto", "fp32"):
+        raise ValueError(f"precision {precision!r} needs a CUDA GPU; on CPU use fp32 (or auto)")
     if precision != "auto":
         return precision
     if not cuda:
@@ -360,10 +365,10 @@ def _load_base(settings: TrainingSettings):
 
 def prompt_tokens(tokenizer: Any, prompt: Any) -> int:
     """Tokens of a training row's prompt as the trainer feeds it (chat template applied)."""
-    if isinstance(prompt, str):
-        return len(tokenizer(prompt)["input_ids"])
-    ids = tokenizer.apply_chat_template(prompt, tokenize=True, add_generation_prompt=True)
-    return len(ids["input_ids"] if hasattr(ids, "keys") else ids)
+    from models.backends.transformers_backend import render_chat
+
+    text = prompt if isinstance(prompt, str) else render_chat(tokenizer, prompt)
+    return len(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def fitting_rows(rows: Sequence[dict[str, Any]], tokenizer: Any, limit: int | None) -> list[dict[str, Any]]:
@@ -381,9 +386,9 @@ def last_checkpoint(folder: Path) -> Path | None:
     there), or None; a checkpoint cut while being written is passed over."""
     if not folder.is_dir() or not (folder / WARMUP_RECORD).is_file():
         return None
-    found = [p for p in folder.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
-    whole = [p for p in found if (p / "trainer_state.json").is_file()]
-    return max(whole, key=lambda p: int(p.name.split("-")[-1]), default=None)
+    steps = {p: p.name.removeprefix("checkpoint-") for p in folder.glob("checkpoint-*")}
+    whole = [p for p, n in steps.items() if n.isdigit() and (p / "trainer_state.json").is_file()]
+    return max(whole, key=lambda p: int(steps[p]), default=None)
 
 
 def _with_lora(model: Any, settings: TrainingSettings):
@@ -670,7 +675,9 @@ def train_grpo(
         )
         if ckpt:
             ckpt.mkdir(parents=True, exist_ok=True)
-            (ckpt / WARMUP_RECORD).write_text(json.dumps({"metrics": metrics, "sft_losses": sft_losses}))
+            part = ckpt / (WARMUP_RECORD + ".part")  # whole or absent: a resume reads it
+            part.write_text(json.dumps({"metrics": metrics, "sft_losses": sft_losses}))
+            part.replace(ckpt / WARMUP_RECORD)
 
     funcs, weights = settings.reward_parts()
     guard = NonFiniteGradGuard(settings.max_nonfinite_steps)

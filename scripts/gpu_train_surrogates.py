@@ -388,5 +388,6 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(summary, indent=1, default=str))
     return 0
 
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -251,8 +251,10 @@ def ingest(
                 if alias:
                     from mlflow import MlflowClient
 
+                    from models.registry import DEFAULT_NAME
+
                     MlflowClient(cfg.mlflow_uri, registry_uri=cfg.mlflow_uri).set_registered_model_alias(
-                        "kernelcast-surrogate", alias, str(number))
+                        DEFAULT_NAME, alias, str(number))
                 typer.echo(f"{variant}: already registered as version {number} (same adapter), not logged again")
                 continue
             run_id = log_training_run(cfg.mlflow_uri, "kernelcast-training", settings, record["log_history"],
