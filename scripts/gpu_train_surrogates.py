@@ -273,9 +273,10 @@ def main(argv: list[str] | None = None) -> int:
                                "variants": {}}
     earlier = _read_summary(args.out)
     if earlier:  # this folder is a run of an earlier call: go on where it stopped
-        if (earlier.get("overrides"), earlier.get("profile")) != (overrides, args.profile):
-            raise SystemExit(f"error: {args.out} holds a run with other settings ({earlier.get('profile')}, "
-                             f"{earlier.get('overrides')}); use a new --out")
+        same = ("profile", "overrides", "train_rows", "eval_rows")  # settings and job
+        if any(earlier.get(k) != summary[k] for k in same):
+            raise SystemExit(f"error: {args.out} holds a run of another job or other settings "
+                             f"({', '.join(f'{k}={earlier.get(k)}' for k in same)}); use a new --out")
         summary = {**earlier, "device": summary["device"]}
 
     def write_summary() -> None:

@@ -314,3 +314,29 @@ def test_write_whole_leaves_no_half_file(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         gts.write_whole(target, dies)
     assert target.read_text() == "{}"
+
+
+def test_a_results_folder_of_another_job_is_not_resumed(tmp_path):
+    """Resuming mixes nothing: a folder whose summary records other settings or another job's
+    row counts ends the run with one line before anything is trained or written."""
+    import gpu_train_surrogates as gts
+
+    from models.tiny import build_tiny_model
+
+    job = tmp_path / "job"
+    job.mkdir()
+    row = {"prompt": [{"role": "user", "content": "p"}], "true_bin": 3, "pair_id": "a"}
+    for name in ("train", "eval"):
+        (job / f"{name}.jsonl").write_text(json.dumps(row) + "\n")
+    tiny = build_tiny_model(tmp_path / "tiny")
+    out = tmp_path / "out"
+    out.mkdir()
+    earlier = {"profile": "smoke", "overrides": {"base_model": str(tiny)}, "train_rows": 5, "eval_rows": 1,
+               "variants": {}}
+    (out / "summary.json").write_text(json.dumps(earlier))
+    args = ["--job", str(job), "--out", str(out), "--profile", "smoke", "--variants", "correctness",
+            "--set", f"base_model={tiny}", "--skip-base"]
+    with pytest.raises(SystemExit, match="holds a run of another job or other settings .*train_rows=5"):
+        gts.main(args)
+    assert json.loads((out / "summary.json").read_text()) == earlier
+    assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
