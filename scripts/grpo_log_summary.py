@@ -34,13 +34,22 @@ def read_steps(text: str) -> list[dict[str, float]]:
 
 
 def outcome(text: str, parent_log: str, variant: str) -> str:
-    """How the process ended: the last error line, killed at the deadline, or finished."""
+    """How the process ended: its last error line, or what it did in this call (resumed from a
+    checkpoint, stopped cleanly by the clock, trained to the end) and whether the parent killed
+    it at the deadline (a run trained across several GPU calls logs all of these in turn)."""
     errors = [line for line in text.splitlines() if re.match(r"^\w[\w.]*(Error|Exception)\b", line)]
     if errors:
         return errors[-1].split(". ")[0][:160]
+    done = []
+    if resumed := re.search(r"resuming GRPO from \S*checkpoint-(\d+)", text):
+        done.append(f"resumed after step {resumed[1]}")
+    if stopped := re.search(r"stopped by the clock at GRPO step (\d+) of (\d+)", text):
+        done.append(f"stopped by the clock at step {stopped[1]} of {stopped[2]}")
+    elif f"{variant}: trained in" in text:
+        done.append("trained")
     if f"{variant}: killed at the deadline" in parent_log:
-        return "killed at the deadline"
-    return "finished"
+        done.append("killed at the deadline")
+    return ", ".join(done) or "finished"
 
 
 def summarise(folder: Path) -> list[str]:

@@ -287,5 +287,92 @@ def ingest(
     typer.echo(f"report: {html}")
 
 
+
+def _forecast_frame(source: Path, job: Path, host: str):
+    """Forecast rows with model refs "<model>|<readout>|<host>" and their dataset version: from
+    a Parquet file `score --save` wrote, or from a results folder (or a GPU call's files) and
+    the job it was trained from."""
+    import polars as pl
+
+    from warehouse.forecasts import FORECAST_COLUMNS, P_COLUMNS
+
+    try:
+        if source.suffix == ".parquet":
+            frame = pl.read_parquet(source)
+        else:
+            results = _from_gpu_call(source)
+            paths = sorted(results.glob("forecasts-*.jsonl"))
+            if not paths:
+                raise FileNotFoundError(f"{results} holds no forecasts-*.jsonl")
+            version = json.loads((job / "job.json").read_text())["dataset_version"]
+            frame = pl.concat([pl.read_ndjson(p, infer_schema_length=None) for p in paths], how="diagonal_relaxed")
+            frame = frame.with_columns(pl.col("model_ref") + f"|{host}", pl.lit(version).alias("dataset_version"))
+        keep = [c for c in frame.columns if c in FORECAST_COLUMNS or c in P_COLUMNS]
+        return frame.select([*keep, "dataset_version"])
+    except (OSError, KeyError, ValueError, tarfile.TarError, pl.exceptions.PolarsError) as e:
+        raise typer.BadParameter(f"{source}: {type(e).__name__}: {e}".splitlines()[0]) from e
+
+
+@app.command()
+def score(
+    sources: Annotated[list[Path], typer.Argument(help="forecasts.parquet files (--save) or results folders")],
+    job: Annotated[Path, typer.Option(help="the job folder of results folders (not needed for Parquet)")] = Path(".gpu-job"),
+    host: Annotated[str, typer.Option(help="where results folders ran (the last part of their model refs)")] = "h200",
+    save: Annotated[Path | None, typer.Option(help="write the forecasts read to this Parquet file (zstd)")] = None,
+    n_boot: Annotated[int, typer.Option(help="bootstrap replicates")] = 1000,
+    profile: Annotated[str, typer.Option(help="settings profile naming the warehouse")] = "default",
+    home: Annotated[Path | None, typer.Option(help="KERNELCAST_HOME")] = None,
+) -> None:
+    """Score forecasts made elsewhere beside the reference forecasters, writing nothing to the
+    warehouse or MLflow: the README's H200 table from the committed forecasts, without adapters.
+
+    The warehouse supplies the true bins (the pairs of the forecasts' dataset version, which is
+    deterministic from the committed measurements: `make run` builds it) and the reference
+    forecasters' forecasts of the same pairs; the report goes to <home>/reports/<version>-scored/.
+    """
+    import polars as pl
+
+    from pipelines.evaluation.suite import (
+        evaluate_models,
+        headline_markdown,
+        write_evaluation_report,
+    )
+    from warehouse.db import connect, query_frame
+    from warehouse.forecasts import read_forecasts
+
+    frame = pl.concat([_forecast_frame(s, job, host) for s in sources], how="diagonal_relaxed")
+    versions = sorted(set(frame["dataset_version"]))
+    if len(versions) != 1:
+        raise typer.BadParameter(f"the forecasts are of {len(versions)} dataset versions ({versions}); score one at a time")
+    version = versions[0]
+    if save:
+        save.parent.mkdir(parents=True, exist_ok=True)
+        frame.sort("model_ref", "pair_id", "repeat").write_parquet(save, compression="zstd")
+        typer.echo(f"saved {frame.height} forecasts to {save}")
+    cfg = _settings(profile, home)
+    with connect(cfg.warehouse_path, read_only=True) as con:
+        pairs = query_frame(con, "SELECT pair_id, dataset_version, task, hardware_id, anchor_kernel_id, "
+                            "candidate_kernel_id, speedup, true_bin, pair_type, split FROM pairs "
+                            "WHERE dataset_version = ?", [version])
+        baselines = read_forecasts(con, dataset_version=version, with_pairs=True)
+    if pairs.is_empty():
+        raise typer.BadParameter(f"dataset version {version} has no pairs in {cfg.warehouse_path}; "
+                                 "build it there first (`make run` on the committed data)")
+    missing = set(frame["pair_id"]) - set(pairs["pair_id"])
+    if missing:
+        raise typer.BadParameter(f"{len(missing)} forecast pairs are not pairs of {version}, e.g. {sorted(missing)[0]}")
+    evaluated = frame.drop("dataset_version").join(pairs, on="pair_id", how="inner")
+    baselines = baselines.filter(pl.col("model_ref").str.starts_with("baseline:")
+                                 & pl.col("pair_id").is_in(set(frame["pair_id"])))
+    stored = pl.concat([evaluated, baselines.select(evaluated.columns)], how="diagonal_relaxed")
+    stored = stored.rename({"speedup": "true_speedup"})
+    report = evaluate_models(stored, n_boot=n_boot)
+    out_dir = cfg.reports_dir / f"{version}-scored"
+    html = write_evaluation_report(report, out_dir, title=f"Forecasts scored on dataset {version}")
+    (out_dir / "metrics.json").write_text(json.dumps(report, indent=1, default=str))
+    typer.echo(headline_markdown(report))
+    typer.echo(f"report: {html}")
+
+
 if __name__ == "__main__":
     app()

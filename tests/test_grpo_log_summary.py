@@ -32,3 +32,16 @@ def test_read_steps_keeps_nan_and_skips_other_lines():
 def test_a_missing_folder_is_one_line(tmp_path, capsys):
     assert grpo_log_summary.main([str(tmp_path / "nope")]) == 2
     assert capsys.readouterr().err.startswith("error:")
+
+
+def test_a_run_trained_across_three_calls_reads_as_such():
+    """Session 5's logs: stopped by the clock, resumed from the checkpoint, trained, then killed
+    at the deadline inside the verbalized evaluation."""
+    s5 = REPO / "data" / "training" / "h200" / "2026-11-29-s5"
+    lines = "\n".join(line for call in ("call2", "call3", "call4") for line in grpo_log_summary.summarise(s5 / call))
+    assert "call2 correctness: 11 GRPO steps; stopped by the clock at step 11 of 20" in lines
+    assert "call3 correctness: 7 GRPO steps; resumed after step 11, stopped by the clock at step 18 of 20" in lines
+    assert "call4 correctness: 2 GRPO steps; resumed after step 18, trained, killed at the deadline" in lines
+    assert "call3 correctness+brier: 14 GRPO steps; resumed after step 6, trained, killed at the deadline" in lines
+    assert "eval verbalized: 1568 forecasts, 1177 parsed, 415.8 s" in lines
+    assert "NaN gradient" not in lines

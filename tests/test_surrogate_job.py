@@ -340,3 +340,51 @@ def test_a_results_folder_of_another_job_is_not_resumed(tmp_path):
         gts.main(args)
     assert json.loads((out / "summary.json").read_text()) == earlier
     assert sorted(p.name for p in out.iterdir()) == ["summary.json"]
+
+
+def test_score_forecasts_made_elsewhere_from_a_results_folder_or_the_saved_parquet(home, tmp_path):
+    """`score` joins forecasts to their pairs' true bins without writing to the warehouse: a
+    forecast putting all its mass on the true bin scores Brier 0, a uniform one 0.4375, the same
+    from the results folder and from the Parquet it saved; bad input is one line."""
+    import polars as pl
+
+    from orchestration.settings import load_settings
+    from warehouse.db import connect
+
+    cfg = load_settings("smoke", home)
+    with connect(cfg.warehouse_path, read_only=True) as con:
+        version, = con.execute("SELECT dataset_version FROM dataset_versions ORDER BY created_at DESC LIMIT 1").fetchone()
+        pairs = con.execute("SELECT pair_id, true_bin FROM pairs WHERE dataset_version = ? AND split = 'eval' "
+                            "ORDER BY pair_id LIMIT 12", [version]).fetchall()
+        before = con.execute("SELECT count(*) FROM forecasts").fetchone()[0]
+    job, out = tmp_path / "job", tmp_path / "out"
+    job.mkdir(), out.mkdir()
+    (job / "job.json").write_text(json.dumps({"dataset_version": version}))
+
+    def rows(ref, p_of):
+        return "".join(json.dumps({"pair_id": pid, "model_ref": ref, "repeat": 0, "predicted_bin": int(max(range(1, 9), key=lambda b: p_of(y)[b - 1])),
+                                   "argmax_bin": int(max(range(1, 9), key=lambda b: p_of(y)[b - 1])), "raw_sum": 1.0, "parse_ok": True,
+                                   **{f"p{b}": p_of(y)[b - 1] for b in range(1, 9)}}) + "\n" for pid, y in pairs)
+
+    (out / "forecasts-sure-logprob.jsonl").write_text(rows("trained:sure|logprob", lambda y: [float(b == y) for b in range(1, 9)]))
+    (out / "forecasts-base-logprob.jsonl").write_text(rows("base:flat|logprob", lambda y: [0.125] * 8))
+    saved = tmp_path / "saved" / "forecasts.parquet"
+    table = _invoke("score", str(out), "--job", str(job), "--host", "h200", "--save", str(saved), "--n-boot", "20",
+                    "--profile", "smoke", "--home", str(home))
+    metrics = json.loads((cfg.reports_dir / f"{version}-scored" / "metrics.json").read_text())
+    assert metrics["trained:sure|logprob|h200"]["brier"] == 0.0 and metrics["trained:sure|logprob|h200"]["accuracy"] == 1.0
+    assert abs(metrics["base:flat|logprob|h200"]["brier"] - 0.4375) < 1e-12
+    assert metrics["base:flat|logprob|h200"]["n"] == len(pairs) == 12
+    assert pl.read_parquet(saved).height == 24
+    again = _invoke("score", str(saved), "--n-boot", "20", "--profile", "smoke", "--home", str(home))
+    assert again.splitlines()[:-1] == table.splitlines()[1:-1]  # same table; the first line said "saved"
+    with connect(cfg.warehouse_path, read_only=True) as con:
+        assert con.execute("SELECT count(*) FROM forecasts").fetchone()[0] == before
+
+    # A pair of another dataset version, a version the home lacks: one line each.
+    (out / "forecasts-odd-logprob.jsonl").write_text(rows("trained:odd|logprob", lambda y: [0.125] * 8).replace(pairs[0][0], "not-a-pair"))
+    bad = CliRunner().invoke(surrogate_job.app, ["score", str(out), "--job", str(job), "--profile", "smoke", "--home", str(home)])
+    assert bad.exit_code == 2 and "not pairs of" in " ".join(bad.output.replace("│", " ").split()), bad.output
+    (job / "job.json").write_text(json.dumps({"dataset_version": "ds-000000000000"}))
+    bad = CliRunner().invoke(surrogate_job.app, ["score", str(out), "--job", str(job), "--profile", "smoke", "--home", str(home)])
+    assert bad.exit_code == 2 and "has no pairs in" in " ".join(bad.output.replace("│", " ").split()), bad.output
