@@ -25,6 +25,11 @@
 #   lengths 64 mod 128 with left padding (pytorch/pytorch#196678; seen on the H200 with
 #   scripts/gpu_check_sdpa.py), now switched off in models/training.py; small models also train
 #   in float32 now, non-finite steps are skipped (models/callbacks.py).
+# - 2026-11-29 session 5, two H200s, the three variants over three calls (GPUs 0,1,1 then 0,1,0
+#   then 0,0,1; KC_DEADLINE_S 500, 545, 555): no NaN in 60 GRPO steps. Alone on a GPU a step took
+#   18-47 s, two sharing one 36-107 s; a call with finish.sh got 6-11 steps, a resuming one 7-14.
+#   Logprob eval of 784 pairs 77-119 s, verbalized (2 x 784 answers) 416 s: budget a fourth call
+#   for the verbalized readouts of all three.
 #
 # The run folder is KC_TRAIN_OUT (default /root/kc-keep/train), which a warm host keeps between
 # the calls of a session: GRPO checkpoints every step there and stops cleanly 90 s before the

@@ -9,6 +9,10 @@ script is both ends of that trip, on the machine that holds the warehouse and ML
     python3 scripts/gpu_train_surrogates.py --job .gpu-job --out $OUT/train
     # 3. back here: MLflow runs, registry versions (+ model_lineage rows), forecasts, report
     python scripts/surrogate_job.py ingest RESULTS_DIR --job .gpu-job [--alias challenger]
+    # 4. optional: keep the eval forecasts (Parquet, to commit) and score them again any time,
+    #    without the adapters: the same table, read-only on the warehouse
+    python scripts/surrogate_job.py score RESULTS_DIR --job .gpu-job --save data/training/h200/RUN/forecasts.parquet
+    python scripts/surrogate_job.py score data/training/h200/RUN/forecasts.parquet
 
 `ingest` logs each variant's training (settings, per-step history, warm-up losses, the
 dataset as input, measurement ids) as an MLflow run tagged with the host it ran on, registers
