@@ -5,7 +5,7 @@
 # outputs in $OUT/train for `scripts/surrogate_job.py ingest`, also packed as $OUT/train-*.tar
 # (a call returns at most 8 files).
 #
-#   [KC_TRAIN_GPUS=0,1,2] [KC_DEADLINE_S=480] [KC_TRAIN_OUT=/root/kc-keep/train] \
+#   [KC_TRAIN_GPUS=0,1,2] [KC_DEADLINE_S=480] [KC_TRAIN_OUT=/root/kc-keep/train] [KC_TRAIN_FROM=DIR] \
 #     bash scripts/gpu_train_round.sh JOB_DIR VARIANTS [EXTRA ARGS, e.g. --gpus 0,1,2]
 #
 # Seen on the H200 (job of 181 train / 337 eval pairs, full prompts of ~2,900 tokens):
@@ -40,6 +40,10 @@ job=$1 variants=$2; shift 2
 out=${OUT:?set OUT to the output folder}
 run=${KC_TRAIN_OUT:-/root/kc-keep/train}
 mkdir -p "$run"
+# KC_TRAIN_FROM=DIR: a results folder that came back from an earlier session (summary.json, the
+# variants' tars, forecasts), carried to a fresh host: the run goes on from it (missing readouts
+# are evaluated, nothing trained again). Files already in the run folder are kept.
+[ -n "${KC_TRAIN_FROM:-}" ] && cp -n "$KC_TRAIN_FROM"/* "$run"/
 gguf=/root/kc-stash/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -f .gpu-carry/b/finish.sh ]; then
   source .gpu-carry/b/finish.sh > "$out/finish.log" 2>&1 || { echo "finish.sh failed"; cat "$out/finish.log"; exit 1; }

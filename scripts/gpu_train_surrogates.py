@@ -182,6 +182,24 @@ def merge_child(summary: dict[str, Any], child_out: Path, out: Path, variant: st
     summary["variants"][variant] = child["variants"][variant]
 
 
+def seed_child(out: Path, child_out: Path, variant: str) -> bool:
+    """Hand a variant trained in an earlier call to its child when the child's folder lacks it,
+    as on a fresh host given a results folder that came back (the children's folders stay on
+    the host that trained): its tar, forecasts and record, so the child evaluates the readouts
+    still missing instead of training again. True when it seeded."""
+    name = safe_name(variant)
+    parent = _read_summary(out)
+    record = parent.get("variants", {}).get(variant)
+    if record is None or not (out / f"{name}.tar").is_file() or (child_out / f"{name}.tar").is_file():
+        return False
+    for path in [out / f"{name}.tar", *sorted(out.glob(f"forecasts-{name}-*.jsonl"))]:
+        shutil.copy2(path, child_out / path.name)
+    keys = ("base_model", "profile", "overrides", "train_rows", "eval_rows", "repeats", "device")
+    child = {**{k: parent[k] for k in keys if k in parent}, "variants": {variant: record}}
+    write_whole(child_out / "summary.json", lambda p: p.write_text(json.dumps(child, indent=1, default=str)))
+    return True
+
+
 def run_children(args: argparse.Namespace, variants: list[str]) -> list[tuple[str, Path, Any]]:
     """Start one child per variant; [(variant, its out folder, Popen)]."""
     gpus = [g for g in args.gpus.split(",") if g] if args.gpus else []
@@ -189,6 +207,8 @@ def run_children(args: argparse.Namespace, variants: list[str]) -> list[tuple[st
     for i, variant in enumerate(variants):
         child_out = args.out / f"_{safe_name(variant)}"
         child_out.mkdir(parents=True, exist_ok=True)
+        if seed_child(args.out, child_out, variant):
+            log.info("%s: trained in an earlier call; its child evaluates what is missing", variant)
         env = dict(os.environ)
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = gpus[i % len(gpus)]
@@ -293,7 +313,11 @@ def main(argv: list[str] | None = None) -> int:
     run_started = time.perf_counter()
     if args.parallel and args.deadline_s:  # children stop GRPO cleanly before they would be killed
         args.stop_at = time.time() + args.deadline_s - args.stop_margin_s
-    children = run_children(args, variants) if args.parallel else []
+    # A variant trained and evaluated in an earlier call needs no child (nor its tar here: a
+    # results folder carried to a fresh host may leave it out to stay under the carry limit).
+    finished = {v: info for v, info in summary.get("variants", {}).items()
+                if v in variants and set(READOUTS) <= set(info.get("readouts", []))}
+    children = run_children(args, [v for v in variants if v not in finished]) if args.parallel else []
     if not args.skip_base:
         from models.backends.transformers_backend import load_model_and_tokenizer
 
@@ -310,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         wait_children(children, run_started + args.deadline_s if args.deadline_s else None)
         for key in ("variants", "skipped", "unfinished"):  # this call's view of every variant
             summary.pop(key, None)
-        summary["variants"] = {}
+        summary["variants"] = dict(finished)
         for variant, child_out, _ in children:
             merge_child(summary, child_out, args.out, variant)
         write_summary()

@@ -188,6 +188,36 @@ def test_parallel_variants_merge_into_one_results_folder(home, tmp_path):
     rows = [json.loads(line) for line in open(out / "forecasts-correctness_crps-verbalized.jsonl")]
     assert {r["model_ref"] for r in rows} == {"trained:correctness+crps|verbalized"}
 
+    # The folder as it comes back from the GPU host (no children's folders), with one readout
+    # that a deadline cut: run again on a fresh host, that readout is made and nothing trains.
+    import shutil
+
+    back = tmp_path / "back"
+    back.mkdir()
+    for path in out.iterdir():
+        if path.is_file():
+            shutil.copy2(path, back / path.name)
+    (back / "forecasts-correctness_crps-verbalized.jsonl").unlink()
+    cut = json.loads((back / "summary.json").read_text())
+    cut["variants"]["correctness+crps"]["readouts"] = ["logprob"]
+    (back / "summary.json").write_text(json.dumps(cut))
+    tar_bytes = (back / "correctness_crps.tar").read_bytes()
+    (back / "correctness.tar").unlink()  # done with both readouts: may stay behind to save carry
+    run = subprocess.run([*common, "--out", str(back)], capture_output=True, text=True, timeout=900, cwd=REPO, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    summary = json.loads((back / "summary.json").read_text())
+    assert summary["variants"]["correctness+crps"]["readouts"] == ["logprob", "verbalized"]
+    assert summary["variants"]["correctness"]["readouts"] == ["logprob", "verbalized"]
+    def answers(folder):  # all but the wall time of each forecast
+        return [{k: v for k, v in json.loads(line).items() if k != "latency_s"}
+                for line in open(folder / "forecasts-correctness_crps-verbalized.jsonl")]
+
+    assert answers(back) == answers(out)  # same adapter, same seed: the same answers
+    assert (back / "correctness_crps.tar").read_bytes() == tar_bytes
+    child_log = (back / "train-correctness_crps.log").read_text()
+    assert "format warm-up" not in child_log and "GRPO" not in child_log, child_log[-1500:]
+    assert not (back / "_correctness").exists() and not (back / "correctness.tar").exists()  # no child for it
+
     late = tmp_path / "late"
     run = subprocess.run([*common, "--out", str(late), "--deadline-s", "0.5"], capture_output=True, text=True,
                          timeout=900, cwd=REPO, env=env)
