@@ -208,6 +208,22 @@ def _version_with_digest(uri: str, digest: str) -> int | None:
     return min(found) if found else None
 
 
+def _report(stored, n_boot: int, out_dir: Path, title: str) -> None:
+    """Evaluate forecasts joined to their pairs (bootstrap intervals), write the HTML report and
+    metrics.json to `out_dir`, print the headline table."""
+    from pipelines.evaluation.suite import (
+        evaluate_models,
+        headline_markdown,
+        write_evaluation_report,
+    )
+
+    report = evaluate_models(stored, n_boot=n_boot)
+    html = write_evaluation_report(report, out_dir, title=title)
+    (out_dir / "metrics.json").write_text(json.dumps(report, indent=1, default=str))
+    typer.echo(headline_markdown(report))
+    typer.echo(f"report: {html}")
+
+
 @app.command()
 def ingest(
     results: Annotated[Path, typer.Argument(help="the folder gpu_train_surrogates.py wrote (--out)")],
@@ -223,11 +239,6 @@ def ingest(
 
     from models.registry import register_surrogate
     from models.training import TrainingSettings, log_training_run
-    from pipelines.evaluation.suite import (
-        evaluate_models,
-        headline_markdown,
-        write_evaluation_report,
-    )
     from warehouse.db import connect
     from warehouse.forecasts import read_forecasts, write_forecasts
 
@@ -283,12 +294,7 @@ def ingest(
     evaluated_pairs = set(frame["pair_id"])
     stored = stored.filter(pl.col("pair_id").is_in(evaluated_pairs)
                            & (pl.col("model_ref").is_in(models) | pl.col("model_ref").str.starts_with("baseline:")))
-    report = evaluate_models(stored, n_boot=n_boot)
-    out_dir = cfg.reports_dir / f"{version}-surrogates"
-    html = write_evaluation_report(report, out_dir, title=f"Surrogates trained on {host}, dataset {version}")
-    (out_dir / "metrics.json").write_text(json.dumps(report, indent=1, default=str))
-    typer.echo(headline_markdown(report))
-    typer.echo(f"report: {html}")
+    _report(stored, n_boot, cfg.reports_dir / f"{version}-surrogates", f"Surrogates trained on {host}, dataset {version}")
 
 
 
@@ -336,11 +342,6 @@ def score(
     """
     import polars as pl
 
-    from pipelines.evaluation.suite import (
-        evaluate_models,
-        headline_markdown,
-        write_evaluation_report,
-    )
     from warehouse.db import connect, query_frame
     from warehouse.forecasts import read_forecasts
 
@@ -370,12 +371,7 @@ def score(
                                  & pl.col("pair_id").is_in(set(frame["pair_id"])))
     stored = pl.concat([evaluated, baselines.select(evaluated.columns)], how="diagonal_relaxed")
     stored = stored.rename({"speedup": "true_speedup"})
-    report = evaluate_models(stored, n_boot=n_boot)
-    out_dir = cfg.reports_dir / f"{version}-scored"
-    html = write_evaluation_report(report, out_dir, title=f"Forecasts scored on dataset {version}")
-    (out_dir / "metrics.json").write_text(json.dumps(report, indent=1, default=str))
-    typer.echo(headline_markdown(report))
-    typer.echo(f"report: {html}")
+    _report(stored, n_boot, cfg.reports_dir / f"{version}-scored", f"Forecasts scored on dataset {version}")
 
 
 if __name__ == "__main__":
