@@ -27,7 +27,7 @@
 #   in float32 now, non-finite steps are skipped (models/callbacks.py).
 # - 2026-11-29 session 5, two H200s, the three variants over three calls (GPUs 0,1,1 then 0,1,0
 #   then 0,0,1; KC_DEADLINE_S 500, 545, 555): no NaN in 60 GRPO steps. Alone on a GPU a step took
-#   18-47 s, two sharing one 36-107 s; a call with finish.sh got 6-11 steps, a resuming one 7-14.
+#   16-50 s, two sharing one 26-107 s; a call with finish.sh got 6-11 steps, a resuming one 7-14.
 #   Logprob eval of 784 pairs 77-119 s, verbalized (2 x 784 answers) 416 s: budget a fourth call
 #   for the verbalized readouts of all three.
 #
