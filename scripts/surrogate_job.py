@@ -147,14 +147,32 @@ def _unpack(results: Path) -> Path:
     return unpacked
 
 
+def _checked_forecasts(results: Path, frame=None):
+    """The forecasts of a results folder (its forecasts-*.jsonl), or `frame`, cut to the forecast
+    table's columns and put through the warehouse's own validation on a throwaway copy: a bad
+    row raises here, before anything is written."""
+    import polars as pl
+
+    from warehouse.db import connect
+    from warehouse.forecasts import FORECAST_COLUMNS, P_COLUMNS, write_forecasts
+
+    if frame is None:
+        paths = sorted(results.glob("forecasts-*.jsonl"))
+        if not paths:
+            raise FileNotFoundError(f"{results} holds no forecasts-*.jsonl")
+        frame = pl.concat([pl.read_ndjson(p, infer_schema_length=None) for p in paths], how="diagonal_relaxed")
+    frame = frame.select([c for c in frame.columns if c in FORECAST_COLUMNS or c in P_COLUMNS])
+    with connect(":memory:") as scratch:
+        write_forecasts(scratch, frame)
+    return frame
+
+
 def _load_results(results: Path, job: Path) -> dict:
     """Read and check everything `ingest` will write, before it writes anything: a missing or
     malformed file is one line (BadParameter) and leaves MLflow and the warehouse untouched."""
     import polars as pl
 
-    from warehouse.db import connect
     from warehouse.errors import WarehouseError
-    from warehouse.forecasts import FORECAST_COLUMNS, P_COLUMNS, write_forecasts
 
     try:
         results = _from_gpu_call(results)
@@ -171,13 +189,7 @@ def _load_results(results: Path, job: Path) -> dict:
             records[variant] = json.loads((folder / name / "training.json").read_text())
             for key in ("metrics", "log_history", "sft_losses", "train_s", "steps"):
                 records[variant][key]  # noqa: B018 - a KeyError names the missing field
-        paths = sorted(results.glob("forecasts-*.jsonl"))
-        if not paths:
-            raise FileNotFoundError(f"{results} holds no forecasts-*.jsonl")
-        frame = pl.concat([pl.read_ndjson(p, infer_schema_length=None) for p in paths], how="diagonal_relaxed")
-        frame = frame.select([c for c in frame.columns if c in FORECAST_COLUMNS or c in P_COLUMNS])
-        with connect(":memory:") as scratch:  # the warehouse's own validation, on a throwaway copy
-            write_forecasts(scratch, frame)
+        frame = _checked_forecasts(results)
     except (OSError, EOFError, KeyError, ValueError, WarehouseError, tarfile.TarError, pl.exceptions.PolarsError) as e:
         raise typer.BadParameter(f"{type(e).__name__}: {e}".splitlines()[0]) from e
     return {"folder": folder, "summary": summary, "dataset_version": version, "train_rows": train_rows,
@@ -297,29 +309,27 @@ def ingest(
     _report(stored, n_boot, cfg.reports_dir / f"{version}-surrogates", f"Surrogates trained on {host}, dataset {version}")
 
 
-
 def _forecast_frame(source: Path, job: Path, host: str):
     """Forecast rows with model refs "<model>|<readout>|<host>" and their dataset version: from
     a Parquet file `score --save` wrote, or from a results folder (or a GPU call's files) and
-    the job it was trained from."""
+    the job it was trained from. Checked like ingest's; a bad file is one line."""
     import polars as pl
 
-    from warehouse.forecasts import FORECAST_COLUMNS, P_COLUMNS
+    from warehouse.errors import WarehouseError
 
     try:
         if source.suffix == ".parquet":
             frame = pl.read_parquet(source)
+            version = frame["dataset_version"].unique().to_list()
+            frame = _checked_forecasts(source, frame)
         else:
-            results = _from_gpu_call(source)
-            paths = sorted(results.glob("forecasts-*.jsonl"))
-            if not paths:
-                raise FileNotFoundError(f"{results} holds no forecasts-*.jsonl")
-            version = json.loads((job / "job.json").read_text())["dataset_version"]
-            frame = pl.concat([pl.read_ndjson(p, infer_schema_length=None) for p in paths], how="diagonal_relaxed")
-            frame = frame.with_columns(pl.col("model_ref") + f"|{host}", pl.lit(version).alias("dataset_version"))
-        keep = [c for c in frame.columns if c in FORECAST_COLUMNS or c in P_COLUMNS]
-        return frame.select([*keep, "dataset_version"])
-    except (OSError, KeyError, ValueError, tarfile.TarError, pl.exceptions.PolarsError) as e:
+            version = [json.loads((job / "job.json").read_text())["dataset_version"]]
+            frame = _checked_forecasts(_from_gpu_call(source))
+            frame = frame.with_columns(pl.col("model_ref") + f"|{host}")
+        if len(version) != 1:
+            raise ValueError(f"the forecasts are of {len(version)} dataset versions; score one at a time")
+        return frame.with_columns(pl.lit(version[0]).alias("dataset_version"))
+    except (OSError, KeyError, ValueError, WarehouseError, tarfile.TarError, pl.exceptions.PolarsError) as e:
         raise typer.BadParameter(f"{source}: {type(e).__name__}: {e}".splitlines()[0]) from e
 
 
@@ -350,10 +360,6 @@ def score(
     if len(versions) != 1:
         raise typer.BadParameter(f"the forecasts are of {len(versions)} dataset versions ({versions}); score one at a time")
     version = versions[0]
-    if save:
-        save.parent.mkdir(parents=True, exist_ok=True)
-        frame.sort("model_ref", "pair_id", "repeat").write_parquet(save, compression="zstd")
-        typer.echo(f"saved {frame.height} forecasts to {save}")
     cfg = _settings(profile, home)
     with connect(cfg.warehouse_path, read_only=True) as con:
         pairs = query_frame(con, "SELECT pair_id, dataset_version, task, hardware_id, anchor_kernel_id, "
@@ -366,6 +372,12 @@ def score(
     missing = set(frame["pair_id"]) - set(pairs["pair_id"])
     if missing:
         raise typer.BadParameter(f"{len(missing)} forecast pairs are not pairs of {version}, e.g. {sorted(missing)[0]}")
+    if save:  # only forecasts that were checked and match the warehouse; written whole
+        save.parent.mkdir(parents=True, exist_ok=True)
+        tmp = save.with_name(save.name + ".part")
+        frame.sort("model_ref", "pair_id", "repeat").write_parquet(tmp, compression="zstd")
+        tmp.replace(save)
+        typer.echo(f"saved {frame.height} forecasts to {save}")
     evaluated = frame.drop("dataset_version").join(pairs, on="pair_id", how="inner")
     baselines = baselines.filter(pl.col("model_ref").str.starts_with("baseline:")
                                  & pl.col("pair_id").is_in(set(frame["pair_id"])))

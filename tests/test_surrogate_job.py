@@ -413,8 +413,17 @@ def test_score_forecasts_made_elsewhere_from_a_results_folder_or_the_saved_parqu
 
     # A pair of another dataset version, a version the home lacks: one line each.
     (out / "forecasts-odd-logprob.jsonl").write_text(rows("trained:odd|logprob", lambda y: [0.125] * 8).replace(pairs[0][0], "not-a-pair"))
-    bad = CliRunner().invoke(surrogate_job.app, ["score", str(out), "--job", str(job), "--profile", "smoke", "--home", str(home)])
+    unsaved = tmp_path / "unsaved.parquet"
+    bad = CliRunner().invoke(surrogate_job.app, ["score", str(out), "--job", str(job), "--save", str(unsaved),
+                                                 "--profile", "smoke", "--home", str(home)])
     assert bad.exit_code == 2 and "not pairs of" in " ".join(bad.output.replace("│", " ").split()), bad.output
+    assert not unsaved.exists() and not list(tmp_path.glob("unsaved*"))  # nothing saved of a refused set
+    # A malformed forecast row (bin 9): the warehouse's own validation, one line.
+    (out / "forecasts-odd-logprob.jsonl").write_text(rows("trained:odd|logprob", lambda y: [0.125] * 8).replace(
+        '"predicted_bin": 1,', '"predicted_bin": 9,', 1))
+    bad = CliRunner().invoke(surrogate_job.app, ["score", str(out), "--job", str(job), "--profile", "smoke", "--home", str(home)])
+    assert bad.exit_code == 2 and "Invalid value" in bad.output, bad.output
+    (out / "forecasts-odd-logprob.jsonl").unlink()
     (job / "job.json").write_text(json.dumps({"dataset_version": "ds-000000000000"}))
     bad = CliRunner().invoke(surrogate_job.app, ["score", str(out), "--job", str(job), "--profile", "smoke", "--home", str(home)])
     assert bad.exit_code == 2 and "has no pairs in" in " ".join(bad.output.replace("│", " ").split()), bad.output
