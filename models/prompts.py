@@ -42,6 +42,17 @@ PROMPT_STYLES: tuple[str, ...] = ("full", "diff", "compact")
 COMPACT_DIFF_LINES = 24
 # Bump when the wording changes: cached forecasts and trained models are tied to a prompt.
 PROMPT_VERSION = "1"
+# A style may carry "+features": the compile features of both kernels (registers, spills, shared
+# memory, kernels and launches per call, for sm_90) and the task's benchmark shapes, between
+# the hardware table and the kernels. Facts anyone has before running a kernel, never a runtime.
+FEATURES_FLAG = "+features"
+FEATURE_ROWS: tuple[tuple[str, str], ...] = (
+    ("n_regs", "registers per thread"),
+    ("n_spills", "spilled registers per thread"),
+    ("shared_bytes", "shared memory per block (bytes)"),
+    ("n_kernels", "Triton kernels compiled"),
+    ("n_launches", "kernel launches per call"),
+)
 
 # The assistant turn of the logprob readout starts here; the next token is the bin label.
 ANSWER_PREFIX = '{"predicted_bin": '
@@ -216,6 +227,43 @@ def unified_diff(anchor_source: str, candidate_source: str, context: int = 3) ->
     return text or "(no differences)\n"
 
 
+def split_style(style: str) -> tuple[str, bool]:
+    """(base style, whether compile features are shown) of a style name.
+
+    >>> split_style("full+features"), split_style("compact")
+    (('full', True), ('compact', False))
+    """
+    base, flag = (style[: -len(FEATURES_FLAG)], True) if style.endswith(FEATURES_FLAG) else (style, False)
+    if base not in PROMPT_STYLES:
+        raise ValueError(f"unknown prompt style {style!r}; use one of {PROMPT_STYLES}, optionally + {FEATURES_FLAG!r}")
+    return base, flag
+
+
+def _feature_value(features: dict[str, Any] | None, key: str) -> str:
+    value = (features or {}).get(key)
+    if value is None or (isinstance(value, float) and value != value):
+        return "n/a"
+    return str(int(value)) if isinstance(value, (int, float)) else str(value)
+
+
+def facts_section(benchmark_cases: Any, anchor_features: dict[str, Any] | None,
+                  candidate_features: dict[str, Any] | None) -> str:
+    """The "+features" block: benchmark shapes, then a table of both kernels' compile features.
+
+    >>> print(facts_section([{"M": 8, "N": 4, "seed": 1}], None, {"n_regs": 32}).splitlines()[1])
+    Benchmark inputs (S is the geometric mean over them): M=8 N=4
+    """
+    shapes = "; ".join(" ".join(f"{k}={v}" for k, v in case.items() if k != "seed")
+                       for case in (benchmark_cases or ()))
+    lines = ["## Static facts (no kernel was run)"]
+    if shapes:
+        lines.append(f"Benchmark inputs (S is the geometric mean over them): {shapes}")
+    lines += ["", "| compile feature (sm_90) | anchor | candidate |", "|---|---|---|"]
+    lines += [f"| {label} | {_feature_value(anchor_features, key)} | {_feature_value(candidate_features, key)} |"
+              for key, label in FEATURE_ROWS]
+    return "\n".join(lines)
+
+
 def _code(source: str) -> str:
     return "```python\n" + source.rstrip("\n") + "\n```"
 
@@ -226,15 +274,19 @@ def user_prompt(
     anchor_source: str,
     candidate_source: str,
     hardware: dict[str, Any],
-    style: PromptStyle = "full",
+    style: str = "full",
+    facts: str | None = None,
 ) -> str:
-    """The per-pair part: task, hardware, anchor, candidate (or diff), format reminder."""
+    """The per-pair part: task, hardware, [static facts], anchor, candidate (or diff), reminder."""
+    style, _ = split_style(style)
+    extra = [facts] if facts else []
     if style == "compact":
         first = task_description.strip().split(". ")[0].rstrip(".") + "."
         return "\n\n".join(
             [
                 f"## Task: {task_name}\n{first}",
                 "## Hardware\n" + hardware_line(hardware),
+                *extra,
                 "## Change from the anchor to the candidate (unified diff, comments removed)\n"
                 "```diff\n" + compact_diff(anchor_source, candidate_source) + "```",
                 REMINDER,
@@ -243,6 +295,7 @@ def user_prompt(
     parts = [
         f"## Task: {task_name}\n{task_description.strip()}",
         "## Hardware\n" + hardware_table(hardware),
+        *extra,
         "## Anchor kernel\n" + _code(anchor_source),
     ]
     if style == "full":
@@ -265,7 +318,11 @@ def build_prompt(
     anchor_source: str,
     candidate_source: str,
     hardware: dict[str, Any],
-    style: PromptStyle = "full",
+    style: str = "full",
+    *,
+    benchmark_cases: Any = None,
+    anchor_features: dict[str, Any] | None = None,
+    candidate_features: dict[str, Any] | None = None,
 ) -> list[dict[str, str]]:
     """Chat messages asking for a forecast of the candidate's speedup over the anchor.
 
@@ -277,20 +334,24 @@ def build_prompt(
         hardware: a profiling fingerprint or warehouse hardware row (`models.hardware`);
             only whitelisted device fields are shown, never timings.
         style: "full" (both sources), "diff" (anchor + unified diff) or "compact" (short
-            instructions + comment-free diff only; CPU budgets).
+            instructions + comment-free diff only; CPU budgets); any of them + "+features"
+            adds the static facts block (`facts_section`).
+        benchmark_cases: the task's benchmark cases (shown with "+features").
+        anchor_features: the anchor's compile features (shown with "+features"; n/a if None).
+        candidate_features: the candidate's compile features (likewise).
     Returns:
         [{"role": "system", ...}, {"role": "user", ...}].
     Raises:
         ValueError: an unknown style.
     """
-    if style not in PROMPT_STYLES:
-        raise ValueError(f"unknown prompt style {style!r}; use one of {PROMPT_STYLES}")
+    base, with_features = split_style(style)
+    facts = facts_section(benchmark_cases, anchor_features, candidate_features) if with_features else None
     return [
-        {"role": "system", "content": compact_system_prompt() if style == "compact" else system_prompt()},
+        {"role": "system", "content": compact_system_prompt() if base == "compact" else system_prompt()},
         {
             "role": "user",
             "content": user_prompt(
-                task_name, task_description, anchor_source, candidate_source, hardware, style
+                task_name, task_description, anchor_source, candidate_source, hardware, base, facts
             ),
         },
     ]

@@ -50,7 +50,10 @@ def test_connect_creates_parent_dirs_and_every_table(tmp_path):
     c = connect(path)
     assert path.exists()
     assert set(table_names(c)) == TABLES
-    assert execute(c, "SELECT version, name FROM schema_migrations") == [(1, "init")]
+    applied = execute(c, "SELECT version, name FROM schema_migrations ORDER BY version")
+    assert applied[0] == (1, "init")
+    assert [v for v, _ in applied] == list(range(1, len(applied) + 1))  # every migration, in order
+    assert (2, "kernel_feature_launches") in applied
     c.close()
 
 

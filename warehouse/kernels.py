@@ -7,6 +7,7 @@ are upserts, since a re-run of the compiler or checker replaces the old answer.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import duckdb
@@ -46,7 +47,9 @@ KERNEL_COLUMNS = (
     "parent_kernel_id",
     "mutation",
 )
-FEATURE_COLUMNS = ("kernel_id", "target", "status", "n_regs", "n_spills", "shared_bytes", "error")
+FEATURE_COLUMNS = (
+    "kernel_id", "target", "status", "n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches", "error",
+)
 FEATURE_STATUSES = ("compiled", "compile_failed", "rejected")
 CHECK_COLUMNS = ("kernel_id", "check_kind", "ok", "failure_kind", "message", "seconds")
 
@@ -191,7 +194,7 @@ def add_kernel_features(con: duckdb.DuckDBPyConnection, frame: Frame) -> int:
     Args:
         con: a writable connection.
         frame: kernel_id, target, status ('compiled' | 'compile_failed' | 'rejected'), and
-            optional n_regs, n_spills, shared_bytes, error.
+            optional n_regs, n_spills, shared_bytes, n_kernels, n_launches, error.
     Returns:
         Rows inserted or updated.
     Raises:
@@ -233,3 +236,46 @@ def add_kernel_checks(con: duckdb.DuckDBPyConnection, frame: Frame) -> int:
         return insert_frame(
             con, "kernel_checks", rows, ["kernel_id", "check_kind"], "update", touch="checked_at"
         )
+
+
+def read_kernel_features(
+    con: duckdb.DuckDBPyConnection, target: str = "sm_90", kernel_ids: Iterable[str] | None = None
+) -> pl.DataFrame:
+    """Compile features of one target (kernel_id, status, n_regs, n_spills, shared_bytes,
+    n_kernels, n_launches), optionally for some kernels only."""
+    sql = ("SELECT kernel_id, status, n_regs, n_spills, shared_bytes, n_kernels, n_launches "
+           "FROM kernel_features WHERE target = ?")
+    params: list[Any] = [target]
+    if kernel_ids is not None:
+        sql += " AND list_contains(?, kernel_id)"
+        params.append(list(kernel_ids))
+    return query_frame(con, sql + " ORDER BY kernel_id", params)
+
+
+def ingest_compile_features(con: duckdb.DuckDBPyConnection, path: str | Path) -> int:
+    """Upsert a compile-features file (data/features/<target>/*.parquet) for known kernels.
+
+    The file holds one row per kernel and target as `add_kernel_features` takes them;
+    'skipped' and 'error' rows (nothing compiled, or our side failed) and rows of kernels the
+    warehouse does not know are left out. Re-ingesting the same file changes nothing.
+
+    Returns:
+        Rows inserted or updated.
+    Raises:
+        ValidationError: the file is unreadable or lacks a required column (one line).
+    """
+    try:
+        frame = pl.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is one line
+        raise ValidationError(f"{path}: unreadable compile-features file ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in ("kernel_id", "target", "status") if c not in frame.columns]
+    if missing:
+        raise ValidationError(f"{path}: compile-features file lacks column(s) {', '.join(missing)}")
+    known = query_frame(con, "SELECT kernel_id FROM kernels", [])["kernel_id"].to_list()
+    rows = frame.filter(pl.col("status").is_in(list(FEATURE_STATUSES)) & pl.col("kernel_id").is_in(known))
+    current = query_frame(con, "SELECT kernel_id, target, status, n_regs, n_spills, shared_bytes, n_kernels, "
+                               "n_launches, error FROM kernel_features", [])
+    cols = [c for c in FEATURE_COLUMNS if c in rows.columns]
+    rows = rows.select([pl.col(c).cast(current.schema[c]) for c in cols])
+    fresh = rows.join(current.select(cols), on=cols, how="anti", nulls_equal=True)
+    return add_kernel_features(con, fresh) if fresh.height else 0

@@ -230,3 +230,84 @@ def find_leakage(
         if pid in eval_ids or c in blocked or a in blocked or t in held
     ]
     return sorted(set(bad))
+
+
+DEFAULT_CALIBRATION_PER_BIN = 4
+CALIBRATION_SEED_OFFSET = 7919  # a seed apart from the eval choice's, so the two draws differ
+
+
+@dataclass(frozen=True)
+class CalibrationSplit:
+    """Training pairs cut in two for post-hoc calibration (method.md section 5b).
+
+    fit: the pairs a model learns from; calibration: bin-balanced reference pairs on which
+    its temperature / biases are fitted; blocked: kernels within `lineage_k` mutations of a
+    calibration candidate, kept out of `fit` as eval neighbourhoods are kept out of training.
+    """
+
+    fit: pl.DataFrame
+    calibration: pl.DataFrame
+    blocked_kernel_ids: frozenset[str] = field(default_factory=frozenset)
+
+
+def calibration_split(
+    training_pool: pl.DataFrame,
+    lineage: pl.DataFrame,
+    per_bin: int = DEFAULT_CALIBRATION_PER_BIN,
+    lineage_k: int = DEFAULT_LINEAGE_K,
+    seed: int = 0,
+) -> CalibrationSplit:
+    """Carve a calibration split out of the training pool, the way the eval set is chosen.
+
+    The calibration pairs are reference pairs of the pool, up to `per_bin` per (task,
+    hardware, bin) by a seeded hash (as `select_eval_candidates`, another seed), so they are
+    bin-balanced like the eval set; their lineage neighbourhoods leave the fit set. The input
+    is the training pool only, so neither eval pairs nor eval lineages can enter either part.
+
+    Args:
+        training_pool: the dataset version's training pairs (split 'train').
+        lineage: kernel_id, parent_kernel_id of the kernels.
+        per_bin: calibration candidates per (task, hardware, bin).
+        lineage_k: mutations around a calibration candidate kept out of the fit set.
+        seed: the choice's seed (offset from the eval choice's).
+    Returns:
+        `CalibrationSplit`; fit and calibration are disjoint and share no blocked kernel.
+    """
+    reference = training_pool.filter(pl.col("pair_type") == "reference")
+    if reference.is_empty():
+        return CalibrationSplit(fit=training_pool, calibration=reference)
+    chosen, _ = select_eval_candidates(reference, per_bin, seed + CALIBRATION_SEED_OFFSET)
+    ref_ids = set(reference["anchor_kernel_id"].to_list())
+    parent_of = lineage_map(lineage, ref_ids)
+    blocked = lineage_neighbourhood(chosen["candidate_kernel_id"].unique().to_list(), parent_of, lineage_k) - ref_ids
+    fit = training_pool.filter(
+        ~pl.col("pair_id").is_in(chosen["pair_id"].to_list())
+        & ~pl.col("candidate_kernel_id").is_in(list(blocked))
+        & ~pl.col("anchor_kernel_id").is_in(list(blocked))
+    )
+    log.info("calibration split: %d calibration pairs, %d fit pairs, %d kernels blocked",
+             chosen.height, fit.height, len(blocked))
+    return CalibrationSplit(fit=fit, calibration=chosen, blocked_kernel_ids=frozenset(blocked))
+
+
+def held_out_task_split(
+    training_pool: pl.DataFrame, eval_set: pl.DataFrame, task: str
+) -> tuple[pl.DataFrame, pl.DataFrame]:
+    """(training pool without `task`, every reference pair of `task`) for held-out-task evaluation.
+
+    A forecaster trained on the first never sees the task; it is scored on the task's eval and
+    training reference pairs together (all of the task's correct kernels the version holds
+    against its reference), the paper's held-out-task setting.
+
+    >>> pool = pl.DataFrame({"task": ["a", "b", "b"], "pair_type": ["reference"] * 3, "pair_id": ["1", "2", "3"]})
+    >>> ev = pl.DataFrame({"task": ["b"], "pair_type": ["reference"], "pair_id": ["4"]})
+    >>> train, held = held_out_task_split(pool, ev, "b")
+    >>> train["pair_id"].to_list(), sorted(held["pair_id"].to_list())
+    (['1'], ['2', '3', '4'])
+    """
+    train = training_pool.filter(pl.col("task") != task)
+    held = pl.concat(
+        [eval_set.filter(pl.col("task") == task), training_pool.filter((pl.col("task") == task) & (pl.col("pair_type") == "reference"))],
+        how="diagonal_relaxed",
+    ).unique("pair_id", keep="first").sort("pair_id")
+    return train, held

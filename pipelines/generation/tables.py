@@ -29,6 +29,7 @@ def feature_rows(frame: pl.DataFrame) -> pl.DataFrame:
         "n_regs",
         "n_spills",
         "shared_bytes",
+        *[c for c in ("n_kernels", "n_launches") if c in frame.columns],
         pl.col("compile_error").alias("error"),
     )
 

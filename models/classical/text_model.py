@@ -1,0 +1,61 @@
+"""A source-text forecaster: token n-grams of both kernels, multinomial logistic regression.
+
+It needs nothing but the two sources, so it reads any kernel, LLM-written ones without knobs
+included: comments and docstrings are dropped (they describe, they do not run), the code is
+cut into identifier, number and operator tokens, and TF-IDF weights of word 1- to 3-grams of
+the candidate and of the anchor (two vocabularies, so "BLOCK_N = 256" in the candidate is not
+confused with the same text in the anchor) feed an L2-regularised multinomial logistic
+regression over the eight bins. Numbers stay tokens: tile sizes, warp counts and stages are
+what most variants differ in. Calibration is the shared temperature fit
+(models.calibration) on the calibration split.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy.sparse import hstack
+from sklearn.feature_extraction.text import TfidfVectorizer
+from sklearn.linear_model import LogisticRegression
+
+from models.classical.base import BinForecaster, full_proba
+from models.classical.features import code_text
+
+TOKEN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d+)?|[^\sA-Za-z0-9_]{1,2}"
+
+
+def _texts(frame: pd.DataFrame, side: str) -> list[str]:
+    return [code_text(str(s or "")) for s in frame[f"{side}_source"]]
+
+
+class TextModel(BinForecaster):
+    """TF-IDF n-grams of candidate and anchor code -> multinomial logistic regression.
+
+    Args:
+        ngram_max: longest n-gram (tokens).
+        max_features: vocabulary cap per side.
+        C: inverse L2 strength of the logistic regression.
+    """
+
+    kind = "text_model"
+
+    def __init__(self, ngram_max: int = 3, max_features: int = 60000, C: float = 4.0):
+        self.ngram_max = ngram_max
+        self.max_features = max_features
+        self.C = C
+
+    def _vectorizer(self) -> TfidfVectorizer:
+        return TfidfVectorizer(token_pattern=TOKEN_PATTERN, lowercase=False, ngram_range=(1, self.ngram_max),
+                               max_features=self.max_features, sublinear_tf=True, min_df=2, dtype=np.float32)
+
+    def _matrix(self, frame: pd.DataFrame):
+        return hstack([self.candidate_vec_.transform(_texts(frame, "c")),
+                       self.anchor_vec_.transform(_texts(frame, "a"))]).tocsr()
+
+    def _fit(self, frame: pd.DataFrame, y: np.ndarray, log2_speedup: np.ndarray | None) -> None:
+        self.candidate_vec_ = self._vectorizer().fit(_texts(frame, "c"))
+        self.anchor_vec_ = self._vectorizer().fit(_texts(frame, "a"))
+        self.logistic_ = LogisticRegression(C=self.C, max_iter=2000).fit(self._matrix(frame), y)
+
+    def _raw_proba(self, frame: pd.DataFrame) -> np.ndarray:
+        return full_proba(self.logistic_.predict_proba(self._matrix(frame)), self.logistic_.classes_)

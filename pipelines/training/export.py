@@ -1,0 +1,127 @@
+"""Export a dataset version as a training job for a GPU host (`kernelcast train export`).
+
+The job (models/remote/jobfile.py) holds the pairs of every role (pipelines.training.roles),
+the prompt source and compile features of each kernel they use, the task descriptions and
+benchmark cases, the hardware fingerprints and the variants to train; the host builds the
+prompts itself. Nothing about a pair's measured runtime travels but its true bin (the label).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from models.remote.jobfile import (
+    JOB_FILE,
+    JOB_FORMAT,
+    KERNELS_FILE,
+    PAIRS_FILE,
+    write_json,
+    write_jsonl_gz,
+)
+from models.remote.variants import DEFAULT_VARIANTS, Variant
+from models.service import DEFAULT_HARDWARE
+from pipelines.evaluation.lm_forecasts import prompt_source
+from pipelines.tasks import get_task
+from pipelines.training.roles import DEFAULT_HELD_OUT_TASK, forecasting_roles
+from warehouse.datasets import list_dataset_versions, read_pairs
+from warehouse.hardware import read_hardware
+from warehouse.kernels import read_kernel_features, read_kernels
+
+PAIR_FIELDS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin", "speedup")
+FEATURE_FIELDS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
+
+
+def latest_version(con: duckdb.DuckDBPyConnection) -> str:
+    """The newest dataset version; ValueError (one line) when there is none."""
+    versions = list_dataset_versions(con)
+    if versions.is_empty():
+        raise ValueError("no dataset version in the warehouse: run `kernelcast run` first")
+    return str(versions["dataset_version"][0])
+
+
+def version_roles(con: duckdb.DuckDBPyConnection, version: str, held_out_task: str | None = DEFAULT_HELD_OUT_TASK):
+    """`forecasting_roles` of a stored dataset version."""
+    train, evals = read_pairs(con, version, "train"), read_pairs(con, version, "eval")
+    if evals.is_empty():
+        raise ValueError(f"dataset version {version} has no eval pairs")
+    lineage = read_kernels(con).select("kernel_id", "parent_kernel_id")
+    return forecasting_roles(train, evals, lineage, held_out_task)
+
+
+def hardware_fingerprints(con: duckdb.DuckDBPyConnection, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
+    """hardware_id -> fingerprint (the stored row over its JSON), DEFAULT_HARDWARE if unknown."""
+    rows = {r["hardware_id"]: r for r in read_hardware(con).to_dicts()}
+    out = {}
+    for hw in ids:
+        row = rows.get(hw)
+        if row is None:
+            out[hw] = dict(DEFAULT_HARDWARE)
+            continue
+        fp = json.loads(row.pop("fingerprint_json", None) or "{}")
+        out[hw] = {**fp, **{k: v for k, v in row.items() if v is not None and not hasattr(v, "isoformat")}}
+    return out
+
+
+def kernel_rows(con: duckdb.DuckDBPyConnection, kernel_ids: Sequence[str], target: str = "sm_90") -> list[dict[str, Any]]:
+    """kernel_id, task, prompt_source and compile features (None if never compiled) per kernel."""
+    kernels = read_kernels(con, kernel_ids=list(kernel_ids))
+    feats = {r["kernel_id"]: r for r in read_kernel_features(con, target, kernel_ids).to_dicts()
+             if r["status"] == "compiled"}
+    return [{"kernel_id": k["kernel_id"], "task": k["task"],
+             "prompt_source": prompt_source(k["task"], k["source"], k["generator"]),
+             "features": ({f: feats[k["kernel_id"]][f] for f in FEATURE_FIELDS} if k["kernel_id"] in feats else None)}
+            for k in kernels.to_dicts()]
+
+
+def export_job(
+    con: duckdb.DuckDBPyConnection,
+    out: str | Path,
+    version: str | None = None,
+    variants: Sequence[Variant] = DEFAULT_VARIANTS,
+    held_out_task: str | None = DEFAULT_HELD_OUT_TASK,
+) -> dict[str, Any]:
+    """Write the job folder of a dataset version; its job.json.
+
+    Raises:
+        ValueError: no dataset version, or a variant needs the held-out setting the data lacks.
+    """
+    version = version or latest_version(con)
+    roles = version_roles(con, version, held_out_task)
+    if any(v.held_out for v in variants) and roles.held_out_task is None:
+        raise ValueError(f"held-out variants need task {held_out_task!r} in dataset version {version}")
+    by_pair: dict[str, dict[str, Any]] = {}
+    for role, frame in roles.by_name().items():
+        for p in frame.select([c for c in PAIR_FIELDS if c in frame.columns]).to_dicts():
+            by_pair.setdefault(p["pair_id"], {**p, "roles": []})["roles"].append(role)
+    pairs = sorted(by_pair.values(), key=lambda p: p["pair_id"])
+    ids = sorted({p[k] for p in pairs for k in ("anchor_kernel_id", "candidate_kernel_id")})
+    tasks = sorted({p["task"] for p in pairs})
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    n_kernels = write_jsonl_gz(folder / KERNELS_FILE, kernel_rows(con, ids))
+    write_jsonl_gz(folder / PAIRS_FILE, pairs)
+    meta = {
+        "format": JOB_FORMAT,
+        "dataset_version": version,
+        "held_out_task": roles.held_out_task,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "tasks": {t: {"description": get_task(t).description,
+                      "benchmark_cases": [dict(c) for c in get_task(t).benchmark_cases]} for t in tasks},
+        "hardware": hardware_fingerprints(con, sorted({p["hardware_id"] for p in pairs})),
+        "variants": [v.to_dict() for v in variants],
+        "counts": {role: frame.height for role, frame in roles.by_name().items()} | {"kernels": n_kernels},
+    }
+    write_json(folder / JOB_FILE, meta)
+    return meta
+
+
+def role_frame(meta: dict[str, Any], pairs: list[dict[str, Any]]) -> pl.DataFrame:
+    """The job's pairs as a frame, one row per (pair, role)."""
+    return pl.DataFrame([{**{k: p.get(k) for k in PAIR_FIELDS}, "role": r} for p in pairs for r in p["roles"]])
