@@ -323,6 +323,9 @@ def _select(state: SearchState, cur: StepContext) -> list[Event]:
     left = cfg.budget - state.spent
     events: list[Event] = []
     for j, p in enumerate(cur.parents):
+        if p in cur.selected:  # a log cut between the Selected events of one step
+            left -= len(cur.selected[p][0])
+            continue
         kids = cur.proposals[p]
         slots = min(cfg.measure_per_parent, left, len(kids))
         left -= slots
