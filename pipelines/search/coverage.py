@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,11 +43,14 @@ class FrontierEntry:
     child: Child
     parent: str  # the first parent seen proposing it (its lineage in the batch)
     first_round: int  # 0: proposed on the real table; r: only after r rounds of imputation
-    hits: int  # (round, run) pairs that proposed it
+    hits: int  # (scenario, round, run) triples that proposed it
     first_step: int  # earliest step it was proposed at
 
-    def priority(self, task_order: Sequence[str]) -> tuple:
-        return (self.first_round, task_order.index(self.task), -self.hits, self.first_step, self.child.kernel_id)
+    def priority(self, task_order: Sequence[str], cost: Mapping[str, float] | None = None) -> tuple:
+        """Sort key: earlier rounds first, then proposals per second of GPU time (hits / the
+        task's cost per kernel), then earlier steps."""
+        per_s = self.hits / ((cost or {}).get(self.task) or 1.0)
+        return (self.first_round, -per_s, self.first_step, task_order.index(self.task), self.child.kernel_id)
 
 
 def proposed(runs: Sequence[SearchRun]) -> list[tuple[str, Child, str, int]]:
@@ -163,57 +166,87 @@ ForecasterFactory = Callable[[MeasuredTable], CandidateForecaster | None]
 
 
 def frontier(
-    plan: SimulationPlan,
+    scenarios: Sequence[tuple[SimulationPlan, ForecasterFactory]],
     table: MeasuredTable,
-    forecaster_for: ForecasterFactory,
     rounds: int = 3,
+    cost: Mapping[str, float] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> tuple[list[FrontierEntry], list[dict[str, Any]]]:
-    """The unmeasured children the plan's runs may propose, in priority order.
+    """The unmeasured children the scenarios' runs may propose, in priority order.
 
     Args:
-        plan: the simulation whose coverage is wanted.
+        scenarios: (plan, forecaster factory) pairs whose proposals all count, e.g. the same
+            plan with the oracle and with the uniform forecaster (a real forecaster's picks lie
+            between knowing everything and knowing nothing) or with both anchors. A factory
+            builds the forecaster for a (possibly augmented) table.
         table: the measured space.
-        forecaster_for: builds the filtered/selective runs' forecaster for a (possibly
-            augmented) table, e.g. `OracleForecaster`.
         rounds: imputation rounds after the first simulation on the real table.
+        cost: GPU seconds per kernel by task (heavier tasks get a lower priority per hit).
         progress: called with a line per round.
 
     Returns:
-        (entries sorted by priority, one dict per round: round, runs, new entries, coverage on
-        the real table).
+        (entries sorted by priority, one dict per round: round, runs, new entries, coverage of
+        that round's proposals by the real table).
     """
     entries: dict[str, FrontierEntry] = {}
     imputer = Imputer(table)
     augmented = table.copy()
     stats = []
+    tasks: list[str] = []
+    for plan, _ in scenarios:
+        tasks += [t for t in plan.tasks if t not in tasks]
     for r in range(rounds + 1):
-        runs = simulate(plan, augmented, forecaster_for(augmented))
-        new = 0
-        for task, child, parent, step in proposed(runs):
-            if child.kernel_id in table:
-                continue
-            e = entries.get(child.kernel_id)
-            if e is None:
-                entries[child.kernel_id] = FrontierEntry(task, child, parent, r, 1, step)
-                new += 1
-            else:
-                e.hits += 1
-                e.first_step = min(e.first_step, step)
-        cov = coverage(runs, table)["coverage"]
-        stats.append({"round": r, "runs": len(runs), "new": new, "entries": len(entries), "coverage": cov})
+        new = n_runs = proposed_n = covered = 0
+        for plan, factory in scenarios:
+            runs = simulate(plan, augmented, factory(augmented))
+            n_runs += len(runs)
+            for task, child, parent, step in proposed(runs):
+                proposed_n += 1
+                if child.kernel_id in table:
+                    covered += 1
+                    continue
+                e = entries.get(child.kernel_id)
+                if e is None:
+                    entries[child.kernel_id] = FrontierEntry(task, child, parent, r, 1, step)
+                    new += 1
+                else:
+                    e.hits += 1
+                    e.first_step = min(e.first_step, step)
+        cov = covered / proposed_n if proposed_n else 1.0
+        stats.append({"round": r, "runs": n_runs, "new": new, "entries": len(entries), "coverage": cov})
         if progress:
-            progress(f"round {r}: {len(runs)} runs, {new} new unmeasured children ({len(entries)} in all), "
-                     f"coverage on the measured table {cov:.3f}")
-        # give every entry so far an outcome, parents before children (entries in discovery order)
+            progress(f"round {r}: {n_runs} runs, {new} new unmeasured children ({len(entries)} in all); "
+                     f"the measured table covers {cov:.3f} of this round's proposals")
+        # an outcome for every entry so far, parents before children (entries in discovery order)
         for kid, e in entries.items():
             if kid in augmented:
                 continue
             parent = augmented.get(e.parent)
             base = parent.speedup if parent is not None and parent.ok else 1.0
             augmented.add(e.task, imputer.outcome(e.task, kid, base, salt=r))
-    order = list(plan.tasks)
-    return sorted(entries.values(), key=lambda e: e.priority(order)), stats
+        if r > 0 and new == 0:
+            break
+    return sorted(entries.values(), key=lambda e: e.priority(tasks, cost)), stats
+
+
+def coverage_if_measured(runs: Sequence[SearchRun], table: MeasuredTable, entries: Sequence[FrontierEntry],
+                         sizes: Sequence[int]) -> dict[int, float]:
+    """Coverage of these runs' proposals if the first n entries were measured too, per n."""
+    props = [c.kernel_id for _, c, _, _ in proposed(runs)]
+    out = {}
+    for n in sizes:
+        extra = {e.child.kernel_id for e in entries[:n]}
+        out[n] = sum(1 for k in props if k in table or k in extra) / len(props) if props else 1.0
+    return out
+
+
+def task_costs(results: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    """Mean measuring seconds per kernel by task, from worker result rows (time_s)."""
+    sums: dict[str, list[float]] = {}
+    for r in results:
+        if r.get("time_s") is not None:
+            sums.setdefault(r["task"], []).append(float(r["time_s"]))
+    return {t: float(np.mean(v)) for t, v in sums.items()}
 
 
 def frontier_records(entries: Sequence[FrontierEntry]) -> list[dict[str, Any]]:
