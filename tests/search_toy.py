@@ -50,12 +50,14 @@ def _noise(kernel_id: str) -> tuple[float, float]:
 
 
 def toy_table(drop: float = 0.0, seed: int = 0) -> MeasuredTable:
-    """The measured table of every toy point; `drop` leaves out that share of them at random."""
+    """The measured table of every toy point; `drop` leaves out that share of them at random
+    (never the seed kernel, where every search starts)."""
     rng = np.random.default_rng(seed)
     table = MeasuredTable(hardware_id="toy-hw")
+    root = space.root_child(TASK).kernel_id
     for point in registry.iter_points(TASK):
         child = space.child_of(point)
-        if drop and rng.random() < drop:
+        if drop and rng.random() < drop and child.kernel_id != root:
             continue
         u, n = _noise(child.kernel_id)
         if u < FAIL_SHARE:
@@ -63,4 +65,11 @@ def toy_table(drop: float = 0.0, seed: int = 0) -> MeasuredTable:
             continue
         log2s = float(WEIGHTS @ np.array([point.knobs[k] for k in KNOBS])) - 0.8 + 0.6 * (n - 0.5)
         table.add(TASK, Outcome(child.kernel_id, "ok", 2.0**log2s))
+    # lineage: a tree rooted at the seed (the first knob off the seed's value steps back to it)
+    for point in registry.iter_points(TASK):
+        kid = space.child_of(point).kernel_id
+        off = [k for k in KNOBS if point.knobs[k] != 1]
+        if kid in table and off:
+            parent = registry.KernelPoint(TASK, "grid", {**point.knobs, off[0]: 1})
+            table.parent_of[kid] = space.child_of(parent).kernel_id
     return table

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import search_toy
+
 from pipelines.search import engine, puct
 from pipelines.search.config import MODES, SearchConfig
 from pipelines.search.driver import SearchRun, drive

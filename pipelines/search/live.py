@@ -151,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
     measurer = LiveMeasurer(workdir / "worker", device=args.device, worker_args=worker_args,
                             timeout_s=args.worker_timeout_s)
     t0 = time.monotonic()
-    deadline = t0 + args.deadline_s if args.deadline_s else None
+    deadline = t0 + args.deadline_s if args.deadline_s is not None else None
     stopped = None
 
     def on_term(signum, frame):  # SIGTERM (e.g. `timeout`): stop like Ctrl-C, still write the outputs
