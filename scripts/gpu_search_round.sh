@@ -12,7 +12,7 @@
 # PREP (carried to the host) holds neighbourhood.parquet and, optionally, forecaster.pkl: a pickled
 # object with predict_kernels(anchor, candidates, hardware_id) -> (n, 8). Without it, (b) and (c)
 # use the uniform forecaster (a dry run: filtering is then a random choice).
-# Env: KC_NEIGHBOURHOOD_S (170), KC_LIVE_DEADLINE_S (90), KC_LIVE_TASKS (softmax,rms_norm),
+# Env: KC_NEIGHBOURHOOD_S (190), KC_LIVE_DEADLINE_S (90), KC_LIVE_TASKS (softmax,rms_norm),
 #      KC_LIVE_SEEDS (2), KC_LIVE_BUDGET (16), KC_AUTOTUNE_TOPK (0.25), KC_COMPILE_WORKERS (12);
 #      KC_DEVICE=cpu runs every stage on the Triton interpreter (tests; KC_AUTOTUNE_GRID then
 #      keeps the autotune grid small, e.g. "BLOCK_N=256+512;NUM_WARPS=1+2;NUM_STAGES=1").
@@ -21,7 +21,7 @@
 set -u
 prep=${1:-.gpu-search}
 out=${OUT:?set OUT to the output folder}
-nb_s=${KC_NEIGHBOURHOOD_S:-170}
+nb_s=${KC_NEIGHBOURHOOD_S:-190}
 live_s=${KC_LIVE_DEADLINE_S:-90}
 workers=${KC_COMPILE_WORKERS:-12}
 device=${KC_DEVICE:-cuda}

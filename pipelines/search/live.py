@@ -14,8 +14,8 @@ Outputs in O (a folder):
                             measured speedup vs measurements, candidates considered, forecasts,
                             improved share) and its events; per task: each mode's mean final best
     results-live.parquet    every worker result row (RESULT_SCHEMA): ingest like any batch
-    kernels-live.parquet    every measured kernel with its lineage (KERNEL_BATCH_SCHEMA): the
-                            --kernels file of scripts/commit_measurements.py
+    kernels-live.parquet    every measured kernel (and trusted parent) with its lineage
+                            (KERNEL_BATCH_SCHEMA): the --kernels file of scripts/commit_measurements.py
 
 The forecaster is a pickled object with `predict_kernels` (--forecaster-file), or "uniform"
 for a dry run. Imports: the standard library, numpy, pyarrow, torch/triton through the worker
@@ -35,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.search import space
 from pipelines.search.config import MODES, SearchConfig
 from pipelines.search.driver import SearchRun, drive
 from pipelines.search.events import JsonlLog, to_json
@@ -173,8 +174,14 @@ def main(argv: list[str] | None = None) -> int:
     summaries = [run_summary(r) for r in runs]
     unfinished = [s for s in summaries if s["finished"] is None]
     n_results = _merge_parquet(measurer.result_files, out / "results-live.parquet")
-    if measurer.records:
-        write_kernel_batch(list(measurer.records.values()), out / "kernels-live.parquet")
+    records = dict(measurer.records)
+    for run in runs:  # trusted (selective) parents are not measured, but their children's lineage needs them
+        for node in run.state.archive:
+            if node.kernel_id not in records:
+                records[node.kernel_id] = space.kernel_record(run.config.task, run.state.kernels[node.kernel_id],
+                                                              parent_id=node.parent)
+    if records:
+        write_kernel_batch(list(records.values()), out / "kernels-live.parquet")
     report = {
         "tasks": tasks, "modes": modes, "seeds": args.seeds, "budget": args.budget, "anchor": args.anchor,
         "forecaster": label, "hardware_id": hw, "wall_s": time.monotonic() - t0,
