@@ -80,7 +80,7 @@ def run(profile: str | None = ProfileOpt) -> None:
                       + (f"; warnings: {', '.join(s.checks_warned)}" if s.checks_warned else "")
                       + (f"; challenger held back (promotion gates: {', '.join(s.promotion_held)})"
                          if s.promotion_held else ""))
-    for line in _run_headline(settings):
+    for line in _run_headline(settings) + search_headline(settings):
         console.print(line, highlight=False)
     if not ok:
         raise CliError("some assets or checks failed; open `kernelcast ui` for the run logs")
@@ -533,6 +533,11 @@ def ui(
     from orchestration.ui import serve
 
     serve(_settings(profile), dagster_port=dagster_port, mlflow_port=mlflow_port)
+
+
+from orchestration.cli_search import search_headline, search_sim  # noqa: E402 - its own module
+
+app.command("search-sim")(search_sim)
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -13,10 +13,11 @@ from orchestration.settings import Settings, load_settings
 def stage_defs() -> list[dg.Definitions]:
     """Each stage module ends in a small `defs`; new stages are added here once."""
     from assets import curation, evaluation, generation, profiling, promotion, tasks, training
+    from assets import search as search_stage
     from orchestration import sensors
 
     return [tasks.defs, generation.defs, profiling.defs, curation.defs, training.defs, evaluation.defs,
-            promotion.defs, sensors.defs]
+            promotion.defs, sensors.defs, search_stage.defs]
 
 
 def build_defs(settings: Settings | None = None) -> dg.Definitions:

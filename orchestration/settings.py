@@ -82,6 +82,26 @@ class SurrogateSettings:
 
 
 @dataclass(frozen=True)
+class SearchSettings:
+    """The search simulation (pipelines/search): which runs `search_simulation` makes."""
+
+    tasks: tuple[str, ...] = ()  # () = every task with measurements on `hardware_id`
+    # Seeds per task and mode: 16 simulate in ~2 s, and the neighbourhoods they visit are hardly
+    # more than 8 seeds' (670 unmeasured kernels against 637); with 8, the uniform forecaster (a
+    # random choice) still "beat" standard on 7 of 9 tasks, with 16 on 3.
+    seeds: int = 16
+    # GPU measurements per run. 12 (the seed kernel's expansion, then two of its children's) is
+    # what the measured space can carry: the complete neighbourhoods those runs visit are 670
+    # kernels over nine tasks; 16 would need 2,217 and 24 over 4,400 (README, "Budgeted search").
+    budget: int = 12
+    # Forecaster of the filtered and selective runs (pipelines.search.forecasters): the oracle
+    # (the ceiling a bin forecaster can reach) until a cost model is registered.
+    forecaster: str = "oracle"
+    anchor: str = "reference"  # forecast anchor: "reference" (task reference) or "parent"
+    hardware_id: str = "nvidia-h200-sm90"
+
+
+@dataclass(frozen=True)
 class Settings:
     profile: str
     home: Path
@@ -91,6 +111,7 @@ class Settings:
     curation: CurationSettings = field(default_factory=CurationSettings)
     evaluation: EvaluationSettings = field(default_factory=EvaluationSettings)
     surrogate: SurrogateSettings = field(default_factory=SurrogateSettings)
+    search: SearchSettings = field(default_factory=SearchSettings)
 
     # ---- where state lives -------------------------------------------------------------
     @property
@@ -152,6 +173,7 @@ def load_settings(profile: str | None = None, home: str | Path | None = None) ->
             # tiny model does not learn the format from real prompts in 120 steps either).
             surrogate=SurrogateSettings(base_model="tiny", training_profile="smoke", eval_pairs=12,
                                         training_overrides=(("prompt_style", "compact"), ("sft_steps", 10))),
+            search=SearchSettings(tasks=("softmax", "rms_norm"), seeds=3),
         )
     if name == "gpu":
         return replace(

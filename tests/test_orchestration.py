@@ -22,7 +22,7 @@ H200 = "nvidia-h200-sm90"
 EXPECTED_ASSETS = {
     "kernel_tasks", "kernel_candidates", "kernel_measurements", "curated_pairs", "eval_set",
     "rl_training_pool", "discovery_pairs", "forecasts", "calibration_report", "utility_report",
-    "base_model", "surrogate_model", "model_promotion",
+    "base_model", "surrogate_model", "model_promotion", "search_simulation",
 }
 EXPECTED_CHECKS = {
     "references_pass_own_check", "unique_kernel_ids", "parents_exist", "every_kernel_compiled_or_recorded",
@@ -31,6 +31,7 @@ EXPECTED_CHECKS = {
     "reference_forecasters_present", "oracle_scores_perfect",
     "base_model_loads", "tokenizer_round_trips", "surrogate_registered_with_lineage",
     "challenger_parse_rate_above_floor", "challenger_brier_not_worse_than_uniform",
+    "every_mode_spends_the_budget",
 }
 
 

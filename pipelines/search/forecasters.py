@@ -1,0 +1,233 @@
+"""What a search needs from a forecaster, reference forecasters, and a resolver by name.
+
+Any forecaster plugs into the search through one method (`CandidateForecaster`):
+
+    predict_kernels(anchor, candidates, hardware_id) -> np.ndarray   # (n, 8)
+
+row i: the probabilities that candidate i's speedup over `anchor` on `hardware_id` falls in
+each of the eight bins of models/bins.py. Each kernel mapping has at least kernel_id, task,
+source, language, generator, algorithm, knobs_json (JSON, sorted keys), parent_kernel_id and
+mutation, and, when known, the compile features n_regs, n_spills, shared_bytes, n_kernels,
+n_launches. A candidate's score is its expected log2 speedup sum_b p_b r_b (method.md section
+1's representative values r).
+
+Reference forecasters (here, for tests and as floors and ceilings):
+    uniform    1/8 everywhere: every candidate ties, so filtering is a random choice
+    bin-prior  the task's bin frequencies of its measured kernels against the reference
+               (Laplace-smoothed): constant per task, so it ranks like uniform
+    oracle     one-hot on the true bin from the measured table (a failed kernel: bin 1; a
+               kernel the table does not hold: uniform); the ceiling a bin forecaster can reach
+
+`resolve_forecaster(name, context)` builds one by name: the three above, "file:PATH" (a pickled
+object with `predict_kernels`, as the GPU host gets it) and any prefix registered with
+`register_forecaster` (for instance "models:/" for registered model references).
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from models.bins import BIN_LOG2_VALUES, NUM_BINS, speedup_to_bin
+from pipelines.search.table import MeasuredTable
+
+_R = np.asarray(BIN_LOG2_VALUES, dtype=np.float64)
+
+
+@runtime_checkable
+class CandidateForecaster(Protocol):
+    """Forecasts the speedup bin of candidates over an anchor kernel."""
+
+    def predict_kernels(
+        self, anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]], hardware_id: str
+    ) -> np.ndarray:
+        """(n, 8) probabilities, row i for candidates[i]."""
+        ...
+
+
+def checked_probs(p: Any, n: int) -> np.ndarray:
+    """A forecaster's answer as a valid (n, 8) array, rows renormalised.
+
+    Raises:
+        ValueError: wrong shape, non-finite or negative values, or an all-zero row.
+
+    >>> checked_probs([[2, 0, 0, 0, 0, 0, 0, 2]], 1)[0].tolist()
+    [0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5]
+    """
+    arr = np.asarray(p, dtype=np.float64)
+    if arr.shape != (n, NUM_BINS):
+        raise ValueError(f"forecaster returned shape {arr.shape}, expected ({n}, {NUM_BINS})")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError("forecaster returned negative or non-finite probabilities")
+    sums = arr.sum(axis=1)
+    if np.any(sums <= 0):
+        raise ValueError("forecaster returned an all-zero row")
+    return arr / sums[:, None]
+
+
+def expected_log2(probs: np.ndarray) -> np.ndarray:
+    """Score of each row: sum_b p_b r_b, r the bins' representative log2 speedups."""
+    return np.asarray(probs, dtype=np.float64) @ _R
+
+
+def confidence(probs: np.ndarray) -> np.ndarray:
+    """Max probability of each row (method.md section 3's default confidence score)."""
+    return np.asarray(probs, dtype=np.float64).max(axis=1)
+
+
+class UniformForecaster:
+    """1/8 on every bin."""
+
+    name = "uniform"
+
+    def predict_kernels(self, anchor, candidates, hardware_id):
+        return np.full((len(candidates), NUM_BINS), 1.0 / NUM_BINS)
+
+
+class BinPriorForecaster:
+    """The same distribution for every candidate of a task (pooled prior for unknown tasks)."""
+
+    name = "bin-prior"
+
+    def __init__(self, prior: Mapping[str | None, np.ndarray]):
+        self.prior = {k: checked_probs([v], 1)[0] for k, v in prior.items()}
+
+    @classmethod
+    def from_table(cls, table: MeasuredTable, alpha: float = 1.0) -> BinPriorForecaster:
+        """Laplace-smoothed bin frequencies of each task's correct kernels vs its reference."""
+        counts: dict[str | None, np.ndarray] = {None: np.zeros(NUM_BINS)}
+        for kid, outcome in table.outcomes.items():
+            if not outcome.ok:
+                continue
+            b = speedup_to_bin(outcome.speedup) - 1
+            task = table.task_of.get(kid)
+            counts.setdefault(task, np.zeros(NUM_BINS))[b] += 1
+            counts[None][b] += 1
+        return cls({t: (c + alpha) / (c.sum() + NUM_BINS * alpha) for t, c in counts.items()})
+
+    def predict_kernels(self, anchor, candidates, hardware_id):
+        rows = [self.prior.get(c.get("task"), self.prior.get(None)) for c in candidates]
+        if any(r is None for r in rows):
+            raise ValueError("bin prior has no pooled distribution")
+        return np.asarray(rows, dtype=np.float64).reshape(len(candidates), NUM_BINS)
+
+
+class OracleForecaster:
+    """One-hot on the true bin of S = speedup(candidate) / speedup(anchor), from the table.
+
+    The anchor's speedup is 1 for a task reference (generator 'reference'), else the table's.
+    A failed candidate gets bin 1 (nothing is slower than a kernel that does not work); a
+    candidate or anchor the table does not know gets the uniform distribution.
+    """
+
+    name = "oracle"
+
+    def __init__(self, table: MeasuredTable):
+        self.table = table
+
+    def _anchor_speedup(self, anchor: Mapping[str, Any]) -> float | None:
+        if anchor.get("generator") == "reference":
+            return 1.0
+        outcome = self.table.get(anchor["kernel_id"])
+        return outcome.speedup if outcome is not None and outcome.ok else None
+
+    def predict_kernels(self, anchor, candidates, hardware_id):
+        out = np.full((len(candidates), NUM_BINS), 1.0 / NUM_BINS)
+        base = self._anchor_speedup(anchor)
+        if base is None:
+            return out
+        for i, cand in enumerate(candidates):
+            outcome = self.table.get(cand["kernel_id"])
+            if outcome is None or outcome.status == "unmeasured":
+                continue
+            out[i] = 0.0
+            out[i, speedup_to_bin(outcome.speedup / base) - 1 if outcome.ok else 0] = 1.0
+        return out
+
+
+@dataclass
+class ForecasterContext:
+    """What a factory may need to build a forecaster."""
+
+    table: MeasuredTable | None = None
+    tracking_uri: str | None = None  # MLflow, for registered model references
+    home: Path | None = None  # $KERNELCAST_HOME
+
+
+Factory = Callable[[str, ForecasterContext], CandidateForecaster]
+_FACTORIES: dict[str, Factory] = {}
+MODEL_REF_PREFIX = "models:/"
+
+
+def register_forecaster(prefix: str, factory: Factory) -> None:
+    """Resolve names starting with `prefix` through `factory(name, context)`.
+
+    The hook for forecasters built elsewhere: registered model references ("models:/..."), the
+    classical cost model, the LLM surrogate. The longest matching prefix wins.
+    """
+    _FACTORIES[prefix] = factory
+
+
+def unregister_forecaster(prefix: str) -> None:
+    _FACTORIES.pop(prefix, None)
+
+
+def load_forecaster_file(path: str | Path) -> CandidateForecaster:
+    """A pickled forecaster object (anything with `predict_kernels`).
+
+    Raises:
+        ValueError: missing file, unreadable pickle or no `predict_kernels` (one line).
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"forecaster file not found: {p}")
+    try:
+        with open(p, "rb") as fh:
+            obj = pickle.load(fh)  # noqa: S301 - a file the operator hands over, like a model
+    except Exception as exc:  # noqa: BLE001 - any unpickling problem is one line
+        raise ValueError(f"cannot load forecaster {p}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+    if not callable(getattr(obj, "predict_kernels", None)):
+        raise ValueError(f"{p} holds a {type(obj).__name__}, which has no predict_kernels")
+    return obj
+
+
+BUILTIN = ("uniform", "bin-prior", "oracle", "file:PATH")
+
+
+def resolve_forecaster(name: str, context: ForecasterContext | None = None) -> CandidateForecaster:
+    """The forecaster called `name`.
+
+    Args:
+        name: "uniform", "bin-prior", "oracle", "file:PATH", or a name under a registered prefix.
+        context: the measured table (bin-prior, oracle) and what registered factories need.
+
+    Raises:
+        ValueError: unknown name, or what the forecaster needs is missing (one line).
+    """
+    ctx = context or ForecasterContext()
+    if name == "uniform":
+        return UniformForecaster()
+    if name in ("bin-prior", "oracle"):
+        if ctx.table is None:
+            raise ValueError(f"forecaster {name!r} needs the measured table")
+        return BinPriorForecaster.from_table(ctx.table) if name == "bin-prior" else OracleForecaster(ctx.table)
+    if name.startswith("file:"):
+        return load_forecaster_file(name.removeprefix("file:"))
+    matches = sorted((p for p in _FACTORIES if name.startswith(p)), key=len, reverse=True)
+    if matches:
+        return _FACTORIES[matches[0]](name, ctx)
+    if name.startswith(MODEL_REF_PREFIX):
+        raise ValueError(f"no loader registered for model references like {name!r} "
+                         f"(pipelines.search.forecasters.register_forecaster({MODEL_REF_PREFIX!r}, factory))")
+    known = ", ".join([*BUILTIN, *(f"{p}..." for p in sorted(_FACTORIES))])
+    raise ValueError(f"unknown forecaster {name!r}; known: {known}")
+
+
+def forecaster_name(forecaster: Any, fallback: str = "") -> str:
+    """A printable name: the object's `name` attribute, else `fallback`, else its class."""
+    return str(getattr(forecaster, "name", "") or fallback or type(forecaster).__name__)

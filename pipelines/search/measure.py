@@ -1,0 +1,154 @@
+"""Where a search's measurements come from: the measured table, or the GPU worker.
+
+A measurer takes a list of `MeasureItem` (kernels of any tasks, with their parents) and returns
+an Outcome per kernel id. The driver gathers the requests of several searches into one call,
+so a live round is one worker batch.
+
+    SimulatedMeasurer  reads the table; a kernel it does not hold comes back "unmeasured"
+    LiveMeasurer       writes a kernel batch, runs `python3 -m pipelines.profiling.worker`,
+                       reads its result file; results are kept (and reused within the session)
+                       and every result file is listed for ingestion like any measurement batch
+
+This module imports only the standard library, numpy and pyarrow (the GPU host has no polars).
+"""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA
+from pipelines.search import space
+from pipelines.search.events import Child, Outcome
+from pipelines.search.table import MeasuredTable
+
+log = logging.getLogger(__name__)
+
+
+class MeasureError(RuntimeError):
+    """Measurements could not be made (the worker failed or stopped early); nothing is logged,
+    so a rerun of the search asks for the same kernels again."""
+
+
+@dataclass(frozen=True)
+class MeasureItem:
+    task: str
+    child: Child
+    parent: str | None
+
+
+class Measurer(Protocol):
+    def measure(self, items: Sequence[MeasureItem]) -> dict[str, Outcome]:
+        """An Outcome for every item's kernel id."""
+        ...
+
+
+class SimulatedMeasurer:
+    """Outcomes from a measured table; kernels it lacks are "unmeasured" (counted, not skipped)."""
+
+    def __init__(self, table: MeasuredTable):
+        self.table = table
+
+    def measure(self, items: Sequence[MeasureItem]) -> dict[str, Outcome]:
+        out = {}
+        for it in items:
+            kid = it.child.kernel_id
+            out[kid] = self.table.get(kid) or Outcome(kid, "unmeasured")
+        return out
+
+
+def outcome_from_result(row: dict) -> Outcome:
+    """A worker result row (RESULT_SCHEMA) as an Outcome."""
+    speedup = row.get("speedup")
+    if row.get("status") == "ok" and speedup is not None and speedup > 0:
+        return Outcome(row["kernel_id"], "ok", float(speedup))
+    return Outcome(row["kernel_id"], "failed", None, row.get("failure_kind") or "failed")
+
+
+def write_kernel_batch(records: Sequence[dict], path: Path) -> Path:
+    """A kernel batch file (KERNEL_BATCH_SCHEMA, zstd), written whole (temp name, then rename)."""
+    names = KERNEL_BATCH_SCHEMA.names
+    table = pa.Table.from_pylist([{n: r.get(n) for n in names} for r in records], schema=KERNEL_BATCH_SCHEMA)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".partial")
+    pq.write_table(table, tmp, compression="zstd")
+    tmp.replace(path)
+    return path
+
+
+@dataclass
+class LiveMeasurer:
+    """Measures on this host's GPU through the profiling worker, one worker run per call.
+
+    Args:
+        workdir: where batch and result files go (batch-<n>.parquet, results-<n>.parquet).
+        device: "cuda", or "cpu" (Triton interpreter: tests and dry runs).
+        worker_args: extra worker flags (e.g. ["--compile-workers", "12"]).
+        timeout_s: wall limit of one worker run; past it the run is a MeasureError.
+    """
+
+    workdir: Path
+    device: str = "cuda"
+    worker_args: Sequence[str] = ()
+    timeout_s: float = 600.0
+    cache: dict[str, Outcome] = field(default_factory=dict)
+    result_files: list[Path] = field(default_factory=list)
+    records: dict[str, dict] = field(default_factory=dict)  # every kernel sent, with lineage
+    worker_wall_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        # A resumed session reads what earlier worker runs of it measured: no kernel twice.
+        self.workdir = Path(self.workdir)
+        for out in sorted(self.workdir.glob("results-*.parquet")):
+            self.result_files.append(out)
+            for row in pq.read_table(out).to_pylist():
+                self.cache[row["kernel_id"]] = outcome_from_result(row)
+        for batch in sorted(self.workdir.glob("batch-*.parquet")):
+            for r in pq.read_table(batch).to_pylist():
+                self.records[r["kernel_id"]] = r
+
+    def measure(self, items: Sequence[MeasureItem]) -> dict[str, Outcome]:
+        todo: dict[str, dict] = {}
+        for it in items:
+            kid = it.child.kernel_id
+            if kid not in self.cache and kid not in todo:
+                todo[kid] = space.kernel_record(it.task, it.child, parent_id=it.parent)
+        if todo:
+            self._run(list(todo.values()))
+        missing = [it.child.kernel_id for it in items if it.child.kernel_id not in self.cache]
+        if missing:
+            raise MeasureError(f"the worker returned no result for {len(missing)} kernels, e.g. {missing[0]}")
+        return {it.child.kernel_id: self.cache[it.child.kernel_id] for it in items}
+
+    def _run(self, records: list[dict]) -> None:
+        n = len(self.result_files) + 1
+        batch = write_kernel_batch(records, self.workdir / f"batch-{n:03d}.parquet")
+        out = self.workdir / f"results-{n:03d}.parquet"
+        cmd = [sys.executable, "-m", "pipelines.profiling.worker", "--batch", str(batch), "--out", str(out),
+               "--device", self.device, *self.worker_args]
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.run(cmd, cwd=Path(__file__).resolve().parents[2], capture_output=True, text=True,
+                                  timeout=self.timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            raise MeasureError(f"the worker ran past {self.timeout_s:.0f} s on {batch.name}") from None
+        finally:
+            self.worker_wall_s += time.monotonic() - t0
+        if proc.returncode != 0 or not out.exists():
+            tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
+            raise MeasureError(f"worker exit {proc.returncode} on {batch.name}: {tail[0]}")
+        for r in records:
+            self.records[r["kernel_id"]] = r
+        self.result_files.append(out)
+        for row in pq.read_table(out).to_pylist():
+            self.cache[row["kernel_id"]] = outcome_from_result(row)
+        log.info("measured %d kernels in %s", len(records), out.name)
