@@ -1,0 +1,199 @@
+"""Train, calibrate and apply the classical forecasters on a dataset version's roles.
+
+    roles = version_roles(con, version)                       # pipelines.training.export
+    records = kernel_records(con, ids_of(roles))
+    fitted = fit_classical("cost_model", roles, "in_distribution", records)
+    frame = forecast_rows(fitted.model, roles.eval, records, model_ref)
+
+Everything reads the warehouse through `warehouse`, and models through `models.classical`; the
+assets only wire them together.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import duckdb
+import numpy as np
+import polars as pl
+
+from models.bins import NUM_BINS
+from models.classical import BinForecaster, make_classical
+from models.classical.features import pair_frame
+from pipelines.training.roles import Roles
+from warehouse.kernels import read_kernel_features, read_kernels
+
+log = logging.getLogger(__name__)
+
+P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
+RECORD_FIELDS = ("kernel_id", "task", "source", "language", "generator", "algorithm", "knobs_json",
+                 "parent_kernel_id", "mutation")
+FEATURE_FIELDS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
+
+
+def ids_of(frames: Iterable[pl.DataFrame]) -> list[str]:
+    """Every anchor and candidate kernel id of some pair frames."""
+    ids: set[str] = set()
+    for f in frames:
+        if f.height:
+            ids |= set(f["anchor_kernel_id"].to_list()) | set(f["candidate_kernel_id"].to_list())
+    return sorted(ids)
+
+
+def kernel_records(con: duckdb.DuckDBPyConnection, kernel_ids: Iterable[str], target: str = "sm_90") -> dict[str, dict[str, Any]]:
+    """kernel_id -> kernel record with its compile features (None where never compiled)."""
+    ids = list(kernel_ids)
+    kernels = read_kernels(con, kernel_ids=ids)
+    feats = {r["kernel_id"]: r for r in read_kernel_features(con, target, ids).to_dicts() if r["status"] == "compiled"}
+    out = {}
+    for k in kernels.to_dicts():
+        rec = {f: k.get(f) for f in RECORD_FIELDS}
+        f = feats.get(k["kernel_id"], {})
+        rec.update({name: f.get(name) for name in FEATURE_FIELDS})
+        out[k["kernel_id"]] = rec
+    return out
+
+
+def frame_of(pairs: pl.DataFrame, records: Mapping[str, Mapping[str, Any]]):
+    """The pair frame (models.classical.features) of some pairs."""
+    return pair_frame([records[a] for a in pairs["anchor_kernel_id"]], [records[c] for c in pairs["candidate_kernel_id"]])
+
+
+@dataclass
+class Fitted:
+    """A fitted, calibrated classical forecaster and what its fit measured."""
+
+    model: BinForecaster
+    kind: str
+    split: str
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _brier(p: np.ndarray, y: np.ndarray) -> float:
+    return float(0.5 * ((p - np.eye(NUM_BINS)[y - 1]) ** 2).sum(axis=1).mean()) if len(y) else float("nan")
+
+
+def fit_classical(kind: str, roles: Roles, split: str, records: Mapping[str, Mapping[str, Any]],
+                  params: Mapping[str, Any] | None = None) -> Fitted:
+    """Fit `kind` on the split's fit pairs, calibrate it on its calibration pairs.
+
+    Raises:
+        ValueError: the split has no fit pairs.
+    """
+    fit, calibration, _ = roles.for_split(split)
+    if fit.is_empty():
+        raise ValueError(f"no fit pairs for split {split!r}")
+    model = make_classical(kind, **dict(params or {}))
+    t0 = time.perf_counter()
+    model.fit(frame_of(fit, records), fit["true_bin"].to_numpy(), np.log2(fit["speedup"].to_numpy()))
+    fit_s = time.perf_counter() - t0
+    metrics = {"fit_pairs": float(fit.height), "calibration_pairs": float(calibration.height), "fit_seconds": fit_s}
+    if calibration.height:
+        cal_frame, y = frame_of(calibration, records), calibration["true_bin"].to_numpy()
+        metrics["calibration_brier_before"] = _brier(model.predict_proba(cal_frame), y)
+        model.calibrate(cal_frame, y)
+        metrics["calibration_brier_after"] = _brier(model.predict_proba(cal_frame), y)
+        metrics["temperature"] = model.calibrator_.temperature
+    log.info("%s (%s): fit on %d pairs in %.1f s", kind, split, fit.height, fit_s)
+    return Fitted(model, kind, split, metrics)
+
+
+def forecast_rows(model: Any, pairs: pl.DataFrame, records: Mapping[str, Mapping[str, Any]], model_ref: str) -> pl.DataFrame:
+    """Rows for the warehouse `forecasts` table: one per pair, repeat 0, always parsed."""
+    if pairs.is_empty():
+        return pl.DataFrame()
+    p = np.asarray(model.predict_proba(frame_of(pairs, records)), dtype=np.float64)
+    bins = (np.argmax(p, axis=1) + 1).astype(np.int64)
+    base = pl.DataFrame({"pair_id": pairs["pair_id"], "model_ref": [model_ref] * pairs.height,
+                         "repeat": [0] * pairs.height, "predicted_bin": bins, "argmax_bin": bins,
+                         "raw_sum": p.sum(axis=1), "parse_ok": [True] * pairs.height, "tokens": [0] * pairs.height})
+    return pl.concat([base, pl.DataFrame({c: p[:, i] for i, c in enumerate(P_COLS)})], how="horizontal")
+
+
+HELD_OUT_MODEL = "kernelcast-surrogate-held-out"  # held-out-task versions: scored, never promoted
+CODE_VERSION = "1"  # bump when features or models change: a registered version is re-used only if equal
+
+
+@dataclass
+class Registered:
+    """A classical version in the registry and how this run got it."""
+
+    name: str
+    version: int
+    kind: str
+    split: str
+    run_id: str | None
+    reused: bool
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def model_name_for(split: str, name: str) -> str:
+    """The registered model a split's versions go to (held-out ones apart, never promoted)."""
+    return name if split == "in_distribution" else HELD_OUT_MODEL
+
+
+def train_and_register(
+    con: duckdb.DuckDBPyConnection,
+    roles: Roles,
+    records: Mapping[str, Mapping[str, Any]],
+    kinds: Iterable[str],
+    tracking_uri: str,
+    dataset_version: str,
+    batch: str,
+    name: str,
+    measurement_ids: list[str] | None = None,
+    tags: Mapping[str, str] | None = None,
+    force: bool = False,
+) -> list[Registered]:
+    """Fit, calibrate and register every kind for both splits (or re-use a registered version
+    of the same kind, split, dataset version and code); tag them all with `batch` so they are
+    evaluated together as challengers; record lineage rows.
+
+    Args:
+        con: a writable warehouse connection (lineage rows).
+        roles: the dataset version's roles.
+        records: kernel records of every pair's kernels (`kernel_records`).
+        kinds: classical kinds to train ("cost_model", "text_model").
+        tracking_uri: MLflow URI.
+        dataset_version: the version the roles come from.
+        batch: the training batch (the orchestrating run id).
+        name: the registered model of in-distribution versions.
+        measurement_ids: the measurements behind the dataset version.
+        tags: extra tags (dagster_run_id, git_commit).
+        force: train even when an equal version exists.
+    Returns:
+        One Registered per (kind, split) trained or re-used.
+    """
+    from models.classical.registry import log_classical
+    from models.registry import find_versions, set_version_tag
+    from warehouse.lineage import record_model_lineage
+
+    splits = ["in_distribution"] + (["held_out_task"] if roles.held_out_task else [])
+    out: list[Registered] = []
+    for split in splits:
+        target = model_name_for(split, name)
+        for kind in kinds:
+            key = {"kind": kind, "split": split, "dataset_version": dataset_version, "code_version": CODE_VERSION}
+            found = [] if force else find_versions(tracking_uri, target, **key)
+            if found:
+                version, run_id = found[0]["version"], found[0]["run_id"]
+                set_version_tag(tracking_uri, version, "training_batch", batch, target)
+                out.append(Registered(target, version, kind, split, run_id, reused=True))
+                continue
+            fitted = fit_classical(kind, roles, split, records)
+            fit, _, _ = roles.for_split(split)
+            run_id, version = log_classical(
+                fitted.model, tracking_uri, frame_of(fit.head(8), records), target, dataset_version, split,
+                metrics=fitted.metrics, measurement_ids=measurement_ids,
+                tags={**dict(tags or {}), **key, "training_batch": batch,
+                      **({"held_out_task": roles.held_out_task} if split == "held_out_task" else {})},
+            )
+            record_model_lineage(con, target, version, dataset_version, mlflow_run_id=run_id,
+                                 base_model=kind, git_commit=(tags or {}).get("git_commit"),
+                                 dagster_run_id=(tags or {}).get("dagster_run_id"))
+            out.append(Registered(target, version, kind, split, run_id, reused=False, metrics=fitted.metrics))
+    return out
