@@ -53,7 +53,7 @@ def test_connect_creates_parent_dirs_and_every_table(tmp_path):
     applied = execute(c, "SELECT version, name FROM schema_migrations ORDER BY version")
     assert applied[0] == (1, "init")
     assert [v for v, _ in applied] == list(range(1, len(applied) + 1))  # every migration, in order
-    assert (2, "kernel_feature_launches") in applied
+    assert (3, "kernel_feature_launches") in applied
     c.close()
 
 

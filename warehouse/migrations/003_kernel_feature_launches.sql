@@ -1,4 +1,4 @@
--- kernelcast warehouse, version 2: compile features also count what a kernel module launches.
+-- kernelcast warehouse, version 3: compile features also count what a kernel module launches.
 -- n_kernels: distinct Triton kernels the module compiles for its input; n_launches: kernel
 -- launches one call of custom_kernel makes. Both feed the classical cost model and the
 -- "+features" prompt style.
