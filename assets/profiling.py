@@ -120,7 +120,7 @@ def measure_shard(context: dg.OpExecutionContext, settings: SettingsResource, pr
     cfg = settings.get()
     batch = Path(shard["batch"])
     out = batch.with_name(batch.name.replace("batch-", "results-"))
-    gpu = shard["gpu"] if profiler.pin_gpu_per_step and cfg.profiling.measure_device == "cuda" else None
+    gpu = shard["gpu"] if profiler.pin_gpu_per_step else None
     t0 = time.perf_counter()
     with pinned_gpu(gpu):
         rc = launch.run_worker(batch, out, device=cfg.profiling.measure_device, timeout_s=cfg.profiling.timeout_s,

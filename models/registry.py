@@ -142,9 +142,11 @@ def log_adapter_model(
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     _client(tracking_uri)
+    adapter, tok_dir = _adapter_and_tokenizer(Path(adapter_dir))
     base = AutoModelForCausalLM.from_pretrained(str(base_model_path), dtype=torch.float32)
-    model = PeftModel.from_pretrained(base, str(adapter_dir))
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(adapter_dir))
+    model = PeftModel.from_pretrained(base, str(adapter))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tok_dir if (tok_dir / "tokenizer.json").is_file()
+                                                             else base_model_path))
     # Input: the chat prompt of models.prompts rendered to text; output: the generated answer
     # (a JSON object with predicted_bin and p, models.parsing).
     signature = ModelSignature(inputs=Schema([ColSpec("string", "prompt")]), outputs=Schema([ColSpec("string")]))
@@ -350,6 +352,19 @@ def resolve_surrogate(
     return Path(local)
 
 
+def _adapter_and_tokenizer(folder: Path) -> tuple[Path, Path]:
+    """(peft adapter folder, tokenizer folder) of an MLflow transformers model or a plain folder.
+
+    An MLflow transformers model keeps the adapter in peft/ and the tokenizer in
+    components/tokenizer/ (the layout mlflow.transformers.load_model reads); a plain folder
+    (peft's save_pretrained output) holds both at its top. Read without MLflow, so a GPU host
+    without it loads the same folders.
+    """
+    if (folder / "MLmodel").is_file():
+        return folder / "peft", folder / "components" / "tokenizer"
+    return folder, folder
+
+
 def read_base_model_ref(local_dir: str | Path) -> dict[str, Any]:
     """The base model reference of a resolved surrogate: {"base_model", "dataset_version", ...}.
 
@@ -380,14 +395,7 @@ def load_surrogate(local_dir: str | Path, base_model_path: str | Path) -> tuple[
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    local = Path(local_dir)
-    # An MLflow transformers model keeps the adapter in peft/ and the tokenizer in
-    # components/tokenizer/ (the layout mlflow.transformers.load_model reads); a plain
-    # folder holds both at its top. Read here without MLflow, so a GPU host without it
-    # loads the same folders.
-    logged = (local / "MLmodel").is_file()
-    adapter = local / "peft" if logged else local
-    tok_dir = local / "components" / "tokenizer" if logged else local
+    adapter, tok_dir = _adapter_and_tokenizer(Path(local_dir))
     cuda = torch.cuda.is_available()
     base = AutoModelForCausalLM.from_pretrained(
         str(base_model_path), dtype=torch.bfloat16 if cuda else torch.float32

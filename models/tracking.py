@@ -95,7 +95,7 @@ def pairs_dataset(pair_ids: Sequence[str], true_bins: Sequence[int], dataset_ver
     name = dataset_version if split == "train" else f"{dataset_version}-{split}"
     # MLflow stores at most 36 characters of a digest.
     return mlflow.data.from_pandas(frame, source=DuckDBPairsSource(dataset_version), name=name,
-                                   digest=f"duckdb:pairs@{dataset_version}:{split}"[:36])
+                                   digest=(f"duckdb:pairs@{dataset_version}" + ("" if split == "train" else f":{split}"))[:36])
 
 
 def start_training_run(

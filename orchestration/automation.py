@@ -10,7 +10,7 @@ run`) triggers nothing more.
 
 Unlike `AutomationCondition.eager()` nothing is requested merely because it was never
 materialised: on an empty instance (no hardware partition yet) eager would run curation over an
-empty warehouse. `base_model`, which has no upstream, is built when missing.
+empty warehouse. `base_model`, which has no upstream, is built when found missing.
 """
 
 from __future__ import annotations
@@ -34,6 +34,14 @@ def after_upstream_updates() -> dg.AutomationCondition:
     ).with_label("after_upstream_updates")
 
 
+def built_when_missing() -> dg.AutomationCondition:
+    """Requested on the tick it is found missing (the first tick included), once: a failed
+    build is not retried every tick. (`on_missing` ignores what was missing before the first
+    tick, so on a fresh instance the base model, and all that needs it, would wait forever.)"""
+    return (dg.AutomationCondition.missing().newly_true() & ~dg.AutomationCondition.in_progress()).with_label(
+        "built_when_missing")
+
+
 AUTOMATED = DOWNSTREAM
 REACTING = MEASUREMENTS.downstream() - MEASUREMENTS
 BUILT_WHEN_MISSING = DOWNSTREAM - REACTING  # base_model: no upstream of its own
@@ -51,7 +59,7 @@ def _with_automation(defs: dg.Definitions) -> dg.Definitions:
         func=lambda spec: spec.replace_attributes(automation_condition=after_upstream_updates()),
         selection=REACTING,
     ).map_resolved_asset_specs(
-        func=lambda spec: spec.replace_attributes(automation_condition=dg.AutomationCondition.on_missing()),
+        func=lambda spec: spec.replace_attributes(automation_condition=built_when_missing()),
         selection=BUILT_WHEN_MISSING,
     )
     sensor = dg.AutomationConditionSensorDefinition(

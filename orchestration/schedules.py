@@ -28,7 +28,7 @@ candidates_job = dg.define_asset_job(
     description="Kernel tasks and generated candidate kernels (everything the measurements depend on).",
 )
 measurement_ingest_job = dg.define_asset_job(
-    "measurement_ingest_job", selection=MEASUREMENTS, partitions_def=HARDWARE_PARTITIONS,
+    "measurement_ingest_job", selection=MEASUREMENTS,
     description="Ingest (and on a GPU host of this type, measure: one step per GPU) one hardware partition.",
 )
 downstream_job = dg.define_asset_job(
@@ -36,7 +36,7 @@ downstream_job = dg.define_asset_job(
     description="Curation, base model, surrogate training, forecasts, reports and promotion after new measurements.",
 )
 full_graph_job = dg.define_asset_job(
-    "full_graph_job", selection=dg.AssetSelection.all(), partitions_def=HARDWARE_PARTITIONS,
+    "full_graph_job", selection=dg.AssetSelection.all(),
     description="The whole graph for one hardware partition (nightly_schedule runs one per partition).",
 )
 
