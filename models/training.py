@@ -579,8 +579,8 @@ class _TrainingRun:
         self.run_id: str | None = None
 
     def open(self, rows: Sequence[dict[str, Any]]) -> None:
-        if not self.tracking_uri:
-            return
+        if not self.tracking_uri or not _main_process():
+            return  # under `accelerate launch` one process logs the run, not one per GPU
         from models.tracking import start_training_run
 
         self.run_id = start_training_run(self.tracking_uri, self.experiment, _run_params(self.settings, self.dataset_version, rows),
@@ -607,6 +607,13 @@ class _TrainingRun:
         run_id, self.run_id = self.run_id, None
         finish_training_run(self.tracking_uri, run_id, metrics or {}, self.measurement_ids, status)
         self.closed_run_id = run_id
+
+
+def _main_process() -> bool:
+    """False in the processes of a distributed launch other than the main one."""
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
 
 
 def _run_params(settings: TrainingSettings, dataset_version: str | None, rows: Sequence[dict[str, Any]]) -> dict[str, str]:

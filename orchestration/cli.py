@@ -564,6 +564,11 @@ def ui(
     serve(_settings(profile), dagster_port=dagster_port, mlflow_port=mlflow_port)
 
 
+from orchestration.measure_cli import measure as _measure  # noqa: E402 - its own module, registered here
+
+app.command("measure")(one_line_errors(_measure))
+
+
 def main() -> None:  # pragma: no cover - console entry
     app()
 

@@ -145,6 +145,8 @@ def _summarise(instance: dg.DagsterInstance, run, job: str, partition: str | Non
             error = f"{ev.step_key or job}: {cls}{msg[0] if msg else 'failed'}"
     final = instance.get_run_by_id(run.run_id)
     success = final is not None and final.status == dg.DagsterRunStatus.SUCCESS
+    if failed:  # a blocking check says more than the step error it raised
+        error = f"blocking check(s) failed: {', '.join(failed)}"
     return RunSummary(job, partition, run.run_id, success, mats, failed, warned, seconds,
                       None if success else (error or "failed"), promotion, meta)
 
