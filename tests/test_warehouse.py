@@ -27,6 +27,8 @@ TABLES = {
     "dataset_measurements",
     "forecasts",
     "model_lineage",
+    "promotion_decisions",
+    "promotion_scores",
 }
 
 
@@ -50,7 +52,8 @@ def test_connect_creates_parent_dirs_and_every_table(tmp_path):
     c = connect(path)
     assert path.exists()
     assert set(table_names(c)) == TABLES
-    assert execute(c, "SELECT version, name FROM schema_migrations") == [(1, "init")]
+    assert execute(c, "SELECT version, name FROM schema_migrations ORDER BY version") == [
+        (1, "init"), (2, "promotion_decisions")]
     c.close()
 
 
