@@ -90,13 +90,15 @@ def _language_model_forecasts(context, cfg, warehouse, read_pairs, version):
 
 def _surrogate_forecasts(context, cfg, warehouse, mlflow, read_pairs, version):
     """Logprob forecasts of each challenger version and the champion on the capped eval subset."""
-    from models.registry import alias_version
+    from models.registry import alias_version, version_info
     from models.surrogate import challengers, eval_subset, model_ref, registered_forecaster
     from pipelines.evaluation.lm_forecasts import forecast_by_hardware, pair_sources
 
     mlflow.client()
     champion = alias_version(mlflow.tracking_uri, "champion")
     versions = sorted(set(challengers(mlflow.tracking_uri)) | ({champion} if champion else set()))
+    # Only LLM adapters forecast here; versions of other kinds (a cost model) bring their own forecasts.
+    versions = [v for v in versions if (version_info(mlflow.tracking_uri, v) or {}).get("tags", {}).get("kind", "llm") == "llm"]
     if not versions:
         return None
     import polars as pl

@@ -176,7 +176,10 @@ def execute_code_location_job(defs: dg.Definitions, instance: dg.DagsterInstance
     job_def = defs.resolve_job_def(job_name)
     multi = processes > 1
     executor = {"multiprocess": {"max_concurrent": processes}} if multi else {"in_process": {}}
-    run_tags = {"kernelcast/launched_by": "kernelcast run", **(tags or {})}
+    import socket
+
+    run_tags = {"kernelcast/launched_by": "kernelcast run", "kernelcast/host": socket.gethostname(),
+                "kernelcast/pid": str(os.getpid()), **(tags or {})}
     if partition_key is not None:
         run_tags["dagster/partition"] = partition_key
     if multi:
@@ -200,6 +203,46 @@ def execute_code_location_job(defs: dg.Definitions, instance: dg.DagsterInstance
         tail.join()
         tail.poll()
     return _summarise(instance, run, job_name, partition_key, time.perf_counter() - t0)
+
+
+def release_abandoned_runs(instance: dg.DagsterInstance) -> list[str]:
+    """Fail the runs a killed `kernelcast run` left "started" and free their pool slots.
+
+    A run executed in process holds its `duckdb_writer` slot in the instance while a step runs;
+    if the process dies (Ctrl-C twice, a killed terminal) nobody frees it, and every later
+    DuckDB step would wait for it forever. Runs of this host whose recorded process is gone are
+    marked failed and their slots freed (the daemon's run monitoring does this for its own runs).
+
+    Returns:
+        The run ids released.
+    """
+    import socket
+
+    from dagster._core.storage.dagster_run import RunsFilter
+
+    released = []
+    active = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.NOT_STARTED]
+    for run in instance.get_runs(RunsFilter(statuses=active, tags={"kernelcast/host": socket.gethostname()})):
+        pid = run.tags.get("kernelcast/pid")
+        if not (pid and pid.isdigit()) or _alive(int(pid)):
+            continue
+        if run.status != dg.DagsterRunStatus.NOT_STARTED:
+            instance.report_run_failed(run, "its kernelcast process is gone")
+        else:
+            instance.report_run_canceled(run, "its kernelcast process is gone")
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        released.append(run.run_id)
+    return released
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
 
 
 def planned_runs(settings: Settings, instance: dg.DagsterInstance) -> list[tuple[str, str | None]]:
@@ -233,6 +276,8 @@ def run_graph(settings: Settings, defs: dg.Definitions | None = None,
     prepare_home(settings)
     defs = defs or build_defs(settings)
     instance = dg.DagsterInstance.get()
+    for run_id in release_abandoned_runs(instance):
+        log.warning("run %s was left started by a process that is gone: marked failed, its pool slots freed", run_id)
     host = host_hardware_id(settings.profiling.measure_device) if settings.profiling.measure_on_cuda else None
     summaries: list[RunSummary] = []
     for job, partition in planned_runs(settings, instance):

@@ -105,6 +105,9 @@ def test_warmup_target_parses_and_peaks_at_the_true_bin(y):
     assert f.parse_ok and f.predicted_bin == y and math.isclose(f.raw_sum, 1.0)
 
 
+LIVE: list[tuple[str, int]] = []  # (run status, loss points stored) per trainer log line, from `trained`
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, one_thread):
     """One smoke run: 120 warm-up steps, then 2 GRPO steps of 2 prompts x 2 rollouts."""
@@ -137,7 +140,7 @@ def trained(tmp_path_factory, one_thread):
             dataset_version="v-test",
             measurement_ids=["m1", "m2", "m3"],
         )
-    result.seen_live = seen_live  # type: ignore[attr-defined]
+    LIVE[:] = seen_live
     return result, uri, tiny
 
 
@@ -206,8 +209,7 @@ def test_mlflow_run_holds_config_metrics_dataset_and_ids(trained, tmp_path):
 
 def test_training_metrics_are_streamed_while_the_run_is_running(trained):
     """Each GRPO step's log line is in MLflow while training goes on (live curves), not after."""
-    result, _, _ = trained
-    live = result.seen_live
+    live = LIVE
     assert [status for status, _ in live if _] and all(status == "RUNNING" for status, _ in live)
     losses = [n for _, n in live]
     assert losses[:2] == [1, 2]  # step 1's loss was stored before step 2 ran

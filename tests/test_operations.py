@@ -234,3 +234,29 @@ def test_k8s_code_location_requests_gpus_and_pins_none():
     assert json.loads(shard.tags["dagster-k8s/config"])["container_config"]["resources"]["limits"] == {
         "nvidia.com/gpu": "1"}
     assert defs.resources["profiler"].pin_gpu_per_step is False
+
+
+def test_runs_left_started_by_a_dead_process_free_their_pool_slot(settings):
+    """A killed `kernelcast run` leaves its run started and its DuckDB slot claimed; the next one
+    fails that run and frees the slot, or every DuckDB step would wait forever."""
+    import socket
+
+    from orchestration.definitions import build_defs
+    from orchestration.runner import release_abandoned_runs
+
+    (settings.home / "dagster").mkdir()
+    instance = dg.DagsterInstance.local_temp(str(settings.home / "dagster"))
+    job = build_defs(settings).resolve_job_def("candidates_job")
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    tags = {"kernelcast/host": socket.gethostname()}
+    dead = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED, tags={**tags, "kernelcast/pid": str(gone.pid)})
+    alive = instance.create_run_for_job(job, status=dg.DagsterRunStatus.STARTED, tags={**tags, "kernelcast/pid": str(os.getpid())})
+    storage = instance.event_log_storage
+    storage.set_concurrency_slots("duckdb_writer", 1)
+    assert storage.claim_concurrency_slot("duckdb_writer", dead.run_id, "kernel_tasks").is_claimed
+    assert release_abandoned_runs(instance) == [dead.run_id]
+    assert instance.get_run_by_id(dead.run_id).status == dg.DagsterRunStatus.FAILURE
+    assert instance.get_run_by_id(alive.run_id).status == dg.DagsterRunStatus.STARTED
+    assert dead.run_id not in storage.get_concurrency_run_ids()
+    assert storage.claim_concurrency_slot("duckdb_writer", alive.run_id, "kernel_tasks").is_claimed

@@ -338,20 +338,26 @@ def test_versions_of_any_kind_compete_on_the_same_pairs(graph):
 
 @pytest.mark.slow
 def test_wrong_forecasts_block_promotion(graph):
-    """Forecasts that are not distributions are wrong data: the blocking check stops the run
-    before model_promotion moves any alias."""
-    from models.registry import alias_version
+    """Forecasts that are not distributions are wrong data: the blocking check on `forecasts`
+    stops the run before model_promotion moves any alias."""
+    import mlflow
+
+    from models.registry import alias_version, register_logged_model, set_alias
     from warehouse.db import connect
 
     settings, defs, instance, _ = graph
-    before = alias_version(settings.mlflow_uri, "champion")
+    uri = settings.mlflow_uri
+    set_alias(uri, "champion", 1)  # an LLM champion: the forecasts asset forecasts it again
+    mlflow.set_tracking_uri(uri)
+    broken = register_logged_model(uri, f"models:/{mlflow.create_external_model(name='broken-test').model_id}", NAME,
+                                   kind="cost_model")
+    _write_surrogate_forecasts(settings, broken, "good")
     with connect(settings.warehouse_path) as con:
-        con.execute("UPDATE forecasts SET p1 = 5.0 WHERE model_ref = ? AND parse_ok", [f"models:/{NAME}/1"])
-    check = dg.AssetCheckKey(dg.AssetKey("forecasts"), "registered_forecasts_are_distributions")
-    run = _materialize(defs, dg.AssetSelection.assets("model_promotion") | dg.AssetSelection.checks(check), instance)
+        con.execute("UPDATE forecasts SET p1 = 5.0 WHERE model_ref = ?", [f"models:/{NAME}/{broken}"])
+    run = _materialize(defs, dg.AssetSelection.assets("forecasts", "model_promotion"), instance)
     assert _checks(run)["registered_forecasts_are_distributions"] is False
     assert not run.success and "model_promotion" not in _materialized(run)
-    assert alias_version(settings.mlflow_uri, "champion") == before
+    assert alias_version(uri, "champion") == 1
 
 
 # ---- the CLI around the registry -------------------------------------------------------------
