@@ -120,8 +120,7 @@ def start_training_run(
     Returns:
         The run id.
     """
-    import mlflow
-    from mlflow.entities import Param, RunTag
+    from mlflow.entities import DatasetInput, InputTag, Param, RunTag
 
     client = _client(tracking_uri)
     run = client.create_run(mlflow_experiment(client, tracking_uri, experiment), tags=dict(tags), run_name=run_name)
@@ -131,8 +130,10 @@ def start_training_run(
                          tags=[RunTag("kernelcast.stage", "training")])
         dataset = pairs_dataset([r["pair_id"] for r in rows], [r["true_bin"] for r in rows],
                                 dataset_version or "unversioned", "train")
-        with mlflow.start_run(run_id=run_id):
-            mlflow.log_input(dataset, context="training")
+        # Through the client: `mlflow.start_run(run_id=...)` would end the run on leaving it,
+        # and the run must stay RUNNING while the trainer streams into it.
+        client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(),
+                                                         tags=[InputTag("mlflow.data.context", "training")])])
     except Exception:
         client.set_terminated(run_id, "FAILED")
         raise

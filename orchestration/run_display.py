@@ -74,8 +74,8 @@ def asset_detail(meta: dict[str, Any]) -> str:
 
     >>> asset_detail({"rows": 12, "rows_added": 3, "table": "pairs"})
     '12 rows (3 added)'
-    >>> asset_detail({"outcome": "held_back", "reason": "no challenger passes the gates"})
-    'held_back: no challenger passes the gates'
+    >>> asset_detail({"outcome": "kept", "reason": "version 2 does not beat 1"})
+    'kept: version 2 does not beat 1'
     """
     if "outcome" in meta:
         text = f"{meta['outcome']}: {meta.get('reason', '')}"
@@ -95,7 +95,9 @@ def asset_detail(meta: dict[str, Any]) -> str:
 
 
 class RunDisplay:
-    """Turns the event stream of the runs into lines and a live progress line (rich)."""
+    """Turns the event stream of the runs into lines and one live progress line (rich): the bar
+    counts the run's assets materialised of those planned, the text names the step running and,
+    when the step logs "[i/n]" (kernel_candidates does, per task), how far it is."""
 
     def __init__(self, console) -> None:
         from rich.progress import (
@@ -112,6 +114,7 @@ class RunDisplay:
                                  MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
         self.task = None
         self.mark = time.time()
+        self.job, self.step, self.inner = "", "", ""
 
     def __enter__(self) -> RunDisplay:
         self.progress.__enter__()
@@ -120,32 +123,46 @@ class RunDisplay:
     def __exit__(self, *exc) -> None:
         self.progress.__exit__(*exc)
 
+    def _describe(self) -> None:
+        if self.task is not None:
+            text = f"{self.job}: {self.step}" + (f" {self.inner}" if self.inner else "")
+            self.progress.update(self.task, description=text[:48])
+
     def run_started(self, job: str, partition: str | None) -> None:
         from rich.markup import escape
 
         self.console.print(f"[bold]{job}[/]" + (escape(f" [{partition}]") if partition else ""), highlight=False)
         self.mark = time.time()
+        self.job, self.step, self.inner = job, "starting", ""
+        if self.task is None:
+            self.task = self.progress.add_task(job, total=None)
+        else:
+            self.progress.reset(self.task, total=None)
+        self._describe()
 
     def __call__(self, entry) -> None:
         ev = entry.dagster_event
         if ev is None:  # a step's own log line: progress when it says [i/n]
             m = PROGRESS.search(entry.user_message or "")
-            if m and self.task is not None:
-                self.progress.update(self.task, completed=int(m.group(1)) - 1, total=int(m.group(2)))
+            if m:
+                self.inner = f"({m.group(1)}/{m.group(2)})"
+                self._describe()
             return
         kind = ev.event_type_value
-        if kind == "STEP_START":
-            label = (ev.step_key or "").split(".")[0]
-            if self.task is None:
-                self.task = self.progress.add_task(label, total=None)
-            else:
-                self.progress.reset(self.task, description=label, total=None)
+        if kind == "ASSET_MATERIALIZATION_PLANNED" and self.task is not None:
+            total = self.progress.tasks[self.task].total or 0
+            self.progress.update(self.task, total=total + 1)
+        elif kind == "STEP_START":
+            self.step, self.inner = (ev.step_key or "").split(".")[0].split("[")[0], ""
+            self._describe()
         elif kind == "ASSET_MATERIALIZATION":
             m = ev.step_materialization_data.materialization
             meta = {k: getattr(v, "value", v) for k, v in m.metadata.items()}
             seconds = entry.timestamp - self.mark
             self.mark = entry.timestamp
             name = m.asset_key.to_user_string()
+            if self.task is not None:
+                self.progress.advance(self.task)
             self.console.print(f"  [green]ok[/] {name:<{NAME_WIDTH}} {seconds:6.1f} s  {asset_detail(meta)}",
                                highlight=False)
         elif kind == "ASSET_CHECK_EVALUATION":

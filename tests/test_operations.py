@@ -260,3 +260,12 @@ def test_runs_left_started_by_a_dead_process_free_their_pool_slot(settings):
     assert instance.get_run_by_id(alive.run_id).status == dg.DagsterRunStatus.STARTED
     assert dead.run_id not in storage.get_concurrency_run_ids()
     assert storage.claim_concurrency_slot("duckdb_writer", alive.run_id, "kernel_tasks").is_claimed
+
+
+@pytest.mark.parametrize("name", ["orchestration.run_display", "pipelines.sharding", "pipelines.promotion"])
+def test_doctests(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
