@@ -90,13 +90,15 @@ def _language_model_forecasts(context, cfg, warehouse, read_pairs, version):
 
 def _surrogate_forecasts(context, cfg, warehouse, mlflow, read_pairs, version):
     """Logprob forecasts of each challenger version and the champion on the capped eval subset."""
-    from models.registry import alias_version
+    from models.registry import alias_version, version_info
     from models.surrogate import challengers, eval_subset, model_ref, registered_forecaster
     from pipelines.evaluation.lm_forecasts import forecast_by_hardware, pair_sources
 
     mlflow.client()
     champion = alias_version(mlflow.tracking_uri, "champion")
     versions = sorted(set(challengers(mlflow.tracking_uri)) | ({champion} if champion else set()))
+    # Only LLM adapters forecast here; versions of other kinds (a cost model) bring their own forecasts.
+    versions = [v for v in versions if (version_info(mlflow.tracking_uri, v) or {}).get("tags", {}).get("kind", "llm") == "llm"]
     if not versions:
         return None
     import polars as pl
@@ -124,13 +126,12 @@ def _surrogate_forecasts(context, cfg, warehouse, mlflow, read_pairs, version):
     ],
     check_specs=[dg.AssetCheckSpec(ORACLE_IS_PERFECT, asset="calibration_report", blocking=True,
                                    description="The oracle scores Brier 0 and accuracy 1: the scoring pipeline is wired right.")],
+    pool="duckdb_writer",
 )
 def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsResource,
                        warehouse: WarehouseResource, mlflow: MlflowResource):
     """Evaluate every forecaster of the current dataset version and log the report to MLflow."""
     import json
-
-    import mlflow as mlf
 
     from pipelines.evaluation.suite import (
         evaluate_models,
@@ -148,19 +149,10 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     out_dir = cfg.reports_dir / version
     html = write_evaluation_report(results, out_dir, title=f"kernelcast evaluation, dataset {version}")
     (out_dir / "metrics.json").write_text(json.dumps(results, indent=1, default=str))
-    mlflow.client()
-    exp = mlflow.experiment_id("kernelcast-evaluation")
-    with mlf.start_run(experiment_id=exp, run_name=f"evaluation-{version}") as run:
-        mlf.set_tags({"dagster_run_id": context.run.run_id, "dataset_version": version, "kind": "evaluation"})
-        for model, r in results.items():
-            safe = model.replace(":", "_")
-            for key in ("brier", "crps", "nll", "accuracy", "ece", "aurc", "recovered_mean", "recovered_at_10", "within_20"):
-                if isinstance(r.get(key), (int, float)):
-                    mlf.log_metric(f"{safe}.{key}", float(r[key]))
-        mlf.log_artifacts(str(out_dir), artifact_path="report")
+    run_id = _log_evaluation(context, mlflow, results, version, frame, out_dir)
     oracle = results.get("baseline:oracle", {})
     table = headline_markdown(results)
-    common = {"dataset_version": version, "mlflow_run_id": run.info.run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(run.info.run_id))}
+    common = {"dataset_version": version, "mlflow_run_id": run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(run_id))}
     yield dg.MaterializeResult(asset_key="calibration_report", metadata={**common, "report": dg.MetadataValue.path(str(html)),
                                                                          "headline": dg.MetadataValue.md(table)})
     util = "| model | recovered_mean | recovered_at_10 | within_20 | random | discovery F1 |\n|---|---|---|---|---|---|\n" + "\n".join(
@@ -171,6 +163,25 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     yield dg.AssetCheckResult(asset_key="calibration_report", check_name=ORACLE_IS_PERFECT, passed=bool(ok),
                               severity=dg.AssetCheckSeverity.ERROR,
                               metadata={"oracle_brier": oracle.get("brier"), "oracle_accuracy": oracle.get("accuracy")})
+
+
+def _log_evaluation(context, mlflow: MlflowResource, results: dict, version: str, frame, out_dir) -> str:
+    """The evaluation run: each forecaster's scores logged against its model and the eval pairs."""
+    import polars as pl
+
+    from models.registry import model_id_of
+    from models.tracking import log_evaluation
+    from pipelines.promotion import registered_version
+
+    mlflow.client()
+    pairs = frame.filter(pl.col("split") == "eval").unique("pair_id").sort("pair_id")
+    model_ids = {ref: mid for ref in results
+                 if (v := registered_version(ref, "kernelcast-surrogate")) is not None
+                 and (mid := model_id_of(mlflow.tracking_uri, v))}
+    return log_evaluation(mlflow.tracking_uri, mlflow.experiment_id("kernelcast-evaluation"), results, version,
+                          pairs["pair_id"].to_list(), pairs["true_bin"].to_list(), model_ids,
+                          {"dagster_run_id": context.run.run_id, "dataset_version": version, "kind": "evaluation"},
+                          report_dir=out_dir)
 
 
 defs = dg.Definitions(assets=[forecasts, evaluation_reports])

@@ -1,18 +1,39 @@
-"""kernel_measurements: measured kernels per hardware (dynamic partitions), in DuckDB `measurements`."""
+"""kernel_measurements: measured kernels per hardware (dynamic partitions), in DuckDB `measurements`.
+
+A graph of three steps, so measuring fans out over the GPUs of a host through Dagster:
+
+    plan_measurements            reads the kernels not yet measured on this hardware (only on a
+        |  one output per GPU    host whose GPU is of this type) and splits them, one shard per GPU
+    measure_shard[gpu_i]         the profiling worker on shard i, pinned to GPU i
+        |  collect               (CUDA_VISIBLE_DEVICES=i); side by side on the multiprocess executor
+    ingest_measurements          the shipped data/ files, the inbox and every shard's results go
+                                 through the same idempotent ingest
+
+Only the first and last steps touch DuckDB (pool `duckdb_writer`); the measuring steps hold no
+connection, so N of them run at once. Under Kubernetes (orchestration/k8s.py) each
+measure_shard step is a pod that requests one GPU.
+"""
 
 
+import contextlib
+import os
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
 
 from assets._checks import offending_ids_result
 from orchestration.partitions import HARDWARE_PARTITIONS, hardware_of_file, result_files
-from orchestration.resources import SettingsResource, WarehouseResource
+from orchestration.resources import ProfilerResource, SettingsResource, WarehouseResource
 
 GROUP = "profiling"
 SPEEDUP_REQUIRES_CORRECTNESS = "speedup_requires_correctness"
 SPEEDUPS_FINITE_POSITIVE = "speedups_finite_positive"
 ONE_FINGERPRINT_PER_BATCH = "one_fingerprint_per_batch"
+# One GPU per measuring step when the k8s executor runs it (ignored by the other executors).
+GPU_STEP_TAGS = {"dagster-k8s/config": {"container_config": {"resources": {
+    "requests": {"nvidia.com/gpu": "1"}, "limits": {"nvidia.com/gpu": "1"}}}}}
 
 
 def _partition_files(files: list[Path], hardware: str) -> tuple[list[Path], list[Path]]:
@@ -27,82 +48,163 @@ def _partition_files(files: list[Path], hardware: str) -> tuple[list[Path], list
     return kernels, results
 
 
-@dg.asset(
+def host_hardware_id(measure_device: str) -> str | None:
+    """The partition this host can measure: its CUDA GPU's type, 'cpu' for interpreter runs."""
+    from pipelines.profiling import launch
+
+    return "cpu" if measure_device == "cpu" else launch.cuda_hardware_id()
+
+
+def gpu_count(configured: int | None, measure_device: str) -> int:
+    """Measuring steps to fan out to: the configured count, else every CUDA device (1 on CPU)."""
+    if configured is not None:
+        return max(1, configured)
+    if measure_device == "cpu":
+        return 1
+    import torch
+
+    return max(1, torch.cuda.device_count())
+
+
+@contextlib.contextmanager
+def pinned_gpu(index: int | None) -> Iterator[None]:
+    """CUDA_VISIBLE_DEVICES=index for child processes started inside the block (None: as is).
+
+    Restored afterwards, so steps sharing a process (in-process executor) do not leak it."""
+    before = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if index is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = str(index)
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+        else:
+            os.environ["CUDA_VISIBLE_DEVICES"] = before
+
+
+@dg.op(ins={"after": dg.In(dg.Nothing)}, out=dg.DynamicOut(dict), pool="duckdb_writer")
+def plan_measurements(context: dg.OpExecutionContext, settings: SettingsResource, warehouse: WarehouseResource):
+    """Unmeasured candidates of this hardware, one shard per GPU of the host (none elsewhere)."""
+    from pipelines.sharding import split_batch
+    from warehouse.queue import unmeasured_kernels
+
+    cfg = settings.get()
+    hardware = context.partition_key
+    if not cfg.profiling.measure_on_cuda or host_hardware_id(cfg.profiling.measure_device) != hardware:
+        context.log.info(f"this host does not measure {hardware}: ingest only")
+        return
+    with warehouse.connect(read_only=True) as con:
+        todo = unmeasured_kernels(con, hardware, cfg.profiling.max_kernels)
+    if todo.is_empty():
+        context.log.info(f"every candidate is measured on {hardware}")
+        return
+    shards = split_batch(todo, gpu_count(cfg.profiling.gpus, cfg.profiling.measure_device))
+    folder = cfg.home / "measured" / context.run.run_id[:8]
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, shard in enumerate(shards):
+        batch = folder / f"batch-gpu{i}.parquet"
+        shard.write_parquet(batch, compression="zstd")
+        context.log.info(f"shard {i}: {shard.height} kernels -> GPU {i}")
+        yield dg.DynamicOutput({"gpu": i, "batch": str(batch), "kernels": shard.height,
+                                "workers": max(1, cfg.profiling.compile_workers // len(shards))},
+                               mapping_key=f"gpu_{i}")
+
+
+@dg.op(tags=GPU_STEP_TAGS)
+def measure_shard(context: dg.OpExecutionContext, settings: SettingsResource, profiler: ProfilerResource,
+                  shard: dict) -> dict:
+    """The profiling worker on one shard, pinned to its GPU; returns where its results are."""
+    from pipelines.profiling import launch
+
+    cfg = settings.get()
+    batch = Path(shard["batch"])
+    out = batch.with_name(batch.name.replace("batch-", "results-"))
+    gpu = shard["gpu"] if profiler.pin_gpu_per_step else None
+    t0 = time.perf_counter()
+    with pinned_gpu(gpu):
+        rc = launch.run_worker(batch, out, device=cfg.profiling.measure_device, timeout_s=cfg.profiling.timeout_s,
+                               compile_workers=shard["workers"])
+    seconds = time.perf_counter() - t0
+    context.log.info(f"GPU {shard['gpu']}: worker exit code {rc}, {shard['kernels']} kernels in {seconds:.0f} s")
+    if rc != 0 and not out.exists():
+        raise dg.Failure(f"profiling worker on GPU {shard['gpu']} exited {rc} without results ({batch})")
+    return {**shard, "results": str(out), "exit_code": rc, "seconds": round(seconds, 1),
+            "cuda_visible_devices": "" if gpu is None else str(gpu)}
+
+
+@dg.op(out=dg.Out(dg.Nothing), pool="duckdb_writer")
+def ingest_measurements(context: dg.OpExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
+                        shards: list[dict]) -> None:
+    """The shipped files, the inbox and the shards' results, through the idempotent ingest."""
+    from warehouse import checks
+    from warehouse.errors import IngestError
+    from warehouse.ingest import ingest_file
+
+    cfg = settings.get()
+    hardware = context.partition_key
+    kernel_files, res_files = _partition_files(result_files(cfg), hardware)
+    added, profiled, rejected, files = 0, 0, [], 0
+    shard_files = [Path(s["results"]) for s in shards if Path(s["results"]).exists()]
+    with warehouse.connect() as con:
+        for f in kernel_files + res_files + shard_files:
+            try:
+                report = ingest_file(con, f)
+            except IngestError as exc:  # a bad file is reported, never half-written
+                rejected.append(f"{f.name}: {exc}")
+                context.log.warning(f"rejected {f}: {exc}")
+                continue
+            files += 1
+            if report.kind == "results":
+                added += report.added
+                profiled += report.added if f in shard_files else 0
+        counts = checks.partition_counts(con, hardware)
+    table = "| GPU | CUDA_VISIBLE_DEVICES | kernels | seconds | exit code |\n|---|---|---|---|---|\n" + "\n".join(
+        f"| {s['gpu']} | {s['cuda_visible_devices'] or '-'} | {s['kernels']} | {s['seconds']} | {s['exit_code']} |"
+        for s in sorted(shards, key=lambda s: s["gpu"]))
+    context.add_output_metadata({
+        "table": "measurements", "hardware_id": hardware, "rows": counts["measurements"],
+        "correct": counts["correct"], "batches": counts["batches"], "files_ingested": files,
+        "rows_added": added, "profiled_here": profiled, "measuring_steps": len(shards),
+        "shards": dg.MetadataValue.md(table if shards else "(nothing measured on this host)"),
+        "files_rejected": dg.MetadataValue.md("\n".join(f"- {r}" for r in rejected) or "none"),
+    })
+
+
+@dg.graph_asset(
     group_name=GROUP,
     kinds={"duckdb", "triton"},
-    pool="duckdb_writer",
     partitions_def=HARDWARE_PARTITIONS,
-    deps=["kernel_candidates"],
-    check_specs=[
+    ins={"kernel_candidates": dg.AssetIn(dagster_type=dg.Nothing)},
+    description="Kernel measurements of one hardware type (DuckDB `measurements`): the shipped data/ files, "
+                "the inbox, and on a CUDA host of this type, new measurements of unmeasured candidates, "
+                "one measuring step per GPU.",
+)
+def kernel_measurements(kernel_candidates):
+    return ingest_measurements(plan_measurements(kernel_candidates).map(measure_shard).collect())
+
+
+@dg.multi_asset_check(
+    specs=[
         dg.AssetCheckSpec(SPEEDUP_REQUIRES_CORRECTNESS, asset="kernel_measurements", blocking=True,
                           description="Every speedup comes from every benchmark case run, checked and timed."),
         dg.AssetCheckSpec(SPEEDUPS_FINITE_POSITIVE, asset="kernel_measurements", blocking=True),
         dg.AssetCheckSpec(ONE_FINGERPRINT_PER_BATCH, asset="kernel_measurements", blocking=True),
     ],
+    pool="duckdb_writer",
 )
-def kernel_measurements(
-    context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource
-) -> dg.MaterializeResult:
-    """Kernel measurements of one hardware type (DuckDB `measurements`): the shipped data/ files,
-    the inbox, and on a CUDA host of this type, new measurements of unmeasured candidates."""
-    from pipelines.profiling import launch
+def measurement_checks(context: dg.AssetCheckExecutionContext, warehouse: WarehouseResource):
+    """The data checks of one hardware partition's measurements (a failure blocks curation)."""
     from warehouse import checks
-    from warehouse.errors import IngestError
-    from warehouse.ingest import ingest_file
-    from warehouse.queue import unmeasured_kernels
 
-    cfg = settings.get()
-    hardware = context.partition_key
-    kernel_files, res_files = _partition_files(result_files(cfg), hardware)
-    added, rejected, files = 0, [], 0
-    with warehouse.connect() as con:
-        for f in kernel_files + res_files:
-            try:
-                report = ingest_file(con, f)
-                added += report.added if report.kind == "results" else 0
-                files += 1
-            except IngestError as exc:  # a bad file is reported, never half-written
-                rejected.append(f"{f.name}: {exc}")
-                context.log.warning(f"rejected {f}: {exc}")
-    profiled = 0
-    if cfg.profiling.measure_on_cuda and launch.cuda_hardware_id() == hardware:
-        # A CUDA host of this type: measure what the warehouse has not measured here yet.
-        with warehouse.connect(read_only=True) as con:
-            todo = unmeasured_kernels(con, hardware, cfg.profiling.max_kernels)
-        if todo.height:
-            stamp = context.run.run_id[:8]
-            batch, out = cfg.home / "measured" / f"batch-{stamp}.parquet", cfg.home / "measured" / f"results-{stamp}.parquet"
-            out.parent.mkdir(parents=True, exist_ok=True)
-            todo.write_parquet(batch, compression="zstd")
-            rc = launch.run_worker(batch, out, timeout_s=cfg.profiling.timeout_s, compile_workers=cfg.profiling.compile_workers)
-            context.log.info(f"worker exit code {rc}; {todo.height} kernels sent")
-            if out.exists():
-                with warehouse.connect() as con:
-                    profiled = ingest_file(con, out).added
-    with warehouse.connect() as con:
-        counts = checks.partition_counts(con, hardware)
+    hardware = context.op_execution_context.partition_key
+    with warehouse.connect(read_only=True) as con:
         bad_cases = checks.ok_without_every_case(con, hardware)
         bad_values = checks.nonfinite_speedups(con, hardware)
         bad_batches = checks.batches_with_several_fingerprints(con, hardware)
-    return dg.MaterializeResult(
-        metadata={
-            "table": "measurements",
-            "hardware_id": hardware,
-            "rows": counts["measurements"],
-            "correct": counts["correct"],
-            "batches": counts["batches"],
-            "files_ingested": files,
-            "rows_added": added + profiled,
-            "profiled_here": profiled,
-            "files_rejected": dg.MetadataValue.md("\n".join(f"- {r}" for r in rejected) or "none"),
-        },
-        check_results=[
-            offending_ids_result(SPEEDUP_REQUIRES_CORRECTNESS, bad_cases),
-            offending_ids_result(SPEEDUPS_FINITE_POSITIVE, bad_values),
-            offending_ids_result(ONE_FINGERPRINT_PER_BATCH, bad_batches),
-        ],
-    )
+    yield offending_ids_result(SPEEDUP_REQUIRES_CORRECTNESS, bad_cases, asset_key="kernel_measurements")
+    yield offending_ids_result(SPEEDUPS_FINITE_POSITIVE, bad_values, asset_key="kernel_measurements")
+    yield offending_ids_result(ONE_FINGERPRINT_PER_BATCH, bad_batches, asset_key="kernel_measurements")
 
 
-
-defs = dg.Definitions(assets=[kernel_measurements])
+defs = dg.Definitions(assets=[kernel_measurements], asset_checks=[measurement_checks])

@@ -1,9 +1,14 @@
-"""model_promotion: the promotion gates (blocking checks) and the challenger -> champion alias move.
+"""model_promotion: the promotion rule applied on every run, and its decision recorded.
 
-The rule is `models.promotion` (read its docstring). The gates run as blocking checks on
-`calibration_report`, so a run where no challenger passes never materialises
-`model_promotion`; `model_promotion` re-reads the same scores and applies the same rule, so
-materialising it alone cannot promote a version that fails a gate either.
+The rule is `models.promotion` (read its docstring): every registered version of
+`kernelcast-surrogate` with forecasts on the current eval pairs, whatever its kind, is scored
+with the champion and the uniform forecaster on the pairs all of them forecast
+(`pipelines.promotion`). The decision (promoted, kept, held back) is written to DuckDB
+`promotion_decisions` / `promotion_scores`, to MLflow tags of each version weighed and of the
+registered model, and to the asset's metadata. Holding a challenger back is a normal decision:
+the gate checks report it as a warning and the run succeeds. A blocking check guards the data
+itself: forecasts of a registered version that are not probability distributions stop the run
+before any alias moves.
 """
 
 import dagster as dg
@@ -11,71 +16,38 @@ import dagster as dg
 from orchestration.resources import MlflowResource, SettingsResource, WarehouseResource
 
 GROUP = "promotion"
+MODEL_NAME = "kernelcast-surrogate"
 CHALLENGER_PARSE_RATE_ABOVE_FLOOR = "challenger_parse_rate_above_floor"
 CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM = "challenger_brier_not_worse_than_uniform"
-# Failing these holds the challenger back; it is a decision, not a broken pipeline (the
-# runner reports it as such and the run still succeeds).
+REGISTERED_FORECASTS_ARE_DISTRIBUTIONS = "registered_forecasts_are_distributions"
+# Gates of the rule: failing one holds a challenger back, a decision shown as a warning.
 PROMOTION_GATES = (CHALLENGER_PARSE_RATE_ABOVE_FLOOR, CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM)
-UNIFORM = "baseline:uniform"
+LEGACY_KIND = "llm"  # versions registered before the `kind` tag existed are LLM adapters
 
 
-def _scores(mlflow: MlflowResource, warehouse: WarehouseResource):
-    """(challenger scores, champion version, dataset version), each challenger scored on its
-    evaluated eval pairs against the uniform forecaster and the champion on the same pairs."""
+def _newest_dataset_version(con) -> str | None:
+    from warehouse.datasets import list_dataset_versions
+
+    versions = list_dataset_versions(con)
+    return None if versions.is_empty() else versions["dataset_version"][0]
+
+
+def _eval_forecasts(warehouse: WarehouseResource):
+    """(dataset version, eval forecasts of it joined with their pairs)."""
     import polars as pl
 
-    from assets.evaluation import _current_version
-    from models.promotion import ChallengerScores
-    from models.registry import alias_version, version_info
-    from models.surrogate import challengers, model_ref
-    from pipelines.evaluation.evaluate import prepare
-    from pipelines.evaluation.scores import score_means
     from warehouse.forecasts import read_forecasts
 
-    mlflow.client()
-    versions = challengers(mlflow.tracking_uri)
-    champion = alias_version(mlflow.tracking_uri, "champion")
     with warehouse.connect(read_only=True) as con:
-        version = _current_version(con)
+        version = _newest_dataset_version(con)
         frame = read_forecasts(con, dataset_version=version, with_pairs=True) if version else pl.DataFrame()
-    if frame.is_empty():
-        return [ChallengerScores(v, 0, 0.0, float("nan"), float("nan")) for v in versions], champion, version
-    frame = frame.filter(pl.col("split") == "eval")
-
-    def score(ref: str, pair_ids: set[str]) -> tuple[int, float, float]:
-        part = frame.filter((pl.col("model_ref") == ref) & pl.col("pair_id").is_in(sorted(pair_ids)))
-        if part.is_empty():
-            return 0, 0.0, float("nan")
-        a = prepare(part.drop("model_ref"))
-        means = score_means(a.p, a.y, a.predicted_bin, a.parse_ok)
-        return len(a), means["parse_rate"], means["full"]["brier"]
-
-    def pairs_of(ref: str) -> set[str]:
-        return set(frame.filter(pl.col("model_ref") == ref)["pair_id"].to_list())
-
-    out = []
-    for v in versions:
-        mine = pairs_of(model_ref(v))
-        n, rate, brier = score(model_ref(v), mine)
-        _, _, uniform = score(UNIFORM, mine)
-        common_brier = champion_brier = None
-        if champion is not None and champion != v:
-            common = mine & pairs_of(model_ref(champion))
-            if common:
-                common_brier, champion_brier = score(model_ref(v), common)[2], score(model_ref(champion), common)[2]
-        reward = ((version_info(mlflow.tracking_uri, v) or {}).get("tags") or {}).get("reward", "")
-        out.append(ChallengerScores(v, n, rate, brier, uniform, common_brier, champion_brier, reward))
-    return out, champion, version
+    return version, (frame.filter(pl.col("split") == "eval") if not frame.is_empty() else frame)
 
 
-def _table(scores, failures) -> str:
-    lines = ["| version | reward | pairs | parse rate | Brier | uniform Brier | Brier vs champion (same pairs) | failed gates |",
-             "|---|---|---|---|---|---|---|---|"]
-    for s in scores:
-        vs = f"{s.common_brier:.4f} vs {s.champion_brier:.4f}" if s.champion_brier is not None else "-"
-        lines.append(f"| {s.version} | {s.reward} | {s.n_pairs} | {s.parse_rate:.3f} | {s.brier:.4f} | {s.uniform_brier:.4f} | "
-                     f"{vs} | {', '.join(failures.get(s.version, [])) or 'none'} |")
-    return "\n".join(lines)
+def _version_tags(tracking_uri: str) -> dict[int, dict[str, str]]:
+    from models.registry import find_versions
+
+    return {v["version"]: v["tags"] for v in find_versions(tracking_uri, MODEL_NAME)}
 
 
 def _policy(settings: SettingsResource):
@@ -85,65 +57,121 @@ def _policy(settings: SettingsResource):
     return PromotionPolicy(parse_rate_floor=sur.parse_rate_floor, min_brier_gain=sur.min_brier_gain)
 
 
-@dg.multi_asset_check(
-    specs=[
-        dg.AssetCheckSpec(CHALLENGER_PARSE_RATE_ABOVE_FLOOR, asset="calibration_report", blocking=True,
-                          description="Some challenger's parse rate on its evaluated eval pairs reaches the floor."),
-        dg.AssetCheckSpec(CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM, asset="calibration_report", blocking=True,
-                          description="Some challenger passing the parse floor has a Brier no worse than the uniform forecaster's on the same pairs."),
-    ],
-)
-def promotion_gates(settings: SettingsResource, warehouse: WarehouseResource, mlflow: MlflowResource):
-    """The gates of the promotion rule (models.promotion), per challenger, in the metadata."""
-    from models.promotion import GATE_BRIER, GATE_PARSE_RATE, gate_failures
+def _table(scored, failures) -> str:
+    lines = ["| version | kind | role | reward | pairs | parse rate | Brier | uniform Brier | failed gates |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    rows = ([(scored.champion, "champion")] if scored.champion else []) + [(s, "challenger") for s in scored.challengers]
+    for s, role in rows:
+        gates = ", ".join(failures.get(s.version, [])) or ("-" if role == "champion" else "none")
+        lines.append(f"| {s.version} | {s.kind} | {role} | {s.reward} | {s.n_pairs} | {s.parse_rate:.3f} | "
+                     f"{s.brier:.4f} | {s.uniform_brier:.4f} | {gates} |")
+    return "\n".join(lines)
 
-    policy = _policy(settings)
-    scores, champion, version = _scores(mlflow, warehouse)
-    failures = {s.version: gate_failures(s, policy) for s in scores}
-    table = dg.MetadataValue.md(_table(scores, failures) if scores else "(no challengers registered)")
-    common = {"dataset_version": version or "none", "champion": champion if champion is not None else "none", "challengers": table}
-    parse_ok = [s.version for s in scores if GATE_PARSE_RATE not in failures[s.version]]
-    eligible = [s.version for s in scores if not failures[s.version]]
-    # No challengers (no variants configured): nothing to hold back.
-    yield dg.AssetCheckResult(asset_key="calibration_report", check_name=CHALLENGER_PARSE_RATE_ABOVE_FLOOR,
-                              passed=bool(parse_ok) or not scores, severity=dg.AssetCheckSeverity.ERROR,
-                              metadata={**common, "threshold": policy.parse_rate_floor,
-                                        "value": max((s.parse_rate for s in scores), default=None),
-                                        "passing": ", ".join(map(str, parse_ok)) or "none"})
-    yield dg.AssetCheckResult(asset_key="calibration_report", check_name=CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM,
-                              passed=bool(eligible) or not scores, severity=dg.AssetCheckSeverity.ERROR,
-                              metadata={**common, "threshold": "uniform Brier on the same pairs",
-                                        "value": min((s.brier for s in scores if s.n_pairs), default=None),
-                                        "passing": ", ".join(map(str, eligible)) or "none",
-                                        "offending": ", ".join(str(s.version) for s in scores if GATE_BRIER in failures[s.version]) or "none"})
+
+@dg.asset_check(asset="forecasts", name=REGISTERED_FORECASTS_ARE_DISTRIBUTIONS, blocking=True, pool="duckdb_writer",
+                description="Every registered version's eval forecasts are valid distributions over the 8 bins "
+                            "(wrong data stops promotion; a weak model does not).")
+def registered_forecasts_are_distributions(warehouse: WarehouseResource, mlflow: MlflowResource) -> dg.AssetCheckResult:
+    from pipelines.promotion import score_versions
+
+    mlflow.client()
+    _, frame = _eval_forecasts(warehouse)
+    errors = score_versions(frame, MODEL_NAME, champion=None).errors
+    return dg.AssetCheckResult(
+        passed=not errors, severity=dg.AssetCheckSeverity.ERROR,
+        metadata={"value": len(errors), "threshold": 0,
+                  "offending": "; ".join(f"version {v}: {e}" for v, e in sorted(errors.items())) or "none"},
+    )
 
 
 @dg.asset(
     group_name=GROUP,
-    kinds={"mlflow"},
+    kinds={"mlflow", "duckdb"},
+    pool="duckdb_writer",
     deps=["calibration_report", "utility_report"],
+    check_specs=[
+        dg.AssetCheckSpec(CHALLENGER_PARSE_RATE_ABOVE_FLOOR, asset="model_promotion",
+                          description="Some challenger's parse rate on the common eval pairs reaches the floor "
+                                      "(a warning: otherwise every challenger is held back)."),
+        dg.AssetCheckSpec(CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM, asset="model_promotion",
+                          description="Some challenger passing the parse floor has a Brier no worse than the uniform "
+                                      "forecaster's on the same pairs (a warning: otherwise every challenger is held back)."),
+    ],
 )
 def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
                     mlflow: MlflowResource) -> dg.MaterializeResult:
-    """The registry aliases after the promotion rule: @champion moves to the best challenger
-    that passes the gates and beats the current champion on the same eval pairs."""
-    from models.promotion import decide_promotion
-    from models.registry import set_alias
+    """The promotion decision of this run (DuckDB `promotion_decisions`, MLflow tags): @champion moves
+    to the best challenger that passes the gates and beats the champion on the same eval pairs."""
+    import dataclasses
+
+    from models.promotion import GATE_BRIER, GATE_PARSE_RATE, decide_promotion
+    from models.registry import alias_version, set_alias, set_model_tags, set_version_tag
+    from pipelines.promotion import score_versions
+    from warehouse.promotions import record_promotion_decision
 
     policy = _policy(settings)
-    scores, champion, version = _scores(mlflow, warehouse)
-    decision = decide_promotion(scores, champion, policy)
+    mlflow.client()
+    uri = mlflow.tracking_uri
+    champion = alias_version(uri, "champion", MODEL_NAME)
+    tags = _version_tags(uri)
+    version, frame = _eval_forecasts(warehouse)
+    scored = score_versions(frame, MODEL_NAME, champion,
+                            kinds={v: t.get("kind", LEGACY_KIND) for v, t in tags.items()},
+                            rewards={v: t.get("reward", "") for v, t in tags.items()})
+    decision = decide_promotion(scored.challengers, champion, policy)
     if decision.promote is not None:
-        set_alias(mlflow.tracking_uri, "champion", decision.promote)
-    context.log.info(f"promotion: {decision.reason}")
+        set_alias(uri, "champion", decision.promote, MODEL_NAME)
     after = decision.promote if decision.promote is not None else champion
+    context.log.info(f"promotion: {decision.outcome}: {decision.reason}")
+
+    rows = ([{**dataclasses.asdict(scored.champion), "role": "champion", "failed_gates": []}] if scored.champion else [])
+    rows += [{**dataclasses.asdict(s), "role": "challenger", "failed_gates": decision.failures.get(s.version, [])}
+             for s in scored.challengers]
+    with warehouse.connect() as con:
+        decision_id = record_promotion_decision(
+            con, MODEL_NAME, version, decision.outcome, decision.reason, len(scored.pairs),
+            dataclasses.asdict(policy), [{**r, "model_version": r["version"]} for r in rows],
+            champion_before=champion, champion_after=after, candidate=decision.candidate,
+            dagster_run_id=context.run.run_id)
+    for s in scored.challengers:
+        failed = decision.failures.get(s.version, [])
+        status = ("promoted" if s.version == decision.promote else
+                  f"held back: {', '.join(failed)}" if failed else "eligible, not promoted")
+        for key, value in {"promotion_status": status, "promotion_decision_id": decision_id,
+                           "promotion_dataset_version": version or ""}.items():
+            set_version_tag(uri, s.version, key, value, MODEL_NAME)
+    if scored.challengers or champion is not None:
+        set_model_tags(uri, MODEL_NAME, {"last_promotion_outcome": decision.outcome,
+                                         "last_promotion_reason": decision.reason[:500],
+                                         "last_promotion_decision_id": decision_id})
+
+    parse_ok = [s.version for s in scored.challengers if GATE_PARSE_RATE not in decision.failures.get(s.version, [])]
+    eligible = [s.version for s in scored.challengers if not decision.failures.get(s.version)]
+    none = not scored.challengers  # nothing to hold back
+    table = dg.MetadataValue.md(_table(scored, decision.failures) if rows else "(no registered version has eval forecasts)")
     return dg.MaterializeResult(
-        metadata={"dataset_version": version or "none", "registered_model": "kernelcast-surrogate",
+        metadata={"outcome": decision.outcome, "reason": decision.reason, "decision_id": decision_id,
+                  "table": "promotion_decisions", "dataset_version": version or "none",
+                  "registered_model": MODEL_NAME, "common_eval_pairs": len(scored.pairs),
                   "promoted": decision.promote if decision.promote is not None else "none",
                   "champion_before": champion if champion is not None else "none",
-                  "champion": after if after is not None else "none", "reason": decision.reason,
-                  "challengers": dg.MetadataValue.md(_table(scores, decision.failures) if scores else "(none)")},
+                  "champion": after if after is not None else "none", "versions": table},
+        check_results=[
+            dg.AssetCheckResult(check_name=CHALLENGER_PARSE_RATE_ABOVE_FLOOR, passed=bool(parse_ok) or none,
+                                severity=dg.AssetCheckSeverity.WARN,
+                                metadata={"threshold": policy.parse_rate_floor,
+                                          "value": max((s.parse_rate for s in scored.challengers), default=None),
+                                          "passing": ", ".join(map(str, parse_ok)) or "none"}),
+            dg.AssetCheckResult(check_name=CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM, passed=bool(eligible) or none,
+                                severity=dg.AssetCheckSeverity.WARN,
+                                metadata={"threshold": "uniform Brier on the same pairs",
+                                          "value": min((s.brier for s in scored.challengers if s.n_pairs), default=None),
+                                          "passing": ", ".join(map(str, eligible)) or "none",
+                                          "offending": ", ".join(str(s.version) for s in scored.challengers
+                                                                 if GATE_BRIER in decision.failures.get(s.version, []))
+                                                       or "none"}),
+        ],
     )
 
 
-defs = dg.Definitions(assets=[model_promotion], asset_checks=[promotion_gates])
+defs = dg.Definitions(assets=[model_promotion], asset_checks=[registered_forecasts_are_distributions])

@@ -1,8 +1,11 @@
 """Promotion of a registered surrogate version: challenger -> champion, one explicit rule.
 
-A newly registered version gets the alias "challenger" (`models.surrogate`). Each challenger
-is forecast on the same eval subset as the uniform forecaster and the current champion, and
-the rule below decides, from those scores alone, whether one of them becomes "champion":
+Every registered version is weighed the same way, whatever its kind (version tag `kind`: an
+LLM surrogate, a cost model, a text model): the challengers are the versions with forecasts
+on the eval pairs of the current dataset version, other than the champion, and all of them and
+the champion are scored on the same pairs, those every one of them forecast
+(`pipelines.promotion.score_versions`). From those scores alone the rule below decides whether
+one of them becomes "champion":
 
 1. Gates (each must hold for a challenger to be eligible):
    - `parse_rate_above_floor`: parse rate on its evaluated pairs >= `policy.parse_rate_floor`
@@ -20,9 +23,10 @@ the rule below decides, from those scores alone, whether one of them becomes "ch
 
 Brier is the deciding score because it is the proper score GRPO's calibration reward
 optimises and it rewards calibrated distributions, not only right argmaxes (method.md).
-The Dagster checks `challenger_parse_rate_above_floor` and
-`challenger_brier_not_worse_than_uniform` report the gates and block `model_promotion` when
-no challenger passes; `model_promotion` re-reads the scores and applies this same rule.
+`model_promotion` applies this rule on every run and records the decision (held back, kept or
+promoted); the checks `challenger_parse_rate_above_floor` and
+`challenger_brier_not_worse_than_uniform` show the gates as warnings, since holding a
+challenger back is a decision, not a fault.
 
 >>> c = ChallengerScores(version=3, n_pairs=24, parse_rate=1.0, brier=0.40, uniform_brier=0.4375)
 >>> decide_promotion([c], champion=None).promote
@@ -84,6 +88,8 @@ class ChallengerScores:
             or no common pair).
         champion_brier: the champion's Brier on those common pairs.
         reward: the reward variant it was trained with (for reports only).
+        kind: the version's kind tag (llm, cost_model, text_model; for reports only: the
+            rule treats every kind alike).
     """
 
     version: int
@@ -94,6 +100,7 @@ class ChallengerScores:
     common_brier: float | None = None
     champion_brier: float | None = None
     reward: str = ""
+    kind: str = ""
 
 
 @dataclass(frozen=True)
@@ -113,6 +120,19 @@ class Decision:
     candidate: int | None
     reason: str
     failures: dict[int, list[str]] = field(default_factory=dict)
+
+    @property
+    def outcome(self) -> str:
+        """promoted | held_back (no challenger passes the gates) | kept | no_candidates.
+
+        >>> Decision(None, 2, None, "no challenger passes the gates", {3: ["parse_rate_above_floor"]}).outcome
+        'held_back'
+        """
+        if self.promote is not None:
+            return "promoted"
+        if not self.failures:
+            return "no_candidates"
+        return "held_back" if self.candidate is None else "kept"
 
 
 def gate_failures(scores: ChallengerScores, policy: PromotionPolicy = PromotionPolicy()) -> list[str]:

@@ -1,15 +1,23 @@
-"""The surrogate in the MLflow model registry: register, alias, resolve, load, lineage.
+"""The surrogate in the MLflow model registry: log, register, alias, resolve, load, lineage.
 
-A registered version is a LoRA adapter directory (peft `save_pretrained` output plus the
-tokenizer) logged as the artifact `adapter` of its training run, with `base_model.json`
-inside naming the base model it applies to. Versions carry the tags dataset_version and
-base_model; promotion moves aliases ("champion", "challenger"), never stages (stack.md).
+A registered version is an MLflow model logged in its training run. The LLM surrogate is a
+LoRA adapter logged with MLflow's transformers flavour (peft adapter + tokenizer; the base model
+is referenced by its local path, `base_model_path`, never copied), with a signature (a prompt
+string in, the generated answer out) and metadata naming the base model spec and the prompt
+style. It is registered from the logged model (source `models:/<model_id>`), so the MLflow UI
+links version, run and model, and it loads the way MLflow users expect:
 
-    version = register_surrogate(uri, result.run_id, result.adapter_dir, base_model="smollm2",
-                                 dataset_version="v1", alias="challenger", con=con)
+    mlflow.pyfunc.load_model("models:/kernelcast-surrogate@champion")          # text generation
+    mlflow.transformers.load_model("models:/kernelcast-surrogate@champion",    # the flavour's loader
+                                   return_type="components", base_model_path=base_dir)
     local = resolve_surrogate(uri, "models:/kernelcast-surrogate@champion", dst)
-    model, tokenizer = load_surrogate(local, resolve_base_model("smollm2"))
-    TransformersForecaster(model, tokenizer)
+    model, tokenizer = load_surrogate(local, resolve_base_model("smollm2"))    # our readouts
+
+Versions carry the tags `kind` (llm, cost_model, text_model: every kind is a version of the same
+model and promotion weighs them alike), dataset_version and base_model; promotion moves
+aliases ("champion", "challenger"), never stages (stack.md). `register_logged_model` is the
+generic part any kind of model uses (e.g. a scikit-learn forecaster logged with
+`mlflow.sklearn.log_model`).
 
 This module never imports dagster; the tracking URI is a plain string.
 """
@@ -20,7 +28,6 @@ import json
 import logging
 import re
 import shutil
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -28,9 +35,14 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "kernelcast-surrogate"
-ADAPTER_ARTIFACT = "adapter"
+MODEL_ARTIFACT = "surrogate"  # the logged model's name in its run
+ADAPTER_ARTIFACT = "adapter"  # a plain peft folder (trained elsewhere, before logging)
 BASE_MODEL_FILE = "base_model.json"
 ALIASES = ("champion", "challenger")
+KINDS = ("llm", "cost_model", "text_model")
+# Requirements of the logged adapter, pinned as the project pins them (stack.md); stating them
+# spares MLflow from inferring them by loading the model in a subprocess.
+ADAPTER_REQUIREMENTS = ("torch==2.13.0", "transformers==5.17.0", "peft==0.21.2", "accelerate==1.15.0")
 # models:/<name>@<alias> or models:/<name>/<version>
 _MODEL_URI = re.compile(r"^models:/(?P<name>[^/@]+)(?:@(?P<alias>[\w.-]+)|/(?P<version>\d+))$")
 
@@ -42,6 +54,110 @@ def _client(tracking_uri: str):
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
     return MlflowClient(tracking_uri, registry_uri=tracking_uri)
+
+
+def register_logged_model(
+    tracking_uri: str,
+    model_uri: str,
+    name: str = DEFAULT_NAME,
+    run_id: str | None = None,
+    kind: str = "llm",
+    tags: Mapping[str, str] | None = None,
+    alias: str | None = None,
+    description: str | None = None,
+) -> int:
+    """Register a logged MLflow model (any flavour) as a new version of `name`.
+
+    Args:
+        tracking_uri: MLflow tracking (and registry) URI.
+        model_uri: the logged model, `ModelInfo.model_uri` (`models:/<model_id>`).
+        name: registered model name (created when missing).
+        run_id: the run that logged it.
+        kind: the version's `kind` tag (one of KINDS).
+        tags: further version tags (dataset_version, reward, training_key, ...).
+        alias: optionally point this alias (one of ALIASES) at the new version.
+        description: the version's description.
+    Returns:
+        The new version number.
+    Raises:
+        ValueError: an alias outside ALIASES or a kind outside KINDS.
+    """
+    if alias is not None and alias not in ALIASES:
+        raise ValueError(f"alias must be one of {ALIASES}, got {alias!r}")
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {KINDS}, got {kind!r}")
+    from mlflow.exceptions import MlflowException
+
+    client = _client(tracking_uri)
+    try:
+        client.create_registered_model(name)
+    except MlflowException as exc:
+        if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
+            raise
+    version_tags = {"kind": kind, **{k: str(v) for k, v in (tags or {}).items()}}
+    model_id = model_uri.removeprefix("models:/") if model_uri.startswith("models:/m-") else None
+    mv = client.create_model_version(name, source=model_uri, run_id=run_id, tags=version_tags,
+                                     description=description, model_id=model_id)
+    version = int(mv.version)
+    if alias:
+        client.set_registered_model_alias(name, alias, str(version))
+    log.info("registered %s version %d (%s)%s", name, version, kind, f" as @{alias}" if alias else "")
+    return version
+
+
+def model_id_of(tracking_uri: str, version: int | str, name: str = DEFAULT_NAME) -> str | None:
+    """The LoggedModel id behind a registered version (None: registered from plain files)."""
+    info = version_info(tracking_uri, version, name)
+    source = (info or {}).get("source") or ""
+    return source.removeprefix("models:/") if source.startswith("models:/m-") else None
+
+
+def log_adapter_model(
+    tracking_uri: str,
+    run_id: str,
+    adapter_dir: str | Path,
+    base_model: str,
+    base_model_path: str | Path,
+    prompt_style: str | None = None,
+    dataset_version: str | None = None,
+) -> Any:
+    """Log a saved LoRA adapter (+ tokenizer) as an MLflow transformers model in run `run_id`.
+
+    Args:
+        tracking_uri: MLflow tracking URI.
+        run_id: the training run; the model is logged into it (artifact MODEL_ARTIFACT).
+        adapter_dir: peft `save_pretrained` output with the tokenizer beside it.
+        base_model: the base model spec ("smollm2", "tiny", a path), kept in the metadata.
+        base_model_path: its local checkpoint, referenced (not copied) by the logged model.
+        prompt_style: the prompt style it was trained with (forecasts must use the same).
+        dataset_version: the dataset version it learned from (metadata).
+    Returns:
+        MLflow's ModelInfo (model_uri `models:/<model_id>`, model_id).
+    """
+    import mlflow
+    import torch
+    from mlflow.models import ModelSignature
+    from mlflow.types import ColSpec, Schema
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    _client(tracking_uri)
+    adapter, tok_dir = _adapter_and_tokenizer(Path(adapter_dir))
+    base = AutoModelForCausalLM.from_pretrained(str(base_model_path), dtype=torch.float32)
+    model = PeftModel.from_pretrained(base, str(adapter))
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tok_dir if (tok_dir / "tokenizer.json").is_file()
+                                                             else base_model_path))
+    # Input: the chat prompt of models.prompts rendered to text; output: the generated answer
+    # (a JSON object with predicted_bin and p, models.parsing).
+    signature = ModelSignature(inputs=Schema([ColSpec("string", "prompt")]), outputs=Schema([ColSpec("string")]))
+    metadata = {"kind": "llm", "base_model": base_model, "dataset_version": dataset_version or "",
+                **({"prompt_style": prompt_style} if prompt_style else {})}
+    with mlflow.start_run(run_id=run_id):
+        return mlflow.transformers.log_model(
+            transformers_model={"model": model, "tokenizer": tokenizer}, name=MODEL_ARTIFACT,
+            task="text-generation", base_model_path=str(Path(base_model_path).resolve()), signature=signature,
+            pip_requirements=list(ADAPTER_REQUIREMENTS), metadata=metadata,
+        )
 
 
 def register_surrogate(
@@ -56,23 +172,25 @@ def register_surrogate(
     dagster_run_id: str | None = None,
     tags: Mapping[str, str] | None = None,
     prompt_style: str | None = None,
+    base_model_path: str | Path | None = None,
 ) -> int:
-    """Register a trained adapter as a new version of the surrogate model.
+    """Log a trained adapter as an MLflow model of its run and register it as a new version.
 
     Args:
         tracking_uri: MLflow tracking (and registry) URI.
-        run_id: the training run; the adapter becomes its artifact `adapter`.
+        run_id: the training run; the adapter is logged into it as a transformers model.
         adapter_dir: the saved adapter + tokenizer (`TrainingResult.adapter_dir`).
         name: registered model name.
-        base_model: the base model spec the adapter applies to (stored in base_model.json).
+        base_model: the base model spec the adapter applies to (metadata, version tag).
         dataset_version: the dataset version it was trained on (version tag, lineage).
         alias: optionally point this alias ("champion"/"challenger") at the new version.
         con: a writable DuckDB connection: when given, a model_lineage row is recorded
             (needs dataset_version, registered in the warehouse).
         dagster_run_id: the orchestrating run, for the lineage row and a version tag.
         tags: extra version tags (e.g. reward, training_key, training_batch).
-        prompt_style: the prompt style it was trained with (base_model.json, a version tag):
+        prompt_style: the prompt style it was trained with (metadata, a version tag):
             forecasts must use the same style.
+        base_model_path: the base checkpoint (default: `resolve_base_model(base_model)`).
     Returns:
         The new version number.
     Raises:
@@ -82,46 +200,24 @@ def register_surrogate(
         raise ValueError(f"alias must be one of {ALIASES}, got {alias!r}")
     if con is not None and not dataset_version:
         raise ValueError("recording lineage needs the dataset_version")
-    from mlflow.exceptions import MlflowException
+    if base_model_path is None:
+        from models.base_model import resolve_base_model
 
+        base_model_path = resolve_base_model(base_model)
     client = _client(tracking_uri)
     run = client.get_run(run_id)
-    with tempfile.TemporaryDirectory() as tmp:
-        staged = Path(tmp) / ADAPTER_ARTIFACT
-        shutil.copytree(adapter_dir, staged, ignore=shutil.ignore_patterns("trainer"))
-        (staged / BASE_MODEL_FILE).write_text(
-            json.dumps(
-                {
-                    "base_model": base_model,
-                    "dataset_version": dataset_version,
-                    **({"prompt_style": prompt_style} if prompt_style else {}),
-                },
-                indent=1,
-            )
-        )
-        client.log_artifacts(run_id, str(staged), ADAPTER_ARTIFACT)
-    try:
-        client.create_registered_model(name)
-    except MlflowException as exc:
-        if "RESOURCE_ALREADY_EXISTS" not in str(exc.error_code):
-            raise
+    info = log_adapter_model(tracking_uri, run_id, adapter_dir, base_model, base_model_path, prompt_style,
+                             dataset_version)
     version_tags = {"base_model": base_model, "dataset_version": dataset_version or ""}
     if dagster_run_id:
         version_tags["dagster_run_id"] = dagster_run_id
     if prompt_style:
         version_tags["prompt_style"] = prompt_style
     version_tags.update({k: str(v) for k, v in (tags or {}).items()})
-    mv = client.create_model_version(
-        name,
-        source=f"{run.info.artifact_uri.rstrip('/')}/{ADAPTER_ARTIFACT}",
-        run_id=run_id,
-        tags=version_tags,
+    version = register_logged_model(
+        tracking_uri, info.model_uri, name, run_id=run_id, kind="llm", tags=version_tags, alias=alias,
         description=f"LoRA adapter on {base_model}, trained on dataset {dataset_version}",
     )
-    version = int(mv.version)
-    if alias:
-        client.set_registered_model_alias(name, alias, str(version))
-    log.info("registered %s version %d%s", name, version, f" as @{alias}" if alias else "")
     if con is not None:
         from warehouse.lineage import record_model_lineage
 
@@ -190,6 +286,13 @@ def set_version_tag(
     _client(tracking_uri).set_model_version_tag(name, str(version), key, value)
 
 
+def set_model_tags(tracking_uri: str, name: str, tags: Mapping[str, str]) -> None:
+    """Set tags of the registered model itself (e.g. the last promotion decision)."""
+    client = _client(tracking_uri)
+    for key, value in tags.items():
+        client.set_registered_model_tag(name, key, str(value))
+
+
 def parse_model_uri(uri: str) -> tuple[str, str | None, int | None]:
     """(name, alias, version) of "models:/<name>@<alias>" or "models:/<name>/<version>".
 
@@ -219,7 +322,8 @@ def resolve_surrogate(
         uri: "models:/<name>@<alias>" or "models:/<name>/<version>".
         dst: folder to download into (created).
     Returns:
-        The local adapter directory (holding base_model.json), or None when the model, alias
+        The local model folder (an MLflow transformers model; a plain adapter folder with
+        base_model.json for versions registered from files), or None when the model, alias
         or version does not exist (e.g. nothing promoted to champion yet).
     Raises:
         ValueError: a malformed uri (one line).
@@ -248,17 +352,40 @@ def resolve_surrogate(
     return Path(local)
 
 
+def _adapter_and_tokenizer(folder: Path) -> tuple[Path, Path]:
+    """(peft adapter folder, tokenizer folder) of an MLflow transformers model or a plain folder.
+
+    An MLflow transformers model keeps the adapter in peft/ and the tokenizer in
+    components/tokenizer/ (the layout mlflow.transformers.load_model reads); a plain folder
+    (peft's save_pretrained output) holds both at its top. Read without MLflow, so a GPU host
+    without it loads the same folders.
+    """
+    if (folder / "MLmodel").is_file():
+        return folder / "peft", folder / "components" / "tokenizer"
+    return folder, folder
+
+
 def read_base_model_ref(local_dir: str | Path) -> dict[str, Any]:
-    """The base_model.json of a resolved surrogate ({"base_model": ..., "dataset_version": ...})."""
-    return json.loads((Path(local_dir) / BASE_MODEL_FILE).read_text())
+    """The base model reference of a resolved surrogate: {"base_model", "dataset_version", ...}.
+
+    Read from the logged model's metadata (MLmodel), or from base_model.json in a plain
+    adapter folder (trained on a GPU host, or registered before models were logged)."""
+    local = Path(local_dir)
+    if (local / "MLmodel").is_file():
+        from mlflow.models import Model
+
+        meta = dict(Model.load(str(local)).metadata or {})
+        return {k: v for k, v in meta.items() if k in ("base_model", "dataset_version", "prompt_style") and v != ""}
+    return json.loads((local / BASE_MODEL_FILE).read_text())
 
 
 def load_surrogate(local_dir: str | Path, base_model_path: str | Path) -> tuple[Any, Any]:
     """The base model with the surrogate's LoRA adapter applied, and its tokenizer.
 
     Args:
-        local_dir: a resolved surrogate (`resolve_surrogate`) or a saved adapter directory.
-        base_model_path: local checkpoint of the base model named in base_model.json
+        local_dir: a resolved surrogate (`resolve_surrogate`: an MLflow transformers model
+            folder) or a plain saved adapter directory (peft output + tokenizer).
+        base_model_path: local checkpoint of the base model the adapter applies to
             (`models.base_model.resolve_base_model(read_base_model_ref(local_dir)["base_model"])`).
     Returns:
         (PeftModel in eval mode, PreTrainedTokenizerFast): usable as
@@ -268,13 +395,13 @@ def load_surrogate(local_dir: str | Path, base_model_path: str | Path) -> tuple[
     from peft import PeftModel
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    local = Path(local_dir)
+    adapter, tok_dir = _adapter_and_tokenizer(Path(local_dir))
     cuda = torch.cuda.is_available()
     base = AutoModelForCausalLM.from_pretrained(
         str(base_model_path), dtype=torch.bfloat16 if cuda else torch.float32
     ).to("cuda" if cuda else "cpu")
-    model = PeftModel.from_pretrained(base, str(local)).eval()
-    # The adapter folder carries the training tokenizer; fall back to the base model's.
-    tok_dir = local if (local / "tokenizer.json").is_file() else Path(base_model_path)
+    model = PeftModel.from_pretrained(base, str(adapter)).eval()
+    # The adapter carries the training tokenizer; fall back to the base model's.
+    tok_dir = tok_dir if (tok_dir / "tokenizer.json").is_file() else Path(base_model_path)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tok_dir))
     return model, tokenizer

@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import subprocess
-import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -490,59 +489,6 @@ def _summary(history: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
-def _log_to_mlflow(
-    client: Any,
-    run_id: str,
-    settings: TrainingSettings,
-    history: list[dict[str, Any]],
-    sft_losses: list[float],
-    metrics: dict[str, float],
-    rows: Sequence[dict[str, Any]],
-    dataset_version: str | None,
-    measurement_ids: Sequence[str] | None,
-) -> None:
-    """Per-step metrics, final metrics, the dataset input and the measurement ids artifact."""
-    import mlflow
-    from mlflow.entities import Metric
-
-    # MLflow metric names allow '/', but one flat name per curve reads the same everywhere.
-    batch = [
-        Metric("sft/loss", float(loss), 0, step)
-        for step, loss in enumerate(sft_losses)
-        if math.isfinite(loss)
-    ]
-    for h in history:
-        step = int(h.get("step", 0))
-        for key, value in h.items():
-            if key in ("step", "epoch") or not isinstance(value, (int, float)):
-                continue
-            if math.isfinite(float(value)):
-                batch.append(Metric(key, float(value), 0, step))
-    batch += [Metric(k, float(v), 0, 0) for k, v in metrics.items() if math.isfinite(float(v))]
-    for start in range(0, len(batch), 900):  # MLflow accepts at most 1000 metrics per batch
-        client.log_batch(run_id, metrics=batch[start : start + 900])
-
-    version = dataset_version or "unversioned"
-    import pandas as pd
-
-    frame = pd.DataFrame(
-        {"pair_id": [r["pair_id"] for r in rows], "true_bin": [r["true_bin"] for r in rows]}
-    )
-    dataset = mlflow.data.from_pandas(
-        frame,
-        source=DuckDBPairsSource(version),
-        name=version,
-        # MLflow stores at most 36 characters of a digest.
-        digest=f"duckdb:pairs@{version}"[:36],
-    )
-    with mlflow.start_run(run_id=run_id):
-        mlflow.log_input(dataset, context="training")
-    with tempfile.TemporaryDirectory() as tmp:
-        path = Path(tmp) / "measurement_ids.txt"
-        path.write_text("".join(f"{m}\n" for m in (measurement_ids or [])))
-        client.log_artifact(run_id, str(path))
-
-
 def _dataset_source_class():
     from mlflow.data.dataset_source import DatasetSource
 
@@ -587,17 +533,10 @@ def DuckDBPairsSource(dataset_version: str) -> Any:  # noqa: N802 - reads as a c
 
 
 def mlflow_experiment(client: Any, tracking_uri: str, name: str) -> str:
-    """The experiment id of `name`, created if missing. For a sqlite store its artifacts go
-    beside the database file (not ./mlruns in whatever directory the process runs from)."""
-    found = client.get_experiment_by_name(name)
-    if found is not None:
-        return found.experiment_id
-    location = None
-    if tracking_uri.startswith("sqlite:///"):
-        location = (
-            (Path(tracking_uri[len("sqlite:///") :]).parent / "mlartifacts").resolve().as_uri()
-        )
-    return client.create_experiment(name, artifact_location=location)
+    """The experiment id of `name`, created if missing (models.tracking.mlflow_experiment)."""
+    from models.tracking import mlflow_experiment as experiment_id
+
+    return experiment_id(client, tracking_uri, name)
 
 
 def train_grpo(
@@ -635,6 +574,73 @@ def train_grpo(
         ValueError: fewer rows than prompts_per_step (a step would repeat prompts).
         RuntimeError: max_nonfinite_steps steps in a row had non-finite gradients.
     """
+    run = _TrainingRun(tracking_uri, experiment, settings, dataset_version, tags, measurement_ids)
+    try:
+        return _train_grpo(settings, rows, out_dir, run, checkpoint_dir, stop_at)
+    except BaseException:
+        run.close("FAILED")  # a crashed or interrupted run shows as failed, not as running forever
+        raise
+
+
+class _TrainingRun:
+    """The MLflow run of one train_grpo call: opened before the warm-up, streamed into during
+    GRPO (models.tracking.MlflowMetricsCallback), closed at the end. Inert without a URI."""
+
+    def __init__(self, tracking_uri, experiment, settings, dataset_version, tags, measurement_ids) -> None:
+        self.tracking_uri, self.experiment, self.settings = tracking_uri, experiment, settings
+        self.dataset_version, self.tags, self.measurement_ids = dataset_version, tags, measurement_ids
+        self.run_id: str | None = None
+
+    def open(self, rows: Sequence[dict[str, Any]]) -> None:
+        if not self.tracking_uri or not _main_process():
+            return  # under `accelerate launch` one process logs the run, not one per GPU
+        from models.tracking import start_training_run
+
+        self.run_id = start_training_run(self.tracking_uri, self.experiment, _run_params(self.settings, self.dataset_version, rows),
+                                         _run_tags(self.settings, self.dataset_version, self.tags), rows, self.dataset_version)
+
+    def callbacks(self) -> list[Any]:
+        if self.run_id is None:
+            return []
+        from models.tracking import MlflowMetricsCallback
+
+        return [MlflowMetricsCallback(self.tracking_uri, self.run_id)]
+
+    def log_sft(self, losses: Sequence[float]) -> None:
+        if self.run_id is not None:
+            from models.tracking import log_sft_losses
+
+            log_sft_losses(self.tracking_uri, self.run_id, losses)
+
+    def close(self, status: str, metrics: Mapping[str, float] | None = None) -> None:
+        if self.run_id is None:
+            return
+        from models.tracking import finish_training_run
+
+        run_id, self.run_id = self.run_id, None
+        finish_training_run(self.tracking_uri, run_id, metrics or {}, self.measurement_ids, status)
+        self.closed_run_id = run_id
+
+
+def _main_process() -> bool:
+    """False in the processes of a distributed launch other than the main one."""
+    from accelerate import PartialState
+
+    return PartialState().is_main_process
+
+
+def _run_params(settings: TrainingSettings, dataset_version: str | None, rows: Sequence[dict[str, Any]]) -> dict[str, str]:
+    return {**settings.as_params(), "dataset_version": dataset_version or "", "train_rows": str(len(rows))}
+
+
+def _run_tags(settings: TrainingSettings, dataset_version: str | None, tags: Mapping[str, str] | None) -> dict[str, str]:
+    return {"dataset_version": dataset_version or "", "base_model": settings.base_model,
+            **({"git_commit": c} if (c := git_commit()) else {}), **dict(settings.tags), **dict(tags or {})}
+
+
+def _train_grpo(settings: TrainingSettings, rows: Sequence[dict[str, Any]], out_dir: str | Path, run: _TrainingRun,
+                checkpoint_dir: str | Path | None, stop_at: float | None) -> TrainingResult:
+    """train_grpo's body; `run` is its MLflow run."""
     from datasets import Dataset
     from trl import GRPOTrainer
 
@@ -661,6 +667,7 @@ def train_grpo(
             f"prompts_per_step={settings.prompts_per_step}"
         )
     rows = kept
+    run.open(rows)
     model = _with_lora(base, settings)
 
     ckpt = Path(checkpoint_dir) if checkpoint_dir else None
@@ -677,6 +684,7 @@ def train_grpo(
             "train_rows_used": float(len(kept)),
         }
         sft_losses = run_sft(model, tokenizer, rows, settings)
+        run.log_sft(sft_losses)
         metrics["parse_rate_after_sft"] = parse_rate(model, tokenizer, probe, probe_tokens)
         if sft_losses:
             metrics["sft_loss_first"], metrics["sft_loss_last"] = sft_losses[0], sft_losses[-1]
@@ -694,7 +702,7 @@ def train_grpo(
 
     funcs, weights = settings.reward_parts()
     guard = NonFiniteGradGuard(settings.max_nonfinite_steps)
-    callbacks: list[Any] = [guard]
+    callbacks: list[Any] = [guard, *run.callbacks()]
     if stop_at is not None:
         callbacks.append(StopAt(stop_at))
     trainer = GRPOTrainer(
@@ -715,6 +723,7 @@ def train_grpo(
     history = [dict(h) for h in trainer.state.log_history]
     if steps < settings.max_steps:
         log.info("GRPO stopped at step %d of %d (stop_at); resume from %s", steps, settings.max_steps, ckpt)
+        run.close("KILLED", metrics)
         return TrainingResult(None, out, metrics, steps, history, sft_losses, finished=False)
     metrics.update(_summary(history))
     # Steps whose update was skipped, in this process (a resumed run counts its own part).
@@ -723,21 +732,8 @@ def train_grpo(
     tokenizer.save_pretrained(str(out))
     log.info("GRPO: %d steps, adapter saved to %s", steps, out)
 
-    run_id = None
-    if tracking_uri:
-        run_id = log_training_run(
-            tracking_uri,
-            experiment,
-            settings,
-            history,
-            sft_losses,
-            metrics,
-            rows,
-            dataset_version,
-            measurement_ids,
-            tags,
-        )
-    return TrainingResult(run_id, out, metrics, steps, history, sft_losses)
+    run.close("FINISHED", metrics)
+    return TrainingResult(getattr(run, "closed_run_id", None), out, metrics, steps, history, sft_losses)
 
 
 def log_training_run(
@@ -752,47 +748,31 @@ def log_training_run(
     measurement_ids: Sequence[str] | None,
     tags: Mapping[str, str] | None,
 ) -> str:
-    """Create the MLflow run with params, tags, metrics, input and artifacts; its id.
+    """Log a run trained elsewhere (a GPU host without MLflow) after the fact; its id.
 
-    Also used on its own for a run trained elsewhere (a GPU host without MLflow): its
-    history and warm-up losses are logged afterwards (scripts/surrogate_job.py ingest).
+    The same run as train_grpo's (params, tags, dataset input, one curve per logged key at the
+    trainer's steps, final metrics, measurement ids); only the timing differs
+    (scripts/surrogate_job.py ingest).
     """
-    import mlflow
-    from mlflow import MlflowClient
-    from mlflow.entities import Param, RunTag
+    from models.tracking import (
+        _client,
+        finish_training_run,
+        log_sft_losses,
+        start_training_run,
+        step_metrics,
+    )
 
-    mlflow.set_tracking_uri(tracking_uri)
-    client = MlflowClient(tracking_uri)
-    experiment_id = mlflow_experiment(client, tracking_uri, experiment)
-    run_tags = {
-        "dataset_version": dataset_version or "",
-        "base_model": settings.base_model,
-        **({"git_commit": c} if (c := git_commit()) else {}),
-        **dict(settings.tags),
-        **dict(tags or {}),
-    }
-    run = client.create_run(experiment_id, tags=run_tags, run_name="grpo")
-    run_id = run.info.run_id
+    run_id = start_training_run(tracking_uri, experiment, _run_params(settings, dataset_version, rows),
+                                _run_tags(settings, dataset_version, tags), rows, dataset_version)
     try:
-        params = [Param(k, v[:6000]) for k, v in settings.as_params().items()]
-        params.append(Param("dataset_version", dataset_version or ""))
-        params.append(Param("train_rows", str(len(rows))))
-        client.log_batch(run_id, params=params, tags=[RunTag("kernelcast.stage", "training")])
-        _log_to_mlflow(
-            client,
-            run_id,
-            settings,
-            history,
-            sft_losses,
-            metrics,
-            rows,
-            dataset_version,
-            measurement_ids,
-        )
+        log_sft_losses(tracking_uri, run_id, sft_losses)
+        batch = [m for h in history for m in step_metrics(h, int(h.get("step", 0)))]
+        for start in range(0, len(batch), 900):  # MLflow accepts at most 1000 metrics per batch
+            _client(tracking_uri).log_batch(run_id, metrics=batch[start : start + 900])
+        finish_training_run(tracking_uri, run_id, metrics, measurement_ids)
     except Exception:
-        client.set_terminated(run_id, "FAILED")
+        _client(tracking_uri).set_terminated(run_id, "FAILED")
         raise
-    client.set_terminated(run_id, "FINISHED")
     return run_id
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -60,70 +61,98 @@ def _print_json(obj) -> None:
 # ---- run ----------------------------------------------------------------------------------
 @app.command()
 @one_line_errors
-def run(profile: str | None = ProfileOpt) -> None:
-    """Materialise the whole asset graph into $KERNELCAST_HOME (the main job)."""
+def run(profile: str | None = ProfileOpt,
+        as_json: bool = typer.Option(False, "--json", help="Print the runs and the final table as JSON.")) -> None:
+    """Materialise the whole asset graph into $KERNELCAST_HOME (the main job).
+
+    Runs the code location's jobs (candidates_job, measurement_ingest_job per hardware,
+    downstream_job) on the Dagster instance under $KERNELCAST_HOME/dagster, which `kernelcast ui`
+    and `DAGSTER_HOME=$KERNELCAST_HOME/dagster dagster dev -w workspace.yaml` show."""
+    from orchestration.run_display import quiet_third_parties
+
+    quiet_third_parties()  # before the libraries it quiets are imported
+    import time
+
     from rich.console import Console
 
-    from orchestration.runner import run_graph
+    from orchestration.run_display import RunDisplay, output_to, summary_json
+    from orchestration.runner import prepare_home, run_graph
 
     settings = _settings(profile)
-    console = Console(stderr=True)
-    console.print(f"kernelcast run: profile [bold]{settings.profile}[/], home {settings.home}")
-    with console.status("materialising the asset graph"):
-        steps = run_graph(settings)
-    ok = True
-    for s in steps:
-        ok &= s.success and not s.checks_failed
-        mark = "ok" if s.success else "FAILED"
-        console.print(f"  {s.label:<24} {mark:<6} {len(s.materialized)} assets"
-                      + (f"; failed checks: {', '.join(s.checks_failed)}" if s.checks_failed else "")
-                      + (f"; warnings: {', '.join(s.checks_warned)}" if s.checks_warned else "")
-                      + (f"; challenger held back (promotion gates: {', '.join(s.promotion_held)})"
-                         if s.promotion_held else ""))
-    for line in _run_headline(settings) + search_headline(settings):
-        console.print(line, highlight=False)
-    if not ok:
-        raise CliError("some assets or checks failed; open `kernelcast ui` for the run logs")
-    console.print(f"done. State in {settings.home}; `kernelcast ui` opens Dagster and MLflow.")
+    prepare_home(settings)
+    log_path = settings.home / "logs" / f"run-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    t0 = time.perf_counter()
+    with open(log_path, "a", buffering=1) as logfile, output_to(logfile) as (out, err):
+        console = Console(file=err, width=min(Console(file=err).width, 100))
+        if not as_json:
+            console.print(f"kernelcast run: profile [bold]{settings.profile}[/], home {settings.home}", highlight=False)
+            console.print(f"log: {log_path}", highlight=False)
+        display = RunDisplay(Console(file=err if not as_json else open(os.devnull, "w")))  # noqa: SIM115
+        with display:
+            summaries = run_graph(settings, listener=display, on_run_start=display.run_started)
+    failed = next((s for s in summaries if not s.success), None)
+    version, counts, metrics = _newest_report(settings)
+    if as_json:
+        _print_json(summary_json(settings, summaries, log_path, {"dataset_version": version, "counts": counts,
+                                                                   "forecasters": metrics}))
+    else:
+        promotion = next((s.promotion for s in summaries if s.promotion), {})
+        if promotion:
+            typer.echo(f"promotion: {promotion.get('outcome')}: {promotion.get('reason')}", err=True)
+        for line in _run_headline(settings) + search_headline(settings):
+            typer.echo(line, err=True)
+    if failed is not None:
+        raise CliError(f"{failed.error} (log: {log_path}; run {failed.run_id[:8]} in `kernelcast ui`)")
+    if not as_json:
+        typer.echo(f"done in {time.perf_counter() - t0:.0f} s. State in {settings.home}; "
+                   "`kernelcast ui` opens Dagster and MLflow.", err=True)
 
 
 HEADLINE_METRICS = ("n", "brier", "ece", "recovered_mean", "parse_rate")
+HEADLINE_LABELS = ("n", "Brier", "ECE", "recovered", "parse")  # fits 80 columns
 
 
 def headline_lines(version: str, counts: dict, metrics: dict[str, dict]) -> list[str]:
     """What a run produced, in numbers: the dataset version and the calibration report's
-    headline metrics per forecaster (evaluation report of that version), as text lines."""
+    headline metrics per forecaster (evaluation report of that version), as text lines of at
+    most 80 columns."""
     lines = [f"dataset {version}: {counts.get('n_measurements', '?')} measurements, {counts.get('n_pairs', '?')} pairs"]
     if metrics:
-        width = max(len(m) for m in [*metrics, "forecaster"])
-        widths = [max(8, len(c)) for c in HEADLINE_METRICS]
-        lines.append(f"{'forecaster':<{width}} " + " ".join(f"{c:>{w}}" for c, w in zip(HEADLINE_METRICS, widths)))
+        width = min(32, max(len(m) for m in [*metrics, "forecaster"]))
+        widths = [6, 8, 8, 10, 7]
+        lines.append(f"{'forecaster':<{width}}" + "".join(f"{c:>{w}}" for c, w in zip(HEADLINE_LABELS, widths)))
         for model, r in metrics.items():
             cells = [f"{r[c]:>{w}.4f}" if isinstance(r.get(c), float) else f"{r.get(c, '-')!s:>{w}}"
                      for c, w in zip(HEADLINE_METRICS, widths)]
-            lines.append(f"{model:<{width}} " + " ".join(cells))
+            lines.append(f"{model[:width]:<{width}}" + "".join(cells))
     return lines
 
 
-def _run_headline(settings) -> list[str]:
-    """headline_lines of the newest dataset version; nothing when there is none yet."""
+def _newest_report(settings) -> tuple[str | None, dict, dict]:
+    """(newest dataset version, its counts, its calibration report's metrics); Nones when absent."""
     import json
 
     from warehouse.datasets import list_dataset_versions
     from warehouse.db import connect
 
     if not settings.warehouse_path.exists():
-        return []
+        return None, {}, {}
+    with connect(settings.warehouse_path, read_only=True) as con:
+        versions = list_dataset_versions(con)
+    if versions.is_empty():
+        return None, {}, {}
+    newest = versions.row(0, named=True)
+    counts = newest["counts"] if isinstance(newest["counts"], dict) else json.loads(newest["counts"] or "{}")
+    report = settings.reports_dir / newest["dataset_version"] / "metrics.json"
+    metrics = json.loads(report.read_text()) if report.is_file() else {}
+    return newest["dataset_version"], counts, metrics
+
+
+def _run_headline(settings) -> list[str]:
+    """headline_lines of the newest dataset version; nothing when there is none yet."""
     try:
-        with connect(settings.warehouse_path, read_only=True) as con:
-            versions = list_dataset_versions(con)
-        if versions.is_empty():
-            return []
-        newest = versions.row(0, named=True)
-        counts = newest["counts"] if isinstance(newest["counts"], dict) else json.loads(newest["counts"] or "{}")
-        report = settings.reports_dir / newest["dataset_version"] / "metrics.json"
-        metrics = json.loads(report.read_text()) if report.is_file() else {}
-        return headline_lines(newest["dataset_version"], counts, metrics)
+        version, counts, metrics = _newest_report(settings)
+        return [] if version is None else headline_lines(version, counts, metrics)
     except Exception as e:  # noqa: BLE001 - a summary never fails a finished run
         return [f"(no summary: {type(e).__name__}: {e})".splitlines()[0]]
 
@@ -536,8 +565,10 @@ def ui(
 
 
 from orchestration.cli_search import search_headline, search_sim  # noqa: E402 - its own module
+from orchestration.measure_cli import measure as _measure  # noqa: E402 - its own module, registered here
 
 app.command("search-sim")(search_sim)
+app.command("measure")(one_line_errors(_measure))
 
 
 def main() -> None:  # pragma: no cover - console entry

@@ -64,9 +64,21 @@ class MlflowResource(dg.ConfigurableResource):
         return f"http://127.0.0.1:5000/#/runs/{run_id}"
 
 
-def build_resources(settings: Settings) -> dict[str, dg.ConfigurableResource]:
+class ProfilerResource(dg.ConfigurableResource):
+    """How measuring steps get their GPU: pinned per step on one host, or one pod per step.
+
+    On a host of N GPUs the fan-out runs N steps side by side (multiprocess executor) and step i
+    sees only GPU i (CUDA_VISIBLE_DEVICES=i). Under Kubernetes each step runs in its own pod
+    holding one GPU, which the pod sees as device 0: nothing is pinned there.
+    """
+
+    pin_gpu_per_step: bool = True
+
+
+def build_resources(settings: Settings, pin_gpu_per_step: bool = True) -> dict[str, dg.ConfigurableResource]:
     """All resources for one profile."""
     return {
+        "profiler": ProfilerResource(pin_gpu_per_step=pin_gpu_per_step),
         "settings": SettingsResource(profile=settings.profile, home=str(settings.home)),
         "warehouse": WarehouseResource(path=str(settings.warehouse_path)),
         "mlflow": MlflowResource(

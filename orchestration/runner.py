@@ -1,14 +1,30 @@
-"""`kernelcast run`: materialise the whole graph into $KERNELCAST_HOME, in-process.
+"""`kernelcast run`: the jobs of the code location, in process, on the instance `dagster dev` sees.
 
-Runs are recorded in the Dagster instance under $KERNELCAST_HOME/dagster, so the UI shows them.
-Partitioned assets (measurements per hardware) are materialised once per known partition.
+    candidates_job -> measurement_ingest_job (one run per hardware partition) -> downstream_job
+
+Each is created as a run of the code location `orchestration.definitions` (the origin the UI
+uses to re-execute it) on the instance under $KERNELCAST_HOME/dagster, whose dagster.yaml limits
+the pool `duckdb_writer` to one step at a time (DuckDB allows one writer per file). Steps run
+in this process, except the measuring fan-out on a host of several GPUs: there the measurement
+run uses the multiprocess executor, one process per GPU. A run that fails stops the sequence,
+as a failed step stops its downstream inside one run.
+
+`listener` (the CLI's display) sees every event as it happens; Dagster's own console log goes
+to stderr, which the CLI points at the run's log file.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
+import sys
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 import dagster as dg
 
@@ -16,19 +32,26 @@ from orchestration.settings import Settings
 
 log = logging.getLogger(__name__)
 
+LOCATION_NAME = "orchestration.definitions"  # what workspace.yaml's python_module names
+REPOSITORY_NAME = "__repository__"  # Dagster's name for a Definitions object's repository
 DAGSTER_YAML = """\
-# Written by kernelcast. DuckDB allows one writer per file: assets that write share one pool.
+# Written by kernelcast (orchestration/runner.py): the instance that `kernelcast run`,
+# `kernelcast ui` and `DAGSTER_HOME=<this folder> dagster dev -w workspace.yaml` share.
+# DuckDB allows one writer per file: every step that opens the warehouse is in the pool
+# duckdb_writer, and pools default to one step at a time, across runs too.
 concurrency:
   pools:
     default_limit: 1
 telemetry:
   enabled: false
 """
+PROGRESS = re.compile(r"\[(\d+)/(\d+)\]")
 
 
 def prepare_home(settings: Settings) -> None:
     """Create $KERNELCAST_HOME and point Dagster at it (idempotent)."""
-    for d in (settings.home, settings.dagster_home, settings.inbox, settings.reports_dir, settings.mlflow_artifacts):
+    for d in (settings.home, settings.dagster_home, settings.inbox, settings.reports_dir, settings.mlflow_artifacts,
+              settings.home / "logs"):
         d.mkdir(parents=True, exist_ok=True)
     cfg = settings.dagster_home / "dagster.yaml"
     if not cfg.exists() or cfg.read_text() != DAGSTER_YAML:
@@ -39,77 +62,233 @@ def prepare_home(settings: Settings) -> None:
 
 
 @dataclass
-class StepResult:
-    label: str
+class RunSummary:
+    """One run of a code-location job, as the CLI reports it."""
+
+    job: str
+    partition: str | None
+    run_id: str
     success: bool
     materialized: list[str]
-    checks_failed: list[str]  # ERROR severity: the run fails
+    checks_failed: list[str]  # ERROR severity: wrong data
     checks_warned: list[str]  # WARN severity: reported, the run goes on
-    # Promotion gates that failed: the challenger is held back (model_promotion does not run).
-    # That is the gates doing their job, not a failure of the run.
-    promotion_held: list[str] = field(default_factory=list)
+    seconds: float
+    error: str | None = None  # the first failure, one line
+    promotion: dict[str, Any] = field(default_factory=dict)  # outcome, reason of model_promotion
+    metadata: dict[str, dict[str, Any]] = field(default_factory=dict)  # asset -> its metadata (text)
 
 
-def _run_selection(defs: dg.Definitions, instance: dg.DagsterInstance, selection: dg.AssetSelection,
-                   partition_key: str | None, label: str) -> StepResult:
-    job = dg.define_asset_job(f"kernelcast_run_{label}", selection=selection)
-    resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def(job.name)
-    # Quiet console: the UI keeps the full event log; the CLI prints one line per step.
-    quiet = {"loggers": {"console": {"config": {"log_level": "WARNING"}}}}
-    result = resolved.execute_in_process(instance=instance, partition_key=partition_key, raise_on_error=False,
-                                         run_config=quiet)
-    mats = [
-        e.asset_key.to_user_string()
-        for e in result.get_asset_materialization_events()
-        if e.asset_key is not None
-    ] if hasattr(result, "get_asset_materialization_events") else []
-    evaluations = [ev.event_specific_data for ev in result.all_events if ev.event_type_value == "ASSET_CHECK_EVALUATION"]
-    from assets.promotion import PROMOTION_GATES
+def _origin(job_name: str):
+    """The origin `dagster dev -w workspace.yaml` gives this job, so the UI can re-execute the run."""
+    from dagster._core.remote_origin import (
+        ManagedGrpcPythonEnvCodeLocationOrigin,
+        RemoteJobOrigin,
+        RemoteRepositoryOrigin,
+    )
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
 
-    failed = [e.check_name for e in evaluations if not e.passed and e.severity == dg.AssetCheckSeverity.ERROR]
-    warned = [e.check_name for e in evaluations if not e.passed and e.severity != dg.AssetCheckSeverity.ERROR]
-    held = [c for c in failed if c in PROMOTION_GATES]
-    failed = [c for c in failed if c not in PROMOTION_GATES]
-    success = result.success
-    if not success and held and not failed:
-        # A failed blocking check fails its step (Dagster raises DagsterAssetCheckFailedError);
-        # when that is the only kind of step failure and only gates failed, the run did its job.
-        failures = [e for e in result.all_events if e.event_type_value == "STEP_FAILURE"]
-        success = all(
-            getattr(getattr(e.event_specific_data, "error", None), "cls_name", "") == "DagsterAssetCheckFailedError"
-            for e in failures
-        )
-    return StepResult(label, success, mats, failed, warned, held)
+    repo = Path(__file__).resolve().parent.parent
+    target = LoadableTargetOrigin(executable_path=sys.executable, module_name=LOCATION_NAME,
+                                  working_directory=str(repo))
+    location = ManagedGrpcPythonEnvCodeLocationOrigin(loadable_target_origin=target, location_name=LOCATION_NAME)
+    return RemoteJobOrigin(RemoteRepositoryOrigin(location, REPOSITORY_NAME), job_name)
 
 
-def run_graph(settings: Settings, defs: dg.Definitions | None = None) -> list[StepResult]:
-    """Materialise every asset: unpartitioned ones, then each known partition of the rest."""
-    from orchestration.definitions import build_defs
+def _text(value: Any) -> Any:
+    return getattr(value, "value", value)
+
+
+class _EventTail(threading.Thread):
+    """Reads a run's events from the instance while it executes (any executor) and hands each
+    to the listener."""
+
+    def __init__(self, instance: dg.DagsterInstance, run_id: str, listener: Callable | None) -> None:
+        super().__init__(daemon=True)
+        self.instance, self.run_id, self.listener = instance, run_id, listener
+        self.seen = 0
+        self.stop = threading.Event()
+
+    def poll(self) -> None:
+        records = self.instance.all_logs(self.run_id)
+        for entry in records[self.seen:]:
+            if self.listener is not None:
+                self.listener(entry)
+        self.seen = len(records)
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            self.poll()
+            self.stop.wait(0.5)
+
+
+def _summarise(instance: dg.DagsterInstance, run, job: str, partition: str | None, seconds: float) -> RunSummary:
+    mats, failed, warned, error, meta, promotion = [], [], [], None, {}, {}
+    for entry in instance.all_logs(run.run_id):
+        ev = entry.dagster_event
+        if ev is None:
+            continue
+        if ev.event_type_value == "ASSET_MATERIALIZATION":
+            m = ev.step_materialization_data.materialization
+            key = m.asset_key.to_user_string()
+            mats.append(key)
+            meta[key] = {k: _text(v) for k, v in m.metadata.items()}
+            if key == "model_promotion":
+                promotion = {k: meta[key].get(k) for k in ("outcome", "reason", "champion", "promoted")}
+        elif ev.event_type_value == "ASSET_CHECK_EVALUATION":
+            c = ev.event_specific_data
+            if not c.passed:
+                (failed if c.severity == dg.AssetCheckSeverity.ERROR else warned).append(c.check_name)
+        elif ev.event_type_value in ("STEP_FAILURE", "RUN_FAILURE") and error is None:
+            err = getattr(ev.event_specific_data, "error", None)
+            msg = (err.message if err else ev.message or "").strip().splitlines()
+            cls = f"{err.cls_name}: " if err and err.cls_name else ""
+            error = f"{ev.step_key or job}: {cls}{msg[0] if msg else 'failed'}"
+    final = instance.get_run_by_id(run.run_id)
+    success = final is not None and final.status == dg.DagsterRunStatus.SUCCESS
+    if failed:  # a blocking check says more than the step error it raised
+        error = f"blocking check(s) failed: {', '.join(failed)}"
+    return RunSummary(job, partition, run.run_id, success, mats, failed, warned, seconds,
+                      None if success else (error or "failed"), promotion, meta)
+
+
+def execute_code_location_job(defs: dg.Definitions, instance: dg.DagsterInstance, job_name: str,
+                              partition_key: str | None = None, processes: int = 1,
+                              tags: dict[str, str] | None = None,
+                              listener: Callable | None = None) -> RunSummary:
+    """Run one job of the code location as a run the UI can re-execute.
+
+    Args:
+        defs: the code location's Definitions (`build_defs`), for the in-process executor.
+        instance: the Dagster instance.
+        job_name: a job of the code location.
+        partition_key: the hardware partition of a partitioned job.
+        processes: above 1, the multiprocess executor with that many processes (the steps
+            reload the code location from the environment, `orchestration.definitions`).
+        tags: extra run tags.
+        listener: called with every event log entry while the run executes.
+    Returns:
+        Its RunSummary.
+    """
+    from dagster._core.definitions.job_base import InMemoryJob
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+    from dagster._core.execution.api import execute_run
+
+    job_def = defs.resolve_job_def(job_name)
+    multi = processes > 1
+    executor = {"multiprocess": {"max_concurrent": processes}} if multi else {"in_process": {}}
+    import socket
+
+    run_tags = {"kernelcast/launched_by": "kernelcast run", "kernelcast/host": socket.gethostname(),
+                "kernelcast/pid": str(os.getpid()), **(tags or {})}
+    if partition_key is not None:
+        run_tags["dagster/partition"] = partition_key
+    if multi:
+        repo = Path(__file__).resolve().parent.parent
+        job = ReconstructableRepository.for_module(LOCATION_NAME, "defs", working_directory=str(repo)) \
+            .get_reconstructable_job(job_name)
+    else:
+        job = InMemoryJob(job_def)
+    run = instance.create_run_for_job(
+        job_def, run_config={"execution": {"config": executor}}, tags=run_tags,
+        remote_job_origin=_origin(job_name),
+        job_code_origin=job.get_python_origin() if multi else None,
+    )
+    tail = _EventTail(instance, run.run_id, listener)
+    tail.start()
+    t0 = time.perf_counter()
+    try:
+        execute_run(job, run, instance, raise_on_error=False)
+    finally:
+        tail.stop.set()
+        tail.join()
+        tail.poll()
+    return _summarise(instance, run, job_name, partition_key, time.perf_counter() - t0)
+
+
+def release_abandoned_runs(instance: dg.DagsterInstance) -> list[str]:
+    """Fail the runs a killed `kernelcast run` left "started" and free their pool slots.
+
+    A run executed in process holds its `duckdb_writer` slot in the instance while a step runs;
+    if the process dies (Ctrl-C twice, a killed terminal) nobody frees it, and every later
+    DuckDB step would wait for it forever. Runs of this host whose recorded process is gone are
+    marked failed and their slots freed (the daemon's run monitoring does this for its own runs).
+
+    Returns:
+        The run ids released.
+    """
+    import socket
+
+    from dagster._core.storage.dagster_run import RunsFilter
+
+    released = []
+    active = [dg.DagsterRunStatus.STARTED, dg.DagsterRunStatus.STARTING, dg.DagsterRunStatus.NOT_STARTED]
+    for run in instance.get_runs(RunsFilter(statuses=active, tags={"kernelcast/host": socket.gethostname()})):
+        pid = run.tags.get("kernelcast/pid")
+        if not (pid and pid.isdigit()) or _alive(int(pid)):
+            continue
+        if run.status != dg.DagsterRunStatus.NOT_STARTED:
+            instance.report_run_failed(run, "its kernelcast process is gone")
+        else:
+            instance.report_run_canceled(run, "its kernelcast process is gone")
+        instance.event_log_storage.free_concurrency_slots_for_run(run.run_id)
+        released.append(run.run_id)
+    return released
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process: alive
+        return True
+    return True
+
+
+def planned_runs(settings: Settings, instance: dg.DagsterInstance) -> list[tuple[str, str | None]]:
+    """(job, partition) in the order `kernelcast run` executes them; adds new hardware partitions."""
     from orchestration.partitions import HARDWARE_PARTITIONS, discover_hardware_partitions
 
-    prepare_home(settings)
-    defs = defs or build_defs(settings)
-    instance = dg.DagsterInstance.get()
-    repo = defs.get_repository_def()
-    graph = repo.asset_graph
-    partitioned = {k for k in graph.materializable_asset_keys if graph.get(k).partitions_def is not None}
-    unpartitioned = set(graph.materializable_asset_keys) - partitioned
-
-    steps: list[StepResult] = []
-    if not partitioned:
-        steps.append(_run_selection(defs, instance, dg.AssetSelection.assets(*unpartitioned), None, "all"))
-        return steps
-    # Upstream of the partitioned assets first, then each partition, then everything downstream.
-    upstream = dg.AssetSelection.assets(*partitioned).upstream() - dg.AssetSelection.assets(*partitioned)
-    steps.append(_run_selection(defs, instance, upstream, None, "upstream"))
     keys = discover_hardware_partitions(settings)
     existing = set(instance.get_dynamic_partitions(HARDWARE_PARTITIONS.name))
     new = [k for k in keys if k not in existing]
     if new:
         instance.add_dynamic_partitions(HARDWARE_PARTITIONS.name, new)
-    for key in keys:
-        steps.append(_run_selection(defs, instance, dg.AssetSelection.assets(*partitioned), key, f"hw_{key}".replace("-", "_")))
-    downstream = dg.AssetSelection.assets(*partitioned).downstream() - dg.AssetSelection.assets(*partitioned)
-    rest = dg.AssetSelection.assets(*unpartitioned) - upstream
-    steps.append(_run_selection(defs, instance, downstream | rest, None, "downstream"))
-    return steps
+    return [("candidates_job", None), *[("measurement_ingest_job", k) for k in keys], ("downstream_job", None)]
+
+
+def run_graph(settings: Settings, defs: dg.Definitions | None = None,
+              listener: Callable | None = None,
+              on_run_start: Callable[[str, str | None], None] | None = None) -> list[RunSummary]:
+    """Materialise every asset through the code location's jobs; stops at the first failed run.
+
+    Args:
+        settings: the resolved settings (prepare_home points Dagster and the code location at them).
+        defs: the code location (default: `build_defs(settings)`).
+        listener: called with every event log entry.
+        on_run_start: called with (job, partition) before each run.
+    Returns:
+        One RunSummary per run executed.
+    """
+    from assets.profiling import gpu_count, host_hardware_id
+    from orchestration.definitions import build_defs
+
+    prepare_home(settings)
+    defs = defs or build_defs(settings)
+    instance = dg.DagsterInstance.get()
+    for run_id in release_abandoned_runs(instance):
+        log.warning("run %s was left started by a process that is gone: marked failed, its pool slots freed", run_id)
+    host = host_hardware_id(settings.profiling.measure_device) if settings.profiling.measure_on_cuda else None
+    summaries: list[RunSummary] = []
+    for job, partition in planned_runs(settings, instance):
+        if on_run_start is not None:
+            on_run_start(job, partition)
+        # Measuring steps side by side need one process each; everything else runs here.
+        n = gpu_count(settings.profiling.gpus, settings.profiling.measure_device) if partition and partition == host else 1
+        summary = execute_code_location_job(defs, instance, job, partition, processes=n if n > 1 else 1,
+                                            tags={"kernelcast/profile": settings.profile},
+                                            listener=listener)
+        summaries.append(summary)
+        if not summary.success:
+            break
+    return summaries

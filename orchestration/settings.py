@@ -35,6 +35,12 @@ class ProfilingSettings:
     timeout_s: float = 120.0  # per kernel
     compile_workers: int = 8
     max_kernels: int = 2000  # per materialisation
+    # Fan-out: one measuring step per GPU of the host (CUDA_VISIBLE_DEVICES per step). None:
+    # every CUDA device torch sees; a number caps it (or fakes a count in CPU tests).
+    gpus: int | None = None
+    # "cuda": measure where the host's GPU matches the partition; "cpu": Triton's interpreter
+    # on the correctness cases, partition 'cpu' (tests and CI only: CPU timings mean nothing).
+    measure_device: str = "cuda"
 
 
 @dataclass(frozen=True)
@@ -151,8 +157,27 @@ def default_home() -> Path:
     return Path(os.environ.get("KERNELCAST_HOME", Path.cwd() / ".kernelcast")).resolve()
 
 
+def _with_fanout_env(settings: Settings) -> Settings:
+    """KERNELCAST_GPUS (measuring steps per host) and KERNELCAST_MEASURE_DEVICE (cuda | cpu) on top
+    of the profile: how a host scales the fan-out, read by every process of a run alike."""
+    gpus, device = os.environ.get("KERNELCAST_GPUS"), os.environ.get("KERNELCAST_MEASURE_DEVICE")
+    if not gpus and not device:
+        return settings
+    if gpus and not gpus.isdigit():
+        raise ValueError(f"KERNELCAST_GPUS must be a whole number, got {gpus!r}")
+    if device and device not in ("cuda", "cpu"):
+        raise ValueError(f"KERNELCAST_MEASURE_DEVICE must be cuda or cpu, got {device!r}")
+    prof = replace(settings.profiling, **({"gpus": int(gpus)} if gpus else {}),
+                   **({"measure_device": device} if device else {}))
+    return replace(settings, profiling=prof)
+
+
 def load_settings(profile: str | None = None, home: str | Path | None = None) -> Settings:
     """Resolve the profile (argument, then KERNELCAST_PROFILE, then 'default') into Settings."""
+    return _with_fanout_env(_profile_settings(profile, home))
+
+
+def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
     name = profile or os.environ.get("KERNELCAST_PROFILE", "default")
     if name not in PROFILE_NAMES:
         raise ValueError(f"unknown profile {name!r}; choose one of {', '.join(PROFILE_NAMES)}")

@@ -1,28 +1,14 @@
 #!/usr/bin/env bash
-# One measuring call on a host of several GPUs: one worker per GPU, each on its own batch and
-# its own share of the CPU cores, all under the same time budget. Results land in $OUT as
-# scripts/gpu_measure_round.sh writes them, one NAME per GPU.
+# One measuring call on a host of one or more GPUs, through Dagster: `kernelcast measure` adds
+# the batch's kernels, splits the unmeasured ones into one shard per GPU and runs one measuring
+# step per GPU side by side (multiprocess executor, CUDA_VISIBLE_DEVICES per step); the ingest
+# merges them. Results and summary.json land in $OUT.
 #
-#   bash scripts/gpu_measure_parallel.sh BUDGET_S BATCH_0:NAME_0[:WORKER_FLAGS] [BATCH_1:NAME_1[:WORKER_FLAGS] ...]
+#   bash scripts/gpu_measure_parallel.sh BATCH.parquet [GPUS=all] [LIMIT]
 #
-# WORKER_FLAGS (no spaces; e.g. --compile-inputs=meta) go to that GPU's worker only, for A/B
-# comparisons of harness settings on one host in one call.
-# GPU i gets the i-th batch and cores [i*C, (i+1)*C) of the host's C*N cores. Timing is per
-# GPU (CUDA events), and the measuring children of each worker keep two of its cores to
-# themselves (pipelines/profiling/child.py), so the workers do not slow each other's launches.
-set -u
-budget=$1; shift
-n=$#
-gpus=$(nvidia-smi -L | wc -l)
-[ "$n" -le "$gpus" ] || { echo "error: $n batches for $gpus GPUs"; exit 2; }
-cores=$(nproc)
-per=$((cores / n))
-i=0
-for spec in "$@"; do
-  IFS=: read -r batch name flags <<< "$spec"
-  KC_WORKER_ARGS="${flags:-}" KC_GPU=$i KC_CPUS="$((i * per))-$(((i + 1) * per - 1))" \
-    bash scripts/gpu_measure_round.sh "$batch" "$name" "$budget" > "$OUT/round-$name.txt" 2>&1 &
-  i=$((i + 1))
-done
-wait
-for spec in "$@"; do IFS=: read -r _ name _ <<< "$spec"; echo "== $name"; cat "$OUT/round-$name.txt"; done
+# Needs dagster, duckdb and polars beside torch/triton (a lent GPU host: scripts/gpu_fanout_check.sh
+# stages them from carried wheels). A bare host with torch only runs the worker directly:
+# python3 -m pipelines.profiling.worker --batch B --out O (README, "Measuring on a GPU host").
+set -eu
+exec python3 -m orchestration.cli measure --profile gpu --batch "$1" ${2:+--gpus "$2"} ${3:+--limit "$3"} \
+  --out "${OUT:?set OUT to the output folder}"

@@ -200,10 +200,11 @@ def test_run_headline_prints_the_dataset_and_each_forecasters_numbers(tmp_path):
         "models:/kernelcast-surrogate/1": {"n": 2, "brier": 0.5, "parse_rate": 0.5}})
     assert lines == [
         "dataset ds-1: 9 measurements, 4 pairs",
-        "forecaster                            n    brier      ece recovered_mean parse_rate",
-        "baseline:uniform                      4   0.4375   0.0200         0.9000     1.0000",
-        "models:/kernelcast-surrogate/1        2   0.5000        -              -     0.5000",
+        "forecaster                         n   Brier     ECE recovered  parse",
+        "baseline:uniform                   4  0.4375  0.0200    0.9000 1.0000",
+        "models:/kernelcast-surrogate/1     2  0.5000       -         - 0.5000",
     ]
+    assert all(len(line) <= 80 for line in lines)
     assert _run_headline(load_settings("smoke", tmp_path / "empty-home")) == []  # nothing run yet
 
 

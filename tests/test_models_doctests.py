@@ -18,6 +18,8 @@ MODULES = [
     "models.sft",
     "models.training",
     "models.registry",
+    "models.promotion",
+    "models.tracking",
 ]
 
 

@@ -115,7 +115,9 @@ def test_register_alias_resolve_load_forecast(uri, run_id, adapter, tiny, con, t
     assert {k: int(v) for k, v in aliases.items()} == {"challenger": 1, "champion": 1}
 
     local = resolve_surrogate(uri, f"models:/{NAME}@champion", tmp_path / "resolved")
-    assert local is not None and (local / "adapter_model.safetensors").is_file()
+    assert local is not None and (local / "peft" / "adapter_model.safetensors").is_file()
+    assert (local / "MLmodel").is_file()  # an MLflow model, registered from the logged model
+    assert mv.source.startswith("models:/m-") and mv.tags["kind"] == "llm"
     assert read_base_model_ref(local) == {"base_model": str(tiny), "dataset_version": "v1"}
     assert resolve_surrogate(uri, f"models:/{NAME}/1", tmp_path / "by-version") is not None
 
@@ -157,12 +159,39 @@ def test_malformed_uri_and_alias_are_one_line_errors(uri, run_id, adapter):
     assert resolve_surrogate(uri, "models:/nobody@champion", ".") is None
 
 
-def test_base_model_json_is_logged_with_the_adapter(uri, adapter, tiny, tmp_path):
+def test_a_version_loads_as_mlflow_users_expect(uri, adapter, tiny, tmp_path):
+    """models:/NAME@champion through MLflow's own loaders: pyfunc (text generation) and the
+    transformers flavour (model + tokenizer, the adapter applied to the referenced base)."""
+    import mlflow
     from mlflow import MlflowClient
+    from peft import PeftModel
 
+    from models.registry import model_id_of
+
+    name = "load-check"
     run_id = new_run(uri)
-    register_surrogate(
-        uri, run_id, adapter, name="json-check", base_model=str(tiny), dataset_version="v9"
-    )
-    local = MlflowClient(uri).download_artifacts(run_id, "adapter/base_model.json", str(tmp_path))
-    assert json.loads(open(local).read())["dataset_version"] == "v9"
+    version = register_surrogate(uri, run_id, adapter, name=name, base_model=str(tiny), dataset_version="v9",
+                                 alias="champion", prompt_style="compact")
+    assert version == 1
+    mv = MlflowClient(uri, registry_uri=uri).get_model_version(name, "1")
+    model_id = model_id_of(uri, 1, name)
+    assert model_id and mv.source == f"models:/{model_id}"
+    logged = mlflow.get_logged_model(model_id)
+    assert logged.source_run_id == run_id  # version -> logged model -> training run
+
+    pyfunc = mlflow.pyfunc.load_model(f"models:/{name}@champion")
+    assert [c.name for c in pyfunc.metadata.signature.inputs.inputs] == ["prompt"]
+    assert pyfunc.metadata.metadata["dataset_version"] == "v9" and pyfunc.metadata.metadata["kind"] == "llm"
+    import pandas as pd
+
+    [answer] = pyfunc.predict(pd.DataFrame({"prompt": ["bin?"]}), params={"max_new_tokens": 4})
+    assert isinstance(answer, str) and answer.startswith("bin?")  # the pipeline returns prompt + continuation
+
+    parts = mlflow.transformers.load_model(f"models:/{name}@champion", return_type="components",
+                                           base_model_path=str(tiny))
+    assert isinstance(parts["model"], PeftModel) and parts["tokenizer"] is not None
+    local = resolve_surrogate(uri, f"models:/{name}/1", tmp_path / "dl")
+    assert read_base_model_ref(local) == {"base_model": str(tiny), "dataset_version": "v9", "prompt_style": "compact"}
+    # A plain adapter folder (trained on a GPU host) still names its base model in base_model.json.
+    (adapter / "base_model.json").write_text(json.dumps({"base_model": "smollm2"}))
+    assert read_base_model_ref(adapter) == {"base_model": "smollm2"}

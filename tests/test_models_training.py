@@ -105,6 +105,9 @@ def test_warmup_target_parses_and_peaks_at_the_true_bin(y):
     assert f.parse_ok and f.predicted_bin == y and math.isclose(f.raw_sum, 1.0)
 
 
+LIVE: list[tuple[str, int]] = []  # (run status, loss points stored) per trainer log line, from `trained`
+
+
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, one_thread):
     """One smoke run: 120 warm-up steps, then 2 GRPO steps of 2 prompts x 2 rollouts."""
@@ -113,15 +116,31 @@ def trained(tmp_path_factory, one_thread):
     settings = TrainingSettings.profile("smoke", base_model=str(tiny))
     rows = build_training_rows(make_pairs(), KERNELS, TASKS, HARDWARE, style=settings.prompt_style)
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    result = train_grpo(
-        settings,
-        rows,
-        root / "adapter",
-        tracking_uri=uri,
-        tags={"dagster_run_id": "dg-run-1"},
-        dataset_version="v-test",
-        measurement_ids=["m1", "m2", "m3"],
-    )
+    from mlflow import MlflowClient
+
+    from models.tracking import MlflowMetricsCallback
+
+    seen_live = []  # (run status, loss points stored) as each trainer log line is sent
+    original = MlflowMetricsCallback.on_log
+
+    def spy(self, args, state, control, logs=None, **kwargs):
+        out = original(self, args, state, control, logs=logs, **kwargs)
+        client = MlflowClient(self.tracking_uri)
+        seen_live.append((client.get_run(self.run_id).info.status, len(client.get_metric_history(self.run_id, "loss"))))
+        return out
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(MlflowMetricsCallback, "on_log", spy)
+        result = train_grpo(
+            settings,
+            rows,
+            root / "adapter",
+            tracking_uri=uri,
+            tags={"dagster_run_id": "dg-run-1"},
+            dataset_version="v-test",
+            measurement_ids=["m1", "m2", "m3"],
+        )
+    LIVE[:] = seen_live
     return result, uri, tiny
 
 
@@ -186,6 +205,14 @@ def test_mlflow_run_holds_config_metrics_dataset_and_ids(trained, tmp_path):
     assert "duckdb:pairs@v-test" in ds.source
     ids = Path(client.download_artifacts(result.run_id, "measurement_ids.txt", str(tmp_path)))
     assert ids.read_text().split() == ["m1", "m2", "m3"]
+
+
+def test_training_metrics_are_streamed_while_the_run_is_running(trained):
+    """Each GRPO step's log line is in MLflow while training goes on (live curves), not after."""
+    live = LIVE
+    assert [status for status, _ in live if _] and all(status == "RUNNING" for status, _ in live)
+    losses = [n for _, n in live]
+    assert losses[:2] == [1, 2]  # step 1's loss was stored before step 2 ran
 
 
 def test_grad_guard_drops_a_non_finite_step_and_gives_up_after_too_many():

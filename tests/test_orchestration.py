@@ -32,6 +32,7 @@ EXPECTED_CHECKS = {
     "base_model_loads", "tokenizer_round_trips", "surrogate_registered_with_lineage",
     "challenger_parse_rate_above_floor", "challenger_brier_not_worse_than_uniform",
     "every_mode_spends_the_budget",
+    "registered_forecasts_are_distributions",
 }
 
 
@@ -51,9 +52,10 @@ def test_definitions_snapshot(settings):
     checks = {k.name for k in graph.asset_check_keys}
     assert checks == EXPECTED_CHECKS
     repo = defs.get_repository_def()
-    assert {j.name for j in repo.get_all_jobs()} >= {"full_graph_job", "measurement_ingest_job", "downstream_job"}
+    assert {j.name for j in repo.get_all_jobs()} >= {"candidates_job", "full_graph_job", "measurement_ingest_job",
+                                                     "downstream_job"}
     assert {s.name for s in repo.schedule_defs} == {"nightly_schedule"}
-    assert {s.name for s in repo.sensor_defs} == {"measurement_inbox_sensor", "downstream_after_measurements_sensor"}
+    assert {s.name for s in repo.sensor_defs} == {"measurement_inbox_sensor", "downstream_automation_sensor"}
     for key in graph.materializable_asset_keys:
         node = graph.get(key)
         assert node.group_name and node.group_name != "default", key
@@ -110,14 +112,9 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
 
     down = _materialize(defs, dg.AssetSelection.assets("kernel_measurements").downstream() - dg.AssetSelection.assets("kernel_measurements"), instance)
     checks = _check_results(down)
-    # The smoke surrogate (tiny random model) may fail a promotion gate: that holds it back
-    # (model_promotion does not run), it does not break the graph.
-    from assets.promotion import PROMOTION_GATES
-
-    held = {c for c, ok in checks.items() if not ok} & set(PROMOTION_GATES)
-    failures = [e for e in down.all_events if e.event_type_value == "STEP_FAILURE"]
-    assert down.success or (held and all(e.event_specific_data.error.cls_name == "DagsterAssetCheckFailedError"
-                                           for e in failures)), [e.message for e in down.all_events if e.is_failure]
+    # The smoke surrogate (tiny random model) may fail a promotion gate: that holds it back, a
+    # decision model_promotion records; the run succeeds.
+    assert down.success, [e.message for e in down.all_events if e.is_failure]
     assert checks["no_eval_train_leakage"] is True
     assert checks["pairs_need_two_correct_measurements"] is True
     assert checks["reference_forecasters_present"] is True

@@ -195,10 +195,22 @@ def test_gates_and_promotion_agree_with_the_rule(graph):
     checks = _checks(result)
     assert "challenger_parse_rate_above_floor" in checks and checks["challenger_parse_rate_above_floor"]
     eligible = checks["challenger_brier_not_worse_than_uniform"]
-    # Gates passed -> model_promotion ran and version 1 (no champion before) is champion;
-    # failed -> model_promotion was held back and there is no champion.
-    assert ("model_promotion" in _materialized(result)) == eligible
+    # model_promotion always runs and records its decision: version 1 (no champion before)
+    # is promoted when it passes the gates, held back otherwise; the run succeeds either way.
+    assert "model_promotion" in _materialized(result) and result.success
     assert alias_version(settings.mlflow_uri, "champion") == (1 if eligible else None)
+    meta = _promotion_metadata(result)
+    assert meta["outcome"] == ("promoted" if eligible else "held_back")
+
+
+def _promotion_metadata(run) -> dict:
+    mat = next(e for e in run.get_asset_materialization_events() if e.asset_key.to_user_string() == "model_promotion")
+    return {k: getattr(v, "value", v) for k, v in mat.step_materialization_data.materialization.metadata.items()}
+
+
+def _check_severities(run) -> dict[str, str]:
+    return {ev.event_specific_data.check_name: ev.event_specific_data.severity.value for ev in run.all_events
+            if ev.event_type_value == "ASSET_CHECK_EVALUATION" and not ev.event_specific_data.passed}
 
 
 def _write_surrogate_forecasts(settings, version: int, quality: str) -> None:
@@ -226,13 +238,14 @@ def _register_challenger(settings, batch: str) -> int:
     """A new version from version 1's adapter, as the next training batch's challenger."""
     from mlflow import MlflowClient
 
-    from models.registry import register_surrogate
+    from models.registry import register_surrogate, resolve_surrogate
 
     client = MlflowClient(settings.mlflow_uri, registry_uri=settings.mlflow_uri)
     v1 = client.get_model_version(NAME, "1")
-    local = Path(client.download_artifacts(v1.run_id, "adapter", str(settings.home / f"adapter-{batch}")))
+    local = resolve_surrogate(settings.mlflow_uri, f"models:/{NAME}/1", settings.home / f"adapter-{batch}")
     return register_surrogate(settings.mlflow_uri, v1.run_id, local, base_model="tiny", alias="challenger",
-                              tags={"training_batch": batch, "reward": "correctness+brier"}, prompt_style="compact")
+                              tags={"training_batch": batch, "reward": "correctness+brier"}, prompt_style="compact",
+                              base_model_path=settings.home / "models" / "tiny")
 
 
 def _promote_again(defs, instance):
@@ -265,30 +278,86 @@ def test_promotion_passes_then_holds_a_worse_challenger_then_a_failing_one(graph
     _write_surrogate_forecasts(settings, v2, "fair")
     run = _promote_again(defs, instance)
     assert run.success and _checks(run)["challenger_brier_not_worse_than_uniform"]
-    mat = next(e for e in run.get_asset_materialization_events() if e.asset_key.to_user_string() == "model_promotion")
-    meta = mat.step_materialization_data.materialization.metadata
-    assert "does not beat champion 1" in meta["reason"].value
+    meta = _promotion_metadata(run)
+    assert meta["outcome"] == "kept" and "does not beat champion 1" in meta["reason"]
     assert alias_version(uri, "champion") == 1 and alias_version(uri, "challenger") == v2
 
-    # (3) A challenger worse than uniform: the blocking gate fails, model_promotion never runs.
+    # (3) A challenger worse than uniform, alone: held back. A decision, not a failure: the
+    # gate check warns, model_promotion runs and records it, the run succeeds.
+    from warehouse.db import connect
+
+    with connect(settings.warehouse_path) as con:  # only v3 competes with the champion now
+        con.execute("DELETE FROM forecasts WHERE model_ref = ?", [f"models:/{NAME}/{v2}"])
     v3 = _register_challenger(settings, "batch-3")
     _write_surrogate_forecasts(settings, v3, "bad")
     run = _promote_again(defs, instance)
+    assert run.success and "model_promotion" in _materialized(run)
     assert _checks(run)["challenger_brier_not_worse_than_uniform"] is False
-    assert "model_promotion" not in _materialized(run) and not run.success
+    assert _check_severities(run) == {"challenger_brier_not_worse_than_uniform": "WARN"}
+    meta = _promotion_metadata(run)
+    assert meta["outcome"] == "held_back" and str(v3) in meta["versions"]
     assert alias_version(uri, "champion") == 1
+    assert client.get_model_version(NAME, str(v3)).tags["promotion_status"] == "held back: brier_not_worse_than_uniform"
+    with connect(settings.warehouse_path, read_only=True) as con:
+        outcomes = [r[0] for r in con.execute("SELECT outcome FROM promotion_decisions ORDER BY decided_at").fetchall()]
+    assert outcomes[-3:] == ["promoted", "kept", "held_back"]
 
 
 @pytest.mark.slow
-def test_runner_reports_a_held_challenger_as_a_decision_not_a_failure(graph):
-    from orchestration.runner import _run_selection
+def test_versions_of_any_kind_compete_on_the_same_pairs(graph):
+    """A version of another kind (a cost model forecasting every eval pair) is weighed like the
+    LLM versions: on the pairs every version forecast, by the same gates and rule."""
+    from models.registry import alias_version, register_logged_model
+    from warehouse.db import connect
+    from warehouse.forecasts import write_forecasts
 
     settings, defs, instance, _ = graph
-    # The "bad" challenger of the previous test (or the tiny model's own) is @challenger now.
-    step = _run_selection(defs, instance, dg.AssetSelection.assets("calibration_report", "utility_report",
-                                                                   "model_promotion"), None, "promote")
-    assert step.promotion_held == ["challenger_brier_not_worse_than_uniform"]
-    assert step.success and step.checks_failed == []
+    uri = settings.mlflow_uri
+    champion = alias_version(uri, "champion")
+    # A stand-in for a classical forecaster's logged model: an external LoggedModel.
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    external = mlflow.create_external_model(name="cost-model-test")
+    version = register_logged_model(uri, f"models:/{external.model_id}", NAME, kind="cost_model")
+    with connect(settings.warehouse_path) as con:
+        pairs = con.sql("SELECT pair_id, true_bin FROM pairs WHERE split = 'eval' AND dataset_version = "
+                        "(SELECT dataset_version FROM dataset_versions ORDER BY created_at DESC LIMIT 1)").pl()
+        rows = [{"pair_id": pid, "model_ref": f"models:/{NAME}/{version}", "parse_ok": True, "predicted_bin": y,
+                 "argmax_bin": y, "p": [0.93 if b == y else 0.01 for b in range(1, 9)], "raw_sum": 1.0}
+                for pid, y in pairs.iter_rows()]
+        write_forecasts(con, pl.DataFrame(rows))
+    run = _promote_again(defs, instance)
+    meta = _promotion_metadata(run)
+    assert run.success and meta["outcome"] == "promoted" and meta["promoted"] == version
+    assert "cost_model" in meta["versions"]
+    # Compared on the pairs every version forecast: the LLM versions' capped subset, not all eval pairs.
+    assert meta["common_eval_pairs"] == settings.surrogate.eval_pairs < pairs.height
+    assert alias_version(uri, "champion") == version != champion
+
+
+@pytest.mark.slow
+def test_wrong_forecasts_block_promotion(graph):
+    """Forecasts that are not distributions are wrong data: the blocking check on `forecasts`
+    stops the run before model_promotion moves any alias."""
+    import mlflow
+
+    from models.registry import alias_version, register_logged_model, set_alias
+    from warehouse.db import connect
+
+    settings, defs, instance, _ = graph
+    uri = settings.mlflow_uri
+    set_alias(uri, "champion", 1)  # an LLM champion: the forecasts asset forecasts it again
+    mlflow.set_tracking_uri(uri)
+    broken = register_logged_model(uri, f"models:/{mlflow.create_external_model(name='broken-test').model_id}", NAME,
+                                   kind="cost_model")
+    _write_surrogate_forecasts(settings, broken, "good")
+    with connect(settings.warehouse_path) as con:
+        con.execute("UPDATE forecasts SET p1 = 5.0 WHERE model_ref = ?", [f"models:/{NAME}/{broken}"])
+    run = _materialize(defs, dg.AssetSelection.assets(*EVALUATE_AND_PROMOTE), instance)
+    assert _checks(run)["registered_forecasts_are_distributions"] is False
+    assert not run.success and _materialized(run) == {"forecasts"}  # reports and promotion held back
+    assert alias_version(uri, "champion") == 1
 
 
 # ---- the CLI around the registry -------------------------------------------------------------

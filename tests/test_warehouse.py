@@ -27,6 +27,8 @@ TABLES = {
     "dataset_measurements",
     "forecasts",
     "model_lineage",
+    "promotion_decisions",
+    "promotion_scores",
 }
 
 
@@ -53,7 +55,7 @@ def test_connect_creates_parent_dirs_and_every_table(tmp_path):
     applied = execute(c, "SELECT version, name FROM schema_migrations ORDER BY version")
     assert applied[0] == (1, "init")
     assert [v for v, _ in applied] == list(range(1, len(applied) + 1))  # every migration, in order
-    assert (3, "kernel_feature_launches") in applied
+    assert (2, "promotion_decisions") in applied and (3, "kernel_feature_launches") in applied
     c.close()
 
 

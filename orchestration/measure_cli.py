@@ -1,0 +1,113 @@
+"""`kernelcast measure`: this host's unmeasured kernels through the Dagster fan-out, one step per GPU.
+
+    kernelcast measure --batch B.parquet [--gpus N] [--limit K] [--out DIR] [--json]
+
+The kernels of the batch files are added to the warehouse, then `measurement_ingest_job` runs
+for the partition of this host's GPU on the multiprocess executor: `plan_measurements` splits the
+unmeasured kernels into N shards, N `measure_shard` steps run the profiling worker side by side
+(CUDA_VISIBLE_DEVICES=i each), `ingest_measurements` merges their results through the ingest.
+The run lands on the instance under $KERNELCAST_HOME/dagster like every other (`kernelcast ui`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import typer
+
+
+def measure(
+    batch: list[Path] = typer.Option([], "--batch", help="Kernel batch Parquet files (or folders) to add first."),
+    gpus: int | None = typer.Option(None, "--gpus", min=1, help="Measuring steps (default: every CUDA device)."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Measure at most this many kernels."),
+    out: Path | None = typer.Option(None, "--out", help="Copy the shards' result files and summary.json here."),
+    profile: str | None = typer.Option(None, "--profile", help="smoke | default | gpu."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+) -> None:
+    """Measure this host's unmeasured kernels: one Dagster step per GPU, merged by the ingest."""
+    import dataclasses
+
+    import dagster as dg
+
+    from assets.profiling import gpu_count, host_hardware_id
+    from orchestration.definitions import build_defs
+    from orchestration.partitions import HARDWARE_PARTITIONS
+    from orchestration.run_display import output_to
+    from orchestration.runner import execute_code_location_job, prepare_home
+    from orchestration.settings import load_settings
+    from warehouse.db import connect
+    from warehouse.ingest import ingest_path
+
+    if gpus is not None:
+        os.environ["KERNELCAST_GPUS"] = str(gpus)  # the step processes read the same count
+    settings = load_settings(profile)
+    if limit is not None:
+        settings = dataclasses.replace(settings, profiling=dataclasses.replace(settings.profiling, max_kernels=limit))
+    hardware = host_hardware_id(settings.profiling.measure_device)
+    if hardware is None:
+        raise ValueError("no CUDA GPU on this host (KERNELCAST_MEASURE_DEVICE=cpu measures in Triton's interpreter)")
+    prepare_home(settings)
+    with connect(settings.warehouse_path) as con:
+        for path in batch:
+            if not path.exists():
+                raise FileNotFoundError(f"{path}: no such file or folder")
+            ingest_path(con, path)
+    instance = dg.DagsterInstance.get()
+    if hardware not in instance.get_dynamic_partitions(HARDWARE_PARTITIONS.name):
+        instance.add_dynamic_partitions(HARDWARE_PARTITIONS.name, [hardware])
+    n = gpu_count(settings.profiling.gpus, settings.profiling.measure_device)
+    log_path = settings.home / "logs" / f"measure-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    # Always the multiprocess executor (at least 2 processes, so also with one GPU): the path a
+    # host of N GPUs takes, each measuring step in its own process. Dagster's and the worker's
+    # own output go to the log file.
+    with open(log_path, "a", buffering=1) as logfile, output_to(logfile):
+        summary = execute_code_location_job(build_defs(settings), instance, "measurement_ingest_job", hardware,
+                                            processes=max(2, n), tags={"kernelcast/launched_by": "kernelcast measure"})
+    report = {**_report(instance, summary, settings.home / "measured" / summary.run_id[:8], n), "log": str(log_path)}
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        for shard in report["shards"]:
+            shutil.copy(shard["results"], out / Path(shard["results"]).name)
+        (out / "summary.json").write_text(json.dumps(report, indent=1, default=str))
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, default=str))
+    else:
+        typer.echo(f"{hardware}: {report['measuring_steps']} measuring step(s) of {n} GPU(s), "
+                   f"{report['rows_added']} rows added in {report['seconds']:.0f} s (run {summary.run_id[:8]})")
+        typer.echo(f"{'GPU':>3} {'pid':>8} {'kernels':>8} {'ok':>5} {'failed':>6} {'seconds':>8}")
+        for s in report["shards"]:
+            typer.echo(f"{s['gpu']:>3} {s['pid']!s:>8} {s['kernels']:>8} {s['ok']:>5} {s['failed']:>6} {s['seconds']!s:>8}")
+    if not summary.success:
+        raise RuntimeError(f"{summary.error} (log: {log_path}; run {summary.run_id[:8]} in `kernelcast ui`)")
+
+
+def _report(instance, summary, folder: Path, n_gpus: int) -> dict:
+    """The run in numbers: per shard its process, kernels, outcomes and wall time."""
+    import pyarrow.parquet as pq
+
+    starts, ends = {}, {}
+    for entry in instance.all_logs(summary.run_id):
+        key = entry.step_key or ""
+        if "measure_shard[" in key:
+            gpu = int(key.split("[gpu_")[1].rstrip("]"))
+            if entry.dagster_event_type and entry.dagster_event_type.value == "STEP_START":
+                starts[gpu] = (entry.dagster_event.pid, entry.timestamp)
+            elif entry.dagster_event_type and entry.dagster_event_type.value == "STEP_SUCCESS":
+                ends[gpu] = entry.timestamp
+    shards = []
+    for gpu, (pid, t0) in sorted(starts.items()):
+        results = folder / f"results-gpu{gpu}.parquet"
+        status = pq.read_table(results, columns=["status"])["status"].to_pylist() if results.exists() else []
+        kernels = pq.ParquetFile(folder / f"batch-gpu{gpu}.parquet").metadata.num_rows
+        shards.append({"gpu": gpu, "pid": pid, "kernels": kernels, "ok": status.count("ok"),
+                       "failed": len(status) - status.count("ok"), "results": str(results),
+                       "seconds": round(ends[gpu] - t0, 1) if gpu in ends else None})
+    meta = summary.metadata.get("kernel_measurements", {})
+    return {"run_id": summary.run_id, "partition": summary.partition, "success": summary.success,
+            "gpus": n_gpus, "measuring_steps": len(shards), "rows_added": meta.get("rows_added", 0),
+            "profiled_here": meta.get("profiled_here", 0), "seconds": round(summary.seconds, 1),
+            "checks_failed": summary.checks_failed, "shards": shards}

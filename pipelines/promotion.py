@@ -1,0 +1,113 @@
+"""Scores for the promotion rule: every registered version on the same eval pairs.
+
+The versions of a registered model may be of different kinds (an LLM surrogate forecasting a
+capped subset, a cost model forecasting every pair); the rule of `models.promotion` compares
+them like with like, so each one, the champion and the uniform forecaster are scored on the
+pairs all of them forecast.
+
+    scored = score_versions(eval_forecasts, "kernelcast-surrogate", champion=2, kinds={3: "llm"})
+    decide_promotion(scored.challengers, champion=2)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from models.promotion import ChallengerScores
+
+UNIFORM = "baseline:uniform"
+
+
+def registered_version(model_ref: str, name: str) -> int | None:
+    """The version number of a forecast's model_ref `models:/<name>/<N>`, else None.
+
+    >>> registered_version("models:/kernelcast-surrogate/3", "kernelcast-surrogate")
+    3
+    >>> registered_version("models:/kernelcast-surrogate/3|verbalized", "kernelcast-surrogate") is None
+    True
+    """
+    m = re.fullmatch(rf"models:/{re.escape(name)}/(\d+)", model_ref)
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class ScoredVersions:
+    """Every version's scores on the common pairs.
+
+    Attributes:
+        challengers: scores of the versions other than the champion (ascending version).
+        champion: the champion's scores on the same pairs (None: it has no forecasts here).
+        pairs: the common eval pairs (sorted pair ids).
+        errors: version -> why its forecasts could not be scored (bad probabilities, ...).
+    """
+
+    challengers: list[ChallengerScores]
+    champion: ChallengerScores | None
+    pairs: list[str]
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+def _score(frame: pl.DataFrame, ref: str, pairs: list[str]) -> tuple[int, float, float]:
+    """(pairs scored, parse rate, Brier) of one model_ref on `pairs`."""
+    from pipelines.evaluation.evaluate import prepare
+    from pipelines.evaluation.scores import score_means
+
+    part = frame.filter((pl.col("model_ref") == ref) & pl.col("pair_id").is_in(pairs))
+    if part.is_empty():
+        return 0, 0.0, float("nan")
+    a = prepare(part.drop("model_ref"))
+    means = score_means(a.p, a.y, a.predicted_bin, a.parse_ok)
+    return part["pair_id"].n_unique(), means["parse_rate"], means["full"]["brier"]
+
+
+def score_versions(
+    frame: pl.DataFrame,
+    name: str,
+    champion: int | None,
+    kinds: Mapping[int, str] | None = None,
+    rewards: Mapping[int, str] | None = None,
+) -> ScoredVersions:
+    """Score every version of `name` with forecasts in `frame` on the pairs all of them forecast.
+
+    Args:
+        frame: eval forecasts of one dataset version joined with their pairs
+            (`warehouse.forecasts.read_forecasts(..., with_pairs=True)`, split 'eval').
+        name: the registered model.
+        champion: the version @champion points at (None: none).
+        kinds: version -> kind tag, for the record.
+        rewards: version -> reward tag, for the record.
+    Returns:
+        ScoredVersions; a version whose forecasts are not valid distributions is left out of
+        the comparison and named in `errors`.
+    """
+    kinds, rewards = dict(kinds or {}), dict(rewards or {})
+    if frame.is_empty():
+        return ScoredVersions([], None, [])
+    refs = {v: ref for ref in frame["model_ref"].unique().to_list() if (v := registered_version(ref, name)) is not None}
+    pair_sets = {v: set(frame.filter(pl.col("model_ref") == ref)["pair_id"].to_list()) for v, ref in refs.items()}
+    common = set(frame.filter(pl.col("model_ref") == UNIFORM)["pair_id"].to_list())
+    for pairs in pair_sets.values():
+        common &= pairs
+    pairs = sorted(common)
+    _, _, uniform = _score(frame, UNIFORM, pairs) if pairs else (0, 0.0, float("nan"))
+    scored: dict[int, ChallengerScores] = {}
+    errors: dict[int, str] = {}
+    for v in sorted(refs):
+        try:
+            n, rate, brier = _score(frame, refs[v], pairs) if pairs else (0, 0.0, float("nan"))
+        except ValueError as exc:  # not a valid set of distributions: wrong data, not a weak model
+            errors[v] = str(exc).splitlines()[0]
+            continue
+        scored[v] = ChallengerScores(v, n, rate, brier, uniform, brier, None, rewards.get(v, ""), kinds.get(v, ""))
+    champ = scored.get(champion) if champion is not None else None
+    challengers = [
+        ChallengerScores(s.version, s.n_pairs, s.parse_rate, s.brier, s.uniform_brier,
+                         s.brier if champ is not None else None, champ.brier if champ is not None else None,
+                         s.reward, s.kind)
+        for v, s in sorted(scored.items()) if v != champion
+    ]
+    return ScoredVersions(challengers, champ, pairs, errors)
