@@ -21,7 +21,7 @@ def _current_version(con) -> str | None:
     group_name=GROUP,
     kinds={"duckdb", "polars"},
     pool="duckdb_writer",
-    deps=["eval_set", "rl_training_pool", "discovery_pairs", "surrogate_model"],
+    deps=["eval_set", "rl_training_pool", "discovery_pairs", "surrogate_model", "classical_forecasters"],
     check_specs=[dg.AssetCheckSpec(REFERENCE_FORECASTERS_PRESENT, asset="forecasts", blocking=True,
                                    description="Uniform, bin prior and oracle forecast every eval pair.")],
 )
@@ -45,8 +45,8 @@ def forecasts(context: dg.AssetExecutionContext, settings: SettingsResource, war
         frame = reference_forecasts(evals, train)
         written = write_forecasts(con, frame.select([c for c in frame.columns if c not in ("task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "pair_type", "true_speedup", "model")]))
     lm_rows = _language_model_forecasts(context, settings.get(), warehouse, read_pairs, version)
-    surrogate_rows = _surrogate_forecasts(context, settings.get(), warehouse, mlflow, read_pairs, version)
-    lm_rows = pl.concat([f for f in (lm_rows, surrogate_rows) if f is not None], how="diagonal_relaxed") \
+    surrogate_rows = _registered_forecasts(context, settings.get(), warehouse, mlflow, version)
+    lm_rows = pl.concat([f for f in (lm_rows, surrogate_rows) if f is not None and f.height], how="diagonal_relaxed") \
         if (lm_rows is not None or surrogate_rows is not None) else None
     if lm_rows is not None:
         with warehouse.connect() as con:
@@ -88,32 +88,34 @@ def _language_model_forecasts(context, cfg, warehouse, read_pairs, version):
     return pl.concat(frames, how="diagonal_relaxed") if frames else None
 
 
-def _surrogate_forecasts(context, cfg, warehouse, mlflow, read_pairs, version):
-    """Logprob forecasts of each challenger version and the champion on the capped eval subset."""
-    from models.registry import alias_version, version_info
-    from models.surrogate import challengers, eval_subset, model_ref, registered_forecaster
-    from pipelines.evaluation.lm_forecasts import forecast_by_hardware, pair_sources
+def _registered_forecasts(context, cfg, warehouse, mlflow, version):
+    """Forecasts of every registered forecaster of the version (all kinds, both report splits),
+    the committed H200 variants and the held-out reference forecasters; the list of them goes
+    to <reports>/<version>/forecasters.json for the reports."""
+    import dataclasses
+    import json
 
-    mlflow.client()
-    champion = alias_version(mlflow.tracking_uri, "champion")
-    versions = sorted(set(challengers(mlflow.tracking_uri)) | ({champion} if champion else set()))
-    # Only LLM adapters forecast here; versions of other kinds (a cost model) bring their own forecasts.
-    versions = [v for v in versions if (version_info(mlflow.tracking_uri, v) or {}).get("tags", {}).get("kind", "llm") == "llm"]
-    if not versions:
-        return None
     import polars as pl
 
-    # The same subset for every version (and the champion), so promotion compares like with like.
+    from pipelines.training.classical import ids_of, kernel_records
+    from pipelines.training.export import row_builder, version_roles
+    from pipelines.training.forecasting import held_out_reference_forecasts, registered_forecasts
+
+    mlflow.client()
     with warehouse.connect(read_only=True) as con:
-        evals = eval_subset(read_pairs(con, version, "eval"), cfg.surrogate.eval_pairs)
-        sources = pair_sources(con, evals)
-    frames = []
-    for v in versions:
-        forecaster, info = registered_forecaster(mlflow.tracking_uri, v, cfg.home, cache_dir=cfg.home / "forecast-cache")
-        context.log.info(f"{model_ref(v)}: reward {info['reward']}")
-        frames += forecast_by_hardware(evals, sources, cfg.warehouse_path, forecaster, model_ref(v),
-                                       style=info["prompt_style"], log=context.log.info)
-        del forecaster
+        roles = version_roles(con, version, cfg.surrogate.held_out_task)
+        records = kernel_records(con, ids_of([roles.eval, roles.held_out_eval]))
+        committed = cfg.data_dir / cfg.surrogate.committed_run
+        rows, listed = registered_forecasts(mlflow.tracking_uri, version, roles, records, cfg.home,
+                                            committed if committed.is_dir() else None, row_builder(con),
+                                            cfg.surrogate.eval_pairs, progress=context.log.info)
+    held_rows, held_listed = held_out_reference_forecasts(roles)
+    out_dir = cfg.reports_dir / version
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "forecasters.json").write_text(json.dumps(
+        {"held_out_task": roles.held_out_task, "held_out_pairs": roles.held_out_eval["pair_id"].to_list(),
+         "forecasters": [dataclasses.asdict(f) for f in listed + held_listed]}, indent=1))
+    frames = [f for f in (rows, held_rows) if f.height]
     return pl.concat(frames, how="diagonal_relaxed") if frames else None
 
 
@@ -133,11 +135,13 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     """Evaluate every forecaster of the current dataset version and log the report to MLflow."""
     import json
 
+    from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
     from pipelines.evaluation.suite import (
         evaluate_models,
         headline_markdown,
         write_evaluation_report,
     )
+    from pipelines.training.forecasting import split_frames
     from warehouse.forecasts import read_forecasts
 
     cfg = settings.get()
@@ -145,11 +149,24 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
         version = _current_version(con)
         frame = read_forecasts(con, dataset_version=version, with_pairs=True)
     frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame
-    results = evaluate_models(frame, n_boot=cfg.evaluation.n_boot, progress=lambda m: context.log.info(f"evaluating {m}"))
     out_dir = cfg.reports_dir / version
-    html = write_evaluation_report(results, out_dir, title=f"kernelcast evaluation, dataset {version}")
-    (out_dir / "metrics.json").write_text(json.dumps(results, indent=1, default=str))
-    run_id = _log_evaluation(context, mlflow, results, version, frame, out_dir)
+    listing_path = out_dir / "forecasters.json"
+    listing = json.loads(listing_path.read_text()) if listing_path.is_file() else {}
+    parts = split_frames(frame, listing)
+    kinds = {f["model_ref"]: f["kind"] for f in listing.get("forecasters", [])}
+    sources = {f["model_ref"]: f["source"] for f in listing.get("forecasters", [])}
+    table_rows = []
+    for split, part in parts.items():
+        res = evaluate_models(part, n_boot=cfg.evaluation.n_boot, progress=lambda m, s=split: context.log.info(f"evaluating {m} ({s})"))
+        folder = out_dir if split == "in_distribution" else out_dir / split
+        page = write_evaluation_report(res, folder, title=f"kernelcast evaluation, dataset {version}, {split.replace('_', ' ')}")
+        (folder / "metrics.json").write_text(json.dumps(res, indent=1, default=str))
+        table_rows += forecaster_rows(res, kinds, split, sources)
+        if split == "in_distribution":
+            results, html = res, page
+    (out_dir / TABLE_FILE).write_text(json.dumps({"dataset_version": version, "held_out_task": listing.get("held_out_task"),
+                                                  "forecasters": table_rows}, indent=1, default=str))
+    run_id = _log_evaluation(context, mlflow, results, version, parts["in_distribution"], out_dir)
     oracle = results.get("baseline:oracle", {})
     table = headline_markdown(results)
     common = {"dataset_version": version, "mlflow_run_id": run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(run_id))}

@@ -158,6 +158,7 @@ def ingest_measurements(context: dg.OpExecutionContext, settings: SettingsResour
             if report.kind == "results":
                 added += report.added
                 profiled += report.added if f in shard_files else 0
+        features = _ingest_compile_features(context, con, cfg)
         counts = checks.partition_counts(con, hardware)
     table = "| GPU | CUDA_VISIBLE_DEVICES | kernels | seconds | exit code |\n|---|---|---|---|---|\n" + "\n".join(
         f"| {s['gpu']} | {s['cuda_visible_devices'] or '-'} | {s['kernels']} | {s['seconds']} | {s['exit_code']} |"
@@ -166,9 +167,24 @@ def ingest_measurements(context: dg.OpExecutionContext, settings: SettingsResour
         "table": "measurements", "hardware_id": hardware, "rows": counts["measurements"],
         "correct": counts["correct"], "batches": counts["batches"], "files_ingested": files,
         "rows_added": added, "profiled_here": profiled, "measuring_steps": len(shards),
+        "compile_features_added": features,
         "shards": dg.MetadataValue.md(table if shards else "(nothing measured on this host)"),
         "files_rejected": dg.MetadataValue.md("\n".join(f"- {r}" for r in rejected) or "none"),
     })
+
+
+def _ingest_compile_features(context, con, cfg) -> int:
+    """The committed compile features (data/features/<target>/*.parquet) of known kernels."""
+    from warehouse.errors import ValidationError
+    from warehouse.kernels import ingest_compile_features
+
+    added = 0
+    for f in sorted(cfg.data_dir.glob("features/*/*.parquet")):
+        try:
+            added += ingest_compile_features(con, f)
+        except ValidationError as exc:
+            context.log.warning(f"rejected {f}: {exc}")
+    return added
 
 
 @dg.graph_asset(

@@ -72,9 +72,100 @@ def _training_inputs(con, version: str):
 )
 def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
                     mlflow: MlflowResource) -> dg.MaterializeResult:
-    """LoRA adapters on the base model, one per configured reward variant, trained with GRPO on
-    the training pool of the current dataset version and registered in MLflow as
-    models:/kernelcast-surrogate (alias @challenger); lineage in DuckDB `model_lineage`."""
+    """The LLM surrogate of the current dataset version as a version of models:/kernelcast-surrogate
+    (tag kind=llm): the committed H200 adapter, a supervised LoRA trained here, or GRPO variants
+    (settings.surrogate.llm); lineage in DuckDB `model_lineage`."""
+    cfg = settings.get()
+    if cfg.surrogate.llm == "grpo":
+        return _grpo_surrogates(context, cfg, warehouse, mlflow)
+    from assets.evaluation import _current_version
+    from models.base_model import resolve_base_model
+    from models.training import git_commit
+    from pipelines.training import llm
+    from pipelines.training.export import row_builder, version_roles
+    from warehouse.lineage import read_model_lineage
+
+    sur = cfg.surrogate
+    base_path = resolve_base_model(sur.base_model, cfg.home)
+    mlflow.client()
+    tags = {"dagster_run_id": context.run.run_id, **({"git_commit": c} if (c := git_commit()) else {})}
+    with warehouse.connect() as con:
+        version = _current_version(con)
+        if version is None:
+            raise dg.Failure("no dataset version yet: materialise curated_pairs first")
+        roles = version_roles(con, version, sur.held_out_task)
+        if sur.llm == "committed":
+            out = llm.register_committed(con, mlflow.tracking_uri, cfg.data_dir, sur.committed_run, sur.committed_adapter,
+                                         version, sur.base_model, base_path, roles.eval, roles.held_out_eval, tags)
+        elif sur.llm == "supervised":
+            out = llm.train_and_register(con, mlflow.tracking_uri, roles, row_builder(con), version, sur.base_model,
+                                         base_path, sur.supervised_epochs, sur.supervised_style, sur.supervised_rows,
+                                         cfg.home / "training" / context.run.run_id, tags)
+        else:
+            raise dg.Failure(f"unknown surrogate.llm setting {sur.llm!r}: committed, supervised or grpo")
+        lineage = read_model_lineage(con, "kernelcast-surrogate")
+    recorded = set(lineage["model_version"].to_list()) if lineage.height else set()
+    missing = [] if str(out.version) in recorded else [str(out.version)]
+    context.log.info(f"LLM surrogate: version {out.version} ({out.source}, {'re-used' if out.reused else 'registered'})")
+    return dg.MaterializeResult(
+        metadata={"dataset_version": version, "registered_model": "kernelcast-surrogate", "versions": str(out.version),
+                  "source": out.source, "reused": out.reused, **{k: float(v) for k, v in out.metrics.items()},
+                  **({"mlflow_run_id": out.run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(out.run_id))} if out.run_id else {})},
+        check_results=[dg.AssetCheckResult(check_name=SURROGATE_REGISTERED_WITH_LINEAGE, passed=not missing,
+                                           severity=dg.AssetCheckSeverity.ERROR,
+                                           metadata={"value": len(missing), "threshold": 0, "offending": ", ".join(missing) or "none"})],
+    )
+
+
+@dg.asset(
+    group_name=GROUP,
+    kinds={"scikit-learn", "mlflow"},
+    pool="duckdb_writer",
+    deps=["rl_training_pool", "eval_set"],
+)
+def classical_forecasters(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
+                          mlflow: MlflowResource) -> dg.MaterializeResult:
+    """Classical forecasters (a boosted cost model of kernel features, a text model of both sources),
+    trained on the current dataset version's fit pairs, calibrated on its calibration split, and
+    registered as versions of models:/kernelcast-surrogate (tag kind); their held-out-task twins
+    go to models:/kernelcast-surrogate-held-out."""
+    from assets.evaluation import _current_version
+    from models.training import git_commit
+    from pipelines.training.classical import ids_of, kernel_records, train_and_register
+    from pipelines.training.export import version_roles
+    from warehouse.datasets import dataset_measurement_ids
+
+    cfg = settings.get()
+    mlflow.client()
+    tags = {"dagster_run_id": context.run.run_id, **({"git_commit": c} if (c := git_commit()) else {})}
+    with warehouse.connect() as con:
+        version = _current_version(con)
+        if version is None:
+            raise dg.Failure("no dataset version yet: materialise curated_pairs first")
+        roles = version_roles(con, version, cfg.surrogate.held_out_task)
+        records = kernel_records(con, ids_of(roles.by_name().values()))
+        registered = train_and_register(con, roles, records, cfg.surrogate.classical, mlflow.tracking_uri, version,
+                                        context.run.run_id, "kernelcast-surrogate",
+                                        measurement_ids=dataset_measurement_ids(con, version), tags=tags,
+                                        params=_classical_params(cfg.surrogate.classical_params),
+                                        max_fit=cfg.surrogate.classical_max_fit)
+    table = "| model | version | kind | split | | calibration Brier |\n|---|---|---|---|---|---|\n" + "\n".join(
+        f"| {r.name} | {r.version} | {r.kind} | {r.split} | {'re-used' if r.reused else 'trained'} | "
+        f"{r.metrics.get('calibration_brier_after', '')} |" for r in registered)
+    return dg.MaterializeResult(metadata={"dataset_version": version, "versions": dg.MetadataValue.md(table),
+                                          "fit_pairs": roles.fit.height, "calibration_pairs": roles.calibration.height})
+
+
+def _classical_params(entries) -> dict[str, dict]:
+    """(kind, parameter, value) settings as {kind: {parameter: value}}."""
+    out: dict[str, dict] = {}
+    for kind, name, value in entries:
+        out.setdefault(kind, {})[name] = value
+    return out
+
+
+def _grpo_surrogates(context, cfg, warehouse, mlflow) -> dg.MaterializeResult:
+    """GRPO reward variants (format warm-up + TRL GRPO, models.training), one version each."""
     from assets.evaluation import _current_version
     from models.base_model import resolve_base_model
     from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
@@ -83,7 +174,6 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
     from warehouse.datasets import dataset_measurement_ids
     from warehouse.lineage import read_model_lineage
 
-    cfg = settings.get()
     sur = cfg.surrogate
     with warehouse.connect(read_only=True) as con:
         version = _current_version(con)
@@ -132,4 +222,4 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
     )
 
 
-defs = dg.Definitions(assets=[base_model, surrogate_model])
+defs = dg.Definitions(assets=[base_model, surrogate_model, classical_forecasters])

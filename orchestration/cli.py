@@ -152,7 +152,12 @@ def _run_headline(settings) -> list[str]:
     """headline_lines of the newest dataset version; nothing when there is none yet."""
     try:
         version, counts, metrics = _newest_report(settings)
-        return [] if version is None else headline_lines(version, counts, metrics)
+        if version is None:
+            return []
+        table = newest_table(settings)
+        if table is None:
+            return headline_lines(version, counts, metrics)
+        return headline_lines(version, counts, {})[:1] + table_lines(table)
     except Exception as e:  # noqa: BLE001 - a summary never fails a finished run
         return [f"(no summary: {type(e).__name__}: {e})".splitlines()[0]]
 
@@ -564,10 +569,13 @@ def ui(
     serve(_settings(profile), dagster_port=dagster_port, mlflow_port=mlflow_port)
 
 
+from orchestration.cli_report import newest_table, table_lines  # noqa: E402
+from orchestration.cli_report import report as _report  # noqa: E402 - its own module
 from orchestration.cli_search import search_headline, search_sim  # noqa: E402 - its own module
 from orchestration.measure_cli import measure as _measure  # noqa: E402 - its own module, registered here
 
 app.command("search-sim")(search_sim)
+app.command("report")(one_line_errors(_report))
 app.command("measure")(one_line_errors(_measure))
 
 

@@ -85,6 +85,26 @@ class SurrogateSettings:
     eval_pairs: int | None = 16
     parse_rate_floor: float = 0.8  # promotion gate (models.promotion)
     min_brier_gain: float = 0.0  # a challenger must beat the champion's Brier by more than this
+    # How the LLM surrogate version of a run comes to be:
+    #   "committed"   register the LoRA adapter trained on the H200 and committed under data/
+    #                 (committed_run), with its H200 forecasts of every eval pair standing in for
+    #                 CPU forecasts: on 2 cores a forward pass over one real prompt takes seconds,
+    #                 and training at useful scale takes GPU-hours (docs/results/surrogate.md);
+    #   "supervised"  train it here with the supervised distributional loss (models.supervised);
+    #   "grpo"        the format warm-up + GRPO of models.training (the paper's RL stage).
+    llm: str = "committed"
+    committed_run: str = "training/h200/2026-12-01"  # under the data folder
+    committed_adapter: str = "sft-compact-lora"  # the variant whose adapter is registered
+    supervised_epochs: int = 6
+    supervised_rows: int | None = None  # cap on training rows (None: every fit pair)
+    supervised_style: str = "compact+features"
+    # Classical forecasters trained and registered beside the LLM (models.classical).
+    classical: tuple[str, ...] = ("cost_model", "text_model")
+    # (kind, parameter, value) overrides of the classical models' defaults, and a cap on fit
+    # pairs (None: all): the smoke profile trains them small, in seconds.
+    classical_params: tuple[tuple[str, str, Any], ...] = ()
+    classical_max_fit: int | None = None
+    held_out_task: str | None = "gdn_chunk_fwd_o"  # the held-out-task evaluation (paper's choice)
 
 
 @dataclass(frozen=True)
@@ -196,8 +216,14 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
             # The tiny in-process model (models/tiny.py): training and forecasts take seconds.
             # Real pairs' prompts in the compact style; 10 warm-up steps exercise the code (the
             # tiny model does not learn the format from real prompts in 120 steps either).
+            # The tiny in-process model trained here with the supervised loss on 48 fit pairs (a
+            # second or two an epoch); the classical forecasters train on the smoke data as usual.
             surrogate=SurrogateSettings(base_model="tiny", training_profile="smoke", eval_pairs=12,
-                                        training_overrides=(("prompt_style", "compact"), ("sft_steps", 10))),
+                                        training_overrides=(("prompt_style", "compact"), ("sft_steps", 10)),
+                                        llm="supervised", supervised_epochs=2, supervised_rows=48,
+                                        classical_params=(("cost_model", "max_iter", 40), ("text_model", "max_features", 3000),
+                                                          ("text_model", "ngram_max", 1)),
+                                        classical_max_fit=1500),
             search=SearchSettings(tasks=("softmax", "rms_norm"), seeds=3),
         )
     if name == "gpu":
@@ -208,7 +234,7 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
             evaluation=EvaluationSettings(n_boot=1000, repeats=3, lm_models=("smollm2",), lm_pairs_per_task=None),
             surrogate=SurrogateSettings(
                 variants=("correctness", "correctness+brier", "correctness+crps"),
-                training_profile="gpu", eval_pairs=None,
+                training_profile="gpu", eval_pairs=None, llm="supervised",
             ),
         )
     return base

@@ -86,11 +86,15 @@ def log_classical(
             pyfunc_predict_fn="predict_proba", skops_trusted_types=trusted,
         )
         run_id = run.info.run_id
+    from models.registry import register_logged_model
+
     t0 = time.perf_counter()
-    mv = mlflow.register_model(info.model_uri, name, tags=version_tags)
-    log.info("registered %s version %s (%s, %s) in %.1f s", name, mv.version, model.kind, split,
+    version = register_logged_model(tracking_uri, info.model_uri, name, run_id=run_id, kind=model.kind,
+                                    tags={k: v for k, v in version_tags.items() if k != "kind"},
+                                    description=f"{model.kind} ({split}), dataset {dataset_version}")
+    log.info("registered %s version %s (%s, %s) in %.1f s", name, version, model.kind, split,
              time.perf_counter() - t0)
-    return run_id, int(mv.version)
+    return run_id, version
 
 
 def load_classical(tracking_uri: str, name: str, version: int | str) -> BinForecaster:

@@ -11,6 +11,8 @@ assets only wire them together.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import time
 from collections.abc import Iterable, Mapping
@@ -78,13 +80,16 @@ def _brier(p: np.ndarray, y: np.ndarray) -> float:
 
 
 def fit_classical(kind: str, roles: Roles, split: str, records: Mapping[str, Mapping[str, Any]],
-                  params: Mapping[str, Any] | None = None) -> Fitted:
-    """Fit `kind` on the split's fit pairs, calibrate it on its calibration pairs.
+                  params: Mapping[str, Any] | None = None, max_fit: int | None = None) -> Fitted:
+    """Fit `kind` on the split's fit pairs (the first `max_fit` by pair id, if given),
+    calibrate it on its calibration pairs.
 
     Raises:
         ValueError: the split has no fit pairs.
     """
     fit, calibration, _ = roles.for_split(split)
+    if max_fit is not None:
+        fit = fit.sort("pair_id").head(max_fit)
     if fit.is_empty():
         raise ValueError(f"no fit pairs for split {split!r}")
     model = make_classical(kind, **dict(params or {}))
@@ -148,6 +153,8 @@ def train_and_register(
     measurement_ids: list[str] | None = None,
     tags: Mapping[str, str] | None = None,
     force: bool = False,
+    params: Mapping[str, Mapping[str, Any]] | None = None,
+    max_fit: int | None = None,
 ) -> list[Registered]:
     """Fit, calibrate and register every kind for both splits (or re-use a registered version
     of the same kind, split, dataset version and code); tag them all with `batch` so they are
@@ -165,6 +172,8 @@ def train_and_register(
         measurement_ids: the measurements behind the dataset version.
         tags: extra tags (dagster_run_id, git_commit).
         force: train even when an equal version exists.
+        params: kind -> hyper-parameter overrides.
+        max_fit: cap on fit pairs (None: all).
     Returns:
         One Registered per (kind, split) trained or re-used.
     """
@@ -177,14 +186,17 @@ def train_and_register(
     for split in splits:
         target = model_name_for(split, name)
         for kind in kinds:
-            key = {"kind": kind, "split": split, "dataset_version": dataset_version, "code_version": CODE_VERSION}
+            kind_params = dict((params or {}).get(kind, {}))
+            digest = hashlib.sha256(json.dumps([kind_params, max_fit], sort_keys=True).encode()).hexdigest()[:12]
+            key = {"kind": kind, "split": split, "dataset_version": dataset_version,
+                   "code_version": f"{CODE_VERSION}-{digest}"}
             found = [] if force else find_versions(tracking_uri, target, **key)
             if found:
                 version, run_id = found[0]["version"], found[0]["run_id"]
                 set_version_tag(tracking_uri, version, "training_batch", batch, target)
                 out.append(Registered(target, version, kind, split, run_id, reused=True))
                 continue
-            fitted = fit_classical(kind, roles, split, records)
+            fitted = fit_classical(kind, roles, split, records, kind_params, max_fit)
             fit, _, _ = roles.for_split(split)
             run_id, version = log_classical(
                 fitted.model, tracking_uri, frame_of(fit.head(8), records), target, dataset_version, split,

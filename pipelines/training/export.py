@@ -125,3 +125,22 @@ def export_job(
 def role_frame(meta: dict[str, Any], pairs: list[dict[str, Any]]) -> pl.DataFrame:
     """The job's pairs as a frame, one row per (pair, role)."""
     return pl.DataFrame([{**{k: p.get(k) for k in PAIR_FIELDS}, "role": r} for p in pairs for r in p["roles"]])
+
+
+def row_builder(con: duckdb.DuckDBPyConnection):
+    """A function (pairs frame, style) -> training rows, reading sources, compile features,
+    tasks and hardware from the warehouse once per call (what the GPU job builds on its host)."""
+    from models.training import build_training_rows
+
+    def rows(pairs: pl.DataFrame, style: str) -> list[dict[str, Any]]:
+        if pairs.is_empty():
+            return []
+        ids = sorted(set(pairs["anchor_kernel_id"].to_list()) | set(pairs["candidate_kernel_id"].to_list()))
+        kernels = {k["kernel_id"]: k for k in kernel_rows(con, ids)}
+        tasks = {t: {"description": get_task(t).description, "benchmark_cases": [dict(c) for c in get_task(t).benchmark_cases]}
+                 for t in pairs["task"].unique().to_list()}
+        hardware = hardware_fingerprints(con, pairs["hardware_id"].unique().to_list())
+        return build_training_rows(pairs, {k: v["prompt_source"] for k, v in kernels.items()}, tasks, hardware,
+                                   style=style, features={k: v["features"] for k, v in kernels.items() if v["features"]})
+
+    return rows

@@ -1,0 +1,58 @@
+"""The report's forecaster table: one row per forecaster and split, what `kernelcast report` prints.
+
+    rows = forecaster_rows(results, kinds, "in_distribution")
+
+Each row: name, kind, split, source, n, brier (with its 95% bootstrap interval brier_lo /
+brier_hi), crps, ece, accuracy, recovered_mean (recovered_lo / recovered_hi), recovered_random,
+parse_rate. Names are model refs; the held-out twins of the reference forecasters lose their
+"|held_out_task" suffix, since the split column says where they were scored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+HELD_OUT_SUFFIX = "|held_out_task"
+TABLE_FILE = "forecasters.table.json"
+
+
+def _kind_of(ref: str, kinds: Mapping[str, str]) -> str:
+    if ref in kinds:
+        return kinds[ref]
+    return "baseline" if ref.startswith("baseline:") else ("llm" if ref.startswith(("base:", "h200:")) else "unknown")
+
+
+def _interval(result: Mapping[str, Any], key: str) -> tuple[float | None, float | None]:
+    ci = (result.get("intervals") or {}).get(key)
+    return (ci[0], ci[1]) if ci else (None, None)
+
+
+def forecaster_rows(results: Mapping[str, Mapping[str, Any]], kinds: Mapping[str, str], split: str,
+                    sources: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Rows of one split's evaluation results (`pipelines.evaluation.suite.evaluate_models`)."""
+    rows = []
+    for ref, r in sorted(results.items()):
+        b_lo, b_hi = _interval(r, "brier")
+        u_lo, u_hi = _interval(r, "recovered_mean")
+        rows.append({
+            "name": ref.removesuffix(HELD_OUT_SUFFIX), "kind": _kind_of(ref, kinds), "split": split,
+            "source": (sources or {}).get(ref, ""), "n": r.get("n"), "brier": r.get("brier"), "brier_lo": b_lo,
+            "brier_hi": b_hi, "crps": r.get("crps"), "ece": r.get("ece"), "accuracy": r.get("accuracy"),
+            "recovered_mean": r.get("recovered_mean"), "recovered_lo": u_lo, "recovered_hi": u_hi,
+            "recovered_random": r.get("recovered_random_mean"), "parse_rate": r.get("parse_rate"),
+        })
+    return rows
+
+
+def text_table(rows: list[dict[str, Any]]) -> list[str]:
+    """The rows as fixed-width lines that fit 80 columns."""
+    def f(v: Any, w: int, d: int = 3) -> str:
+        return f"{v:>{w}.{d}f}" if isinstance(v, float) else f"{'' if v is None else v:>{w}}"
+
+    lines = [f"{'forecaster':<34}{'kind':>11}{'n':>5}{'brier':>7} {'95% CI':<13}{'ece':>6}{'recov':>6}"]
+    for r in rows:
+        ci = f"[{r['brier_lo']:.3f},{r['brier_hi']:.3f}]" if r.get("brier_lo") is not None else ""
+        lines.append(f"{r['name'][:33]:<34}{r['kind'][:10]:>11}{f(r['n'], 5)}{f(r['brier'], 7)} {ci:<13}"
+                     f"{f(r['ece'], 6)}{f(r['recovered_mean'], 6)}")
+    return lines

@@ -1,0 +1,178 @@
+"""The LLM surrogate version of a run: a committed H200 adapter registered, or trained here.
+
+- `register_committed`: the LoRA adapter of a committed GPU run (data/training/<hw>/<date>/
+  adapters/<variant>) is logged as an MLflow transformers model with its training record
+  (settings, per-epoch history) and registered with its calibrator, fitted on the variant's
+  committed calibration forecasts; its committed eval forecasts are what it is scored by
+  (pipelines.training.committed).
+- `train_and_register`: the supervised distributional stage (models.supervised) run here, a
+  LoRA adapter on the base model, calibrated on the calibration split and registered.
+Both re-use an equal registered version (same source or settings, dataset version, code).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+
+from pipelines.training.committed import calibrated_variants, read_committed
+from pipelines.training.roles import Roles
+
+log = logging.getLogger(__name__)
+
+CODE_VERSION = "1"
+
+
+@dataclass
+class LlmVersion:
+    """The registered LLM version of a run and how this run got it."""
+
+    version: int
+    run_id: str | None
+    reused: bool
+    source: str  # committed:<run>/<variant> | supervised
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _new_run(tracking_uri: str, name: str, tags: Mapping[str, str]) -> str:
+    import mlflow
+
+    from models.training import mlflow_experiment
+
+    client = mlflow.MlflowClient(tracking_uri)
+    exp = mlflow_experiment(client, tracking_uri, "kernelcast-training")
+    return client.create_run(exp, tags=dict(tags), run_name=name).info.run_id
+
+
+def register_committed(
+    con: duckdb.DuckDBPyConnection,
+    tracking_uri: str,
+    data_dir: Path,
+    run: str,
+    variant: str,
+    dataset_version: str,
+    base_model: str,
+    base_model_path: Path,
+    eval_pairs: Any,
+    held_out_pairs: Any,
+    tags: Mapping[str, str] | None = None,
+) -> LlmVersion:
+    """Register the committed adapter of `variant` in `run` (re-used when already registered)."""
+    import mlflow
+
+    from models.registry import find_versions, register_surrogate
+
+    root = data_dir / run
+    adapter = root / "adapters" / variant
+    if not (adapter / "adapter_model.safetensors").is_file():
+        raise FileNotFoundError(f"{adapter}: no committed adapter")
+    key = {"kind": "llm", "committed_run": run.replace("/", "."), "committed_variant": variant,
+           "dataset_version": dataset_version, "code_version": CODE_VERSION}
+    found = find_versions(tracking_uri, "kernelcast-surrogate", **key)
+    if found:
+        return LlmVersion(found[0]["version"], found[0]["run_id"], True, f"committed:{run}/{variant}")
+    _, training = read_committed(root)
+    record = training["variants"][variant]
+    committed = {v.name: v for v in calibrated_variants(root, eval_pairs, held_out_pairs)}
+    calibrator = committed[variant].calibrator if variant in committed else None
+    settings = record.get("settings", {})
+    run_id = _new_run(tracking_uri, f"committed-{variant}", {**dict(tags or {}), **key,
+                                                               "trained_on": "nvidia-h200", "trained_dataset_version":
+                                                               training.get("dataset_version", "")})
+    client = mlflow.MlflowClient(tracking_uri)
+    client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500]) for k, v in settings.items()])
+    for epoch in (record.get("history") or {}).get("history", []):
+        for k, v in epoch.items():
+            if k != "epoch" and isinstance(v, (int, float)):
+                client.log_metric(run_id, k, float(v), step=int(epoch["epoch"]))
+    client.set_terminated(run_id, "FINISHED")
+    version = register_surrogate(
+        tracking_uri, run_id, adapter, base_model=base_model, dataset_version=dataset_version, con=con,
+        dagster_run_id=(tags or {}).get("dagster_run_id"), prompt_style=settings.get("style"),
+        base_model_path=base_model_path,
+        tags={**key, "calibrator": json.dumps(calibrator.to_dict() if calibrator else {}),
+              "finetune": str(settings.get("finetune", "lora"))},
+    )
+    return LlmVersion(version, run_id, False, f"committed:{run}/{variant}")
+
+
+def train_and_register(
+    con: duckdb.DuckDBPyConnection,
+    tracking_uri: str,
+    roles: Roles,
+    rows_for: Any,
+    dataset_version: str,
+    base_model: str,
+    base_model_path: Path,
+    epochs: int,
+    style: str,
+    max_rows: int | None,
+    work_dir: Path,
+    tags: Mapping[str, str] | None = None,
+) -> LlmVersion:
+    """Train a LoRA surrogate here with the supervised loss, calibrate it, register it.
+
+    Args:
+        rows_for: a callable (pairs frame, style) -> training rows (prompts), e.g. built on
+            `models.training.build_training_rows` with the warehouse's sources and features.
+    """
+    from models.calibration import fit_calibrator
+    from models.registry import find_versions, register_surrogate
+    from models.supervised import (
+        SupervisedSettings,
+        encode_rows,
+        readout_probs,
+        train_supervised,
+    )
+
+    settings = SupervisedSettings(base_model=base_model, finetune="lora", lora_rank=16, learning_rate=1e-3,
+                                  epochs=epochs, patience=0, tokens_per_batch=16384)
+    digest = hashlib.sha256(json.dumps([settings.as_params(), style, max_rows], sort_keys=True).encode()).hexdigest()
+    key = {"kind": "llm", "training_key": f"supervised-{digest[:16]}",
+           "dataset_version": dataset_version, "code_version": CODE_VERSION}
+    found = find_versions(tracking_uri, "kernelcast-surrogate", **key)
+    if found:
+        return LlmVersion(found[0]["version"], found[0]["run_id"], True, "supervised")
+    fit = roles.fit.sort("pair_id")
+    fit = fit if max_rows is None else fit.head(max_rows)
+    train_rows, cal_rows = rows_for(fit, style), rows_for(roles.calibration, style)
+    t0 = time.perf_counter()
+    result = train_supervised(settings, train_rows, cal_rows, work_dir / "sft")
+    from models.backends.transformers_backend import load_model_and_tokenizer
+
+    calibrator = None
+    if cal_rows:
+        from peft import PeftModel
+
+        base, tokenizer = load_model_and_tokenizer(base_model_path, device="cpu", dtype="float32")
+        model = PeftModel.from_pretrained(base, str(result.model_dir)).eval()
+        enc, labels = encode_rows(tokenizer, cal_rows)
+        probs = readout_probs(model, tokenizer, enc, labels, settings.tokens_per_batch).numpy()
+        calibrator = fit_calibrator(probs, np.array([r["true_bin"] for r in cal_rows]))
+    metrics = {"train_seconds": time.perf_counter() - t0, "train_rows": float(result.rows_used),
+               "best_epoch": float(result.best_epoch)}
+    run_id = _new_run(tracking_uri, "supervised", {**dict(tags or {}), **key})
+    import mlflow
+
+    client = mlflow.MlflowClient(tracking_uri)
+    client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in settings.as_params().items()])
+    for epoch in result.history:
+        for k, v in epoch.items():
+            if k != "epoch" and isinstance(v, (int, float)):
+                client.log_metric(run_id, k, float(v), step=int(epoch["epoch"]))
+    client.set_terminated(run_id, "FINISHED")
+    version = register_surrogate(
+        tracking_uri, run_id, result.model_dir, base_model=base_model, dataset_version=dataset_version, con=con,
+        dagster_run_id=(tags or {}).get("dagster_run_id"), prompt_style=style, base_model_path=base_model_path,
+        tags={**key, "calibrator": json.dumps(calibrator.to_dict() if calibrator else {}), "finetune": "lora"},
+    )
+    return LlmVersion(version, run_id, False, "supervised", metrics)
