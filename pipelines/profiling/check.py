@@ -34,9 +34,12 @@ from pipelines.profiling.sandbox import (
     SandboxPolicy,
     make_traversable,
     one_line,
+    scan_processes,
 )
 from pipelines.profiling.taskload import extra_task_modules
 from pipelines.profiling.verify import VerifierLink, settle
+
+LIMIT_SCAN_S = 0.2  # how often the parent reads /proc for the children's memory and processes
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,7 @@ class _CheckRun:
         self.start_failures, self.n_spawned, self.done = 0, 0, 0
         self.keys = itertools.count(1)
         self.verifier = VerifierLink(lambda: self._spawn("verify", jailed=False))
+        self.last_scan = 0.0
 
     def _spawn(self, role: str, jailed: bool = True) -> Sandbox:
         self.n_spawned += 1
@@ -173,12 +177,16 @@ class _CheckRun:
                 self._deliver(sb, reply)
         elif kind == "result" and sb.job is not None:
             result = settle(msg, self.verifier.outcome(sb.job_key))
+            strays = sb.stray_pids()
+            if strays:  # a process the kernel started is still running: ended with the child below
+                result = {**result, "status": "failed", "failure_kind": "tampered", "restart": True,
+                          "error": f"left {len(strays)} process(es) running after its job"}
             ok = result.get("status") == "ok"
             message = result.get("error") or ("ok" if ok else "")
             self.finish(sb.job, CheckOutcome(ok, None if ok else result.get("failure_kind") or "infrastructure",
                                              one_line(message), time.monotonic() - sb.job_started, sb.layers))
             sb.job = None
-            if msg.get("restart") or not ok and result.get("failure_kind") == "tampered":
+            if msg.get("restart") or result.get("restart") or not ok and result.get("failure_kind") == "tampered":
                 self.retire(slot)
 
     def _deliver(self, sb: Sandbox, reply: dict) -> None:
@@ -195,12 +203,15 @@ class _CheckRun:
 
     def _deadlines(self) -> None:
         now = time.monotonic()
+        scan = None
+        if now - self.last_scan >= LIMIT_SCAN_S and any(sb is not None and sb.job is not None for sb in self.pool):
+            scan, self.last_scan = scan_processes(), now
         for slot, sb in enumerate(self.pool):
             if sb is None:
                 continue
             if sb.job is not None and now > sb.deadline:
                 self._fail_job(slot, "timeout", f"no answer within {self.timeout_s:.0f} s; worker killed")
-            elif sb.job is not None and (reason := sb.over_memory()):
+            elif sb.job is not None and scan is not None and (reason := sb.over_limits(scan)):
                 self._fail_job(slot, "crashed", f"killed: {reason}")
             elif not sb.ready and now - sb.started_at > self.startup_timeout_s:
                 self.retire(slot)

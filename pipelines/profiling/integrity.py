@@ -99,10 +99,15 @@ def _module_entries(name: str, everything: bool) -> dict[str, tuple]:
 
 
 def _class_entries(dotted: str) -> dict[str, tuple]:
+    """A class's own attributes, plus the set of their names: an attribute added to a subclass
+    (torch.Tensor.__mul__ over its C base's) shadows the inherited one, so additions count."""
     cls = _resolve(dotted)
     if not isinstance(cls, type):
         return {}
-    return {f"{dotted}.{attr}": _function_identity(v) for attr, v in list(vars(cls).items())}
+    own = dict(vars(cls))
+    out = {f"{dotted}.{attr}": _function_identity(v) for attr, v in own.items()}
+    out[f"{dotted} (attribute names)"] = tuple(sorted(own))
+    return out
 
 
 def _dispatch_state() -> dict[str, tuple]:
@@ -220,7 +225,12 @@ class Watch:
     def changes(self, limit: int = 5) -> list[str]:
         """Names whose identity changed or that disappeared (at most `limit`, plus a count)."""
         now = snapshot(self.extra_modules)
-        changed = [k for k, v in self.baseline.items() if now.get(k, ("missing",)) != v and not self._wrapped(k)]
+        changed = [k for k, v in self.baseline.items()
+                   if now.get(k, ("missing",)) != v and not self._wrapped(k) and not k.endswith("(attribute names)")]
+        for k, v in self.baseline.items():
+            if k.endswith("(attribute names)"):
+                added = sorted(set(now.get(k, ())) - set(v))
+                changed += [f"{k[:-len(' (attribute names)')]}.{a} (added)" for a in added]
         changed += _overrides(_library_impls() - self.impls, self.ops)
         changed += _foreign_threads(self.threads)
         if len(changed) > limit:

@@ -112,7 +112,12 @@ def load_kernel(path: str, task=None):
 
 
 def unload_kernel(path: str) -> None:
-    sys.modules.pop("kc_kernel_" + hashlib.sha1(path.encode()).hexdigest()[:16], None)
+    """Forget the kernel module and empty its namespace: whatever it kept (a cache of outputs,
+    tensors) must not reach the next kernel in this process, even if something still holds the
+    module (a traceback of its failure does)."""
+    module = sys.modules.pop("kc_kernel_" + hashlib.sha1(path.encode()).hexdigest()[:16], None)
+    if module is not None:
+        module.__dict__.clear()
     gc.collect()
 
 
@@ -296,16 +301,23 @@ def sync(device: str) -> None:
         torch.cuda.synchronize()  # device-wide: every stream the kernel may have used
 
 
-def poison_free_memory(device: str, nbytes: int) -> None:
-    """Fill a block of the caching allocator with 0xFF (NaN in every float format), then free it.
+def poison_free_memory(device: str, data: Any) -> None:
+    """Fill blocks of freed memory with 0xFF (NaN in every float format), then free them again.
 
-    The kernel's next allocations are likely carved from this block, so an output element the
-    kernel never writes reads as NaN instead of whatever an earlier correct run left there.
+    The kernel's next allocations are likely carved from these blocks (the CUDA caching
+    allocator; the CPU heap, which keeps freed blocks by size, hence blocks the size of each input
+    tensor as well as one of twice the input), so an output element the kernel never writes reads
+    as NaN instead of whatever an earlier correct run (the reference, timed in this process) left.
     """
-    if device == "cuda" and nbytes > 0:
-        block = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-        block.fill_(0xFF)
-        del block
+    sizes: list[int] = []
+    map_tensors(data, lambda t: sizes.append(t.numel() * t.element_size()))
+    where = "cuda" if device == "cuda" else "cpu"
+    blocks = [torch.empty(2 * sum(sizes), dtype=torch.uint8, device=where)] if sum(sizes) else []
+    if where == "cpu":
+        blocks += [torch.empty(n, dtype=torch.uint8) for n in sizes for _ in range(2) if n]
+    for b in blocks:
+        b.fill_(0xFF)
+    del blocks
 
 
 def copy_into(target: Any, source: Any) -> Any:
@@ -324,12 +336,14 @@ def copy_into(target: Any, source: Any) -> Any:
     return target
 
 
-def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0, into: Any = None) -> None:
+def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0, into: Any = None) -> Any:
     """Run the kernel on one case and have the verifier judge its output; KernelFailure on any problem.
 
     Args:
-        into: an input the kernel was timed on: the case's values (seed + salt) are written into
-            its buffers and the kernel runs on that very object (the re-check after timing).
+        into: an input the kernel ran on before: the case's values (seed + salt) are written into
+            its buffers and the kernel runs on that very object (the re-checks).
+    Returns:
+        The input the kernel ran on (for a later re-check into its buffers).
     """
     cid = task.case_id(case) + (f" (recheck, seed +{salt})" if salt else "")
     try:
@@ -339,7 +353,7 @@ def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0, into:
         sync(device)
     except Exception as e:
         raise KernelFailure("infrastructure", f"generate_input failed on {cid}: {_describe(e)}") from e
-    poison_free_memory(device, data_nbytes(data_k) * 2)
+    poison_free_memory(device, data_k)
     try:
         out = fn(data_k)
         sync(device)
@@ -358,13 +372,18 @@ def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0, into:
         raise KernelFailure("incorrect", f"case {cid}: check raised {_describe(e)}") from e
     if not ok:
         raise KernelFailure("incorrect", one_line(f"case {cid}: {message}"))
+    return data_k
 
 
-def check_all(task, fn: Callable, cases, device: str, progress: Callable[[str], None] | None = None) -> None:
+def check_all(task, fn: Callable, cases, device: str, progress: Callable[[str], None] | None = None) -> Any:
+    """check_case on every case in order; returns the first case's input (None without cases)."""
+    first = None
     for case in cases:
         if progress:
             progress(f"checking {task.case_id(case)}")
-        check_case(task, fn, case, device)
+        data = check_case(task, fn, case, device)
+        first = data if first is None else first
+    return first
 
 
 # ---- torch global state ----------------------------------------------------------------
@@ -538,7 +557,9 @@ def run_check(job: dict, device: str) -> dict:
         task = _task_or_failure(job["task"])
         fn = load_kernel(path, task)
         check_integrity("on import")
-        check_all(task, fn, task.correctness_cases, device)
+        first = check_all(task, fn, task.correctness_cases, device)
+        # The first case again, on a new seed written into the same buffers: no caching by shape or address.
+        check_case(task, fn, task.correctness_cases[0], device, salt=RECHECK_SEED_SALT, into=first)
         check_integrity("after the correctness cases")
         return {"ok": True, "status": "ok", "failure_kind": None, "error": "ok", "seconds": time.perf_counter() - t0}
     except KernelFailure as f:

@@ -20,7 +20,7 @@ stderr goes to a per-child log file whose tail explains deaths.
 `Sandbox.kill()` SIGKILLs the child's process group, then sweeps what may have escaped it
 (every process of the child's uid; without one, orphans carrying the child's marker), removes
 the private directory and frees the uid. On CUDA hosts, where an address-space limit would stop
-CUDA from starting, the parent watches each child's resident memory instead (`over_memory`).
+CUDA from starting, the parent watches each child's resident memory instead (`over_limits`).
 The parent never runs kernel code: a crash, hang or CUDA fault kills only the child.
 """
 
@@ -104,6 +104,9 @@ def child_env(device: str, extra: dict[str, str] | None = None, private_dir: Pat
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env["PYTHONNOUSERSITE"] = "1"
     env["USER"] = env["LOGNAME"] = "kernelcast-sandbox"  # getpass works without a passwd entry
+    # torch.compile's inductor compiles in process: no pool of worker processes that outlive a
+    # kernel's job (the parent treats processes left behind as tampering).
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
     if private_dir is not None:
         env["HOME"] = env["TMPDIR"] = str(private_dir)
     if marker:
@@ -210,6 +213,45 @@ def _process_group(pid: int) -> int | None:
             return int(f.read().rsplit(")", 1)[1].split()[2])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def _pid_namespace(pid: int, link: str = "pid") -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{link}")
+    except OSError:
+        return None
+
+
+def _is_zombie(pid: int) -> bool:
+    return _status(pid).get("State", "Z").startswith(("Z", "X"))
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What the parent reads about one process in one pass over /proc."""
+
+    pid: int
+    uid: int
+    rss_bytes: int
+    threads: int
+    pgid: int | None
+    pidns: str | None
+    zombie: bool
+
+
+def scan_processes() -> list[ProcInfo]:
+    """Every process of the host, read once (the limit checks of all children share one scan)."""
+    out = []
+    for pid in _pids():
+        st = _status(pid)
+        if not st:
+            continue
+        uid = int(st.get("Uid", "-1").split()[0])
+        kb = st.get("VmRSS", "0 kB").split()[0]
+        n = st.get("Threads", "1")
+        out.append(ProcInfo(pid, uid, int(kb) * 1024 if kb.isdigit() else 0, int(n) if n.isdigit() else 1,
+                            _process_group(pid), _pid_namespace(pid), st.get("State", "Z").startswith(("Z", "X"))))
+    return out
 
 
 def _has_marker(pid: int, marker: str) -> bool:
@@ -510,28 +552,66 @@ class Sandbox:
         return self.info
 
     # ---- resources -----------------------------------------------------------------------
-    def tree_pids(self) -> list[int]:
-        """Processes that belong to this child: its uid's, else its process group's."""
-        if self.uid is not None:
-            return processes_of_uid(self.uid)
-        return [p for p in _pids() if _process_group(p) == self.proc.pid]
-
-    def rss_bytes(self) -> int:
-        """Resident memory of the child's processes, bytes."""
-        total = 0
-        for pid in self.tree_pids():
-            kb = _status(pid).get("VmRSS", "0 kB").split()[0]
-            total += int(kb) * 1024 if kb.isdigit() else 0
-        return total
-
-    def over_memory(self) -> str | None:
-        """A CUDA child over its resident-memory limit: the reason (the caller kills it)."""
-        if not self.jailed or self.device != "cuda" or "rlimits" not in self.report.layers:
+    def _own_namespace(self) -> str | None:
+        """The PID namespace the jail made for this child (None without one)."""
+        if "pidns" not in self.report.layers or self.proc.poll() is not None:
             return None
-        rss = self.rss_bytes()
-        limit = self.policy.cuda_memory_bytes
-        return f"used {rss / GIB:.1f} GiB of host memory, over the sandbox limit of {limit / GIB:.0f} GiB" \
-            if rss > limit else None
+        if not hasattr(self, "_pidns"):
+            ns = _pid_namespace(self.proc.pid, "pid_for_children")
+            self._pidns = ns if ns and ns != _pid_namespace(os.getpid()) else None
+        return self._pidns
+
+    def tree(self, scan: list[ProcInfo] | None = None) -> list[ProcInfo]:
+        """Processes that belong to this child: its uid's, else its PID namespace's, else its
+        process group's (and, without a namespace, those carrying its marker)."""
+        scan = scan_processes() if scan is None else scan
+        if self.uid is not None:
+            return [p for p in scan if p.uid == self.uid]
+        ns = self._own_namespace()
+        if ns is not None:
+            return [p for p in scan if p.pidns == ns or p.pid == self.proc.pid]
+        me = os.getpid()
+        return [p for p in scan if p.pid != me and (p.pgid == self.proc.pid or _has_marker(p.pid, self.marker))]
+
+    def tree_pids(self) -> list[int]:
+        return [p.pid for p in self.tree()]
+
+    def main_pids(self) -> set[int]:
+        """The child itself: the jail's process and, in a PID namespace, its first process."""
+        pids = {self.proc.pid}
+        if "pidns" in self.report.layers:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                    pids.update(int(x) for x in f.read().split())
+            except OSError:
+                pass
+        return pids
+
+    def stray_pids(self) -> list[int]:
+        """Live processes of this child's tree other than the child: what a kernel left running."""
+        if not self.jailed or self.proc.poll() is not None:
+            return []
+        main = self.main_pids()
+        return [p.pid for p in self.tree() if p.pid not in main and not p.zombie]
+
+    def over_limits(self, scan: list[ProcInfo] | None = None) -> str | None:
+        """Why the child must be killed for what it uses, or None: resident memory on CUDA
+        (where no address-space limit can be set) and, where no rlimit counts this child's
+        processes alone, its processes and threads."""
+        if not self.jailed:
+            return None
+        watch_memory = self.device == "cuda" and "rlimits" in self.report.layers
+        watch_tasks = "rlimits-nproc" in self.report.notes
+        if not (watch_memory or watch_tasks):
+            return None
+        tree = self.tree(scan)
+        rss, tasks = sum(p.rss_bytes for p in tree), sum(p.threads for p in tree)
+        if watch_memory and rss > self.policy.cuda_memory_bytes:
+            return (f"used {rss / GIB:.1f} GiB of host memory, over the sandbox limit of "
+                    f"{self.policy.cuda_memory_bytes / GIB:.0f} GiB")
+        if watch_tasks and tasks > self.policy.processes:
+            return f"{tasks} processes and threads, over the sandbox limit of {self.policy.processes}"
+        return None
 
     # ---- life and death ------------------------------------------------------------------
     def alive(self) -> bool:
@@ -592,6 +672,7 @@ class Sandbox:
                 me = os.getpid()
                 left = [p for p in _pids() if p != me and (_process_group(p) == self.proc.pid
                                                           or _has_marker(p, self.marker))]
+            left = [p for p in left if not _is_zombie(p)]
             if not left:
                 return
             kill_processes(left)

@@ -20,6 +20,7 @@ import math
 import mmap
 import os
 import stat
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -190,6 +191,8 @@ def _tensor(mm: mmap.mmap, e: Any, start: int, size: int, device: str) -> torch.
         raise ShippingError("output tensor does not fit the file")
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype, device=device)
-    raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=start + offset)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the mapping is read-only; the bytes are copied right away
+        raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=start + offset)
     out = raw.to(device, copy=True) if device != "cpu" else raw.clone()  # never keep a view of the mapping
     return out.view(dtype).reshape(shape)

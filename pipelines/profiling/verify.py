@@ -57,14 +57,15 @@ def verification_plan(task, kind: str, device: str, protocol: str = "kernelcast"
 
     Args:
         task: the Task.
-        kind: "check" (kernelcast check: the correctness cases) or "measure" (the worker: the
-            timed cases, then the re-checks after timing).
+        kind: "check" (kernelcast check: the correctness cases, then the first one again on a
+            new seed) or "measure" (the worker: the timed cases, then the re-checks after timing).
         device: "cpu" | "cuda".
         protocol: the timing protocol (gpumode re-checks every case, the others the first).
         check_correctness_cases: the measuring child also checks the correctness cases on a GPU.
     """
     if kind == "check":
-        return [(task.case_id(c), 0) for c in task.correctness_cases]
+        cases = tuple(task.correctness_cases)
+        return [(task.case_id(c), 0) for c in cases] + [(task.case_id(cases[0]), RECHECK_SEED_SALT)]
     cases = timed_cases(task, device)
     extra = tuple(task.correctness_cases) if device == "cuda" and check_correctness_cases else ()
     steps = [(task.case_id(c), 0) for c in cases + extra]

@@ -82,10 +82,12 @@ from pipelines.profiling.sandbox import (
     one_line,
     policy_from_env,
     probe,
+    scan_processes,
 )
 from pipelines.profiling.verify import VerifierLink, settle
 
 NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
+LIMIT_SCAN_S = 0.5  # how often the parent reads /proc for the children's memory and processes
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +255,7 @@ class _Run:
         self.verifier = VerifierLink(lambda: self._spawn("verify", jailed=False))
         self.refbook = ReferenceBook()
         self.clock: PhaseClock | None = None  # phases of the measuring child's job in flight
+        self.last_scan = 0.0
         self.job_keys = 0
         self.base_config = {
             "device": cfg.device, "protocol": cfg.protocol, "max_reps": cfg.max_reps,
@@ -398,6 +401,10 @@ class _Run:
             kernel, sb.job, sb.deadline = sb.job, None, None
             if kernel is None:
                 return
+            strays = sb.stray_pids()
+            if strays:  # a process the kernel started is still running: ended with the child below
+                msg = {**msg, "ok": False, "status": "failed", "failure_kind": "tampered", "restart": True,
+                       "error": f"left {len(strays)} process(es) running after its job"}
             if sb.role == "compile":
                 if msg.get("ok"):
                     self.compiled.append((kernel, msg.get("seconds")))
@@ -443,6 +450,9 @@ class _Run:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
+        scan = None
+        if now - self.last_scan >= LIMIT_SCAN_S and any(sb.job is not None for sb in self._children()):
+            scan, self.last_scan = scan_processes(), now
         for sb in self._children():
             if sb.job is not None and sb.deadline is not None and now > sb.deadline:
                 kernel = sb.job
@@ -454,7 +464,7 @@ class _Run:
                 self._retire(sb)
                 self._fail(kernel, "timeout", f"no progress for {self.cfg.timeout_s:.0f} s while {what}; worker killed",
                            getattr(sb, "compile_s", None), layers)
-            elif sb.job is not None and (reason := sb.over_memory()):
+            elif sb.job is not None and scan is not None and (reason := sb.over_limits(scan)):
                 kernel, sb.job, layers = sb.job, None, sb.layers
                 if sb is self.measurer:
                     self.clock = None
