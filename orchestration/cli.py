@@ -273,14 +273,18 @@ def check(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Check a kernel's correctness on the task's small cases on the CPU (Triton interpreter),
-    in a child process with a timeout. Exit 0 if correct, 1 if not."""
+    in a sandboxed child process with a timeout, judged by a process the kernel never ran in.
+    GPU MODE submissions (`from task import ...`, `from utils import ...`) run unmodified.
+    Exit 0 if correct, 1 if not."""
     from pipelines.profiling.check import check_source
+    from pipelines.profiling.sandbox import policy_from_env, probe
     from pipelines.tasks import get_task
 
     get_task(task)
+    typer.echo(probe(policy_from_env(), "cpu").line(), err=True)  # the layers, and what this host lacks
     outcome = check_source(task, kernel.read_text(), timeout_s=timeout_s, device="cpu")
     report = {"task": task, "kernel": str(kernel), "ok": outcome.ok, "failure_kind": outcome.failure_kind,
-              "message": outcome.message, "seconds": round(outcome.seconds, 3)}
+              "message": outcome.message, "seconds": round(outcome.seconds, 3), "sandbox": outcome.sandbox}
     if as_json:
         _print_json(report)
     else:
