@@ -169,22 +169,20 @@ def ingest(
     profile: str | None = ProfileOpt,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Load measurement result (and kernel) files into the warehouse. Idempotent."""
+    """Load measurement result (and kernel) files into the warehouse, file by file: good files go
+    in, each refused file gets one line and the exit code is 2. Idempotent."""
     from warehouse.db import connect
-    from warehouse.ingest import IngestError, ingest_path
+    from warehouse.ingest import ingest_all
+    from warehouse.kernels import read_tasks, upsert_tasks
 
     settings = _settings(profile)
-    reports, errors = [], []
     with connect(settings.warehouse_path) as con:
-        for f in files:
-            if not f.exists():
-                errors.append(f"{f}: no such file or folder")
-                continue
-            try:
-                for r in ingest_path(con, f):
-                    reports.append(r)
-            except IngestError as exc:
-                errors.append(str(exc))
+        if read_tasks(con).is_empty():  # rows are checked against the tasks they measure
+            from pipelines.tasks.catalog import task_rows
+
+            upsert_tasks(con, task_rows())
+        outcome = ingest_all(con, files)
+    reports, errors = outcome.reports, outcome.errors
     out = [
         {"path": str(r.path), "kind": r.kind, "rows": r.rows, "added": r.added, "skipped": r.skipped}
         for r in reports
@@ -281,10 +279,13 @@ def check(
     from pipelines.tasks import get_task
 
     get_task(task)
-    typer.echo(probe(policy_from_env(), "cpu").line(), err=True)  # the layers, and what this host lacks
+    layers = probe(policy_from_env(), "cpu")  # the sandbox layers, and what this host lacks
+    if not as_json:
+        typer.echo(layers.line(), err=True)
     outcome = check_source(task, kernel.read_text(), timeout_s=timeout_s, device="cpu")
     report = {"task": task, "kernel": str(kernel), "ok": outcome.ok, "failure_kind": outcome.failure_kind,
-              "message": outcome.message, "seconds": round(outcome.seconds, 3), "sandbox": outcome.sandbox}
+              "message": outcome.message, "seconds": round(outcome.seconds, 3), "sandbox": outcome.sandbox,
+              "sandbox_missing": layers.notes}
     if as_json:
         _print_json(report)
     else:

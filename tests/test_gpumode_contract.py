@@ -121,9 +121,10 @@ def test_kernelcast_check_passes_gpu_mode_style_submissions(task, name, tmp_path
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
     res = CliRunner().invoke(app, ["check", "--task", task, "--kernel", str(SUBMISSIONS / name), "--json"])
     assert res.exit_code == 0, res.output
-    report = __import__("json").loads(res.stdout[res.stdout.index("{"):])
+    report = __import__("json").loads(res.stdout)
     assert report["ok"] and report["failure_kind"] is None
     assert {"env", "tmpdir"} <= set(report["sandbox"].split(","))  # the layers it ran under
+    assert all(isinstance(v, str) and v for v in report["sandbox_missing"].values())  # and why others are not
 
 
 def test_kernelcast_check_refuses_a_wrong_gpu_mode_submission(tmp_path, monkeypatch):

@@ -50,7 +50,7 @@ def test_connect_creates_parent_dirs_and_every_table(tmp_path):
     c = connect(path)
     assert path.exists()
     assert set(table_names(c)) == TABLES
-    assert execute(c, "SELECT version, name FROM schema_migrations") == [(1, "init")]
+    assert execute(c, "SELECT version, name FROM schema_migrations") == [(1, "init"), (2, "measurement_sandbox")]
     c.close()
 
 
