@@ -435,17 +435,25 @@ def forecast(
         from models.backends import ForecastRequest
         from models.prompts import build_prompt
         from models.surrogate import registered_forecaster
+        from orchestration.forecast_fit import LOGPROB_ANSWER_TOKENS, check_prompt_fits
 
         forecaster, info = registered_forecaster(settings.mlflow_uri, version, settings.home,
                                                  cache_dir=settings.home / "forecast-cache", readout=readout)
         style = style or info["prompt_style"]
         messages = build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, style=style)
+        check_prompt_fits(forecaster.tokenizer, forecaster.model.config, messages,
+                          LOGPROB_ANSWER_TOKENS if readout == "logprob" else forecaster.max_new_tokens)
         (result,) = forecaster.forecast([ForecastRequest(messages)])
         model_ref = f"models:/{DEFAULT_NAME}/{version}"
         source = f"registered surrogate {uri} (version {version}, reward {info['reward'] or 'unknown'})"
     else:
+        from models.prompts import build_prompt
+        from orchestration.forecast_fit import check_checkpoint_fits
+
         style = style or "diff"
         path = resolve_base_model(model, settings.home)
+        check_checkpoint_fits(path, build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp,
+                                                 style=style), readout)
         result, model_ref = forecast_pair(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, path,
                                           readout=readout, style=style, cache_dir=settings.home / "forecast-cache")
         source = ("base model (no registered surrogate @champion)" if auto
