@@ -223,8 +223,10 @@ def test_gpumode_loop_reuses_one_input_and_stops_by_its_rule():
     data = torch.ones(4)
     t = timing.time_gpumode(lambda d: seen.append(d) or d, data, device="cpu", max_repeats=100)
     assert all(x is data for x in seen) and 3 <= t.reps <= 100 and t.stat("gpumode") == t.mean_ms
-    slow = timing.time_gpumode(lambda d: time.sleep(0.002), data, device="cpu", max_repeats=5)
-    assert slow.reps == 5  # the cap, well before 10 s of calls or a 0.1% error
+    calls = iter(range(1000))
+    uneven = timing.time_gpumode(lambda d: time.sleep(0.001 if next(calls) % 2 else 0.004), data, device="cpu",
+                                 max_repeats=5)
+    assert uneven.reps == 5  # the cap: calls this uneven never reach a 0.1% error in 5
 
 
 class _LyingEvent:

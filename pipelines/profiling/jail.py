@@ -12,6 +12,10 @@ Layers (names as recorded in the measurement row's `sandbox` column):
     env        the parent passes an allow-listed environment (sandbox.child_env)
     tmpdir     the working directory, HOME and TMPDIR are a private directory
     uid        runs as a dedicated unprivileged uid/gid (only when started as root)
+    nocaps     started as root but kept root's uid (a sandbox uid could not run the interpreter):
+               every capability dropped, from the bounding set too, so the child cannot read
+               other users' files, ptrace or read the environment of processes with more
+               privileges (the parent), or get capabilities back by executing anything
     netns      a new network namespace: no interface but a down loopback, so no network
     pidns      a new PID namespace: when its first process dies the kernel kills every process
                in it, so nothing the kernel spawns (setsid included) outlives the child
@@ -44,7 +48,10 @@ CLONE_NEWUSER = 0x10000000
 CLONE_NEWPID = 0x20000000
 CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
 
 # Landlock (include/uapi/linux/landlock.h); syscall numbers are the same on x86_64 and arm64.
 SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
@@ -203,6 +210,35 @@ def set_limits(limits: dict, per_sandbox_nproc: bool) -> list[str]:
     return ["rlimits"]
 
 
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> None:
+    """Drop every capability: bounding set, ambient set, then effective/permitted/inheritable.
+
+    Raises OSError when the kernel refuses.
+    """
+    libc = _libc()
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 40
+    for cap in range(last + 1):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:  # EINVAL: unknown cap
+            raise OSError(f"dropping capability {cap}: {_errno_text()}")
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(f"capset: {_errno_text()}")
+
+
 def _die_with(parent_signal: int = signal.SIGKILL) -> None:
     _libc().prctl(PR_SET_PDEATHSIG, parent_signal, 0, 0, 0)
 
@@ -269,6 +305,12 @@ def run(spec: dict, argv: list[str]) -> None:
         os.setgid(int(gid))
         os.setuid(int(uid))
         layers.append("uid")
+    elif root and "nocaps" in want:
+        try:
+            drop_capabilities()
+            layers.append("nocaps")
+        except OSError as e:
+            notes["nocaps"] = str(e)
     if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
         layers.append("nonewprivs")
     if "landlock" in want:

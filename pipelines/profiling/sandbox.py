@@ -48,6 +48,8 @@ REPO_ROOT = Path(__file__).resolve().parents[2]  # so `-m pipelines.profiling.ch
 JAIL = Path(jail.__file__).resolve()
 MARKER_ENV = "KERNELCAST_SANDBOX_ID"
 SKIP_ENV = "KERNELCAST_SANDBOX_SKIP"  # comma-separated layers not to apply (e.g. "uid,landlock")
+MEMORY_ENV = "KERNELCAST_SANDBOX_MEMORY_GB"  # a child's memory limit, GiB (CPU: address space, CUDA: resident)
+PROCESSES_ENV = "KERNELCAST_SANDBOX_PROCESSES"  # a child's processes + threads
 GIB = 2**30
 
 # Passed through to children when set; everything else (tokens, KERNELCAST_HOME, ...) is dropped.
@@ -58,6 +60,7 @@ ALLOWED_ENV = (
     "CUBLAS_WORKSPACE_CONFIG", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "KERNELCAST_TASK_MODULES", "KERNELCAST_DEVICE",
 )
 WANTED_LAYERS = ("uid", "netns", "pidns", "rlimits", "landlock")
+ROOT_FALLBACK = "nocaps"  # as root without a sandbox uid: root's uid, no capabilities
 
 
 class ChildDied(Exception):
@@ -85,10 +88,30 @@ class SandboxPolicy:
 
 
 def policy_from_env(base: SandboxPolicy | None = None) -> SandboxPolicy:
-    """`base` (default SandboxPolicy()) minus the layers named in KERNELCAST_SANDBOX_SKIP."""
+    """`base` (default SandboxPolicy()) minus the layers named in KERNELCAST_SANDBOX_SKIP, with
+    the limits of KERNELCAST_SANDBOX_MEMORY_GB and KERNELCAST_SANDBOX_PROCESSES when set.
+
+    Raises:
+        ValueError: a limit that is not a positive number.
+    """
     policy = base or SandboxPolicy()
     skip = [s.strip() for s in os.environ.get(SKIP_ENV, "").split(",") if s.strip()]
-    return policy.without(*skip) if skip else policy
+    if skip:
+        policy = policy.without(*skip)
+    try:
+        if os.environ.get(MEMORY_ENV):
+            gib = float(os.environ[MEMORY_ENV])
+            if not gib > 0:
+                raise ValueError
+            policy = replace(policy, memory_bytes=int(gib * GIB), cuda_memory_bytes=int(gib * GIB))
+        if os.environ.get(PROCESSES_ENV):
+            n = int(os.environ[PROCESSES_ENV])
+            if n < 1:
+                raise ValueError
+            policy = replace(policy, processes=n)
+    except ValueError:
+        raise ValueError(f"{MEMORY_ENV} and {PROCESSES_ENV} must be positive numbers") from None
+    return policy
 
 
 def child_env(device: str, extra: dict[str, str] | None = None, private_dir: Path | None = None,
@@ -291,7 +314,8 @@ def _become_subreaper() -> None:
 
 
 def hide_from_children() -> None:
-    """Children of the same uid cannot read our environment or ptrace us (PR_SET_DUMPABLE 0)."""
+    """Children of the same uid cannot read our environment or memory or ptrace us
+    (PR_SET_DUMPABLE 0: /proc/<pid> of this process then belongs to root)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
     except (OSError, AttributeError):
@@ -401,9 +425,12 @@ def _jail_spec(policy: SandboxPolicy, device: str, private: Path, uid: int | Non
     writable = [str(private), *map(str, shared_dirs)]
     if device == "cuda":
         writable.append("/dev/shm")  # the CUDA driver may keep shared memory there
+    want = [x for x in policy.layers if x != "uid" or uid is not None]
+    if uid is None and is_root():
+        want.append(ROOT_FALLBACK)
     return {
         "private_dir": str(private), "uid": uid, "gid": policy.gid if uid is not None else None,
-        "want": [x for x in policy.layers if x != "uid" or uid is not None], "limits": limits,
+        "want": want, "limits": limits,
         "writable_dirs": writable, "writable_files": device_files(), "umask": 0o002,
     }
 
@@ -450,8 +477,10 @@ class Sandbox:
         self.report = probe(self.policy, device) if jailed else LayerReport(())
         if jailed and "uid" in self.report.layers:
             self.uid = _UIDS.take(self.policy.uid_base)
-        if jailed and not {"uid", "landlock"} & set(self.report.layers):
-            hide_from_children()  # same uid, no Landlock: keep our environment and memory out of reach
+        if jailed and "uid" not in self.report.layers:
+            # Same uid as ours: without this a child reads /proc/<our pid>/environ (Landlock does
+            # not stop it) and could ptrace us.
+            hide_from_children()
         self.private_dir = Path(tempfile.mkdtemp(prefix=f"kc-{role}-", dir=private_root()))
         if self.uid is not None:
             os.chown(self.private_dir, self.uid, self.policy.gid)

@@ -60,7 +60,7 @@ def custom_kernel(data):
     "env_secrets": '''
 def custom_kernel(data):
     found = [k for k, v in os.environ.items() if {secret!r} in v or k == "KERNELCAST_HOME"]
-    for pid in [os.getppid(), 1] + [int(p) for p in os.listdir("/proc") if p.isdigit()][:400]:
+    for pid in [os.getppid(), 1] + sorted(int(p) for p in os.listdir("/proc") if p.isdigit()):
         try:
             with open(f"/proc/{{pid}}/environ", "rb") as f:
                 if {secret!r}.encode() in f.read():
