@@ -646,8 +646,11 @@ class Measurer:
             kept = self.refs.get(key, ([], 0.0))[0]
             try:
                 data = make_input(task, case)
-                if self.protocol == "gpumode" and key == keys[0]:
-                    gpumode_warmup(task.ref_kernel, data, self.device)
+                if self.protocol == "gpumode":  # as the kernel gets: the warm-up run, one untimed call
+                    if key == keys[0]:
+                        gpumode_warmup(task.ref_kernel, data, self.device)
+                    task.ref_kernel(data)
+                    sync(self.device)
                 for _ in range(1 if kept else first):
                     t = self.time_fn(task.ref_kernel, data)
                     kept.append(t)
