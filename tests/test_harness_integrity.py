@@ -195,14 +195,19 @@ def _t(ms: float, reps: int = 10) -> dict:
 
 def test_audit_refuses_more_device_time_than_wall_time():
     clock = audit.PhaseClock()
-    clock.mark("timing reference n=1", 0.0)
-    clock.mark("timing n=1", 0.1)  # 100 ms of wall time for the reference
+    clock.mark("timing reference n=1", 0.0, 0.0)
+    clock.mark("timing n=1", 0.1, 0.1)  # 100 ms of wall time for the reference
     ok = {"case_ids": ["n=1"], "kernel_timings": [_t(1.0)], "ref_new": [{"case_id": "n=1", **_t(5.0)}]}
     assert audit.audit_claims(ok, clock, end=0.2) is None  # 50 ms of timed calls in 100 ms: fine
     inflated = {**ok, "ref_new": [{"case_id": "n=1", **_t(45.0)}]}  # 450 ms claimed in 100 ms
     assert "claim" in audit.audit_claims(inflated, clock, end=0.2)
     unseen = {**ok, "case_ids": ["n=2"]}
     assert "never announced" in audit.audit_claims(unseen, clock, end=0.2)
+    # a parent busy when the phase began: the phase may have begun as early as 0.0 (read at 0.06)
+    late = audit.PhaseClock()
+    late.mark("timing reference n=1", 0.0, 0.06)
+    late.mark("timing n=1", 0.1, 0.1)
+    assert late.windows("timing reference n=1", end=0.2) == [pytest.approx(0.1)]
 
 
 def test_rows_take_their_reference_from_the_parents_book():

@@ -4,9 +4,11 @@ The measuring child runs kernel code, so what it reports is a claim. The parent,
 runs kernel code, checks the claim against what it saw:
 
 * `PhaseClock`: the child announces each phase ("timing <case>", "timing reference <case>") as it
-  starts; the parent stamps each announcement with its own clock. A phase's timed calls cannot add
-  up to more device time than the wall time the parent saw pass (`audit_claims`), so a patched
-  timer that inflates the reference (and with it the speedup) is caught.
+  starts; the parent stamps each announcement with the earliest and the latest time its own clock
+  allows (a message read now arrived after the parent last finished reading its channels). A
+  phase's timed calls cannot add up to more device time than the longest the phase can have
+  lasted (`audit_claims`), so a patched timer that inflates the reference (and with it the
+  speedup) is caught, and a parent busy for a moment never makes an honest phase look short.
 * `ReferenceBook`: reference timings are kept here, per task and case, as the child takes them;
   a row uses the middle of the last few the parent accepted, never the child's cache.
 * `timing_fields`: the row's per-case lists and speedups are computed here from the kernel's
@@ -22,27 +24,30 @@ import time
 from dataclasses import dataclass, field
 
 WALL_FACTOR = 1.05  # timed device time may reach the wall time, with clock granularity to spare
-WALL_SLACK_S = 0.005
+WALL_SLACK_S = 0.02
 REF_KEEP = 5
 TIMING_KEYS = ("median_ms", "mean_ms", "stderr_ms", "reps")
 
 
 @dataclass
 class PhaseClock:
-    """When (parent clock, seconds) each phase of the job in flight was announced."""
+    """When (parent clock, seconds: earliest, latest) each phase of the job in flight was announced."""
 
-    marks: list[tuple[str, float]] = field(default_factory=list)
+    marks: list[tuple[str, float, float]] = field(default_factory=list)
 
-    def mark(self, phase: str, t: float | None = None) -> None:
-        self.marks.append((phase, time.monotonic() if t is None else t))
+    def mark(self, phase: str, earliest: float | None = None, latest: float | None = None) -> None:
+        now = time.monotonic()
+        latest = now if latest is None else latest
+        self.marks.append((phase, latest if earliest is None else min(earliest, latest), latest))
 
     def windows(self, phase: str, end: float) -> list[float]:
-        """Seconds from each announcement of `phase` to the next announcement (or `end`)."""
+        """The longest each announcement of `phase` can have lasted: from its earliest time to
+        the latest time of the next announcement (or `end`)."""
         out = []
-        for i, (p, t) in enumerate(self.marks):
+        for i, (p, earliest, _) in enumerate(self.marks):
             if p == phase:
-                nxt = self.marks[i + 1][1] if i + 1 < len(self.marks) else end
-                out.append(nxt - t)
+                nxt = self.marks[i + 1][2] if i + 1 < len(self.marks) else end
+                out.append(nxt - earliest)
         return out
 
 

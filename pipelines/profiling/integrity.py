@@ -13,9 +13,10 @@ harness's own functions. `Watch` records, in a clean process before any kernel i
   kernels registered for aten/prims ops on real backends, the dispatcher entries of hot ops,
   and threads started by code that is not torch's or triton's.
 
-`Watch.changes()` lists what differs; the measuring child calls it after importing a kernel,
-after the correctness cases and after timing, and a kernel with any change is recorded as
-`tampered` (its child is then replaced, so no later kernel runs in a patched process).
+`Watch.changes()` lists what differs from the baseline the harness takes right before importing
+each kernel (`rebase`); the children call it after the import, after the correctness cases and
+after timing, and a kernel with any change is recorded as `tampered` (its child is then
+replaced, so no later kernel runs in a patched process).
 Reads only the standard library and torch. Attributes a module adds later (torch imports its
 submodules lazily) are not changes; only replaced or removed ones are.
 """
@@ -203,6 +204,11 @@ class Watch:
 
     def __init__(self, extra_modules: tuple[str, ...] = ()):
         self.extra_modules = tuple(extra_modules)
+        self.rebase()
+
+    def rebase(self) -> None:
+        """Take the baseline now (the harness calls this right before importing each kernel, so
+        what torch itself initialises lazily while the harness times a reference is not a change)."""
         self.baseline = snapshot(self.extra_modules)
         self.threads = {t.ident for t in threading.enumerate()}
         self.impls = _library_impls()

@@ -13,9 +13,8 @@ buffers that were timed and judges again, which catches kernels that cache their
 shape or by input address. All device work is synchronised device-wide before anything is read.
 
 Integrity (integrity.Watch): the identities of torch's, the clock's and the harness's functions
-are recorded when the child starts, before any kernel exists; after a kernel is imported, after
-its checks and after its timing they must be unchanged, else the kernel is `tampered` and the
-child is replaced. Timings are checked against the wall clock (timing.TimingTampered).
+are recorded right before a kernel is imported; after the import, after its checks and after its
+timing they must be unchanged, else the kernel is `tampered` and the child is replaced. Timings are checked against the wall clock (timing.TimingTampered).
 """
 
 from __future__ import annotations
@@ -94,6 +93,8 @@ def load_kernel(path: str, task=None):
         from pipelines.tasks import gpumode
 
         gpumode.install(task)
+    if WATCH.watch is not None:
+        WATCH.watch.rebase()  # what this kernel changes from here on is the kernel's doing
     name = "kc_kernel_" + hashlib.sha1(path.encode()).hexdigest()[:16]
     sys.modules.pop(name, None)
     try:

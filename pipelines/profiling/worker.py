@@ -256,6 +256,7 @@ class _Run:
         self.refbook = ReferenceBook()
         self.clock: PhaseClock | None = None  # phases of the measuring child's job in flight
         self.last_scan = 0.0
+        self.waited = self.arrived_after = time.monotonic()  # bounds of when a message read now arrived
         self.job_keys = 0
         self.base_config = {
             "device": cfg.device, "protocol": cfg.protocol, "max_reps": cfg.max_reps,
@@ -388,7 +389,7 @@ class _Run:
             sb.deadline = now + self.cfg.timeout_s
             sb.phase = str(msg.get("phase", ""))
             if sb is self.measurer and self.clock is not None:
-                self.clock.mark(sb.phase, now)
+                self.clock.mark(sb.phase, max(self.arrived_after, sb.job_started or 0.0), now)
         elif kind == "verify":
             if sb is self.measurer and sb.job is not None and sb.job_key is not None:
                 sb.deadline = now + self.cfg.timeout_s
@@ -570,13 +571,19 @@ class _Run:
             deadlines = [s.deadline for s in self._children() if s.deadline is not None] + [hard_stop, now + 0.5]
             timeout = max(0.01, min(deadlines) - now)
             waitable = list(conns) + ([self.verifier.conn] if self.verifier.conn is not None else [])
-            for conn in wait(waitable, timeout=timeout) if waitable else []:
+            ready = wait(waitable, timeout=timeout) if waitable else []
+            # A message read now arrived after the previous wait returned (we read every queued
+            # message then): the earliest time the parent's clock can give it.
+            self.arrived_after, self.waited = self.waited, time.monotonic()
+            for conn in ready:
                 if conn is self.verifier.conn:
                     self._on_verifier()
                     continue
                 sb = conns.get(conn)
-                if sb in self._children():  # not retired by an earlier message of this round
+                while sb in self._children():  # not retired by an earlier message of this round
                     self._on_message(sb)
+                    if not sb.poll(0):
+                        break
             self._check_deadlines()
             self._emit_progress()
         if stopped == "complete" and self.limited:
