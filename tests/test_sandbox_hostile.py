@@ -285,3 +285,18 @@ def test_jail_as_an_unprivileged_user_enters_its_own_namespaces(open_dir):
     if "pidns" in layers:
         assert "pid 1" in res.stdout  # the program is the first process of its own namespace
         assert "rlimits" in layers and "rlimits-nproc" not in notes  # counted per user namespace
+
+
+@pytest.mark.slow
+def test_the_fault_injection_script_passes_on_the_cpu(tmp_path):
+    """scripts/gpu_fault_injection.py, the GPU battery, on the interpreter: broken and hostile
+    kernels get their kinds, nothing reaches outside (it checks), the worker survives."""
+    res = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_fault_injection.py"), "--device", "cpu",
+                          "--out-dir", str(tmp_path / "fi")], cwd=REPO, capture_output=True, text=True, timeout=400)
+    assert res.returncode == 0, res.stdout[-3000:]
+    report = json.loads((tmp_path / "fi" / "fault.json").read_text())
+    assert report["problems"] == [] and len(report["rows"]) >= len(hostile.SOURCES)  # judged by the host's layers
+    print(report["sandbox"], report["outside"])
+    assert report["outside"]["escaped_processes"] == []  # whatever the layers
+    if "landlock" in report["sandbox"].split(";")[0]:
+        assert report["outside"]["files_written_outside"] == [] and not report["outside"]["warehouse_changed"]
