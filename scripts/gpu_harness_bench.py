@@ -79,6 +79,7 @@ def run_protocols(batch: Path, work: Path, device: str, gpus: list[str], budget:
     """The worker under each protocol; {protocol: {"out", "exit", "sandbox", "summary"}}."""
     cores = os.cpu_count() or 2
     parallel = device == "cuda" and len(gpus) >= 2
+    cache = work / "triton-cache"  # shared: the second protocol's run finds every kernel compiled
     workers = max(1, (cores // 2 if parallel else cores) - 2) if device == "cuda" else 2
     runs: dict[str, dict] = {}
 
@@ -86,7 +87,9 @@ def run_protocols(batch: Path, work: Path, device: str, gpus: list[str], budget:
         out = work / f"raw-{protocol}.parquet"
         for stale in (out, out.with_name(out.name + ".partial.jsonl")):
             stale.unlink(missing_ok=True)
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu) if device == "cuda" else dict(os.environ)
+        env = dict(os.environ, TRITON_CACHE_DIR=str(cache))
+        if device == "cuda":
+            env["CUDA_VISIBLE_DEVICES"] = gpu
         summary = work / f"summary-{protocol}.json"
         t0 = time.monotonic()
         rc, lines = _tee(_worker_cmd(batch, out, protocol, device, seconds, workers, summary, work / f"logs-{protocol}"),

@@ -300,3 +300,15 @@ def test_the_fault_injection_script_passes_on_the_cpu(tmp_path):
     assert report["outside"]["escaped_processes"] == []  # whatever the layers
     if "landlock" in report["sandbox"].split(";")[0]:
         assert report["outside"]["files_written_outside"] == [] and not report["outside"]["warehouse_changed"]
+
+
+def test_two_workers_on_one_host_never_share_a_sandbox_uid():
+    """Each uid is claimed with a file lock, so one worker's sweep cannot end another's children."""
+    pool = sandbox._UidPool()
+    mine = [pool.take(61700), pool.take(61700)]
+    other = subprocess.run([sys.executable, "-c", "from pipelines.profiling.sandbox import _UidPool; "
+                            "print(_UidPool().take(61700))"], capture_output=True, text=True, cwd=REPO,
+                           env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert mine == [61700, 61701] and int(other.stdout) == 61702
+    pool.give_back(61700)
+    assert sandbox._UidPool().take(61700) == 61700  # given back: free again

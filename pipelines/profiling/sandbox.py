@@ -183,22 +183,41 @@ def device_files() -> list[str]:
 
 
 class _UidPool:
-    """Dedicated uids for the children of this process, one per live child."""
+    """Dedicated uids for the children of this process, one per live child.
+
+    A uid is claimed with an exclusive lock on a file named after it (the lock goes with the
+    process that holds it, dead or alive), so two workers on one host (one per GPU) never hand
+    out the same uid, and one's sweep cannot end the other's children.
+    """
+
+    LOCKS = Path(tempfile.gettempdir()) / "kernelcast-sandbox-uids"
 
     def __init__(self) -> None:
-        self.in_use: set[int] = set()
+        self.held: dict[int, int] = {}  # uid -> lock file descriptor
 
     def take(self, base: int) -> int:
-        for slot in range(1024):
+        import fcntl
+
+        self.LOCKS.mkdir(mode=0o700, exist_ok=True)
+        for slot in range(1000):
             uid = base + slot
-            if uid not in self.in_use:
-                self.in_use.add(uid)
-                kill_processes(processes_of_uid(uid))  # leftovers of an earlier run
-                return uid
+            if uid in self.held:
+                continue
+            fd = os.open(self.LOCKS / f"{uid}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)  # another worker's child has it
+                continue
+            self.held[uid] = fd
+            kill_processes(processes_of_uid(uid))  # leftovers of a run that died holding it
+            return uid
         raise RuntimeError("no free sandbox uid")
 
     def give_back(self, uid: int) -> None:
-        self.in_use.discard(uid)
+        fd = self.held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the lock
 
 
 _UIDS = _UidPool()
