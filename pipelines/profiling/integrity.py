@@ -123,8 +123,11 @@ def _dispatch_state() -> dict[str, tuple]:
                 continue  # not an op of this torch version
             lines = tuple(ln for ln in text.splitlines() if ln.split(":", 1)[0].split(" ")[0] in REAL_KEYS)
             out[f"dispatcher {op}"] = lines
-    out["torch function modes"] = (torch._C._len_torch_function_stack(),)
-    out["torch dispatch modes"] = (torch._C._len_torch_dispatch_stack(),)
+    for name, private in (("torch function modes", "_len_torch_function_stack"),
+                          ("torch dispatch modes", "_len_torch_dispatch_stack")):
+        counter = getattr(torch._C, private, None)  # private API: absent in some torch versions
+        if counter is not None:
+            out[name] = (counter(),)
     return out
 
 
