@@ -182,6 +182,22 @@ def device_files() -> list[str]:
     return found
 
 
+_STALE_SWEPT: list[bool] = []
+
+
+def _remove_stale_private_dirs() -> None:
+    """Private directories of parents that were killed (and could not remove them): once per
+    process, every kc-<role>-<pid>-* folder whose <pid> no longer runs."""
+    if _STALE_SWEPT:
+        return
+    _STALE_SWEPT.append(True)
+    root = private_root()
+    for d in root.glob("kc-*-*-*"):
+        parts = d.name.split("-")
+        if len(parts) >= 4 and parts[2].isdigit() and not Path(f"/proc/{parts[2]}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+
+
 class _UidPool:
     """Dedicated uids for the children of this process, one per live child.
 
@@ -500,7 +516,8 @@ class Sandbox:
             # Same uid as ours: without this a child reads /proc/<our pid>/environ (Landlock does
             # not stop it) and could ptrace us.
             hide_from_children()
-        self.private_dir = Path(tempfile.mkdtemp(prefix=f"kc-{role}-", dir=private_root()))
+        _remove_stale_private_dirs()
+        self.private_dir = Path(tempfile.mkdtemp(prefix=f"kc-{role}-{os.getpid()}-", dir=private_root()))
         if self.uid is not None:
             os.chown(self.private_dir, self.uid, self.policy.gid)
         for d in shared_dirs:
