@@ -34,11 +34,74 @@ _ANSWER_KEYS = ("predicted_bin", "p")
 _P_SLACK = 1e-9
 
 
+MAX_CANDIDATE_DEPTH = 16  # balanced {...} regions nested deeper than this are not decoded on their own
+
+
+def _balanced_spans(text: str, strings: bool) -> list[tuple[int, int, int]]:
+    """(start, end, depth) of every balanced {...} region, in order of start, in one pass.
+
+    With `strings`, braces inside JSON strings do not count (quotes open strings only inside
+    braces: prose quotes are not JSON); without, every brace counts, which finds the regions a
+    stray quote in prose would hide. `depth` counts the balanced regions around this one.
+    """
+    spans: list[tuple[int, int]] = []
+    stack: list[int] = []
+    in_string = escaped = False
+    for i, ch in enumerate(text):
+        if not strings:
+            if ch == "{":
+                stack.append(i)
+            elif ch == "}" and stack:
+                spans.append((stack.pop(), i))
+        elif in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"' and stack:
+            in_string = True
+        elif ch == "{":
+            stack.append(i)
+        elif ch == "}" and stack:
+            spans.append((stack.pop(), i))
+    spans.sort()
+    out, open_ends = [], []
+    for start, end in spans:
+        while open_ends and open_ends[-1] < start:
+            open_ends.pop()
+        out.append((start, end, len(open_ends)))
+        open_ends.append(end)
+    return out
+
+
+def _may_open_object(text: str, i: int) -> bool:
+    """A JSON object's first token after '{' is a string or '}': anything else cannot decode."""
+    j = i + 1
+    while j < len(text) and text[j] in " \t\r\n":
+        j += 1
+    return j < len(text) and text[j] in '"}'
+
+
+def _decode(text: str, start: int, end: int) -> tuple[Any, int] | None:
+    """The JSON value of text[start:end] (a slice, so a failure costs its length, not its
+    position in a long text) and where it ends; None if it does not decode."""
+    try:
+        obj, stop = _DECODER.raw_decode(text[start:end])
+    except (ValueError, RecursionError):
+        return None
+    return obj, start + stop
+
+
 def json_objects(text: str) -> list[dict[str, Any]]:
     """Every top-level JSON object in free text, in order of appearance.
 
     Objects nested inside an earlier object are part of it, not separate hits. Fences
-    (```json ... ```) need no special case: their content is a bare object.
+    (```json ... ```) need no special case: their content is a bare object. Time is linear in
+    the text's length: two passes find the balanced {...} regions (one minding JSON strings, one
+    counting every brace, so a stray quote in prose hides nothing), and each region that can
+    open an object is decoded once, up to MAX_CANDIDATE_DEPTH regions deep.
 
     Args:
         text: any string.
@@ -47,19 +110,21 @@ def json_objects(text: str) -> list[dict[str, Any]]:
 
     >>> json_objects('a {"x": {"y": 1}} b ```json\\n{"z": "}"}\\n``` c {bad')
     [{'x': {'y': 1}}, {'z': '}'}]
+    >>> [o["n"] for o in json_objects('he wrote {"oops} and then {"n": 1}')]
+    [1]
     """
+    spans = {(a, b): d for a, b, d in _balanced_spans(text, strings=True)}
+    for a, b, d in _balanced_spans(text, strings=False):
+        spans.setdefault((a, b), d)
     found: list[dict[str, Any]] = []
-    i = text.find("{")
-    while i != -1:
-        try:
-            obj, end = _DECODER.raw_decode(text, i)
-        except (ValueError, RecursionError):
-            # Not an object starting here (prose brace, truncated JSON): try the next brace.
-            i = text.find("{", i + 1)
+    covered = -1  # end of the last decoded object: regions inside it are part of it
+    for (start, end), depth in sorted(spans.items()):
+        if start <= covered or depth > MAX_CANDIDATE_DEPTH or not _may_open_object(text, start):
             continue
-        if isinstance(obj, dict):
-            found.append(obj)
-        i = text.find("{", end)
+        hit = _decode(text, start, end + 1)
+        if hit is not None and isinstance(hit[0], dict):
+            found.append(hit[0])
+            covered = hit[1] - 1
     return found
 
 

@@ -203,22 +203,20 @@ def ingest(
     profile: str | None = ProfileOpt,
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Load measurement result (and kernel) files into the warehouse. Idempotent."""
+    """Load measurement result (and kernel) files into the warehouse, file by file: good files go
+    in, each refused file gets one line and the exit code is 2. Idempotent."""
     from warehouse.db import connect
-    from warehouse.ingest import IngestError, ingest_path
+    from warehouse.ingest import ingest_all
+    from warehouse.kernels import read_tasks, upsert_tasks
 
     settings = _settings(profile)
-    reports, errors = [], []
     with connect(settings.warehouse_path) as con:
-        for f in files:
-            if not f.exists():
-                errors.append(f"{f}: no such file or folder")
-                continue
-            try:
-                for r in ingest_path(con, f):
-                    reports.append(r)
-            except IngestError as exc:
-                errors.append(str(exc))
+        if read_tasks(con).is_empty():  # rows are checked against the tasks they measure
+            from pipelines.tasks.catalog import task_rows
+
+            upsert_tasks(con, task_rows())
+        outcome = ingest_all(con, files)
+    reports, errors = outcome.reports, outcome.errors
     out = [
         {"path": str(r.path), "kind": r.kind, "rows": r.rows, "added": r.added, "skipped": r.skipped}
         for r in reports
@@ -307,14 +305,21 @@ def check(
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
     """Check a kernel's correctness on the task's small cases on the CPU (Triton interpreter),
-    in a child process with a timeout. Exit 0 if correct, 1 if not."""
+    in a sandboxed child process with a timeout, judged by a process the kernel never ran in.
+    GPU MODE submissions (`from task import ...`, `from utils import ...`) run unmodified.
+    Exit 0 if correct, 1 if not."""
     from pipelines.profiling.check import check_source
+    from pipelines.profiling.sandbox import policy_from_env, probe
     from pipelines.tasks import get_task
 
     get_task(task)
+    layers = probe(policy_from_env(), "cpu")  # the sandbox layers, and what this host lacks
+    if not as_json:
+        typer.echo(layers.line(), err=True)
     outcome = check_source(task, kernel.read_text(), timeout_s=timeout_s, device="cpu")
     report = {"task": task, "kernel": str(kernel), "ok": outcome.ok, "failure_kind": outcome.failure_kind,
-              "message": outcome.message, "seconds": round(outcome.seconds, 3)}
+              "message": outcome.message, "seconds": round(outcome.seconds, 3), "sandbox": outcome.sandbox,
+              "sandbox_missing": layers.notes}
     if as_json:
         _print_json(report)
     else:
@@ -464,17 +469,25 @@ def forecast(
         from models.backends import ForecastRequest
         from models.prompts import build_prompt
         from models.surrogate import registered_forecaster
+        from orchestration.forecast_fit import LOGPROB_ANSWER_TOKENS, check_prompt_fits
 
         forecaster, info = registered_forecaster(settings.mlflow_uri, version, settings.home,
                                                  cache_dir=settings.home / "forecast-cache", readout=readout)
         style = style or info["prompt_style"]
         messages = build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, style=style)
+        check_prompt_fits(forecaster.tokenizer, forecaster.model.config, messages,
+                          LOGPROB_ANSWER_TOKENS if readout == "logprob" else forecaster.max_new_tokens)
         (result,) = forecaster.forecast([ForecastRequest(messages)])
         model_ref = f"models:/{DEFAULT_NAME}/{version}"
         source = f"registered surrogate {uri} (version {version}, reward {info['reward'] or 'unknown'})"
     else:
+        from models.prompts import build_prompt
+        from orchestration.forecast_fit import check_checkpoint_fits
+
         style = style or "diff"
         path = resolve_base_model(model, settings.home)
+        check_checkpoint_fits(path, build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp,
+                                                 style=style), readout)
         result, model_ref = forecast_pair(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, path,
                                           readout=readout, style=style, cache_dir=settings.home / "forecast-cache")
         source = ("base model (no registered surrogate @champion)" if auto

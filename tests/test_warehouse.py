@@ -56,6 +56,7 @@ def test_connect_creates_parent_dirs_and_every_table(tmp_path):
     assert applied[0] == (1, "init")
     assert [v for v, _ in applied] == list(range(1, len(applied) + 1))  # every migration, in order
     assert (2, "promotion_decisions") in applied and (3, "kernel_feature_launches") in applied
+    assert (4, "measurement_sandbox") in applied
     c.close()
 
 

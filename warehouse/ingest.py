@@ -2,8 +2,19 @@
 
 Guarantees, per file: the whole file is validated before anything is written and then written in
 one transaction, so a file is either fully in or not at all; a file seen before (same sha256,
-any name) adds nothing; rows seen before (same measurement_id / kernel_id) add nothing.
-Schemas come from `pipelines.profiling.formats`, the one definition both machines share.
+any name) adds nothing; rows seen before (same measurement_id / kernel_id, same values) add
+nothing. Schemas come from `pipelines.profiling.formats`, the one definition both machines share.
+
+A results file is refused (one line naming the file, the row and the rule) when a row breaks a
+rule the warehouse's own checks apply later (warehouse/checks.py): a task the `tasks` table does
+not know, an ok row that does not cover every case of its task, a NaN, infinite or non-positive
+time or speedup, or a speedup that is not the geometric mean of its per-case speedups; and when
+a row re-measures a (batch, kernel) already in the warehouse with other values: a conflict is
+reported with the first differing value, never dropped in silence. The task rules need the
+`tasks` table; with it empty (a warehouse no task suite was written to) they are skipped and the
+report says so (`tasks_checked`); `kernelcast ingest` writes the suite first.
+
+`ingest_all` ingests many files one by one: good files go in, refused ones are listed.
 """
 
 from __future__ import annotations
@@ -38,6 +49,15 @@ STATUSES = ("ok", "failed")
 # Every RESULT_SCHEMA column but the fingerprint (kept once per batch) lands in `measurements`.
 _MEASUREMENT_COLUMNS = [f.name for f in RESULT_SCHEMA if f.name != "hardware_json"]
 _LIST_COLUMNS = [f.name for f in RESULT_SCHEMA if pa.types.is_list(f.type) and f.name != "case_ids"]
+# Columns result files written before the worker recorded them lack; read as null.
+_OPTIONAL_RESULT_COLUMNS = ("sandbox",)
+_TIME_LISTS = ("kernel_median_ms", "kernel_mean_ms", "ref_median_ms", "ref_mean_ms")  # ms, finite and > 0
+_STDERR_LISTS = ("kernel_stderr_ms", "ref_stderr_ms")  # >= 0; inf allowed (a single timed call)
+_REPS_LISTS = ("kernel_reps", "ref_reps")  # >= 1
+GEOMEAN_RTOL = 1e-6
+# Values a re-measurement of the same (batch, kernel) must repeat exactly.
+_COMPARED = ("task", "status", "failure_kind", "speedup", "case_ids", "case_speedups", "kernel_median_ms",
+             "ref_median_ms", "protocol", "harness_version", "hardware_id", "measured_at")
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,19 @@ class IngestReport:
     skipped: int  # rows already present (or the whole file, when seen before)
     duplicate_file: bool = False  # the same bytes were ingested before, under any name
     unknown_kernels: int = 0  # distinct result kernels not (yet) in `kernels`
+    tasks_checked: bool = True  # False: the `tasks` table was empty, task rules were not applied
+
+
+@dataclass(frozen=True)
+class IngestOutcome:
+    """What ingesting many files did: a report per file taken, an error line per file refused."""
+
+    reports: list[IngestReport]
+    errors: list[str]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
 
 
 def ingest_results(con: duckdb.DuckDBPyConnection, path: str | Path) -> IngestReport:
@@ -64,8 +97,11 @@ def ingest_results(con: duckdb.DuckDBPyConnection, path: str | Path) -> IngestRe
     Raises:
         IngestError: unreadable file, missing or wrong-typed column, more than one hardware
             fingerprint in a batch, unknown status or failure kind, an ok row without a finite
-            positive speedup, a failed row with one, misaligned per-case lists, or a repeated
-            (batch_id, kernel_id). Nothing is written.
+            positive speedup, a failed row with one, misaligned per-case lists, a repeated
+            (batch_id, kernel_id), an unknown task, an ok row missing some of its task's cases,
+            a NaN/infinite/non-positive per-case time or speedup, a speedup that is not the
+            geometric mean of its cases, or a row that conflicts with one ingested before
+            (same batch and kernel, other values). Nothing is written.
     """
     return _ingest(con, Path(path), expect="results")
 
@@ -119,27 +155,62 @@ def ingest_path(con: duckdb.DuckDBPyConnection, path: str | Path) -> list[Ingest
 def ingest_paths(con: duckdb.DuckDBPyConnection, paths: Iterable[str | Path]) -> list[IngestReport]:
     """Ingest many files and directories: every kernel file first, then every result file.
 
+    Each file is atomic and is tried even when another was refused (see `ingest_all`).
+
     Args:
         con: a writable connection with no open transaction.
         paths: files and/or directories (a directory contributes its `*.parquet`, sorted).
     Returns:
         One IngestReport per file, in the order ingested.
     Raises:
-        IngestError: the first file refused (or a path that does not exist).
+        IngestError: some path does not exist or some file was refused (the first one's line,
+            and how many there were); every other file was ingested.
     """
-    files: list[Path] = []
+    outcome = ingest_all(con, paths)
+    if outcome.errors:
+        more = f" ({len(outcome.errors)} files refused; the others were ingested)" if len(outcome.errors) > 1 else ""
+        raise IngestError(outcome.errors[0] + more)
+    return outcome.reports
+
+
+def _expand(paths: Iterable[str | Path]) -> tuple[list[Path], list[str]]:
+    files, errors = [], []
     for p in map(Path, paths):
         if p.is_dir():
             files.extend(sorted(p.glob("*.parquet")))
         elif p.exists():
             files.append(p)
         else:
-            raise IngestError(f"{p}: no such file or directory")
-    kinds = {f: detect_kind(_read_schema(f), f) for f in files}
-    ordered = sorted(
-        files, key=lambda f: 0 if kinds[f] == "kernels" else 1
-    )  # stable: keeps name order
-    return [_ingest(con, f, expect=kinds[f]) for f in ordered]
+            errors.append(f"{p}: no such file or directory")
+    return files, errors
+
+
+def ingest_all(con: duckdb.DuckDBPyConnection, paths: Iterable[str | Path]) -> IngestOutcome:
+    """Ingest files and directories one file at a time: good files in, refused files listed.
+
+    Kernel files go before result files, so sources exist before their measurements.
+
+    Args:
+        con: a writable connection with no open transaction.
+        paths: files and/or directories (a directory contributes its `*.parquet`, sorted).
+    Returns:
+        The IngestOutcome: a report per ingested file, one line per refused file or missing path.
+    """
+    files, errors = _expand(paths)
+    kinds: dict[Path, Kind] = {}
+    for f in files:
+        try:
+            kinds[f] = detect_kind(_read_schema(f), f)
+        except IngestError as exc:
+            errors.append(str(exc))
+    ordered = sorted(kinds, key=lambda f: 0 if kinds[f] == "kernels" else 1)  # stable: keeps name order
+    reports = []
+    for f in ordered:
+        try:
+            reports.append(_ingest(con, f, expect=kinds[f]))
+        except IngestError as exc:
+            errors.append(str(exc))
+    return IngestOutcome(reports, errors)
 
 
 def detect_kind(schema: pa.Schema, path: str | Path = "file") -> Kind:
@@ -273,6 +344,7 @@ def _validate_results(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, path:
             raise _fail_row(path, row, f"{name} is not aligned with case_ids")
     if row := _first_bad(frame, pl.struct("batch_id", "kernel_id").is_duplicated()):
         raise _fail_row(path, row, f"appears twice in batch {row['batch_id']}")
+    _validate_values(frame, path)
 
     per_batch = frame.group_by("batch_id").agg(
         pl.col("hardware_json").n_unique().alias("n_fp"),
@@ -300,6 +372,79 @@ def _validate_results(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, path:
             raise IngestError(
                 f"{path}: batch {b['batch_id']} was ingested before with another hardware fingerprint"
             )
+
+
+def _list_bad(name: str, rule: pl.Expr) -> pl.Expr:
+    """Rows whose list column `name` holds a value breaking `rule` (nulls inside count as bad)."""
+    col = pl.col(name)
+    return col.is_not_null() & col.list.eval(~rule.fill_null(False)).list.any().fill_null(True)
+
+
+def _validate_values(frame: pl.DataFrame, path: Path) -> None:
+    """Per-case times, repetitions and speedups a measurement can have."""
+    e = pl.element()
+    for name in _TIME_LISTS + ("case_speedups",):
+        if row := _first_bad(frame, _list_bad(name, e.is_finite() & (e > 0))):
+            raise _fail_row(path, row, f"{name} holds a NaN, infinite or non-positive value: {row[name]}")
+    for name in _STDERR_LISTS:
+        if row := _first_bad(frame, _list_bad(name, e.is_not_nan() & (e >= 0))):
+            raise _fail_row(path, row, f"{name} holds a NaN or negative value: {row[name]}")
+    for name in _REPS_LISTS:
+        if row := _first_bad(frame, _list_bad(name, e >= 1)):
+            raise _fail_row(path, row, f"{name} holds a count below 1: {row[name]}")
+    for name in ("case_ids", "case_speedups") + _TIME_LISTS:
+        empty = pl.col(name).is_null() | (pl.col(name).list.len() == 0)
+        if row := _first_bad(frame, (pl.col("status") == "ok") & empty):
+            raise _fail_row(path, row, f"status ok without {name}")
+    geo = pl.col("case_speedups").list.eval(e.log()).list.mean().exp()
+    off = (pl.col("status") == "ok") & ((geo - pl.col("speedup")).abs() > GEOMEAN_RTOL * pl.col("speedup"))
+    if row := _first_bad(frame, off):
+        raise _fail_row(path, row, f"speedup {row['speedup']!r} is not the geometric mean of case_speedups")
+
+
+def _known_tasks(con: duckdb.DuckDBPyConnection) -> dict[str, tuple[int, int]]:
+    """task -> (benchmark cases, correctness cases) from the `tasks` table (empty: none written)."""
+    rows = execute(con, "SELECT task, json_array_length(benchmark_cases), json_array_length(correctness_cases) "
+                        "FROM tasks")
+    return {t: (int(b or 0), int(c or 0)) for t, b, c in rows}
+
+
+def _validate_tasks(frame: pl.DataFrame, tasks: dict[str, tuple[int, int]], path: Path) -> None:
+    """Known tasks, and ok rows that cover every case of theirs (benchmark cases on a GPU; the
+    correctness cases are what a CPU worker times), as checks.ok_without_every_case asks."""
+    known = pl.col("task").is_in(list(tasks))
+    if row := _first_bad(frame, ~known):
+        raise _fail_row(path, row, f"unknown task {row['task']!r} (not in the warehouse's tasks table)")
+    want = pl.col("task").replace_strict({t: b for t, (b, _) in tasks.items()}, return_dtype=pl.Int64)
+    want_cpu = pl.col("task").replace_strict({t: c for t, (_, c) in tasks.items()}, return_dtype=pl.Int64)
+    expected = pl.when(pl.col("hardware_id") == "cpu").then(want_cpu).otherwise(want)
+    short = (pl.col("status") == "ok") & (pl.col("case_ids").list.len() != expected)
+    if row := _first_bad(frame.with_columns(expected.alias("_expected")), short):
+        raise _fail_row(path, row, f"status ok with {len(row['case_ids'])} cases, but task {row['task']!r} has "
+                                   f"{row['_expected']} (no speedup without every case)")
+
+
+def _conflicts(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, path: Path) -> None:
+    """Refuse rows that re-measure a (batch, kernel) already here with other values."""
+    keyed = rows.select(["measurement_id", "batch_id", "kernel_id", *_COMPARED])
+    with registered(con, "_incoming_rows", keyed.to_arrow()):
+        differs = " OR ".join(f"m.{c} IS DISTINCT FROM i.{c}" for c in _COMPARED)
+        found = execute(
+            con,
+            "SELECT i.batch_id, i.kernel_id, "
+            + ", ".join(f"m.{c}::VARCHAR, i.{c}::VARCHAR" for c in _COMPARED)
+            + f" FROM _incoming_rows i JOIN measurements m USING (measurement_id) WHERE {differs}",
+        )
+    if not found:
+        return
+    batch, kernel, *values = found[0]
+    pairs = list(zip(values[0::2], values[1::2], strict=True))
+    col, (old, new) = next((c, p) for c, p in zip(_COMPARED, pairs, strict=True) if p[0] != p[1])
+    raise IngestError(
+        f"{path}: {len(found)} row(s) re-measure a (batch, kernel) already in the warehouse with other values; "
+        f"e.g. kernel {str(kernel)[:12]} in batch {batch}: {col} {old} before, {new} now. Nothing written: "
+        "give the new measurement its own batch id"
+    )
 
 
 def _fingerprint(text: str, path: Path) -> dict:
@@ -346,9 +491,12 @@ def _ingest(con: duckdb.DuckDBPyConnection, path: Path, expect: Kind | None) -> 
 def _ingest_results(
     con: duckdb.DuckDBPyConnection, path: Path, digest: str, table: pa.Table
 ) -> IngestReport:
-    table = _conform(table, RESULT_SCHEMA, (), path)
+    table = _conform(table, RESULT_SCHEMA, _OPTIONAL_RESULT_COLUMNS, path)
     frame: pl.DataFrame = pl.from_arrow(table)  # type: ignore[assignment]
     _validate_results(con, frame, path)
+    tasks = _known_tasks(con)
+    if tasks:
+        _validate_tasks(frame, tasks, path)
 
     ids = [
         measurement_id(b, k)
@@ -358,6 +506,7 @@ def _ingest_results(
         pl.Series("measurement_id", ids, dtype=pl.String),
         pl.lit(str(path.resolve())).alias("source_file"),
     )
+    _conflicts(con, rows, path)
     batches = (
         frame.group_by("batch_id", maintain_order=True)
         .agg(
@@ -391,6 +540,7 @@ def _ingest_results(
         added,
         frame.height - added,
         unknown_kernels=int(unknown),
+        tasks_checked=bool(tasks),
     )
 
 

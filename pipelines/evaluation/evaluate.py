@@ -18,7 +18,13 @@ Conventions (repeated in the output under "conventions"):
 - full-set means score a parse failure as the uniform distribution; accuracy and
   off-by-one count it as wrong; ECE and parsed-only means leave failures out;
 - each metric is computed per repeat, then averaged over repeats; "spread" is the sample
-  std over repeats; "intervals" are stratified pair-bootstrap percentile intervals.
+  std over repeats; "intervals" are stratified pair-bootstrap percentile intervals;
+- uneven repeats (pairs forecast a different number of times) weigh every pair the same: a
+  pair's forecasts are cycled over R = lcm of the pairs' repeat counts (at most
+  MAX_VIRTUAL_REPEATS) virtual repeats, so each virtual repeat holds every pair once and each of
+  a pair's forecasts is used equally often (an average of a pair's scores, then over pairs);
+- numeric columns must be numbers: text in true_speedup, p1..p8, predicted_bin, repeat or
+  parse_ok is refused, never parsed.
 
 Top-level JSON keys: n, n_pairs, n_repeats, n_tasks, parse_rate, brier, crps, nll, entropy,
 accuracy, off_by_one, ece, aurc, selective_risk_at_50, aurc_certainty, aurc_margin,
@@ -79,7 +85,13 @@ CONVENTIONS = (
         "metrics per repeat, then mean over repeats; spread = sample std over repeats; "
         "intervals = percentile bootstrap over pairs, stratified by task"
     ),
+    (
+        "uneven repeats: every pair weighs the same; its forecasts are cycled over lcm(repeat counts) "
+        "virtual repeats, each holding every pair once"
+    ),
 )
+MAX_VIRTUAL_REPEATS = 60  # lcm of the repeat counts; e.g. counts 1..5 need 60
+NUMERIC_COLUMNS = ("true_speedup", "speedup", *(f"p{i}" for i in range(1, NUM_BINS + 1)), "predicted_bin", "repeat")
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,12 @@ def prepare(frame: pl.DataFrame, *, sum_tolerance: float = SUM_TOLERANCE) -> For
         ValueError: one line, on missing columns, nulls, bad probabilities, bad bins, bad
             speedups or a duplicated (pair_id, repeat).
     """
+    for col in NUMERIC_COLUMNS:
+        if col in frame.columns and not (frame[col].dtype.is_numeric() or frame[col].dtype == pl.Null):
+            raise ValueError(f"forecasts column {col} is {frame[col].dtype}, not numeric: write numbers, not text")
+    if "parse_ok" in frame.columns and frame["parse_ok"].dtype not in (pl.Boolean, pl.Null) \
+            and not frame["parse_ok"].dtype.is_integer():
+        raise ValueError(f"forecasts column parse_ok is {frame['parse_ok'].dtype}, not boolean")
     if "true_speedup" not in frame.columns and "speedup" in frame.columns:
         frame = frame.rename({"speedup": "true_speedup"})  # the warehouse's forecasts+pairs join
     for col in ("model_ref", "model"):
@@ -206,6 +224,32 @@ def prepare(frame: pl.DataFrame, *, sum_tolerance: float = SUM_TOLERANCE) -> For
         predicted_bin=predicted,
         parse_ok=parse_ok,
     )
+
+
+def balance_repeats(a: ForecastArrays) -> ForecastArrays:
+    """The forecasts with repeats numbered 0.. within each pair and, when pairs have different
+    numbers of repeats, cycled to lcm(counts) virtual repeats (module docstring).
+
+    Raises:
+        ValueError: the lcm of the repeat counts is above MAX_VIRTUAL_REPEATS.
+    """
+    order = np.lexsort((a.repeat, a.pair))
+    sorted_pairs = a.pair[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(sorted_pairs)) + 1]
+    counts = np.diff(np.r_[starts, order.size])
+    if np.all(counts == counts[0]):
+        ordinal = np.empty_like(a.repeat)
+        ordinal[order] = np.arange(order.size) - np.repeat(starts, counts)
+        return replace(a, repeat=ordinal)
+    n_virtual = int(np.lcm.reduce(counts))
+    if n_virtual > MAX_VIRTUAL_REPEATS:
+        raise ValueError(
+            f"uneven repeats ({int(counts.min())} to {int(counts.max())} per pair) need {n_virtual} virtual repeats "
+            f"to weigh every pair the same (at most {MAX_VIRTUAL_REPEATS}); give every pair the same number of repeats"
+        )
+    r = np.tile(np.arange(n_virtual), starts.size)
+    idx = order[np.repeat(starts, n_virtual) + r % np.repeat(counts, n_virtual)]
+    return replace(a.take(idx), repeat=r.astype(a.repeat.dtype))
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -362,16 +406,18 @@ def evaluate_forecasts(
         frame = frame.filter(~is_parent)
         if frame.height == 0:
             raise ValueError("forecasts hold only 'parent' pairs; the main metrics need eval-set pairs")
-    a = prepare(frame, sum_tolerance=sum_tolerance)
+    given = prepare(frame, sum_tolerance=sum_tolerance)
+    a = balance_repeats(given)
 
     per_repeat = _per_repeat(a)
     flat = {k: _nanmean([m[k] for m in per_repeat]) for k in per_repeat[0]}
-    result: dict[str, Any] = {**_counts(a), **_reshape(flat)}
+    result: dict[str, Any] = {**_counts(given), **_reshape(flat)}
 
     result["per_task"] = {}
     for t in sorted(set(a.task.tolist())):
         sub = a.take(np.nonzero(a.task == t)[0])
-        result["per_task"][t] = {**_counts(sub), **_reshape(headline(sub))}
+        counts = _counts(given.take(np.nonzero(given.task == t)[0]))
+        result["per_task"][t] = {**counts, **_reshape(headline(sub))}
 
     log.info("bootstrapping %d replicates over %d pairs", n_boot, result["n_pairs"])
     result["intervals"] = bootstrap.bootstrap_intervals(
@@ -403,7 +449,7 @@ def evaluate_forecasts(
     result["seed"] = seed
     result["spread"] = bootstrap.repeat_spread(per_repeat, INTERVAL_KEYS)
     result["discovery"] = (
-        _discovery(prepare(disc_frame, sum_tolerance=sum_tolerance))
+        _discovery(balance_repeats(prepare(disc_frame, sum_tolerance=sum_tolerance)))
         if disc_frame is not None and disc_frame.height
         else None
     )

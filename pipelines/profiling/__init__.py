@@ -12,7 +12,11 @@ Public API
     results.read_results(path) -> list[dict]
 
 Modules: worker (parent event loop, CLI), sandbox (child processes and their channel),
-child (a child's entry point), runner (compile/check/time inside a child), timing (L2 flush,
-CUDA events, adaptive reps, protocols), hardware (fingerprint), results (JSONL + Parquet,
-resume), taskload (task registry + KERNELCAST_TASK_MODULES overrides), check.
+jail (the sandbox layers, applied before a child starts), child (a child's entry point), runner
+(compile/check/time inside a child), verify (verdicts from a process the kernel never ran in),
+shipping (a kernel's output as a file), integrity (identities a kernel must not change), audit
+(the parent's own account: wall-clock windows, reference timings, speedups), timing (L2 flush,
+CUDA events, adaptive reps, protocols: docs/protocols.md), hardware (fingerprint), results (JSONL
++ Parquet, resume), taskload (task registry + KERNELCAST_TASK_MODULES overrides), check,
+protocol_bench (the kernelcast-versus-gpumode benchmark's draw and comparison).
 """

@@ -1,10 +1,16 @@
-"""Entry point of a sandboxed child: `python -m pipelines.profiling.child --role R --config JSON`.
+"""Entry point of a child: `python -P -m pipelines.profiling.child --role R --config JSON`.
 
 Roles: `compile` (import + compile, see runner.run_compile), `check` (correctness on the
-task's correctness cases), `measure` (check + time on the device). The child says
-{"type": "ready", "info": ...} once its stack is imported, then answers each
-{"type": "job", "job": {...}} with zero or more {"type": "progress"} and one
-{"type": "result", ...}. After a result with restart=True (a poisoned CUDA context) it exits.
+task's correctness cases), `measure` (check + time on the device), all three started through
+the sandbox (jail.py) because they import kernels; and `verify` (verify.Verifier: judges the
+outputs the others ship), which never imports a kernel.
+
+The child says {"type": "ready", "info": ...} once its stack is imported (info carries the
+sandbox layers it got), then answers each {"type": "job", "job": {...}} with zero or more
+{"type": "progress"} or {"type": "verify"} messages (the parent answers a verify with a
+{"type": "verdict"}) and one {"type": "result", ...}. After a result with restart=True (a
+poisoned CUDA context, a tampered process) it exits. The verifier answers each
+{"type": "verify"} with a {"type": "verdict"}.
 """
 
 from __future__ import annotations
@@ -26,8 +32,8 @@ def _die_with_parent(parent_pid: int | None) -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass  # not Linux: the parent closing our stdin still ends the idle loop
-    if parent_pid and os.getppid() != parent_pid:
-        os._exit(0)  # the parent died before prctl took effect
+    if parent_pid and os.getpid() != 1 and os.getppid() != parent_pid:
+        os._exit(0)  # the parent died before prctl took effect (in a PID namespace our parent is the jail)
 
 
 MEASURE_CORES = 2  # cores reserved for the measuring children on a GPU host
@@ -44,9 +50,44 @@ def _isolate(role: str) -> None:
         os.nice(10)
 
 
+def _serve_verifier(config: dict, send, rx: Connection) -> int:
+    """The verifier's loop: one verdict per request, until the parent goes away."""
+    from pipelines.profiling.sandbox import hide_from_children
+    from pipelines.profiling.verify import Verifier
+
+    hide_from_children()
+    try:
+        verifier = Verifier(config)
+        if config.get("device") == "cuda":
+            import torch
+
+            torch.cuda.init()
+    except Exception as e:  # noqa: BLE001
+        send({"type": "fatal", "error": f"verify worker failed to start: {type(e).__name__}: {e}"})
+        return 1
+    send({"type": "ready", "info": {"pid": os.getpid()}})
+    while True:
+        try:
+            msg = json.loads(rx.recv_bytes())
+        except EOFError:
+            return 0
+        if msg.get("type") == "exit":
+            return 0
+        if msg.get("type") == "forget":
+            verifier.forget(msg.get("job"))
+            continue
+        try:
+            reply = verifier.handle(msg)
+        except Exception as e:  # noqa: BLE001 - our failure, not the kernel's
+            logging.exception("verify %s", msg.get("job"))
+            reply = {"type": "verdict", "job": msg.get("job"), "seq": msg.get("seq"), "ok": False,
+                     "infrastructure": True, "message": f"verifier error: {type(e).__name__}: {e}"[:300]}
+        send(reply)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--role", choices=("compile", "check", "measure"), required=True)
+    ap.add_argument("--role", choices=("compile", "check", "measure", "verify"), required=True)
     ap.add_argument("--config", default="{}")
     args = ap.parse_args(argv)
     config = json.loads(args.config)
@@ -61,7 +102,12 @@ def main(argv: list[str] | None = None) -> int:
     def send(msg: dict) -> None:
         tx.send_bytes(json.dumps(msg).encode())
 
+    def recv() -> dict:
+        return json.loads(rx.recv_bytes())
+
     device = config.get("device", "cpu")
+    if args.role == "verify":
+        return _serve_verifier(config, send, rx)
     if device == "cuda":
         _isolate(args.role)
     try:
@@ -87,6 +133,12 @@ def main(argv: list[str] | None = None) -> int:
             if device == "cuda":
                 torch.cuda.init()
             info = {"pid": os.getpid()}
+        from pipelines.profiling import verify
+        from pipelines.profiling.jail import LAYERS_ENV
+
+        verify.JUDGE.impl = verify.ChannelJudge(send, recv)
+        runner.start_watch()  # the baseline of identities, before any kernel exists here
+        info["sandbox"] = os.environ.get(LAYERS_ENV, "")
     except Exception as e:  # noqa: BLE001
         send({"type": "fatal", "error": f"{args.role} worker failed to start: {type(e).__name__}: {e}"})
         return 1
@@ -110,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         except Exception as e:
             logging.exception("job %s", job.get("kernel_id"))
             result = {"ok": False, "status": "failed", "failure_kind": "infrastructure",
-                      "error": f"harness error: {type(e).__name__}: {e}"[:300]}
+                      "error": f"harness error: {type(e).__name__}: {e}"[:300], "restart": True}
         send({"type": "result", "job_id": job.get("job_id"), **result})
         if result.get("restart"):
             sys.stderr.flush()

@@ -11,7 +11,7 @@ import re
 
 import pyarrow as pa
 
-HARNESS_VERSION = "kernelcast-harness-2"  # 2: launch cover, median of reference timings
+HARNESS_VERSION = "kernelcast-harness-3"  # 2: launch cover, median of reference timings; 3: sandbox, verifier
 
 FAILURE_KINDS = (
     "compile_failed",  # the module does not import / Triton does not compile it
@@ -20,6 +20,7 @@ FAILURE_KINDS = (
     "timeout",  # its worker went past the time limit and was killed
     "crashed",  # its worker died (segfault, illegal memory access, abort)
     "infrastructure",  # our fault, not the kernel's (e.g. no GPU, reference failed)
+    "tampered",  # it patched the harness, torch or the timer, or its claims failed the parent's audit
 )
 
 # A batch for the worker: one row per kernel. Extra columns are allowed and ignored by the worker.
@@ -67,7 +68,7 @@ RESULT_SCHEMA = pa.schema(
         pa.field("case_speedups", pa.list_(pa.float64())),  # t_ref / t_kernel, medians
         pa.field("speedup", pa.float64()),  # geometric mean over cases; null unless status ok
         pa.field("needs_recheck", pa.bool_()),  # speedup > 10x: flagged for a re-measure
-        pa.field("protocol", pa.string(), nullable=False),  # "kernelcast" | "paper"
+        pa.field("protocol", pa.string(), nullable=False),  # "kernelcast" | "paper" | "gpumode"
         pa.field("harness_version", pa.string(), nullable=False),
         pa.field("hardware_id", pa.string(), nullable=False),  # e.g. "nvidia-h200-sm90"
         pa.field("hardware_json", pa.string(), nullable=False),  # full fingerprint, JSON
@@ -75,6 +76,8 @@ RESULT_SCHEMA = pa.schema(
         pa.field("compile_s", pa.float64()),
         pa.field("check_s", pa.float64()),
         pa.field("time_s", pa.float64()),
+        # sandbox layers the kernel ran under, comma-separated (jail.py names them); null: unknown
+        pa.field("sandbox", pa.string()),
     ]
 )
 

@@ -24,7 +24,7 @@ from pipelines.profiling.formats import RESULT_SCHEMA
 
 log = logging.getLogger(__name__)
 
-PROTOCOLS = ("kernelcast", "paper")  # values of the protocol column; timing.py defines them
+PROTOCOLS = ("kernelcast", "paper", "gpumode")  # values of the protocol column; timing.py defines them
 RETRIED_KINDS = ("infrastructure",)  # failure kinds a resumed run measures again
 
 

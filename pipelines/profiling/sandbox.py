@@ -1,40 +1,139 @@
 """Child processes that run untrusted kernels, and the parent's handle on them.
 
-A child is `python -m pipelines.profiling.child --role R --config JSON`, started with
-subprocess (never fork: CUDA cannot survive it) in its own session. Messages are JSON over
-the child's stdin/stdout, framed by multiprocessing.connection. The child moves fd 1 onto
-stderr right away, so a kernel that prints (or a C library that writes to fd 1) cannot
-corrupt the channel; stderr goes to a per-child log file whose tail explains deaths.
+A child is `python -P -m pipelines.profiling.child --role R --config JSON`, started with
+subprocess (never fork: CUDA cannot survive it) through `jail.py`, which applies the sandbox
+layers the host allows (jail.py lists them) before the child's first line runs:
 
-The parent never runs kernel code: a crash, hang or CUDA fault kills only the child, which
-the parent kills (SIGKILL to the whole process group) and replaces.
+* an allow-listed environment (`child_env`: no secrets, no KERNELCAST_HOME), with HOME, TMPDIR
+  and the working directory a private directory that is removed when the child ends;
+* as root, a dedicated unprivileged uid per child (61000 + slot) in a shared group, so a child
+  can write nothing the parent owns (the warehouse, the repository) and reach no other child;
+* a network namespace and a PID namespace (the kernel ends every process of the namespace with
+  its first one, so a `setsid` grandchild cannot outlive the check);
+* rlimits on address space (CPU), file size and processes; no core files; no_new_privs;
+* Landlock: writes only beneath the private directory, the shared Triton cache and device files.
+
+Messages are JSON over the child's stdin/stdout, framed by multiprocessing.connection. The
+child moves fd 1 onto stderr right away, so a kernel that prints cannot corrupt the channel;
+stderr goes to a per-child log file whose tail explains deaths.
+
+`Sandbox.kill()` SIGKILLs the child's process group, then sweeps what may have escaped it
+(every process of the child's uid; without one, orphans carrying the child's marker), removes
+the private directory and frees the uid. On CUDA hosts, where an address-space limit would stop
+CUDA from starting, the parent watches each child's resident memory instead (`over_limits`).
+The parent never runs kernel code: a crash, hang or CUDA fault kills only the child.
 """
 
 from __future__ import annotations
 
+import ctypes
+import glob
 import json
 import os
+import secrets
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from pipelines.profiling import jail
+
 REPO_ROOT = Path(__file__).resolve().parents[2]  # so `-m pipelines.profiling.child` imports
+JAIL = Path(jail.__file__).resolve()
+MARKER_ENV = "KERNELCAST_SANDBOX_ID"
+SKIP_ENV = "KERNELCAST_SANDBOX_SKIP"  # comma-separated layers not to apply (e.g. "uid,landlock")
+MEMORY_ENV = "KERNELCAST_SANDBOX_MEMORY_GB"  # a child's memory limit, GiB (CPU: address space, CUDA: resident)
+PROCESSES_ENV = "KERNELCAST_SANDBOX_PROCESSES"  # a child's processes + threads
+GIB = 2**30
+
+# Passed through to children when set; everything else (tokens, KERNELCAST_HOME, ...) is dropped.
+ALLOWED_ENV = (
+    "PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "LD_LIBRARY_PATH", "CUDA_VISIBLE_DEVICES", "CUDA_HOME",
+    "CUDA_PATH", "NVIDIA_VISIBLE_DEVICES", "NVIDIA_DRIVER_CAPABILITIES", "TRITON_PTXAS_PATH",
+    "TRITON_LIBCUDA_PATH", "TRITON_CACHE_DIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF",
+    "CUBLAS_WORKSPACE_CONFIG", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "KERNELCAST_TASK_MODULES", "KERNELCAST_DEVICE",
+)
+WANTED_LAYERS = ("uid", "netns", "pidns", "rlimits", "landlock")
+ROOT_FALLBACK = "nocaps"  # as root without a sandbox uid: root's uid, no capabilities
 
 
 class ChildDied(Exception):
     """The child exited or closed its channel; `str()` says how (exit code or signal)."""
 
 
-def child_env(device: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    """The environment of a child: interpreter mode on CPU, the repository on PYTHONPATH."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+@dataclass(frozen=True)
+class SandboxPolicy:
+    """What a kernel-running child may use. Defaults fit a check on a CPU and a GPU worker.
+
+    memory_bytes: address space of a CPU child (RLIMIT_AS), resident memory of a CUDA child
+        (watched by the parent: CUDA reserves far more address space than it touches).
+    """
+
+    layers: tuple[str, ...] = WANTED_LAYERS
+    memory_bytes: int = 8 * GIB
+    cuda_memory_bytes: int = 48 * GIB
+    file_bytes: int = 4 * GIB  # largest file a child may write (a shipped output, a cache entry)
+    processes: int = 512  # processes + threads of one child (torch and CUDA start dozens of threads)
+    uid_base: int = 61000
+    gid: int = 61000
+
+    def without(self, *names: str) -> SandboxPolicy:
+        return replace(self, layers=tuple(x for x in self.layers if x not in names))
+
+
+def policy_from_env(base: SandboxPolicy | None = None) -> SandboxPolicy:
+    """`base` (default SandboxPolicy()) minus the layers named in KERNELCAST_SANDBOX_SKIP, with
+    the limits of KERNELCAST_SANDBOX_MEMORY_GB and KERNELCAST_SANDBOX_PROCESSES when set.
+
+    Raises:
+        ValueError: a limit that is not a positive number.
+    """
+    policy = base or SandboxPolicy()
+    skip = [s.strip() for s in os.environ.get(SKIP_ENV, "").split(",") if s.strip()]
+    if skip:
+        policy = policy.without(*skip)
+    try:
+        if os.environ.get(MEMORY_ENV):
+            gib = float(os.environ[MEMORY_ENV])
+            if not gib > 0:
+                raise ValueError
+            policy = replace(policy, memory_bytes=int(gib * GIB), cuda_memory_bytes=int(gib * GIB))
+        if os.environ.get(PROCESSES_ENV):
+            n = int(os.environ[PROCESSES_ENV])
+            if n < 1:
+                raise ValueError
+            policy = replace(policy, processes=n)
+    except ValueError:
+        raise ValueError(f"{MEMORY_ENV} and {PROCESSES_ENV} must be positive numbers") from None
+    return policy
+
+
+def child_env(device: str, extra: dict[str, str] | None = None, private_dir: Path | None = None,
+              marker: str | None = None) -> dict[str, str]:
+    """The environment of a child: allow-listed variables, interpreter mode on CPU, the repository
+    on PYTHONPATH, HOME and TMPDIR in its private directory."""
+    env = {k: os.environ[k] for k in ALLOWED_ENV if k in os.environ}
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys([str(REPO_ROOT), *inherited]))
+    env["PATH"] = env.get("PATH") or os.defpath
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault leaves a Python traceback in the log
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env["PYTHONNOUSERSITE"] = "1"
+    env["USER"] = env["LOGNAME"] = "kernelcast-sandbox"  # getpass works without a passwd entry
+    # torch.compile's inductor compiles in process: no pool of worker processes that outlive a
+    # kernel's job (the parent treats processes left behind as tampering).
+    env["TORCHINDUCTOR_COMPILE_THREADS"] = "1"
+    if private_dir is not None:
+        env["HOME"] = env["TMPDIR"] = str(private_dir)
+    if marker:
+        env[MARKER_ENV] = marker
     if device == "cpu":
         env["TRITON_INTERPRET"] = "1"  # must be set before triton is imported in the child
         env["KERNELCAST_DEVICE"] = "cpu"
@@ -58,22 +157,386 @@ def describe_exit(returncode: int | None) -> str:
     return f"exit code {returncode}"
 
 
-class Sandbox:
-    """One child process. Not thread-safe; the worker's event loop owns it."""
+# ---- host facts ---------------------------------------------------------------------------
+def is_root() -> bool:
+    return os.geteuid() == 0
 
-    def __init__(self, role: str, device: str, config: dict, log_path: Path, env_extra: dict | None = None):
+
+def private_root() -> Path:
+    """Where private directories go: /dev/shm when it has room (shipped outputs are read back at
+    memory speed), else the temporary directory."""
+    try:
+        st = os.statvfs("/dev/shm")
+        if st.f_bavail * st.f_frsize >= 8 * GIB and os.access("/dev/shm", os.W_OK):
+            return Path("/dev/shm")
+    except OSError:
+        pass
+    return Path(tempfile.gettempdir())
+
+
+def device_files() -> list[str]:
+    """Device files a child may open for writing (CUDA's, and the harmless ones)."""
+    found = ["/dev/null", "/dev/zero", "/dev/full", "/dev/random", "/dev/urandom", "/dev/tty"]
+    for pattern in ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*"):
+        found += [p for p in glob.glob(pattern) if not os.path.isdir(p)]
+    return found
+
+
+_STALE_SWEPT: list[bool] = []
+
+
+def _remove_stale_private_dirs() -> None:
+    """Private directories of parents that were killed (and could not remove them): once per
+    process, every kc-<role>-<pid>-* folder whose <pid> no longer runs."""
+    if _STALE_SWEPT:
+        return
+    _STALE_SWEPT.append(True)
+    root = private_root()
+    for d in root.glob("kc-*-*-*"):
+        parts = d.name.split("-")
+        if len(parts) >= 4 and parts[2].isdigit() and not Path(f"/proc/{parts[2]}").exists():
+            shutil.rmtree(d, ignore_errors=True)
+
+
+class _UidPool:
+    """Dedicated uids for the children of this process, one per live child.
+
+    A uid is claimed with an exclusive lock on a file named after it (the lock goes with the
+    process that holds it, dead or alive), so two workers on one host (one per GPU) never hand
+    out the same uid, and one's sweep cannot end the other's children.
+    """
+
+    LOCKS = Path(tempfile.gettempdir()) / "kernelcast-sandbox-uids"
+
+    def __init__(self) -> None:
+        self.held: dict[int, int] = {}  # uid -> lock file descriptor
+
+    def take(self, base: int) -> int:
+        import fcntl
+
+        self.LOCKS.mkdir(mode=0o700, exist_ok=True)
+        for slot in range(1000):
+            uid = base + slot
+            if uid in self.held:
+                continue
+            fd = os.open(self.LOCKS / f"{uid}.lock", os.O_CREAT | os.O_RDWR | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)  # another worker's child has it
+                continue
+            self.held[uid] = fd
+            kill_processes(processes_of_uid(uid))  # leftovers of a run that died holding it
+            return uid
+        raise RuntimeError("no free sandbox uid")
+
+    def give_back(self, uid: int) -> None:
+        fd = self.held.pop(uid, None)
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the lock
+
+
+_UIDS = _UidPool()
+
+
+# ---- /proc ------------------------------------------------------------------------------
+def _status(pid: int) -> dict[str, str]:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+    except OSError:
+        return {}
+
+
+def _pids() -> list[int]:
+    try:
+        return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+    except OSError:
+        return []
+
+
+def processes_of_uid(uid: int) -> list[int]:
+    """Live processes whose real uid is `uid`."""
+    out = []
+    for pid in _pids():
+        uids = _status(pid).get("Uid", "").split()
+        if uids and int(uids[0]) == uid:
+            out.append(pid)
+    return out
+
+
+def _process_group(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _pid_namespace(pid: int, link: str = "pid") -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/{link}")
+    except OSError:
+        return None
+
+
+def _is_zombie(pid: int) -> bool:
+    return _status(pid).get("State", "Z").startswith(("Z", "X"))
+
+
+@dataclass(frozen=True)
+class ProcInfo:
+    """What the parent reads about one process in one pass over /proc."""
+
+    pid: int
+    uid: int
+    rss_bytes: int
+    threads: int
+    pgid: int | None
+    pidns: str | None
+    zombie: bool
+
+
+def scan_processes() -> list[ProcInfo]:
+    """Every process of the host, read once (the limit checks of all children share one scan)."""
+    out = []
+    for pid in _pids():
+        st = _status(pid)
+        if not st:
+            continue
+        uid = int(st.get("Uid", "-1").split()[0])
+        kb = st.get("VmRSS", "0 kB").split()[0]
+        n = st.get("Threads", "1")
+        out.append(ProcInfo(pid, uid, int(kb) * 1024 if kb.isdigit() else 0, int(n) if n.isdigit() else 1,
+                            _process_group(pid), _pid_namespace(pid), st.get("State", "Z").startswith(("Z", "X"))))
+    return out
+
+
+def _has_marker(pid: int, marker: str) -> bool:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f"{MARKER_ENV}={marker}".encode() in f.read().split(b"\0")
+    except OSError:
+        return False
+
+
+def kill_processes(pids: list[int], wait_s: float = 2.0) -> None:
+    """SIGKILL each pid (ours or not yet reaped), then wait until they are gone or zombies."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    end = time.monotonic() + wait_s
+    for pid in pids:
+        while time.monotonic() < end:
+            state = _status(pid).get("State", "")
+            if not state or state.startswith("Z"):
+                break
+            time.sleep(0.01)
+        try:
+            os.waitpid(pid, os.WNOHANG)  # reap orphans reparented to us (subreaper)
+        except (ChildProcessError, OSError):
+            pass
+
+
+def _become_subreaper() -> None:
+    """Orphans of our children are reparented to us, so the sweep finds setsid escapees."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0)  # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        pass
+
+
+def hide_from_children() -> None:
+    """Children of the same uid cannot read our environment or memory or ptrace us
+    (PR_SET_DUMPABLE 0: /proc/<pid> of this process then belongs to root)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(4, 0, 0, 0, 0)  # PR_SET_DUMPABLE
+    except (OSError, AttributeError):
+        pass
+
+
+# ---- what this host provides --------------------------------------------------------------
+@dataclass
+class LayerReport:
+    """The layers a child gets on this host and, for each wanted one it does not, why."""
+
+    layers: tuple[str, ...]
+    notes: dict[str, str] = field(default_factory=dict)
+
+    def line(self) -> str:
+        """One line for logs and `kernelcast check`."""
+        text = "sandbox: " + ",".join(self.layers)
+        if self.notes:
+            text += "; not on this host: " + "; ".join(f"{k} ({v})" for k, v in sorted(self.notes.items()))
+        return text
+
+
+_PROBES: dict[tuple, LayerReport] = {}
+
+
+def _read_notes(text: str) -> dict[str, str]:
+    for line in text.splitlines():
+        if line.startswith(jail.NOTES_PREFIX):
+            try:
+                return dict(json.loads(line[len(jail.NOTES_PREFIX):]))
+            except ValueError:
+                return {}
+    return {}
+
+
+# What the probe runs inside the jail: everything a child needs must be readable and usable there.
+_PROBE_CODE = """
+import importlib.util, os, sys
+open(sys.argv[1]).close()
+for name in ("torch", "triton", "numpy"):
+    spec = importlib.util.find_spec(name)
+    if spec is not None and spec.origin:
+        open(spec.origin).close()
+if sys.argv[2] == "cuda":
+    for dev in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"):
+        if os.path.exists(dev):
+            os.close(os.open(dev, os.O_RDWR))
+sys.stdout.write(os.environ.get("KERNELCAST_SANDBOX_LAYERS", ""))
+"""
+
+
+def _probe_once(policy: SandboxPolicy, device: str, uid: int | None) -> tuple[list[str] | None, dict[str, str], str]:
+    """(layers, notes, error) of one trivial child started through the jail."""
+    with tempfile.TemporaryDirectory(prefix="kc-probe-") as d:
+        if uid is not None:
+            os.chown(d, uid, policy.gid)
+        spec = _jail_spec(policy, device, Path(d), uid=uid, shared_dirs=())
+        child = REPO_ROOT / "pipelines" / "profiling" / "child.py"
+        argv = [sys.executable, "-I", "-S", str(JAIL), json.dumps(spec), "--", sys.executable, "-I", "-c", _PROBE_CODE,
+                str(child), device]
+        try:
+            res = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=d,
+                                 env=child_env(device, private_dir=Path(d)))
+        except (OSError, subprocess.SubprocessError) as e:
+            return None, {}, one_line(e)
+    notes = _read_notes(res.stderr)
+    if res.returncode != 0:
+        lines = [ln for ln in res.stderr.splitlines() if ln.strip() and not ln.startswith(jail.NOTES_PREFIX)]
+        return None, notes, one_line(lines[-1] if lines else f"exit code {res.returncode}")
+    return [x for x in res.stdout.strip().split(",") if x], notes, ""
+
+
+def probe(policy: SandboxPolicy, device: str) -> LayerReport:
+    """Start a trivial program through the jail with `policy` (as a sandbox uid when root);
+    report the layers it got. A uid that cannot read the interpreter, the libraries or the
+    repository (or open the GPU) is dropped with a note. Cached per (policy, device)."""
+    key = (policy, device)
+    if key in _PROBES:
+        return _PROBES[key]
+    notes = {name: f"turned off ({SKIP_ENV})" for name in WANTED_LAYERS if name not in policy.layers}
+    uid = None
+    if "uid" in policy.layers:
+        if is_root():
+            uid = policy.uid_base + 1023  # a slot the children never take
+        else:
+            notes["uid"] = "not started as root: children keep this user's uid"
+    got, found, error = _probe_once(policy, device, uid)
+    if got is None and uid is not None:
+        notes["uid"] = f"a sandbox uid cannot start the child here ({error})"
+        uid = None
+        got, found, error = _probe_once(policy.without("uid"), device, None)
+    if got is None:
+        got, found = ["env", "tmpdir"], {"jail": error}
+    notes.update(found)
+    if "pidns" not in got:
+        got.append("pgkill")  # the tree is ended by process group, uid and orphan sweeps
+    report = LayerReport(tuple(dict.fromkeys(got)), {k: v for k, v in notes.items() if k not in got})
+    _PROBES[key] = report
+    return report
+
+
+def _jail_spec(policy: SandboxPolicy, device: str, private: Path, uid: int | None,
+               shared_dirs: tuple[Path, ...]) -> dict[str, Any]:
+    limits: dict[str, int | None] = {"fsize": policy.file_bytes, "core": 0, "nproc": policy.processes}
+    if device == "cpu":
+        limits["as"] = policy.memory_bytes
+    writable = [str(private), *map(str, shared_dirs)]
+    if device == "cuda":
+        writable.append("/dev/shm")  # the CUDA driver may keep shared memory there
+    want = [x for x in policy.layers if x != "uid" or uid is not None]
+    if uid is None and is_root():
+        want.append(ROOT_FALLBACK)
+    return {
+        "private_dir": str(private), "uid": uid, "gid": policy.gid if uid is not None else None,
+        "want": want, "limits": limits,
+        "writable_dirs": writable, "writable_files": device_files(), "umask": 0o002,
+    }
+
+
+def prepare_shared_dir(path: Path, policy: SandboxPolicy) -> None:
+    """A directory every child may write (the Triton cache): group-owned by the sandbox gid."""
+    path.mkdir(parents=True, exist_ok=True)
+    if is_root() and "uid" in policy.layers:
+        os.chown(path, -1, policy.gid)
+        os.chmod(path, 0o2775)  # setgid: entries keep the shared group
+
+
+def make_traversable(*paths: Path) -> None:
+    """Let sandbox uids read the kernel files the parent writes (directories 0755)."""
+    if is_root():
+        for p in paths:
+            os.chmod(p, 0o755)
+
+
+class Sandbox:
+    """One child process. Not thread-safe; the parent's event loop owns it.
+
+    Args:
+        role: the child's role (compile, check, measure, verify).
+        device: "cpu" or "cuda".
+        config: the child's JSON config.
+        log_path: its stderr goes here.
+        env_extra: variables set on top of `child_env`.
+        policy: sandbox layers and limits (None: policy_from_env()).
+        shared_dirs: directories all children may write (the Triton cache).
+        jailed: False for trusted roles (the verifier runs no kernel code): plain child process.
+    """
+
+    def __init__(self, role: str, device: str, config: dict, log_path: Path, env_extra: dict | None = None,
+                 policy: SandboxPolicy | None = None, shared_dirs: tuple[Path, ...] = (), jailed: bool = True):
         self.role = role
         self.device = device
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.policy = policy_from_env(policy)
+        self.jailed = jailed
+        self.marker = secrets.token_hex(8)
+        self.uid: int | None = None
+        self.report = probe(self.policy, device) if jailed else LayerReport(())
+        if jailed and "uid" in self.report.layers:
+            self.uid = _UIDS.take(self.policy.uid_base)
+        if jailed and "uid" not in self.report.layers:
+            # Same uid as ours: without this a child reads /proc/<our pid>/environ (Landlock does
+            # not stop it) and could ptrace us.
+            hide_from_children()
+        _remove_stale_private_dirs()
+        self.private_dir = Path(tempfile.mkdtemp(prefix=f"kc-{role}-{os.getpid()}-", dir=private_root()))
+        if self.uid is not None:
+            os.chown(self.private_dir, self.uid, self.policy.gid)
+        for d in shared_dirs:
+            prepare_shared_dir(Path(d), self.policy)
+        _become_subreaper()
         self._log = open(self.log_path, "ab")
+        argv = [sys.executable, "-P", "-m", "pipelines.profiling.child", "--role", role, "--config", json.dumps(config)]
+        env = child_env(device, env_extra, self.private_dir, self.marker)
+        if jailed:
+            policy_now = replace(self.policy, layers=tuple(x for x in self.report.layers if x in WANTED_LAYERS))
+            spec = _jail_spec(policy_now, device, self.private_dir, self.uid, tuple(Path(d) for d in shared_dirs))
+            argv = [sys.executable, "-I", "-S", str(JAIL), json.dumps(spec), "--", *argv]
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.profiling.child", "--role", role, "--config", json.dumps(config)],
+            argv,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=self._log,
-            env=child_env(device, env_extra),
-            cwd=str(REPO_ROOT),
+            env=env,
+            cwd=str(self.private_dir),
             start_new_session=True,  # its own process group: we can kill whatever it spawned
         )
         # Wrap duplicates of the pipe fds; Connection closes what it owns.
@@ -84,12 +547,23 @@ class Sandbox:
         self.started_at = time.monotonic()
         self.ready = False  # set when the child's "ready" message arrives
         self.info: dict = {}  # what the child said when ready (e.g. the hardware fingerprint)
-        self.job: dict | None = None  # the job in flight, if any
+        self.job: Any = None  # the job in flight, if any
+        self.job_key: str | None = None  # the verifier's name for the job in flight
         self.deadline: float | None = None  # monotonic time after which the job counts as hung
         self.jobs_done = 0
         self.phase = ""  # the measuring child's last progress step, for timeout messages
         self.compile_s: float | None = None  # compile seconds of the job in flight (measuring child)
         self.job_started: float | None = None
+        self._dead = False
+
+    @property
+    def layers(self) -> str:
+        """The sandbox layers the child reported when ready (comma-separated), else the probe's."""
+        got = self.info.get("sandbox")
+        layers = got.split(",") if isinstance(got, str) and got else list(self.report.layers)
+        if self.jailed and "pidns" not in layers and "pgkill" not in layers:
+            layers.append("pgkill")
+        return ",".join(dict.fromkeys(layers))
 
     # ---- channel -------------------------------------------------------------------------
     @property
@@ -105,9 +579,14 @@ class Sandbox:
 
     def recv(self) -> dict:
         try:
-            return json.loads(self._rx.recv_bytes())
+            msg = json.loads(self._rx.recv_bytes())
         except (EOFError, OSError) as e:
             raise ChildDied(self.exit_reason()) from e
+        except ValueError as e:
+            raise ChildDied(f"worker sent a malformed message ({one_line(e)})") from e
+        if not isinstance(msg, dict):
+            raise ChildDied("worker sent a message that is not an object")
+        return msg
 
     def poll(self, timeout: float = 0.0) -> bool:
         try:
@@ -137,6 +616,68 @@ class Sandbox:
         self.ready, self.info = True, msg.get("info", {})
         return self.info
 
+    # ---- resources -----------------------------------------------------------------------
+    def _own_namespace(self) -> str | None:
+        """The PID namespace the jail made for this child (None without one)."""
+        if "pidns" not in self.report.layers or self.proc.poll() is not None:
+            return None
+        if not hasattr(self, "_pidns"):
+            ns = _pid_namespace(self.proc.pid, "pid_for_children")
+            self._pidns = ns if ns and ns != _pid_namespace(os.getpid()) else None
+        return self._pidns
+
+    def tree(self, scan: list[ProcInfo] | None = None) -> list[ProcInfo]:
+        """Processes that belong to this child: its uid's, else its PID namespace's, else its
+        process group's (and, without a namespace, those carrying its marker)."""
+        scan = scan_processes() if scan is None else scan
+        if self.uid is not None:
+            return [p for p in scan if p.uid == self.uid]
+        ns = self._own_namespace()
+        if ns is not None:
+            return [p for p in scan if p.pidns == ns or p.pid == self.proc.pid]
+        me = os.getpid()
+        return [p for p in scan if p.pid != me and (p.pgid == self.proc.pid or _has_marker(p.pid, self.marker))]
+
+    def tree_pids(self) -> list[int]:
+        return [p.pid for p in self.tree()]
+
+    def main_pids(self) -> set[int]:
+        """The child itself: the jail's process and, in a PID namespace, its first process."""
+        pids = {self.proc.pid}
+        if "pidns" in self.report.layers:
+            try:
+                with open(f"/proc/{self.proc.pid}/task/{self.proc.pid}/children") as f:
+                    pids.update(int(x) for x in f.read().split())
+            except OSError:
+                pass
+        return pids
+
+    def stray_pids(self) -> list[int]:
+        """Live processes of this child's tree other than the child: what a kernel left running."""
+        if not self.jailed or self.proc.poll() is not None:
+            return []
+        main = self.main_pids()
+        return [p.pid for p in self.tree() if p.pid not in main and not p.zombie]
+
+    def over_limits(self, scan: list[ProcInfo] | None = None) -> str | None:
+        """Why the child must be killed for what it uses, or None: resident memory on CUDA
+        (where no address-space limit can be set) and, where no rlimit counts this child's
+        processes alone, its processes and threads."""
+        if not self.jailed:
+            return None
+        watch_memory = self.device == "cuda" and "rlimits" in self.report.layers
+        watch_tasks = "rlimits-nproc" in self.report.notes
+        if not (watch_memory or watch_tasks):
+            return None
+        tree = self.tree(scan)
+        rss, tasks = sum(p.rss_bytes for p in tree), sum(p.threads for p in tree)
+        if watch_memory and rss > self.policy.cuda_memory_bytes:
+            return (f"used {rss / GIB:.1f} GiB of host memory, over the sandbox limit of "
+                    f"{self.policy.cuda_memory_bytes / GIB:.0f} GiB")
+        if watch_tasks and tasks > self.policy.processes:
+            return f"{tasks} processes and threads, over the sandbox limit of {self.policy.processes}"
+        return None
+
     # ---- life and death ------------------------------------------------------------------
     def alive(self) -> bool:
         return self.proc.poll() is None
@@ -157,7 +698,8 @@ class Sandbox:
             self._log.flush()
             with open(self.log_path, "rb") as f:
                 f.seek(max(0, os.path.getsize(self.log_path) - 8192))
-                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines() if ln.strip()]
+                lines = [ln.strip() for ln in f.read().decode(errors="replace").splitlines()
+                         if ln.strip() and not ln.startswith(jail.NOTES_PREFIX)]
         except OSError:
             return ""
         fatal = [ln for ln in lines if ln.startswith("Fatal Python error")]
@@ -165,7 +707,9 @@ class Sandbox:
         return line[:max_chars]
 
     def kill(self) -> None:
-        """SIGKILL the child's whole process group and reap it. Idempotent."""
+        """SIGKILL the child's whole process tree, reap it, remove its private directory. Idempotent."""
+        if self._dead:
+            return
         if self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
@@ -175,7 +719,28 @@ class Sandbox:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:  # a process stuck in the driver; the OS will reap it
             pass
+        self._sweep()
+        self._dead = True
         self.close()
+        shutil.rmtree(self.private_dir, ignore_errors=True)
+        if self.uid is not None:
+            _UIDS.give_back(self.uid)
+
+    def _sweep(self) -> None:
+        """End what escaped the process group (a setsid grandchild): by uid, else by marker."""
+        if not self.jailed:
+            return
+        for _ in range(3):  # a process may fork while we kill its parent
+            if self.uid is not None:
+                left = processes_of_uid(self.uid)
+            else:
+                me = os.getpid()
+                left = [p for p in _pids() if p != me and (_process_group(p) == self.proc.pid
+                                                          or _has_marker(p, self.marker))]
+            left = [p for p in left if not _is_zombie(p)]
+            if not left:
+                return
+            kill_processes(left)
 
     def close(self) -> None:
         for c in (self._tx, self._rx):

@@ -1,6 +1,6 @@
 """Timing one callable on one input: CUDA events on a GPU, perf_counter on the CPU.
 
-Two protocols (the `protocol` column of a result):
+Three protocols (the `protocol` column of a result; docs/protocols.md compares them):
 
 kernelcast (default)
     Before EVERY timed call the L2 is flushed by writing a buffer of at least twice its size
@@ -18,6 +18,18 @@ paper
     As the paper's harness: no L2 flush, no launch cover, the input is cloned INSIDE the
     timed window (the clone's cost is part of every call), and the statistic is the MEAN of
     reps. Same adaptive stopping.
+gpumode
+    GPU MODE's benchmark loop (reference-kernels, problems/bioml/trimul/eval.py): per call,
+    synchronize, a pair of CUDA events around the whole call (host overhead included), no L2
+    flush, no launch cover, the same input object every call; at most 100 calls, stopping after
+    the third once the standard error of the mean is under 0.1% of it, or mean * calls passes
+    10 s, or 120 s of wall time have gone by. Once per kernel, a warm-up run of the same loop on
+    the first case with a 0.1 s budget; before each case, one untimed call (GPU MODE's obligatory
+    correctness call). The statistic is the MEAN.
+
+Every protocol checks its CUDA-event times against the wall clock (`TimingTampered`): events
+cannot add up to more than the time that passed, and a call whose synchronised wall time is far
+above its event time ran work the events did not see (a side stream, a patched timer).
 
 Only the standard library, numpy and torch are used (the worker runs on bare hosts).
 """
@@ -61,9 +73,37 @@ class Timing:
     reps: int
 
     def stat(self, protocol: str) -> float:
-        """The number speedups are made of: the median (kernelcast) or the mean (paper)."""
-        return self.mean_ms if protocol == "paper" else self.median_ms
+        """The number speedups are made of: the median (kernelcast) or the mean (paper, gpumode)."""
+        return self.mean_ms if protocol in ("paper", "gpumode") else self.median_ms
 
+    def as_dict(self) -> dict:
+        return {"median_ms": self.median_ms, "mean_ms": self.mean_ms, "stderr_ms": self.stderr_ms, "reps": self.reps}
+
+
+class TimingTampered(Exception):
+    """CUDA-event times that the wall clock contradicts."""
+
+
+# Wall-clock cross-checks (seconds / factors): a synchronised call may take longer than its
+# events by the host's enqueue and the synchronisation, never by more than this.
+WALL_CHECK_CALLS = 5
+WALL_SLACK_S = 200e-6
+WALL_FACTOR = 2.0
+
+
+def check_chunk_wall(event_ms: list[float], wall_s: float) -> None:
+    """Events recorded in one go cannot add up to more than the wall time around them."""
+    if sum(event_ms) * 1e-3 > wall_s * 1.05 + 1e-3:
+        raise TimingTampered(f"CUDA events report {sum(event_ms):.3f} ms in {wall_s * 1e3:.3f} ms of wall time")
+
+
+def check_call_wall(event_ms: float, wall_s: float, enqueue_s: float = 0.0) -> None:
+    """A synchronised call's wall time against its event time (medians over a few calls)."""
+    if wall_s > WALL_FACTOR * event_ms * 1e-3 + enqueue_s + WALL_SLACK_S:
+        raise TimingTampered(f"a call takes {wall_s * 1e3:.3f} ms of wall time but its CUDA events say "
+                             f"{event_ms:.3f} ms (work outside the timed stream, or a patched timer)")
+    if event_ms * 1e-3 > wall_s * 1.05 + 1e-3:
+        raise TimingTampered(f"CUDA events report {event_ms:.3f} ms for a call of {wall_s * 1e3:.3f} ms")
 
 def summarize(times_ms: list[float] | np.ndarray) -> Timing:
     """Median, mean and standard error of the mean of per-call times (ms).
@@ -186,6 +226,22 @@ def _should_stop(times: list[float], elapsed_s: float, s: TimingSettings) -> boo
     return n >= s.min_reps and relative_stderr(times) < s.rse_target
 
 
+def _wall_probe(fn: Callable[[Any], Any], data: Any, n: int) -> tuple[list[float], list[float]]:
+    """(event ms, synchronised wall s) of `n` calls, each on its own, with no cover or flush."""
+    events, walls = [], []
+    for _ in range(n):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        start.record()
+        fn(data)
+        end.record()
+        torch.cuda.synchronize()
+        walls.append(time.perf_counter() - t0)
+        events.append(start.elapsed_time(end))
+    return events, walls
+
+
 def time_cuda(
     fn: Callable[[Any], Any],
     data: Any,
@@ -195,7 +251,13 @@ def time_cuda(
     flusher: L2Flusher | None = None,
     launch_cover: LaunchCover | None = None,
 ) -> Timing:
-    """Time `fn(data)` with CUDA events per call, under `protocol` (see the module docstring)."""
+    """Time `fn(data)` with CUDA events per call, under `protocol` (see the module docstring).
+
+    Raises:
+        TimingTampered: the wall clock contradicts the events.
+    """
+    if protocol == "gpumode":
+        return time_gpumode(fn, data, device="cuda", max_repeats=min(settings.max_reps, GPUMODE_MAX_REPEATS))
     flush = flusher.flush if (protocol == "kernelcast" and flusher is not None) else None
     cover = launch_cover if protocol == "kernelcast" else None
     clone_inside = protocol == "paper"
@@ -225,6 +287,7 @@ def time_cuda(
         # Chunks of ~50 ms keep the host ahead of the GPU while stop checks stay frequent.
         chunk = int(min(max(1, 0.05 / per_call_s), settings.max_reps - len(times), 100))
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(chunk)]
+        t_chunk = time.perf_counter()
         for ev_start, ev_end in events:
             if flush:
                 flush()
@@ -234,16 +297,91 @@ def time_cuda(
             one_call()
             ev_end.record()
         torch.cuda.synchronize()  # device-wide: work the kernel left on other streams is done too
-        times.extend(ev_start.elapsed_time(ev_end) for ev_start, ev_end in events)  # ms
+        chunk_ms = [ev_start.elapsed_time(ev_end) for ev_start, ev_end in events]
+        check_chunk_wall(chunk_ms, time.perf_counter() - t_chunk)
+        times.extend(chunk_ms)  # ms
         if _should_stop(times, time.perf_counter() - start, settings):
             break
-    return summarize(times)
+    timing = summarize(times)
+    probe_events, probe_walls = _wall_probe(one_call_fn(fn, clone_inside), data, WALL_CHECK_CALLS)
+    check_call_wall(float(np.median(probe_events)), float(np.median(probe_walls)), float(np.median(enqueue_s[1:] or enqueue_s)))
+    return timing
+
+
+def one_call_fn(fn: Callable[[Any], Any], clone_inside: bool) -> Callable[[Any], Any]:
+    """`fn`, or `fn` on a fresh clone of its input (the paper protocol clones inside the window)."""
+    return (lambda d: fn(clone_data(d))) if clone_inside else fn
+
+
+# GPU MODE's eval.py (problems/bioml/trimul): benchmark mode limits.
+GPUMODE_MAX_REPEATS = 100
+GPUMODE_MAX_TIME_NS = 10e9  # stop once mean * calls passes this
+GPUMODE_WALL_NS = 120e9  # or this much wall time has passed
+GPUMODE_REL_ERR = 0.001  # or the standard error of the mean is under 0.1% of it
+GPUMODE_WARMUP_NS = 1e8  # the warm-up run's max_time_ns
+
+
+def gpumode_should_stop(durations_ns: list[float], wall_ns: float, max_time_ns: float = GPUMODE_MAX_TIME_NS) -> bool:
+    """GPU MODE's stopping rule, checked after each call from the third on.
+
+    >>> gpumode_should_stop([1e6, 1e6], 0.0), gpumode_should_stop([1e6] * 3, 0.0)
+    (False, True)
+    >>> gpumode_should_stop([1e6, 2e6, 1e6], 0.0), gpumode_should_stop([4e9, 3e9, 4e9], 0.0)
+    (False, True)
+    """
+    n = len(durations_ns)
+    if n < 3:
+        return False
+    mean = sum(durations_ns) / n
+    std = math.sqrt(sum((x - mean) ** 2 for x in durations_ns) / (n - 1))
+    err = std / math.sqrt(n)
+    return err / mean < GPUMODE_REL_ERR or mean * n > max_time_ns or wall_ns > GPUMODE_WALL_NS
+
+
+def time_gpumode(fn: Callable[[Any], Any], data: Any, *, device: str, max_repeats: int = GPUMODE_MAX_REPEATS,
+                 max_time_ns: float = GPUMODE_MAX_TIME_NS) -> Timing:
+    """GPU MODE's timed loop (module docstring) on `data`, reused by every call.
+
+    On a GPU each call is synchronised before and after and bracketed by CUDA events; on the
+    CPU by perf_counter. Raises TimingTampered when the wall clock contradicts the events.
+    """
+    durations_ms: list[float] = []
+    walls: list[float] = []
+    start_ns = time.perf_counter_ns()
+    for _ in range(max(1, max_repeats)):
+        if device == "cuda":
+            torch.cuda.synchronize()
+            ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            ev_start.record()
+            out = fn(data)
+            ev_end.record()
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
+            durations_ms.append(ev_start.elapsed_time(ev_end))
+        else:
+            t0 = time.perf_counter()
+            out = fn(data)
+            durations_ms.append((time.perf_counter() - t0) * 1e3)
+        del out
+        if gpumode_should_stop([d * 1e6 for d in durations_ms], time.perf_counter_ns() - start_ns, max_time_ns):
+            break
+    if device == "cuda":
+        check_call_wall(float(np.median(durations_ms)), float(np.median(walls)))
+    return summarize(durations_ms)
+
+
+def gpumode_warmup(fn: Callable[[Any], Any], data: Any, device: str) -> None:
+    """GPU MODE's warm-up: the benchmark loop on the first case with a 0.1 s budget, untimed."""
+    time_gpumode(fn, data, device=device, max_time_ns=GPUMODE_WARMUP_NS)
 
 
 def time_cpu(
     fn: Callable[[Any], Any], data: Any, settings: TimingSettings, *, protocol: str = "kernelcast"
 ) -> Timing:
     """Time `fn(data)` with perf_counter (CPU mode, Triton interpreter): few reps, for CI."""
+    if protocol == "gpumode":
+        return time_gpumode(fn, data, device="cpu", max_repeats=settings.max_reps)
     clone_inside = protocol == "paper"
     fn(clone_data(data) if clone_inside else data)  # one warm-up call
     times: list[float] = []

@@ -1,7 +1,7 @@
 """The profiling worker: a batch of kernels in, one result row per kernel out.
 
     python3 -m pipelines.profiling.worker --batch B.parquet --out O.parquet [--device cuda|cpu]
-        [--protocol kernelcast|paper] [--compile-workers N] [--timeout-s S] [--max-reps R]
+        [--protocol kernelcast|paper|gpumode] [--compile-workers N] [--timeout-s S] [--max-reps R]
         [--time-budget-s T] [--limit K] [--log-dir D] [--summary-json S] [--no-phased]
         [--compile-inputs meta|device]
 
@@ -10,6 +10,19 @@ Pipeline (one parent, many children; the parent never runs kernel code):
     batch --> compile pool (N children, shared TRITON_CACHE_DIR) --> measuring child --> rows
               import + compile for the benchmark       check every case, then time
               shapes without launching (GPU)            kernel and reference in one process
+                                                             |  outputs (files)   ^ verdicts
+                                                             v                    |
+                                                          verifier child (no kernel code)
+
+* Every child that imports kernels runs in the sandbox (sandbox.py / jail.py: own uid as root,
+  allow-listed environment, private directory, no network, PID namespace, limits, Landlock);
+  the layers the measuring child had go into the row's `sandbox` column, and the worker logs
+  one line naming any layer this host cannot provide.
+* Verdicts come from the verifier (verify.py), which regenerates each input and computes the
+  reference in its own process; the parent holds every job to the verifier's plan and builds
+  the row from what it saw itself (audit.py): its own book of reference timings, speedups it
+  computes, wall-clock windows no timed phase may exceed. A kernel that patches the harness,
+  torch or the timer, or whose claims the parent cannot confirm, is recorded as `tampered`.
 
 * Compile children import the kernel and, on a GPU, run its launcher on every benchmark input
   with Triton launches suppressed: the exact specialisations land in the shared cache while
@@ -58,10 +71,23 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from pipelines.profiling.audit import PhaseClock, ReferenceBook, audit_claims, timing_fields
 from pipelines.profiling.formats import FAILURE_KINDS, HARNESS_VERSION
 from pipelines.profiling.hardware import fingerprint_json
 from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
-from pipelines.profiling.sandbox import ChildDied, Sandbox, one_line
+from pipelines.profiling.sandbox import (
+    ChildDied,
+    Sandbox,
+    make_traversable,
+    one_line,
+    policy_from_env,
+    probe,
+    scan_processes,
+)
+from pipelines.profiling.verify import VerifierLink, settle
+
+NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
+LIMIT_SCAN_S = 0.5  # how often the parent reads /proc for the children's memory and processes
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +101,7 @@ class WorkerConfig:
     """Run settings; the CLI flags map one to one."""
 
     device: str = "cuda"  # "cuda" | "cpu" (Triton interpreter, correctness cases)
-    protocol: str = "kernelcast"  # "kernelcast" | "paper" (see timing.py)
+    protocol: str = "kernelcast"  # "kernelcast" | "paper" | "gpumode" (see timing.py, docs/protocols.md)
     compile_workers: int = max(1, min(14, (os.cpu_count() or 2) - 2))  # leave cores to parent + timer
     timeout_s: float = 120.0  # per compile job; per measuring phase (a case's check or timing)
     max_reps: int | None = None  # cap on timed calls per case (None: 1000 on GPU, 5 on CPU)
@@ -221,19 +247,31 @@ class _Run:
         self.phased = cfg.phased if cfg.phased is not None else (cfg.device == "cuda" and self.compile_inputs == "device")
         self.lookahead = cfg.lookahead or (8 if self.phased else 4) * cfg.compile_workers
         self.phase = "compile"
-        self.env_extra = {"TRITON_CACHE_DIR": os.environ.get("TRITON_CACHE_DIR") or str(workdir / "triton-cache")}
+        self.triton_cache = Path(os.environ.get("TRITON_CACHE_DIR") or str(workdir / "triton-cache"))
+        self.env_extra = {"TRITON_CACHE_DIR": str(self.triton_cache)}
+        self.policy = policy_from_env()
+        report = probe(self.policy, cfg.device)
+        log.warning(report.line())  # one line: the layers children get, and what this host lacks
+        self.verifier = VerifierLink(lambda: self._spawn("verify", jailed=False))
+        self.refbook = ReferenceBook()
+        self.clock: PhaseClock | None = None  # phases of the measuring child's job in flight
+        self.last_scan = 0.0
+        self.waited = self.arrived_after = time.monotonic()  # bounds of when a message read now arrived
+        self.job_keys = 0
         self.base_config = {
             "device": cfg.device, "protocol": cfg.protocol, "max_reps": cfg.max_reps,
             "ref_refresh_s": cfg.ref_refresh_s, "parent_pid": os.getpid(),
             "min_reps": cfg.min_reps, "max_case_s": cfg.max_case_s, "compile_inputs": self.compile_inputs,
         }
         (workdir / "kernels").mkdir(parents=True, exist_ok=True)
+        make_traversable(workdir, workdir / "kernels")
 
     # ---- children --------------------------------------------------------------------
-    def _spawn(self, role: str) -> Sandbox:
+    def _spawn(self, role: str, jailed: bool = True) -> Sandbox:
         self.n_children += 1
         log_dir = Path(self.cfg.log_dir) if self.cfg.log_dir else self.workdir / "logs"
-        return Sandbox(role, self.cfg.device, self.base_config, log_dir / f"{role}-{self.n_children:04d}.log", self.env_extra)
+        return Sandbox(role, self.cfg.device, self.base_config, log_dir / f"{role}-{self.n_children:04d}.log",
+                       self.env_extra, policy=self.policy, shared_dirs=(self.triton_cache,), jailed=jailed)
 
     def _children(self) -> list[Sandbox]:
         return [s for s in self.pool + [self.measurer, self.spare] if s is not None]
@@ -244,12 +282,16 @@ class _Run:
         path = self.workdir / "kernels" / f"k_{hashlib.sha256(kernel['kernel_id'].encode()).hexdigest()[:20]}.py"
         if not path.exists():
             path.write_text(kernel["source"], encoding="utf-8")
+            os.chmod(path, 0o644)  # readable by the sandbox uids, writable by none of them
         return str(path)
 
     def _job(self, kernel: dict) -> dict:
         return {"job_id": kernel["kernel_id"], "kernel_id": kernel["kernel_id"], "task": kernel["task"], "path": self._kernel_path(kernel)}
 
     def _retire(self, sb: Sandbox) -> None:
+        if sb.job_key is not None:
+            self.verifier.outcome(sb.job_key)
+            sb.job_key = None
         sb.kill()
         if sb is self.measurer:
             self.measurer = None
@@ -259,9 +301,9 @@ class _Run:
             self.pool[self.pool.index(sb)] = None
 
     # ---- rows ------------------------------------------------------------------------
-    def _record(self, kernel: dict, result: dict, compile_s: float | None) -> None:
+    def _record(self, kernel: dict, result: dict, compile_s: float | None, sandbox: str = "") -> None:
         if self.hardware is None:
-            self.pending_rows.append((kernel, result, compile_s))
+            self.pending_rows.append((kernel, result, compile_s, sandbox))
             return
         hw = self.hardware
         row = {
@@ -279,18 +321,40 @@ class _Run:
             "compile_s": compile_s,
             "check_s": result.get("check_s"),
             "time_s": result.get("time_s"),
+            "sandbox": sandbox or None,
         }
         for key in ("case_ids", "kernel_median_ms", "kernel_mean_ms", "kernel_stderr_ms", "kernel_reps", "ref_median_ms",
                     "ref_mean_ms", "ref_stderr_ms", "ref_reps", "case_speedups", "speedup", "needs_recheck"):
-            row[key] = result.get(key)
+            row[key] = result.get(key) if row["status"] == "ok" else None
         if row["status"] != "ok":
             row["status"], row["speedup"] = "failed", None
             row["failure_kind"] = row["failure_kind"] if row["failure_kind"] in FAILURE_KINDS else "infrastructure"
         self.store.append(row)
         self.measured_now += 1
 
-    def _fail(self, kernel: dict, kind: str, error: str, compile_s: float | None = None) -> None:
-        self._record(kernel, {"status": "failed", "failure_kind": kind, "error": one_line(error)}, compile_s)
+    def _fail(self, kernel: dict, kind: str, error: str, compile_s: float | None = None, sandbox: str = "") -> None:
+        self._record(kernel, {"status": "failed", "failure_kind": kind, "error": one_line(error)}, compile_s, sandbox)
+
+    def _measured(self, sb: Sandbox, kernel: dict, msg: dict) -> dict:
+        """The row fields of a measuring child's result: settled with the verifier, audited
+        against the parent's clock, timings from the parent's reference book."""
+        now = time.monotonic()
+        verdicts = self.verifier.outcome(sb.job_key) if sb.job_key else None
+        sb.job_key = None
+        clock, self.clock = self.clock or PhaseClock(), None
+        problem = audit_claims(msg, clock, now)
+        if problem is None and msg.get("ref_new"):
+            self.refbook.add(kernel["task"], msg["ref_new"])
+        result = settle(msg, verdicts) if verdicts is not None else dict(msg)
+        if problem is not None and result.get("failure_kind") != "infrastructure":
+            return {**result, "status": "failed", "failure_kind": "tampered", "error": one_line(problem), "restart": True}
+        if result.get("status") == "ok":
+            fields = timing_fields(msg, self.refbook, kernel["task"], self.cfg.protocol, verdicts.timed if verdicts else [],
+                                   NEEDS_RECHECK_ABOVE)
+            if isinstance(fields, str):
+                return {**result, "status": "failed", "failure_kind": "tampered", "error": one_line(fields), "restart": True}
+            result.update(fields)
+        return result
 
     def _set_hardware(self, info: dict) -> None:
         hw = info.get("hardware")
@@ -302,8 +366,8 @@ class _Run:
                               f"this device is {hw['hardware_id']}: use another --out")
         self.hardware = hw
         pending, self.pending_rows = self.pending_rows, []
-        for kernel, result, compile_s in pending:
-            self._record(kernel, result, compile_s)
+        for kernel, result, compile_s, sandbox in pending:
+            self._record(kernel, result, compile_s, sandbox)
 
     # ---- messages ----------------------------------------------------------------------
     def _on_message(self, sb: Sandbox) -> None:
@@ -323,28 +387,59 @@ class _Run:
             self._on_death(sb, msg.get("error", "failed to start"))
         elif kind == "progress":
             sb.deadline = now + self.cfg.timeout_s
-            sb.phase = msg.get("phase", "")
+            sb.phase = str(msg.get("phase", ""))
+            if sb is self.measurer and self.clock is not None:
+                self.clock.mark(sb.phase, max(self.arrived_after, sb.job_started or 0.0), now)
+        elif kind == "verify":
+            if sb is self.measurer and sb.job is not None and sb.job_key is not None:
+                sb.deadline = now + self.cfg.timeout_s
+                reply = self.verifier.forward(sb, sb.job_key, "measure", sb.job["task"], msg)
+            else:  # only the measuring child's job has a plan to verify
+                reply = {"type": "verdict", "seq": msg.get("seq"), "ok": False}
+            if reply is not None:
+                self._deliver(sb, reply)
         elif kind == "result":
             kernel, sb.job, sb.deadline = sb.job, None, None
             if kernel is None:
                 return
+            strays = sb.stray_pids()
+            if strays:  # a process the kernel started is still running: ended with the child below
+                msg = {**msg, "ok": False, "status": "failed", "failure_kind": "tampered", "restart": True,
+                       "error": f"left {len(strays)} process(es) running after its job"}
             if sb.role == "compile":
                 if msg.get("ok"):
                     self.compiled.append((kernel, msg.get("seconds")))
                 else:
-                    self._fail(kernel, msg.get("failure_kind") or "infrastructure", msg.get("error", ""), msg.get("seconds"))
+                    self._fail(kernel, msg.get("failure_kind") or "infrastructure", msg.get("error", ""), msg.get("seconds"),
+                               sb.layers)
             else:
                 took = now - sb.job_started
                 self.measure_s_ema = took if self.measure_s_ema is None else 0.8 * self.measure_s_ema + 0.2 * took
-                self._record(kernel, msg, sb.compile_s)
+                result = self._measured(sb, kernel, msg)
+                self._record(kernel, result, sb.compile_s, sb.layers)
                 sb.jobs_done += 1
+                msg = result
             if msg.get("restart") or (sb is self.measurer and sb.jobs_done >= self.cfg.recycle_after):
                 self._retire(sb)
+
+    def _deliver(self, sb: Sandbox | None, reply: dict) -> None:
+        if sb is None or sb not in self._children():
+            return
+        try:
+            sb.send(reply)
+        except ChildDied:
+            pass  # its death is read from its channel next round
+
+    def _on_verifier(self) -> None:
+        for child, reply in self.verifier.on_message():
+            self._deliver(child, reply)
 
     def _on_death(self, sb: Sandbox, reason: str) -> None:
         kernel = sb.job
         if kernel is not None:
-            self._fail(kernel, "crashed", reason, getattr(sb, "compile_s", None))
+            if sb is self.measurer:
+                self.clock = None
+            self._fail(kernel, "crashed", reason, getattr(sb, "compile_s", None), sb.layers)
         elif not sb.ready:
             self._on_start_failure(sb, reason)
         self._retire(sb)
@@ -356,14 +451,26 @@ class _Run:
 
     def _check_deadlines(self) -> None:
         now = time.monotonic()
+        scan = None
+        if now - self.last_scan >= LIMIT_SCAN_S and any(sb.job is not None for sb in self._children()):
+            scan, self.last_scan = scan_processes(), now
         for sb in self._children():
             if sb.job is not None and sb.deadline is not None and now > sb.deadline:
                 kernel = sb.job
                 what = "compiling" if sb.role == "compile" else f"measuring (last step: {getattr(sb, 'phase', '') or 'start'})"
                 sb.job = None
+                if sb is self.measurer:
+                    self.clock = None
+                layers = sb.layers
                 self._retire(sb)
                 self._fail(kernel, "timeout", f"no progress for {self.cfg.timeout_s:.0f} s while {what}; worker killed",
-                           getattr(sb, "compile_s", None))
+                           getattr(sb, "compile_s", None), layers)
+            elif sb.job is not None and scan is not None and (reason := sb.over_limits(scan)):
+                kernel, sb.job, layers = sb.job, None, sb.layers
+                if sb is self.measurer:
+                    self.clock = None
+                self._retire(sb)
+                self._fail(kernel, "crashed", f"killed: {reason}", getattr(sb, "compile_s", None), layers)
             elif not sb.ready and now - sb.started_at > self.cfg.startup_timeout_s:
                 self._retire(sb)
                 self._on_start_failure(sb, f"{sb.role} worker did not start within {self.cfg.startup_timeout_s:.0f} s")
@@ -413,8 +520,11 @@ class _Run:
                 self._on_death(m, str(e))
                 return
             m.job, m.compile_s, m.phase = kernel, compile_s, ""
+            self.job_keys += 1
+            m.job_key = f"measure-{self.job_keys}"
             m.job_started = time.monotonic()
             m.deadline = m.job_started + self.cfg.timeout_s
+            self.clock = PhaseClock()
 
     def _busy(self) -> bool:
         return bool(self.queue or self.compiled or any(s.job is not None for s in self._children()))
@@ -460,10 +570,20 @@ class _Run:
             conns = {s.conn: s for s in self._children()}
             deadlines = [s.deadline for s in self._children() if s.deadline is not None] + [hard_stop, now + 0.5]
             timeout = max(0.01, min(deadlines) - now)
-            for conn in wait(list(conns), timeout=timeout) if conns else []:
-                sb = conns[conn]
-                if sb in self._children():  # not retired by an earlier message of this round
+            waitable = list(conns) + ([self.verifier.conn] if self.verifier.conn is not None else [])
+            ready = wait(waitable, timeout=timeout) if waitable else []
+            # A message read now arrived after the previous wait returned (we read every queued
+            # message then): the earliest time the parent's clock can give it.
+            self.arrived_after, self.waited = self.waited, time.monotonic()
+            for conn in ready:
+                if conn is self.verifier.conn:
+                    self._on_verifier()
+                    continue
+                sb = conns.get(conn)
+                while sb in self._children():  # not retired by an earlier message of this round
                     self._on_message(sb)
+                    if not sb.poll(0):
+                        break
             self._check_deadlines()
             self._emit_progress()
         if stopped == "complete" and self.limited:
@@ -488,6 +608,7 @@ class _Run:
                 time.sleep(0.02)
             sb.kill()
         self.pool, self.measurer, self.spare = [None] * len(self.pool), None, None
+        self.verifier.close()
 
 
 def run_batch(

@@ -1,0 +1,345 @@
+"""The sandbox of a process that runs untrusted kernel code, applied before it starts.
+
+    python3 -I -S pipelines/profiling/jail.py SPEC_JSON -- python3 -P -m pipelines.profiling.child ...
+
+`Sandbox` (sandbox.py) starts every kernel-running child through this file; it is run as a
+script, imports only the standard library and is done before any kernel code exists in the
+process. It applies each layer the host allows, records which in the environment variable
+KERNELCAST_SANDBOX_LAYERS of the program it executes, and writes one JSON line
+`KERNELCAST_SANDBOX_NOTES {...}` to stderr naming every layer it could not apply and why.
+
+Layers (names as recorded in the measurement row's `sandbox` column):
+    env        the parent passes an allow-listed environment (sandbox.child_env)
+    tmpdir     the working directory, HOME and TMPDIR are a private directory
+    uid        runs as a dedicated unprivileged uid/gid (only when started as root)
+    nocaps     started as root but kept root's uid (a sandbox uid could not run the interpreter):
+               every capability dropped, from the bounding set too, so the child cannot read
+               other users' files, ptrace or read the environment of processes with more
+               privileges (the parent), or get capabilities back by executing anything
+    netns      a new network namespace: no interface but a down loopback, so no network
+    pidns      a new PID namespace: when its first process dies the kernel kills every process
+               in it, so nothing the kernel spawns (setsid included) outlives the child
+    rlimits    address space (CPU children; CUDA reserves far more virtual memory than it
+               uses, so GPU children are watched by RSS in the parent instead), file size,
+               processes (only where the count is per sandbox: own uid or own user namespace),
+               no core files
+    nonewprivs no setuid binary can give privileges back
+    landlock   writes only inside the private directory, the shared Triton cache and the
+               device files; no ptrace of or signals to processes outside (Linux Landlock)
+    landlock-net  no TCP connect/bind, where there is no network namespace
+
+A process group of its own is what the parent kills without `pidns`; see sandbox.Sandbox.kill.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import sys
+
+LAYERS_ENV = "KERNELCAST_SANDBOX_LAYERS"
+NOTES_PREFIX = "KERNELCAST_SANDBOX_NOTES "
+
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+PR_SET_PDEATHSIG = 1
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL = 47, 4
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+
+# Landlock (include/uapi/linux/landlock.h); syscall numbers are the same on x86_64 and arm64.
+SYS_LANDLOCK_CREATE_RULESET, SYS_LANDLOCK_ADD_RULE, SYS_LANDLOCK_RESTRICT_SELF = 444, 445, 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+FS_WRITE_FILE = 1 << 1
+FS_REMOVE_DIR, FS_REMOVE_FILE = 1 << 4, 1 << 5
+FS_MAKE_CHAR, FS_MAKE_DIR, FS_MAKE_REG, FS_MAKE_SOCK = 1 << 6, 1 << 7, 1 << 8, 1 << 9
+FS_MAKE_FIFO, FS_MAKE_BLOCK, FS_MAKE_SYM = 1 << 10, 1 << 11, 1 << 12
+FS_REFER = 1 << 13  # ABI 2
+FS_TRUNCATE = 1 << 14  # ABI 3
+NET_BIND_TCP, NET_CONNECT_TCP = 1 << 0, 1 << 1  # ABI 4
+SCOPE_ABSTRACT_UNIX_SOCKET, SCOPE_SIGNAL = 1 << 0, 1 << 1  # ABI 6
+
+
+class _RulesetAttr(ctypes.Structure):
+    _fields_ = [("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64),
+                ("scoped", ctypes.c_uint64)]
+
+
+class _PathBeneathAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def _libc():
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def _errno_text() -> str:
+    return os.strerror(ctypes.get_errno())
+
+
+def landlock_abi() -> int:
+    """The Landlock ABI version of the running kernel; 0 when there is none."""
+    try:
+        libc = _libc()
+        libc.syscall.restype = ctypes.c_long
+        abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                           ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    except (OSError, AttributeError):
+        return 0
+    return max(0, int(abi))
+
+
+def apply_landlock(writable_dirs: list[str], writable_files: list[str], block_tcp: bool) -> list[str]:
+    """Allow writes only beneath `writable_dirs` and to `writable_files`; returns the layers set.
+
+    Reads and execution stay allowed everywhere (the child imports torch, runs ptxas).
+    Raises OSError when the kernel refuses the ruleset.
+    """
+    abi = landlock_abi()
+    if abi < 1:
+        raise OSError("Landlock is not available in this kernel")
+    dir_rights = (FS_WRITE_FILE | FS_REMOVE_DIR | FS_REMOVE_FILE | FS_MAKE_CHAR | FS_MAKE_DIR | FS_MAKE_REG
+                  | FS_MAKE_SOCK | FS_MAKE_FIFO | FS_MAKE_BLOCK | FS_MAKE_SYM)
+    file_rights = FS_WRITE_FILE
+    if abi >= 2:
+        dir_rights |= FS_REFER
+    if abi >= 3:
+        dir_rights |= FS_TRUNCATE
+        file_rights |= FS_TRUNCATE
+    attr = _RulesetAttr(handled_access_fs=dir_rights)
+    size = 8
+    layers = ["landlock"]
+    if abi >= 4:
+        size = 16
+        if block_tcp:
+            attr.handled_access_net = NET_BIND_TCP | NET_CONNECT_TCP  # no rule allows any port
+            layers.append("landlock-net")
+    if abi >= 6:
+        size = 24
+        attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    fd = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        raise OSError(f"landlock_create_ruleset: {_errno_text()}")
+    try:
+        for path, rights in [(d, dir_rights) for d in writable_dirs] + [(f, file_rights) for f in writable_files]:
+            try:
+                target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # a device file this host does not have
+            try:
+                rule = _PathBeneathAttr(allowed_access=rights, parent_fd=target)
+                if libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
+                                ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                    raise OSError(f"landlock_add_rule {path}: {_errno_text()}")
+            finally:
+                os.close(target)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(f"no_new_privs: {_errno_text()}")
+        if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            raise OSError(f"landlock_restrict_self: {_errno_text()}")
+    finally:
+        os.close(fd)
+    return layers
+
+
+def _unshare(flags: int) -> None:
+    libc = _libc()
+    if libc.unshare(ctypes.c_int(flags)) != 0:
+        raise OSError(_errno_text())
+
+
+def _write(path: str, text: str) -> None:
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def enter_namespaces(want_net: bool, want_pid: bool, root: bool) -> tuple[list[str], dict[str, str]]:
+    """Unshare the network and PID namespaces (in a user namespace when not root).
+
+    Returns:
+        (layers entered, {layer: why not} for the wanted ones that could not be entered).
+    """
+    wanted = [(name, flag) for name, flag, want in (("netns", CLONE_NEWNET, want_net), ("pidns", CLONE_NEWPID, want_pid))
+              if want]
+    if not wanted:
+        return [], {}
+    uid, gid = os.getuid(), os.getgid()
+
+    def attempt(flags: int) -> None:
+        _unshare(flags | (0 if root else CLONE_NEWUSER))
+        if not root:
+            # Map our own ids onto themselves: files we create keep their owner outside.
+            _write("/proc/self/setgroups", "deny")
+            _write("/proc/self/uid_map", f"{uid} {uid} 1")
+            _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+    try:
+        attempt(sum(flag for _, flag in wanted))
+        return [name for name, _ in wanted], {}
+    except OSError as both:
+        entered, missing = [], {}
+        for name, flag in wanted:  # one may work without the other (e.g. no CLONE_NEWPID in a container)
+            try:
+                attempt(flag)
+                entered.append(name)
+            except OSError as e:
+                missing[name] = f"unshare: {e or both}"
+        return entered, missing
+
+
+def set_limits(limits: dict, per_sandbox_nproc: bool) -> list[str]:
+    """Soft = hard limits, so the kernel cannot raise them again. Returns ["rlimits"] or []."""
+    names = {"as": resource.RLIMIT_AS, "fsize": resource.RLIMIT_FSIZE, "core": resource.RLIMIT_CORE}
+    if per_sandbox_nproc:
+        names["nproc"] = resource.RLIMIT_NPROC
+    for key, which in names.items():
+        value = limits.get(key)
+        if value is None:
+            continue
+        resource.setrlimit(which, (int(value), int(value)))
+    return ["rlimits"]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+def drop_capabilities() -> None:
+    """Drop every capability: bounding set, ambient set, then effective/permitted/inheritable.
+
+    Raises OSError when the kernel refuses.
+    """
+    libc = _libc()
+    try:
+        with open("/proc/sys/kernel/cap_last_cap") as f:
+            last = int(f.read())
+    except (OSError, ValueError):
+        last = 40
+    for cap in range(last + 1):
+        if libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 and ctypes.get_errno() != 22:  # EINVAL: unknown cap
+            raise OSError(f"dropping capability {cap}: {_errno_text()}")
+    libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0)
+    header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+    data = (_CapData * 2)()
+    if libc.capset(ctypes.byref(header), data) != 0:
+        raise OSError(f"capset: {_errno_text()}")
+
+
+def _die_with(parent_signal: int = signal.SIGKILL) -> None:
+    _libc().prctl(PR_SET_PDEATHSIG, parent_signal, 0, 0, 0)
+
+
+def _supervise(child: int) -> None:
+    """PID namespace: the namespace's first process is our child; relay its fate as our own."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    os.dup2(devnull, 0)  # the channel must close when the child dies, not when we do
+    os.dup2(devnull, 1)
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda s, f: os.kill(child, signal.SIGKILL))
+    while True:
+        try:
+            _, status = os.waitpid(child, 0)
+            break
+        except ChildProcessError:
+            os._exit(1)
+        except InterruptedError:
+            continue
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+    os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
+
+
+def run(spec: dict, argv: list[str]) -> None:
+    """Apply the layers of `spec` to this process and execute `argv` (never returns).
+
+    Spec keys: private_dir, uid, gid (ints or null), want (layer names), limits
+    ({as, fsize, nproc, core}: bytes / counts or null), writable_dirs, writable_files,
+    umask (int).
+    """
+    want = set(spec.get("want", ()))
+    root = os.geteuid() == 0
+    layers = ["env", "tmpdir"]
+    notes: dict[str, str] = {}
+    uid, gid = spec.get("uid"), spec.get("gid")
+    switch = "uid" in want and root and uid is not None and gid is not None
+    if "uid" in want and not switch:
+        notes["uid"] = "not started as root: the child keeps this user's uid" if not root else "no uid given"
+
+    _die_with()  # the parent's death ends us (and through us, a PID namespace's processes)
+    entered, missing = enter_namespaces("netns" in want, "pidns" in want, root)
+    notes.update(missing)
+    layers += entered
+    if "pidns" in entered:
+        child = os.fork()  # the first process of the new PID namespace
+        if child:
+            _supervise(child)
+        _die_with()
+        if os.getppid() == 1:  # the supervisor died before prctl took effect
+            os._exit(1)
+    per_sandbox_nproc = switch or not root and bool(entered)  # counted per uid / user namespace
+    try:
+        layers += set_limits(spec.get("limits", {}), per_sandbox_nproc)
+        if not per_sandbox_nproc:
+            notes["rlimits-nproc"] = "no own uid or user namespace: a process limit would count this user's processes"
+    except (OSError, ValueError) as e:
+        notes["rlimits"] = str(e)
+    if switch:
+        os.setgroups([])
+        os.setgid(int(gid))
+        os.setuid(int(uid))
+        layers.append("uid")
+    elif root and "nocaps" in want:
+        try:
+            drop_capabilities()
+            layers.append("nocaps")
+        except OSError as e:
+            notes["nocaps"] = str(e)
+    if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
+        layers.append("nonewprivs")
+    if "landlock" in want:
+        try:
+            layers += apply_landlock(list(spec.get("writable_dirs", ())), list(spec.get("writable_files", ())),
+                                     block_tcp="netns" not in entered)
+        except OSError as e:
+            notes["landlock"] = str(e)
+    os.umask(int(spec.get("umask", 0o002)))
+    private = spec["private_dir"]
+    os.chdir(private)
+    env = dict(os.environ)
+    env[LAYERS_ENV] = ",".join(layers)
+    if notes:
+        sys.stderr.write(NOTES_PREFIX + json.dumps(notes, sort_keys=True) + "\n")
+        sys.stderr.flush()
+    try:
+        os.execve(argv[0], argv, env)
+    except OSError as e:
+        sys.stderr.write(f"sandbox: cannot execute {argv[0]}: {e}\n")
+        os._exit(127)
+
+
+def main(args: list[str]) -> None:
+    if len(args) < 3 or args[1] != "--":
+        sys.stderr.write("usage: jail.py SPEC_JSON -- PROGRAM [ARGS...]\n")
+        os._exit(2)
+    run(json.loads(args[0]), args[2:])
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,198 @@
+"""A kernel's output as a file, so its correctness is judged in a process it never ran in.
+
+The kernel's process writes what `custom_kernel` returned (tensors inside tuples, lists and
+dicts, plus plain numbers and strings) with `write_output`; the verifier reads it back with
+`read_output` onto its own device. The format is ours and carries no code (never pickle):
+
+    b"KCOUT001" | u64 header length | header JSON | tensor bytes, each at a 64-byte boundary
+
+header = {"tree": node, "tensors": [{"dtype", "shape", "offset", "nbytes"}]}, where a node is
+{"t": "tensor", "i": k} | {"t": "tuple"|"list", "items": [...]} | {"t": "dict", "items": [[key, node]]}
+| {"t": "none"} | {"t": "bool"|"int"|"float"|"str", "v": value}. Tensors are written contiguous
+(the checks compare values, not strides). The reader trusts nothing: dtypes come from an
+allow-list, sizes and offsets must fit the file, nesting and counts are bounded.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import mmap
+import os
+import stat
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+
+MAGIC = b"KCOUT001"
+ALIGN = 64
+MAX_HEADER = 1 << 20  # bytes
+MAX_TENSORS = 256
+MAX_DEPTH = 8
+MAX_STR = 4096
+
+DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in ("float32", "float64", "float16", "bfloat16", "int8", "uint8", "int16", "int32", "int64", "bool",
+                 "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz", "complex64")
+    if hasattr(torch, name)
+}
+_NAMES = {v: k for k, v in DTYPES.items()}
+
+
+class ShippingError(ValueError):
+    """An output that cannot be written, or a file that is not a valid output."""
+
+
+def _encode(value: Any, tensors: list[torch.Tensor], depth: int = 0) -> dict:
+    if depth > MAX_DEPTH:
+        raise ShippingError(f"output nested deeper than {MAX_DEPTH} levels")
+    if isinstance(value, torch.Tensor):
+        if value.dtype not in _NAMES:
+            raise ShippingError(f"output tensor of dtype {value.dtype} cannot be checked")
+        if len(tensors) >= MAX_TENSORS:
+            raise ShippingError(f"output holds more than {MAX_TENSORS} tensors")
+        tensors.append(value)
+        return {"t": "tensor", "i": len(tensors) - 1}
+    if value is None:
+        return {"t": "none"}
+    if isinstance(value, bool):
+        return {"t": "bool", "v": value}
+    if isinstance(value, int):
+        return {"t": "int", "v": value}
+    if isinstance(value, float):
+        return {"t": "float", "v": value if math.isfinite(value) else repr(value)}
+    if isinstance(value, str):
+        return {"t": "str", "v": value[:MAX_STR]}
+    if isinstance(value, (tuple, list)):
+        return {"t": "tuple" if isinstance(value, tuple) else "list",
+                "items": [_encode(x, tensors, depth + 1) for x in value]}
+    if isinstance(value, dict):
+        items = []
+        for k, v in value.items():
+            if not isinstance(k, (str, int)) or isinstance(k, bool):
+                raise ShippingError(f"output dict key {k!r} is not a string or integer")
+            items.append([k, _encode(v, tensors, depth + 1)])
+        return {"t": "dict", "items": items}
+    raise ShippingError(f"output of type {type(value).__name__} cannot be checked")
+
+
+def write_output(path: str | Path, output: Any) -> int:
+    """Write `output` to `path` (created, never followed if a link); returns the bytes written.
+
+    Raises:
+        ShippingError: the output holds something that cannot be shipped.
+    """
+    tensors: list[torch.Tensor] = []
+    tree = _encode(output, tensors)
+    entries, offset = [], 0
+    for t in tensors:
+        nbytes = t.numel() * t.element_size()
+        entries.append({"dtype": _NAMES[t.dtype], "shape": list(t.shape), "offset": offset, "nbytes": nbytes})
+        offset += -(-nbytes // ALIGN) * ALIGN
+    header = json.dumps({"tree": tree, "tensors": entries}).encode()
+    head = MAGIC + len(header).to_bytes(8, "little") + header
+    head += b"\0" * (-len(head) % ALIGN)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(head)
+        for t, e in zip(tensors, entries):
+            data = t.detach().contiguous()
+            if data.device.type != "cpu":
+                data = data.cpu()
+            f.write(memoryview(data.view(torch.uint8).reshape(-1).numpy()) if data.numel() else b"")
+            f.write(b"\0" * (-e["nbytes"] % ALIGN))
+    return len(head) + offset
+
+
+def _decode(node: Any, tensors: list[torch.Tensor], depth: int = 0) -> Any:
+    if depth > MAX_DEPTH or not isinstance(node, dict):
+        raise ShippingError("malformed output tree")
+    kind = node.get("t")
+    if kind == "tensor":
+        i = node.get("i")
+        if not isinstance(i, int) or not 0 <= i < len(tensors):
+            raise ShippingError("output tree points at a missing tensor")
+        return tensors[i]
+    if kind == "none":
+        return None
+    if kind in ("bool", "int", "str"):
+        v = node.get("v")
+        want = {"bool": bool, "int": int, "str": str}[kind]
+        if not isinstance(v, want) or (kind == "int" and isinstance(v, bool)):
+            raise ShippingError(f"malformed {kind} in output")
+        return v
+    if kind == "float":
+        v = node.get("v")
+        return float(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool) else None
+    if kind in ("tuple", "list"):
+        items = [_decode(x, tensors, depth + 1) for x in node.get("items", [])]
+        return tuple(items) if kind == "tuple" else items
+    if kind == "dict":
+        return {k: _decode(v, tensors, depth + 1) for k, v in node.get("items", [])}
+    raise ShippingError(f"unknown node {kind!r} in output")
+
+
+def read_output(path: str | Path, device: str = "cpu", owner: int | None = None) -> Any:
+    """Read an output written by `write_output`, its tensors placed on `device`.
+
+    Args:
+        path: the file; a symlink is refused, and so is anything but a regular file.
+        device: where the tensors go ("cpu" copies them out of the file, "cuda" uploads them).
+        owner: when given, the uid the file must belong to.
+    Raises:
+        ShippingError: the file is missing, not ours or malformed.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as e:
+        raise ShippingError(f"no output file ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode):
+            raise ShippingError("the output is not a regular file")
+        if owner is not None and st.st_uid != owner:
+            raise ShippingError("the output file belongs to another user")
+        if st.st_size < 16:
+            raise ShippingError("the output file is truncated")
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
+            if mm[:8] != MAGIC:
+                raise ShippingError("the output file has no valid header")
+            n = int.from_bytes(mm[8:16], "little")
+            if n > MAX_HEADER or 16 + n > st.st_size:
+                raise ShippingError("the output header is too large")
+            try:
+                header = json.loads(mm[16:16 + n])
+            except ValueError:
+                raise ShippingError("the output header is not JSON") from None
+            start = -(-(16 + n) // ALIGN) * ALIGN
+            tensors = []
+            entries = header.get("tensors", []) if isinstance(header, dict) else None
+            if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
+                raise ShippingError("malformed tensor table in output")
+            for e in entries:
+                tensors.append(_tensor(mm, e, start, st.st_size, device))
+            return _decode(header.get("tree"), tensors)
+
+
+def _tensor(mm: mmap.mmap, e: Any, start: int, size: int, device: str) -> torch.Tensor:
+    if not isinstance(e, dict) or e.get("dtype") not in DTYPES:
+        raise ShippingError("output tensor of an unknown dtype")
+    dtype = DTYPES[e["dtype"]]
+    shape, offset, nbytes = e.get("shape"), e.get("offset"), e.get("nbytes")
+    if (not isinstance(shape, list) or len(shape) > 16 or not all(isinstance(d, int) and d >= 0 for d in shape)
+            or not isinstance(offset, int) or not isinstance(nbytes, int) or offset < 0):
+        raise ShippingError("malformed tensor entry in output")
+    numel = math.prod(shape)
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if numel * itemsize != nbytes or start + offset + nbytes > size:
+        raise ShippingError("output tensor does not fit the file")
+    if nbytes == 0:
+        return torch.empty(shape, dtype=dtype, device=device)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the mapping is read-only; the bytes are copied right away
+        raw = torch.frombuffer(mm, dtype=torch.uint8, count=nbytes, offset=start + offset)
+    out = raw.to(device, copy=True) if device != "cpu" else raw.clone()  # never keep a view of the mapping
+    return out.view(dtype).reshape(shape)

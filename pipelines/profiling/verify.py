@@ -1,0 +1,389 @@
+"""Correctness verdicts computed in a process the kernel never ran in.
+
+The kernel's process (a check or measuring child) runs the kernel on a case, writes what it
+returned into its private directory (shipping.py) and asks for a verdict; the parent forwards
+the request to the verifier, a child of its own that imports no kernel: it generates the case's
+input itself (same seed), runs the task's check_implementation (which computes the reference)
+on the shipped output and answers. The kernel's process learns only ok / not ok; the parent
+keeps the verifier's message for the row. So neither the reference nor the comparison can be
+patched, looked up or returned by the kernel.
+
+The verifier holds each job to its plan (`verification_plan`): the cases in order, then the
+re-checks on new seeds. A request out of plan, or a child that reports a correct kernel without
+an ok verdict on every step, makes the kernel `tampered` (`settle`).
+
+    kernel process   judge(task, case, salt, output) -> (ok, message)     ChannelJudge / LocalJudge
+    verifier         Verifier.handle(request) -> verdict                   child role "verify"
+    parent           VerifierLink.forward(...) / .on_message() / .outcome(job)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import json
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+RECHECK_SEED_SALT = 1_000_003  # kernelcast/paper: the post-timing check draws inputs from seed + this
+GPUMODE_SEED_STEP = 13  # GPU MODE's leaderboard mode: each re-check adds 13 to the case seed
+OUTPUT_FILE = re.compile(r"^out-\d{1,9}\.kco$")
+FLAG_KEYS = {  # global switches a GPU MODE reference inherits from the submission's process
+    "torch.backends.cuda.matmul.allow_tf32": bool,
+    "torch.backends.cudnn.allow_tf32": bool,
+    "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction": bool,
+    "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction": bool,
+    "matmul_precision": str,
+}
+
+
+# ---- the plan -------------------------------------------------------------------------------
+def recheck_salts(protocol: str) -> tuple[str, int]:
+    """Which cases are re-checked after timing, and with what seed offset: ('first' | 'all', salt)."""
+    return ("all", GPUMODE_SEED_STEP) if protocol == "gpumode" else ("first", RECHECK_SEED_SALT)
+
+
+def timed_cases(task, device: str) -> tuple:
+    """The cases a measurement times: benchmark cases on a GPU, correctness cases on the CPU."""
+    return tuple(task.benchmark_cases) if device == "cuda" else tuple(task.correctness_cases)
+
+
+def verification_plan(task, kind: str, device: str, protocol: str = "kernelcast",
+                      check_correctness_cases: bool = False) -> list[tuple[str, int]]:
+    """The (case id, seed offset) steps a job must have verified, in order.
+
+    Args:
+        task: the Task.
+        kind: "check" (kernelcast check: the correctness cases, then the first one again on a
+            new seed) or "measure" (the worker: the timed cases, then the re-checks after timing).
+        device: "cpu" | "cuda".
+        protocol: the timing protocol (gpumode re-checks every case, the others the first).
+        check_correctness_cases: the measuring child also checks the correctness cases on a GPU.
+    """
+    if kind == "check":
+        cases = tuple(task.correctness_cases)
+        return [(task.case_id(c), 0) for c in cases] + [(task.case_id(cases[0]), RECHECK_SEED_SALT)]
+    cases = timed_cases(task, device)
+    extra = tuple(task.correctness_cases) if device == "cuda" and check_correctness_cases else ()
+    steps = [(task.case_id(c), 0) for c in cases + extra]
+    which, salt = recheck_salts(protocol)
+    steps += [(task.case_id(c), salt) for c in (cases if which == "all" else cases[:1])]
+    return steps
+
+
+# ---- the kernel's side ------------------------------------------------------------------------
+class LocalJudge:
+    """Checks in this process: for in-process tests of the runner only (no kernel isolation)."""
+
+    def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
+        from pipelines.profiling.runner import make_input
+
+        ok, message = task.check_implementation(make_input(task, case, salt), output)
+        return bool(ok), str(message)
+
+
+class ChannelJudge:
+    """Ships the output to the parent and waits for the verifier's verdict (child processes)."""
+
+    def __init__(self, send: Callable[[dict], None], recv: Callable[[], dict]):
+        self.send, self.recv = send, recv
+        self.seq = itertools.count(1)
+
+    def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
+        from pipelines.profiling.shipping import write_output
+
+        seq = next(self.seq)
+        name = f"out-{seq:06d}.kco"
+        path = Path.cwd() / name  # the private directory (jail.py made it the working directory)
+        write_output(path, output)
+        try:
+            self.send({"type": "verify", "seq": seq, "case_id": task.case_id(case), "salt": int(salt), "file": name,
+                       "flags": flags or {}})
+            while True:
+                reply = self.recv()
+                if reply.get("type") == "verdict" and reply.get("seq") == seq:
+                    return bool(reply.get("ok")), "rejected by the verifier"
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
+
+
+class _JudgeHolder:
+    """The judge this process uses (child.py installs a ChannelJudge); an object, so its
+    identity stays what the integrity watch recorded."""
+
+    def __init__(self) -> None:
+        self.impl: LocalJudge | ChannelJudge = LocalJudge()
+
+
+JUDGE = _JudgeHolder()
+
+
+def judge(task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
+    """(ok, message) for `output` on `case` (seed + `salt`), by the installed judge."""
+    return JUDGE.impl.judge(task, case, salt, output, flags)
+
+
+# ---- the verifier process ---------------------------------------------------------------------
+@dataclass
+class _Job:
+    plan: list[tuple[str, int]]
+    timed: list[str]
+    step: int = 0
+    unexpected: bool = False
+
+
+def clean_flags(flags: Any) -> dict:
+    """The allow-listed global switches of a request (anything else is dropped)."""
+    if not isinstance(flags, dict):
+        return {}
+    out = {}
+    for key, kind in FLAG_KEYS.items():
+        value = flags.get(key)
+        if isinstance(value, kind) and not (kind is str and value not in ("highest", "high", "medium")):
+            out[key] = value
+    return out
+
+
+@contextlib.contextmanager
+def global_flags(flags: dict):
+    """The kernel process's TF32 / reduced-precision switches, for the reference inside."""
+    import torch
+
+    from pipelines.profiling.runner import restore_torch_flags, snapshot_torch_flags
+
+    saved = snapshot_torch_flags()
+    try:
+        for key, value in flags.items():
+            if key == "matmul_precision":
+                torch.set_float32_matmul_precision(value)
+            else:
+                mod, attr = key.rsplit(".", 1)
+                setattr(eval(mod, {"torch": torch}), attr, value)  # keys come from FLAG_KEYS only
+        yield
+    finally:
+        restore_torch_flags(saved)
+
+
+class Verifier:
+    """The verifier child's state: its own input cache and each job's progress through its plan."""
+
+    def __init__(self, config: dict):
+        from pipelines.profiling.runner import InputCache
+
+        self.device = config.get("device", "cpu")
+        self.protocol = config.get("protocol", "kernelcast")
+        self.check_correctness_cases = bool(config.get("check_correctness_cases", False))
+        self.cache = InputCache(max_bytes=int(config.get("cache_bytes", 8 * 2**30)))
+        self.jobs: dict[str, _Job] = {}
+
+    def handle(self, msg: dict) -> dict:
+        """One request -> one verdict {"type": "verdict", "job", "seq", "ok", "message", "step", "of", "unexpected"}."""
+        from pipelines.profiling.taskload import load_task
+
+        key, kind = str(msg.get("job")), msg.get("kind", "measure")
+        base = {"type": "verdict", "job": msg.get("job"), "seq": msg.get("seq")}
+        try:
+            task = load_task(str(msg.get("task")))
+        except Exception as e:  # noqa: BLE001 - the parent records it as our failure
+            return {**base, "ok": False, "infrastructure": True, "message": f"verifier: task: {e}"[:300]}
+        job = self.jobs.get(key)
+        if job is None:
+            plan = verification_plan(task, kind, self.device, self.protocol, self.check_correctness_cases)
+            timed = [task.case_id(c) for c in timed_cases(task, self.device)] if kind == "measure" else []
+            job = self.jobs[key] = _Job(plan, timed)
+        base["timed"] = job.timed
+        step = (msg.get("case_id"), msg.get("salt"))
+        if job.step >= len(job.plan) or step != job.plan[job.step]:
+            job.unexpected = True
+            return {**base, "ok": False, "unexpected": True, "step": job.step, "of": len(job.plan),
+                    "message": f"asked to verify {step[0]!r} (seed +{step[1]}) out of plan"}
+        case = next(c for c in task.correctness_cases + task.benchmark_cases if task.case_id(c) == step[0])
+        job.step += 1
+        ok, message = self._check(task, case, int(step[1]), msg)
+        return {**base, "ok": ok, "message": message, "step": job.step, "of": len(job.plan)}
+
+    def _check(self, task, case: dict, salt: int, msg: dict) -> tuple[bool, str]:
+        from pipelines.profiling.runner import sync
+        from pipelines.profiling.sandbox import one_line
+        from pipelines.profiling.shipping import ShippingError, read_output
+
+        cid = task.case_id(case) + (f" (re-check, seed +{salt})" if salt else "")
+        try:
+            output = read_output(msg["path"], self.device, owner=msg.get("owner"))
+        except ShippingError as e:
+            return False, f"case {cid}: the output cannot be checked: {e}"
+        flags = clean_flags(msg.get("flags")) if self.protocol == "gpumode" else {}
+        data = self.cache.get(task, case, salt)
+        try:
+            with global_flags(flags):
+                ok, message = task.check_implementation(data, output)
+            sync(self.device)
+        except Exception as e:  # noqa: BLE001 - a malformed output makes the check raise
+            return False, one_line(f"case {cid}: check raised {type(e).__name__}: {e}")
+        return bool(ok), "ok" if ok else one_line(f"case {cid}: {message}")
+
+    def forget(self, job: Any) -> None:
+        self.jobs.pop(str(job), None)
+
+
+# ---- the parent's side ------------------------------------------------------------------------
+@dataclass
+class JobVerdicts:
+    """What the verifier said about one job."""
+
+    of: int = 0  # steps in the plan (0: no verdict yet)
+    done: int = 0  # steps verified
+    failure: str | None = None  # the first failing step's message
+    unexpected: bool = False  # a request out of plan
+    infrastructure: str | None = None  # the verifier could not work (died, no task)
+    timed: list[str] = field(default_factory=list)  # the case ids the plan times, in order
+
+    @property
+    def complete(self) -> bool:
+        return self.of > 0 and self.done == self.of
+
+
+class VerifierLink:
+    """The parent's handle on the verifier child: forwards requests, keeps verdicts per job.
+
+    Args:
+        spawn: starts the verifier child (a Sandbox with jailed=False, role "verify").
+    """
+
+    def __init__(self, spawn: Callable[[], Any]):
+        self.spawn = spawn
+        self.sb: Any = None
+        self.waiting: dict[str, tuple[Any, int]] = {}  # job -> (child sandbox, seq) awaiting a verdict
+        self.verdicts: dict[str, JobVerdicts] = {}
+        self.queue: list[dict] = []  # requests sent before the verifier was ready
+
+    def ensure(self) -> None:
+        if self.sb is None:
+            self.sb = self.spawn()
+
+    @property
+    def conn(self):
+        return self.sb.conn if self.sb is not None else None
+
+    def forward(self, child: Any, job: str, kind: str, task: str, msg: dict) -> dict | None:
+        """Pass one request of `child` on; a reply for the child when it cannot be passed on."""
+        name = str(msg.get("file", ""))
+        v = self.verdicts.setdefault(job, JobVerdicts())
+        if not OUTPUT_FILE.match(name) or job in self.waiting:
+            v.unexpected = True
+            return {"type": "verdict", "seq": msg.get("seq"), "ok": False}
+        request = {"type": "verify", "job": job, "kind": kind, "task": task, "seq": msg.get("seq"),
+                   "case_id": msg.get("case_id"), "salt": msg.get("salt"), "flags": msg.get("flags"),
+                   "path": str(Path(child.private_dir) / name), "owner": child.uid}
+        self.waiting[job] = (child, msg.get("seq"))
+        self.ensure()
+        if self.sb.ready:
+            self._send(request)
+        else:
+            self.queue.append(request)
+        return None
+
+    def _send(self, request: dict) -> None:
+        from pipelines.profiling.sandbox import ChildDied
+
+        try:
+            self.sb.send(request)
+        except ChildDied as e:
+            self.died(str(e))
+
+    def on_message(self) -> list[tuple[Any, dict]]:
+        """Read one message of the verifier; (child, reply) pairs to deliver."""
+        from pipelines.profiling.sandbox import ChildDied
+
+        try:
+            msg = self.sb.recv()
+        except ChildDied as e:
+            return self.died(str(e))
+        if msg.get("type") == "ready":
+            self.sb.ready = True
+            queued, self.queue = self.queue, []
+            for request in queued:
+                self._send(request)
+            return []
+        if msg.get("type") == "fatal":
+            return self.died(msg.get("error", "verifier failed to start"))
+        if msg.get("type") != "verdict":
+            return []
+        job = str(msg.get("job"))
+        v = self.verdicts.setdefault(job, JobVerdicts())
+        v.of = int(msg.get("of") or v.of)
+        if isinstance(msg.get("timed"), list):
+            v.timed = [str(c) for c in msg["timed"]]
+        if msg.get("infrastructure"):
+            v.infrastructure = str(msg.get("message"))
+        elif msg.get("unexpected"):
+            v.unexpected = True
+        elif msg.get("ok"):
+            v.done += 1
+        elif v.failure is None:
+            v.failure = str(msg.get("message"))
+        child, seq = self.waiting.pop(job, (None, None))
+        return [(child, {"type": "verdict", "seq": seq, "ok": bool(msg.get("ok"))})] if child is not None else []
+
+    def died(self, reason: str) -> list[tuple[Any, dict]]:
+        """The verifier is gone: every waiting job fails as ours (infrastructure); a new one starts
+        on the next request."""
+        out = []
+        for job, (child, seq) in self.waiting.items():
+            self.verdicts.setdefault(job, JobVerdicts()).infrastructure = f"verifier died: {reason}"
+            out.append((child, {"type": "verdict", "seq": seq, "ok": False}))
+        self.waiting.clear()
+        self.queue.clear()
+        if self.sb is not None:
+            self.sb.kill()
+        self.sb = None
+        return out
+
+    def outcome(self, job: str) -> JobVerdicts:
+        """The verdicts of `job` (empty if it asked for none); forgets it here and in the verifier."""
+        v = self.verdicts.pop(job, JobVerdicts())
+        self.waiting.pop(job, None)
+        if self.sb is not None and self.sb.ready:
+            self._send({"type": "forget", "job": job})
+        return v
+
+    def close(self) -> None:
+        if self.sb is not None:
+            self.sb.shutdown(timeout_s=2.0)
+            self.sb = None
+
+
+def settle(result: dict, v: JobVerdicts) -> dict:
+    """The result a row records, from what the kernel's process claims and the verifier's record.
+
+    A request out of plan, or a claim of correctness without an ok verdict on every step, is
+    `tampered`; a failed verdict is `incorrect` with the verifier's message; a verifier that could
+    not work is `infrastructure` (retried by a resumed run).
+    """
+    out = dict(result)
+    claimed_ok = result.get("status") == "ok" or result.get("ok") is True
+
+    def fail(kind: str, error: str) -> dict:
+        out.update(status="failed", ok=False, failure_kind=kind, error=error)
+        return out
+
+    if v.unexpected:
+        return fail("tampered", "the kernel's process asked the verifier for steps out of plan")
+    if result.get("failure_kind") == "tampered":
+        return out
+    if v.infrastructure:
+        return fail("infrastructure", v.infrastructure)
+    if v.failure is not None:
+        return fail("incorrect", v.failure)
+    if claimed_ok and not v.complete:
+        return fail("tampered", f"reported correct with {v.done} of {v.of or '?'} verdicts from the verifier")
+    return out
+
+
+def flags_json(snapshot: dict) -> dict:
+    """The FLAG_KEYS part of runner.snapshot_torch_flags(), as plain JSON values."""
+    return clean_flags(json.loads(json.dumps({k: v for k, v in snapshot.items() if k in FLAG_KEYS})))

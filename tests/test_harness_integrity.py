@@ -1,0 +1,257 @@
+"""The pieces that keep verdicts honest, in process and fast: shipped outputs, the integrity watch,
+the verifier's plan, the parent's audit of timings, GPU MODE's timing loop."""
+
+from __future__ import annotations
+
+import functools
+import os
+import threading
+import time
+
+import pytest
+import torch
+
+from pipelines.profiling import audit, integrity, shipping, timing, verify
+from pipelines.tasks import get_task
+
+
+# ---- shipping ---------------------------------------------------------------------------------
+def test_outputs_round_trip_with_structure_and_dtypes(tmp_path):
+    out = (torch.randn(3, 5).to(torch.bfloat16), {"scale": torch.arange(4, dtype=torch.int64), "n": 3},
+           [torch.randn(2, 2).to(torch.float8_e4m3fn), None, 1.5, "s", True], torch.empty(0, 7))
+    path = tmp_path / "out-000001.kco"
+    shipping.write_output(path, out)
+    back = shipping.read_output(path, "cpu", owner=os.getuid())
+    assert torch.equal(back[0], out[0]) and back[0].dtype == torch.bfloat16
+    assert torch.equal(back[1]["scale"], out[1]["scale"]) and back[1]["n"] == 3
+    assert torch.equal(back[2][0].view(torch.uint8), out[2][0].view(torch.uint8)) and back[2][1:] == [None, 1.5, "s", True]
+    assert back[3].shape == (0, 7) and isinstance(back, tuple) and isinstance(back[2], list)
+
+
+def test_non_contiguous_outputs_keep_their_values(tmp_path):
+    x = torch.arange(24.0).reshape(4, 6).t()  # a transposed view
+    shipping.write_output(tmp_path / "o", x)
+    assert torch.equal(shipping.read_output(tmp_path / "o"), x)
+
+
+@pytest.mark.parametrize("spoil", ["magic", "header_size", "tensor_size", "dtype", "truncated"])
+def test_malformed_output_files_are_refused(tmp_path, spoil):
+    path = tmp_path / "o"
+    shipping.write_output(path, torch.ones(16))
+    data = bytearray(path.read_bytes())
+    if spoil == "magic":
+        data[:8] = b"PICKLE!!"
+    elif spoil == "header_size":
+        data[8:16] = (10**9).to_bytes(8, "little")
+    elif spoil == "tensor_size":
+        data = bytearray(bytes(data).replace(b'"nbytes": 64', b'"nbytes": 6400'))
+    elif spoil == "dtype":
+        data = bytearray(bytes(data).replace(b'"float32"', b'"object!"'))
+    else:
+        data = data[:-8]
+    path.write_bytes(bytes(data))
+    with pytest.raises(shipping.ShippingError):
+        shipping.read_output(path)
+
+
+def test_links_and_other_owners_are_refused(tmp_path):
+    target = tmp_path / "real"
+    shipping.write_output(target, torch.ones(2))
+    (tmp_path / "link").symlink_to(target)
+    with pytest.raises(shipping.ShippingError, match="no output file"):
+        shipping.read_output(tmp_path / "link")
+    with pytest.raises(shipping.ShippingError, match="another user"):
+        shipping.read_output(target, owner=os.getuid() + 1)
+    with pytest.raises(shipping.ShippingError, match="cannot be checked"):
+        shipping.write_output(tmp_path / "x", object())
+
+
+# ---- the integrity watch ----------------------------------------------------------------------
+def test_watch_sees_replaced_functions_and_methods(monkeypatch):
+    w = integrity.Watch()
+    assert w.changes() == []
+    monkeypatch.setattr(torch.cuda.Event, "elapsed_time", lambda self, other: 0.0)
+    monkeypatch.setattr(time, "perf_counter", lambda: 0.0)
+    changed = w.changes()
+    assert "torch.cuda.Event.elapsed_time" in changed and "time.perf_counter" in changed
+
+
+def test_watch_sees_a_method_added_over_an_inherited_one(monkeypatch):
+    w = integrity.Watch()
+    monkeypatch.setattr(torch.Tensor, "__mul__", lambda self, other: self, raising=False)
+    assert "torch.Tensor.__mul__ (added)" in w.changes()
+
+
+def test_watch_sees_code_swapped_inside_a_function():
+    task_module = __import__("pipelines.tasks.softmax", fromlist=["ref_kernel"])
+    w = integrity.Watch(("pipelines.tasks.softmax",))
+    code = task_module.ref_kernel.__code__
+    try:
+        task_module.ref_kernel.__code__ = (lambda data: data[0]).__code__
+        assert "pipelines.tasks.softmax.ref_kernel" in w.changes()
+    finally:
+        task_module.ref_kernel.__code__ = code
+    assert w.changes() == []
+
+
+def test_watch_sees_library_overrides_and_foreign_threads():
+    w = integrity.Watch()
+    stop = threading.Event()
+    t = threading.Thread(target=stop.wait, daemon=True)  # threading.Event.wait: a stdlib target
+    t.start()
+    foreign = threading.Thread(target=lambda: stop.wait(), daemon=True)  # started by this test's code
+    foreign.start()
+    try:
+        assert any("thread" in c for c in w.changes())
+    finally:
+        stop.set()
+        foreign.join()
+        t.join()
+    lib = torch.library.Library("aten", "IMPL")
+    with pytest.warns(UserWarning, match="Overriding a previously registered kernel"):
+        lib.impl("digamma", lambda x: x, "CPU")
+    try:
+        assert any("aten/digamma/CPU" in c for c in w.changes())
+    finally:
+        lib._destroy()  # the rest of the test session keeps torch's own digamma
+    assert torch.special.digamma(torch.tensor([1.0])).item() == pytest.approx(-0.5772157)
+
+
+def test_watch_accepts_torch_wrapping_manual_seed_and_not_a_replacement(monkeypatch):
+    w = integrity.Watch()
+    original = torch.manual_seed
+
+    @functools.wraps(original)
+    def wrapped(*a, **k):
+        return original(*a, **k)
+
+    monkeypatch.setattr(torch, "manual_seed", wrapped)  # as torch._dynamo does on import
+    assert "torch.manual_seed" not in w.changes()
+    monkeypatch.setattr(torch, "manual_seed", lambda s: None)
+    assert "torch.manual_seed" in w.changes()
+
+
+# ---- the verifier -----------------------------------------------------------------------------
+def test_plans_and_their_rechecks():
+    task = get_task("softmax")
+    ids = [task.case_id(c) for c in task.correctness_cases]
+    assert verify.verification_plan(task, "check", "cpu") == [(i, 0) for i in ids] + [(ids[0], verify.RECHECK_SEED_SALT)]
+    bench = [task.case_id(c) for c in task.benchmark_cases]
+    assert verify.verification_plan(task, "measure", "cuda", "gpumode") == \
+        [(i, 0) for i in bench] + [(i, verify.GPUMODE_SEED_STEP) for i in bench]
+    assert verify.verification_plan(task, "measure", "cuda", "kernelcast")[-1] == (bench[0], verify.RECHECK_SEED_SALT)
+
+
+def test_verifier_judges_shipped_outputs_and_holds_jobs_to_their_plan(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
+    task = get_task("softmax")
+    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    case = task.correctness_cases[0]
+    from pipelines.profiling.runner import make_input
+
+    good = tmp_path / "good"
+    shipping.write_output(good, task.ref_kernel(make_input(task, case)))
+    base = {"job": "j1", "kind": "check", "task": "softmax", "salt": 0, "case_id": task.case_id(case)}
+    assert v.handle({**base, "path": str(good)})["ok"]
+    second = task.correctness_cases[1]
+    wrong = tmp_path / "wrong"
+    shipping.write_output(wrong, torch.zeros(1))
+    r = v.handle({**base, "case_id": task.case_id(second), "path": str(wrong)})
+    assert not r["ok"] and r["step"] == 2 and "dtype" in r["message"]
+    # a request out of plan: the first case again, as if the kernel wanted a second opinion
+    r = v.handle({**base, "path": str(good)})
+    assert r["unexpected"] and not r["ok"]
+
+
+def test_settle_rules():
+    complete = verify.JobVerdicts(of=3, done=3)
+    assert verify.settle({"status": "ok"}, complete)["status"] == "ok"
+    partial = verify.JobVerdicts(of=3, done=2)
+    assert verify.settle({"status": "ok"}, partial)["failure_kind"] == "tampered"
+    failed = verify.JobVerdicts(of=3, done=1, failure="case x: output: wrong")
+    assert verify.settle({"status": "failed", "failure_kind": "incorrect", "error": "rejected"}, failed)["error"] == \
+        "case x: output: wrong"
+    odd = verify.JobVerdicts(of=3, done=3, unexpected=True)
+    assert verify.settle({"status": "ok"}, odd)["failure_kind"] == "tampered"
+    ours = verify.JobVerdicts(of=3, done=1, infrastructure="verifier died")
+    assert verify.settle({"status": "ok"}, ours)["failure_kind"] == "infrastructure"
+    assert verify.settle({"status": "failed", "failure_kind": "runtime_error"}, verify.JobVerdicts())["failure_kind"] \
+        == "runtime_error"
+
+
+def test_flags_a_gpumode_reference_inherits_are_allow_listed():
+    assert verify.clean_flags({"torch.backends.cuda.matmul.allow_tf32": True, "os.system": "rm", "matmul_precision": "x"}) \
+        == {"torch.backends.cuda.matmul.allow_tf32": True}
+    before = torch.backends.cuda.matmul.allow_tf32
+    with verify.global_flags({"torch.backends.cuda.matmul.allow_tf32": not before}):
+        assert torch.backends.cuda.matmul.allow_tf32 is (not before)
+    assert torch.backends.cuda.matmul.allow_tf32 is before
+
+
+# ---- the parent's audit -----------------------------------------------------------------------
+def _t(ms: float, reps: int = 10) -> dict:
+    return {"median_ms": ms, "mean_ms": ms, "stderr_ms": 0.0, "reps": reps}
+
+
+def test_audit_refuses_more_device_time_than_wall_time():
+    clock = audit.PhaseClock()
+    clock.mark("timing reference n=1", 0.0, 0.0)
+    clock.mark("timing n=1", 0.1, 0.1)  # 100 ms of wall time for the reference
+    ok = {"case_ids": ["n=1"], "kernel_timings": [_t(1.0)], "ref_new": [{"case_id": "n=1", **_t(5.0)}]}
+    assert audit.audit_claims(ok, clock, end=0.2) is None  # 50 ms of timed calls in 100 ms: fine
+    inflated = {**ok, "ref_new": [{"case_id": "n=1", **_t(45.0)}]}  # 450 ms claimed in 100 ms
+    assert "claim" in audit.audit_claims(inflated, clock, end=0.2)
+    unseen = {**ok, "case_ids": ["n=2"]}
+    assert "never announced" in audit.audit_claims(unseen, clock, end=0.2)
+    # a parent busy when the phase began: the phase may have begun as early as 0.0 (read at 0.06)
+    late = audit.PhaseClock()
+    late.mark("timing reference n=1", 0.0, 0.06)
+    late.mark("timing n=1", 0.1, 0.1)
+    assert late.windows("timing reference n=1", end=0.2) == [pytest.approx(0.1)]
+
+
+def test_rows_take_their_reference_from_the_parents_book():
+    book = audit.ReferenceBook()
+    book.add("t", [{"case_id": "a", **_t(2.0)}, {"case_id": "b", **_t(8.0)}])
+    fields = audit.timing_fields({"case_ids": ["a", "b"], "kernel_timings": [_t(1.0), _t(2.0)]}, book, "t",
+                                 "kernelcast", ["a", "b"], 10.0)
+    assert fields["case_speedups"] == [2.0, 4.0] and fields["speedup"] == pytest.approx(8 ** 0.5)
+    assert "not the task's" in audit.timing_fields({"case_ids": ["a"], "kernel_timings": [_t(1.0)]}, book, "t",
+                                                   "kernelcast", ["a", "b"], 10.0)
+    assert "no reference timing" in audit.timing_fields({"case_ids": ["c"], "kernel_timings": [_t(1.0)]}, book, "t",
+                                                        "kernelcast", ["c"], 10.0)
+
+
+# ---- GPU MODE's loop and the wall-clock checks --------------------------------------------------
+def test_gpumode_loop_reuses_one_input_and_stops_by_its_rule():
+    seen = []
+    data = torch.ones(4)
+    t = timing.time_gpumode(lambda d: seen.append(d) or d, data, device="cpu", max_repeats=100)
+    assert all(x is data for x in seen) and 3 <= t.reps <= 100 and t.stat("gpumode") == t.mean_ms
+    calls = iter(range(1000))
+    uneven = timing.time_gpumode(lambda d: time.sleep(0.001 if next(calls) % 2 else 0.004), data, device="cpu",
+                                 max_repeats=5)
+    assert uneven.reps == 5  # the cap: calls this uneven never reach a 0.1% error in 5
+
+
+class _LyingEvent:
+    """An event whose elapsed time is a tenth of the truth (a side stream the events miss)."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.t = None
+
+    def record(self, stream=None):
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other) -> float:
+        return (other.t - self.t) * 1e3 / 10
+
+
+def test_events_far_below_the_wall_clock_are_tampering(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _LyingEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    with pytest.raises(timing.TimingTampered, match="wall time"):
+        timing.time_gpumode(lambda d: time.sleep(0.003), torch.ones(2), device="cuda", max_repeats=5)
+    with pytest.raises(timing.TimingTampered):
+        timing.check_chunk_wall([50.0, 50.0], wall_s=0.01)  # 100 ms of events in 10 ms
+    timing.check_call_wall(event_ms=1.0, wall_s=0.0012)  # a call's honest overhead passes
