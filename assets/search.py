@@ -31,6 +31,9 @@ def search_simulation(context: dg.AssetExecutionContext, settings: SettingsResou
     from pipelines.search.table import load_table_warehouse
     from pipelines.tasks import task_names
 
+    from pipelines.training.search_hook import register_search_forecasters
+
+    register_search_forecasters()
     cfg = settings.get()
     sc = cfg.search
     with warehouse.connect(read_only=True) as con:

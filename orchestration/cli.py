@@ -6,11 +6,9 @@ take --json. Heavy imports happen inside commands so `--help` stays fast.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import typer
@@ -21,41 +19,7 @@ app = typer.Typer(
     help="kernelcast: LLM surrogates of GPU kernel runtime (generate, profile, curate, train, evaluate, search).",
 )
 
-ProfileOpt = typer.Option(None, "--profile", help="smoke | default | gpu (default: $KERNELCAST_PROFILE or 'default').")
-
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit code 2."""
-
-
-def one_line_errors(fn: Callable) -> Callable:
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except typer.Exit:
-            raise
-        except (CliError, ValueError, FileNotFoundError, KeyError) as exc:
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            typer.echo(f"error: {msg}", err=True)
-            raise typer.Exit(2) from exc
-        except Exception as exc:  # the last line of defence: still one line, still non-zero
-            name = type(exc).__name__
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-            typer.echo(f"error: {name}: {msg}", err=True)
-            raise typer.Exit(1) from exc
-
-    return wrapper
-
-
-def _settings(profile: str | None):
-    from orchestration.settings import load_settings
-
-    return load_settings(profile)
-
-
-def _print_json(obj) -> None:
-    typer.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+from orchestration.cli_common import CliError, ProfileOpt, _print_json, _settings, one_line_errors  # noqa: E402, F401
 
 
 # ---- run ----------------------------------------------------------------------------------
@@ -130,7 +94,6 @@ def headline_lines(version: str, counts: dict, metrics: dict[str, dict]) -> list
 
 def _newest_report(settings) -> tuple[str | None, dict, dict]:
     """(newest dataset version, its counts, its calibration report's metrics); Nones when absent."""
-    import json
 
     from warehouse.datasets import list_dataset_versions
     from warehouse.db import connect
@@ -437,8 +400,8 @@ def forecast(
     t = get_task(task)
     if readout not in ("logprob", "verbalized"):
         raise CliError(f"--readout must be logprob or verbalized, got {readout!r}")
-    if style is not None and style not in ("full", "diff", "compact"):
-        raise CliError(f"--style must be full, diff or compact, got {style!r}")
+    if style is not None and style.removesuffix("+features") not in ("full", "diff", "compact"):
+        raise CliError(f"--style must be full, diff or compact (optionally +features), got {style!r}")
     fp = hardware_from_warehouse(settings.warehouse_path, hardware) or DEFAULT_HARDWARE
     if endpoint is not None:
         style = style or "full"
@@ -465,6 +428,14 @@ def forecast(
             raise CliError(f"{model} is not registered in {settings.mlflow_uri}")
         uri = model
     typer.echo(f"loading model {model} ...", err=True)
+    kind = _version_kind(settings, version) if version is not None else "llm"
+    if kind in ("cost_model", "text_model"):
+        result = _classical_forecast(settings, version, t.name, anchor, candidate, hardware)
+        _report_forecast({"task": task, "model_ref": f"models:/{DEFAULT_NAME}/{version}",
+                          "source": f"registered {kind} {uri} (version {version})", "model_uri": uri,
+                          "model_version": version, "kind": kind, "readout": "classical", "style": None},
+                         result, as_json)
+        return
     if version is not None:
         from models.backends import ForecastRequest
         from models.prompts import build_prompt
@@ -474,10 +445,18 @@ def forecast(
         forecaster, info = registered_forecaster(settings.mlflow_uri, version, settings.home,
                                                  cache_dir=settings.home / "forecast-cache", readout=readout)
         style = style or info["prompt_style"]
-        messages = build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, style=style)
+        facts = {}
+        if style.endswith("+features"):
+            a_rec, c_rec = _file_records(t.name, anchor, candidate)
+            keys = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
+            facts = {"benchmark_cases": t.benchmark_cases, "anchor_features": {k: a_rec.get(k) for k in keys},
+                     "candidate_features": {k: c_rec.get(k) for k in keys}}
+        messages = build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, style=style,
+                                **facts)
         check_prompt_fits(forecaster.tokenizer, forecaster.model.config, messages,
                           LOGPROB_ANSWER_TOKENS if readout == "logprob" else forecaster.max_new_tokens)
         (result,) = forecaster.forecast([ForecastRequest(messages)])
+        result = _calibrated(settings, version, result)
         model_ref = f"models:/{DEFAULT_NAME}/{version}"
         source = f"registered surrogate {uri} (version {version}, reward {info['reward'] or 'unknown'})"
     else:
@@ -494,6 +473,62 @@ def forecast(
                   else "base model" if model.strip().lower() == "smollm2" else "local checkpoint")
     _report_forecast({"task": task, "model_ref": model_ref, "source": source, "model_uri": uri, "model_version": version,
                       "readout": readout, "style": style}, result, as_json)
+
+
+def _version_kind(settings, version: int) -> str:
+    from models.registry import version_info
+
+    return (version_info(settings.mlflow_uri, version) or {}).get("tags", {}).get("kind", "llm")
+
+
+def _calibrated(settings, version: int, result):
+    """The forecast through the version's stored calibrator (identity when it has none)."""
+
+    from models.calibration import Calibrator
+    from models.forecast import Forecast
+    from models.registry import version_info
+
+    if not result.parse_ok or result.p is None:
+        return result
+    tags = (version_info(settings.mlflow_uri, version) or {}).get("tags", {})
+    cal = Calibrator.from_dict(json.loads(tags.get("calibrator") or "{}"))
+    if cal.is_identity:
+        return result
+    p = cal.apply([list(result.p)])[0]
+    return Forecast.from_probabilities(list(p), predicted_bin=int(p.argmax()) + 1)
+
+
+def _classical_forecast(settings, version: int, task: str, anchor: Path, candidate: Path, hardware: str):
+    """A registered classical version's forecast of two kernel files (compile features made here)."""
+    from models.classical.registry import load_classical
+    from models.forecast import Forecast
+
+    records = _file_records(task, anchor, candidate)
+    model = load_classical(settings.mlflow_uri, DEFAULT_NAME_FOR_CLI, version)
+    p = model.predict_kernels(records[0], [records[1]], hardware)[0]
+    return Forecast.from_probabilities(list(map(float, p)), predicted_bin=int(p.argmax()) + 1)
+
+
+def _file_records(task: str, anchor: Path, candidate: Path) -> list[dict]:
+    """Kernel records of two kernel files, with compile features (sm_90) of Triton ones."""
+    from pipelines.generation.aot import compile_features
+
+    records = []
+    for path in (anchor, candidate):
+        source = path.read_text()
+        language = "triton" if "@triton.jit" in source else "pytorch"
+        rec = {"kernel_id": path.name, "task": task, "source": source, "language": language,
+               "generator": "reference" if language == "pytorch" else "file"}
+        if language == "triton":
+            f = compile_features(source, task, case="correctness")
+            if f.status == "compiled":
+                rec.update(n_regs=f.n_regs, n_spills=f.n_spills, shared_bytes=f.shared_bytes,
+                           n_kernels=f.n_kernels, n_launches=f.n_launches)
+        records.append(rec)
+    return records
+
+
+DEFAULT_NAME_FOR_CLI = "kernelcast-surrogate"
 
 
 def _report_forecast(meta: dict, result, as_json: bool) -> None:
@@ -589,6 +624,11 @@ from orchestration.measure_cli import measure as _measure  # noqa: E402 - its ow
 
 app.command("search-sim")(search_sim)
 app.command("report")(one_line_errors(_report))
+from orchestration.cli_train import app as _train_app  # noqa: E402 - its own module
+
+for _command in _train_app.registered_commands:  # the same one-line errors as every command
+    _command.callback = one_line_errors(_command.callback)
+app.add_typer(_train_app, name="train")
 app.command("measure")(one_line_errors(_measure))
 
 

@@ -48,7 +48,7 @@ def report(
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Print the newest evaluation report's table: every forecaster, with 95% intervals."""
-    from orchestration.cli import CliError, _print_json, _settings
+    from orchestration.cli_common import CliError, _print_json, _settings
 
     if split is not None and split not in SPLIT_TITLES:
         raise CliError(f"unknown split {split!r}; use in_distribution or held_out_task")

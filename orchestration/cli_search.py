@@ -11,7 +11,7 @@ from pathlib import Path
 
 import typer
 
-from orchestration.cli import CliError, ProfileOpt, _print_json, _settings, one_line_errors
+from orchestration.cli_common import CliError, ProfileOpt, _print_json, _settings, one_line_errors
 
 
 def _table(settings, hardware_id: str, source: str):
@@ -76,6 +76,9 @@ def search_sim(
     plan = SimulationPlan(tasks=tuple(names), seeds=seeds or sc.seeds, budget=budget or sc.budget,
                           anchor=anchor or sc.anchor, hardware_id=hw)
     name = forecaster or sc.forecaster
+    from pipelines.training.search_hook import register_search_forecasters
+
+    register_search_forecasters()
     ctx = ForecasterContext(tracking_uri=settings.mlflow_uri, home=settings.home)
     console = Console(stderr=True)
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

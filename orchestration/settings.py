@@ -120,9 +120,10 @@ class SearchSettings:
     # what the measured space can carry: the complete neighbourhoods those runs visit are 670
     # kernels over nine tasks; 16 would need 2,217 and 24 over 4,400 (README, "Budgeted search").
     budget: int = 12
-    # Forecaster of the filtered and selective runs (pipelines.search.forecasters): the oracle
-    # (the ceiling a bin forecaster can reach) until a cost model is registered.
-    forecaster: str = "oracle"
+    # Forecaster of the filtered and selective runs (pipelines.search.forecasters,
+    # pipelines.training.search_hook): the newest registered cost model; "oracle" is the ceiling
+    # a bin forecaster can reach, "uniform" a random choice.
+    forecaster: str = "kind:cost_model"
     anchor: str = "reference"  # forecast anchor: "reference" (task reference) or "parent"
     hardware_id: str = "nvidia-h200-sm90"
 
@@ -192,9 +193,24 @@ def _with_fanout_env(settings: Settings) -> Settings:
     return replace(settings, profiling=prof)
 
 
+LLM_MODES = ("committed", "supervised", "grpo")
+
+
+def _with_llm_env(settings: Settings) -> Settings:
+    """KERNELCAST_SURROGATE_LLM (committed | supervised | grpo) on top of the profile: how the
+    LLM surrogate version of a run comes to be (SurrogateSettings.llm)."""
+    mode = os.environ.get("KERNELCAST_SURROGATE_LLM")
+    if not mode:
+        return settings
+    if mode not in LLM_MODES:
+        raise ValueError(f"KERNELCAST_SURROGATE_LLM must be one of {', '.join(LLM_MODES)}, got {mode!r}")
+    return replace(settings, surrogate=replace(settings.surrogate, llm=mode))
+
+
 def load_settings(profile: str | None = None, home: str | Path | None = None) -> Settings:
-    """Resolve the profile (argument, then KERNELCAST_PROFILE, then 'default') into Settings."""
-    return _with_fanout_env(_profile_settings(profile, home))
+    """Resolve the profile (argument, then KERNELCAST_PROFILE, then 'default') into Settings,
+    with the environment overrides of the fan-out and the LLM mode on top."""
+    return _with_llm_env(_with_fanout_env(_profile_settings(profile, home)))
 
 
 def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:

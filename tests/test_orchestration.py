@@ -22,7 +22,7 @@ H200 = "nvidia-h200-sm90"
 EXPECTED_ASSETS = {
     "kernel_tasks", "kernel_candidates", "kernel_measurements", "curated_pairs", "eval_set",
     "rl_training_pool", "discovery_pairs", "forecasts", "calibration_report", "utility_report",
-    "base_model", "surrogate_model", "model_promotion", "search_simulation",
+    "base_model", "surrogate_model", "classical_forecasters", "model_promotion", "search_simulation",
 }
 EXPECTED_CHECKS = {
     "references_pass_own_check", "unique_kernel_ids", "parents_exist", "every_kernel_compiled_or_recorded",
@@ -126,13 +126,28 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
         forecasts = con.sql("SELECT model_ref, count(*) AS n FROM forecasts GROUP BY model_ref").pl()
     by_split = dict(pairs.iter_rows())
     assert by_split["eval"] > 0 and by_split["train"] > 0
-    assert set(forecasts["model_ref"]) == {"baseline:uniform", "baseline:bin_prior", "baseline:oracle",
-                                           "models:/kernelcast-surrogate/1"}  # the smoke surrogate
-    reports = list(settings.reports_dir.rglob("index.html"))
-    assert len(reports) == 1 and "<img" in reports[0].read_text()
-    metrics = json.loads((reports[0].parent / "metrics.json").read_text())
+    refs = set(forecasts["model_ref"])
+    # the reference forecasters, their held-out twins, the classical versions (1, 2: cost and
+    # text model), the smoke LLM (3, trained here), the held-out classical versions and the
+    # committed H200 variants that have no registered weights
+    assert {"baseline:uniform", "baseline:bin_prior", "baseline:oracle", "baseline:uniform|held_out_task",
+            "baseline:bin_prior|held_out_task", "baseline:oracle|held_out_task", "models:/kernelcast-surrogate/1",
+            "models:/kernelcast-surrogate/2", "models:/kernelcast-surrogate/3", "models:/kernelcast-surrogate-held-out/1",
+            "models:/kernelcast-surrogate-held-out/2"} <= refs
+    assert {r for r in refs if r.startswith("h200:")} == {"h200:sft-compact-full", "h200:sft-compact-held-out",
+                                                          "h200:sft-compact-lora"}
+    reports = sorted(settings.reports_dir.rglob("index.html"))
+    assert len(reports) == 2 and all("<img" in r.read_text() for r in reports)  # both splits
+    version_dir = [r for r in reports if r.parent.name != "held_out_task"][0].parent
+    metrics = json.loads((version_dir / "metrics.json").read_text())
     assert metrics["baseline:uniform"]["brier"] == pytest.approx(0.4375)
     assert metrics["baseline:oracle"]["brier"] == 0.0
+    table = json.loads((version_dir / "forecasters.table.json").read_text())["forecasters"]
+    kinds = {(r["split"], r["kind"]) for r in table}
+    for split in ("in_distribution", "held_out_task"):
+        assert {(split, k) for k in ("baseline", "cost_model", "text_model", "llm")} <= kinds
+    cost = next(r for r in table if r["kind"] == "cost_model" and r["split"] == "in_distribution")
+    assert cost["brier"] < 0.4375 and cost["brier_lo"] <= cost["brier"] <= cost["brier_hi"]
 
     import mlflow
 

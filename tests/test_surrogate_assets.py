@@ -123,6 +123,7 @@ def graph(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KERNELCAST_HOME", str(home))
         mp.setenv("KERNELCAST_DATA", str(REPO / "data"))
+        mp.setenv("KERNELCAST_SURROGATE_LLM", "grpo")  # the GRPO path (the smoke default is supervised)
         settings = load_settings("smoke")
         defs = build_defs(settings)
         instance = dg.DagsterInstance.ephemeral()

@@ -192,7 +192,8 @@ class FeatureSpace:
         for k, cats in self.categorical.items():
             if k == "task":
                 continue
-            values = [f.get(k) if isinstance(f.get(k), str) else None for f in feats]
+            known = set(cats)
+            values = [f.get(k) if f.get(k) in known else None for f in feats]  # unseen: missing
             cols[f"{prefix}{k}"] = pd.Categorical(values, categories=cats)
         return cols
 
@@ -203,7 +204,9 @@ class FeatureSpace:
     def _table(self, frame: pd.DataFrame) -> pd.DataFrame:
         c = [kernel_features(r) for r in side_records(frame, "c")]
         a = [kernel_features(r) for r in side_records(frame, "a")]
-        cols: dict[str, Any] = {"task": pd.Categorical(frame["task"].astype(str), categories=self.categorical.get("task", []))}
+        tasks = self.categorical.get("task", [])
+        cols: dict[str, Any] = {"task": pd.Categorical([t if t in tasks else None for t in frame["task"].astype(str)],
+                                                       categories=tasks)}
         cols.update(self._side(c, "c:"))
         cols.update(self._side(a, "a:"))
         for k in self.numeric:

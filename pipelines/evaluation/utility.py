@@ -3,10 +3,15 @@
 A pool is every correct candidate of one task on one hardware, each with its true speedup S
 over the pool's common anchor (the task reference). A forecaster ranks the pool, by default by
 the expected log2-speedup sum_b p_b r_b (r = models.bins.BIN_LOG2_VALUES), parse failures
-last, ties by kernel id (ascending). With budget fraction f the top k = max(1, ceil(f n))
-candidates are measured and
+last. With budget fraction f the top k = max(1, ceil(f n)) candidates are measured and
 
     recovered(f) = max S over the top k / max S over the pool.
+
+Ties: a group of equal scores that the budget boundary cuts contributes its exact expectation
+over the random orders of the group (`tied_recovered_curve`): a constant forecaster scores
+exactly the random-order expectation, and the one-hot oracle its within-bin expectation, instead
+of whatever the kernel ids happen to sort first. A concrete top-k (for listing) breaks ties by
+kernel id (`rank_order`).
 
 Budgets are whole percents 1..50, so k is computed in integers (ceil(7 * 100 / 100) must be
 7, and 0.07 * 100 in floating point is 7.000000000000001). A task's curve is the mean of its
@@ -79,6 +84,58 @@ def recovered_curve(speedup_in_order: np.ndarray, percents: np.ndarray = BUDGET_
     best_so_far = np.maximum.accumulate(s)
     k = budget_k(s.size, percents)
     return best_so_far[k - 1] / best_so_far[-1]
+
+
+def _expected_max_with(floor: float, values_desc: np.ndarray, j: int) -> float:
+    """E[max(floor, max of a uniformly random j-subset of `values`)], values sorted descending."""
+    g = values_desc.size
+    # P(the subset's max is the i-th largest) = C(g - i, j - 1) / C(g, j), i = 1..g.
+    w = np.zeros(g)
+    w[0] = j / g
+    for i in range(1, g - j + 1):
+        w[i] = w[i - 1] * (g - i - j + 1) / (g - i)
+    return float(w @ np.maximum(values_desc, floor))
+
+
+def tied_recovered_curve(speedup: np.ndarray, score: np.ndarray, parse_ok: np.ndarray,
+                         percents: np.ndarray = BUDGET_PERCENTS) -> np.ndarray:
+    """recovered(f) of a pool ranked by `score` (failures last), ties in expectation.
+
+    Groups of equal score are measured in a random order within the group: a group the budget
+    boundary cuts contributes E[max] of a uniformly random subset of it of the size the budget
+    leaves (method.md section 4).
+
+    >>> s = np.array([1.0, 4.0, 2.0, 3.0])
+    >>> tied_recovered_curve(s, np.zeros(4), np.ones(4, bool), np.array([25, 50])).tolist()  # all tied
+    [0.625, 0.8333333333333334]
+    >>> tied_recovered_curve(s, np.array([0, 3, 1, 2.0]), np.ones(4, bool), np.array([25])).tolist()
+    [1.0]
+    """
+    s = np.asarray(speedup, dtype=np.float64)
+    ok = np.asarray(parse_ok, dtype=bool)
+    key = np.where(ok, np.asarray(score, dtype=np.float64), -np.inf)
+    order = np.lexsort((-s, -key, ~ok))  # groups in measuring order, each sorted descending by S
+    groups: list[np.ndarray] = []
+    start = 0
+    ks, ss, oks = key[order], s[order], ok[order]
+    for i in range(1, len(order) + 1):
+        if i == len(order) or ks[i] != ks[start] or oks[i] != oks[start]:
+            groups.append(ss[start:i])
+            start = i
+    best = s.max()
+    out = []
+    for k in budget_k(s.size, percents):
+        floor, taken = -np.inf, 0
+        for g in groups:
+            if taken + g.size <= k:
+                floor, taken = max(floor, float(g[0])), taken + g.size
+                if taken == k:
+                    break
+                continue
+            floor = _expected_max_with(floor, g, int(k - taken))
+            break
+        out.append(floor / best)
+    return np.asarray(out)
 
 
 def random_recovered_curve(speedup: np.ndarray, percents: np.ndarray = BUDGET_PERCENTS) -> np.ndarray:
@@ -154,7 +211,8 @@ def utility(
         speedup: (n,) true S of each candidate over the pool anchor, > 0.
         score: (n,) ranking score (e.g. `expected_log2_score`).
         parse_ok: (n,) bool.
-        tiebreak: (n,) kernel ids.
+        tiebreak: (n,) kernel ids (a concrete order for listing; the curves take ties in
+            expectation).
         percents: budget percents.
     Returns:
         A `UtilityResult`; a task's curve is the mean of its pools' curves.
@@ -167,9 +225,8 @@ def utility(
     per_task_random: dict[str, list[np.ndarray]] = {}
     for key in np.unique(pool):
         idx = np.nonzero(pool == key)[0]
-        order = idx[rank_order(score[idx], parse_ok[idx], tiebreak[idx])]
         t = str(task[idx[0]])
-        per_task_model.setdefault(t, []).append(recovered_curve(speedup[order], percents))
+        per_task_model.setdefault(t, []).append(tied_recovered_curve(speedup[idx], score[idx], parse_ok[idx], percents))
         per_task_random.setdefault(t, []).append(random_recovered_curve(speedup[idx], percents))
     for t, curves in per_task_model.items():
         out.model[t] = np.mean(curves, axis=0)

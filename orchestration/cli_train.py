@@ -1,0 +1,63 @@
+"""`kernelcast train`: the LLM surrogate's trip to a GPU host and back.
+
+    kernelcast train export --out .gpu-job            # the job of the newest dataset version
+    # on the GPU host (torch, transformers, peft; trl + datasets for GRPO variants):
+    python3 -m models.remote.gpu_job run --job .gpu-job --run /root/kc/run --out $OUT --deadline-s 540
+    kernelcast train collect <files>... --job .gpu-job --out data/training/h200/<date>
+    kernelcast run                                    # registers the committed adapter, scores it
+
+`collect` writes the committed form (forecasts.parquet, training.json, adapters/); the
+`surrogate.committed_run` setting names the folder `kernelcast run` reads.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+
+
+@app.command()
+def export(
+    out: Path = typer.Option(Path(".gpu-job"), help="Job folder to write."),
+    version: str | None = typer.Option(None, help="Dataset version (default: the newest)."),
+    held_out_task: str = typer.Option("gdn_chunk_fwd_o", help="Task of the held-out-task variants."),
+    profile: str | None = typer.Option(None, "--profile", help="smoke | default | gpu"),
+) -> None:
+    """Write the training job (pairs by role, kernel sources and compile features, variants)."""
+    from orchestration.cli_common import CliError, _settings
+    from pipelines.training.export import export_job
+    from warehouse.db import connect
+
+    settings = _settings(profile)
+    if not settings.warehouse_path.exists():
+        raise CliError("no warehouse yet: run `kernelcast run` first")
+    try:
+        with connect(settings.warehouse_path) as con:
+            meta = export_job(con, out, version=version, held_out_task=held_out_task)
+    except ValueError as e:
+        raise CliError(str(e)) from e
+    typer.echo(f"job of {meta['dataset_version']} in {out}: " +
+               ", ".join(f"{k} {v}" for k, v in meta["counts"].items()))
+    typer.echo("variants: " + ", ".join(v["name"] for v in meta["variants"]))
+
+
+@app.command()
+def collect(
+    files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, help="results.tar and adapter-*.tar of the calls."),
+    job: Path = typer.Option(..., "--job", exists=True, file_okay=False, help="The job folder the host ran."),
+    out: Path = typer.Option(..., "--out", help="Committed run folder, e.g. data/training/h200/2026-12-01."),
+) -> None:
+    """Turn what the GPU host sent back into the committed run folder."""
+    from models.remote.jobfile import JobError
+    from orchestration.cli_common import CliError
+    from pipelines.training.remote_results import collect as collect_results
+
+    try:
+        summary = collect_results(files, job, out)
+    except JobError as e:
+        raise CliError(str(e)) from e
+    typer.echo(f"{summary['forecasts']} forecasts of {', '.join(summary['variants'])}; "
+               f"adapters: {', '.join(summary['adapters']) or 'none'} -> {out}")

@@ -1,0 +1,81 @@
+"""Registered forecasters inside the budgeted search (pipelines.search.forecasters).
+
+Two names resolve here once `register_search_forecasters()` ran:
+- "models:/<name>@<alias>" or "models:/<name>/<version>": a registered classical version;
+- "kind:cost_model" / "kind:text_model": the newest registered version of that kind.
+The kernels the search proposes are looked up in the warehouse for their compile features
+(the simulation's kernel records carry only what the generator knows). An LLM version is
+refused in one line: on a CPU it forecasts a pair in seconds, and a simulation asks thousands.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+FEATURE_FIELDS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
+
+
+class WithCompileFeatures:
+    """A classical forecaster whose kernel records get their compile features filled in."""
+
+    def __init__(self, model: Any, features: Mapping[str, Mapping[str, Any]], name: str):
+        self.model, self.features, self.name = model, dict(features), name
+
+    def _fill(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(record)
+        for k, v in self.features.get(str(record.get("kernel_id")), {}).items():
+            if out.get(k) is None:
+                out[k] = v
+        return out
+
+    def predict_kernels(self, anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
+                        hardware_id: str) -> np.ndarray:
+        return self.model.predict_kernels(self._fill(anchor), [self._fill(c) for c in candidates], hardware_id)
+
+
+def _features(warehouse_path: Path) -> dict[str, dict[str, Any]]:
+    from warehouse.db import connect
+    from warehouse.kernels import read_kernel_features
+
+    if not warehouse_path.exists():
+        return {}
+    with connect(warehouse_path, read_only=True) as con:
+        rows = read_kernel_features(con).to_dicts()
+    return {r["kernel_id"]: {f: r[f] for f in FEATURE_FIELDS} for r in rows if r["status"] == "compiled"}
+
+
+def _factory(name: str, ctx: Any) -> WithCompileFeatures:
+    from models.classical.registry import load_classical
+    from models.registry import alias_version, find_versions, parse_model_uri, version_info
+
+    if not ctx.tracking_uri:
+        raise ValueError(f"forecaster {name!r} needs the MLflow tracking URI")
+    if name.startswith("kind:"):
+        kind = name.removeprefix("kind:")
+        found = find_versions(ctx.tracking_uri, "kernelcast-surrogate", kind=kind)
+        if not found:
+            raise ValueError(f"no registered version of kind {kind!r}: run `kernelcast run` first")
+        model_name, version = "kernelcast-surrogate", found[0]["version"]
+    else:
+        model_name, alias, version = parse_model_uri(name)
+        version = alias_version(ctx.tracking_uri, alias, model_name) if alias else version
+        if version is None:
+            raise ValueError(f"{name} points at no version")
+    kind = (version_info(ctx.tracking_uri, version, model_name) or {}).get("tags", {}).get("kind", "llm")
+    if kind not in ("cost_model", "text_model"):
+        raise ValueError(f"{name} is a {kind} version; the simulation needs a classical one (e.g. kind:cost_model)")
+    home = Path(ctx.home) if ctx.home else Path(".")
+    return WithCompileFeatures(load_classical(ctx.tracking_uri, model_name, version),
+                               _features(home / "warehouse.duckdb"), f"{model_name}/{version} ({kind})")
+
+
+def register_search_forecasters() -> None:
+    """Make registered versions resolvable by name in the search (idempotent)."""
+    from pipelines.search.forecasters import MODEL_REF_PREFIX, register_forecaster
+
+    register_forecaster(MODEL_REF_PREFIX, _factory)
+    register_forecaster("kind:", _factory)
