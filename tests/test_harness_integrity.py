@@ -255,3 +255,25 @@ def test_events_far_below_the_wall_clock_are_tampering(monkeypatch):
     with pytest.raises(timing.TimingTampered):
         timing.check_chunk_wall([50.0, 50.0], wall_s=0.01)  # 100 ms of events in 10 ms
     timing.check_call_wall(event_ms=1.0, wall_s=0.0012)  # a call's honest overhead passes
+
+
+def test_layers_that_keep_cuda_from_starting_are_dropped_with_their_reason(monkeypatch):
+    """On a GPU host (an H200 VM) Landlock and the network and PID namespaces kept the CUDA
+    driver from starting; the probe drops such layers one by one and says why. There is no GPU
+    here, so the jailed probe is replaced by one that fails while any of them is on."""
+    from pipelines.profiling import sandbox
+
+    def fake_probe(policy, device, uid):
+        fragile = [x for x in sandbox.CUDA_FRAGILE_LAYERS if x in policy.layers]
+        if fragile:
+            return None, {}, "cuInit: error 304"
+        return [x for x in policy.layers if x != "uid"], {}, ""
+
+    monkeypatch.setattr(sandbox, "_probe_once", fake_probe)
+    monkeypatch.setattr(sandbox, "_PROBES", {})
+    report = sandbox.probe(sandbox.SandboxPolicy(), "cuda")
+    assert not set(sandbox.CUDA_FRAGILE_LAYERS) & set(report.layers)
+    for layer in sandbox.CUDA_FRAGILE_LAYERS:
+        assert "breaks CUDA initialisation" in report.notes[layer]
+    cpu = sandbox.probe(sandbox.SandboxPolicy(), "cpu")  # on the CPU nothing is dropped for CUDA
+    assert all("CUDA" not in v for v in cpu.notes.values())

@@ -398,8 +398,15 @@ if sys.argv[2] == "cuda":
     for dev in ("/dev/nvidiactl", "/dev/nvidia0", "/dev/nvidia-uvm"):
         if os.path.exists(dev):
             os.close(os.open(dev, os.O_RDWR))
+    import torch  # the driver itself must start: opening the device files is not enough
+    if torch.cuda.device_count() < 1:
+        raise SystemExit("CUDA initialisation failed inside the sandbox: no CUDA device visible")
+    torch.zeros(1, device="cuda").sum().item()
 sys.stdout.write(os.environ.get("KERNELCAST_SANDBOX_LAYERS", ""))
 """
+
+
+CUDA_FRAGILE_LAYERS = ("landlock", "netns", "pidns")  # dropped in this order when CUDA will not start
 
 
 def _probe_once(policy: SandboxPolicy, device: str, uid: int | None) -> tuple[list[str] | None, dict[str, str], str]:
@@ -441,7 +448,17 @@ def probe(policy: SandboxPolicy, device: str) -> LayerReport:
     if got is None and uid is not None:
         notes["uid"] = f"a sandbox uid cannot start the child here ({error})"
         uid = None
-        got, found, error = _probe_once(policy.without("uid"), device, None)
+        policy = policy.without("uid")
+        got, found, error = _probe_once(policy, device, None)
+    # On a GPU host a layer may keep the CUDA driver from starting (seen on an H200 VM: Landlock
+    # hid the device, the network and PID namespaces made cuInit fail with error 304). Such
+    # layers are dropped one by one, each with its reason in the measurement rows.
+    for layer in CUDA_FRAGILE_LAYERS if device == "cuda" else ():
+        if got is not None or layer not in policy.layers:
+            continue
+        notes[layer] = f"breaks CUDA initialisation on this host ({error})"
+        policy = policy.without(layer)
+        got, found, error = _probe_once(policy, device, uid)
     if got is None:
         got, found = ["env", "tmpdir"], {"jail": error}
     notes.update(found)
