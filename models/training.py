@@ -557,7 +557,7 @@ def train_grpo(
     checkpoint resumes from it (the warm-up is not repeated: its record is kept beside the
     checkpoints); with `stop_at` (a time.time() value), GRPO stops cleanly after the first
     step that ends past it and the result says `finished=False`. Together they let a run
-    longer than one GPU call go on in the next (scripts/gpu_train_surrogates.py).
+    longer than one GPU call go on in the next (models/remote/gpu_job.py).
 
     Args:
         settings: the resolved training settings.
@@ -752,7 +752,7 @@ def log_training_run(
 
     The same run as train_grpo's (params, tags, dataset input, one curve per logged key at the
     trainer's steps, final metrics, measurement ids); only the timing differs
-    (scripts/surrogate_job.py ingest).
+    (pipelines/training/llm.py).
     """
     from models.tracking import (
         _client,

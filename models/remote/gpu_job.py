@@ -40,6 +40,7 @@ from models.remote.variants import Variant
 
 log = logging.getLogger("kernelcast.gpu_job")
 
+BASE = "base"  # grpo_from value: GRPO straight on the base model
 STATUS_FILE = "status.json"
 FORECASTS_FILE = "forecasts.jsonl.gz"
 STOP_MARGIN_S = 75.0  # a child stops this long before the deadline: evaluation and packing follow
@@ -183,10 +184,12 @@ def run_grpo_variant(job: Path, run: Path, variant: Variant, stop_at: float, bas
     if status.get("evaluated"):
         return status
     parent = run / variant.grpo_from
-    parent_status = _status(parent)
-    if not parent_status.get("finished"):
+    if variant.grpo_from == BASE:  # the paper's setting: GRPO on the base model itself
+        merged = resolve_base_model(base_model)
+    elif not _status(parent).get("finished"):
         raise JobError(f"{variant.name}: {variant.grpo_from} has not finished training")
-    merged = parent / "merged"
+    else:
+        merged = parent / "merged"
     if not (merged / "config.json").is_file():
         parent_variant = Variant.from_dict(next(v for v in meta["variants"] if v["name"] == variant.grpo_from))
         model, tokenizer = _load_for_eval(resolve_base_model(base_model), parent / "sft" / "best", parent_variant.finetune)
@@ -295,8 +298,8 @@ def _run(args: argparse.Namespace) -> int:
 
     while pending or procs:
         for v in list(pending):
-            ready = not v.grpo_from or _status(run / v.grpo_from).get("evaluated")
-            blocked = v.grpo_from and v.grpo_from not in {x.name for x in variants}
+            ready = not v.grpo_from or v.grpo_from == BASE or _status(run / v.grpo_from).get("evaluated")
+            blocked = v.grpo_from and v.grpo_from != BASE and v.grpo_from not in {x.name for x in variants}
             if blocked:
                 pending.remove(v)
                 log.info("skipping %s: %s is not part of this run", v.name, v.grpo_from)

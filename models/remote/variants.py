@@ -32,7 +32,8 @@ class Variant:
             else fit -> eval.
         finetune / learning_rate / epochs / patience / lora_rank / label_smoothing /
             tokens_per_batch: the supervised settings (models.supervised.SupervisedSettings).
-        grpo_from: GRPO on top of this variant's best supervised weights ("" = supervised only).
+        grpo_from: GRPO on top of this variant's best supervised weights ("" = supervised only;
+            "base" = GRPO on the base model itself, the paper's setting).
         reward: the GRPO reward (models.training.REWARDS).
         grpo_steps: GRPO optimizer steps.
         grpo_sft_steps: format warm-up steps before GRPO (the supervised stage teaches the label
