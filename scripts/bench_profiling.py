@@ -9,7 +9,7 @@
     python3 scripts/bench_profiling.py compare RUN.parquet REPEAT.parquet
     # (c) our protocol vs the paper's on the same kernels (and each protocol against itself)
     python3 scripts/bench_profiling.py compare KERNELCAST.parquet PAPER.parquet
-    # the rest of a batch after earlier runs (next call of a session; infrastructure failures are retried)
+    # the rest of a batch after earlier runs (a later run on the same batch; infrastructure failures are retried)
     python3 scripts/bench_profiling.py remaining BATCH.parquet RUN1.parquet [RUN2.parquet ...] --out REST.parquet
 
 `compare` joins two result files on kernel_id (both ok) and reports, over the common

@@ -1,4 +1,4 @@
-"""Put a GPU session's result files under data/measurements/<hardware>/, with the kernels they
+"""Put a GPU run's result files under data/measurements/<hardware>/, with the kernels they
 measured and every ancestor of those kernels that the committed data does not hold yet, so the
 warehouse keeps full parent-child lineage (kernel_candidates' parents_exist check).
 

@@ -2,10 +2,10 @@
 # On the GPU host: the Dagster measuring fan-out (`kernelcast measure`, one step per GPU on the
 # multiprocess executor) over a small batch of committed kernels, results in $OUT.
 # Wheels: scripts/gpu_fanout_wheels.sh here first. Two calls on one warm host, right after
-# each other (each carries one half of the wheels; /root stays between the calls of a session):
+# each other (each brings one half of the wheels; /root keeps the first half for the second):
 #
-#   call 1, carry .gpu-carry/fanout-a:  bash scripts/gpu_fanout_check.sh stage
-#   call 2, carry .gpu-carry/fanout-b:  bash scripts/gpu_fanout_check.sh run [N_KERNELS=100] [GPUS=all]
+#   on the host, with .gpu-carry/fanout-a copied there:  bash scripts/gpu_fanout_check.sh stage
+#   then, with .gpu-carry/fanout-b copied there (same host):  bash scripts/gpu_fanout_check.sh run [N_KERNELS=100] [GPUS=all]
 #
 # `run` measures N_KERNELS of data/measurements/h200/kernels-2026-11-29.parquet (runs B and C
 # measured them with harness 1; here harness 2 measures them again) in a fresh home whose data

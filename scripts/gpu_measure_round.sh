@@ -4,13 +4,11 @@
 #
 #   bash scripts/gpu_measure_round.sh BATCH.parquet NAME [BUDGET_S=380] [REPEAT_N=0] [REPEAT_BUDGET_S=130]
 #
-# Used for run1 on 2026-11-29 as: scripts/gpu_measure_round.sh .gpu-batches/run1/batch.parquet run1 380 200 130
-# (with `bash .gpu-carry/a/stage.sh` first when the next call trains; see README).
 # On a host of several GPUs, KC_GPU=i measures on GPU i and KC_CPUS=a-b keeps the worker and all
 # its children on those cores (scripts/gpu_measure_parallel.sh runs one such worker per GPU).
 # KC_WORKER_ARGS adds worker flags to both worker runs (e.g. "--compile-inputs meta").
-# KC_KEEP=DIR also copies the result files there (a warm host keeps /root between the calls of
-# a session, so the next call can measure `bench_profiling.py remaining` of the same batch).
+# KC_KEEP=DIR also copies the result files there (a folder under /root outlives the run on
+# the host, so a later run can measure `bench_profiling.py remaining` of the same batch).
 set -u
 batch=$1 name=$2 budget=${3:-380} repeat_n=${4:-0} repeat_budget=${5:-130}
 out=${OUT:?set OUT to the output folder}

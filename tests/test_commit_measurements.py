@@ -1,4 +1,4 @@
-"""scripts/commit_measurements.py: a session's results go under data/ with the kernels they
+"""scripts/commit_measurements.py: a GPU run's results go under data/ with the kernels they
 measured plus every ancestor the committed data lacks, after the warehouse's own ingest has
 accepted them, or nothing is written."""
 
@@ -25,7 +25,7 @@ def _listing(folder: Path) -> list[str]:
 @pytest.fixture
 def session(tmp_path):
     """A destination holding the first committed kernel file, and 30 measured kernels of run2
-    (their kernels, with lineage, in the run1 kernel file) as a new session's results."""
+    (their kernels, with lineage, in the run1 kernel file) as a new run's results."""
     dest = tmp_path / "data" / "h200"
     dest.mkdir(parents=True)
     shutil.copy(H200 / "kernels-2026-11-29.parquet", dest)

@@ -285,7 +285,7 @@ def release_cuda_memory(keep_bytes: int) -> bool:
     benchmark inputs (launches suppressed, but torch ops in a launcher and its outputs are real
     allocations); without this, a dozen children each kept ~9 GB reserved after trimul's
     1024 x 1024 pair tensors, and the measuring child's reference then ran out of memory
-    (H200, 2026-11-29 session 3: 36 trimul kernels recorded as `infrastructure` failures)."""
+    (H200, 2026-11-29: 36 trimul kernels recorded as `infrastructure` failures)."""
     if not torch.cuda.is_available() or torch.cuda.memory_reserved() <= keep_bytes:
         return False
     torch.cuda.empty_cache()

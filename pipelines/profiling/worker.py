@@ -40,7 +40,7 @@ Pipeline (one parent, many children; the parent never runs kernel code):
   shape-only meta tensors, so they put no work and no memory on the GPU and the compile pool
   runs while kernels are timed (unphased); a launcher that cannot run on meta tensors is
   compiled by the measuring child in its warm-up calls instead. Side by side on four H200s
-  (2026-11-29, session 4) it gave 29% more correct kernels per GPU-hour on the light tasks and
+  (H200s, 2026-11-29) it gave 29% more correct kernels per GPU-hour on the light tasks and
   7% more on the heavy ones than --compile-inputs device (real GPU inputs, phased: compiles and
   timing alternate), with the same repeatability (README, "Profiling benchmarks").
 * A child that crashes, hangs (no progress for --timeout-s) or hits a sticky CUDA error is

@@ -6,7 +6,7 @@ so a live round is one worker batch.
 
     SimulatedMeasurer  reads the table; a kernel it does not hold comes back "unmeasured"
     LiveMeasurer       writes a kernel batch, runs `python3 -m pipelines.profiling.worker`,
-                       reads its result file; results are kept (and reused within the session)
+                       reads its result file; results are kept (and reused within the search)
                        and every result file is listed for ingestion like any measurement batch
 
 This module imports only the standard library, numpy and pyarrow (the GPU host has no polars).
@@ -106,7 +106,7 @@ class LiveMeasurer:
     worker_wall_s: float = 0.0
 
     def __post_init__(self) -> None:
-        # A resumed session reads what earlier worker runs of it measured: no kernel twice.
+        # A resumed search reads what earlier worker runs of it measured: no kernel twice.
         self.workdir = Path(self.workdir)
         for out in sorted(self.workdir.glob("results-*.parquet")):
             self.result_files.append(out)
