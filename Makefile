@@ -45,7 +45,7 @@ ui: $(STAMP)
 	$(BIN)/kernelcast ui
 
 lint: $(STAMP)
-	$(BIN)/ruff check orchestration assets pipelines warehouse models tests
+	$(BIN)/ruff check orchestration assets pipelines warehouse models tests scripts
 
 clean:
 	rm -rf .kernelcast

@@ -30,7 +30,6 @@ def search_simulation(context: dg.AssetExecutionContext, settings: SettingsResou
     from pipelines.search.simulate import SimulationPlan
     from pipelines.search.table import load_table_warehouse
     from pipelines.tasks import task_names
-
     from pipelines.training.search_hook import register_search_forecasters
 
     register_search_forecasters()
