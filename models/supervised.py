@@ -50,6 +50,7 @@ from typing import Any
 
 import torch
 
+from models.backends.transformers_backend import left_pad
 from models.bins import NUM_BINS
 from models.prompts import ANSWER_PREFIX
 
@@ -196,18 +197,6 @@ def length_batches(lengths: Sequence[int], tokens_per_batch: int) -> list[list[i
     return batches
 
 
-def _left_pad(seqs: Sequence[Sequence[int]], pad_id: int, device: Any) -> tuple[torch.Tensor, ...]:
-    """(ids, attention mask, position ids), left-padded so every readout sits at position -1."""
-    n = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), n), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), n), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        ids[i, n - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[i, n - len(s):] = 1
-    positions = (mask.cumsum(dim=1) - 1).clamp(min=0)
-    return ids.to(device), mask.to(device), positions.to(device)
-
-
 def _backbone_and_head(model: Any) -> tuple[Any, torch.Tensor]:
     """(the decoder stack returning hidden states, the output embedding matrix)."""
     base = model.get_base_model() if hasattr(model, "get_base_model") else model
@@ -234,7 +223,7 @@ def readout_probs(model: Any, tokenizer: Any, encoded: Sequence[Sequence[int]], 
     labels = torch.tensor(list(label_ids), device=device)
     out = torch.zeros(len(encoded), NUM_BINS)
     for batch in length_batches([len(e) for e in encoded], tokens_per_batch):
-        ids, mask, pos = _left_pad([encoded[i] for i in batch], pad, device)
+        ids, mask, pos = left_pad([encoded[i] for i in batch], pad, device)
         with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
             logits = label_logits(model, ids, mask, pos, labels)
         out[batch] = torch.softmax(logits.float(), dim=-1).cpu()
@@ -412,7 +401,7 @@ def train_supervised(
                 stopped = True
                 break
             batch = batches[order[state["batch"]]]
-            ids, mask, pos = _left_pad([enc_train[i] for i in batch], pad, device)
+            ids, mask, pos = left_pad([enc_train[i] for i in batch], pad, device)
             with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
                 logits = label_logits(model, ids, mask, pos, labels)
             logp = torch.log_softmax(logits.float(), dim=-1)

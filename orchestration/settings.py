@@ -240,7 +240,8 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
                                         classical_params=(("cost_model", "max_iter", 40), ("text_model", "max_features", 3000),
                                                           ("text_model", "ngram_max", 1)),
                                         classical_max_fit=1500),
-            search=SearchSettings(tasks=("softmax", "rms_norm"), seeds=3),
+            # The oracle: tests run the search without training a cost model first.
+            search=SearchSettings(tasks=("softmax", "rms_norm"), seeds=3, forecaster="oracle"),
         )
     if name == "gpu":
         return replace(

@@ -46,21 +46,23 @@ def test_random_order_expectation_matches_brute_force(speedups):
         assert e == pytest.approx(brute, rel=1e-12)
 
 
-def test_utility_ties_use_kernel_id_and_summary():
-    # Two tasks. Task a: equal scores -> order by id: k1 (S=1), k2 (S=4), k3 (S=2).
+def test_utility_ties_are_expectations_and_summary():
+    # Two tasks. Task a: equal scores, so the budget takes a random subset of {1, 4, 2}.
     task = np.array(["a", "a", "a", "b", "b"])
     pool = np.array([0, 0, 0, 1, 1])
     s = np.array([1.0, 4.0, 2.0, 1.0, 2.0])
     score = np.array([0.0, 0.0, 0.0, 1.0, 0.5])  # task b: ranks S=1 first
     ids = np.array(["k1", "k2", "k3", "x", "y"])
     u = utility.utility(task, pool, s, score, np.ones(5, bool), ids)
-    # a: n=3, k=1 for f<=33%, k=2 for 34..50% -> 0.25 for 33 budgets, 1.0 for 17
-    assert u.model["a"][:33] == pytest.approx(0.25) and u.model["a"][33:] == pytest.approx(1.0)
+    # a: n=3, k=1 for f<=33% (E[max] = 7/3), k=2 for 34..50% (E[max] = 10/3), over the best 4
+    k1, k2 = (7 / 3) / 4, (10 / 3) / 4
+    assert u.model["a"][:33] == pytest.approx(k1) and u.model["a"][33:] == pytest.approx(k2)
+    assert u.model["a"] == pytest.approx(u.random["a"])  # a constant score is the random order
     # b: n=2, k=1 for every f <= 50% -> 1/2
     assert u.model["b"] == pytest.approx(0.5)
     summ = u.summary()
-    assert summ["recovered_mean"] == pytest.approx(((33 * 0.25 + 17) / 50 + 0.5) / 2)
-    assert summ["recovered_at_10"] == pytest.approx((0.25 + 0.5) / 2)
+    assert summ["recovered_mean"] == pytest.approx(((33 * k1 + 17 * k2) / 50 + 0.5) / 2)
+    assert summ["recovered_at_10"] == pytest.approx((k1 + 0.5) / 2)
     assert summ["within_20"] == pytest.approx(17 / 100)
     # random, b: k=1 -> (1+2)/2/2 = 0.75 at every budget
     assert u.random["b"] == pytest.approx(0.75)

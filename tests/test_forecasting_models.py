@@ -183,3 +183,25 @@ def test_a_registered_classical_model_loads_back_and_forecasts_identically(tmp_p
 
     pyfunc = mlflow.pyfunc.load_model(f"models:/kernelcast-surrogate/{version}")
     assert np.allclose(np.asarray(pyfunc.predict(test)), model.predict_proba(test))
+
+
+@pytest.mark.slow
+def test_the_search_resolves_a_registered_cost_model_and_fills_compile_features(tmp_path):
+    from models.classical.registry import log_classical
+    from pipelines.search.forecasters import ForecasterContext, resolve_forecaster
+    from pipelines.training.search_hook import register_search_forecasters
+
+    fit, y, l2 = toy_pairs(200, 0)
+    model = CostModel(max_iter=30).fit(fit, y, l2)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    _, version = log_classical(model, uri, fit.head(4), "kernelcast-surrogate", "ds-test", "in_distribution")
+    register_search_forecasters()
+    ctx = ForecasterContext(tracking_uri=uri, home=tmp_path)
+    for name in ("kind:cost_model", f"models:/kernelcast-surrogate/{version}"):
+        f = resolve_forecaster(name, ctx)
+        p = f.predict_kernels({"kernel_id": "ref", "task": "softmax", "generator": "reference"},
+                              [{"kernel_id": "x", "task": "softmax", "algorithm": "two_pass", "generator": "kernelcast-space",
+                                "knobs_json": '{"BLOCK_N": 2048, "NUM_WARPS": 4}', "source": "BLOCK_N = 2048\n"}], "h")
+        assert p.shape == (1, 8) and abs(p.sum() - 1) < 1e-9
+    with pytest.raises(ValueError, match="no registered version"):
+        resolve_forecaster("kind:text_model", ctx)

@@ -30,6 +30,7 @@ def home(tmp_path, monkeypatch):
 def test_search_sim_json_answers_the_contract_on_the_committed_data(home, tmp_path):
     png = tmp_path / "curves.png"
     res = runner.invoke(app, ["search-sim", "--task", "softmax", "--task", "rms_norm", "--seeds", "3", "--json",
+                              "--forecaster", "oracle",
                               "--png", str(png)])
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
@@ -91,3 +92,9 @@ def test_search_simulation_asset_writes_report_curves_and_an_mlflow_run(home):
     assert run.data.metrics["n_tasks"] == 2 and "softmax.filtered.final_best_mean" in run.data.metrics
     lines = search_headline(settings)
     assert lines[0] == "search simulation:" and any("filtered beats standard" in ln for ln in lines)
+
+
+def test_search_sim_with_the_registered_cost_model_needs_one(home):
+    res = runner.invoke(app, ["search-sim", "--task", "softmax", "--seeds", "2", "--forecaster", "kind:cost_model"])
+    assert res.exit_code == 2 and "no registered version of kind 'cost_model'" in res.output
+    assert "Traceback" not in res.output

@@ -146,6 +146,32 @@ def served(model_dir, tmp_path_factory):
     cache.close()
 
 
+def _live_in_group(pgid: int) -> list[int]:
+    """Processes of group `pgid` that still run (zombies are dead: a process that became a
+    child subreaper, as the profiling sandbox makes its parent, may not have reaped them yet)."""
+    live = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = open(f"/proc/{entry}/stat").read()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) ": state, ppid, pgrp, ...
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            live.append(int(entry))
+    return live
+
+
+def _exists(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        stat = open(f"/proc/{pid}/stat").read()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2:].split()[0] != "Z"
+
+
 def _is_distribution(p) -> bool:
     return len(p) == 8 and all(v >= 0 for v in p) and math.isclose(sum(p), 1.0, abs_tol=1e-6)
 
@@ -154,8 +180,7 @@ def test_engine_started_once_and_child_is_gone(served):
     engine = served["engine"]
     assert engine.starts == 1 and not engine.running
     assert engine.info["vllm"] == "0.32.0"
-    with pytest.raises(ProcessLookupError):
-        os.killpg(served["pid"], 0)  # the runner's whole process group is gone
+    assert _live_in_group(served["pid"]) == []  # the runner's whole process group is gone
 
 
 def test_logprob_readout(served):
@@ -319,8 +344,7 @@ def test_partial_results_stay_cached_and_child_is_gone(model_dir, tmp_path, mode
         two[:1]
     )
     assert first.cached and first.parse_ok and first.predicted_bin == 1 and first.prompt_tokens == 7
-    with pytest.raises(ProcessLookupError):
-        os.kill(int(pidfile.read_text()), 0)
+    assert not _exists(int(pidfile.read_text()))  # gone (or a zombie nobody reaped yet)
 
 
 def test_backend_doctests():

@@ -127,7 +127,7 @@ def label_split(tokenizer: Any, text: str) -> tuple[list[int], list[int]]:
     return list(encoded[0][:n]), labels
 
 
-def _left_pad(
+def left_pad(
     rows: list[list[int]], pad_id: int, device: Any
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(input_ids, attention_mask, position_ids), each (batch, max_len), left-padded."""
@@ -265,7 +265,7 @@ class TransformersForecaster(Forecaster):
         """One forward pass: label probabilities at the position after the answer prefix."""
         t0 = time.perf_counter()
         split = [label_split(self.tokenizer, self.render(m) + ANSWER_PREFIX) for m in batch]
-        ids, mask, positions = _left_pad([s[0] for s in split], self.pad_id, self.model.device)
+        ids, mask, positions = left_pad([s[0] for s in split], self.pad_id, self.model.device)
         logits = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -291,7 +291,7 @@ class TransformersForecaster(Forecaster):
         prompts = [
             self.tokenizer(self.render(m), add_special_tokens=False)["input_ids"] for m in batch
         ]
-        ids, mask, _ = _left_pad(prompts, self.pad_id, self.model.device)
+        ids, mask, _ = left_pad(prompts, self.pad_id, self.model.device)
         sampling = self.temperature > 0
         kwargs: dict[str, Any] = {"do_sample": sampling}
         if sampling:
