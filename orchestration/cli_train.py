@@ -2,7 +2,7 @@
 
     kernelcast train export --out .gpu-job            # the job of the newest dataset version
     # on the GPU host (torch, transformers, peft; trl + datasets for GRPO variants):
-    python3 -m models.remote.gpu_job run --job .gpu-job --run /root/kc/run --out $OUT --deadline-s 540
+    python3 -m models.remote.gpu_job run --job .gpu-job --run run --out OUT --deadline-s 540
     kernelcast train collect <files>... --job .gpu-job --out data/training/h200/<date>
     kernelcast run                                    # registers the committed adapter, scores it
 
