@@ -26,7 +26,6 @@ import importlib.util
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -54,45 +53,8 @@ SECRET = "kc-fault-secret-" + os.urandom(4).hex()
 MARKER = "kc-fault-escapee-" + os.urandom(4).hex()
 
 
-class Listener:
-    """TCP and UDP on the loopback; records what reaches them."""
+Listener = hostile.Listener
 
-    def __init__(self) -> None:
-        self.tcp = socket.socket()
-        self.tcp.bind(("127.0.0.1", 0))
-        self.tcp.listen()
-        self.tcp.settimeout(0.2)
-        self.port = self.tcp.getsockname()[1]
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind(("127.0.0.1", self.port))
-        self.udp.settimeout(0.2)
-        self.got: list[str] = []
-        self.stop = False
-        self.threads = [threading.Thread(target=self._tcp, daemon=True), threading.Thread(target=self._udp, daemon=True)]
-        for t in self.threads:
-            t.start()
-
-    def _tcp(self) -> None:
-        while not self.stop:
-            try:
-                conn, _ = self.tcp.accept()
-                self.got.append("tcp")
-                conn.close()
-            except OSError:
-                continue
-
-    def _udp(self) -> None:
-        while not self.stop:
-            try:
-                self.udp.recv(64)
-                self.got.append("udp")
-            except OSError:
-                continue
-
-    def close(self) -> None:
-        self.stop = True
-        for t in self.threads:
-            t.join(timeout=2)
 
 
 def build_batch(path: Path, good_copies: int, skip: set[str], params: dict, with_hostile: bool, cuda: bool

@@ -17,7 +17,6 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -41,46 +40,8 @@ SECRET = "kc-test-secret-7f3a9c"
 MARKER = "kc-escapee-marker-5d21"
 
 
-class Listener:
-    """A TCP and a UDP socket on the host's loopback; records whatever reaches them."""
+Listener = hostile.Listener
 
-    def __init__(self) -> None:
-        self.tcp = socket.socket()
-        self.tcp.bind(("127.0.0.1", 0))
-        self.tcp.listen()
-        self.tcp.settimeout(0.2)
-        self.port = self.tcp.getsockname()[1]
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind(("127.0.0.1", self.port))
-        self.udp.settimeout(0.2)
-        self.got: list[str] = []
-        self.stop = False
-        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._accept, self._recv)]
-        for t in self.threads:
-            t.start()
-
-    def _accept(self) -> None:
-        while not self.stop:
-            try:
-                conn, _ = self.tcp.accept()
-                self.got.append("tcp " + conn.recv(64).decode(errors="replace"))
-                conn.close()
-            except OSError:
-                continue
-
-    def _recv(self) -> None:
-        while not self.stop:
-            try:
-                self.got.append("udp " + self.udp.recv(64).decode(errors="replace"))
-            except OSError:
-                continue
-
-    def close(self) -> None:
-        self.stop = True
-        for t in self.threads:
-            t.join(timeout=2)
-        self.tcp.close()
-        self.udp.close()
 
 
 @pytest.fixture

@@ -12,6 +12,53 @@ KINDS: kernel name -> failure kinds accepted (on the CPU path; the GPU path acce
 
 from __future__ import annotations
 
+import socket
+import threading
+
+
+class Listener:
+    """A TCP and a UDP socket on the host's loopback; records whatever reaches them (the
+    network kernels aim at its port: containment means it hears nothing from them)."""
+
+    def __init__(self) -> None:
+        self.tcp = socket.socket()
+        self.tcp.bind(("127.0.0.1", 0))
+        self.tcp.listen()
+        self.tcp.settimeout(0.2)
+        self.port = self.tcp.getsockname()[1]
+        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.udp.bind(("127.0.0.1", self.port))
+        self.udp.settimeout(0.2)
+        self.got: list[str] = []
+        self.stop = False
+        self.threads = [threading.Thread(target=f, daemon=True) for f in (self._accept, self._recv)]
+        for t in self.threads:
+            t.start()
+
+    def _accept(self) -> None:
+        while not self.stop:
+            try:
+                conn, _ = self.tcp.accept()
+                self.got.append("tcp " + conn.recv(64).decode(errors="replace"))
+                conn.close()
+            except OSError:
+                continue
+
+    def _recv(self) -> None:
+        while not self.stop:
+            try:
+                self.got.append("udp " + self.udp.recv(64).decode(errors="replace"))
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self.stop = True
+        for t in self.threads:
+            t.join(timeout=2)
+        self.tcp.close()
+        self.udp.close()
+
+
 PRELUDE = '''
 import os, sys, time
 import torch
