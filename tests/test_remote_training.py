@@ -64,7 +64,8 @@ def test_gpu_job_runs_collects_and_reads_back_calibrated(tmp_path, monkeypatch):
     from pipelines.training.remote_results import collect
 
     variants = [Variant("full", style="compact+features", epochs=2, tokens_per_batch=4096, learning_rate=1e-3),
-                Variant("lora", style="compact", finetune="lora", epochs=1, tokens_per_batch=4096, learning_rate=1e-3)]
+                Variant("lora", style="compact", finetune="lora", epochs=1, tokens_per_batch=4096, learning_rate=1e-3),
+                Variant("grpo", style="compact", grpo_from="lora", grpo_steps=1, grpo_sft_steps=2)]
     _job(tmp_path / "job", variants)
     env = {"KERNELCAST_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(REPO)}
@@ -82,16 +83,20 @@ def test_gpu_job_runs_collects_and_reads_back_calibrated(tmp_path, monkeypatch):
                            capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert again.returncode == 0 and "started" not in again.stderr
     summary = collect(sorted((tmp_path / "out").iterdir()), tmp_path / "job", tmp_path / "committed")
-    assert summary["variants"] == ["full", "lora"] and summary["adapters"] == ["lora"]
+    assert summary["variants"] == ["full", "grpo", "lora"] and summary["adapters"] == ["lora"]
     frame = pl.read_parquet(tmp_path / "committed" / "forecasts.parquet")
-    assert set(frame["role"]) == {"calibration", "eval"} and frame.height == 2 * (8 + 8)
+    assert set(frame["role"]) == {"calibration", "eval"}
+    # logprob on calibration and eval pairs for all three, the verbalized readout of GRPO's on eval
+    assert frame.height == 3 * (8 + 8) + 8
+    verbal = frame.filter(pl.col("readout") == "verbalized")
+    assert set(verbal["variant"]) == {"grpo"} and verbal.height == 8  # answers that do not parse are rows too
     # Read back for a "current" dataset version whose pair ids differ: matched by the pair's keys.
     meta, _, pairs = read_job(tmp_path / "job")
     evals = pl.DataFrame([{"pair_id": f"new-{p['pair_id']}", "hardware_id": p["hardware_id"],
                            "anchor_kernel_id": p["anchor_kernel_id"], "candidate_kernel_id": p["candidate_kernel_id"]}
                           for p in pairs if "eval" in p["roles"]])
     got = {v.name: v for v in calibrated_variants(tmp_path / "committed", evals, evals.head(0))}
-    assert set(got) == {"full", "lora"}
+    assert set(got) == {"full", "grpo", "lora"}
     for v in got.values():
         assert v.forecasts.height == 8 and v.forecasts["pair_id"].str.starts_with("new-").all()
         p = v.forecasts.select([f"p{i}" for i in range(1, 9)]).to_numpy()

@@ -133,15 +133,20 @@ def pack_adapter(best: Path, tar_path: Path) -> None:
     shutil.rmtree(tmp_dir, ignore_errors=True)
 
 
+def _open_variant(job: Path, run: Path, variant: Variant):
+    """(job.json, kernels, pairs, the variant's folder (created), its status so far)."""
+    meta, kernels, pairs = read_job(job)
+    folder = run / variant.name
+    folder.mkdir(parents=True, exist_ok=True)
+    return meta, kernels, pairs, folder, _status(folder)
+
+
 def run_supervised_variant(job: Path, run: Path, variant: Variant, stop_at: float, base_model: str) -> dict[str, Any]:
     """Train (or resume) one supervised variant, then forecast with its best weights."""
     from models.base_model import resolve_base_model
     from models.supervised import train_supervised
 
-    meta, kernels, pairs = read_job(job)
-    folder = run / variant.name
-    folder.mkdir(parents=True, exist_ok=True)
-    status = _status(folder)
+    meta, kernels, pairs, folder, status = _open_variant(job, run, variant)
     if status.get("evaluated"):
         return status
     train = rows_for(meta, kernels, pairs, variant.train_role, variant.style)
@@ -172,15 +177,10 @@ def run_supervised_variant(job: Path, run: Path, variant: Variant, stop_at: floa
 
 def run_grpo_variant(job: Path, run: Path, variant: Variant, stop_at: float, base_model: str) -> dict[str, Any]:
     """GRPO on top of a finished supervised variant's weights, then both readouts."""
-    import torch
-
     from models.base_model import resolve_base_model
     from models.training import TrainingSettings, train_grpo
 
-    meta, kernels, pairs = read_job(job)
-    folder = run / variant.name
-    folder.mkdir(parents=True, exist_ok=True)
-    status = _status(folder)
+    meta, kernels, pairs, folder, status = _open_variant(job, run, variant)
     if status.get("evaluated"):
         return status
     parent = run / variant.grpo_from
@@ -210,28 +210,21 @@ def run_grpo_variant(job: Path, run: Path, variant: Variant, stop_at: float, bas
               "train_seconds": round(status.get("train_seconds", 0.0) + time.time() - t0, 1),
               "split": variant.split, "metrics": result.metrics}
     if result.finished:
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
-
         from models.backends import ForecastRequest
         from models.backends.transformers_backend import TransformersForecaster
 
         t1 = time.time()
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-        model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(str(merged), dtype=torch.float32),
-                                          str(folder / "grpo")).to(device).eval()
-        tokenizer = PreTrainedTokenizerFast.from_pretrained(str(merged))
+        model, tokenizer = _load_for_eval(merged, folder / "grpo", "lora")  # the GRPO adapter on its base
         calib = rows_for(meta, kernels, pairs, variant.calibration_role, variant.style)
         evals = rows_for(meta, kernels, pairs, variant.eval_role, variant.style)
         forecasts = _evaluate_logprob(model, tokenizer, {variant.calibration_role: calib, variant.eval_role: evals})
         verbal = TransformersForecaster(model, tokenizer, readout="verbalized", temperature=1.0, max_new_tokens=160,
                                         batch_size=64, model_ref=f"grpo:{variant.name}")
-        for role, rows in ((variant.eval_role, evals),):
-            for r, f in zip(rows, verbal.forecast([ForecastRequest(r["prompt"]) for r in rows]), strict=True):
-                forecasts.append({"pair_id": r["pair_id"], "role": role, "readout": "verbalized", "repeat": 0,
-                                  "parse_ok": bool(f.parse_ok), "parse_error": f.parse_error,
-                                  "predicted_bin": f.predicted_bin, "raw_sum": f.raw_sum,
-                                  "p": list(f.p) if f.p else None})
+        for r, f in zip(evals, verbal.forecast([ForecastRequest(r["prompt"]) for r in evals]), strict=True):
+            forecasts.append({"pair_id": r["pair_id"], "role": variant.eval_role, "readout": "verbalized",
+                              "repeat": 0, "parse_ok": bool(f.parse_ok), "parse_error": f.parse_error,
+                              "predicted_bin": f.predicted_bin, "raw_sum": f.raw_sum,
+                              "p": list(f.p) if f.p else None})
         write_jsonl_gz(folder / FORECASTS_FILE, forecasts)
         status.update(evaluated=True, eval_seconds=round(time.time() - t1, 1), forecasts=len(forecasts))
     write_json(folder / STATUS_FILE, status)
