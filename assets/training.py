@@ -78,22 +78,17 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
     cfg = settings.get()
     if cfg.surrogate.llm == "grpo":
         return _grpo_surrogates(context, cfg, warehouse, mlflow)
-    from assets.evaluation import _current_version
     from models.base_model import resolve_base_model
-    from models.training import git_commit
     from pipelines.training import llm
-    from pipelines.training.export import row_builder, version_roles
+    from pipelines.training.export import row_builder
     from warehouse.lineage import read_model_lineage
 
     sur = cfg.surrogate
     base_path = resolve_base_model(sur.base_model, cfg.home)
     mlflow.client()
-    tags = {"dagster_run_id": context.run.run_id, **({"git_commit": c} if (c := git_commit()) else {})}
+    tags = _run_tags(context)
     with warehouse.connect() as con:
-        version = _current_version(con)
-        if version is None:
-            raise dg.Failure("no dataset version yet: materialise curated_pairs first")
-        roles = version_roles(con, version, sur.held_out_task)
+        version, roles = _version_roles(con, sur.held_out_task)
         if sur.llm == "committed":
             out = llm.register_committed(con, mlflow.tracking_uri, cfg.data_dir, sur.committed_run, sur.committed_adapter,
                                          version, sur.base_model, base_path, roles.eval, roles.held_out_eval, tags)
@@ -129,20 +124,14 @@ def classical_forecasters(context: dg.AssetExecutionContext, settings: SettingsR
     trained on the current dataset version's fit pairs, calibrated on its calibration split, and
     registered as versions of models:/kernelcast-surrogate (tag kind); their held-out-task twins
     go to models:/kernelcast-surrogate-held-out."""
-    from assets.evaluation import _current_version
-    from models.training import git_commit
     from pipelines.training.classical import ids_of, kernel_records, train_and_register
-    from pipelines.training.export import version_roles
     from warehouse.datasets import dataset_measurement_ids
 
     cfg = settings.get()
     mlflow.client()
-    tags = {"dagster_run_id": context.run.run_id, **({"git_commit": c} if (c := git_commit()) else {})}
+    tags = _run_tags(context)
     with warehouse.connect() as con:
-        version = _current_version(con)
-        if version is None:
-            raise dg.Failure("no dataset version yet: materialise curated_pairs first")
-        roles = version_roles(con, version, cfg.surrogate.held_out_task)
+        version, roles = _version_roles(con, cfg.surrogate.held_out_task)
         records = kernel_records(con, ids_of(roles.by_name().values()))
         registered = train_and_register(con, roles, records, cfg.surrogate.classical, mlflow.tracking_uri, version,
                                         context.run.run_id, "kernelcast-surrogate",
@@ -154,6 +143,24 @@ def classical_forecasters(context: dg.AssetExecutionContext, settings: SettingsR
         f"{r.metrics.get('calibration_brier_after', '')} |" for r in registered)
     return dg.MaterializeResult(metadata={"dataset_version": version, "versions": dg.MetadataValue.md(table),
                                           "fit_pairs": roles.fit.height, "calibration_pairs": roles.calibration.height})
+
+
+def _run_tags(context) -> dict[str, str]:
+    """Tags of what this run trains or registers: the Dagster run and the code's commit."""
+    from models.training import git_commit
+
+    return {"dagster_run_id": context.run.run_id, **({"git_commit": c} if (c := git_commit()) else {})}
+
+
+def _version_roles(con, held_out_task: str | None):
+    """(newest dataset version, its roles); a Failure naming the asset to run when there is none."""
+    from pipelines.training.export import latest_version, version_roles
+
+    try:
+        version = latest_version(con)
+    except ValueError:
+        raise dg.Failure("no dataset version yet: materialise curated_pairs first") from None
+    return version, version_roles(con, version, held_out_task)
 
 
 def _classical_params(entries) -> dict[str, dict]:

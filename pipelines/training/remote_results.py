@@ -22,7 +22,7 @@ from typing import Any
 import polars as pl
 
 from models.bins import NUM_BINS
-from models.remote.jobfile import JobError, read_job
+from models.remote.jobfile import JobError, read_job, write_json
 
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 FORECASTS_FILE = "forecasts.parquet"
@@ -51,13 +51,16 @@ def read_results(paths: Iterable[str | Path]) -> tuple[dict[str, dict[str, Any]]
             continue
         for name, data in _members(path).items():
             variant, _, rest = name.partition("/")
-            if rest == "status.json":
-                records.setdefault(variant, {})["status"] = json.loads(data)
-            elif rest == "sft/history.json":
-                records.setdefault(variant, {})["history"] = json.loads(data)
-            elif rest == "forecasts.jsonl.gz":
-                with gzip.open(io.BytesIO(data), "rt") as f:
-                    forecasts[variant] = [json.loads(line) for line in f if line.strip()]
+            try:
+                if rest == "status.json":
+                    records.setdefault(variant, {})["status"] = json.loads(data)
+                elif rest == "sft/history.json":
+                    records.setdefault(variant, {})["history"] = json.loads(data)
+                elif rest == "forecasts.jsonl.gz":
+                    with gzip.open(io.BytesIO(data), "rt") as f:
+                        forecasts[variant] = [json.loads(line) for line in f if line.strip()]
+            except (OSError, EOFError, ValueError) as e:
+                raise JobError(f"{path}: {name} is unreadable ({type(e).__name__}: {e})") from None
     if not records:
         raise JobError("no variant results in the given files (expected results.tar)")
     return records, forecasts, adapters
@@ -98,7 +101,7 @@ def collect(paths: Iterable[str | Path], job: str | Path, out: str | Path) -> di
     training = {"dataset_version": meta["dataset_version"], "held_out_task": meta.get("held_out_task"),
                 "variants": {v["name"]: {"settings": v, **records.get(v["name"], {})} for v in meta["variants"]
                              if v["name"] in records}}
-    (folder / TRAINING_FILE).write_text(json.dumps(training, indent=1, sort_keys=True))
+    write_json(folder / TRAINING_FILE, training)
     for variant, data in adapters.items():
         target = folder / "adapters" / variant
         shutil.rmtree(target, ignore_errors=True)
