@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
-from scipy.optimize import minimize
 
 from models.bins import NUM_BINS
 
@@ -141,6 +140,8 @@ def fit_calibrator(
     def objective_fn(x: np.ndarray) -> float:
         t, b = unpack(x)
         return _loss(calibrated(p, t, b), y, objective) + BIAS_L2 * float((b**2).sum())
+
+    from scipy.optimize import minimize  # here: applying a calibrator needs numpy alone
 
     x0 = np.zeros(NUM_BINS if biases else 1)
     res = minimize(objective_fn, x0, method="L-BFGS-B", bounds=[(-4.0, 4.0)] + [(-6.0, 6.0)] * (len(x0) - 1))

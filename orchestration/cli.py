@@ -619,10 +619,11 @@ def ui(
 
 from orchestration.cli_report import newest_table, table_lines  # noqa: E402
 from orchestration.cli_report import report as _report  # noqa: E402 - its own module
-from orchestration.cli_search import search_headline, search_sim  # noqa: E402 - its own module
+from orchestration.cli_search import export_forecaster, search_headline, search_sim  # noqa: E402 - its own module
 from orchestration.measure_cli import measure as _measure  # noqa: E402 - its own module, registered here
 
 app.command("search-sim")(search_sim)
+app.command("export-forecaster")(export_forecaster)
 app.command("report")(one_line_errors(_report))
 from orchestration.cli_train import app as _train_app  # noqa: E402 - its own module
 

@@ -98,6 +98,33 @@ def search_sim(
             typer.echo(line)
 
 
+@one_line_errors
+def export_forecaster(
+    model: str = typer.Argument("kind:cost_model", help="kind:cost_model, models:/NAME@ALIAS or models:/NAME/VERSION."),
+    out: Path = typer.Option(..., "--out", help="The forecaster file to write (a pickle)."),
+    compile_workers: int = typer.Option(12, "--compile-workers", min=0,
+                                        help="Where it runs: compile unknown candidates in this many processes (0: never)."),
+    profile: str | None = ProfileOpt,
+) -> None:
+    """Write a registered cost model as a forecaster file that needs numpy and pandas only,
+    for `python3 -m pipelines.search.live --forecaster-file` and the autotune hook on a GPU host."""
+    import pickle
+
+    from pipelines.training.search_hook import portable_forecaster
+
+    settings = _settings(profile)
+    try:
+        forecaster = portable_forecaster(model, settings.mlflow_uri, settings.home, compile_workers)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".partial")
+    tmp.write_bytes(pickle.dumps(forecaster))
+    tmp.replace(out)
+    typer.echo(f"{forecaster.name}: {len(forecaster.features)} kernels' compile features -> {out} "
+               f"({out.stat().st_size / 1e6:.1f} MB)")
+
+
 def search_headline(settings) -> list[str]:
     """The last search_simulation's comparison (for `kernelcast run`); nothing if there is none."""
     from pipelines.search.report import comparison_lines

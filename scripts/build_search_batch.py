@@ -1,7 +1,7 @@
 """Build the neighbourhood batch the search simulation needs measured (run here, on the CPU).
 
 Simulates the search plan on the committed measurements (every task, mode and seed, with the
-oracle and the uniform forecaster, both anchors), collects every proposed child without a
+oracle and the uniform forecaster and any --forecaster, both anchors), collects every proposed child without a
 measurement, iterates with imputed outcomes to reach the children later paths will propose
 (pipelines/search/coverage.py), and writes, in priority order:
 
@@ -10,7 +10,8 @@ measurement, iterates with imputed outcomes to reach the children later paths wi
     <out>/frontier.json          rounds, counts by task, projected coverage after n measured
 
 Usage (defaults: the search settings of orchestration/settings.py):
-    .venv/bin/python scripts/build_search_batch.py --out .gpu-search [--seeds 8 --budget 12 --rounds 3]
+    .venv/bin/python scripts/build_search_batch.py --out .gpu-search [--seeds 8 --budget 12 --rounds 3] \
+        [--forecaster kind:cost_model]
 """
 
 from __future__ import annotations
@@ -30,10 +31,16 @@ from pipelines.search.coverage import (
     task_costs,
     write_frontier_batch,
 )
-from pipelines.search.forecasters import OracleForecaster, UniformForecaster
+from pipelines.search.forecasters import (
+    ForecasterContext,
+    OracleForecaster,
+    UniformForecaster,
+    resolve_forecaster,
+)
 from pipelines.search.simulate import SimulationPlan, simulate
 from pipelines.search.table import load_table_parquet
 from pipelines.tasks import task_names
+from pipelines.training.search_hook import register_search_forecasters
 
 
 def main() -> None:
@@ -48,6 +55,8 @@ def main() -> None:
     ap.add_argument("--anchors", default="reference,parent")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--limit", type=int, default=None, help="kernels in the worker batch (default: all)")
+    ap.add_argument("--forecaster", action="append", default=[],
+                    help="also follow this forecaster's runs (repeatable), e.g. kind:cost_model (the registry of $KERNELCAST_HOME)")
     args = ap.parse_args()
 
     table = load_table_parquet(args.data, args.hardware)
@@ -55,6 +64,13 @@ def main() -> None:
     base = SimulationPlan(tasks=tasks, seeds=args.seeds, budget=args.budget, hardware_id=args.hardware)
     scenarios = [(replace(base, anchor="reference"), lambda t: UniformForecaster())]
     scenarios += [(replace(base, anchor=a), OracleForecaster) for a in args.anchors.split(",") if a]
+    if args.forecaster:
+        register_search_forecasters()
+        settings = load_settings()
+        ctx = ForecasterContext(tracking_uri=settings.mlflow_uri, home=settings.home)
+        for name in args.forecaster:
+            fc = resolve_forecaster(name, ctx)
+            scenarios += [(replace(base, anchor=a), lambda t, fc=fc: fc) for a in args.anchors.split(",") if a]
     results = [r for p in sorted(args.data.rglob("results-*.parquet"))
                for r in pq.read_table(p, columns=["task", "time_s"]).to_pylist()]
     cost = task_costs(results)

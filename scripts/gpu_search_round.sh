@@ -12,7 +12,7 @@
 # PREP (carried to the host) holds neighbourhood.parquet and, optionally, forecaster.pkl: a pickled
 # object with predict_kernels(anchor, candidates, hardware_id) -> (n, 8). Without it, (b) and (c)
 # use the uniform forecaster (a dry run: filtering is then a random choice).
-# Env: KC_NEIGHBOURHOOD_S (190), KC_LIVE_DEADLINE_S (90), KC_LIVE_TASKS (softmax,rms_norm),
+# Env: KC_NEIGHBOURHOOD_S (190; 0 skips (a)), KC_LIVE_DEADLINE_S (90), KC_LIVE_TASKS (softmax,rms_norm),
 #      KC_LIVE_SEEDS (2), KC_LIVE_BUDGET (16), KC_AUTOTUNE_TOPK (0.25), KC_COMPILE_WORKERS (12);
 #      KC_DEVICE=cpu runs every stage on the Triton interpreter (tests; KC_AUTOTUNE_GRID then
 #      keeps the autotune grid small, e.g. "BLOCK_N=256+512;NUM_WARPS=1+2;NUM_STAGES=1").
@@ -33,11 +33,13 @@ if [ "$device" = cuda ]; then
   nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,temperature.gpu,power.draw --format=csv > "$out/gpu.txt" 2>&1
 fi
 
+if [ "$nb_s" -gt 0 ]; then
 echo "== (a) neighbourhood batch: $(python3 -c "import pyarrow.parquet as pq; print(pq.read_metadata('$prep/neighbourhood.parquet').num_rows)") kernels, ${nb_s} s budget"
 timeout $((nb_s + 90)) python3 -m pipelines.profiling.worker --batch "$prep/neighbourhood.parquet" \
   --out "$out/results-neighbourhood.parquet" --device "$device" "${extra[@]}" --compile-workers "$workers" --timeout-s 60 \
   --time-budget-s "$nb_s" --summary-json "$out/summary-neighbourhood.json" > "$log_dir/neighbourhood.log" 2>&1
 echo "exit $?"; tail -12 "$log_dir/neighbourhood.log"
+fi
 
 fc=(--forecaster uniform)
 if [ -f "$prep/forecaster.pkl" ]; then fc=(--forecaster-file "$prep/forecaster.pkl"); fi

@@ -12,20 +12,29 @@ they may also be champions.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
-from models.classical.base import BinForecaster
-from models.classical.cost_model import CostModel
-from models.classical.text_model import TextModel
+# Imported on first use (PEP 562): models.classical.features, .spread and .portable must load on
+# a GPU host that has numpy and pandas but no scikit-learn or scipy.
+_LAZY = {"BinForecaster": "models.classical.base", "CostModel": "models.classical.cost_model",
+         "TextModel": "models.classical.text_model"}
 
-KINDS: dict[str, type[BinForecaster]] = {"cost_model": CostModel, "text_model": TextModel}
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
+    if name == "KINDS":
+        return {"cost_model": __getattr__("CostModel"), "text_model": __getattr__("TextModel")}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def make_classical(kind: str, **params: Any) -> BinForecaster:
+def make_classical(kind: str, **params: Any) -> Any:
     """An untrained classical forecaster of `kind` ('cost_model' or 'text_model')."""
-    if kind not in KINDS:
-        raise ValueError(f"unknown classical forecaster {kind!r}; use one of {', '.join(KINDS)}")
-    return KINDS[kind](**params)
+    kinds = __getattr__("KINDS")
+    if kind not in kinds:
+        raise ValueError(f"unknown classical forecaster {kind!r}; use one of {', '.join(kinds)}")
+    return kinds[kind](**params)
 
 
 __all__ = ["KINDS", "BinForecaster", "CostModel", "TextModel", "make_classical"]

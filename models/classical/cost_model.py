@@ -22,31 +22,16 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy.stats import laplace
 from sklearn.ensemble import HistGradientBoostingRegressor
 
-from models.bins import BIN_UPPER_EDGES, NUM_BINS
+from models.bins import NUM_BINS
 from models.classical.base import BinForecaster
 from models.classical.features import FeatureSpace
+from models.classical.spread import laplace_bins
 
-LOG2_EDGES = np.log2(np.asarray(BIN_UPPER_EDGES))
 SCALE_GRID = np.arange(0.05, 1.5, 0.025)  # candidate Laplace scales, log2 units
 DEFAULT_SCALE = 0.3  # before calibration: about the pooled value seen on H200 data
 SHRINK = 0.02  # weight of the log-ratio penalty pulling a task's scale to the pooled one
-
-
-def laplace_bins(mu: np.ndarray, scale: np.ndarray | float) -> np.ndarray:
-    """(n, 8) bin probabilities of log2 S ~ Laplace(mu, scale).
-
-    >>> p = laplace_bins(np.array([0.0]), 0.3)
-    >>> round(float(p.sum()), 6), int(p.argmax()) + 1  # S = 1 sits on the edge of bins 4 and 5
-    (1.0, 4)
-    """
-    mu = np.asarray(mu, dtype=np.float64)
-    s = np.broadcast_to(np.asarray(scale, dtype=np.float64), mu.shape)
-    cdf = laplace.cdf((LOG2_EDGES[None, :] - mu[:, None]) / s[:, None])
-    padded = np.concatenate([np.zeros((len(mu), 1)), cdf, np.ones((len(mu), 1))], axis=1)
-    return np.clip(np.diff(padded, axis=1), 0.0, 1.0)
 
 
 def _brier(p: np.ndarray, y: np.ndarray) -> float:

@@ -79,3 +79,20 @@ def register_search_forecasters() -> None:
 
     register_forecaster(MODEL_REF_PREFIX, _factory)
     register_forecaster("kind:", _factory)
+
+
+def portable_forecaster(name: str, tracking_uri: str, home: Path, compile_workers: int = 12) -> Any:
+    """The registered cost model `name` ("kind:cost_model", "models:/...") as a
+    models.classical.portable.PortableCostModel: numpy and pandas only, carrying the compile
+    features the warehouse knows and compiling the rest where it runs (`compile_workers`).
+
+    Raises:
+        ValueError: `name` resolves to no version, or to one that is not a cost model (one line).
+    """
+    from models.classical.cost_model import CostModel
+    from models.classical.portable import PortableCostModel
+
+    found = _factory(name, type("Ctx", (), {"tracking_uri": tracking_uri, "home": home})())
+    if not isinstance(found.model, CostModel):
+        raise ValueError(f"{found.name} is not a cost model: only cost models export (the text model needs scikit-learn)")
+    return PortableCostModel.from_cost_model(found.model, found.features, found.name, compile_workers)

@@ -1,0 +1,204 @@
+"""A fitted cost model as a forecaster that needs numpy and pandas only.
+
+Where it is used: a GPU host's live search and Triton autotune hook (pipelines.search.live,
+pipelines.search.autotune) run with torch, triton, numpy and pandas, without scikit-learn or
+scipy, so the cost model cannot be unpickled there. `PortableCostModel.from_cost_model` keeps
+what prediction needs: the feature space, the column encoding scikit-learn applies before its
+trees, every tree as flat arrays, the per-task Laplace spreads, the calibrator, and the compile
+features of the kernels the warehouse knows (the search's kernel records carry none). Its
+forecasts equal the fitted model's (tests/test_portable_cost_model.py compares them).
+
+Tree walk: HistGradientBoostingRegressor's own rule. A missing value follows the node's
+`missing_go_to_left`; a categorical split sends a category left when its bit is set in the
+node's bitset, and an unknown category (encoded as missing) goes the missing way; a numeric
+split goes left when x <= threshold.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from models.calibration import Calibrator
+from models.classical.features import COMPILE_FIELDS, FeatureSpace, pair_frame
+from models.classical.spread import laplace_bins
+
+TREE_FIELDS = ("feature_idx", "num_threshold", "missing_go_to_left", "left", "right", "is_leaf", "value",
+               "is_categorical", "bitset_idx")
+
+
+class PortableCostModel:
+    """The prediction half of a fitted models.classical.cost_model.CostModel.
+
+    Build one with `from_cost_model`; pickle it (a forecaster file for the search); call
+    `predict_kernels` (the search's hook) or `predict_proba` on a pair frame.
+    """
+
+    kind = "cost_model"
+
+    def __init__(self, space: FeatureSpace, order: list[int], categories: dict[int, list[Any]],
+                 trees: dict[str, np.ndarray], roots: np.ndarray, bitsets: np.ndarray, baseline: float,
+                 scale: float, task_scales: Mapping[str, float], calibrator: Calibrator,
+                 features: Mapping[str, Mapping[str, Any]] | None = None, name: str = "cost_model",
+                 compile_workers: int = 0):
+        self.space, self.order, self.categories = space, order, categories
+        self.trees, self.roots, self.bitsets, self.baseline = trees, roots, bitsets, baseline
+        self.scale, self.task_scales, self.calibrator = scale, dict(task_scales), calibrator
+        self.features = {k: dict(v) for k, v in (features or {}).items()}
+        self.name = name
+        self.compile_workers = compile_workers
+
+    @classmethod
+    def from_cost_model(cls, model: Any, features: Mapping[str, Mapping[str, Any]] | None = None,
+                        name: str = "cost_model", compile_workers: int = 0) -> PortableCostModel:
+        """The portable twin of a fitted, calibrated CostModel.
+
+        Args:
+            model: a fitted CostModel (its `regressor_` a HistGradientBoostingRegressor).
+            features: kernel id -> compile features (models.classical.features.COMPILE_FIELDS),
+                filled into kernel records that lack them.
+            name: what the search prints for it.
+            compile_workers: > 0 compiles the Triton candidates `features` lacks for sm_90
+                (pipelines.generation.aot, that many child processes) before forecasting them:
+                without their compile features the H200 eval Brier rises from 0.261 to 0.346.
+        Raises:
+            ValueError: the model is unfitted or its regressor is not one this walk reproduces.
+        """
+        reg = getattr(model, "regressor_", None)
+        if reg is None or not hasattr(reg, "_predictors"):
+            raise ValueError("need a fitted cost model (a HistGradientBoostingRegressor inside)")
+        if getattr(reg, "loss", "squared_error") != "squared_error":
+            raise ValueError(f"the portable walk reproduces the squared-error loss only, not {reg.loss!r}")
+        order, categories = _column_encoding(reg)
+        trees, roots, bitsets = _flatten_trees([p for it in reg._predictors for p in it])
+        return cls(model.space_, order, categories, trees, roots, bitsets, float(np.ravel(reg._baseline_prediction)[0]),
+                   float(model.scale_), model.task_scales_, model.calibrator_, features, name, compile_workers)
+
+    # ---- prediction ------------------------------------------------------------------------
+    def encode(self, table: pd.DataFrame) -> np.ndarray:
+        """The float matrix the trees read: columns in scikit-learn's order, categories as codes."""
+        out = np.full((len(table), len(self.order)), np.nan)
+        for j, col in enumerate(self.order):
+            values = table.iloc[:, col]
+            if col in self.categories:
+                codes = {v: i for i, v in enumerate(self.categories[col])}
+                out[:, j] = [codes.get(v, np.nan) if isinstance(v, str) else np.nan for v in values.astype(object)]
+            else:
+                out[:, j] = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
+        return out
+
+    def predict_log2(self, frame: pd.DataFrame) -> np.ndarray:
+        """The point forecast of log2 S per pair of a pair frame."""
+        x = self.encode(self.space.transform(frame))
+        t = self.trees
+        node = np.broadcast_to(self.roots, (len(x), len(self.roots))).copy()
+        rows = np.arange(len(x))[:, None]
+        while True:
+            inner = ~t["is_leaf"][node]
+            if not inner.any():
+                break
+            v = x[rows, t["feature_idx"][node]]
+            missing = np.isnan(v)
+            cat = t["is_categorical"][node]
+            code = np.where(missing | ~cat, 0, v).astype(np.int64)
+            word = self.bitsets[np.minimum(t["bitset_idx"][node], len(self.bitsets) - 1), np.clip(code // 32, 0, self.bitsets.shape[1] - 1)]
+            in_set = ((word >> (code % 32).astype(np.uint32)) & 1).astype(bool) & (code < 32 * self.bitsets.shape[1])
+            go_left = np.where(missing, t["missing_go_to_left"][node],
+                               np.where(cat, in_set, np.nan_to_num(v) <= t["num_threshold"][node]))
+            nxt = np.where(go_left, t["left"][node], t["right"][node])
+            node = np.where(inner, nxt, node)
+        return self.baseline + t["value"][node].sum(axis=1)
+
+    def predict_proba(self, frame: pd.DataFrame) -> np.ndarray:
+        """Calibrated (n, 8) probabilities of bins 1..8, as CostModel.predict_proba."""
+        if len(frame) == 0:
+            return np.zeros((0, 8))
+        scales = np.array([self.task_scales.get(str(t), self.scale) for t in frame["task"]], dtype=np.float64)
+        return self.calibrator.apply(laplace_bins(self.predict_log2(frame), scales))
+
+    def _fill(self, record: Mapping[str, Any]) -> dict[str, Any]:
+        out = dict(record)
+        for k, v in self.features.get(str(record.get("kernel_id")), {}).items():
+            if out.get(k) is None:
+                out[k] = v
+        return out
+
+    def compile_missing(self, records: Sequence[Mapping[str, Any]]) -> int:
+        """Compile the Triton kernels among `records` whose compile features are unknown and
+        remember them (a failed compile is remembered as unknown); how many were compiled."""
+        todo = {str(r.get("kernel_id")): r for r in records
+                if r.get("source") and (r.get("language") or "triton") == "triton"
+                and str(r.get("kernel_id")) not in self.features and all(r.get(f) is None for f in COMPILE_FIELDS)}
+        if not todo or self.compile_workers <= 0:
+            return 0
+        from pipelines.generation.aot import compile_many  # triton: only where kernels compile
+
+        for kid, feats in zip(todo, compile_many(list(todo.values()), n_workers=self.compile_workers), strict=True):
+            row = feats.to_row()
+            self.features[kid] = {f: row.get(f) for f in COMPILE_FIELDS} if feats.status == "compiled" else {}
+        return len(todo)
+
+    def predict_kernels(self, anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
+                        hardware_id: str) -> np.ndarray:
+        """(n, 8) forecasts of each candidate against one anchor (the search's hook)."""
+        self.compile_missing([anchor, *candidates])
+        a = self._fill(anchor)
+        return self.predict_proba(pair_frame([a] * len(candidates), [self._fill(c) for c in candidates]))
+
+
+def _column_encoding(reg: Any) -> tuple[list[int], dict[int, list[Any]]]:
+    """scikit-learn's column order after its ColumnTransformer (encoded categoricals first, then
+    the numeric columns) and, per categorical input column, its categories in code order."""
+    pre = getattr(reg, "_preprocessor", None)
+    if pre is None:  # no categorical feature: the table goes to the trees as it is
+        return list(range(reg.n_features_in_)), {}
+    order: list[int] = []
+    categories: dict[int, list[Any]] = {}
+    for part, trans, cols in pre.transformers_:
+        if isinstance(trans, str) and trans == "drop":
+            continue
+        # scikit-learn 1.9 passes numeric columns through a FunctionTransformer named "numerical"
+        # (check_array to float64): the identity here
+        if not hasattr(trans, "categories_") and trans != "passthrough" and part != "numerical":
+            raise ValueError(f"cannot reproduce the column transform {part!r} ({type(trans).__name__})")
+        idx = np.flatnonzero(cols) if np.asarray(cols).dtype == bool else np.asarray(cols, dtype=np.int64)
+        if hasattr(trans, "categories_"):  # the OrdinalEncoder
+            for col, cats in zip(idx, trans.categories_, strict=True):
+                categories[int(col)] = [c for c in cats if isinstance(c, str)]
+        order += [int(i) for i in idx]
+    return order, categories
+
+
+def _flatten_trees(predictors: Sequence[Any]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    """Every tree's nodes in one set of arrays (child indices made global) and their bitsets."""
+    parts: dict[str, list[np.ndarray]] = {f: [] for f in TREE_FIELDS}
+    roots, bitsets = [], []
+    n_nodes = n_bitsets = 0
+    for p in predictors:
+        nodes = p.nodes
+        roots.append(n_nodes)
+        for f in TREE_FIELDS:
+            col = np.asarray(nodes[f])
+            if f in ("left", "right"):
+                col = col.astype(np.int64) + n_nodes
+            elif f == "bitset_idx":
+                col = col.astype(np.int64) + n_bitsets
+            parts[f].append(col)
+        raw = np.asarray(p.raw_left_cat_bitsets, dtype=np.uint32).reshape(-1, 8)
+        bitsets.append(raw)
+        n_nodes += len(nodes)
+        n_bitsets += len(raw)
+    trees = {f: np.concatenate(v) for f, v in parts.items()}
+    for f in ("missing_go_to_left", "is_leaf", "is_categorical"):
+        trees[f] = trees[f].astype(bool)
+    trees["feature_idx"] = trees["feature_idx"].astype(np.int64)
+    trees["num_threshold"] = trees["num_threshold"].astype(np.float64)
+    trees["value"] = trees["value"].astype(np.float64)
+    all_bits = np.concatenate(bitsets) if n_bitsets else np.zeros((1, 8), dtype=np.uint32)
+    return trees, np.asarray(roots, dtype=np.int64), all_bits
+
+
+__all__ = ["COMPILE_FIELDS", "PortableCostModel"]
