@@ -31,7 +31,7 @@ import urllib.request
 
 import numpy as np
 import pytest
-from vllm_helpers import smollm2_dir, vllm_python  # tests/ is on sys.path under pytest
+from vllm_helpers import smollm2_dir, vllm_python  # beside the tests (pytest's rootdir)
 
 log = logging.getLogger(__name__)
 

@@ -206,7 +206,7 @@ class VLLMEngine:
             self.log_path = Path(name)
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
-        cmd = [python, str(RUNNER), "--model", self.model,
+        cmd = [python, "-P", str(RUNNER), "--model", self.model,
                "--engine-args", json.dumps(self.engine_args)]  # fmt: skip
         log.info("starting vLLM engine for %s (log %s)", self.model, self.log_path)
         with open(self.log_path, "ab") as err:
