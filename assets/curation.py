@@ -4,6 +4,7 @@
 import dagster as dg
 
 from assets._checks import offending_ids_result
+from assets._metadata import markdown_table
 from orchestration.resources import SettingsResource, WarehouseResource
 
 GROUP = "curation"
@@ -61,7 +62,7 @@ def curated_pairs(context: dg.AssetExecutionContext, settings: SettingsResource,
         if df.is_empty():
             return dg.MetadataValue.md("(empty)")
         t = df.group_by("task").agg(pl.len().alias("pairs"), pl.col("true_bin").n_unique().alias("bins")).sort("task")
-        return dg.MetadataValue.md("| task | pairs | bins |\n|---|---|---|\n" + "\n".join(f"| {a} | {b} | {c} |" for a, b, c in t.iter_rows()))
+        return dg.MetadataValue.md(markdown_table(["task", "pairs", "bins"], t.iter_rows()))
 
     common = {"table": "pairs", "dataset_version": version}
     yield dg.MaterializeResult(asset_key="curated_pairs", metadata={**common, "rows": rows.height, "rows_added": added,
@@ -74,10 +75,9 @@ def curated_pairs(context: dg.AssetExecutionContext, settings: SettingsResource,
         asset_key="eval_set", check_name=EVERY_BIN_POPULATED, passed=short.is_empty() and by_split["eval"].height > 0,
         severity=dg.AssetCheckSeverity.WARN,
         metadata={"cells_short": short.height, "target_per_bin": cur.eval_per_bin,
-                  "shortfall": dg.MetadataValue.md(
-                      "| task | hardware | bin | available | shortfall |\n|---|---|---|---|---|\n"
-                      + "\n".join(f"| {r['task']} | {r['hardware_id']} | {r['bin']} | {r['available']} | {r['shortfall']} |" for r in short.head(40).iter_rows(named=True))
-                  )},
+                  "shortfall": dg.MetadataValue.md(markdown_table(
+                      ["task", "hardware", "bin", "available", "shortfall"],
+                      short.head(40).select("task", "hardware_id", "bin", "available", "shortfall").iter_rows()))},
     )
     yield offending_ids_result(PAIRS_NEED_TWO_CORRECT_MEASUREMENTS, unsupported, asset_key="curated_pairs")
 

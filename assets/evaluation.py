@@ -3,18 +3,12 @@
 
 import dagster as dg
 
+from assets._metadata import markdown_table
 from orchestration.resources import MlflowResource, SettingsResource, WarehouseResource
 
 GROUP = "evaluation"
 ORACLE_IS_PERFECT = "oracle_scores_perfect"
 REFERENCE_FORECASTERS_PRESENT = "reference_forecasters_present"
-
-
-def _current_version(con) -> str | None:
-    from warehouse.datasets import list_dataset_versions
-
-    versions = list_dataset_versions(con)
-    return None if versions.is_empty() else versions["dataset_version"][0]
 
 
 @dg.asset(
@@ -33,11 +27,11 @@ def forecasts(context: dg.AssetExecutionContext, settings: SettingsResource, war
     import polars as pl
 
     from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
-    from warehouse.datasets import read_pairs
+    from warehouse.datasets import current_dataset_version, read_pairs
     from warehouse.forecasts import write_forecasts
 
     with warehouse.connect() as con:
-        version = _current_version(con)
+        version = current_dataset_version(con)
         if version is None:
             raise dg.Failure("no dataset version yet: materialise curated_pairs first")
         evals = pl.concat([read_pairs(con, version, "eval"), read_pairs(con, version, "discovery")], how="diagonal_relaxed")
@@ -142,11 +136,12 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
         write_evaluation_report,
     )
     from pipelines.training.forecasting import split_frames
+    from warehouse.datasets import current_dataset_version
     from warehouse.forecasts import read_forecasts
 
     cfg = settings.get()
     with warehouse.connect(read_only=True) as con:
-        version = _current_version(con)
+        version = current_dataset_version(con)
         frame = read_forecasts(con, dataset_version=version, with_pairs=True)
     frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame
     out_dir = cfg.reports_dir / version
@@ -172,9 +167,9 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     common = {"dataset_version": version, "mlflow_run_id": run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(run_id))}
     yield dg.MaterializeResult(asset_key="calibration_report", metadata={**common, "report": dg.MetadataValue.path(str(html)),
                                                                          "headline": dg.MetadataValue.md(table)})
-    util = "| model | recovered_mean | recovered_at_10 | within_20 | random | discovery F1 |\n|---|---|---|---|---|---|\n" + "\n".join(
-        f"| {m} | {r.get('recovered_mean')} | {r.get('recovered_at_10')} | {r.get('within_20')} | {r.get('recovered_random_mean')} | {(r.get('discovery') or {}).get('f1')} |"
-        for m, r in results.items())
+    util = markdown_table(["model", "recovered_mean", "recovered_at_10", "within_20", "random", "discovery F1"],
+                          [(m, r.get("recovered_mean"), r.get("recovered_at_10"), r.get("within_20"),
+                            r.get("recovered_random_mean"), (r.get("discovery") or {}).get("f1")) for m, r in results.items()])
     yield dg.MaterializeResult(asset_key="utility_report", metadata={**common, "utility": dg.MetadataValue.md(util)})
     ok = oracle.get("brier") == 0.0 and oracle.get("accuracy") == 1.0
     yield dg.AssetCheckResult(asset_key="calibration_report", check_name=ORACLE_IS_PERFECT, passed=bool(ok),

@@ -24,6 +24,7 @@ from pathlib import Path
 import dagster as dg
 
 from assets._checks import offending_ids_result
+from assets._metadata import markdown_table
 from orchestration.partitions import HARDWARE_PARTITIONS, hardware_of_file, result_files
 from orchestration.resources import ProfilerResource, SettingsResource, WarehouseResource
 
@@ -160,9 +161,9 @@ def ingest_measurements(context: dg.OpExecutionContext, settings: SettingsResour
                 profiled += report.added if f in shard_files else 0
         features = _ingest_compile_features(context, con, cfg)
         counts = checks.partition_counts(con, hardware)
-    table = "| GPU | CUDA_VISIBLE_DEVICES | kernels | seconds | exit code |\n|---|---|---|---|---|\n" + "\n".join(
-        f"| {s['gpu']} | {s['cuda_visible_devices'] or '-'} | {s['kernels']} | {s['seconds']} | {s['exit_code']} |"
-        for s in sorted(shards, key=lambda s: s["gpu"]))
+    table = markdown_table(["GPU", "CUDA_VISIBLE_DEVICES", "kernels", "seconds", "exit code"],
+                           [(s["gpu"], s["cuda_visible_devices"] or "-", s["kernels"], s["seconds"], s["exit_code"])
+                            for s in sorted(shards, key=lambda s: s["gpu"])])
     context.add_output_metadata({
         "table": "measurements", "hardware_id": hardware, "rows": counts["measurements"],
         "correct": counts["correct"], "batches": counts["batches"], "files_ingested": files,

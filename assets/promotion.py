@@ -25,21 +25,15 @@ PROMOTION_GATES = (CHALLENGER_PARSE_RATE_ABOVE_FLOOR, CHALLENGER_BRIER_NOT_WORSE
 LEGACY_KIND = "llm"  # versions registered before the `kind` tag existed are LLM adapters
 
 
-def _newest_dataset_version(con) -> str | None:
-    from warehouse.datasets import list_dataset_versions
-
-    versions = list_dataset_versions(con)
-    return None if versions.is_empty() else versions["dataset_version"][0]
-
-
 def _eval_forecasts(warehouse: WarehouseResource):
     """(dataset version, eval forecasts of it joined with their pairs)."""
     import polars as pl
 
+    from warehouse.datasets import current_dataset_version
     from warehouse.forecasts import read_forecasts
 
     with warehouse.connect(read_only=True) as con:
-        version = _newest_dataset_version(con)
+        version = current_dataset_version(con)
         frame = read_forecasts(con, dataset_version=version, with_pairs=True) if version else pl.DataFrame()
     return version, (frame.filter(pl.col("split") == "eval") if not frame.is_empty() else frame)
 

@@ -3,6 +3,7 @@
 
 import dagster as dg
 
+from assets._metadata import markdown_table
 from orchestration.resources import WarehouseResource
 from pipelines.tasks import catalog
 
@@ -25,10 +26,10 @@ def kernel_tasks(warehouse: WarehouseResource) -> dg.MaterializeResult:
         tables.upsert_tasks(con, rows)
     checks = [catalog.reference_self_check(r["task"]) for r in rows]
     failed = [c for c in checks if not c.ok]
-    preview = "| task | benchmark cases | correctness cases | self-check |\n|---|---|---|---|\n" + "\n".join(
-        f"| {r['task']} | {r['benchmark_cases'].count('seed')} | {r['correctness_cases'].count('seed')} | "
-        f"{'ok' if c.ok else c.message} ({c.seconds:.1f} s) |"
-        for r, c in zip(rows, checks, strict=True)
+    preview = markdown_table(
+        ["task", "benchmark cases", "correctness cases", "self-check"],
+        [(r["task"], r["benchmark_cases"].count("seed"), r["correctness_cases"].count("seed"),
+          f"{'ok' if c.ok else c.message} ({c.seconds:.1f} s)") for r, c in zip(rows, checks, strict=True)],
     )
     return dg.MaterializeResult(
         metadata={"rows": len(rows), "table": "tasks", "preview": dg.MetadataValue.md(preview)},

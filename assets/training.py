@@ -4,6 +4,7 @@ import shutil
 
 import dagster as dg
 
+from assets._metadata import markdown_table
 from orchestration.resources import MlflowResource, SettingsResource, WarehouseResource
 
 GROUP = "training"
@@ -138,9 +139,9 @@ def classical_forecasters(context: dg.AssetExecutionContext, settings: SettingsR
                                         measurement_ids=dataset_measurement_ids(con, version), tags=tags,
                                         params=_classical_params(cfg.surrogate.classical_params),
                                         max_fit=cfg.surrogate.classical_max_fit)
-    table = "| model | version | kind | split | | calibration Brier |\n|---|---|---|---|---|---|\n" + "\n".join(
-        f"| {r.name} | {r.version} | {r.kind} | {r.split} | {'re-used' if r.reused else 'trained'} | "
-        f"{r.metrics.get('calibration_brier_after', '')} |" for r in registered)
+    table = markdown_table(["model", "version", "kind", "split", "trained", "calibration Brier"],
+                           [(r.name, r.version, r.kind, r.split, "re-used" if r.reused else "trained",
+                             r.metrics.get("calibration_brier_after", "")) for r in registered])
     return dg.MaterializeResult(metadata={"dataset_version": version, "versions": dg.MetadataValue.md(table),
                                           "fit_pairs": roles.fit.height, "calibration_pairs": roles.calibration.height})
 
@@ -173,25 +174,23 @@ def _classical_params(entries) -> dict[str, dict]:
 
 def _grpo_surrogates(context, cfg, warehouse, mlflow) -> dg.MaterializeResult:
     """GRPO reward variants (format warm-up + TRL GRPO, models.training), one version each."""
-    from assets.evaluation import _current_version
     from models.base_model import resolve_base_model
-    from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
+    from models.service import fingerprints_or_default
     from models.surrogate import base_model_identity, train_or_reuse
     from models.training import TrainingSettings, build_training_rows
-    from warehouse.datasets import dataset_measurement_ids
+    from warehouse.datasets import current_dataset_version, dataset_measurement_ids
     from warehouse.lineage import read_model_lineage
 
     sur = cfg.surrogate
     with warehouse.connect(read_only=True) as con:
-        version = _current_version(con)
+        version = current_dataset_version(con)
         if version is None:
             raise dg.Failure("no dataset version yet: materialise curated_pairs first")
         measurement_ids = dataset_measurement_ids(con, version)
         train, sources, tasks = _training_inputs(con, version)
+        by_hw = fingerprints_or_default(con, train["hardware_id"].unique().to_list())
     base_path = resolve_base_model(sur.base_model, cfg.home)
     identity = base_model_identity(base_path)
-    by_hw = {h: hardware_from_warehouse(cfg.warehouse_path, h) or DEFAULT_HARDWARE
-             for h in train["hardware_id"].unique().to_list()}
     mlflow.client()  # sets the tracking and registry URIs of this process
     produced, rows_md = [], []
     for variant in sur.variants:
@@ -207,15 +206,15 @@ def _grpo_surrogates(context, cfg, warehouse, mlflow) -> dg.MaterializeResult:
         shutil.rmtree(work, ignore_errors=True)  # the adapter now lives in MLflow's artifacts
         produced.append(out)
         m = out.metrics
-        rows_md.append(f"| {variant} | {out.version} | {'re-used' if out.reused else 'trained'} | {out.seconds:.0f} | "
-                       f"{m.get('parse_rate_before_sft', '')} -> {m.get('parse_rate_after_sft', '')} | "
-                       f"{m.get('frac_reward_zero_std_avg', '')} | {out.run_id} |")
+        rows_md.append((variant, out.version, "re-used" if out.reused else "trained", f"{out.seconds:.0f}",
+                        f"{m.get('parse_rate_before_sft', '')} -> {m.get('parse_rate_after_sft', '')}",
+                        m.get("frac_reward_zero_std_avg", ""), out.run_id))
     with warehouse.connect(read_only=True) as con:
         lineage = read_model_lineage(con, "kernelcast-surrogate")
     recorded = set(lineage["model_version"].to_list()) if lineage.height else set()
     missing = [str(p.version) for p in produced if str(p.version) not in recorded]
-    table = ("| reward | version | | seconds | parse rate before -> after warm-up | frac_reward_zero_std | mlflow run |\n"
-             "|---|---|---|---|---|---|---|\n" + "\n".join(rows_md)) if rows_md else "(no variants configured)"
+    table = markdown_table(["reward", "version", "trained", "seconds", "parse rate before -> after warm-up",
+                            "frac_reward_zero_std", "mlflow run"], rows_md) if rows_md else "(no variants configured)"
     first_run = next((p.run_id for p in produced if p.run_id), None)
     return dg.MaterializeResult(
         metadata={"dataset_version": version, "registered_model": "kernelcast-surrogate",

@@ -1,15 +1,15 @@
-"""Trainer callbacks of surrogate training (models/training.py).
+"""Trainer callbacks of surrogate training (models.training).
 
 NonFiniteGradGuard: skip optimizer steps whose gradients are not finite, instead of writing
 NaN into the weights.
 
-Why: on the H200 (2026-11-29) two GRPO runs of SmolLM2 logged `grad_norm: nan` once (after
+Why: on the H200 two GRPO runs of SmolLM2 logged `grad_norm: nan` once (after
 11 steps of grad norms 0.23-0.41 in one run, at the first step in another) and the optimizer
 then wrote NaN into the LoRA weights; the next rollout's sampler failed with a device-side
 assert ("probability tensor contains either inf, nan or element < 0") and the whole run, its
 adapter and every later step were lost. A single bad micro-batch should cost one step, not the
 run. Gradient clipping does not help: a NaN norm makes the clip factor NaN too. (The source
-found, cuDNN's attention backward on torch 2.11, is switched off in models/training.py; the
+found, cuDNN's attention backward on torch 2.11, is switched off in models.training.grpo; the
 guard stays for whatever else a long run meets.)
 
 The guard runs after the gradients of an optimizer step are accumulated and clipped and before

@@ -139,6 +139,18 @@ class Forecast:
         """A copy with some fields replaced (tokens, latency_s, repeat, ...)."""
         return dataclasses.replace(self, **changes)
 
+    def retry_of(self, before: Forecast) -> Forecast:
+        """This answer as the retry of `before`: one attempt more, the tokens and latency of both.
+
+        >>> Forecast.failure("x").with_meta(tokens=5).retry_of(Forecast.failure("y").with_meta(tokens=3)).tokens
+        8
+        """
+        return self.with_meta(
+            attempts=before.attempts + 1,
+            tokens=(before.tokens or 0) + (self.tokens or 0),
+            latency_s=(before.latency_s or 0.0) + (self.latency_s or 0.0),
+        )
+
     def to_row(self) -> dict[str, Any]:
         """The columns of the warehouse `forecasts` table this forecast fills (no pair or model).
 

@@ -7,7 +7,7 @@ distribution over the eight bins.
 
 from __future__ import annotations
 
-import json
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -25,19 +25,24 @@ DEFAULT_HARDWARE: dict[str, Any] = {
 }
 
 
-def hardware_from_warehouse(warehouse_path: Path, hardware_id: str) -> dict[str, Any] | None:
-    """The stored fingerprint row of `hardware_id`, or None (no warehouse, unknown id)."""
+def fingerprints_or_default(con: Any, hardware_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """hardware_id -> its stored fingerprint (warehouse.hardware.fingerprints), DEFAULT_HARDWARE
+    for an id the warehouse does not know."""
+    from warehouse.hardware import fingerprints
+
+    ids = list(hardware_ids)
+    found = fingerprints(con, ids)
+    return {hw: found.get(hw) or dict(DEFAULT_HARDWARE) for hw in ids}
+
+
+def hardware_or_default(warehouse_path: Path, hardware_id: str) -> dict[str, Any]:
+    """The stored fingerprint of `hardware_id`, or DEFAULT_HARDWARE (no warehouse, unknown id)."""
     if not warehouse_path.exists():
-        return None
+        return dict(DEFAULT_HARDWARE)
     from warehouse.db import connect
 
     with connect(warehouse_path, read_only=True) as con:
-        rows = con.sql("SELECT * FROM hardware WHERE hardware_id = ?", params=[hardware_id]).pl().to_dicts()
-    if not rows:
-        return None
-    row = rows[0]
-    fp = json.loads(row.pop("fingerprint_json") or "{}")
-    return {**fp, **{k: v for k, v in row.items() if v is not None}}
+        return fingerprints_or_default(con, [hardware_id])[hardware_id]
 
 
 def forecast_pair(task_name: str, task_description: str, anchor_source: str, candidate_source: str,

@@ -129,7 +129,9 @@ def parse_rate(
     return sum(f.parse_ok for f in forecasts) / len(rows)
 
 
-def sft_warmup(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], settings: Any) -> Any:
+def run_sft(
+    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], settings: Any
+) -> list[float]:
     """Supervised steps on the answer format; trains the model's LoRA adapter in place.
 
     Args:
@@ -138,16 +140,8 @@ def sft_warmup(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], setti
         rows: training rows ({"prompt": messages, "true_bin": int, ...}).
         settings: a TrainingSettings (reads sft_steps, sft_lr, seed).
     Returns:
-        The same model object, trained, in train mode (`run_sft` also returns the losses).
+        The per-step training losses; the model is left in train mode.
     """
-    run_sft(model, tokenizer, rows, settings)
-    return model
-
-
-def run_sft(
-    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], settings: Any
-) -> list[float]:
-    """The warm-up loop of `sft_warmup`; returns the per-step training losses."""
     losses: list[float] = []
     steps = int(settings.sft_steps)
     if steps <= 0 or not rows:

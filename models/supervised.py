@@ -255,7 +255,7 @@ def _load(settings: SupervisedSettings) -> tuple[Any, Any, bool]:
     cuda = torch.cuda.is_available()
     if cuda:
         # cuDNN's attention backward returns NaN gradients at some padded lengths on torch 2.11
-        # (see models.training._load_base); the memory-efficient kernels compute the same thing.
+        # (see models.training.grpo._load_base); the memory-efficient kernels compute the same thing.
         torch.backends.cuda.enable_cudnn_sdp(False)
         torch.backends.cuda.matmul.allow_tf32 = True
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)

@@ -142,7 +142,7 @@ def train_or_reuse(
     """
     import time
 
-    from models.training import train_grpo
+    from models.training import RunTracking, train_grpo
 
     key = training_key(settings, dataset_version, base_identity)
     existing = [] if force else find_versions(tracking_uri, name, training_key=key)
@@ -157,15 +157,8 @@ def train_or_reuse(
     tags = {"reward": settings.reward, "training_key": key}
     if dagster_run_id:
         tags["dagster_run_id"] = dagster_run_id
-    result = train_grpo(
-        settings,
-        rows,
-        work_dir,
-        tracking_uri=tracking_uri,
-        tags=tags,
-        dataset_version=dataset_version,
-        measurement_ids=measurement_ids,
-    )
+    tracking = RunTracking(tracking_uri, dataset_version=dataset_version, measurement_ids=measurement_ids, tags=tags)
+    result = train_grpo(settings, rows, work_dir, tracking)
     assert result.run_id is not None  # a tracking URI was given
     version = register_surrogate(
         tracking_uri,

@@ -84,12 +84,53 @@ def mlflow_experiment(client: Any, tracking_uri: str, name: str) -> str:
     return client.create_experiment(name, artifact_location=location)
 
 
+def _dataset_source_class():
+    from mlflow.data.dataset_source import DatasetSource
+
+    class _DuckDBPairsSource(DatasetSource):
+        """The pairs table of one dataset version in the kernelcast warehouse."""
+
+        def __init__(self, dataset_version: str) -> None:
+            self.dataset_version = dataset_version
+
+        @staticmethod
+        def _get_source_type() -> str:
+            return "duckdb"
+
+        def load(self, **kwargs: Any) -> str:
+            return self.uri
+
+        @property
+        def uri(self) -> str:
+            return f"duckdb:pairs@{self.dataset_version}"
+
+        @staticmethod
+        def _can_resolve(raw_source: Any) -> bool:
+            return isinstance(raw_source, str) and raw_source.startswith("duckdb:pairs@")
+
+        @classmethod
+        def _resolve(cls, raw_source: Any) -> _DuckDBPairsSource:
+            return cls(str(raw_source).split("@", 1)[1])
+
+        def to_dict(self) -> dict[str, Any]:
+            return {"uri": self.uri}
+
+        @classmethod
+        def from_dict(cls, source_dict: dict[Any, Any]) -> _DuckDBPairsSource:
+            return cls._resolve(source_dict["uri"])
+
+    return _DuckDBPairsSource
+
+
+def DuckDBPairsSource(dataset_version: str) -> Any:  # noqa: N802 - reads as a class at call sites
+    """An MLflow dataset source naming `duckdb:pairs@<dataset_version>`."""
+    return _dataset_source_class()(dataset_version)
+
+
 def pairs_dataset(pair_ids: Sequence[str], true_bins: Sequence[int], dataset_version: str, split: str):
     """An MLflow dataset of the pairs of one split of a dataset version (the pairs table in DuckDB)."""
     import mlflow
     import pandas as pd
-
-    from models.training import DuckDBPairsSource
 
     frame = pd.DataFrame({"pair_id": list(pair_ids), "true_bin": list(true_bins)})
     name = dataset_version if split == "train" else f"{dataset_version}-{split}"

@@ -393,7 +393,7 @@ def forecast(
     as text, a JSON-schema response or a forced tool call)."""
     from models.base_model import resolve_base_model
     from models.registry import DEFAULT_NAME, parse_model_uri
-    from models.service import DEFAULT_HARDWARE, forecast_pair, hardware_from_warehouse
+    from models.service import forecast_pair, hardware_or_default
     from pipelines.tasks import get_task
 
     settings = _settings(profile)
@@ -402,7 +402,7 @@ def forecast(
         raise CliError(f"--readout must be logprob or verbalized, got {readout!r}")
     if style is not None and style.removesuffix("+features") not in ("full", "diff", "compact"):
         raise CliError(f"--style must be full, diff or compact (optionally +features), got {style!r}")
-    fp = hardware_from_warehouse(settings.warehouse_path, hardware) or DEFAULT_HARDWARE
+    fp = hardware_or_default(settings.warehouse_path, hardware)
     if endpoint is not None:
         style = style or "full"
         result, model_ref = _forecast_via_endpoint(t, anchor, candidate, fp, endpoint, model, readout, style,

@@ -18,16 +18,16 @@ SPLIT_TITLES = {"in_distribution": "in distribution (eval set)", "held_out_task"
 
 def newest_table(settings) -> dict | None:
     """The forecaster table of the newest dataset version's report, or None."""
-    from warehouse.datasets import list_dataset_versions
+    from warehouse.datasets import current_dataset_version
     from warehouse.db import connect
 
     if not settings.warehouse_path.exists():
         return None
     with connect(settings.warehouse_path, read_only=True) as con:
-        versions = list_dataset_versions(con)
-    if versions.is_empty():
+        version = current_dataset_version(con)
+    if version is None:
         return None
-    path = settings.reports_dir / versions["dataset_version"][0] / TABLE_FILE
+    path = settings.reports_dir / version / TABLE_FILE
     return json.loads(path.read_text()) if path.is_file() else None
 
 

@@ -1,7 +1,10 @@
-"""Shared test setup: CPU hosts run Triton kernels through its interpreter; state goes to tmp."""
+"""Shared test setup: CPU hosts run Triton kernels through its interpreter; state goes to tmp;
+rendered kernels are imported from files."""
 
+import hashlib
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
@@ -11,3 +14,20 @@ if not torch.cuda.is_available():
     from pipelines.tasks.interpreter_fixes import patch_triton_interpreter
 
     patch_triton_interpreter()  # bf16 tl.dot is wrong in Triton 3.6's interpreter
+
+
+@pytest.fixture(scope="session")
+def load_kernel(tmp_path_factory):
+    """A function that writes a rendered kernel source to a file and imports it (triton.jit reads
+    a kernel's source from its file)."""
+    from pipelines.profiling.taskload import module_from_file
+
+    directory = tmp_path_factory.mktemp("kernels")
+
+    def load(source: str):
+        name = "kc_kernel_" + hashlib.sha256(source.encode()).hexdigest()[:16]
+        path = directory / f"{name}.py"
+        path.write_text(source)
+        return module_from_file(path, name)
+
+    return load

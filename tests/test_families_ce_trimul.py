@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import importlib.util
 import itertools
@@ -55,23 +54,6 @@ def _inputs(task, case):
     case = dict(case)
     seed = case.pop("seed")
     return task.generate_input(seed=seed, **case)
-
-
-@pytest.fixture(scope="module")
-def load_kernel(tmp_path_factory):
-    """Write a rendered source to a file and import it (triton.jit needs the source on disk)."""
-    directory = tmp_path_factory.mktemp("kernels_ce_trimul")
-
-    def load(source: str):
-        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-        path = directory / f"k_{digest}.py"
-        path.write_text(source)
-        spec = importlib.util.spec_from_file_location(f"kernelcast_ce_trimul_{digest}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    return load
 
 
 @pytest.fixture(scope="module", autouse=True)

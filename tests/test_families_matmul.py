@@ -7,13 +7,11 @@ them; every lower-case (algorithm) knob value runs once; the spaces hold >= 2000
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import importlib.util
 import itertools
 import os
 import random
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -88,23 +86,6 @@ def _interpreter_bf16_dot():
     interpreter.InterpreterBuilder.create_dot = create_dot
     yield
     interpreter.InterpreterBuilder.create_dot = original
-
-
-@pytest.fixture(scope="module")
-def load_kernel(tmp_path_factory):
-    """Write a rendered source to a file and import it (triton.jit needs inspect.getsource)."""
-    root = tmp_path_factory.mktemp("kernels")
-
-    def load(source: str):
-        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-        path = Path(root) / f"kernel_{digest}.py"
-        path.write_text(source)
-        spec = importlib.util.spec_from_file_location(f"kernelcast_test_{digest}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
-
-    return load
 
 
 def _run(load_kernel, task_name: str, fam: Family, values: dict, case_index: int = 0) -> None:

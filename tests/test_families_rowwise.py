@@ -4,13 +4,10 @@ under the Triton interpreter (tests/conftest.py sets TRITON_INTERPRET=1 on CPU h
 from __future__ import annotations
 
 import ast
-import hashlib
 import importlib
 import importlib.util
 import itertools
 import random
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -40,22 +37,10 @@ def valid_points(fam):
             yield values
 
 
-def load_kernel(source: str, directory: Path):
-    """Import a rendered kernel module from a file (triton.jit needs inspect.getsource)."""
-    name = "kc_rowwise_" + hashlib.sha256(source.encode()).hexdigest()[:16]
-    path = directory / f"{name}.py"
-    path.write_text(source)
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-def run_and_check(task_name: str, source: str, case: dict, directory: Path) -> None:
+def run_and_check(load_kernel, task_name: str, source: str, case: dict) -> None:
     task = get_task(task_name)
     data = task.generate_input(**case)
-    out = load_kernel(source, directory).custom_kernel(data)
+    out = load_kernel(source).custom_kernel(data)
     ok, msg = task.check_implementation(data, out)
     assert ok, f"{task_name} {case}: {msg}"
 
@@ -126,24 +111,24 @@ def test_constraints_reject_register_hungry_blocks():
 # Correctness under the interpreter
 # -----------------------------------------------------------------------------
 @pytest.mark.parametrize(("task", "algorithm"), FAMILY_IDS, ids=[f"{t}-{a}" for t, a in FAMILY_IDS])
-def test_family_default_point_is_correct(task, algorithm, tmp_path):
+def test_family_default_point_is_correct(task, algorithm, load_kernel):
     fam = next(f for f in families(task).FAMILIES if f.algorithm == algorithm)
     case = get_task(task).correctness_cases[0]
-    run_and_check(task, fam.render(rw.default_point(fam)), case, tmp_path)
+    run_and_check(load_kernel, task, fam.render(rw.default_point(fam)), case)
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_seed_kernel_is_correct_on_every_case(task, tmp_path):
+def test_seed_kernel_is_correct_on_every_case(task, load_kernel):
     algorithm, values = families(task).SEED
     fam = next(f for f in families(task).FAMILIES if f.algorithm == algorithm)
     source = fam.render(values)
     for case in get_task(task).correctness_cases:
-        run_and_check(task, source, case, tmp_path)
+        run_and_check(load_kernel, task, source, case)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("task", ("softmax", "rms_norm", "layer_norm"))
-def test_extreme_points_are_correct(task, tmp_path):
+def test_extreme_points_are_correct(task, load_kernel):
     """The smallest and largest blocks of the looped families (masking at both ends)."""
     case = {"M": 3, "N": 100, "seed": 5}  # ragged and short, so BLOCK_N=16 loops stay cheap
     for fam in families(task).FAMILIES:
@@ -151,11 +136,11 @@ def test_extreme_points_are_correct(task, tmp_path):
             continue
         points = list(valid_points(fam))
         for values in (points[0], points[-1]):
-            run_and_check(task, fam.render(values), case, tmp_path)
+            run_and_check(load_kernel, task, fam.render(values), case)
 
 
 @pytest.mark.parametrize("rounding", ("cvt", "bits"))
-def test_fp8_kernel_rounds_like_torch_across_binades(rounding, tmp_path):
+def test_fp8_kernel_rounds_like_torch_across_binades(rounding, load_kernel):
     """Values whose e4m3 rounding carries into the next binade (the interpreter's own cast gets
     127.99 -> 64); the kernel's q must equal torch's cast bit for bit (up to the sign of zero)."""
     fam = next(f for f in families("fp8_quant").FAMILIES if f.algorithm == "group_tile")
@@ -166,7 +151,7 @@ def test_fp8_kernel_rounds_like_torch_across_binades(rounding, tmp_path):
         "rounding": rounding,
         "eviction": "none",
     }
-    module = load_kernel(fam.render(values), tmp_path)
+    module = load_kernel(fam.render(values))
     # group 0: absmax 448 -> scale 1, so q = x exactly; values just below powers of two and odd steps
     edges = torch.tensor(
         [448.0, 127.5, 63.9, 31.99, 15.9, 7.97, 3.99, 1.99, 0.999, 0.0155, 0.003, -0.002]
@@ -183,7 +168,7 @@ def test_fp8_kernel_rounds_like_torch_across_binades(rounding, tmp_path):
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_seed_kernel_honours_row_strides(task, tmp_path):
+def test_seed_kernel_honours_row_strides(task, load_kernel):
     """Inputs that are row-strided views (padding after each row) give the same answer."""
     t = get_task(task)
     case = {"M": 3, "K": 256, "seed": 7} if task == "fp8_quant" else {"M": 3, "N": 300, "seed": 7}
@@ -195,6 +180,6 @@ def test_seed_kernel_honours_row_strides(task, tmp_path):
     data = (view, *rest)
     algorithm, values = families(task).SEED
     fam = next(f for f in families(task).FAMILIES if f.algorithm == algorithm)
-    out = load_kernel(fam.render(values), tmp_path).custom_kernel(data)
+    out = load_kernel(fam.render(values)).custom_kernel(data)
     ok, msg = t.check_implementation(data, out)
     assert ok, msg

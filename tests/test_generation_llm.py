@@ -8,12 +8,10 @@ The server implements POST /v1/chat/completions and answers according to the mod
 from __future__ import annotations
 
 import json
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import ClassVar
 
 import numpy as np
 import pytest
+from chat_server import ChatServer
 
 from pipelines.generation import llm_mutator
 from pipelines.generation.llm_mutator import LLMEndpoint, LLMMutator, ParentResult
@@ -27,50 +25,24 @@ CODER_REPLY = (
 )
 
 
-class _Handler(BaseHTTPRequestHandler):
-    calls: ClassVar[list[dict]] = []
-    flaky_failed = False
-
-    def log_message(self, *args):  # keep test output quiet
-        pass
-
-    def do_POST(self):
-        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-        _Handler.calls.append(
-            {"path": self.path, "auth": self.headers.get("Authorization"), "body": body}
-        )
-        model = body["model"]
-        if self.path != "/v1/chat/completions":
-            return self._send(404, {"error": "not found"})
-        if model == "broken" or (model == "flaky" and not _Handler.flaky_failed):
-            _Handler.flaky_failed = True
-            return self._send(503 if model == "flaky" else 500, {"error": "busy"})
-        text = CODER_REPLY if model in ("coder", "flaky") else "I would make it faster, trust me."
-        self._send(
-            200,
-            {
-                "choices": [{"message": {"role": "assistant", "content": text}}],
-                "usage": {"prompt_tokens": 10, "completion_tokens": 5},
-            },
-        )
-
-    def _send(self, code: int, payload: dict):
-        data = json.dumps(payload).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+def _reply(path: str, body: dict, seen: int) -> tuple[int, dict]:
+    if path != "/v1/chat/completions":
+        return 404, {"error": "not found"}
+    model = body["model"]
+    if model == "broken" or (model == "flaky" and seen == 1):
+        return (503 if model == "flaky" else 500), {"error": "busy"}
+    text = CODER_REPLY if model in ("coder", "flaky") else "I would make it faster, trust me."
+    return 200, {
+        "choices": [{"message": {"role": "assistant", "content": text}}],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5},
+    }
 
 
 @pytest.fixture(scope="module")
-def server_url():
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}/v1"
-    server.shutdown()
-    server.server_close()
+def server():
+    s = ChatServer(_reply)
+    yield s
+    s.close()
 
 
 @pytest.fixture
@@ -96,10 +68,9 @@ def test_prompt_carries_the_paper_ingredients(parent):
     assert "custom_kernel(data)" in user and "```python" in user
 
 
-def test_last_code_block_becomes_the_child(server_url, parent):
-    _Handler.calls.clear()
+def test_last_code_block_becomes_the_child(server, parent):
     mut = LLMMutator(
-        _endpoint(server_url, "coder"), results={parent["kernel_id"]: ParentResult(speedup=0.8)}
+        _endpoint(server.base_url, "coder"), results={parent["kernel_id"]: ParentResult(speedup=0.8)}
     )
     child = mut.mutate(parent, np.random.default_rng(0))
     assert child["source"] == CHILD
@@ -111,28 +82,27 @@ def test_last_code_block_becomes_the_child(server_url, parent):
     )
     assert child["llm_failure"] is None and child["llm_reply"] == CODER_REPLY
     assert json.loads(child["llm_usage_json"])["completion_tokens"] == 5
-    call = _Handler.calls[-1]
-    assert call["auth"] == "Bearer k-test"
-    assert "0.800x" in call["body"]["messages"][1]["content"]  # the measured result went out
+    call = server.requests[-1]
+    assert server.headers[-1]["Authorization"] == "Bearer k-test"
+    assert "0.800x" in call["messages"][1]["content"]  # the measured result went out
     # the rng fixes the request seed: a seeded search asks the same question again
     mut.mutate(parent, np.random.default_rng(0))
-    assert _Handler.calls[-1]["body"]["seed"] == call["body"]["seed"]
+    assert server.requests[-1]["seed"] == call["seed"]
 
 
-def test_reply_without_code_is_recorded_as_no_code(server_url, parent):
-    child = LLMMutator(_endpoint(server_url, "chatty")).mutate(parent, np.random.default_rng(1))
+def test_reply_without_code_is_recorded_as_no_code(server, parent):
+    child = LLMMutator(_endpoint(server.base_url, "chatty")).mutate(parent, np.random.default_rng(1))
     assert child["llm_failure"] == "no_code"
     assert child["source"] == child["llm_reply"] == "I would make it faster, trust me."
     assert child["parent_kernel_id"] == parent["kernel_id"]
 
 
-def test_retries_then_succeeds_and_gives_up_cleanly(server_url, parent):
-    _Handler.flaky_failed = False
-    child = LLMMutator(_endpoint(server_url, "flaky", retries=2)).mutate(
+def test_retries_then_succeeds_and_gives_up_cleanly(server, parent):
+    child = LLMMutator(_endpoint(server.base_url, "flaky", retries=2)).mutate(
         parent, np.random.default_rng(2)
     )
     assert child["llm_failure"] is None and child["source"] == CHILD
-    dead = LLMMutator(_endpoint(server_url, "broken", retries=1)).mutate(
+    dead = LLMMutator(_endpoint(server.base_url, "broken", retries=1)).mutate(
         parent, np.random.default_rng(3)
     )
     assert dead["llm_failure"] == "request_failed" and "HTTP 500" in dead["llm_reply"]

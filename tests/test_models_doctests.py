@@ -16,7 +16,7 @@ MODULES = [
     "models.backends.transformers_backend",
     "models.backends.openai_backend",
     "models.sft",
-    "models.training",
+    "models.training.settings",
     "models.registry",
     "models.promotion",
     "models.tracking",

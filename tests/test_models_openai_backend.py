@@ -2,10 +2,9 @@
 
 import json
 import math
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
+from chat_server import ChatServer
 
 from models.backends import BackendError, ForecastRequest
 from models.backends.openai_backend import OpenAIForecaster, label_logprobs
@@ -15,7 +14,7 @@ from models.prompts import ANSWER_PREFIX, build_prompt
 ANSWER = 'The candidate halves memory traffic.\n```json\n{"predicted_bin": 6, "p": [0, 0, 0, 0, 0.2, 0.5, 0.2, 0.1], "reasoning": "fewer loads"}\n```'
 
 
-class FakeServer:
+class FakeServer(ChatServer):
     """A chat completions endpoint whose reply depends on the requested model name.
 
     models: "good" (a valid answer), "garbage" (unparseable text), "flaky" (HTTP 503 on
@@ -24,39 +23,7 @@ class FakeServer:
     """
 
     def __init__(self):
-        self.requests: list[dict] = []
-        self.headers: list[dict] = []
-        self.lock = threading.Lock()
-        server = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # keep test output clean
-                pass
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                with server.lock:
-                    server.requests.append(body)
-                    server.headers.append(dict(self.headers))
-                    seen = sum(
-                        1
-                        for r in server.requests
-                        if r["messages"] == body["messages"] and r["model"] == body["model"]
-                    )
-                status, reply = server.reply(self.path, body, seen)
-                data = json.dumps(reply).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.thread = threading.Thread(
-            target=self.httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
-        )
-        self.thread.start()
-        self.base_url = f"http://127.0.0.1:{self.httpd.server_address[1]}/v1"
+        super().__init__(self.reply)
 
     def reply(self, path, body, seen):
         if path != "/v1/chat/completions":
@@ -90,10 +57,6 @@ class FakeServer:
             "choices": [{"message": {"role": "assistant", "content": content}}],
             "usage": usage,
         }
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from models.registry import (
     set_alias,
 )
 from models.tiny import build_tiny_model
-from models.training import mlflow_experiment
+from models.tracking import mlflow_experiment
 from pipelines.profiling.formats import measurement_id
 from warehouse.db import connect
 

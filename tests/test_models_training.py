@@ -16,6 +16,7 @@ from models.sft import format_target, smoothed_one_hot
 from models.tiny import build_tiny_model
 from models.training import (
     PROFILES,
+    RunTracking,
     TrainingSettings,
     build_training_rows,
     train_grpo,
@@ -131,15 +132,9 @@ def trained(tmp_path_factory, one_thread):
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(MlflowMetricsCallback, "on_log", spy)
-        result = train_grpo(
-            settings,
-            rows,
-            root / "adapter",
-            tracking_uri=uri,
-            tags={"dagster_run_id": "dg-run-1"},
-            dataset_version="v-test",
-            measurement_ids=["m1", "m2", "m3"],
-        )
+        tracking = RunTracking(uri, dataset_version="v-test", measurement_ids=["m1", "m2", "m3"],
+                               tags={"dagster_run_id": "dg-run-1"})
+        result = train_grpo(settings, rows, root / "adapter", tracking)
     LIVE[:] = seen_live
     return result, uri, tiny
 
@@ -246,8 +241,8 @@ def test_grad_guard_drops_a_non_finite_step_and_gives_up_after_too_many():
 
 def _poison_lora_grads(monkeypatch, backward_passes: int) -> None:
     """Make the first `backward_passes` backward passes of the LoRA model produce NaN grads
-    (what the H200 runs logged), by wrapping models.training._with_lora."""
-    import models.training as training
+    (what the H200 runs logged), by wrapping models.training.grpo._with_lora."""
+    from models.training import grpo as training
 
     real = training._with_lora
     left = {"n": backward_passes}

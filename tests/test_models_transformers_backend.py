@@ -87,14 +87,13 @@ def test_logprob_readout_matches_an_unbatched_forward(logprob_forecaster):
         assert list(f.p) == pytest.approx((probs / probs.sum()).tolist(), rel=1e-4)
 
 
+def _verbalized(base: TransformersForecaster, **settings) -> TransformersForecaster:
+    """A verbalized-readout forecaster on the model and tokenizer `base` already loaded."""
+    return TransformersForecaster(base.model, base.tokenizer, readout="verbalized", **settings)
+
+
 def test_verbalized_readout_records_parse_failures(tiny_dir, logprob_forecaster):
-    forecaster = TransformersForecaster(
-        logprob_forecaster.model,
-        logprob_forecaster.tokenizer,
-        readout="verbalized",
-        max_new_tokens=8,
-        batch_size=2,
-    )
+    forecaster = _verbalized(logprob_forecaster, max_new_tokens=8, batch_size=2)
     out = forecaster.forecast([request(1), request(3), request(2)])
     assert len(out) == 3
     for f in out:
@@ -103,15 +102,7 @@ def test_verbalized_readout_records_parse_failures(tiny_dir, logprob_forecaster)
 
 
 def test_sampling_repeats_differ_and_retries_are_counted(logprob_forecaster):
-    forecaster = TransformersForecaster(
-        logprob_forecaster.model,
-        logprob_forecaster.tokenizer,
-        readout="verbalized",
-        max_new_tokens=6,
-        temperature=1.0,
-        retries=1,
-        batch_size=4,
-    )
+    forecaster = _verbalized(logprob_forecaster, max_new_tokens=6, temperature=1.0, retries=1, batch_size=4)
     out = forecaster.forecast([request(1)], repeats=3)
     assert [f.repeat for f in out] == [0, 1, 2]
     assert all(f.attempts == 2 and f.tokens <= 12 for f in out)  # every noise answer retried once

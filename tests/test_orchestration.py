@@ -12,6 +12,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
+from asset_runs import check_results, materialize
 
 from orchestration.definitions import build_defs
 from orchestration.settings import load_settings
@@ -62,20 +63,6 @@ def test_definitions_snapshot(settings):
         assert node.description, f"{key} has no description"
 
 
-def _materialize(defs, selection, instance, partition_key=None):
-    job = dg.define_asset_job("t", selection=selection)
-    resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def("t")
-    return resolved.execute_in_process(instance=instance, partition_key=partition_key, raise_on_error=False)
-
-
-def _check_results(result) -> dict[str, bool]:
-    return {
-        ev.event_specific_data.check_name: ev.event_specific_data.passed
-        for ev in result.all_events
-        if ev.event_type_value == "ASSET_CHECK_EVALUATION"
-    }
-
-
 @pytest.mark.slow
 def test_measurements_curation_and_evaluation_on_committed_data(settings):
     """Ingest the committed H200 files, curate, forecast with the reference forecasters, report."""
@@ -85,12 +72,12 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
     instance = dg.DagsterInstance.ephemeral()
     instance.add_dynamic_partitions("hardware", [H200])
 
-    tasks = _materialize(defs, dg.AssetSelection.assets("kernel_tasks"), instance)
-    assert tasks.success and _check_results(tasks) == {"references_pass_own_check": True}
+    tasks = materialize(defs, dg.AssetSelection.assets("kernel_tasks"), instance)
+    assert tasks.success and check_results(tasks) == {"references_pass_own_check": True}
 
-    meas = _materialize(defs, dg.AssetSelection.assets("kernel_measurements"), instance, partition_key=H200)
+    meas = materialize(defs, dg.AssetSelection.assets("kernel_measurements"), instance, partition_key=H200)
     assert meas.success
-    assert _check_results(meas) == {
+    assert check_results(meas) == {
         "speedup_requires_correctness": True, "speedups_finite_positive": True, "one_fingerprint_per_batch": True,
     }
     with connect(settings.warehouse_path, read_only=True) as con:
@@ -106,12 +93,12 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
     assert n_ok > 500
 
     # Re-materialising adds nothing (idempotent ingest).
-    again = _materialize(defs, dg.AssetSelection.assets("kernel_measurements"), instance, partition_key=H200)
+    again = materialize(defs, dg.AssetSelection.assets("kernel_measurements"), instance, partition_key=H200)
     mat = again.get_asset_materialization_events()[0].step_materialization_data.materialization
     assert mat.metadata["rows_added"].value == 0
 
-    down = _materialize(defs, dg.AssetSelection.assets("kernel_measurements").downstream() - dg.AssetSelection.assets("kernel_measurements"), instance)
-    checks = _check_results(down)
+    down = materialize(defs, dg.AssetSelection.assets("kernel_measurements").downstream() - dg.AssetSelection.assets("kernel_measurements"), instance)
+    checks = check_results(down)
     # The smoke surrogate (tiny random model) may fail a promotion gate: that holds it back, a
     # decision model_promotion records; the run succeeds.
     assert down.success, [e.message for e in down.all_events if e.is_failure]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import time
 
 import pytest
-from parse_fuzz_cases import HOSTILE, answers, hostile
 
+from models.parse_fuzz import HOSTILE, answers, hostile
 from models.parsing import parse_forecast
 
 

@@ -27,8 +27,7 @@ from pipelines.profiling.worker import WorkerConfig, run_batch
 
 FIXTURES = Path(__file__).parent / "fixtures_kernels"
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(FIXTURES))
-from tiny_task import EXPECTED  # noqa: E402
+EXPECTED = taskload.module_from_file(FIXTURES / "tiny_task.py", "tiny_task_fixture").EXPECTED
 
 TIMEOUT_S = 5.0  # per kernel: hangs cost this much each
 

@@ -102,3 +102,11 @@ def test_gpu_job_runs_collects_and_reads_back_calibrated(tmp_path, monkeypatch):
         p = v.forecasts.select([f"p{i}" for i in range(1, 9)]).to_numpy()
         assert abs(p.sum(axis=1) - 1).max() < 1e-9
         assert v.calibrator.n_fit == 8  # fitted on the variant's own calibration forecasts
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")
+def test_gpu_check_sdpa_without_a_gpu_is_one_line(capsys):
+    from models.remote import sdpa_check
+
+    assert sdpa_check.main([]) == 2
+    assert capsys.readouterr().err.strip() == "error: no CUDA GPU here"

@@ -9,7 +9,6 @@ the same tests hold on a root CI machine and on an unprivileged one.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import shutil
@@ -24,24 +23,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.profiling import jail, sandbox, taskload
+from pipelines.profiling import fault_injection, jail, sandbox, taskload
 from pipelines.profiling.check import check_sources
 from pipelines.profiling.formats import BATCH_SCHEMA
 from pipelines.profiling.worker import WorkerConfig, run_batch
 
 FIXTURES = Path(__file__).parent / "fixtures_kernels"
 REPO = Path(__file__).resolve().parents[1]
-_spec = importlib.util.spec_from_file_location("hostile_kernels", FIXTURES / "hostile.py")
-hostile = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(hostile)
+hostile = taskload.module_from_file(FIXTURES / "hostile.py", "hostile_kernels")
 
 POLICY = sandbox.SandboxPolicy(memory_bytes=3 * sandbox.GIB, processes=64)  # small: a bomb stays cheap here
 SECRET = "kc-test-secret-7f3a9c"
 MARKER = "kc-escapee-marker-5d21"
-
-
-Listener = hostile.Listener
-
 
 
 @pytest.fixture
@@ -60,7 +53,7 @@ def battery_env(tmp_path, monkeypatch):
     os.chmod(outside, 0o777)  # the worst case: a folder anyone may write
     token = os.urandom(4).hex()
     targets = [str(outside / "f"), str(REPO / f"ESCAPED-{token}"), f"/tmp/kc-escaped-{token}"]
-    listener = Listener()
+    listener = hostile.Listener()
     params = {"targets": targets, "port": listener.port, "secret": SECRET, "marker": MARKER,
               "warehouse": str(warehouse), "chunks": 24, "forks": 600}
     yield {"params": params, "listener": listener, "warehouse": warehouse, "before": warehouse.read_bytes()}
@@ -74,19 +67,6 @@ def battery_env(tmp_path, monkeypatch):
 # process watchdog and sweeps need no privilege).
 NEEDS = {"write_outside": {"landlock"}, "warehouse_tampering": {"landlock", "uid"}, "memory_bomb": {"rlimits"},
          "network": {"netns", "landlock-net"}}
-
-
-def _escapees() -> list[str]:
-    """Processes whose command line carries the setsid kernel's marker."""
-    out = []
-    for pid in os.listdir("/proc"):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if MARKER.encode() in f.read():
-                    out.append(pid)
-        except OSError:
-            pass
-    return out
 
 
 def _report(outcomes: dict[str, tuple[str | None, str]]) -> None:
@@ -132,7 +112,7 @@ def test_hostile_kernels_on_the_check_path(battery_env):
         assert listener.got == []
     elif "landlock-net" in layers:
         assert not [g for g in listener.got if g.startswith("tcp")]
-    assert not _escapees()
+    assert not hostile.escapees(MARKER)
     assert "KERNELCAST_HOME absent" in got["env_secrets"][1] and SECRET not in got["env_secrets"][1]
 
 
@@ -187,7 +167,7 @@ def test_without_namespaces_escapees_still_end_and_the_row_says_so(battery_env, 
         assert o.failure_kind in hostile.KINDS[name]
         assert "pidns" not in o.sandbox.split(",") and "pgkill" in o.sandbox.split(",")
     time.sleep(0.3)
-    assert not _escapees()
+    assert not hostile.escapees(MARKER)
 
 
 # ---- the jail on its own ----------------------------------------------------------------------
@@ -249,12 +229,11 @@ def test_jail_as_an_unprivileged_user_enters_its_own_namespaces(open_dir):
 
 
 @pytest.mark.slow
-def test_the_fault_injection_script_passes_on_the_cpu(tmp_path):
-    """scripts/gpu_fault_injection.py, the GPU battery, on the interpreter: broken and hostile
+def test_the_fault_battery_passes_on_the_cpu(tmp_path, capsys):
+    """pipelines.profiling.fault_injection, the GPU battery, on the interpreter: broken and hostile
     kernels get their kinds, nothing reaches outside (it checks), the worker survives."""
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_fault_injection.py"), "--device", "cpu",
-                          "--out-dir", str(tmp_path / "fi")], cwd=REPO, capture_output=True, text=True, timeout=400)
-    assert res.returncode == 0, res.stdout[-3000:]
+    code = fault_injection.main(["--device", "cpu", "--out-dir", str(tmp_path / "fi")])
+    assert code == 0, capsys.readouterr().out[-3000:]
     report = json.loads((tmp_path / "fi" / "fault.json").read_text())
     assert report["problems"] == [] and len(report["rows"]) >= len(hostile.SOURCES)  # judged by the host's layers
     print(report["sandbox"], report["outside"])

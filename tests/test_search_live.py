@@ -14,6 +14,7 @@ import pytest
 
 from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
 from pipelines.search.live import main
+from warehouse import commit
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -56,10 +57,8 @@ def test_live_search_on_the_worker_stops_resumes_and_commits(tmp_path):
     dest.mkdir()
     for p in (REPO / "data" / "measurements" / "h200").glob("kernels-*.parquet"):
         shutil.copy(p, dest / p.name)
-    proc = subprocess.run([sys.executable, "scripts/commit_measurements.py", "--name", "live-test", "--dest", str(dest),
-                           "--kernels", str(out / "kernels-live.parquet"), str(out / "results-live.parquet")],
-                          cwd=REPO, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
+    assert commit.main(["--name", "live-test", "--dest", str(dest), "--kernels", str(out / "kernels-live.parquet"),
+                        str(out / "results-live.parquet")]) == 0
     assert (dest / "results-live-test-live.parquet").exists() and (dest / "kernels-live-test.parquet").exists()
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import dagster as dg
 import polars as pl
 import pytest
+from asset_runs import check_results, materialize, materialized
 from typer.testing import CliRunner
 
 from models.promotion import (
@@ -91,24 +92,6 @@ def test_rule_replaces_a_beaten_champion_and_picks_the_best_eligible():
 
 
 # ---- the graph, end to end -------------------------------------------------------------------
-def _materialize(defs, selection, instance, partition_key=None):
-    job = dg.define_asset_job("t", selection=selection)
-    resolved = dg.Definitions.merge(defs, dg.Definitions(jobs=[job])).resolve_job_def("t")
-    return resolved.execute_in_process(instance=instance, partition_key=partition_key, raise_on_error=False)
-
-
-def _checks(result) -> dict[str, bool]:
-    return {
-        ev.event_specific_data.check_name: ev.event_specific_data.passed
-        for ev in result.all_events
-        if ev.event_type_value == "ASSET_CHECK_EVALUATION"
-    }
-
-
-def _materialized(result) -> set[str]:
-    return {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
-
-
 EVALUATE_AND_PROMOTE = ("forecasts", "calibration_report", "utility_report", "model_promotion")
 
 
@@ -128,11 +111,11 @@ def graph(tmp_path_factory):
         defs = build_defs(settings)
         instance = dg.DagsterInstance.ephemeral()
         instance.add_dynamic_partitions("hardware", [H200])
-        assert _materialize(defs, dg.AssetSelection.assets("kernel_tasks"), instance).success
-        assert _materialize(defs, dg.AssetSelection.assets("kernel_measurements"), instance, H200).success
+        assert materialize(defs, dg.AssetSelection.assets("kernel_tasks"), instance).success
+        assert materialize(defs, dg.AssetSelection.assets("kernel_measurements"), instance, H200).success
         selection = dg.AssetSelection.assets("curated_pairs", "eval_set", "rl_training_pool", "discovery_pairs",
                                              "base_model", "surrogate_model", *EVALUATE_AND_PROMOTE)
-        result = _materialize(defs, selection, instance)
+        result = materialize(defs, selection, instance)
         yield settings, defs, instance, result
 
 
@@ -144,10 +127,10 @@ def test_base_and_surrogate_are_built_registered_and_traced(graph):
     from warehouse.db import connect
 
     settings, _, _, result = graph
-    checks = _checks(result)
+    checks = check_results(result)
     assert checks["base_model_loads"] and checks["tokenizer_round_trips"]
     assert checks["surrogate_registered_with_lineage"]
-    assert {"base_model", "surrogate_model", "forecasts", "calibration_report"} <= _materialized(result)
+    assert {"base_model", "surrogate_model", "forecasts", "calibration_report"} <= materialized(result)
     assert (settings.home / "models" / "tiny" / "config.json").is_file()
 
     client = MlflowClient(settings.mlflow_uri, registry_uri=settings.mlflow_uri)
@@ -193,12 +176,12 @@ def test_gates_and_promotion_agree_with_the_rule(graph):
     from models.registry import alias_version
 
     settings, _, _, result = graph
-    checks = _checks(result)
+    checks = check_results(result)
     assert "challenger_parse_rate_above_floor" in checks and checks["challenger_parse_rate_above_floor"]
     eligible = checks["challenger_brier_not_worse_than_uniform"]
     # model_promotion always runs and records its decision: version 1 (no champion before)
     # is promoted when it passes the gates, held back otherwise; the run succeeds either way.
-    assert "model_promotion" in _materialized(result) and result.success
+    assert "model_promotion" in materialized(result) and result.success
     assert alias_version(settings.mlflow_uri, "champion") == (1 if eligible else None)
     meta = _promotion_metadata(result)
     assert meta["outcome"] == ("promoted" if eligible else "held_back")
@@ -252,7 +235,7 @@ def _register_challenger(settings, batch: str) -> int:
 def _promote_again(defs, instance):
     # Only the evaluation and promotion assets: forecasts are written by the test.
     selection = dg.AssetSelection.assets("calibration_report", "utility_report", "model_promotion")
-    return _materialize(defs, selection, instance)
+    return materialize(defs, selection, instance)
 
 
 @pytest.mark.slow
@@ -270,15 +253,15 @@ def test_promotion_passes_then_holds_a_worse_challenger_then_a_failing_one(graph
     if alias_version(uri, "champion") is not None:
         client.delete_registered_model_alias(NAME, "champion")
     run = _promote_again(defs, instance)
-    assert run.success and _checks(run)["challenger_brier_not_worse_than_uniform"]
-    assert "model_promotion" in _materialized(run)
+    assert run.success and check_results(run)["challenger_brier_not_worse_than_uniform"]
+    assert "model_promotion" in materialized(run)
     assert alias_version(uri, "champion") == 1
 
     # (2) A challenger better than uniform but worse than the champion: gates pass, no change.
     v2 = _register_challenger(settings, "batch-2")
     _write_surrogate_forecasts(settings, v2, "fair")
     run = _promote_again(defs, instance)
-    assert run.success and _checks(run)["challenger_brier_not_worse_than_uniform"]
+    assert run.success and check_results(run)["challenger_brier_not_worse_than_uniform"]
     meta = _promotion_metadata(run)
     assert meta["outcome"] == "kept" and "does not beat champion 1" in meta["reason"]
     assert alias_version(uri, "champion") == 1 and alias_version(uri, "challenger") == v2
@@ -292,8 +275,8 @@ def test_promotion_passes_then_holds_a_worse_challenger_then_a_failing_one(graph
     v3 = _register_challenger(settings, "batch-3")
     _write_surrogate_forecasts(settings, v3, "bad")
     run = _promote_again(defs, instance)
-    assert run.success and "model_promotion" in _materialized(run)
-    assert _checks(run)["challenger_brier_not_worse_than_uniform"] is False
+    assert run.success and "model_promotion" in materialized(run)
+    assert check_results(run)["challenger_brier_not_worse_than_uniform"] is False
     assert _check_severities(run) == {"challenger_brier_not_worse_than_uniform": "WARN"}
     meta = _promotion_metadata(run)
     assert meta["outcome"] == "held_back" and str(v3) in meta["versions"]
@@ -355,9 +338,9 @@ def test_wrong_forecasts_block_promotion(graph):
     _write_surrogate_forecasts(settings, broken, "good")
     with connect(settings.warehouse_path) as con:
         con.execute("UPDATE forecasts SET p1 = 5.0 WHERE model_ref = ?", [f"models:/{NAME}/{broken}"])
-    run = _materialize(defs, dg.AssetSelection.assets(*EVALUATE_AND_PROMOTE), instance)
-    assert _checks(run)["registered_forecasts_are_distributions"] is False
-    assert not run.success and _materialized(run) == {"forecasts"}  # reports and promotion held back
+    run = materialize(defs, dg.AssetSelection.assets(*EVALUATE_AND_PROMOTE), instance)
+    assert check_results(run)["registered_forecasts_are_distributions"] is False
+    assert not run.success and materialized(run) == {"forecasts"}  # reports and promotion held back
     assert alias_version(uri, "champion") == 1
 
 

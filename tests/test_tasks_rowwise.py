@@ -59,6 +59,13 @@ def test_inputs_are_deterministic_by_seed(name):
     assert all(t.device.type == "cpu" for t in _tensors(a))  # no GPU here: default_device() is cpu
 
 
+def _assert_each_rejected(task, data, outputs) -> None:
+    """Every output fails the task's check, with a message saying why."""
+    for out in outputs:
+        ok, msg = task.check_implementation(data, out)
+        assert not ok and msg and msg != "ok"
+
+
 @pytest.mark.parametrize("name", ("softmax", "rms_norm", "layer_norm"))
 def test_wrong_outputs_fail_with_a_message(name):
     task = get_task(name)
@@ -70,9 +77,7 @@ def test_wrong_outputs_fail_with_a_message(name):
         ref[:, :-1],  # wrong shape
         ref.float(),  # wrong dtype
     ]
-    for out in wrong:
-        ok, msg = task.check_implementation(data, out)
-        assert not ok and msg and msg != "ok"
+    _assert_each_rejected(task, data, wrong)
 
 
 def test_softmax_check_catches_all_zero_output():
@@ -96,9 +101,7 @@ def test_fp8_wrong_outputs_fail_with_a_message():
         (q, s.double()),  # scales not fp32
         q,  # not a tuple
     ]
-    for out in wrong:
-        ok, msg = task.check_implementation(data, out)
-        assert not ok and msg and msg != "ok"
+    _assert_each_rejected(task, data, wrong)
 
 
 def test_fp8_scale_floor_on_an_all_zero_group():

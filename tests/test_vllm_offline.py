@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-from vllm_helpers import smollm2_dir, vllm_python  # tests/ is on sys.path under pytest
+from vllm_helpers import smollm2_dir, vllm_python  # beside the tests (pytest's rootdir)
 
 from models.backends import BackendError, ForecastRequest
 from models.cache import ForecastCache

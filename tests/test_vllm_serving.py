@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,7 +30,9 @@ import urllib.request
 
 import numpy as np
 import pytest
-from vllm_helpers import smollm2_dir, vllm_python  # tests/ is on sys.path under pytest
+from vllm_helpers import smollm2_dir, vllm_python  # beside the tests (pytest's rootdir)
+
+from models.backends.vllm_backend import end_process_group
 
 log = logging.getLogger(__name__)
 
@@ -45,25 +46,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """Terminate the server's process group (API server + engine core + worker), then kill."""
-    if proc.poll() is not None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    try:
-        proc.wait(timeout=30)
-    except subprocess.TimeoutExpired:
-        log.warning("vllm server %d ignored SIGTERM; killing it", proc.pid)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # also any engine child left behind
-    except ProcessLookupError:
-        pass
-    proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +86,7 @@ def vllm_server(tmp_path_factory):
         assert served == [SERVED_NAME]
         yield base_url
     finally:
-        _stop(proc)
+        end_process_group(proc, term_wait_s=30)
 
 
 def test_llm_mutator_against_vllm(vllm_server):

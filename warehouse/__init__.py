@@ -35,6 +35,7 @@ _EXPORTS: dict[str, str] = {
     "add_kernel_features": "warehouse.kernels",
     "add_kernel_checks": "warehouse.kernels",
     "read_hardware": "warehouse.hardware",
+    "fingerprints": "warehouse.hardware",
     # ingest
     "IngestReport": "warehouse.ingest",
     "ingest_results": "warehouse.ingest",
@@ -55,6 +56,7 @@ _EXPORTS: dict[str, str] = {
     "write_dataset": "warehouse.datasets",
     "read_dataset_version": "warehouse.datasets",
     "list_dataset_versions": "warehouse.datasets",
+    "current_dataset_version": "warehouse.datasets",
     "dataset_measurement_ids": "warehouse.datasets",
     # forecasts
     "write_forecasts": "warehouse.forecasts",

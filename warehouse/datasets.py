@@ -271,6 +271,12 @@ def list_dataset_versions(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     )
 
 
+def current_dataset_version(con: duckdb.DuckDBPyConnection) -> str | None:
+    """The newest dataset version (what the downstream assets read), or None before the first."""
+    rows = execute(con, "SELECT dataset_version FROM dataset_versions ORDER BY created_at DESC, dataset_version DESC LIMIT 1")
+    return rows[0][0] if rows else None
+
+
 def dataset_measurement_ids(con: duckdb.DuckDBPyConnection, version: str) -> list[str]:
     """The measurement ids behind a dataset version, sorted (e.g. for an MLflow artifact)."""
     rows = execute(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import importlib.resources
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -224,6 +224,19 @@ def query_frame(
         The result as a polars DataFrame.
     """
     return con.sql(sql, params=list(params) if params is not None else None).pl()
+
+
+def where_clause(conditions: Mapping[str, Any]) -> tuple[str, list[Any]]:
+    """`" WHERE c1 AND c2"` of the conditions whose value is given, and their parameters.
+
+    Args:
+        conditions: an SQL condition with one `?` -> its value; a None value leaves it out.
+    Returns:
+        ("" when no condition applies, the parameters in order); e.g.
+        {"task = ?": "softmax", "hardware_id = ?": None} -> (" WHERE task = ?", ["softmax"]).
+    """
+    kept = [(sql, value) for sql, value in conditions.items() if value is not None]
+    return (" WHERE " + " AND ".join(sql for sql, _ in kept) if kept else ""), [value for _, value in kept]
 
 
 @contextmanager

@@ -9,7 +9,7 @@ from __future__ import annotations
 import duckdb
 import polars as pl
 
-from warehouse.db import query_frame, transaction
+from warehouse.db import query_frame, transaction, where_clause
 from warehouse.errors import ValidationError
 from warehouse.frames import Frame, check_in, conform, dedupe_last, insert_frame, to_polars
 
@@ -109,14 +109,6 @@ def read_forecasts(
         else ""
     )
     join = " JOIN pairs p USING (pair_id)" if (with_pairs or dataset_version is not None) else ""
-    where, params = [], []
-    if model_ref is not None:
-        where.append("f.model_ref = ?")
-        params.append(model_ref)
-    if dataset_version is not None:
-        where.append("p.dataset_version = ?")
-        params.append(dataset_version)
-    sql = f"SELECT f.*{pair_cols} FROM forecasts f{join}"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    where, params = where_clause({"f.model_ref = ?": model_ref, "p.dataset_version = ?": dataset_version})
+    sql = f"SELECT f.*{pair_cols} FROM forecasts f{join}{where}"
     return query_frame(con, sql + " ORDER BY f.model_ref, f.pair_id, f.repeat", params)

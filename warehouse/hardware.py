@@ -20,6 +20,7 @@ present, non-empty, non-zero value wins. Absent keys leave the column NULL.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from typing import Any
 
 import duckdb
@@ -133,3 +134,15 @@ def register_hardware(
 def read_hardware(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
     """Every known device type, ordered by hardware_id."""
     return query_frame(con, "SELECT * FROM hardware ORDER BY hardware_id")
+
+
+def fingerprints(con: duckdb.DuckDBPyConnection, hardware_ids: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """hardware_id -> its stored row over its fingerprint JSON (a non-null column wins; the
+    first_seen timestamp left out, so the result is plain JSON), for the ids the table holds."""
+    wanted = list(hardware_ids)
+    rows = query_frame(con, "SELECT * FROM hardware WHERE list_contains(?, hardware_id)", [wanted]).to_dicts()
+    out = {}
+    for row in rows:
+        fp = json.loads(row.pop("fingerprint_json", None) or "{}")
+        out[row["hardware_id"]] = {**fp, **{k: v for k, v in row.items() if v is not None and not hasattr(v, "isoformat")}}
+    return out

@@ -13,7 +13,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from warehouse.db import query_frame, transaction
+from warehouse.db import query_frame, transaction, where_clause
 from warehouse.errors import ValidationError
 from warehouse.frames import (
     Frame,
@@ -175,17 +175,9 @@ def read_kernels(
         One row per kernel, ordered by task, kernel_id.
     """
     cols = "*" if with_source else "* EXCLUDE (source)"
-    where, params = [], []
-    if task is not None:
-        where.append("task = ?")
-        params.append(task)
-    if kernel_ids is not None:
-        where.append("list_contains(?, kernel_id)")
-        params.append(list(kernel_ids))
-    sql = f"SELECT {cols} FROM kernels"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
-    return query_frame(con, sql + " ORDER BY task, kernel_id", params)
+    where, params = where_clause({"task = ?": task,
+                                  "list_contains(?, kernel_id)": None if kernel_ids is None else list(kernel_ids)})
+    return query_frame(con, f"SELECT {cols} FROM kernels{where} ORDER BY task, kernel_id", params)
 
 
 def add_kernel_features(con: duckdb.DuckDBPyConnection, frame: Frame) -> int:

@@ -12,20 +12,13 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from warehouse.db import execute, query_frame
+from warehouse.db import execute, query_frame, where_clause
 
 BinFunction = Callable[[Sequence[float]], Sequence[int]]
 
 
 def _where(hardware_id: str | None, task: str | None, prefix: str = "m.") -> tuple[str, list[Any]]:
-    clauses, params = [], []
-    if hardware_id is not None:
-        clauses.append(f"{prefix}hardware_id = ?")
-        params.append(hardware_id)
-    if task is not None:
-        clauses.append(f"{prefix}task = ?")
-        params.append(task)
-    return (" WHERE " + " AND ".join(clauses) if clauses else ""), params
+    return where_clause({f"{prefix}hardware_id = ?": hardware_id, f"{prefix}task = ?": task})
 
 
 def measurements_frame(

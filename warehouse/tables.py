@@ -6,6 +6,7 @@ The functions live in small modules by table family; this module only gathers th
 from __future__ import annotations
 
 from warehouse.datasets import (
+    current_dataset_version,
     dataset_measurement_ids,
     list_dataset_versions,
     make_pair_id,
@@ -16,7 +17,7 @@ from warehouse.datasets import (
     write_pairs,
 )
 from warehouse.forecasts import read_forecasts, write_forecasts
-from warehouse.hardware import read_hardware
+from warehouse.hardware import fingerprints, read_hardware
 from warehouse.ingest import (
     IngestReport,
     ingest_file,
@@ -51,8 +52,10 @@ __all__ = [
     "add_kernel_checks",
     "add_kernel_features",
     "add_kernels",
+    "current_dataset_version",
     "dataset_counts",
     "dataset_measurement_ids",
+    "fingerprints",
     "ingest_file",
     "ingest_kernels",
     "ingest_path",

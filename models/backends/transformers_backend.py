@@ -337,9 +337,5 @@ class TransformersForecaster(Forecaster):
                 ):
                     before = answers[i]
                     assert isinstance(before, Forecast)
-                    answers[i] = again.with_meta(
-                        attempts=before.attempts + 1,
-                        tokens=(before.tokens or 0) + (again.tokens or 0),
-                        latency_s=(before.latency_s or 0.0) + (again.latency_s or 0.0),
-                    )
+                    answers[i] = again.retry_of(before)
         return answers

@@ -90,8 +90,29 @@ def resolve_vllm_python(python: str | Path | None = None) -> str:
     )
 
 
+def end_process_group(proc: subprocess.Popen, term_wait_s: float = 10.0) -> None:
+    """SIGTERM the process group `proc` leads (vLLM's engine core and workers are in it), wait
+    up to `term_wait_s` for `proc`, then SIGKILL whatever of the group is left."""
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    try:
+        proc.wait(timeout=term_wait_s)
+    except subprocess.TimeoutExpired:
+        log.warning("process %d ignored SIGTERM; killing it", proc.pid)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        log.warning("process %d did not exit after SIGKILL", proc.pid)
+
+
 def _kill_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
-    """End the runner (EOF on stdin), then SIGTERM/SIGKILL its whole process group."""
+    """End the runner (EOF on stdin, `grace_s` to finish), then its whole process group."""
     try:
         if proc.stdin and not proc.stdin.closed:
             proc.stdin.close()
@@ -100,22 +121,8 @@ def _kill_group(proc: subprocess.Popen, grace_s: float = 15.0) -> None:
     try:
         proc.wait(timeout=grace_s)
     except subprocess.TimeoutExpired:
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)  # engine core / workers left behind, if any
-    except (ProcessLookupError, PermissionError):
         pass
-    try:
-        proc.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        log.warning("vLLM runner %d did not exit after SIGKILL", proc.pid)
+    end_process_group(proc)
     # Killed engine processes were re-parented to init; wait (briefly) until they are reaped.
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -206,7 +213,7 @@ class VLLMEngine:
             self.log_path = Path(name)
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
-        cmd = [python, str(RUNNER), "--model", self.model,
+        cmd = [python, "-P", str(RUNNER), "--model", self.model,
                "--engine-args", json.dumps(self.engine_args)]  # fmt: skip
         log.info("starting vLLM engine for %s (log %s)", self.model, self.log_path)
         with open(self.log_path, "ab") as err:
@@ -537,11 +544,7 @@ class VLLMOfflineForecaster(Forecaster):
                     if not isinstance(new, Forecast):
                         continue  # keep the recorded parse failure; the engine error is logged
                     assert isinstance(before, Forecast)
-                    answers[i] = new.with_meta(
-                        attempts=before.attempts + 1,
-                        tokens=(before.tokens or 0) + (new.tokens or 0),
-                        latency_s=(before.latency_s or 0.0) + (new.latency_s or 0.0),
-                    )
+                    answers[i] = new.retry_of(before)
         return answers
 
     def _submit(

@@ -2,8 +2,9 @@
 
 Runs under the python of the vLLM venv and imports only the standard library and vllm (never
 `models.*`: the project's own packages are not installed there). It is started as a script,
+with -P so that this file's folder stays off the import path (it could shadow installed packages),
 
-    <vllm python> models/backends/vllm_offline_runner.py --model DIR [--engine-args JSON]
+    <vllm python> -P models/backends/vllm_offline_runner.py --model DIR [--engine-args JSON]
 
 loads `vllm.LLM(model=DIR, enforce_eager=True, **engine_args)` once, then speaks JSON lines:
 
@@ -37,11 +38,6 @@ import os
 import sys
 import time
 import traceback
-from pathlib import Path
-
-# Run as a script, the directory of this file would shadow installed packages; drop it.
-_HERE = str(Path(__file__).resolve().parent)
-sys.path[:] = [p for p in sys.path if (p and str(Path(p).resolve())) != _HERE]
 
 SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "max_tokens", "n", "seed", "logprobs",

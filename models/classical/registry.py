@@ -57,7 +57,7 @@ def log_classical(
     import sklearn
     from mlflow.models import infer_signature
 
-    from models.training import mlflow_experiment
+    from models.tracking import mlflow_experiment
 
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)

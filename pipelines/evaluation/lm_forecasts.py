@@ -80,11 +80,11 @@ def forecast_by_hardware(pairs: pl.DataFrame, sources: dict[str, tuple[str, str 
                          log: Callable[[str], None] = lambda message: None) -> list[pl.DataFrame]:
     """`forecast_pairs` per hardware id of `pairs`, each prompt showing that device's stored
     fingerprint (the default H200 table when the warehouse has none)."""
-    from models.service import DEFAULT_HARDWARE, hardware_from_warehouse
+    from models.service import hardware_or_default
 
     frames = []
     for (hw,), part in pairs.group_by("hardware_id"):
-        fp = hardware_from_warehouse(warehouse_path, hw) or DEFAULT_HARDWARE
+        fp = hardware_or_default(warehouse_path, hw)
         log(f"{model_ref}: forecasting {part.height} eval pairs on {hw}")
         frames.append(forecast_pairs(part, sources, fp, forecaster, model_ref, style=style,
                                      progress=lambda done, total: log(f"{model_ref}: {done}/{total}")))

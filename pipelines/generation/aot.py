@@ -109,9 +109,8 @@ def _worker_env(cache_dir: str) -> dict[str, str]:
     env["KERNELCAST_DEVICE"] = "cpu"  # task inputs on the CPU
     env["CUDA_VISIBLE_DEVICES"] = ""  # never touch a GPU, even on a GPU host
     env["TRITON_CACHE_DIR"] = cache_dir
-    # the child imports what this process can import (the repo first)
-    paths = [str(_REPO_ROOT)] + [p for p in sys.path if p and os.path.isdir(p)]
-    env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+    # Nothing to add to PYTHONPATH: the child is `-m` from the repo root (the repo first on its
+    # path), with this interpreter's packages and the inherited PYTHONPATH.
     return env
 
 

@@ -18,5 +18,9 @@ shipping (a kernel's output as a file), integrity (identities a kernel must not 
 (the parent's own account: wall-clock windows, reference timings, speedups), timing (L2 flush,
 CUDA events, adaptive reps, protocols: docs/protocols.md), hardware (fingerprint), results (JSONL
 + Parquet, resume), taskload (task registry + KERNELCAST_TASK_MODULES overrides), check,
-protocol_bench (the kernelcast-versus-gpumode benchmark's draw and comparison).
+protocol_bench (the kernelcast-versus-gpumode benchmark's draw and comparison). Benchmarks the
+GPU host runs the same way (`python3 -m pipelines.profiling.<name>`): harness_bench (both
+protocols, GPU MODE submissions, the fault battery), fault_injection (broken and hostile kernels
+against the sandbox), benchmarks (throughput, repeatability and protocol comparison of result
+files).
 """

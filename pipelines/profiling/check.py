@@ -32,6 +32,7 @@ from pipelines.profiling.sandbox import (
     ChildDied,
     Sandbox,
     SandboxPolicy,
+    deliver,
     make_traversable,
     one_line,
     scan_processes,
@@ -174,7 +175,7 @@ class _CheckRun:
             task = self.items[sb.job][0]
             reply = self.verifier.forward(sb, sb.job_key, "check", task, msg)
             if reply is not None:
-                self._deliver(sb, reply)
+                deliver(sb, reply, self.pool)
         elif kind == "result" and sb.job is not None:
             result = settle(msg, self.verifier.outcome(sb.job_key))
             strays = sb.stray_pids()
@@ -188,18 +189,6 @@ class _CheckRun:
             sb.job = None
             if msg.get("restart") or result.get("restart") or not ok and result.get("failure_kind") == "tampered":
                 self.retire(slot)
-
-    def _deliver(self, sb: Sandbox, reply: dict) -> None:
-        if sb is None or sb not in self.pool:
-            return
-        try:
-            sb.send(reply)
-        except ChildDied:
-            pass  # its death is read from its channel next round
-
-    def _on_verifier(self) -> None:
-        for child, reply in self.verifier.on_message():
-            self._deliver(child, reply)
 
     def _deadlines(self) -> None:
         now = time.monotonic()
@@ -227,7 +216,7 @@ class _CheckRun:
                     conns.append(self.verifier.conn)
                 for conn in wait(conns, timeout=0.2):
                     if conn is self.verifier.conn:
-                        self._on_verifier()
+                        self.verifier.relay(self.pool)
                     elif conn in live and self.pool[live[conn]] is not None:
                         self._on_child(live[conn])
                 if self.start_failures >= 3:

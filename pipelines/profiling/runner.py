@@ -520,6 +520,14 @@ def _task_or_failure(name: str):
         raise KernelFailure("infrastructure", f"task {name!r}: {_describe(e)}") from e
 
 
+def _imported(job: dict):
+    """(task, entry point) of the job's kernel, imported, with nothing tampered with on import."""
+    task = _task_or_failure(job["task"])
+    fn = load_kernel(job["path"], task)
+    check_integrity("on import")
+    return task, fn
+
+
 def _failed(f: KernelFailure, t0: float, **extra: Any) -> dict:
     return {"ok": False, "status": "failed", "failure_kind": f.kind, "error": f.message,
             "seconds": time.perf_counter() - t0, "restart": f.restart, **extra}
@@ -530,9 +538,7 @@ def run_compile(job: dict, device: str) -> dict:
     t0 = time.perf_counter()
     path = job["path"]
     try:
-        task = _task_or_failure(job["task"])
-        fn = load_kernel(path, task)
-        check_integrity("on import")
+        task, fn = _imported(job)
         source = Path(path).read_text(encoding="utf-8")
         if device == "cuda" and "triton" in source:
             with triton_launches_suppressed():
@@ -555,9 +561,7 @@ def run_check(job: dict, device: str) -> dict:
     t0 = time.perf_counter()
     path = job["path"]
     try:
-        task = _task_or_failure(job["task"])
-        fn = load_kernel(path, task)
-        check_integrity("on import")
+        task, fn = _imported(job)
         first = check_all(task, fn, task.correctness_cases, device)
         # The first case again, on a new seed written into the same buffers: no caching by shape or address.
         check_case(task, fn, task.correctness_cases[0], device, salt=RECHECK_SEED_SALT, into=first)

@@ -37,6 +37,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Collection
 from dataclasses import dataclass, field, replace
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -65,6 +66,17 @@ ROOT_FALLBACK = "nocaps"  # as root without a sandbox uid: root's uid, no capabi
 
 class ChildDied(Exception):
     """The child exited or closed its channel; `str()` says how (exit code or signal)."""
+
+
+def deliver(sb: Any, reply: dict, alive: Collection[Any]) -> None:
+    """Send `reply` to the child `sb` if it is still one of `alive`; one that died meanwhile gets
+    nothing (its death is read from its own channel next round)."""
+    if sb is None or sb not in alive:
+        return
+    try:
+        sb.send(reply)
+    except ChildDied:
+        pass
 
 
 @dataclass(frozen=True)

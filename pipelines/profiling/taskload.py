@@ -34,16 +34,25 @@ def extra_task_modules() -> dict[str, str]:
     return out
 
 
+def module_from_file(path: str | os.PathLike, name: str):
+    """The module in the file `path`, run and registered as `name` (a file outside every
+    package: a test task, the fixture kernels).
+
+    Raises:
+        ValueError: `path` is no loadable Python file.
+    """
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise ValueError(f"cannot load {str(path)!r} as a module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses and Triton look modules up by name
+    spec.loader.exec_module(module)
+    return module
+
+
 def _import_target(name: str, target: str):
     if target.endswith(".py"):
-        mod_name = f"kernelcast_extra_task_{name}"
-        spec = importlib.util.spec_from_file_location(mod_name, target)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"{ENV_VAR}: cannot load task file {target!r}")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[mod_name] = module  # dataclasses and Triton look modules up by name
-        spec.loader.exec_module(module)
-        return module
+        return module_from_file(target, f"kernelcast_extra_task_{name}")
     return importlib.import_module(target)
 
 

@@ -23,7 +23,7 @@ import contextlib
 import itertools
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -328,6 +328,14 @@ class VerifierLink:
             v.failure = str(msg.get("message"))
         child, seq = self.waiting.pop(job, (None, None))
         return [(child, {"type": "verdict", "seq": seq, "ok": bool(msg.get("ok"))})] if child is not None else []
+
+    def relay(self, alive: Collection[Any]) -> None:
+        """Read one message of the verifier and pass its replies on to those of `alive` they
+        are for."""
+        from pipelines.profiling.sandbox import deliver
+
+        for child, reply in self.on_message():
+            deliver(child, reply, alive)
 
     def died(self, reason: str) -> list[tuple[Any, dict]]:
         """The verifier is gone: every waiting job fails as ours (infrastructure); a new one starts

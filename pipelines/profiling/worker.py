@@ -78,6 +78,7 @@ from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
 from pipelines.profiling.sandbox import (
     ChildDied,
     Sandbox,
+    deliver,
     make_traversable,
     one_line,
     policy_from_env,
@@ -397,7 +398,7 @@ class _Run:
             else:  # only the measuring child's job has a plan to verify
                 reply = {"type": "verdict", "seq": msg.get("seq"), "ok": False}
             if reply is not None:
-                self._deliver(sb, reply)
+                deliver(sb, reply, self._children())
         elif kind == "result":
             kernel, sb.job, sb.deadline = sb.job, None, None
             if kernel is None:
@@ -421,18 +422,6 @@ class _Run:
                 msg = result
             if msg.get("restart") or (sb is self.measurer and sb.jobs_done >= self.cfg.recycle_after):
                 self._retire(sb)
-
-    def _deliver(self, sb: Sandbox | None, reply: dict) -> None:
-        if sb is None or sb not in self._children():
-            return
-        try:
-            sb.send(reply)
-        except ChildDied:
-            pass  # its death is read from its channel next round
-
-    def _on_verifier(self) -> None:
-        for child, reply in self.verifier.on_message():
-            self._deliver(child, reply)
 
     def _on_death(self, sb: Sandbox, reason: str) -> None:
         kernel = sb.job
@@ -577,7 +566,7 @@ class _Run:
             self.arrived_after, self.waited = self.waited, time.monotonic()
             for conn in ready:
                 if conn is self.verifier.conn:
-                    self._on_verifier()
+                    self.verifier.relay(self._children())
                     continue
                 sb = conns.get(conn)
                 while sb in self._children():  # not retired by an earlier message of this round

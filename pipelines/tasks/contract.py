@@ -56,11 +56,16 @@ class Task:
 
 
 def allclose_check(
-    output: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float, what: str = "output"
+    output: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float, what: str = "output",
+    dtype: torch.dtype | None = None,
 ) -> tuple[bool, str]:
-    """Shape/dtype-aware tolerance check with a message a person can act on."""
+    """Shape/dtype-aware tolerance check with a message a person can act on; with `dtype`, the
+    output must also be of that dtype (a kernel returning fp32 for a bf16 task is wrong even
+    when its values are close)."""
     if not isinstance(output, torch.Tensor):
         return False, f"{what}: expected a tensor, got {type(output).__name__}"
+    if dtype is not None and output.dtype != dtype:
+        return False, f"{what}: dtype {output.dtype} != {dtype}"
     if output.shape != expected.shape:
         return False, f"{what}: shape {tuple(output.shape)} != expected {tuple(expected.shape)}"
     out = output.detach().float()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pipelines.tasks import rowwise
 from pipelines.tasks.contract import Task, allclose_check, default_device
 
 EPS = 1e-5
@@ -43,9 +44,7 @@ def ref_kernel(data) -> torch.Tensor:
 
 def check_implementation(data, output: torch.Tensor) -> tuple[bool, str]:
     """Elementwise close to the reference, rtol = atol = 2e-2, bf16 output."""
-    if isinstance(output, torch.Tensor) and output.dtype != torch.bfloat16:
-        return False, f"output: dtype {output.dtype} != torch.bfloat16"
-    return allclose_check(output, ref_kernel(data), rtol=RTOL, atol=ATOL)
+    return allclose_check(output, ref_kernel(data), rtol=RTOL, atol=ATOL, dtype=torch.bfloat16)
 
 
 TASK = Task(
@@ -64,18 +63,9 @@ TASK = Task(
     generate_input=generate_input,
     ref_kernel=ref_kernel,
     check_implementation=check_implementation,
-    correctness_cases=(
-        {"M": 11, "N": 1000, "seed": 1},
-        {"M": 5, "N": 4099, "seed": 2},
-        {"M": 20, "N": 128, "seed": 3},
-    ),
+    correctness_cases=rowwise.CORRECTNESS_CASES,
     # Reference on an H200 ~ 20 B/elt / 3.5e12 B/s: 8192^2 ~380 us, 16384x4096 ~380 us,
     # 2048x16384 ~190 us, 6144x5120 ~180 us.
-    benchmark_cases=(
-        {"M": 8192, "N": 8192, "seed": 11},
-        {"M": 16384, "N": 4096, "seed": 12},
-        {"M": 2048, "N": 16384, "seed": 13},
-        {"M": 6144, "N": 5120, "seed": 14},
-    ),
+    benchmark_cases=rowwise.NORM_BENCHMARK_CASES,
     tolerances={"rtol": RTOL, "atol": ATOL},
 )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from pipelines.tasks import rowwise
 from pipelines.tasks.contract import Task, allclose_check, default_device
 
 RTOL = 2e-2
@@ -35,9 +36,7 @@ def ref_kernel(data: tuple[torch.Tensor]) -> torch.Tensor:
 def check_implementation(data: tuple[torch.Tensor], output: torch.Tensor) -> tuple[bool, str]:
     """Elementwise close to the reference (rtol 2e-2, atol 1e-5) and every row sums to 1."""
     expected = ref_kernel(data)
-    if isinstance(output, torch.Tensor) and output.dtype != torch.bfloat16:
-        return False, f"output: dtype {output.dtype} != torch.bfloat16"
-    ok, msg = allclose_check(output, expected, rtol=RTOL, atol=ATOL)
+    ok, msg = allclose_check(output, expected, rtol=RTOL, atol=ATOL, dtype=torch.bfloat16)
     if not ok:
         return ok, msg
     row_err = (output.float().sum(-1) - 1.0).abs().max().item()
@@ -62,11 +61,7 @@ TASK = Task(
     generate_input=generate_input,
     ref_kernel=ref_kernel,
     check_implementation=check_implementation,
-    correctness_cases=(
-        {"M": 11, "N": 1000, "seed": 1},
-        {"M": 5, "N": 4099, "seed": 2},
-        {"M": 20, "N": 128, "seed": 3},
-    ),
+    correctness_cases=rowwise.CORRECTNESS_CASES,
     # Reference time on an H200 ~ 20 B/elt / 3.5e12 B/s: 8192^2 ~380 us, 2048x16384 ~190 us,
     # 65536x512 ~190 us, 4096x10000 ~230 us.
     benchmark_cases=(

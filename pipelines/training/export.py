@@ -8,7 +8,6 @@ prompts itself. Nothing about a pair's measured runtime travels but its true bin
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -26,12 +25,11 @@ from models.remote.jobfile import (
     write_jsonl_gz,
 )
 from models.remote.variants import DEFAULT_VARIANTS, Variant
-from models.service import DEFAULT_HARDWARE
+from models.service import fingerprints_or_default
 from pipelines.evaluation.lm_forecasts import prompt_source
 from pipelines.tasks import get_task
 from pipelines.training.roles import DEFAULT_HELD_OUT_TASK, forecasting_roles
-from warehouse.datasets import list_dataset_versions, read_pairs
-from warehouse.hardware import read_hardware
+from warehouse.datasets import current_dataset_version, read_pairs
 from warehouse.kernels import read_kernel_features, read_kernels
 
 PAIR_FIELDS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin", "speedup")
@@ -40,10 +38,10 @@ FEATURE_FIELDS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches
 
 def latest_version(con: duckdb.DuckDBPyConnection) -> str:
     """The newest dataset version; ValueError (one line) when there is none."""
-    versions = list_dataset_versions(con)
-    if versions.is_empty():
+    version = current_dataset_version(con)
+    if version is None:
         raise ValueError("no dataset version in the warehouse: run `kernelcast run` first")
-    return str(versions["dataset_version"][0])
+    return version
 
 
 def version_roles(con: duckdb.DuckDBPyConnection, version: str, held_out_task: str | None = DEFAULT_HELD_OUT_TASK):
@@ -53,20 +51,6 @@ def version_roles(con: duckdb.DuckDBPyConnection, version: str, held_out_task: s
         raise ValueError(f"dataset version {version} has no eval pairs")
     lineage = read_kernels(con).select("kernel_id", "parent_kernel_id")
     return forecasting_roles(train, evals, lineage, held_out_task)
-
-
-def hardware_fingerprints(con: duckdb.DuckDBPyConnection, ids: Sequence[str]) -> dict[str, dict[str, Any]]:
-    """hardware_id -> fingerprint (the stored row over its JSON), DEFAULT_HARDWARE if unknown."""
-    rows = {r["hardware_id"]: r for r in read_hardware(con).to_dicts()}
-    out = {}
-    for hw in ids:
-        row = rows.get(hw)
-        if row is None:
-            out[hw] = dict(DEFAULT_HARDWARE)
-            continue
-        fp = json.loads(row.pop("fingerprint_json", None) or "{}")
-        out[hw] = {**fp, **{k: v for k, v in row.items() if v is not None and not hasattr(v, "isoformat")}}
-    return out
 
 
 def kernel_rows(con: duckdb.DuckDBPyConnection, kernel_ids: Sequence[str], target: str = "sm_90") -> list[dict[str, Any]]:
@@ -114,7 +98,7 @@ def export_job(
         "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "tasks": {t: {"description": get_task(t).description,
                       "benchmark_cases": [dict(c) for c in get_task(t).benchmark_cases]} for t in tasks},
-        "hardware": hardware_fingerprints(con, sorted({p["hardware_id"] for p in pairs})),
+        "hardware": fingerprints_or_default(con, sorted({p["hardware_id"] for p in pairs})),
         "variants": [v.to_dict() for v in variants],
         "counts": {role: frame.height for role, frame in roles.by_name().items()} | {"kernels": n_kernels},
     }
@@ -139,7 +123,7 @@ def row_builder(con: duckdb.DuckDBPyConnection):
         kernels = {k["kernel_id"]: k for k in kernel_rows(con, ids)}
         tasks = {t: {"description": get_task(t).description, "benchmark_cases": [dict(c) for c in get_task(t).benchmark_cases]}
                  for t in pairs["task"].unique().to_list()}
-        hardware = hardware_fingerprints(con, pairs["hardware_id"].unique().to_list())
+        hardware = fingerprints_or_default(con, pairs["hardware_id"].unique().to_list())
         return build_training_rows(pairs, {k: v["prompt_source"] for k, v in kernels.items()}, tasks, hardware,
                                    style=style, features={k: v["features"] for k, v in kernels.items() if v["features"]})
 

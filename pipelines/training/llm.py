@@ -46,7 +46,7 @@ class LlmVersion:
 def _new_run(tracking_uri: str, name: str, tags: Mapping[str, str]) -> str:
     import mlflow
 
-    from models.training import mlflow_experiment
+    from models.tracking import mlflow_experiment
 
     client = mlflow.MlflowClient(tracking_uri)
     exp = mlflow_experiment(client, tracking_uri, "kernelcast-training")

@@ -2,7 +2,8 @@
 to cheat its verdict or its timing.
 
 `render(name, **params)` gives a kernel's source with its targets filled in (paths, a port, a
-secret), so the tests and scripts/gpu_fault_injection.py aim them at things they can watch.
+secret), so the tests and the fault battery (pipelines/profiling/fault_injection.py) aim them at
+things they can watch.
 Every kernel returns the right answer only if its attack worked, and otherwise raises with what
 it observed, so an escape shows up as status ok and containment as a failure kind; the tests
 also check the targets themselves (files unchanged, no connection, no surviving process).
@@ -12,6 +13,7 @@ KINDS: kernel name -> failure kinds accepted (on the CPU path; the GPU path acce
 
 from __future__ import annotations
 
+import os
 import socket
 import threading
 
@@ -57,6 +59,20 @@ class Listener:
             t.join(timeout=2)
         self.tcp.close()
         self.udp.close()
+
+
+def escapees(marker: str) -> list[int]:
+    """Pids of the processes whose command line carries `marker` (the setsid kernel's: one
+    still running got out of its sandbox's process tree)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if marker.encode() in f.read():
+                    found.append(int(pid))
+        except (OSError, ValueError):  # gone meanwhile, or not a process folder
+            pass
+    return found
 
 
 PRELUDE = '''

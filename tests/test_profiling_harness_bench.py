@@ -1,19 +1,18 @@
 """The harness benchmark's CPU-testable parts: the kernel draw, the protocol comparison, the
-submissions table, and the whole script on the CPU (Triton interpreter) with a GPU MODE-style
-submission written for these tests."""
+submissions table, and the whole benchmark (pipelines.profiling.harness_bench) on the CPU
+(Triton interpreter) with a GPU MODE-style submission written for these tests."""
 
 from __future__ import annotations
 
 import collections
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
 
+from pipelines.profiling import harness_bench
 from pipelines.profiling import protocol_bench as bench
 from pipelines.profiling.formats import RESULT_SCHEMA
 
@@ -58,16 +57,16 @@ def test_submissions_table_gives_gpu_modes_score():
 
 
 @pytest.mark.slow
-def test_the_script_runs_end_to_end_on_the_cpu(tmp_path):
+def test_the_benchmark_runs_end_to_end_on_the_cpu(tmp_path, capsys):
     subs = tmp_path / "subs"
     subs.mkdir()
     shutil.copy(REPO / "tests" / "fixtures_kernels" / "gpumode" / "trimul_submission.py", subs)
     out = tmp_path / "out"
-    res = subprocess.run([sys.executable, str(REPO / "scripts" / "gpu_harness_bench.py"), "--out", str(out),
-                          "--device", "cpu", "--n", "2", "--tasks", "softmax,rms_norm", "--submissions", str(subs),
-                          "--no-fault", "--deadline-s", "200"], cwd=REPO, capture_output=True, text=True, timeout=400)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "kernel time kernelcast/gpumode: median" in res.stdout and "trimul_submission" in res.stdout
+    code = harness_bench.main(["--out", str(out), "--device", "cpu", "--n", "2", "--tasks", "softmax,rms_norm",
+                               "--submissions", str(subs), "--no-fault", "--deadline-s", "200"])
+    res = capsys.readouterr()
+    assert code == 0, res.err[-2000:]
+    assert "kernel time kernelcast/gpumode: median" in res.out and "trimul_submission" in res.out
     files = {f.name for f in out.iterdir()}
     assert files == {"results-kernelcast.parquet", "results-gpumode.parquet", "submissions-kernelcast.parquet",
                      "submissions-gpumode.parquet", "bench-batch.parquet", "bench-summary.json"}

@@ -1,21 +1,19 @@
-"""scripts/commit_measurements.py: a GPU run's results go under data/ with the kernels they
+"""warehouse.commit: a GPU run's results go under data/ with the kernels they
 measured plus every ancestor the committed data lacks, after the warehouse's own ingest has
 accepted them, or nothing is written."""
 
 from __future__ import annotations
 
 import shutil
-import sys
 from pathlib import Path
 
 import polars as pl
 import pytest
 
+from warehouse import commit
+
 REPO = Path(__file__).resolve().parent.parent
 H200 = REPO / "data" / "measurements" / "h200"
-sys.path.insert(0, str(REPO / "scripts"))
-
-import commit_measurements  # noqa: E402  (scripts/ is not a package)
 
 
 def _listing(folder: Path) -> list[str]:
@@ -41,7 +39,7 @@ def session(tmp_path):
 def test_results_land_with_every_ancestor_the_committed_data_lacks(session):
     dest, run, pool_path, picked = session
     argv = [str(run), "--name", "s9", "--kernels", str(pool_path), "--dest", str(dest)]
-    assert commit_measurements.main(argv) == 0
+    assert commit.main(argv) == 0
     kernels = pl.read_parquet(dest / "kernels-s9.parquet")
     committed = set(pl.read_parquet(dest / "kernels-2026-11-29.parquet")["kernel_id"])
     ids = set(kernels["kernel_id"])
@@ -51,7 +49,7 @@ def test_results_land_with_every_ancestor_the_committed_data_lacks(session):
     assert pl.read_parquet(dest / "results-s9-x1.parquet").height == picked.height
     assert not list(dest.parent.glob(".commit-*"))
     with pytest.raises(SystemExit, match="exists"):  # never overwrites committed data
-        commit_measurements.main(argv)
+        commit.main(argv)
 
 
 def test_a_file_the_warehouse_would_refuse_writes_nothing(session, tmp_path):
@@ -61,9 +59,9 @@ def test_a_file_the_warehouse_would_refuse_writes_nothing(session, tmp_path):
     picked.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(-1.0).otherwise(pl.col("speedup"))
                         .alias("speedup")).write_parquet(bad)
     with pytest.raises(SystemExit, match="^error: .*speedup"):
-        commit_measurements.main([str(bad), "--name", "s10", "--kernels", str(pool_path), "--dest", str(dest)])
+        commit.main([str(bad), "--name", "s10", "--kernels", str(pool_path), "--dest", str(dest)])
     with pytest.raises(SystemExit, match="^error: "):  # a missing file: one line
-        commit_measurements.main([str(tmp_path / "nope.parquet"), "--name", "s10", "--kernels", str(pool_path),
+        commit.main([str(tmp_path / "nope.parquet"), "--name", "s10", "--kernels", str(pool_path),
                                   "--dest", str(dest)])
     assert _listing(dest) == before
 
@@ -71,8 +69,8 @@ def test_a_file_the_warehouse_would_refuse_writes_nothing(session, tmp_path):
 def test_ancestors_are_followed_transitively_and_a_missing_one_is_an_error():
     pool = pl.DataFrame({"kernel_id": ["a", "b", "c", "d", "e"], "parent_kernel_id": [None, "a", "b", None, "zz"]},
                         schema_overrides={"parent_kernel_id": pl.String})
-    took = commit_measurements.with_ancestors({"c", "d"}, pool, have={"a"})
+    took = commit.with_ancestors({"c", "d"}, pool, have={"a"})
     assert sorted(took["kernel_id"]) == ["b", "c", "d"]  # b: c's parent; a: already committed
     for needed in ({"x"}, {"e"}):  # x: unknown kernel; e: its parent zz is unknown
         with pytest.raises(SystemExit, match="found in no kernels file"):
-            commit_measurements.with_ancestors(needed, pool, have=set())
+            commit.with_ancestors(needed, pool, have=set())
