@@ -442,23 +442,114 @@ def _probe_once(policy: SandboxPolicy, device: str, uid: int | None) -> tuple[li
     return [x for x in res.stdout.strip().split(",") if x], notes, ""
 
 
+MEMO_ENV = "KERNELCAST_SANDBOX_MEMO"  # the memo file; "off" probes every layer every time
+MEMO_TTL_S = 24 * 3600.0
+
+
+def _memo_path() -> Path | None:
+    where = os.environ.get(MEMO_ENV)
+    if where == "off":
+        return None
+    if where:
+        return Path(where)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kernelcast" / "sandbox-layers.json"
+
+
+def _host_key(policy: SandboxPolicy, device: str) -> str:
+    """What the memo is valid for: this kernel, driver, interpreter, user and policy."""
+    try:
+        driver = Path("/proc/driver/nvidia/version").read_text().splitlines()[0]
+    except (OSError, IndexError):
+        driver = ""
+    return json.dumps([os.uname().release, driver, sys.executable, os.geteuid(), device, list(policy.layers)])
+
+
+def _read_memo(policy: SandboxPolicy, device: str) -> dict[str, str] | None:
+    """The layers a recent probe of this host had to drop for CUDA to start, with their notes."""
+    path = _memo_path()
+    try:
+        entry = json.loads(path.read_text()) if path else None
+    except (OSError, ValueError):
+        return None
+    if (not isinstance(entry, dict) or entry.get("key") != _host_key(policy, device)
+            or not time.time() - float(entry.get("at", 0)) < MEMO_TTL_S):
+        return None
+    dropped = entry.get("dropped")
+    ok = isinstance(dropped, dict) and all(k in policy.layers and isinstance(v, str) for k, v in dropped.items())
+    return dropped if ok else None
+
+
+def _write_memo(policy: SandboxPolicy, device: str, dropped: dict[str, str]) -> None:
+    path = _memo_path()
+    if path is None:
+        return
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        tmp.write_text(json.dumps({"key": _host_key(policy, device), "at": time.time(), "dropped": dropped}))
+        tmp.replace(path)
+    except OSError:
+        pass  # a memo is an optimisation: without it the next worker probes every layer again
+
+
 def probe(policy: SandboxPolicy, device: str) -> LayerReport:
     """Start a trivial program through the jail with `policy` (as a sandbox uid when root);
     report the layers it got. A uid that cannot read the interpreter, the libraries or the
-    repository (or open the GPU) is dropped with a note. Cached per (policy, device)."""
+    repository (or open the GPU) is dropped with a note. Cached per (policy, device).
+
+    On a GPU host each attempt starts CUDA (seconds), and a host where the namespaces break the
+    driver needs five; the layers dropped there are remembered for a day (MEMO_ENV) and the
+    next worker confirms them with one attempt, probing everything again if that one fails.
+    A memo only ever names layers to leave out, keyed by kernel, driver, interpreter and user.
+    """
     key = (policy, device)
     if key in _PROBES:
         return _PROBES[key]
+    memo = _read_memo(policy, device) if device == "cuda" else None
+    report = _probe_remembered(policy, device, memo) if memo is not None else None
+    if report is None:
+        report, dropped = _probe_all(policy, device)
+        if device == "cuda":
+            _write_memo(policy, device, dropped)
+    _PROBES[key] = report
+    return report
+
+
+def _sandbox_uid(policy: SandboxPolicy, notes: dict[str, str]) -> int | None:
+    if "uid" not in policy.layers:
+        return None
+    if is_root():
+        return policy.uid_base + 1023  # a slot the children never take
+    notes["uid"] = "not started as root: children keep this user's uid"
+    return None
+
+
+def _finish(got: list[str] | None, found: dict[str, str], error: str, notes: dict[str, str]) -> LayerReport:
+    if got is None:
+        got, found = ["env", "tmpdir"], {"jail": error}
+    notes.update(found)
+    if "pidns" not in got:
+        got.append("pgkill")  # the tree is ended by process group, uid and orphan sweeps
+    return LayerReport(tuple(dict.fromkeys(got)), {k: v for k, v in notes.items() if k not in got})
+
+
+def _probe_remembered(policy: SandboxPolicy, device: str, dropped: dict[str, str]) -> LayerReport | None:
+    """One attempt with the remembered layers left out; None when it fails (a stale memo)."""
     notes = {name: f"turned off ({SKIP_ENV})" for name in WANTED_LAYERS if name not in policy.layers}
-    uid = None
-    if "uid" in policy.layers:
-        if is_root():
-            uid = policy.uid_base + 1023  # a slot the children never take
-        else:
-            notes["uid"] = "not started as root: children keep this user's uid"
+    notes.update(dropped)
+    reduced = policy.without(*dropped)
+    got, found, error = _probe_once(reduced, device, _sandbox_uid(reduced, notes))
+    return None if got is None else _finish(got, found, error, notes)
+
+
+def _probe_all(policy: SandboxPolicy, device: str) -> tuple[LayerReport, dict[str, str]]:
+    """Every attempt the host needs: (report, the layers dropped to make CUDA start)."""
+    notes = {name: f"turned off ({SKIP_ENV})" for name in WANTED_LAYERS if name not in policy.layers}
+    dropped: dict[str, str] = {}
+    uid = _sandbox_uid(policy, notes)
     got, found, error = _probe_once(policy, device, uid)
     if got is None and uid is not None:
-        notes["uid"] = f"a sandbox uid cannot start the child here ({error})"
+        notes["uid"] = dropped["uid"] = f"a sandbox uid cannot start the child here ({error})"
         uid = None
         policy = policy.without("uid")
         got, found, error = _probe_once(policy, device, None)
@@ -468,17 +559,12 @@ def probe(policy: SandboxPolicy, device: str) -> LayerReport:
     for layer in CUDA_FRAGILE_LAYERS if device == "cuda" else ():
         if got is not None or layer not in policy.layers:
             continue
-        notes[layer] = f"breaks CUDA initialisation on this host ({error})"
+        notes[layer] = dropped[layer] = f"breaks CUDA initialisation on this host ({error})"
         policy = policy.without(layer)
         got, found, error = _probe_once(policy, device, uid)
     if got is None:
-        got, found = ["env", "tmpdir"], {"jail": error}
-    notes.update(found)
-    if "pidns" not in got:
-        got.append("pgkill")  # the tree is ended by process group, uid and orphan sweeps
-    report = LayerReport(tuple(dict.fromkeys(got)), {k: v for k, v in notes.items() if k not in got})
-    _PROBES[key] = report
-    return report
+        dropped = {}  # nothing started at all: nothing worth remembering
+    return _finish(got, found, error, notes), dropped
 
 
 def _jail_spec(policy: SandboxPolicy, device: str, private: Path, uid: int | None,
