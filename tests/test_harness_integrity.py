@@ -113,7 +113,7 @@ def test_watch_sees_library_overrides_and_foreign_threads():
     try:
         assert any("aten/digamma/CPU" in c for c in w.changes())
     finally:
-        lib._destroy()  # the rest of the test session keeps torch's own digamma
+        lib._destroy()  # the rest of the test run keeps torch's own digamma
     assert torch.special.digamma(torch.tensor([1.0])).item() == pytest.approx(-0.5772157)
 
 

@@ -21,7 +21,7 @@ def _listing(folder: Path) -> list[str]:
 
 
 @pytest.fixture
-def session(tmp_path):
+def committed_run(tmp_path):
     """A destination holding the first committed kernel file, and 30 measured kernels of run2
     (their kernels, with lineage, in the run1 kernel file) as a new run's results."""
     dest = tmp_path / "data" / "h200"
@@ -36,8 +36,8 @@ def session(tmp_path):
     return dest, run, H200 / "kernels-2026-11-29-run1.parquet", picked
 
 
-def test_results_land_with_every_ancestor_the_committed_data_lacks(session):
-    dest, run, pool_path, picked = session
+def test_results_land_with_every_ancestor_the_committed_data_lacks(committed_run):
+    dest, run, pool_path, picked = committed_run
     argv = [str(run), "--name", "s9", "--kernels", str(pool_path), "--dest", str(dest)]
     assert commit.main(argv) == 0
     kernels = pl.read_parquet(dest / "kernels-s9.parquet")
@@ -52,8 +52,8 @@ def test_results_land_with_every_ancestor_the_committed_data_lacks(session):
         commit.main(argv)
 
 
-def test_a_file_the_warehouse_would_refuse_writes_nothing(session, tmp_path):
-    dest, run, pool_path, picked = session
+def test_a_file_the_warehouse_would_refuse_writes_nothing(committed_run, tmp_path):
+    dest, run, pool_path, picked = committed_run
     before = _listing(dest)
     bad = tmp_path / "results-bad.parquet"
     picked.with_columns(pl.when(pl.int_range(pl.len()) == 0).then(-1.0).otherwise(pl.col("speedup"))

@@ -157,7 +157,7 @@ def custom_kernel(data):
     time.sleep(3)  # an escape keeps them all alive long enough for a watchdog to see them
     return _right(data)
 ''',
-    # A grandchild in a session of its own, meant to outlive the check.
+    # A grandchild detached with setsid(), meant to outlive the check.
     "setsid_escape": '''
 def custom_kernel(data):
     pid = os.fork()
