@@ -205,3 +205,28 @@ def test_the_search_resolves_a_registered_cost_model_and_fills_compile_features(
         assert p.shape == (1, 8) and abs(p.sum() - 1) < 1e-9
     with pytest.raises(ValueError, match="no registered version"):
         resolve_forecaster("kind:text_model", ctx)
+
+
+@pytest.mark.slow
+def test_export_forecaster_writes_the_registered_cost_model_as_a_portable_file(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from models.classical.registry import log_classical
+    from orchestration.cli import app
+    from pipelines.search.forecasters import load_forecaster_file
+
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    from orchestration.settings import load_settings
+
+    settings = load_settings()
+    fit, y, l2 = toy_pairs(200, 0)
+    model = CostModel(max_iter=30).fit(fit, y, l2)
+    log_classical(model, settings.mlflow_uri, fit.head(4), "kernelcast-surrogate", "ds-test", "in_distribution")
+    out = tmp_path / "f.pkl"
+    res = CliRunner().invoke(app, ["export-forecaster", "kind:cost_model", "--out", str(out), "--compile-workers", "0"])
+    assert res.exit_code == 0, res.output
+    portable = load_forecaster_file(out)
+    test, _, _ = toy_pairs(30, 4)
+    assert np.abs(portable.predict_proba(test) - model.predict_proba(test)).max() < 1e-9
+    bad = CliRunner().invoke(app, ["export-forecaster", "kind:text_model", "--out", str(out)])
+    assert bad.exit_code == 2 and "no registered version" in bad.output and "Traceback" not in bad.output
