@@ -66,7 +66,7 @@ def battery_env(tmp_path, monkeypatch):
 # on any host (the environment allow-list, the verifier, the integrity watch, the parent's
 # process watchdog and sweeps need no privilege).
 NEEDS = {"write_outside": {"landlock"}, "warehouse_tampering": {"landlock", "uid"}, "memory_bomb": {"rlimits"},
-         "network": {"netns", "landlock-net"}}
+         "network": {"netns", "landlock-net", "seccomp"}}
 
 
 def _report(outcomes: dict[str, tuple[str | None, str]]) -> None:
@@ -110,7 +110,7 @@ def test_hostile_kernels_on_the_check_path(battery_env):
     time.sleep(0.5)  # let the listener threads read anything in flight
     if "netns" in layers:
         assert listener.got == []
-    elif "landlock-net" in layers:
+    elif "landlock-net" in layers or "seccomp" in layers:
         assert not [g for g in listener.got if g.startswith("tcp")]
     assert not hostile.escapees(MARKER)
     assert "KERNELCAST_HOME absent" in got["env_secrets"][1] and SECRET not in got["env_secrets"][1]
@@ -168,6 +168,19 @@ def test_without_namespaces_escapees_still_end_and_the_row_says_so(battery_env, 
         assert "pidns" not in o.sandbox.split(",") and "pgkill" in o.sandbox.split(",")
     time.sleep(0.3)
     assert not hostile.escapees(MARKER)
+
+
+@pytest.mark.slow
+def test_where_namespaces_and_landlock_are_off_seccomp_still_keeps_the_network_out(battery_env, monkeypatch):
+    """The H200 host's situation: the namespaces and Landlock keep CUDA from starting there."""
+    monkeypatch.setenv(sandbox.SKIP_ENV, "netns,pidns,landlock")
+    listener = battery_env["listener"]
+    outcome = check_sources([("tiny_scale", hostile.render("network", port=battery_env["params"]["port"]))],
+                            n_workers=1, timeout_s=30, policy=POLICY)[0]
+    time.sleep(0.5)
+    layers = set(outcome.sandbox.split(","))
+    assert "seccomp" in layers and not {"netns", "landlock"} & layers
+    assert outcome.failure_kind == "runtime_error" and not [g for g in listener.got if g.startswith("tcp")]
 
 
 # ---- the jail on its own ----------------------------------------------------------------------
@@ -252,3 +265,20 @@ def test_two_workers_on_one_host_never_share_a_sandbox_uid():
     assert mine == [61700, 61701] and int(other.stdout) == 61702
     pool.give_back(61700)
     assert sandbox._UidPool().take(61700) == 61700  # given back: free again
+
+
+def test_the_seccomp_layer_refuses_network_sockets_and_keeps_unix_ones(open_dir):
+    code = ("import os, socket\n"
+            "a, b = socket.socketpair(); a.close(); b.close()\n"
+            "for fam in (socket.AF_INET, socket.AF_INET6):\n"
+            "    try:\n"
+            "        socket.socket(fam, socket.SOCK_STREAM)\n"
+            "    except PermissionError:\n"
+            "        print('refused', int(fam))\n"
+            "print(os.environ['KERNELCAST_SANDBOX_LAYERS'])\n")
+    res = _jail({"private_dir": str(open_dir), "want": ["seccomp"], "limits": {}}, [sys.executable, "-I", "-c", code])
+    assert res.returncode == 0, res.stderr
+    if '"seccomp"' in res.stderr:
+        pytest.skip(f"this host refuses seccomp filters: {res.stderr.strip()}")
+    lines = res.stdout.split()
+    assert res.stdout.count("refused") == 2 and "seccomp" in lines[-1].split(",")

@@ -27,6 +27,9 @@ Layers (names as recorded in the measurement row's `sandbox` column):
     landlock   writes only inside the private directory, the shared Triton cache and the
                device files; no ptrace of or signals to processes outside (Linux Landlock)
     landlock-net  no TCP connect/bind, where there is no network namespace
+    seccomp    a seccomp filter: socket() of the IPv4, IPv6 and packet families and io_uring
+               fail with EACCES, so no network even where a network namespace would keep the
+               CUDA driver from starting (Unix sockets and pipes stay: the channel, CUDA)
 
 A process group of its own is what the parent kills without `pidns`; see sandbox.Sandbox.kill.
 """
@@ -239,6 +242,69 @@ def drop_capabilities() -> None:
         raise OSError(f"capset: {_errno_text()}")
 
 
+# seccomp-bpf: struct seccomp_data is {int nr; u32 arch; u64 ip; u64 args[6]}
+PR_SET_SECCOMP = 22
+SECCOMP_MODE_FILTER = 2
+SECCOMP_RET_ALLOW = 0x7FFF0000
+SECCOMP_RET_ERRNO = 0x00050000
+EACCES = 13
+BPF_LD_W_ABS, BPF_JEQ_K, BPF_JGE_K, BPF_RET_K = 0x20, 0x15, 0x35, 0x06
+X32_SYSCALL_BIT = 0x40000000
+# machine -> (audit arch, socket, io_uring_setup)
+SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
+DENIED_FAMILIES = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET
+
+
+class _SockFilter(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint16), ("jt", ctypes.c_uint8), ("jf", ctypes.c_uint8), ("k", ctypes.c_uint32)]
+
+
+class _SockFprog(ctypes.Structure):
+    _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
+
+
+def network_filter(machine: str) -> list[tuple[int, int, int, int]]:
+    """The BPF program (code, jt, jf, k) denying network sockets and io_uring on `machine`.
+
+    A call of another architecture (its numbers differ) or of the x32 ABI is denied outright
+    rather than misread.
+    """
+    arch, nr_socket, nr_uring = SECCOMP_ARCH[machine]
+    # (code, jump-if-true label, jump-if-false label, k); labels resolve to relative offsets
+    code: list[tuple[int, str | None, str | None, int]] = [
+        (BPF_LD_W_ABS, None, None, 4),  # arch
+        (BPF_JEQ_K, None, "deny", arch),
+        (BPF_LD_W_ABS, None, None, 0),  # nr
+        (BPF_JGE_K, "deny", None, X32_SYSCALL_BIT),
+        (BPF_JEQ_K, "deny", None, nr_uring),
+        (BPF_JEQ_K, None, "allow", nr_socket),
+        (BPF_LD_W_ABS, None, None, 16),  # args[0], the address family (low word)
+        *[(BPF_JEQ_K, "deny", None, family) for family in DENIED_FAMILIES],
+    ]
+    labels = {"allow": len(code), "deny": len(code) + 1}
+    code += [(BPF_RET_K, None, None, SECCOMP_RET_ALLOW), (BPF_RET_K, None, None, SECCOMP_RET_ERRNO | EACCES)]
+
+    def offset(pc: int, label: str | None) -> int:
+        return 0 if label is None else labels[label] - pc - 1
+
+    return [(c, offset(pc, jt), offset(pc, jf), k) for pc, (c, jt, jf, k) in enumerate(code)]
+
+
+def seccomp_deny_network() -> None:
+    """Install network_filter for this process and what it executes (no_new_privs must be set).
+
+    Raises OSError when the kernel refuses it or the machine is not one the filter knows.
+    """
+    machine = os.uname().machine
+    if machine not in SECCOMP_ARCH:
+        raise OSError(f"no seccomp filter for {machine}")
+    prog = network_filter(machine)
+    filters = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
+    fprog = _SockFprog(len(prog), filters)
+    if _libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
+        raise OSError(f"seccomp: {_errno_text()}")
+
+
 def _die_with(parent_signal: int = signal.SIGKILL) -> None:
     _libc().prctl(PR_SET_PDEATHSIG, parent_signal, 0, 0, 0)
 
@@ -313,6 +379,12 @@ def run(spec: dict, argv: list[str]) -> None:
             notes["nocaps"] = str(e)
     if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
         layers.append("nonewprivs")
+    if "seccomp" in want and "nonewprivs" in layers:
+        try:
+            seccomp_deny_network()
+            layers.append("seccomp")
+        except OSError as e:
+            notes["seccomp"] = str(e)
     if "landlock" in want:
         try:
             layers += apply_landlock(list(spec.get("writable_dirs", ())), list(spec.get("writable_files", ())),

@@ -11,6 +11,7 @@ layers the host allows (jail.py lists them) before the child's first line runs:
 * a network namespace and a PID namespace (the kernel ends every process of the namespace with
   its first one, so a `setsid` grandchild cannot outlive the check);
 * rlimits on address space (CPU), file size and processes; no core files; no_new_privs;
+* a seccomp filter refusing network sockets (it holds where a namespace would stop CUDA);
 * Landlock: writes only beneath the private directory, the shared Triton cache and device files.
 
 Messages are JSON over the child's stdin/stdout, framed by multiprocessing.connection. The
@@ -60,7 +61,7 @@ ALLOWED_ENV = (
     "TRITON_LIBCUDA_PATH", "TRITON_CACHE_DIR", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "PYTORCH_CUDA_ALLOC_CONF",
     "CUBLAS_WORKSPACE_CONFIG", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "KERNELCAST_TASK_MODULES", "KERNELCAST_DEVICE",
 )
-WANTED_LAYERS = ("uid", "netns", "pidns", "rlimits", "landlock")
+WANTED_LAYERS = ("uid", "netns", "pidns", "rlimits", "seccomp", "landlock")
 ROOT_FALLBACK = "nocaps"  # as root without a sandbox uid: root's uid, no capabilities
 
 
@@ -418,7 +419,7 @@ sys.stdout.write(os.environ.get("KERNELCAST_SANDBOX_LAYERS", ""))
 """
 
 
-CUDA_FRAGILE_LAYERS = ("landlock", "netns", "pidns")  # dropped in this order when CUDA will not start
+CUDA_FRAGILE_LAYERS = ("landlock", "netns", "pidns", "seccomp")  # dropped in this order when CUDA will not start
 
 
 def _probe_once(policy: SandboxPolicy, device: str, uid: int | None) -> tuple[list[str] | None, dict[str, str], str]:
