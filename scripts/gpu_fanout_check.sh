@@ -23,7 +23,8 @@ case "${1:-}" in
     out=${OUT:?set OUT to the output folder}
     [ -d "$site/polars_runtime_32" ] || [ -d "$site/_polars_runtime_32" ] || { echo "error: run 'stage' first (call 1)"; exit 1; }
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$site" .gpu-carry/fanout-b/*.whl || exit 1
-    export PYTHONPATH=$site:$PWD KERNELCAST_HOME=/tmp/kc-fanout/home KERNELCAST_DATA=/tmp/kc-fanout/data
+    # unbuffered: a run stopped by a time limit still leaves what it printed
+    export PYTHONPATH=$site:$PWD KERNELCAST_HOME=/tmp/kc-fanout/home KERNELCAST_DATA=/tmp/kc-fanout/data PYTHONUNBUFFERED=1
     rm -rf /tmp/kc-fanout && mkdir -p /tmp/kc-fanout/data/measurements
     python3 -c "import dagster, duckdb, polars, torch; print('dagster', dagster.__version__, 'duckdb', duckdb.__version__, 'polars', polars.__version__, 'GPUs', torch.cuda.device_count())" || exit 1
     set -o pipefail
