@@ -115,6 +115,16 @@ def kernel_features(record: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def with_compile_features(record: Mapping[str, Any], features: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """`record` with the compile features `features` knows for its kernel id filled in where it
+    has none (the search's kernel records carry only what the generator knows)."""
+    out = dict(record)
+    for k, v in features.get(str(record.get("kernel_id")), {}).items():
+        if out.get(k) is None:
+            out[k] = v
+    return out
+
+
 def pair_frame(
     anchors: Sequence[Mapping[str, Any]], candidates: Sequence[Mapping[str, Any]]
 ) -> pd.DataFrame:

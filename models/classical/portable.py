@@ -23,7 +23,12 @@ import numpy as np
 import pandas as pd
 
 from models.calibration import Calibrator
-from models.classical.features import COMPILE_FIELDS, FeatureSpace, pair_frame
+from models.classical.features import (
+    COMPILE_FIELDS,
+    FeatureSpace,
+    pair_frame,
+    with_compile_features,
+)
 from models.classical.spread import laplace_bins
 
 TREE_FIELDS = ("feature_idx", "num_threshold", "missing_go_to_left", "left", "right", "is_leaf", "value",
@@ -119,13 +124,6 @@ class PortableCostModel:
         scales = np.array([self.task_scales.get(str(t), self.scale) for t in frame["task"]], dtype=np.float64)
         return self.calibrator.apply(laplace_bins(self.predict_log2(frame), scales))
 
-    def _fill(self, record: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(record)
-        for k, v in self.features.get(str(record.get("kernel_id")), {}).items():
-            if out.get(k) is None:
-                out[k] = v
-        return out
-
     def compile_missing(self, records: Sequence[Mapping[str, Any]]) -> int:
         """Compile the Triton kernels among `records` whose compile features are unknown and
         remember them (a failed compile is remembered as unknown); how many were compiled."""
@@ -145,8 +143,9 @@ class PortableCostModel:
                         hardware_id: str) -> np.ndarray:
         """(n, 8) forecasts of each candidate against one anchor (the search's hook)."""
         self.compile_missing([anchor, *candidates])
-        a = self._fill(anchor)
-        return self.predict_proba(pair_frame([a] * len(candidates), [self._fill(c) for c in candidates]))
+        a = with_compile_features(anchor, self.features)
+        return self.predict_proba(pair_frame([a] * len(candidates),
+                                             [with_compile_features(c, self.features) for c in candidates]))
 
 
 def _column_encoding(reg: Any) -> tuple[list[int], dict[int, list[Any]]]:

@@ -25,16 +25,12 @@ class WithCompileFeatures:
     def __init__(self, model: Any, features: Mapping[str, Mapping[str, Any]], name: str):
         self.model, self.features, self.name = model, dict(features), name
 
-    def _fill(self, record: Mapping[str, Any]) -> dict[str, Any]:
-        out = dict(record)
-        for k, v in self.features.get(str(record.get("kernel_id")), {}).items():
-            if out.get(k) is None:
-                out[k] = v
-        return out
-
     def predict_kernels(self, anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
                         hardware_id: str) -> np.ndarray:
-        return self.model.predict_kernels(self._fill(anchor), [self._fill(c) for c in candidates], hardware_id)
+        from models.classical.features import with_compile_features
+
+        return self.model.predict_kernels(with_compile_features(anchor, self.features),
+                                          [with_compile_features(c, self.features) for c in candidates], hardware_id)
 
 
 def _features(warehouse_path: Path) -> dict[str, dict[str, Any]]:
