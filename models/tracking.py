@@ -265,5 +265,7 @@ def _external_model(experiment_id: str, model_ref: str) -> str:
                                         output_format="list", max_results=1)
     if found:
         return found[0].model_id
-    return mlflow.create_external_model(name=name, model_type="reference-forecaster",
-                                        tags={"model_ref": model_ref}).model_id
+    # in the evaluation experiment: the default one keeps its artifacts in ./mlruns of whatever
+    # directory the process runs from
+    return mlflow.create_external_model(name=name, model_type="reference-forecaster", tags={"model_ref": model_ref},
+                                        experiment_id=experiment_id).model_id

@@ -302,7 +302,7 @@ def test_versions_of_any_kind_compete_on_the_same_pairs(graph):
     import mlflow
 
     mlflow.set_tracking_uri(uri)
-    external = mlflow.create_external_model(name="cost-model-test")
+    external = mlflow.create_external_model(name="cost-model-test", experiment_id=_store_experiment(uri))
     version = register_logged_model(uri, f"models:/{external.model_id}", NAME, kind="cost_model")
     with connect(settings.warehouse_path) as con:
         pairs = con.sql("SELECT pair_id, true_bin FROM pairs WHERE split = 'eval' AND dataset_version = "
@@ -320,6 +320,15 @@ def test_versions_of_any_kind_compete_on_the_same_pairs(graph):
     assert alias_version(uri, "champion") == version != champion
 
 
+def _store_experiment(uri: str) -> str:
+    """An experiment whose artifacts live beside the store (the default one's go to ./mlruns)."""
+    from mlflow import MlflowClient
+
+    from models.tracking import mlflow_experiment
+
+    return mlflow_experiment(MlflowClient(uri), uri, "kernelcast-training")
+
+
 @pytest.mark.slow
 def test_wrong_forecasts_block_promotion(graph):
     """Forecasts that are not distributions are wrong data: the blocking check on `forecasts`
@@ -333,8 +342,8 @@ def test_wrong_forecasts_block_promotion(graph):
     uri = settings.mlflow_uri
     set_alias(uri, "champion", 1)  # an LLM champion: the forecasts asset forecasts it again
     mlflow.set_tracking_uri(uri)
-    broken = register_logged_model(uri, f"models:/{mlflow.create_external_model(name='broken-test').model_id}", NAME,
-                                   kind="cost_model")
+    external = mlflow.create_external_model(name="broken-test", experiment_id=_store_experiment(uri))
+    broken = register_logged_model(uri, f"models:/{external.model_id}", NAME, kind="cost_model")
     _write_surrogate_forecasts(settings, broken, "good")
     with connect(settings.warehouse_path) as con:
         con.execute("UPDATE forecasts SET p1 = 5.0 WHERE model_ref = ?", [f"models:/{NAME}/{broken}"])
