@@ -31,3 +31,14 @@ def load_kernel(tmp_path_factory):
         return module_from_file(path, name)
 
     return load
+
+
+@pytest.fixture(scope="module")
+def toy():
+    """The toy search space of tests/search_toy.py (known speedups), registered for one module;
+    its measured table."""
+    import search_toy
+
+    search_toy.install()
+    yield search_toy.toy_table()
+    search_toy.uninstall()

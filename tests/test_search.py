@@ -46,13 +46,6 @@ REPO = Path(__file__).resolve().parents[1]
 TASK = search_toy.TASK
 
 
-@pytest.fixture(scope="module")
-def toy():
-    search_toy.install()
-    yield search_toy.toy_table()
-    search_toy.uninstall()
-
-
 def _run(table, mode, seed, budget=24, forecaster=None, log=None, **kw):
     cfg = SearchConfig(TASK, mode, seed, budget, hardware_id="toy-hw", **kw)
     fc = forecaster if cfg.forecasts else None

@@ -20,13 +20,6 @@ from pipelines.search.simulate import SimulationPlan, simulate
 TASK = search_toy.TASK
 
 
-@pytest.fixture(scope="module")
-def toy():
-    search_toy.install()
-    yield search_toy.toy_table()
-    search_toy.uninstall()
-
-
 def _plan(**kw):
     return SimulationPlan(tasks=(TASK,), seeds=3, budget=12, hardware_id="toy-hw", **kw)
 
