@@ -11,6 +11,12 @@ header = {"tree": node, "tensors": [{"dtype", "shape", "offset", "nbytes"}]}, wh
 | {"t": "none"} | {"t": "bool"|"int"|"float"|"str", "v": value}. Tensors are written contiguous
 (the checks compare values, not strides). The reader trusts nothing: dtypes come from an
 allow-list, sizes and offsets must fit the file, nesting and counts are bounded.
+
+On a GPU the bytes need not leave the device: `write_handles` writes the same header with
+b"KCIPC001" and, per tensor, a CUDA IPC handle of its allocation (cuda_ipc.py) instead of its
+bytes; the reader maps each handle, copies the bytes into its own memory and checks offsets and
+sizes against the mapped block. A reader that cannot map them raises `NeedsFile`, and the
+kernel's process ships the same output as a file.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from typing import Any
 import torch
 
 MAGIC = b"KCOUT001"
+IPC_MAGIC = b"KCIPC001"
 ALIGN = 64
 MAX_HEADER = 1 << 20  # bytes
 MAX_TENSORS = 256
@@ -44,6 +51,10 @@ _NAMES = {v: k for k, v in DTYPES.items()}
 
 class ShippingError(ValueError):
     """An output that cannot be written, or a file that is not a valid output."""
+
+
+class NeedsFile(ShippingError):
+    """The output came as CUDA IPC handles this process cannot map: ship it as a file instead."""
 
 
 def _encode(value: Any, tensors: list[torch.Tensor], depth: int = 0) -> dict:
@@ -107,6 +118,34 @@ def write_output(path: str | Path, output: Any) -> int:
     return len(head) + offset
 
 
+def write_handles(path: str | Path, output: Any) -> list[torch.Tensor] | None:
+    """Write `output` to `path` as CUDA IPC handles; returns the tensors to keep alive until the
+    verdict, or None when the output holds no tensor or one off the GPU (ship a file then).
+
+    Raises:
+        ShippingError: the output holds something that cannot be shipped.
+        NeedsFile: this allocation or host cannot hand memory over.
+    """
+    from pipelines.profiling import cuda_ipc
+
+    tensors: list[torch.Tensor] = []
+    tree = _encode(output, tensors)
+    if not tensors or any(t.device.type != "cuda" for t in tensors):
+        return None
+    keep = [t.detach().contiguous() for t in tensors]
+    torch.cuda.synchronize()  # the verifier reads the bytes from another process
+    try:
+        entries = [{"dtype": _NAMES[t.dtype], "shape": list(t.shape), "nbytes": t.numel() * t.element_size(),
+                    **cuda_ipc.export(t)} for t in keep]
+    except cuda_ipc.IpcUnavailable as e:
+        raise NeedsFile(str(e)) from None
+    header = json.dumps({"tree": tree, "tensors": entries}).encode()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(IPC_MAGIC + len(header).to_bytes(8, "little") + header)
+    return keep
+
+
 def _decode(node: Any, tensors: list[torch.Tensor], depth: int = 0) -> Any:
     if depth > MAX_DEPTH or not isinstance(node, dict):
         raise ShippingError("malformed output tree")
@@ -158,7 +197,7 @@ def read_output(path: str | Path, device: str = "cpu", owner: int | None = None)
         if st.st_size < 16:
             raise ShippingError("the output file is truncated")
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            if mm[:8] != MAGIC:
+            if mm[:8] not in (MAGIC, IPC_MAGIC):
                 raise ShippingError("the output file has no valid header")
             n = int.from_bytes(mm[8:16], "little")
             if n > MAX_HEADER or 16 + n > st.st_size:
@@ -172,9 +211,56 @@ def read_output(path: str | Path, device: str = "cpu", owner: int | None = None)
             entries = header.get("tensors", []) if isinstance(header, dict) else None
             if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
                 raise ShippingError("malformed tensor table in output")
+            if mm[:8] == IPC_MAGIC:
+                return _decode(header.get("tree"), _mapped_tensors(entries, device))
             for e in entries:
                 tensors.append(_tensor(mm, e, start, st.st_size, device))
             return _decode(header.get("tree"), tensors)
+
+
+def _entry_layout(e: Any) -> tuple[torch.dtype, list[int], int]:
+    """(dtype, shape, nbytes) of a tensor entry, validated."""
+    if not isinstance(e, dict) or e.get("dtype") not in DTYPES:
+        raise ShippingError("output tensor of an unknown dtype")
+    dtype, shape, nbytes = DTYPES[e["dtype"]], e.get("shape"), e.get("nbytes")
+    if (not isinstance(shape, list) or len(shape) > 16 or not all(isinstance(d, int) and d >= 0 for d in shape)
+            or not isinstance(nbytes, int)):
+        raise ShippingError("malformed tensor entry in output")
+    if math.prod(shape) * torch.empty((), dtype=dtype).element_size() != nbytes:
+        raise ShippingError("output tensor size does not match its shape")
+    return dtype, shape, nbytes
+
+
+def _mapped_tensors(entries: list, device: str) -> list[torch.Tensor]:
+    """The tensors of an IPC output, copied out of the kernel process's memory blocks (each block
+    mapped once, however many tensors it holds)."""
+    from pipelines.profiling import cuda_ipc
+
+    if not device.startswith("cuda"):
+        raise NeedsFile("this verifier has no GPU to map CUDA IPC handles on")
+    layouts = [_entry_layout(e) for e in entries]
+    for e in entries:
+        if not isinstance(e.get("handle"), str) or not isinstance(e.get("offset"), int) or e["offset"] < 0:
+            raise ShippingError("malformed CUDA IPC entry in output")
+    try:
+        here = cuda_ipc.device_uuid(torch.device(device).index or 0)
+        if any(e.get("device") != here for e in entries):
+            raise NeedsFile("the output lies on another GPU")
+        out: list[torch.Tensor | None] = [None] * len(entries)
+        for handle in dict.fromkeys(e["handle"] for e in entries):
+            with cuda_ipc.opened(handle, device) as (ptr, size):
+                for i, e in enumerate(entries):
+                    if e["handle"] != handle:
+                        continue
+                    dtype, shape, nbytes = layouts[i]
+                    if e["offset"] + nbytes > size:
+                        raise ShippingError("output tensor does not fit its memory block")
+                    out[i] = cuda_ipc.copy_out(ptr + e["offset"], nbytes, device).view(dtype).reshape(shape)
+    except (cuda_ipc.IpcUnavailable, ValueError) as e:
+        if isinstance(e, ShippingError):
+            raise
+        raise NeedsFile(str(e)) from None
+    return out
 
 
 def _tensor(mm: mmap.mmap, e: Any, start: int, size: int, device: str) -> torch.Tensor:

@@ -23,6 +23,7 @@ import contextlib
 import itertools
 import json
 import re
+from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +42,17 @@ FLAG_KEYS = {  # global switches a GPU MODE reference inherits from the submissi
 
 
 # ---- the plan -------------------------------------------------------------------------------
+def _shipped_as(path: str) -> str:
+    """"ipc" or "file": how an output came (for the run's summary)."""
+    from pipelines.profiling.shipping import IPC_MAGIC
+
+    try:
+        with open(path, "rb") as f:
+            return "ipc" if f.read(8) == IPC_MAGIC else "file"
+    except OSError:
+        return "file"
+
+
 def recheck_salts(protocol: str) -> tuple[str, int]:
     """Which cases are re-checked after timing, and with what seed offset: ('first' | 'all', salt)."""
     return ("all", GPUMODE_SEED_STEP) if protocol == "gpumode" else ("first", RECHECK_SEED_SALT)
@@ -86,11 +98,33 @@ class LocalJudge:
 
 
 class ChannelJudge:
-    """Ships the output to the parent and waits for the verifier's verdict (child processes)."""
+    """Ships the output to the parent and waits for the verifier's verdict (child processes).
 
-    def __init__(self, send: Callable[[dict], None], recv: Callable[[], dict]):
+    On a GPU the output goes as CUDA IPC handles (shipping.write_handles); when the verifier
+    cannot map them it asks for the file instead, and from then on this process ships files.
+    KERNELCAST_SHIP=file ships files from the start.
+    """
+
+    def __init__(self, send: Callable[[dict], None], recv: Callable[[], dict], ipc: bool | None = None):
+        import os
+
         self.send, self.recv = send, recv
         self.seq = itertools.count(1)
+        self.ipc = os.environ.get("KERNELCAST_SHIP", "auto") != "file" if ipc is None else ipc
+
+    def _write(self, path: Path, output: Any) -> list | None:
+        """Write the output; the tensors to keep alive when it went as IPC handles."""
+        from pipelines.profiling.shipping import NeedsFile, write_handles, write_output
+
+        if self.ipc:
+            try:
+                keep = write_handles(path, output)
+                if keep is not None:
+                    return keep
+            except NeedsFile:
+                self.ipc = False
+        write_output(path, output)
+        return None
 
     def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
         from pipelines.profiling.shipping import write_output
@@ -98,15 +132,23 @@ class ChannelJudge:
         seq = next(self.seq)
         name = f"out-{seq:06d}.kco"
         path = Path.cwd() / name  # the private directory (jail.py made it the working directory)
-        write_output(path, output)
+        keep = self._write(path, output)
+        request = {"type": "verify", "seq": seq, "case_id": task.case_id(case), "salt": int(salt), "file": name,
+                   "flags": flags or {}}
         try:
-            self.send({"type": "verify", "seq": seq, "case_id": task.case_id(case), "salt": int(salt), "file": name,
-                       "flags": flags or {}})
+            self.send(request)
             while True:
                 reply = self.recv()
-                if reply.get("type") == "verdict" and reply.get("seq") == seq:
-                    return bool(reply.get("ok")), "rejected by the verifier"
+                if reply.get("type") != "verdict" or reply.get("seq") != seq:
+                    continue
+                if reply.get("resend") and keep is not None:  # the verifier cannot map our memory
+                    self.ipc, keep = False, None
+                    write_output(path, output)
+                    self.send(request)
+                    continue
+                return bool(reply.get("ok")), "rejected by the verifier"
         finally:
+            del keep
             with contextlib.suppress(OSError):
                 path.unlink()
 
@@ -128,6 +170,9 @@ def judge(task, case: dict, salt: int, output: Any, flags: dict | None = None) -
 
 
 # ---- the verifier process ---------------------------------------------------------------------
+_RESEND = object()  # Verifier._read: the output came as handles this process cannot map
+
+
 @dataclass
 class _Job:
     plan: list[tuple[str, int]]
@@ -202,20 +247,32 @@ class Verifier:
             return {**base, "ok": False, "unexpected": True, "step": job.step, "of": len(job.plan),
                     "message": f"asked to verify {step[0]!r} (seed +{step[1]}) out of plan"}
         case = next(c for c in task.correctness_cases + task.benchmark_cases if task.case_id(c) == step[0])
+        output, error = self._read(msg)
+        if output is _RESEND:  # no step used: the same request comes back as a file
+            return {**base, "ok": False, "resend": True, "message": error}
         job.step += 1
-        ok, message = self._check(task, case, int(step[1]), msg)
-        return {**base, "ok": ok, "message": message, "step": job.step, "of": len(job.plan)}
+        ok, message = self._check(task, case, int(step[1]), msg, output, error)
+        return {**base, "ok": ok, "message": message, "step": job.step, "of": len(job.plan),
+                "shipped": _shipped_as(msg["path"])}
 
-    def _check(self, task, case: dict, salt: int, msg: dict) -> tuple[bool, str]:
+    def _read(self, msg: dict) -> tuple[Any, str | None]:
+        """(output, None), (None, why it cannot be checked) or (_RESEND, why the handles failed)."""
+        from pipelines.profiling.shipping import NeedsFile, ShippingError, read_output
+
+        try:
+            return read_output(msg["path"], self.device, owner=msg.get("owner")), None
+        except NeedsFile as e:
+            return _RESEND, str(e)
+        except ShippingError as e:
+            return None, str(e)
+
+    def _check(self, task, case: dict, salt: int, msg: dict, output: Any, error: str | None) -> tuple[bool, str]:
         from pipelines.profiling.runner import sync
         from pipelines.profiling.sandbox import one_line
-        from pipelines.profiling.shipping import ShippingError, read_output
 
         cid = task.case_id(case) + (f" (re-check, seed +{salt})" if salt else "")
-        try:
-            output = read_output(msg["path"], self.device, owner=msg.get("owner"))
-        except ShippingError as e:
-            return False, f"case {cid}: the output cannot be checked: {e}"
+        if error is not None:
+            return False, f"case {cid}: the output cannot be checked: {error}"
         flags = clean_flags(msg.get("flags")) if self.protocol == "gpumode" else {}
         data = self.cache.get(task, case, salt)
         try:
@@ -260,6 +317,8 @@ class VerifierLink:
         self.waiting: dict[str, tuple[Any, int]] = {}  # job -> (child sandbox, seq) awaiting a verdict
         self.verdicts: dict[str, JobVerdicts] = {}
         self.queue: list[dict] = []  # requests sent before the verifier was ready
+        self.resent = 0  # outputs the verifier could not map and asked for as files
+        self.shipped: Counter = Counter()  # verdicts by how the output came: "ipc" | "file"
 
     def ensure(self) -> None:
         if self.sb is None:
@@ -314,8 +373,14 @@ class VerifierLink:
         if msg.get("type") != "verdict":
             return []
         job = str(msg.get("job"))
+        if msg.get("resend"):  # not a verdict: the child ships the same output again, as a file
+            self.resent += 1
+            child, seq = self.waiting.pop(job, (None, None))
+            return [(child, {"type": "verdict", "seq": seq, "ok": False, "resend": True})] if child is not None else []
         v = self.verdicts.setdefault(job, JobVerdicts())
         v.of = int(msg.get("of") or v.of)
+        if msg.get("shipped") in ("ipc", "file"):
+            self.shipped[msg["shipped"]] += 1
         if isinstance(msg.get("timed"), list):
             v.timed = [str(c) for c in msg["timed"]]
         if msg.get("infrastructure"):

@@ -163,6 +163,7 @@ class RunSummary:
     stopped: str = "complete"  # "complete" | "time budget" | "limit" | "interrupted"
     elapsed_s: float = 0.0
     hardware_id: str | None = None
+    shipped: dict[str, int] = field(default_factory=dict)  # checked outputs by how they came: ipc | file
 
     def by_task(self) -> dict[str, dict]:
         """{task: {"ok": n, "failed": {kind: n}, "median_speedup": x}} over all rows."""
@@ -640,6 +641,7 @@ def run_batch(
         out_path=Path(out_path), batch_id=store.batch_id, total=len(kernels), measured_now=run.measured_now,
         rows=list(store.rows.values()), stopped=stopped, elapsed_s=time.monotonic() - run.t0,
         hardware_id=run.hardware["hardware_id"] if run.hardware else None,
+        shipped=dict(run.verifier.shipped),
     )
 
 
@@ -697,6 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "out": str(summary.out_path), "batch_id": summary.batch_id, "stopped": summary.stopped,
         "elapsed_s": summary.elapsed_s, "measured_now": summary.measured_now, "total": summary.total,
+        "shipped": summary.shipped,
         "hardware_id": summary.hardware_id, "config": cfg.__dict__, "by_task": summary.by_task(),
     }
     if args.summary_json:
@@ -705,6 +708,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(report, indent=2, default=str))
     else:
         print(summary.table())
+        if summary.shipped:
+            print(f"checked outputs: {summary.shipped.get('ipc', 0)} over CUDA IPC, {summary.shipped.get('file', 0)} as files")
     return 0
 
 

@@ -1,0 +1,108 @@
+"""Outputs handed to the verifier as CUDA IPC handles: the format, the fallback to a file when
+the verifier cannot map them, and (on a GPU) the real hand-over between two processes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from pipelines.profiling import shipping, verify
+from pipelines.profiling.runner import make_input
+from pipelines.tasks import get_task
+
+
+def _handle_file(path, entries, tree=None) -> None:
+    header = json.dumps({"tree": tree or {"t": "tensor", "i": 0}, "tensors": entries}).encode()
+    path.write_bytes(shipping.IPC_MAGIC + len(header).to_bytes(8, "little") + header)
+
+
+ENTRY = {"dtype": "float32", "shape": [4], "nbytes": 16, "handle": "00" * 64, "offset": 0, "device": "GPU-x"}
+
+
+def test_a_verifier_without_a_gpu_asks_for_the_file_and_uses_no_step(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
+    task = get_task("softmax")
+    case = task.correctness_cases[0]
+    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    base = {"job": "j1", "kind": "check", "task": "softmax", "salt": 0, "case_id": task.case_id(case)}
+    handles = tmp_path / "handles"
+    _handle_file(handles, [ENTRY])
+    r = v.handle({**base, "path": str(handles)})
+    assert r["resend"] and not r["ok"] and "no GPU" in r["message"] and "step" not in r
+    good = tmp_path / "good"
+    shipping.write_output(good, task.ref_kernel(make_input(task, case)))
+    r = v.handle({**base, "path": str(good)})  # the same step, now as a file
+    assert r["ok"] and r["step"] == 1 and r["shipped"] == "file"
+
+
+@pytest.mark.parametrize("entry", [
+    {**ENTRY, "nbytes": 15},            # size does not match the shape
+    {**ENTRY, "dtype": "object"},       # not an allowed dtype
+    {**ENTRY, "shape": "4"},            # not a shape
+])
+def test_malformed_handle_entries_are_refused_as_outputs(tmp_path, entry):
+    path = tmp_path / "h"
+    _handle_file(path, [entry])
+    with pytest.raises(shipping.ShippingError) as e:
+        shipping.read_output(path, "cuda")
+    assert not isinstance(e.value, shipping.NeedsFile)
+
+
+def test_cpu_outputs_go_as_files_even_with_ipc_on(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    task = get_task("softmax")
+    sent: list[dict] = []
+    seen_magic: list[bytes] = []
+
+    def send(msg):
+        sent.append(msg)
+        seen_magic.append((tmp_path / msg["file"]).read_bytes()[:8])
+
+    judge = verify.ChannelJudge(send, lambda: {"type": "verdict", "seq": sent[-1]["seq"], "ok": True}, ipc=True)
+    ok, _ = judge.judge(task, task.correctness_cases[0], 0, torch.ones(3))
+    assert ok and seen_magic == [shipping.MAGIC] and judge.ipc  # no handle to make: not a failure of IPC
+    assert not list(tmp_path.glob("out-*.kco"))  # the shipped file is removed after the verdict
+
+
+class _Child:
+    private_dir, uid = "/nonexistent", None
+
+
+class _VerifierEnd:
+    """The verifier's end of the link: messages queued for on_message to read."""
+
+    ready = True
+
+    def __init__(self):
+        self.inbox: list[dict] = []
+        self.sent: list[dict] = []
+
+    def recv(self):
+        return self.inbox.pop(0)
+
+    def send(self, msg):
+        self.sent.append(msg)
+
+
+def test_the_link_passes_a_resend_on_without_counting_it_as_a_verdict():
+    link = verify.VerifierLink(spawn=_VerifierEnd)
+    child = _Child()
+    request = {"type": "verify", "seq": 1, "case_id": "c", "salt": 0, "file": "out-000001.kco"}
+    assert link.forward(child, "j", "check", "softmax", request) is None
+    link.sb.inbox.append({"type": "verdict", "job": "j", "seq": 1, "ok": False, "resend": True, "message": "x"})
+    assert link.on_message() == [(child, {"type": "verdict", "seq": 1, "ok": False, "resend": True})]
+    assert link.forward(child, "j", "check", "softmax", request) is None  # the file: not out of plan
+    link.sb.inbox.append({"type": "verdict", "job": "j", "seq": 1, "ok": True, "step": 1, "of": 1, "shipped": "file"})
+    assert link.on_message() == [(child, {"type": "verdict", "seq": 1, "ok": True})]
+    v = link.outcome("j")
+    assert v.complete and not v.unexpected and v.failure is None and link.resent == 1 and link.shipped["file"] == 1
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_a_cuda_output_arrives_from_another_process_equal_both_ways():
+    from pipelines.profiling import cuda_ipc
+
+    report = cuda_ipc.self_test(8)
+    assert report["ipc_equal"] and report["file_equal"]
