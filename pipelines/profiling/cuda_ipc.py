@@ -12,6 +12,9 @@ names the whole cudaMalloc block the caching allocator carved the tensor from, s
 carries the tensor's offset in that block, and the verifier checks offset and size against the
 block it mapped. Allocations that are not cudaMalloc blocks (expandable segments) have no legacy
 handle: `IpcUnavailable`, and the caller ships a file instead.
+
+    python3 -m pipelines.profiling.cuda_ipc [MIB]   # on a GPU: one tensor from another process,
+                                                    # as handles and as a file; prints the times
 """
 
 from __future__ import annotations
@@ -166,6 +169,8 @@ if __name__ == "__main__":
     import json
     import sys
 
-    result = self_test(int(sys.argv[1]) if len(sys.argv) > 1 else 256)
+    from pipelines.profiling import cuda_ipc  # by name, so the spawned exporter finds its function
+
+    result = cuda_ipc.self_test(int(sys.argv[1]) if len(sys.argv) > 1 else 256)
     print(json.dumps(result))
     sys.exit(0 if result["ipc_equal"] and result["file_equal"] else 1)
