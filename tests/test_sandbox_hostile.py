@@ -65,7 +65,7 @@ def battery_env(tmp_path, monkeypatch):
 # Kernels whose containment rests on a layer the host may not give; every other one is contained
 # on any host (the environment allow-list, the verifier, the integrity watch, the parent's
 # process watchdog and sweeps need no privilege).
-NEEDS = {"write_outside": {"landlock"}, "warehouse_tampering": {"landlock", "uid"}, "memory_bomb": {"rlimits"},
+NEEDS = {"write_outside": {"landlock", "mountns"}, "warehouse_tampering": {"landlock", "uid", "mountns"}, "memory_bomb": {"rlimits"},
          "network": {"netns", "landlock-net", "seccomp"}}
 
 
@@ -183,6 +183,54 @@ def test_where_namespaces_and_landlock_are_off_seccomp_still_keeps_the_network_o
     assert outcome.failure_kind == "runtime_error" and not [g for g in listener.got if g.startswith("tcp")]
 
 
+
+GPU_HOST_SKIP = "netns,pidns,landlock,uid"  # what keeps CUDA from starting on the H200 host
+
+
+@pytest.mark.slow
+def test_where_namespaces_landlock_and_the_uid_are_off_the_mount_namespace_keeps_files_safe(battery_env, monkeypatch):
+    """The H200 host's situation for files: a read-only mount namespace is what stops writes
+    outside the private folder, the warehouse under KERNELCAST_HOME included; a normal kernel
+    (which ships its output through the private folder) still passes."""
+    monkeypatch.setenv(sandbox.SKIP_ENV, GPU_HOST_SKIP)
+    params = battery_env["params"]
+    names = ["write_outside", "warehouse_tampering"]
+    sources = [("tiny_scale", hostile.render(n, **params)) for n in names]
+    sources.append(("tiny_scale", (FIXTURES / "good_torch.py").read_text()))
+    outcomes = check_sources(sources, n_workers=1, timeout_s=30, policy=POLICY)
+    layers = set(outcomes[0].sandbox.split(","))
+    print(outcomes[0].sandbox, [(o.failure_kind, o.message[:80]) for o in outcomes])
+    if os.geteuid() != 0 and "mountns" not in layers:
+        pytest.skip("no mount namespace for an unprivileged user on this host")
+    assert "mountns" in layers and not set(GPU_HOST_SKIP.split(",")) & layers
+    for name, o in zip(names, outcomes):
+        assert not o.ok and o.failure_kind in hostile.KINDS[name], f"{name}: {o.failure_kind} ({o.message})"
+    assert outcomes[-1].ok, outcomes[-1].message
+    assert not any(Path(t).exists() for t in params["targets"])
+    assert battery_env["warehouse"].read_bytes() == battery_env["before"]
+
+
+@pytest.mark.slow
+def test_the_measurement_row_names_mountns_and_a_normal_kernel_is_measured_under_it(battery_env, tmp_path,
+                                                                                      monkeypatch):
+    monkeypatch.setenv(sandbox.SKIP_ENV, GPU_HOST_SKIP)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))  # shared, bound writable
+    params = battery_env["params"]
+    rows = [{"kernel_id": "good", "task": "tiny_scale", "source": (FIXTURES / "good_torch.py").read_text()},
+            {"kernel_id": "write_outside", "task": "tiny_scale", "source": hostile.render("write_outside", **params)}]
+    batch, out = tmp_path / "batch.parquet", tmp_path / "out.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=BATCH_SCHEMA), batch)
+    run_batch(batch, out, WorkerConfig(device="cpu", compile_workers=1, timeout_s=20, max_reps=3))
+    got = {r["kernel_id"]: r for r in pq.read_table(out).to_pylist()}
+    print({k: (r["status"], r["sandbox"], r["error"]) for k, r in got.items()})
+    if os.geteuid() != 0 and "mountns" not in got["good"]["sandbox"].split(","):
+        pytest.skip("no mount namespace for an unprivileged user on this host")
+    assert got["good"]["status"] == "ok" and got["good"]["speedup"] > 0
+    assert "mountns" in got["good"]["sandbox"].split(",") and "landlock" not in got["good"]["sandbox"].split(",")
+    assert got["write_outside"]["failure_kind"] in hostile.KINDS["write_outside"]
+    assert not any(Path(t).exists() for t in params["targets"])
+
+
 # ---- the jail on its own ----------------------------------------------------------------------
 def _jail(spec: dict, argv: list[str], **kw) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-I", "-S", jail.__file__, json.dumps(spec), "--", *argv],
@@ -251,7 +299,8 @@ def test_the_fault_battery_passes_on_the_cpu(tmp_path, capsys):
     assert report["problems"] == [] and len(report["rows"]) >= len(hostile.SOURCES)  # judged by the host's layers
     print(report["sandbox"], report["outside"])
     assert report["outside"]["escaped_processes"] == []  # whatever the layers
-    if "landlock" in report["sandbox"].split(";")[0]:
+    given = report["sandbox"].split(";")[0].removeprefix("sandbox: ").split(",")
+    if {"landlock", "mountns"} & set(given):
         assert report["outside"]["files_written_outside"] == [] and not report["outside"]["warehouse_changed"]
 
 

@@ -167,9 +167,9 @@ def _outside(stage: dict, listener, layers: set[str], hostile_run: bool, problem
     for t in outside["files_written_outside"]:
         Path(t).unlink(missing_ok=True)
     if hostile_run:
-        if outside["files_written_outside"] and "landlock" in layers:
+        if outside["files_written_outside"] and ({"landlock", "mountns"} & layers):
             problems.append(f"files written outside the sandbox: {outside['files_written_outside']}")
-        if outside["warehouse_changed"] and ({"landlock", "uid"} & layers):
+        if outside["warehouse_changed"] and ({"landlock", "uid", "mountns"} & layers):
             problems.append("the warehouse file changed")
         if outside["heard_on_loopback"] and "netns" in layers:
             problems.append(f"the loopback listener heard {outside['heard_on_loopback']}")

@@ -27,6 +27,11 @@ Layers (names as recorded in the measurement row's `sandbox` column):
     landlock   writes only inside the private directory, the shared Triton cache and the
                device files; no ptrace of or signals to processes outside (Linux Landlock)
     landlock-net  no TCP connect/bind, where there is no network namespace
+    mountns    a private mount namespace in which every filesystem is read-only (remounted) but
+               the private directory and the shared Triton cache (bound onto themselves first);
+               device files and Unix sockets stay usable, procfs stays as it is but /proc/sys.
+               It keeps files safe where Landlock cannot be used; root's capabilities must go
+               (uid or nocaps), or the child could remount
     seccomp    a seccomp filter: socket() of the IPv4, IPv6 and packet families and io_uring
                fail with EACCES, so no network even where a network namespace would keep the
                CUDA driver from starting (Unix sockets and pipes stay: the channel, CUDA)
@@ -37,6 +42,7 @@ A process group of its own is what the parent kills without `pidns`; see sandbox
 from __future__ import annotations
 
 import ctypes
+import errno
 import json
 import os
 import resource
@@ -200,6 +206,169 @@ def enter_namespaces(want_net: bool, want_pid: bool, root: bool) -> tuple[list[s
         return entered, missing
 
 
+# Mount flags (<sys/mount.h>).
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1 << 10, 1 << 11, 1 << 12
+MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 14, 1 << 18, 1 << 21, 1 << 24
+# Per-mount options a bind remount must repeat: in a user namespace the kernel refuses (EPERM)
+# to clear those it locked, and as root leaving one out would loosen the copy of the mount.
+KEPT_MOUNT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
+                      "nodiratime": MS_NODIRATIME, "relatime": MS_RELATIME}
+# procfs stays as it is (the jail writes its uid maps there, CUDA reads the driver's files) except
+# /proc/sys, where a root uid without capabilities could still write many kernel settings.
+LEFT_AS_IS = "/proc"
+MADE_READ_ONLY_IN_PROC = "/proc/sys"
+
+
+def _mount(source: str | None, target: str, flags: int) -> None:
+    libc = _libc()
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
+    if libc.mount(source.encode() if source else None, target.encode(), None, flags, None) != 0:
+        code = ctypes.get_errno()
+        raise OSError(code, f"mount {target}: {os.strerror(code)}")
+
+
+def _unescape_mount_path(field: str) -> str:
+    """mountinfo writes space, tab, newline and backslash in paths as octal escapes (\\040)."""
+    out, i = [], 0
+    while i < len(field):
+        if field[i] == "\\" and field[i + 1:i + 4].isdigit():
+            out.append(chr(int(field[i + 1:i + 4], 8)))
+            i += 4
+        else:
+            out.append(field[i])
+            i += 1
+    return "".join(out)
+
+
+def read_mountinfo(text: str) -> list[tuple[str, str, str]]:
+    """(mount point, per-mount options, optional fields) of each mountinfo line, in order.
+
+    >>> read_mountinfo("27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw")
+    [('/', 'rw,relatime', 'shared:1')]
+    """
+    out = []
+    for line in text.splitlines():
+        fields = line.split()
+        if "-" not in fields[6:]:
+            continue
+        sep = fields.index("-", 6)
+        out.append((_unescape_mount_path(fields[4]), fields[5], " ".join(fields[6:sep])))
+    return out
+
+
+def _mountinfo() -> list[tuple[str, str, str]]:
+    with open("/proc/self/mountinfo") as f:
+        return read_mountinfo(f.read())
+
+
+def read_only_remount_flags(options: str) -> int:
+    """The flags of a read-only bind remount that keeps a mount's other per-mount options.
+
+    >>> read_only_remount_flags("rw,nosuid,nodev,noatime") == MS_REMOUNT | MS_BIND | MS_RDONLY | 2 | 4 | 1024
+    True
+    """
+    given = set(options.split(","))
+    flags = MS_REMOUNT | MS_BIND | MS_RDONLY
+    for name, bit in KEPT_MOUNT_OPTIONS.items():
+        if name in given:
+            flags |= bit
+    if not given & {"noatime", "relatime"}:
+        flags |= MS_STRICTATIME  # otherwise the kernel would default the copy to relatime
+    return flags
+
+
+def _mount_namespace() -> str:
+    return os.readlink("/proc/self/ns/mnt")
+
+
+def _unshare_mounts(root: bool, in_user_ns: bool) -> bool:
+    """Enter a new mount namespace, private all the way down; returns whether a user namespace
+    was made for it. Raises OSError unless both are certain: every remount that follows must
+    happen in a namespace of our own, and no bind mount may propagate back to the host."""
+    before = _mount_namespace()
+    made_user_ns = not root and not in_user_ns
+    uid, gid = os.getuid(), os.getgid()
+    try:
+        _unshare(CLONE_NEWNS | (CLONE_NEWUSER if made_user_ns else 0))
+    except OSError as e:
+        raise OSError(f"unshare: {e}") from None
+    if made_user_ns:
+        _write("/proc/self/setgroups", "deny")
+        _write("/proc/self/uid_map", f"{uid} {uid} 1")
+        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+    if _mount_namespace() == before:
+        raise OSError("unshare reported success but the mount namespace is unchanged")
+    _mount(None, "/", MS_REC | MS_PRIVATE)
+    if any("shared:" in optional or "master:" in optional for _, _, optional in _mountinfo()):
+        raise OSError("mounts still propagate after making the tree private")
+    return made_user_ns
+
+
+def _is_beneath(path: str, top: str) -> bool:
+    return path == top or path.startswith(top.rstrip("/") + "/")
+
+
+def _bind_writable(dirs: list[str]) -> list[str]:
+    """Bind each existing directory onto itself: its own mount, kept writable below a read-only
+    parent. Returns the resolved paths bound."""
+    bound = []
+    for d in dict.fromkeys(os.path.realpath(d) for d in dirs):
+        if d == "/":
+            raise OSError("the root directory cannot be a writable directory")
+        if not os.path.isdir(d):
+            continue
+        _mount(d, d, MS_BIND)
+        bound.append(d)
+    return bound
+
+
+def _remount_read_only(writable: list[str]) -> dict[str, str]:
+    """Remount every mount point read-only except the writable binds and procfs (but for
+    /proc/sys); returns {mount point: why it was left writable}. Raises OSError when the root
+    filesystem stays writable."""
+    if os.path.isdir(MADE_READ_ONLY_IN_PROC):
+        try:
+            _mount(MADE_READ_ONLY_IN_PROC, MADE_READ_ONLY_IN_PROC, MS_BIND | MS_REC)
+        except OSError:
+            pass  # then it is not in the list below, and the note says so
+    mounts = _mountinfo()
+    options = {point: opts for point, opts, _ in mounts}  # the last line of a point is its top mount
+    skipped: dict[str, str] = {}
+    for point in sorted(options, key=lambda p: (p != "/", p)):
+        if any(_is_beneath(point, w) for w in writable):
+            continue  # a writable bind, or what it covers
+        if _is_beneath(point, LEFT_AS_IS) and not _is_beneath(point, MADE_READ_ONLY_IN_PROC):
+            continue
+        try:
+            _mount(None, point, read_only_remount_flags(options[point]))
+        except OSError as e:
+            if point == "/":
+                raise OSError(f"the root filesystem cannot be made read-only ({e.strerror})") from None
+            skipped[point] = errno.errorcode.get(e.errno or 0, str(e.errno))
+    if not os.statvfs("/").f_flag & os.ST_RDONLY:
+        raise OSError("the root filesystem is still writable after its remount")
+    if not any(_is_beneath(p, MADE_READ_ONLY_IN_PROC) for p in options):
+        skipped[MADE_READ_ONLY_IN_PROC] = "no bind mount"
+    return skipped
+
+
+def enter_mount_namespace(writable_dirs: list[str], root: bool, in_user_ns: bool) -> tuple[bool, dict[str, str]]:
+    """A private mount namespace where every filesystem is read-only but `writable_dirs`.
+
+    Character devices stay usable (a read-only mount does not stop opening them for writing) and
+    so do Unix sockets; descriptors opened before (the log on stderr) keep writing.
+
+    Returns:
+        (whether a user namespace was made for it, {mount point: why it stayed writable}).
+    Raises:
+        OSError: the namespace or the read-only root could not be had (the layer is missing).
+    """
+    made_user_ns = _unshare_mounts(root, in_user_ns)
+    bound = _bind_writable(writable_dirs)
+    return made_user_ns, _remount_read_only(bound)
+
+
 def set_limits(limits: dict, per_sandbox_nproc: bool) -> list[str]:
     """Soft = hard limits, so the kernel cannot raise them again. Returns ["rlimits"] or []."""
     names = {"as": resource.RLIMIT_AS, "fsize": resource.RLIMIT_FSIZE, "core": resource.RLIMIT_CORE}
@@ -332,12 +501,27 @@ def _supervise(child: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
+def _mountns_layer(spec: dict, root: bool, in_user_ns: bool, notes: dict[str, str]) -> tuple[list[str], bool]:
+    """The `mountns` layer when wanted: (["mountns"] or [], whether a user namespace was made)."""
+    if "mountns" not in spec.get("want", ()):
+        return [], False
+    writable = list(spec.get("mount_writable_dirs", spec.get("writable_dirs", ())))
+    try:
+        made_user_ns, skipped = enter_mount_namespace(writable, root, in_user_ns)
+    except OSError as e:
+        notes["mountns"] = str(e)
+        return [], False
+    if skipped:
+        notes["mountns-skipped"] = "left writable: " + ", ".join(f"{p} ({why})" for p, why in sorted(skipped.items()))
+    return ["mountns"], made_user_ns
+
+
 def run(spec: dict, argv: list[str]) -> None:
     """Apply the layers of `spec` to this process and execute `argv` (never returns).
 
     Spec keys: private_dir, uid, gid (ints or null), want (layer names), limits
-    ({as, fsize, nproc, core}: bytes / counts or null), writable_dirs, writable_files,
-    umask (int).
+    ({as, fsize, nproc, core}: bytes / counts or null), writable_dirs, writable_files (Landlock),
+    mount_writable_dirs (the directories `mountns` keeps writable; default writable_dirs), umask (int).
     """
     want = set(spec.get("want", ()))
     root = os.geteuid() == 0
@@ -352,6 +536,9 @@ def run(spec: dict, argv: list[str]) -> None:
     entered, missing = enter_namespaces("netns" in want, "pidns" in want, root)
     notes.update(missing)
     layers += entered
+    # Before the uid switch, the capability drop and Landlock: remounting needs CAP_SYS_ADMIN.
+    mounted, made_user_ns = _mountns_layer(spec, root, in_user_ns=not root and bool(entered), notes=notes)
+    layers += mounted
     if "pidns" in entered:
         child = os.fork()  # the first process of the new PID namespace
         if child:
@@ -359,7 +546,7 @@ def run(spec: dict, argv: list[str]) -> None:
         _die_with()
         if os.getppid() == 1:  # the supervisor died before prctl took effect
             os._exit(1)
-    per_sandbox_nproc = switch or not root and bool(entered)  # counted per uid / user namespace
+    per_sandbox_nproc = switch or not root and (bool(entered) or made_user_ns)  # counted per uid / user namespace
     try:
         layers += set_limits(spec.get("limits", {}), per_sandbox_nproc)
         if not per_sandbox_nproc:
@@ -377,6 +564,9 @@ def run(spec: dict, argv: list[str]) -> None:
             layers.append("nocaps")
         except OSError as e:
             notes["nocaps"] = str(e)
+    if root and "mountns" in layers and not ("uid" in layers or "nocaps" in layers):
+        layers.remove("mountns")  # a root child that keeps CAP_SYS_ADMIN could remount everything writable
+        notes["mountns"] = "the child keeps root's capabilities (no sandbox uid, none dropped): it could remount"
     if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
         layers.append("nonewprivs")
     if "seccomp" in want and "nonewprivs" in layers:

@@ -12,6 +12,8 @@ layers the host allows (jail.py lists them) before the child's first line runs:
   its first one, so a `setsid` grandchild cannot outlive the check);
 * rlimits on address space (CPU), file size and processes; no core files; no_new_privs;
 * a seccomp filter refusing network sockets (it holds where a namespace would stop CUDA);
+* a private mount namespace with every filesystem read-only but the private directory and the
+  shared Triton cache (it holds where Landlock would stop CUDA);
 * Landlock: writes only beneath the private directory, the shared Triton cache and device files.
 
 Messages are JSON over the child's stdin/stdout, framed by multiprocessing.connection. The
@@ -62,7 +64,7 @@ ALLOWED_ENV = (
     "CUBLAS_WORKSPACE_CONFIG", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "KERNELCAST_TASK_MODULES", "KERNELCAST_DEVICE",
     "KERNELCAST_SHIP",
 )
-WANTED_LAYERS = ("uid", "netns", "pidns", "rlimits", "seccomp", "landlock")
+WANTED_LAYERS = ("uid", "netns", "pidns", "mountns", "rlimits", "seccomp", "landlock")
 ROOT_FALLBACK = "nocaps"  # as root without a sandbox uid: root's uid, no capabilities
 
 
@@ -420,7 +422,9 @@ sys.stdout.write(os.environ.get("KERNELCAST_SANDBOX_LAYERS", ""))
 """
 
 
-CUDA_FRAGILE_LAYERS = ("landlock", "netns", "pidns", "seccomp")  # dropped in this order when CUDA will not start
+# Dropped in this order when CUDA will not start; `mountns` last: where Landlock has to go, it is
+# what still keeps a kernel from writing outside its private directory.
+CUDA_FRAGILE_LAYERS = ("landlock", "netns", "pidns", "seccomp", "mountns")
 
 
 def _probe_once(policy: SandboxPolicy, device: str, uid: int | None) -> tuple[list[str] | None, dict[str, str], str]:
@@ -577,13 +581,17 @@ def _jail_spec(policy: SandboxPolicy, device: str, private: Path, uid: int | Non
     writable = [str(private), *map(str, shared_dirs)]
     if device == "cuda":
         writable.append("/dev/shm")  # the CUDA driver may keep shared memory there
+    # `mountns` leaves /dev/shm read-only but for the private directory (which is there on most
+    # hosts): were the CUDA driver to need more, the probe drops the layer with its reason.
+    mount_writable = [str(private), *map(str, shared_dirs)]
     want = [x for x in policy.layers if x != "uid" or uid is not None]
     if uid is None and is_root():
         want.append(ROOT_FALLBACK)
     return {
         "private_dir": str(private), "uid": uid, "gid": policy.gid if uid is not None else None,
         "want": want, "limits": limits,
-        "writable_dirs": writable, "writable_files": device_files(), "umask": 0o002,
+        "writable_dirs": writable, "writable_files": device_files(), "mount_writable_dirs": mount_writable,
+        "umask": 0o002,
     }
 
 
