@@ -29,8 +29,6 @@ def measure(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
 ) -> None:
     """Measure this host's unmeasured kernels: one Dagster step per GPU, merged by the ingest."""
-    import dataclasses
-
     import dagster as dg
 
     from assets.profiling import gpu_count, host_hardware_id
@@ -44,9 +42,9 @@ def measure(
 
     if gpus is not None:
         os.environ["KERNELCAST_GPUS"] = str(gpus)  # the step processes read the same count
-    settings = load_settings(profile)
     if limit is not None:
-        settings = dataclasses.replace(settings, profiling=dataclasses.replace(settings.profiling, max_kernels=limit))
+        os.environ["KERNELCAST_MAX_KERNELS"] = str(limit)  # the plan step runs in a process of its own
+    settings = load_settings(profile)
     hardware = host_hardware_id(settings.profiling.measure_device)
     if hardware is None:
         raise ValueError("no CUDA GPU on this host (KERNELCAST_MEASURE_DEVICE=cpu measures in Triton's interpreter)")

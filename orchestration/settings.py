@@ -179,17 +179,22 @@ def default_home() -> Path:
 
 
 def _with_fanout_env(settings: Settings) -> Settings:
-    """KERNELCAST_GPUS (measuring steps per host) and KERNELCAST_MEASURE_DEVICE (cuda | cpu) on top
-    of the profile: how a host scales the fan-out, read by every process of a run alike."""
+    """KERNELCAST_GPUS (measuring steps per host), KERNELCAST_MEASURE_DEVICE (cuda | cpu) and
+    KERNELCAST_MAX_KERNELS (kernels per materialisation) on top of the profile: how a host scales
+    the fan-out, read by every process of a run alike (the multiprocess executor's step processes
+    load the settings again, so a value set only in the launching process would not reach them)."""
     gpus, device = os.environ.get("KERNELCAST_GPUS"), os.environ.get("KERNELCAST_MEASURE_DEVICE")
-    if not gpus and not device:
+    limit = os.environ.get("KERNELCAST_MAX_KERNELS")
+    if not gpus and not device and not limit:
         return settings
-    if gpus and not gpus.isdigit():
-        raise ValueError(f"KERNELCAST_GPUS must be a whole number, got {gpus!r}")
+    for name, value in (("KERNELCAST_GPUS", gpus), ("KERNELCAST_MAX_KERNELS", limit)):
+        if value and not (value.isdigit() and int(value) > 0):
+            raise ValueError(f"{name} must be a whole number above 0, got {value!r}")
     if device and device not in ("cuda", "cpu"):
         raise ValueError(f"KERNELCAST_MEASURE_DEVICE must be cuda or cpu, got {device!r}")
     prof = replace(settings.profiling, **({"gpus": int(gpus)} if gpus else {}),
-                   **({"measure_device": device} if device else {}))
+                   **({"measure_device": device} if device else {}),
+                   **({"max_kernels": int(limit)} if limit else {}))
     return replace(settings, profiling=prof)
 
 

@@ -195,10 +195,12 @@ def test_measurements_fan_out_one_step_per_gpu_and_merge_through_ingest(settings
 @pytest.mark.slow
 def test_fanout_runs_side_by_side_on_the_multiprocess_executor(settings, monkeypatch):
     """The same fan-out as `kernelcast run` starts it on a host of several GPUs: the
-    multiprocess executor, one process per measuring step."""
+    multiprocess executor, one process per measuring step. The plan step's process loads the
+    settings again: `kernelcast measure --limit` reaches it through KERNELCAST_MAX_KERNELS."""
     from orchestration.definitions import build_defs
     from orchestration.runner import execute_code_location_job, prepare_home
 
+    monkeypatch.setenv("KERNELCAST_MAX_KERNELS", "2")
     s = _fanout_settings(settings, monkeypatch)
     prepare_home(s)
     ids = _softmax_kernels(s, 3)
@@ -209,7 +211,8 @@ def test_fanout_runs_side_by_side_on_the_multiprocess_executor(settings, monkeyp
     pids = {e.step_key: e.dagster_event.pid for e in instance.all_logs(run.run_id)
             if e.dagster_event_type == dg.DagsterEventType.STEP_START and "measure_shard" in (e.step_key or "")}
     assert len(pids) == 2 and len(set(pids.values())) == 2 and os.getpid() not in pids.values()
-    assert [k for k, _ in _measured(s)] == ids
+    measured = [k for k, _ in _measured(s)]
+    assert len(measured) == 2 and set(measured) < set(ids)  # 2 of the 3: the limit held in the step processes
 
 
 @pytest.mark.parametrize("target", [["-w", "workspace.yaml"], ["-m", "orchestration.k8s"]], ids=["local", "k8s"])

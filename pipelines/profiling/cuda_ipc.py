@@ -91,7 +91,7 @@ class _DeviceBytes:
     """`nbytes` of device memory at `ptr`, seen by torch.as_tensor (CUDA array interface)."""
 
     def __init__(self, ptr: int, nbytes: int):
-        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, True),
+        self.__cuda_array_interface__ = {"shape": (nbytes,), "typestr": "|u1", "data": (ptr, False),
                                          "version": 3, "strides": None, "stream": None}
 
 
