@@ -168,16 +168,13 @@ def ingest(
 ) -> None:
     """Load measurement result (and kernel) files into the warehouse, file by file: good files go
     in, each refused file gets one line and the exit code is 2. Idempotent."""
+    from orchestration.cli_common import ensure_tasks
     from warehouse.db import connect
     from warehouse.ingest import ingest_all
-    from warehouse.kernels import read_tasks, upsert_tasks
 
     settings = _settings(profile)
     with connect(settings.warehouse_path) as con:
-        if read_tasks(con).is_empty():  # rows are checked against the tasks they measure
-            from pipelines.tasks.catalog import task_rows
-
-            upsert_tasks(con, task_rows())
+        ensure_tasks(con)
         outcome = ingest_all(con, files)
     reports, errors = outcome.reports, outcome.errors
     out = [

@@ -47,3 +47,15 @@ def _settings(profile: str | None):
 
 def _print_json(obj) -> None:
     typer.echo(json.dumps(obj, indent=2, sort_keys=True, default=str))
+
+
+def ensure_tasks(con) -> None:
+    """Register the task catalogue in a warehouse that has none yet: measurement rows are checked
+    against the tasks they measure (their benchmark cases), so a fresh home that only ingests or
+    measures must have them."""
+    from warehouse.kernels import read_tasks, upsert_tasks
+
+    if read_tasks(con).is_empty():
+        from pipelines.tasks.catalog import task_rows
+
+        upsert_tasks(con, task_rows())

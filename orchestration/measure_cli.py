@@ -32,6 +32,7 @@ def measure(
     import dagster as dg
 
     from assets.profiling import gpu_count, host_hardware_id
+    from orchestration.cli_common import ensure_tasks
     from orchestration.definitions import build_defs
     from orchestration.partitions import HARDWARE_PARTITIONS
     from orchestration.run_display import output_to
@@ -50,6 +51,7 @@ def measure(
         raise ValueError("no CUDA GPU on this host (KERNELCAST_MEASURE_DEVICE=cpu measures in Triton's interpreter)")
     prepare_home(settings)
     with connect(settings.warehouse_path) as con:
+        ensure_tasks(con)  # the measurement checks compare each row with its task's cases
         for path in batch:
             if not path.exists():
                 raise FileNotFoundError(f"{path}: no such file or folder")

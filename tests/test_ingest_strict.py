@@ -149,3 +149,23 @@ def test_a_row_of_the_tampered_kind_is_a_failure_like_any_other(con, tmp_path):
     rows[1] = result_row("k1", status="failed", failure_kind="tampered")
     assert warehouse.ingest_results(con, write(results_table(rows), tmp_path / "r.parquet")).added == 2
     assert execute(con, "SELECT failure_kind FROM measurements WHERE status = 'failed'") == [("tampered",)]
+
+
+def test_a_fresh_warehouse_gets_the_task_catalogue_before_measured_rows_are_checked(tmp_path):
+    """`kernelcast measure` on a fresh home: without the tasks, every correct H200 row would fail
+    "speedup requires correctness" (its cases cannot be compared with its task's)."""
+    from pathlib import Path
+
+    from orchestration.cli_common import ensure_tasks
+    from warehouse.ingest import ingest_path
+
+    data = Path(__file__).resolve().parents[1] / "data" / "measurements" / "h200"
+    with connect(tmp_path / "w.duckdb") as con:
+        ingest_path(con, data / "kernels-2026-11-29-run1.parquet")
+        ingest_path(con, data / "results-2026-11-29-run1.parquet")
+        assert checks.ok_without_every_case(con, H200_ID)  # rows whose task is unknown here
+        ensure_tasks(con)
+        ensure_tasks(con)  # once only
+        assert checks.ok_without_every_case(con, H200_ID) == []
+        (n, distinct), = execute(con, "SELECT count(*), count(DISTINCT task) FROM tasks")
+        assert n == distinct >= 9
