@@ -300,7 +300,7 @@ def _load(settings: SupervisedSettings, accelerator: Any) -> tuple[Any, Any, boo
                                                      lora_dropout=0.0, target_modules="all-linear",
                                                      task_type="CAUSAL_LM"))
     if settings.gradient_checkpointing:
-        # Reentrant checkpointing hides the recomputed graph from DDP's gradient hooks.
+        # Reentrant checkpointing trips DDP's gradient hooks (a weight marked ready twice); this kind does not.
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if settings.finetune == "lora":
             model.enable_input_require_grads()
