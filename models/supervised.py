@@ -30,8 +30,14 @@ How it runs:
   epoch, history) and is rewritten when `stop_at` is reached and at every epoch end; a later call
   with the same settings and rows resumes from it and ends exactly as one uninterrupted run
   would (the batch order of an epoch depends only on the seed and the epoch).
+- Data-parallel through accelerate (models.data_parallel): the same call runs as one process or
+  as each of N processes of
+  `accelerate launch --config_file deploy/accelerate/multi_gpu.yaml --num_processes N -m ...`.
+  Each batch is split over the processes and the gradients are averaged, so N processes train
+  the model one process would, N times faster per step; calibration rows are scored in shares
+  and gathered. The main process alone writes the weights, the history and the checkpoint.
 
-Only torch, transformers and peft: this runs on a GPU host without the rest of the stack.
+Only torch, transformers, peft and accelerate: this runs on a GPU host without the rest of the stack.
 """
 
 from __future__ import annotations
@@ -52,6 +58,14 @@ import torch
 
 from models.backends.transformers_backend import left_pad
 from models.bins import NUM_BINS
+from models.data_parallel import (
+    any_process,
+    gather_rows,
+    make_accelerator,
+    row_share,
+    share_weight,
+    sum_over_processes,
+)
 from models.prompts import ANSWER_PREFIX
 
 log = logging.getLogger(__name__)
@@ -75,7 +89,8 @@ class SupervisedSettings:
         epochs: most epochs (the rate decays to 10% over them, cosine).
         patience: stop after this many epochs without a lower calibration NLL (0 = never).
         warmup_steps: linear warm-up of the rate.
-        tokens_per_batch: padded tokens per optimizer step (length-bucketed batches).
+        tokens_per_batch: padded tokens per optimizer step (length-bucketed batches), over all
+            processes of a data-parallel run (each trains on its share of the batch's rows).
         label_smoothing: mass moved from the true bin to its neighbours (ordinal), e.g. 0.1.
         weight_decay: AdamW decay.
         grad_clip: gradient norm clip.
@@ -245,14 +260,28 @@ def calibration_scores(probs: torch.Tensor, true_bin: torch.Tensor) -> dict[str,
     }
 
 
-def _load(settings: SupervisedSettings) -> tuple[Any, Any, bool]:
-    """(model on its device, tokenizer, autocast) for the settings; LoRA wrapped if asked."""
+class LabelReadout(torch.nn.Module):
+    """The eight label logits at the readout position as one module: on N processes accelerate
+    wraps it (DistributedDataParallel), which averages gradients only through a module's forward."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids: torch.Tensor, mask: torch.Tensor, positions: torch.Tensor,
+                label_ids: torch.Tensor) -> torch.Tensor:
+        return label_logits(self.model, ids, mask, positions, label_ids)  # (batch, 8)
+
+
+def _load(settings: SupervisedSettings, accelerator: Any) -> tuple[Any, Any, bool]:
+    """(model on the process's device, tokenizer, autocast) for the settings; LoRA wrapped if asked."""
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     from models.base_model import resolve_base_model
 
-    path = resolve_base_model(settings.base_model)
-    cuda = torch.cuda.is_available()
+    with accelerator.main_process_first():  # the main process converts the base model once; the others read it
+        path = resolve_base_model(settings.base_model)
+    cuda = accelerator.device.type == "cuda"
     if cuda:
         # cuDNN's attention backward returns NaN gradients at some padded lengths on torch 2.11
         # (see models.training.grpo._load_base); the memory-efficient kernels compute the same thing.
@@ -266,16 +295,17 @@ def _load(settings: SupervisedSettings) -> tuple[Any, Any, bool]:
         from peft import LoraConfig, get_peft_model
 
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(settings.seed)
+            torch.manual_seed(settings.seed)  # the same adapter initialisation on every process
             model = get_peft_model(model, LoraConfig(r=settings.lora_rank, lora_alpha=2 * settings.lora_rank,
                                                      lora_dropout=0.0, target_modules="all-linear",
                                                      task_type="CAUSAL_LM"))
     if settings.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
+        # Reentrant checkpointing trips DDP's gradient hooks (a weight marked ready twice); this kind does not.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         if settings.finetune == "lora":
             model.enable_input_require_grads()
     autocast = cuda and settings.precision in ("auto", "bf16-autocast")
-    return model.to("cuda" if cuda else "cpu"), tokenizer, autocast
+    return model.to(accelerator.device), tokenizer, autocast
 
 
 def _schedule(optimizer: Any, settings: SupervisedSettings, total_steps: int) -> Any:
@@ -307,6 +337,213 @@ def _write_json(path: Path, obj: Any) -> None:
     tmp.replace(path)
 
 
+@dataclass
+class _Data:
+    """The encoded rows of a run (the same on every process)."""
+
+    enc_train: list[list[int]]
+    targets: torch.Tensor  # (train rows, 8) soft targets
+    batches: list[list[int]]  # length-bucketed row indices; one optimizer step each
+    enc_cal: list[list[int]]
+    y_cal: torch.Tensor  # (calibration rows,) bins 1..8
+    label_ids: list[int]
+
+
+@dataclass
+class _Run:
+    """One train_supervised call on this process: model, optimizer, data, resumable state."""
+
+    settings: SupervisedSettings
+    accelerator: Any
+    model: Any  # the language model itself: saved and scored
+    tokenizer: Any
+    autocast: bool
+    optimizer: Any
+    scheduler: Any
+    data: _Data
+    out: Path
+    ckpt: Path | None
+    state: dict[str, Any]
+    readout: Any = None  # LabelReadout around `model`, prepared by accelerate; trained through
+
+    @property
+    def is_main(self) -> bool:
+        return bool(self.accelerator.is_main_process)
+
+
+def _encode(settings: SupervisedSettings, model: Any, tokenizer: Any, train_rows: Sequence[dict[str, Any]],
+            calibration_rows: Sequence[dict[str, Any]]) -> _Data:
+    """Tokenised rows that fit the context, their targets and the length-bucketed batches."""
+    limit = settings.max_prompt_tokens or int(getattr(model.config, "max_position_embeddings", 0) or 10**9) - 1
+    enc_train, label_ids = encode_rows(tokenizer, train_rows)
+    keep = [i for i, e in enumerate(enc_train) if len(e) <= limit]
+    if not keep:
+        raise ValueError(f"no training row fits the model's context of {limit} tokens")
+    enc_train = [enc_train[i] for i in keep]
+    y_train = torch.tensor([int(train_rows[i]["true_bin"]) for i in keep])
+    enc_cal, _ = encode_rows(tokenizer, calibration_rows) if calibration_rows else ([], label_ids)
+    cal_keep = [i for i, e in enumerate(enc_cal) if len(e) <= limit]
+    y_cal = torch.tensor([int(calibration_rows[i]["true_bin"]) for i in cal_keep], dtype=torch.long)
+    return _Data(enc_train, ordinal_targets(y_train, settings.label_smoothing),
+                 length_batches([len(e) for e in enc_train], settings.tokens_per_batch),
+                 [enc_cal[i] for i in cal_keep], y_cal, label_ids)
+
+
+def _fresh_state() -> dict[str, Any]:
+    return {"epoch": 0, "batch": 0, "step": 0, "history": [], "best_nll": float("inf"), "best_epoch": 0,
+            "since_best": 0, "epoch_loss": 0.0, "epoch_rows": 0, "epoch_seconds": 0.0, "epoch_tokens": 0}
+
+
+def _start(settings: SupervisedSettings, train_rows: Sequence[dict[str, Any]],
+           calibration_rows: Sequence[dict[str, Any]], out_dir: str | Path,
+           checkpoint_dir: str | Path | None) -> _Run:
+    """Model, data, optimizer and schedule of a call, resumed from the checkpoint if there is
+    one, then prepared by accelerate (moved to the device, wrapped for gradient sync)."""
+    accelerator = make_accelerator()
+    out = Path(out_dir)
+    if accelerator.is_main_process:
+        out.mkdir(parents=True, exist_ok=True)
+    model, tokenizer, autocast = _load(settings, accelerator)
+    data = _encode(settings, model, tokenizer, train_rows, calibration_rows)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    scheduler = _schedule(optimizer, settings, settings.epochs * len(data.batches))
+    run = _Run(settings, accelerator, model, tokenizer, autocast, optimizer, scheduler, data, out,
+               Path(checkpoint_dir) if checkpoint_dir else None, _fresh_state())
+    if run.ckpt and (run.ckpt / STATE_FILE).is_file():
+        _resume(run)
+    run.readout, run.optimizer = accelerator.prepare(LabelReadout(model), optimizer)
+    run.readout.train()
+    return run
+
+
+def _resume(run: _Run) -> None:
+    """Weights, optimizer, schedule and position of the checkpoint (every process reads it)."""
+    saved = torch.load(run.ckpt / STATE_FILE, map_location="cpu", weights_only=False)
+    if saved.get("settings") != run.settings.as_params() or saved.get("rows") != len(run.data.enc_train):
+        raise ValueError(f"{run.ckpt} holds a run of other settings or rows; use a fresh checkpoint folder")
+    run.model.load_state_dict(saved["model"], strict=False)
+    run.optimizer.load_state_dict(saved["optimizer"])
+    run.scheduler.load_state_dict(saved["scheduler"])
+    run.state = saved["state"]
+    if run.is_main:
+        log.info("resuming supervised training at epoch %d, batch %d", run.state["epoch"] + 1, run.state["batch"])
+
+
+def _save_state(run: _Run) -> None:
+    """The main process writes the checkpoint; every process waits until it is on disk."""
+    if run.ckpt and run.is_main:
+        run.ckpt.mkdir(parents=True, exist_ok=True)
+        trainable = {k: v for k, v in run.model.state_dict().items()
+                     if run.settings.finetune == "full" or "lora_" in k}
+        tmp = run.ckpt / (STATE_FILE + ".part")
+        torch.save({"settings": run.settings.as_params(), "rows": len(run.data.enc_train), "model": trainable,
+                    "optimizer": run.optimizer.state_dict(), "scheduler": run.scheduler.state_dict(),
+                    "state": run.state}, tmp)
+        tmp.replace(run.ckpt / STATE_FILE)
+    run.accelerator.wait_for_everyone()
+
+
+def _train_step(run: _Run, batch: list[int]) -> tuple[float, float, float]:
+    """One optimizer step on one batch: this process's share forward and backward (gradients
+    averaged over the processes), clipped, applied. This share's (loss sum, rows, padded tokens)."""
+    acc, data = run.accelerator, run.data
+    share = row_share(acc, batch)
+    rows = share or batch[:1]  # a process without rows still joins the gradient all-reduce, at weight 0
+    ids, mask, pos = left_pad([data.enc_train[i] for i in rows], run.tokenizer.pad_token_id, acc.device)
+    labels = torch.tensor(data.label_ids, device=acc.device)
+    with torch.autocast("cuda", dtype=torch.bfloat16, enabled=run.autocast):
+        logits = run.readout(ids, mask, pos, labels)  # (rows, 8)
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    mean = -(data.targets[rows].to(acc.device) * logp).sum(dim=1).mean()
+    acc.backward(mean * share_weight(acc, len(share), len(batch)))
+    acc.clip_grad_norm_([p for p in run.model.parameters() if p.requires_grad], run.settings.grad_clip)
+    run.optimizer.step()
+    run.scheduler.step()
+    run.optimizer.zero_grad(set_to_none=True)
+    return float(mean.detach()) * len(share), float(len(share)), float(ids.numel() if share else 0)
+
+
+def _train_epoch(run: _Run, stop_at: float | None, on_step: Callable[[int, float], None] | None) -> bool:
+    """The rest of the current epoch; True when `stop_at` ended it first (on every process)."""
+    state, acc = run.state, run.accelerator
+    # The batch order depends only on the seed and the epoch: a resumed epoch goes on where it stopped.
+    order = list(range(len(run.data.batches)))
+    random.Random(run.settings.seed * 1000 + state["epoch"]).shuffle(order)
+    t0 = time.time()
+    stopped = False
+    while state["batch"] < len(order):
+        if stop_at is not None and any_process(acc, time.time() > stop_at):
+            stopped = True
+            break
+        loss_sum, rows, tokens = sum_over_processes(acc, _train_step(run, run.data.batches[order[state["batch"]]]))
+        state["batch"] += 1
+        state["step"] += 1
+        state["epoch_loss"] += loss_sum
+        state["epoch_rows"] += int(rows)
+        state["epoch_tokens"] = state.get("epoch_tokens", 0) + int(tokens)
+        if on_step and run.is_main:
+            on_step(state["step"], loss_sum / rows)
+    state["epoch_seconds"] += time.time() - t0
+    return stopped
+
+
+def _score_calibration(run: _Run) -> dict[str, float]:
+    """NLL, Brier, accuracy on the calibration rows; each process scores its share, every
+    process gets all of them."""
+    acc, data = run.accelerator, run.data
+    mine = row_share(acc, list(range(len(data.enc_cal))))
+    probs = readout_probs(run.model, run.tokenizer, [data.enc_cal[i] for i in mine], data.label_ids,
+                          run.settings.tokens_per_batch, run.autocast)
+    return calibration_scores(gather_rows(acc, mine, probs, len(data.enc_cal)), data.y_cal)
+
+
+def _epoch_record(run: _Run) -> dict[str, Any]:
+    state = run.state
+    return {"epoch": state["epoch"] + 1, "train_loss": state["epoch_loss"] / max(1, state["epoch_rows"]),
+            "seconds": round(state["epoch_seconds"], 1), "steps": state["step"],
+            "padded_tokens": state.get("epoch_tokens", 0),
+            **{f"calibration_{k}": v for k, v in _score_calibration(run).items()}}
+
+
+def _end_epoch(run: _Run, on_epoch: Callable[[dict[str, Any]], None] | None) -> None:
+    """Score the epoch, keep its weights if best, write history and checkpoint (main process)."""
+    state, settings = run.state, run.settings
+    record = _epoch_record(run)
+    state["history"].append(record)
+    if run.is_main:
+        log.info("epoch %d: train loss %.4f, calibration nll %.4f brier %.4f accuracy %.3f (%.0f s)",
+                 record["epoch"], record["train_loss"], record["calibration_nll"], record["calibration_brier"],
+                 record["calibration_accuracy"], record["seconds"])
+    nll = record["calibration_nll"] if run.data.enc_cal else 0.0
+    if not run.data.enc_cal or nll < state["best_nll"]:
+        state["best_nll"], state["best_epoch"], state["since_best"] = nll, record["epoch"], 0
+        if run.is_main:
+            _save_weights(run.model, run.tokenizer, run.out / BEST_DIR)
+    else:
+        state["since_best"] += 1
+    state.update(epoch=record["epoch"], batch=0, epoch_loss=0.0, epoch_rows=0, epoch_seconds=0.0, epoch_tokens=0)
+    if run.is_main:
+        _write_json(run.out / HISTORY_FILE, {"settings": settings.as_params(), "history": state["history"],
+                                              "best_epoch": state["best_epoch"], "rows_used": len(run.data.enc_train),
+                                              "processes": run.accelerator.num_processes})
+        if on_epoch:
+            on_epoch(record)
+    if settings.patience and state["since_best"] >= settings.patience:
+        if run.is_main:
+            log.info("calibration NLL did not improve for %d epoch(s): stopping", state["since_best"])
+        state["epoch"] = settings.epochs
+    _save_state(run)
+
+
+def _budget_spent(run: _Run, finish_by: float | None) -> bool:
+    """True (on every process) when the last epoch's duration says the next would end after finish_by."""
+    state = run.state
+    if finish_by is None or state["batch"] != 0 or not state["history"]:
+        return False
+    return any_process(run.accelerator, time.time() + state["history"][-1]["seconds"] > finish_by)
+
+
 def train_supervised(
     settings: SupervisedSettings,
     train_rows: Sequence[dict[str, Any]],
@@ -320,6 +557,9 @@ def train_supervised(
 ) -> SupervisedResult:
     """Train the eight-label readout with (smoothed) cross-entropy; keep the best epoch.
 
+    Runs as one process or as every process of an `accelerate launch` (models.data_parallel):
+    each call in each process, with the same arguments; the main process alone writes.
+
     Args:
         settings: the run's settings.
         train_rows: training rows (fit split only: never eval or calibration pairs).
@@ -327,125 +567,32 @@ def train_supervised(
         out_dir: the best epoch's weights go to out_dir/best, the history to out_dir/history.json.
         checkpoint_dir: where the resumable state lives (None: no resume).
         stop_at: a time.time() after which the call saves its state and returns unfinished.
-        on_epoch: called with each finished epoch's record (e.g. to stream metrics).
-        on_step: called with (global step, loss) after every optimizer step.
+        on_epoch: called with each finished epoch's record (e.g. to stream metrics); main process only.
+        on_step: called with (global step, loss of the step's batch) after every optimizer step;
+            main process only.
         finish_by: a time.time() by which the run should be over: no epoch starts that the
             last epoch's duration says would end after it, and the run counts as finished
             (a wall-clock budget in epochs; unlike stop_at, nothing is left to resume).
     Returns:
-        SupervisedResult.
+        SupervisedResult (the same on every process).
     Raises:
         ValueError: no training row fits the model's context.
     """
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    ckpt = Path(checkpoint_dir) if checkpoint_dir else None
-    model, tokenizer, autocast = _load(settings)
-    limit = settings.max_prompt_tokens or int(getattr(model.config, "max_position_embeddings", 0) or 10**9) - 1
-    enc_train, label_ids = encode_rows(tokenizer, train_rows)
-    keep = [i for i, e in enumerate(enc_train) if len(e) <= limit]
-    if not keep:
-        raise ValueError(f"no training row fits the model's context of {limit} tokens")
-    enc_train = [enc_train[i] for i in keep]
-    y_train = torch.tensor([int(train_rows[i]["true_bin"]) for i in keep])
-    enc_cal, _ = encode_rows(tokenizer, calibration_rows) if calibration_rows else ([], label_ids)
-    cal_keep = [i for i, e in enumerate(enc_cal) if len(e) <= limit]
-    enc_cal = [enc_cal[i] for i in cal_keep]
-    y_cal = torch.tensor([int(calibration_rows[i]["true_bin"]) for i in cal_keep], dtype=torch.long)
-    targets = ordinal_targets(y_train, settings.label_smoothing)
-    batches = length_batches([len(e) for e in enc_train], settings.tokens_per_batch)
-    device = next(model.parameters()).device
-    labels = torch.tensor(label_ids, device=device)
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=settings.learning_rate, weight_decay=settings.weight_decay)
-    scheduler = _schedule(optimizer, settings, settings.epochs * len(batches))
-    state = {"epoch": 0, "batch": 0, "step": 0, "history": [], "best_nll": float("inf"), "best_epoch": 0,
-             "since_best": 0, "epoch_loss": 0.0, "epoch_rows": 0, "epoch_seconds": 0.0, "epoch_tokens": 0}
-    if ckpt and (ckpt / STATE_FILE).is_file():
-        saved = torch.load(ckpt / STATE_FILE, map_location="cpu", weights_only=False)
-        if saved.get("settings") != settings.as_params() or saved.get("rows") != len(enc_train):
-            raise ValueError(f"{ckpt} holds a run of other settings or rows; use a fresh checkpoint folder")
-        model.load_state_dict(saved["model"], strict=False)
-        optimizer.load_state_dict(saved["optimizer"])
-        scheduler.load_state_dict(saved["scheduler"])
-        state = saved["state"]
-        log.info("resuming supervised training at epoch %d, batch %d", state["epoch"] + 1, state["batch"])
-
-    def save_state() -> None:
-        if not ckpt:
-            return
-        ckpt.mkdir(parents=True, exist_ok=True)
-        trainable = {k: v for k, v in model.state_dict().items()
-                     if settings.finetune == "full" or "lora_" in k}
-        tmp = ckpt / (STATE_FILE + ".part")
-        torch.save({"settings": settings.as_params(), "rows": len(enc_train), "model": trainable,
-                    "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "state": state}, tmp)
-        tmp.replace(ckpt / STATE_FILE)
-
-    model.train()
+    run = _start(settings, train_rows, calibration_rows, out_dir, checkpoint_dir)
     stopped = False
-    while state["epoch"] < settings.epochs and not stopped:
-        epoch = state["epoch"]
-        last = state["history"][-1]["seconds"] if state["history"] else 0.0
-        if finish_by is not None and state["batch"] == 0 and state["history"] and time.time() + last > finish_by:
-            log.info("wall-clock budget reached after %d epoch(s)", epoch)
-            state["epoch"] = settings.epochs
-            save_state()
+    while run.state["epoch"] < settings.epochs:
+        if _budget_spent(run, finish_by):
+            if run.is_main:
+                log.info("wall-clock budget reached after %d epoch(s)", run.state["epoch"])
+            run.state["epoch"] = settings.epochs
+            _save_state(run)
             break
-        order = list(range(len(batches)))
-        random.Random(settings.seed * 1000 + epoch).shuffle(order)
-        t0 = time.time()
-        while state["batch"] < len(order):
-            if stop_at is not None and time.time() > stop_at:
-                stopped = True
-                break
-            batch = batches[order[state["batch"]]]
-            ids, mask, pos = left_pad([enc_train[i] for i in batch], pad, device)
-            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=autocast):
-                logits = label_logits(model, ids, mask, pos, labels)
-            logp = torch.log_softmax(logits.float(), dim=-1)
-            loss = -(targets[batch].to(device) * logp).sum(dim=1).mean()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, settings.grad_clip)
-            optimizer.step()
-            scheduler.step()
-            optimizer.zero_grad(set_to_none=True)
-            state["batch"] += 1
-            state["step"] += 1
-            state["epoch_loss"] += float(loss.detach()) * len(batch)
-            state["epoch_rows"] += len(batch)
-            state["epoch_tokens"] = state.get("epoch_tokens", 0) + int(ids.numel())
-            if on_step:
-                on_step(state["step"], float(loss.detach()))
-        state["epoch_seconds"] += time.time() - t0
+        stopped = _train_epoch(run, stop_at, on_step)
         if stopped:
             break
-        probs = readout_probs(model, tokenizer, enc_cal, label_ids, settings.tokens_per_batch, autocast)
-        record = {"epoch": epoch + 1, "train_loss": state["epoch_loss"] / max(1, state["epoch_rows"]),
-                  "seconds": round(state["epoch_seconds"], 1), "steps": state["step"],
-                  "padded_tokens": state.get("epoch_tokens", 0),
-                  **{f"calibration_{k}": v for k, v in calibration_scores(probs, y_cal).items()}}
-        state["history"].append(record)
-        log.info("epoch %d: train loss %.4f, calibration nll %.4f brier %.4f accuracy %.3f (%.0f s)",
-                 record["epoch"], record["train_loss"], record["calibration_nll"], record["calibration_brier"],
-                 record["calibration_accuracy"], record["seconds"])
-        nll = record["calibration_nll"]
-        if not enc_cal or nll < state["best_nll"]:
-            state["best_nll"], state["best_epoch"], state["since_best"] = (nll if enc_cal else 0.0), epoch + 1, 0
-            _save_weights(model, tokenizer, out / BEST_DIR)
-        else:
-            state["since_best"] += 1
-        state.update(epoch=epoch + 1, batch=0, epoch_loss=0.0, epoch_rows=0, epoch_seconds=0.0, epoch_tokens=0)
-        _write_json(out / HISTORY_FILE, {"settings": settings.as_params(), "history": state["history"],
-                                          "best_epoch": state["best_epoch"], "rows_used": len(enc_train)})
-        if on_epoch:
-            on_epoch(record)
-        if settings.patience and state["since_best"] >= settings.patience:
-            log.info("calibration NLL did not improve for %d epoch(s): stopping", state["since_best"])
-            state["epoch"] = settings.epochs
-        save_state()
+        _end_epoch(run, on_epoch)
     if stopped:
-        save_state()
-    finished = state["epoch"] >= settings.epochs
-    return SupervisedResult(out / BEST_DIR, state["history"], state["best_epoch"], finished, len(enc_train))
+        _save_state(run)
+    state = run.state
+    return SupervisedResult(run.out / BEST_DIR, state["history"], state["best_epoch"],
+                            state["epoch"] >= settings.epochs, len(run.data.enc_train))

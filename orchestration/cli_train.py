@@ -3,6 +3,7 @@
     kernelcast train export --out .gpu-job            # the job of the newest dataset version
     # on the GPU host (torch, transformers, peft; trl + datasets for GRPO variants):
     python3 -m models.remote.gpu_job run --job .gpu-job --run run --out OUT --deadline-s 540
+    #   --gpus-per-variant N: each supervised variant data-parallel on N GPUs (accelerate launch)
     kernelcast train collect <files>... --job .gpu-job --out data/training/h200/<date>
     kernelcast run                                    # registers the committed adapter, scores it
 

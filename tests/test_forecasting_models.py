@@ -9,14 +9,13 @@ import random
 import numpy as np
 import pandas as pd
 import pytest
+from supervised_toy import BLOCKS, toy_rows
 
 from models.bins import speedup_to_bin
 from models.calibration import Calibrator, fit_calibrator
 from models.classical import CostModel, TextModel
 from models.classical.features import FeatureSpace, kernel_features, pair_frame
 from models.supervised import length_batches, ordinal_targets
-
-BLOCKS = (16, 32, 64, 128, 256, 512, 1024, 2048)
 
 
 def _brier(p: np.ndarray, y: np.ndarray) -> float:
@@ -84,16 +83,6 @@ def test_length_batches_cover_every_row_once_within_the_budget():
     assert all(len(b) == 1 or max(lengths[i] for i in b) * len(b) <= 256 for b in batches)
 
 
-def _toy_rows(n: int, seed: int) -> list[dict]:
-    rng = random.Random(seed)
-    rows = []
-    for i in range(n):
-        b = rng.randint(1, 8)
-        rows.append({"prompt": [{"role": "user", "content": f"kernel BLOCK {BLOCKS[b - 1]} answer"}],
-                     "true_bin": b, "pair_id": f"{seed}-{i}"})
-    return rows
-
-
 @pytest.mark.slow
 def test_supervised_loss_lowers_held_out_loss_and_a_resumed_run_ends_the_same(tmp_path, monkeypatch):
     import time
@@ -103,7 +92,7 @@ def test_supervised_loss_lowers_held_out_loss_and_a_resumed_run_ends_the_same(tm
     from models.supervised import SupervisedSettings, train_supervised
 
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
-    train, held = _toy_rows(192, 0), _toy_rows(64, 1)
+    train, held = toy_rows(192, 0), toy_rows(64, 1)
     settings = SupervisedSettings(base_model="tiny", learning_rate=3e-3, epochs=4, patience=0,
                                   tokens_per_batch=2048, warmup_steps=5)
     whole = train_supervised(settings, train, held, tmp_path / "a")

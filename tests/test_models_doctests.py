@@ -16,6 +16,8 @@ MODULES = [
     "models.backends.transformers_backend",
     "models.backends.openai_backend",
     "models.sft",
+    "models.supervised",
+    "models.data_parallel",
     "models.training.settings",
     "models.registry",
     "models.promotion",

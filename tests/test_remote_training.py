@@ -104,6 +104,30 @@ def test_gpu_job_runs_collects_and_reads_back_calibrated(tmp_path, monkeypatch):
         assert v.calibrator.n_fit == 8  # fitted on the variant's own calibration forecasts
 
 
+@pytest.mark.slow
+def test_gpu_job_trains_a_supervised_variant_on_two_processes(tmp_path):
+    """`run --gpus-per-variant 2` starts a LoRA variant under accelerate launch (two gloo processes
+    here): it trains, the main process alone forecasts, and what comes back is one variant's."""
+    _job(tmp_path / "job", [Variant("lora", style="compact", finetune="lora", epochs=2, patience=0,
+                                    tokens_per_batch=4096, learning_rate=1e-3)])
+    env = {"KERNELCAST_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
+           "PYTHONPATH": str(REPO)}
+    res = subprocess.run([sys.executable, "-m", "models.remote.gpu_job", "run", "--job", str(tmp_path / "job"),
+                          "--run", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--base-model", "tiny",
+                          "--gpus-per-variant", "2", "--deadline-s", "400"],
+                         capture_output=True, text=True, env=env, cwd=REPO, timeout=420)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "started lora on 2 process(es)" in res.stderr
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["adapter-lora.tar", "results.tar"]
+    with tarfile.open(tmp_path / "out" / "results.tar") as tar:
+        status = json.load(tar.extractfile("lora/status.json"))
+        history = json.load(tar.extractfile("lora/sft/history.json"))
+        log = tar.extractfile("lora/child.log").read().decode()
+    assert history["processes"] == 2 and [e["epoch"] for e in history["history"]] == [1, 2]
+    assert status["finished"] and status["evaluated"] and status["forecasts"] == 8 + 8
+    assert log.count('"name": "lora"') == 1  # one status line: the main process's
+
+
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")
 def test_gpu_check_sdpa_without_a_gpu_is_one_line(capsys):
     from models.remote import sdpa_check

@@ -16,9 +16,18 @@ its calibration pairs and on its eval pairs (the eval set, or every reference pa
 task); the temperature is fitted from the calibration forecasts where the results are ingested
 (`kernelcast train ingest`). GRPO variants also forecast with the verbalized readout.
 
-Only torch, transformers and peft (trl and datasets for GRPO): the host needs nothing else of
-the stack. `KERNELCAST_HOME` says where the base model is converted (once, before the children
-start); with CUDA_VISIBLE_DEVICES listing several GPUs, children are spread over them.
+Only torch, transformers, peft and accelerate (trl and datasets for GRPO): the host needs
+nothing else of the stack. `KERNELCAST_HOME` says where the base model is converted (once, before
+the children start); with CUDA_VISIBLE_DEVICES listing several GPUs, children are spread over them.
+
+A supervised variant also trains data-parallel over several GPUs: `run --gpus-per-variant N`
+starts each supervised child under `accelerate launch` (deploy/accelerate/multi_gpu.yaml) on N
+GPUs of its own, and one variant can be launched by hand the same way:
+
+    accelerate launch --config_file deploy/accelerate/multi_gpu.yaml --num_processes N \
+        -m models.remote.gpu_job variant --job JOB --run RUN --name sft-compact-full
+
+Every process trains; the main process alone forecasts and writes the variant's files.
 """
 
 from __future__ import annotations
@@ -43,6 +52,7 @@ log = logging.getLogger("kernelcast.gpu_job")
 BASE = "base"  # grpo_from value: GRPO straight on the base model
 STATUS_FILE = "status.json"
 FORECASTS_FILE = "forecasts.jsonl.gz"
+ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "accelerate" / "multi_gpu.yaml"
 STOP_MARGIN_S = 75.0  # a child stops this long before the deadline: evaluation and packing follow
 EVAL_RESERVE_S = 45.0  # and does not start training if less than this is left
 
@@ -141,9 +151,14 @@ def _open_variant(job: Path, run: Path, variant: Variant):
     return meta, kernels, pairs, folder, _status(folder)
 
 
-def run_supervised_variant(job: Path, run: Path, variant: Variant, stop_at: float, base_model: str) -> dict[str, Any]:
-    """Train (or resume) one supervised variant, then forecast with its best weights."""
+def run_supervised_variant(job: Path, run: Path, variant: Variant, stop_at: float | None,
+                           base_model: str) -> dict[str, Any]:
+    """Train (or resume) one supervised variant, then forecast with its best weights.
+
+    Under `accelerate launch` every process trains; the main process alone then forecasts and
+    writes the status (the others return the training's status)."""
     from models.base_model import resolve_base_model
+    from models.data_parallel import make_accelerator
     from models.supervised import train_supervised
 
     meta, kernels, pairs, folder, status = _open_variant(job, run, variant)
@@ -162,6 +177,8 @@ def run_supervised_variant(job: Path, run: Path, variant: Variant, stop_at: floa
               "epochs_run": len(result.history), "rows_used": result.rows_used,
               "train_seconds": round(status.get("train_seconds", 0.0) + time.time() - t0, 1),
               "evaluated": False, "split": variant.split}
+    if not make_accelerator().is_main_process:
+        return status
     if result.finished:
         t1 = time.time()
         model, tokenizer = _load_for_eval(resolve_base_model(base_model), result.model_dir, variant.finetune)
@@ -236,8 +253,38 @@ def _child(args: argparse.Namespace) -> int:
     variant = variants_of(meta, args.name)[0]
     fn = run_grpo_variant if variant.grpo_from else run_supervised_variant
     status = fn(Path(args.job), Path(args.run), variant, args.stop_at, args.base_model)
-    print(json.dumps(status))
+    if _main_process():  # one status line per variant, not one per process
+        print(json.dumps(status))
     return 0
+
+
+def _main_process() -> bool:
+    from models.data_parallel import make_accelerator
+
+    return bool(make_accelerator().is_main_process)
+
+
+def _free_port() -> int:
+    """A free TCP port for one launch's rendezvous (launches side by side must not share one)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def child_command(job: Path, run: Path, variant: Variant, stop_at: float, base_model: str,
+                  processes: int) -> list[str]:
+    """The command of one variant's child: under `accelerate launch` on `processes` GPUs for a
+    supervised variant when processes > 1 (GRPO variants run as one process)."""
+    cmd = ["-m", "models.remote.gpu_job", "variant", "--job", str(job), "--run", str(run),
+           "--name", variant.name, "--stop-at", str(stop_at), "--base-model", base_model]
+    if processes <= 1 or variant.grpo_from:
+        return [sys.executable, *cmd]
+    if not ACCELERATE_CONFIG.is_file():
+        raise JobError(f"{ACCELERATE_CONFIG} is missing: copy deploy/accelerate/ with the code")
+    return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(ACCELERATE_CONFIG),
+            "--num_processes", str(processes), "--main_process_port", str(_free_port()), *cmd]
 
 
 def _pack(run: Path, out: Path, variants: list[Variant]) -> None:
@@ -272,22 +319,24 @@ def _run(args: argparse.Namespace) -> int:
     stop_at = deadline - STOP_MARGIN_S
     resolve_base_model(args.base_model)  # convert once, before the children race for it
     gpus = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    if args.gpus_per_variant < 1 or (gpus and args.gpus_per_variant > len(gpus)):
+        raise JobError(f"--gpus-per-variant {args.gpus_per_variant}: give 1 to {len(gpus) or 'the GPU count'}")
     pending = [v for v in variants if not _status(run / v.name).get("evaluated")]
     procs: dict[str, tuple[subprocess.Popen, Any]] = {}
-    started = 0
+    started = 0  # GPUs handed out so far, round robin
 
     def start(v: Variant) -> None:
         nonlocal started
+        processes = 1 if v.grpo_from else args.gpus_per_variant
         env = dict(os.environ)
         if gpus:
-            env["CUDA_VISIBLE_DEVICES"] = gpus[started % len(gpus)]
-        started += 1
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[(started + j) % len(gpus)] for j in range(processes))
+        started += processes
         (run / v.name).mkdir(parents=True, exist_ok=True)
+        cmd = child_command(job, run, v, stop_at, args.base_model, processes)
         logf = open(run / v.name / "child.log", "a")  # noqa: SIM115 - closed when the child ends
-        cmd = [sys.executable, "-m", "models.remote.gpu_job", "variant", "--job", str(job), "--run", str(run),
-               "--name", v.name, "--stop-at", str(stop_at), "--base-model", args.base_model]
         procs[v.name] = (subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT), logf)
-        log.info("started %s", v.name)
+        log.info("started %s on %d process(es)", v.name, processes)
 
     while pending or procs:
         for v in list(pending):
@@ -351,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--variants", default=None, help="comma-separated subset (default: all)")
     r.add_argument("--deadline-s", type=float, default=0.0, help="seconds until everything must be packed (0: none)")
     r.add_argument("--base-model", default="smollm2")
+    r.add_argument("--gpus-per-variant", type=int, default=1,
+                   help="train each supervised variant data-parallel on this many GPUs (accelerate launch)")
     f = sub.add_parser("fill-features", help="copy a job with compile features filled in")
     f.add_argument("--job", required=True)
     f.add_argument("--features", required=True, help="Parquet of pipelines.generation.compile_batch")
@@ -359,7 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--job", required=True)
     c.add_argument("--run", required=True)
     c.add_argument("--name", required=True)
-    c.add_argument("--stop-at", type=float, required=True)
+    c.add_argument("--stop-at", type=float, default=None,
+                   help="time.time() at which to checkpoint and stop (default: train to the end)")
     c.add_argument("--base-model", default="smollm2")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
