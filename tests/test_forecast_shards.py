@@ -104,3 +104,45 @@ def test_merge_refuses_a_missing_duplicate_or_unplanned_pair(frames, message):
     with pytest.raises(ShardCoverageError) as err:
         merge_shards(EXPECTED, frames)
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_base_model_forecasts_the_same_in_two_shards_as_in_one(tmp_path):
+    """Prompts built from a real warehouse, the tiny base model forecasting them on the CPU:
+    two shards merged give the rows one shard gives, and those of forecast_pairs in one call."""
+    import shutil
+
+    from models.backends.transformers_backend import TransformersForecaster
+    from models.base_model import resolve_base_model
+    from models.service import DEFAULT_HARDWARE
+    from pipelines.evaluation.lm_forecasts import forecast_pairs, pair_sources
+    from pipelines.generation.candidates import build_candidates, write_batch
+    from pipelines.training.llm_shards import forecast_shard, plan_base_job
+    from warehouse.db import connect
+    from warehouse.ingest import ingest_path
+
+    kernels = build_candidates("softmax", 4, seed=0, compile=False)
+    ids = sorted(kernels["kernel_id"].to_list())
+    pairs = pl.DataFrame({"pair_id": [f"p{i}" for i in range(1, len(ids))], "task": "softmax",
+                          "hardware_id": "a-device-the-warehouse-does-not-know",
+                          "anchor_kernel_id": ids[0], "candidate_kernel_id": ids[1:]})
+    with connect(tmp_path / "w.duckdb") as con:
+        ingest_path(con, write_batch(kernels, tmp_path / "kernels.parquet"))
+        job = plan_base_job(con, "tiny", pairs, "full")
+        sources = pair_sources(con, pairs)
+    assert job.model_ref == "base:tiny" and job.pair_ids() == pairs["pair_id"].to_list()
+    home = tmp_path / "home"
+
+    def sharded(n: int) -> pl.DataFrame:
+        shutil.rmtree(home / "forecast-cache", ignore_errors=True)  # every forward pass made
+        made = [forecast_shard("", s, home, "cpu", tmp_path / "downloads") for shard in split_jobs([job], n) for s in shard]
+        assert sum(passes for _, passes in made) == pairs.height and len(made) == min(n, pairs.height)
+        return merge_shards(expected_pairs([job]), [rows for rows, _ in made])
+
+    one, two = sharded(1), sharded(2)
+    whole = forecast_pairs(pairs, sources, dict(DEFAULT_HARDWARE),
+                           TransformersForecaster(str(resolve_base_model("tiny", home)), readout="logprob"),
+                           "base:tiny", style="full").sort("pair_id")
+    p_cols = [f"p{i}" for i in range(1, 9)]
+    for other in (two, whole):
+        assert other["pair_id"].to_list() == one["pair_id"].to_list()
+        assert other.select(p_cols).to_numpy() == pytest.approx(one.select(p_cols).to_numpy(), abs=1e-6)

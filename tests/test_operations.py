@@ -1,6 +1,7 @@
 """Operations on real Dagster instances: sensor and schedule ticks, the automation conditions,
 the measuring fan-out (one step per GPU, faked as two on CPU where the real worker measures in
-Triton's interpreter) and the validation of both code locations (one host, Kubernetes).
+Triton's interpreter) and the validation of both code locations (one host, Kubernetes). The
+forecasting fan-out is tested on the tiny registered model of tests/test_surrogate_assets.py.
 """
 
 from __future__ import annotations
@@ -233,6 +234,11 @@ def test_k8s_code_location_requests_gpus_and_pins_none():
     shard = job.graph.node_named("kernel_measurements").definition.node_named("measure_shard")
     assert json.loads(shard.tags["dagster-k8s/config"])["container_config"]["resources"]["limits"] == {
         "nvidia.com/gpu": "1"}
+    # The language models' forecasting steps too; the plan and store steps around them need none.
+    forecasts = defs.resolve_job_def("downstream_job").graph.node_named("forecasts").definition
+    assert json.loads(forecasts.node_named("forecast_llm_shard").tags["dagster-k8s/config"]) == json.loads(
+        shard.tags["dagster-k8s/config"])
+    assert "dagster-k8s/config" not in forecasts.node_named("plan_forecasts").tags
     assert defs.resources["profiler"].pin_gpu_per_step is False
 
 
