@@ -135,6 +135,24 @@ def test_fanout_helpers():
         assert os.environ.get("CUDA_VISIBLE_DEVICES") == before
 
 
+def test_runs_with_a_fanout_get_one_process_per_gpu(settings):
+    """`kernelcast run` on a host of two GPUs: the measurement run of its own GPU type and the
+    downstream run (the forecasting steps) side by side, one process per GPU; the rest in process."""
+    from dataclasses import replace
+
+    from orchestration.runner import _processes
+
+    two = replace(settings, profiling=replace(settings.profiling, gpus=2))
+    assert _processes(two, "measurement_ingest_job", "nvidia-h200-sm90", "nvidia-h200-sm90") == 2
+    assert _processes(two, "measurement_ingest_job", A100_ID, "nvidia-h200-sm90") == 1
+    assert _processes(two, "downstream_job", None, None) == 2
+    assert _processes(two, "candidates_job", None, "nvidia-h200-sm90") == 1
+    import torch
+
+    # None configured: every CUDA device of the host, one process where there is none.
+    assert _processes(settings, "downstream_job", None, None) == max(1, torch.cuda.device_count())
+
+
 def _softmax_kernels(settings, n: int) -> list[str]:
     """n generated softmax kernels (no compile) in the warehouse: what the fan-out measures."""
     from pipelines.generation.candidates import build_candidates, write_batch
