@@ -2,16 +2,17 @@
 
 A registered LLM version without committed forecasts, and a configured base language model, is
 forecast here, one forward pass per pair: the expensive part of the forecasts. Its prompts are
-built where the warehouse is (`plan_llm_job`, `plan_base_job`), dealt into N shards of about equal prompt length (`split_jobs`), each shard
-forecast by one process on its own device (`forecast_shard`), and the shards merged
-(`merge_shards`), which refuses a pair forecast twice or not at all. A shard travels as a JSON
-file (`write_shard`, `read_shard`): forecasting it needs MLflow and the model, never the
-DuckDB file, so N shards run at once beside the one writer.
+built where the warehouse is (`plan_llm_job`, `plan_base_job`); every (model, pair) is dealt
+into N shards of about equal prompt length (`split_jobs`); each shard is forecast by one
+process on its own device (`forecast_shard`); the shards are merged (`merge_shards`), which
+refuses a pair forecast twice or not at all. A shard travels as a JSON file (`write_shard`,
+`read_shard`): forecasting it needs MLflow and the model, never the DuckDB file, so N shards
+run at once beside the one writer.
 
     jobs = [plan_llm_job(uri, name, v, info, pairs, rows_for, downloads) for ...]
-    shards = split_jobs(jobs, n_gpus)                      # shard i: slice i of every job
+    shards = split_jobs(jobs, n_gpus)                       # shard i: its pairs of each job
     frame, passes = forecast_shard(uri, job, home, forecast_device(i), downloads_i)   # per GPU
-    rows = merge_shards(expected_pairs(jobs), frames)      # every planned pair exactly once
+    rows = merge_shards(expected_pairs(jobs), frames)       # every planned pair exactly once
 """
 
 from __future__ import annotations
@@ -90,19 +91,25 @@ def prompt_length(prompt: Any) -> int:
 
 
 def split_jobs(jobs: Sequence[LlmJob], n_shards: int) -> list[list[LlmJob]]:
-    """The jobs dealt into at most n_shards shards, shard i holding slice i of every job.
+    """The jobs' pairs dealt into at most n_shards shards of about equal forward-pass work.
 
-    Each job's pairs are split by prompt length (`pipelines.sharding.balanced_shards`), so
-    every shard has about the same forward-pass work of every version; a slice with no pair is
-    left out, and so is a shard with no work (fewer pairs than GPUs).
+    Every (model, pair) is weighed by its prompt's length and dealt by
+    `pipelines.sharding.balanced_shards` across all jobs at once, so the shards' totals differ
+    by at most one prompt however many models there are. Shard i holds, per job with pairs in
+    it, that job with those pairs; a shard with no work (fewer pairs than GPUs) is left out.
     """
-    shards: list[list[LlmJob]] = [[] for _ in range(max(1, n_shards))]
-    for job in jobs:
-        weights = [prompt_length(r["prompt"]) for r in job.requests]
-        for i, idx in enumerate(balanced_shards(job.pair_ids(), weights, n_shards)):
-            if idx:
-                shards[i].append(replace(job, requests=tuple(job.requests[j] for j in idx)))
-    return [s for s in shards if s]
+    items = [(j, r) for j, job in enumerate(jobs) for r in range(len(job.requests))]
+    keys = [f"{jobs[j].model_ref}|{jobs[j].requests[r]['pair_id']}" for j, r in items]
+    weights = [prompt_length(jobs[j].requests[r]["prompt"]) for j, r in items]
+    shards = []
+    for idx in balanced_shards(keys, weights, n_shards):
+        by_job: dict[int, list[int]] = {}
+        for i in idx:
+            by_job.setdefault(items[i][0], []).append(items[i][1])
+        shard = [replace(jobs[j], requests=tuple(jobs[j].requests[r] for r in rows)) for j, rows in sorted(by_job.items())]
+        if shard:
+            shards.append(shard)
+    return shards
 
 
 def expected_pairs(jobs: Sequence[LlmJob]) -> dict[str, list[str]]:
