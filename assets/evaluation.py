@@ -1,91 +1,189 @@
-"""forecasts -> calibration_report, utility_report: every forecaster scored on the eval set."""
+"""forecasts -> calibration_report, utility_report: every forecaster scored on the eval set.
 
+`forecasts` is a graph, so the language models' forward passes fan out over the GPUs of a host
+as measuring does (assets/profiling.py):
+
+    plan_forecasts               reference, classical and committed forecasts (one step, set
+        |  one output per GPU    aside); the pairs of each language model forecast here split
+    forecast_llm_shard[gpu_i]    by prompt length into one shard per GPU (KERNELCAST_GPUS, default
+        |  collect               every CUDA device; one on a CPU host), CUDA_VISIBLE_DEVICES=i
+    store_forecasts              the shards merged (every planned pair exactly once), then all
+                                 rows written to DuckDB `forecasts` at once
+
+Only the first and last steps touch DuckDB (pool `duckdb_writer`); the shard steps read MLflow
+and the model only, so N of them run side by side on the multiprocess executor.
+"""
+
+
+import time
+from pathlib import Path
 
 import dagster as dg
 
 from assets._metadata import markdown_table
-from orchestration.resources import MlflowResource, SettingsResource, WarehouseResource
+from assets.profiling import GPU_STEP_TAGS, pinned_gpu
+from orchestration.resources import (
+    MlflowResource,
+    ProfilerResource,
+    SettingsResource,
+    WarehouseResource,
+)
 
 GROUP = "evaluation"
 ORACLE_IS_PERFECT = "oracle_scores_perfect"
 REFERENCE_FORECASTERS_PRESENT = "reference_forecasters_present"
 
 
-@dg.asset(
-    group_name=GROUP,
-    kinds={"duckdb", "polars"},
-    pool="duckdb_writer",
-    deps=["eval_set", "rl_training_pool", "discovery_pairs", "surrogate_model", "classical_forecasters"],
-    check_specs=[dg.AssetCheckSpec(REFERENCE_FORECASTERS_PRESENT, asset="forecasts", blocking=True,
-                                   description="Uniform, bin prior and oracle forecast every eval pair.")],
-)
-def forecasts(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
-              mlflow: MlflowResource) -> dg.MaterializeResult:
-    """Forecasts of every forecaster on the eval and discovery pairs of the current dataset
-    version (DuckDB `forecasts`): the reference forecasters on every pair; the surrogate
-    versions just trained (@challenger's batch) and @champion on a capped eval subset."""
+FORECAST_DEPS = ("eval_set", "rl_training_pool", "discovery_pairs", "surrogate_model", "classical_forecasters")
+REFERENCE_CHECK = dg.AssetCheckSpec(REFERENCE_FORECASTERS_PRESENT, asset="forecasts", blocking=True,
+                                    description="Uniform, bin prior and oracle forecast every eval pair.")
+CHECK_OUTPUT = REFERENCE_CHECK.get_python_identifier()  # the graph output that carries the check
+# Columns of a reference forecast that describe its pair, not the forecast (the table joins pairs).
+PAIR_COLUMNS = ("task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "pair_type", "true_speedup", "model")
+
+
+@dg.op(ins={name: dg.In(dg.Nothing) for name in FORECAST_DEPS},
+       out={"plan": dg.Out(dict), "shards": dg.DynamicOut(dict)}, pool="duckdb_writer")
+def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
+                   mlflow: MlflowResource):
+    """The forecasts made in one step (reference, classical, committed), set aside for the store
+    step; the pairs of the language models forecast here (base models, LLM versions without
+    committed forecasts), one shard per GPU."""
     import polars as pl
 
+    from assets.profiling import gpu_count
     from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
+    from pipelines.training.llm_shards import expected_pairs, split_jobs, write_shard
     from warehouse.datasets import current_dataset_version, read_pairs
-    from warehouse.forecasts import write_forecasts
 
-    with warehouse.connect() as con:
+    cfg = settings.get()
+    with warehouse.connect(read_only=True) as con:
         version = current_dataset_version(con)
         if version is None:
             raise dg.Failure("no dataset version yet: materialise curated_pairs first")
         evals = pl.concat([read_pairs(con, version, "eval"), read_pairs(con, version, "discovery")], how="diagonal_relaxed")
-        train = read_pairs(con, version, "train")
-        frame = reference_forecasts(evals, train)
-        written = write_forecasts(con, frame.select([c for c in frame.columns if c not in ("task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "pair_type", "true_speedup", "model")]))
-    lm_rows = _language_model_forecasts(context, settings.get(), warehouse, read_pairs, version)
-    surrogate_rows = _registered_forecasts(context, settings.get(), warehouse, mlflow, version)
-    lm_rows = pl.concat([f for f in (lm_rows, surrogate_rows) if f is not None and f.height], how="diagonal_relaxed") \
-        if (lm_rows is not None or surrogate_rows is not None) else None
-    if lm_rows is not None:
-        with warehouse.connect() as con:
-            written += write_forecasts(con, lm_rows)
-    n_eval = evals.height
-    per_model = frame.group_by("model_ref").len()
-    missing = [m for m in REFERENCE_FORECASTERS if per_model.filter(pl.col("model_ref") == m)["len"].sum() != n_eval]
-    return dg.MaterializeResult(
-        metadata={"table": "forecasts", "rows": frame.height + (lm_rows.height if lm_rows is not None else 0),
-                  "rows_written": written, "dataset_version": version,
-                  "models": ", ".join(sorted(per_model["model_ref"].to_list()) + (sorted(set(lm_rows["model_ref"])) if lm_rows is not None else []))},
-        check_results=[dg.AssetCheckResult(check_name=REFERENCE_FORECASTERS_PRESENT, passed=not missing and n_eval > 0,
-                                           severity=dg.AssetCheckSeverity.ERROR,
-                                           metadata={"eval_pairs": n_eval, "missing": ", ".join(missing) or "none"})],
-    )
+        reference = reference_forecasts(evals, read_pairs(con, version, "train"))
+    registered, jobs = _registered_forecasts(context, cfg, warehouse, mlflow, version)
+    jobs = _base_model_jobs(cfg, warehouse, read_pairs, version) + jobs
+    folder = cfg.home / "forecast-shards" / context.run.run_id[:8]
+    folder.mkdir(parents=True, exist_ok=True)
+    frames = [reference.drop([c for c in PAIR_COLUMNS if c in reference.columns])]
+    frames += [registered] if registered is not None and registered.height else []
+    per_model = reference.group_by("model_ref").len()
+    yield dg.Output({
+        "dataset_version": version, "eval_pairs": evals.height,
+        "single_step": [_write_rows(f, folder / f"single-step-{i}.parquet") for i, f in enumerate(frames)],
+        "reference_models": sorted(per_model["model_ref"].to_list()),
+        "missing_reference": [m for m in REFERENCE_FORECASTERS
+                              if per_model.filter(pl.col("model_ref") == m)["len"].sum() != evals.height],
+        "expected": expected_pairs(jobs),
+    }, "plan")
+    # One shard per GPU, counted as for measuring (one on a host without CUDA).
+    for i, shard in enumerate(split_jobs(jobs, gpu_count(cfg.profiling.gpus, "cuda"))):
+        pairs = sum(len(job.requests) for job in shard)
+        context.log.info(f"shard {i}: {pairs} forecasts of {len(shard)} language model(s) -> GPU {i}")
+        yield dg.DynamicOutput({"gpu": i, "shard": str(write_shard(folder / f"shard-gpu{i}.json", shard)),
+                                "pairs": pairs}, mapping_key=f"gpu_{i}", output_name="shards")
 
 
-def _language_model_forecasts(context, cfg, warehouse, read_pairs, version):
-    """Forecasts of each configured language model on a deterministic sample of eval pairs."""
-    if not cfg.evaluation.lm_models:
-        return None
+@dg.op(tags=GPU_STEP_TAGS)
+def forecast_llm_shard(context: dg.OpExecutionContext, settings: SettingsResource, mlflow: MlflowResource,
+                       profiler: ProfilerResource, shard: dict) -> dict:
+    """The forward passes of one shard of pairs, every language model of it, pinned to its GPU."""
     import polars as pl
 
-    from models.backends.transformers_backend import TransformersForecaster
-    from models.base_model import resolve_base_model
-    from models.cache import ForecastCache
-    from pipelines.evaluation.lm_forecasts import forecast_by_hardware, pair_sources, sample_pairs
+    from pipelines.training.llm_shards import forecast_device, forecast_shard, read_shard
+
+    cfg = settings.get()
+    mlflow.client()
+    gpu = shard["gpu"] if profiler.pin_gpu_per_step else None
+    frames, passes, t0 = [], 0, time.perf_counter()
+    with pinned_gpu(gpu):
+        device = forecast_device(gpu)
+        for job in read_shard(Path(shard["shard"])):
+            context.log.info(f"GPU {shard['gpu']} ({device}): {job.model_ref} on {len(job.requests)} pairs")
+            try:
+                frame, made = forecast_shard(mlflow.tracking_uri, job, cfg.home, device,
+                                             cfg.home / "surrogates" / f"gpu{shard['gpu']}")
+            except (FileNotFoundError, ValueError) as exc:
+                raise dg.Failure(f"forecasting shard {shard['gpu']} with {job.model_ref}: {exc}") from None
+            frames.append(frame)
+            passes += made
+    rows = Path(shard["shard"]).with_name(f"rows-gpu{shard['gpu']}.parquet")
+    pl.concat(frames, how="diagonal_relaxed").write_parquet(rows)
+    return {**shard, "rows": str(rows), "forward_passes": passes, "device": device,
+            "seconds": round(time.perf_counter() - t0, 1), "cuda_visible_devices": "" if gpu is None else str(gpu)}
+
+
+@dg.op(out={"result": dg.Out(dg.Nothing), CHECK_OUTPUT: dg.Out(dg.Nothing)}, pool="duckdb_writer")
+def store_forecasts(context: dg.OpExecutionContext, warehouse: WarehouseResource, plan: dict, shards: list[dict]):
+    """The shards merged, every planned pair exactly once, then all rows written to DuckDB `forecasts`."""
+    import polars as pl
+
+    from pipelines.training.llm_shards import ShardCoverageError, merge_shards
+    from warehouse.forecasts import write_forecasts
+
+    try:
+        llm = merge_shards(plan["expected"], [pl.read_parquet(s["rows"]) for s in shards])
+    except ShardCoverageError as exc:
+        raise dg.Failure(str(exc)) from None
+    frames = [pl.read_parquet(p) for p in plan["single_step"]] + ([llm] if llm.height else [])
+    with warehouse.connect() as con:
+        written = sum(write_forecasts(con, f) for f in frames)
+    others = sorted({m for f in frames[1:] for m in f["model_ref"].unique().to_list()})
+    table = markdown_table(["GPU", "CUDA_VISIBLE_DEVICES", "device", "pairs", "forward passes", "seconds"],
+                           [(s["gpu"], s["cuda_visible_devices"] or "-", s["device"], s["pairs"], s["forward_passes"],
+                             s["seconds"]) for s in sorted(shards, key=lambda s: s["gpu"])])
+    yield dg.Output(None, "result", metadata={
+        "table": "forecasts", "rows": sum(f.height for f in frames), "rows_written": written,
+        "dataset_version": plan["dataset_version"], "models": ", ".join(plan["reference_models"] + others),
+        "forecasting_steps": len(shards), "llm_rows": llm.height,
+        "shards": dg.MetadataValue.md(table if shards else "(no LLM version forecast here)")})
+    missing = plan["missing_reference"]
+    yield dg.AssetCheckResult(check_name=REFERENCE_FORECASTERS_PRESENT, asset_key="forecasts",
+                              passed=not missing and plan["eval_pairs"] > 0, severity=dg.AssetCheckSeverity.ERROR,
+                              metadata={"eval_pairs": plan["eval_pairs"], "missing": ", ".join(missing) or "none"})
+
+
+@dg.graph_asset(
+    group_name=GROUP,
+    kinds={"duckdb", "polars"},
+    ins={name: dg.AssetIn(dagster_type=dg.Nothing) for name in FORECAST_DEPS},
+    check_specs=[REFERENCE_CHECK],
+    description="Forecasts of every forecaster on the eval and discovery pairs of the current dataset version "
+                "(DuckDB `forecasts`): the reference forecasters on every pair; the surrogate versions just "
+                "trained (@challenger's batch) and @champion on a capped eval subset, the LLM versions' forward "
+                "passes one step per GPU.",
+)
+def forecasts(eval_set, rl_training_pool, discovery_pairs, surrogate_model, classical_forecasters):
+    # The dependencies only order the plan after them (Nothing inputs).
+    plan, shards = plan_forecasts(eval_set=eval_set, rl_training_pool=rl_training_pool, discovery_pairs=discovery_pairs,
+                                  surrogate_model=surrogate_model, classical_forecasters=classical_forecasters)
+    result, check = store_forecasts(plan, shards.map(forecast_llm_shard).collect())
+    return {"result": result, CHECK_OUTPUT: check}
+
+
+def _write_rows(frame, path) -> str:
+    frame.write_parquet(path)
+    return str(path)
+
+
+def _base_model_jobs(cfg, warehouse, read_pairs, version) -> list:
+    """The jobs of each configured base language model on a deterministic sample of eval pairs."""
+    if not cfg.evaluation.lm_models:
+        return []
+    from pipelines.evaluation.lm_forecasts import sample_pairs
+    from pipelines.training.llm_shards import plan_base_job
 
     with warehouse.connect(read_only=True) as con:
         evals = sample_pairs(read_pairs(con, version, "eval"), cfg.evaluation.lm_pairs_per_task)
-        sources = pair_sources(con, evals)
-    frames = []
-    for spec in cfg.evaluation.lm_models:
-        path = resolve_base_model(spec, cfg.home)
-        forecaster = TransformersForecaster(str(path), readout="logprob", batch_size=1,
-                                            cache=ForecastCache(cfg.home / "forecast-cache"))
-        frames += forecast_by_hardware(evals, sources, cfg.warehouse_path, forecaster, f"base:{spec}",
-                                       style=cfg.evaluation.lm_prompt_style, log=context.log.info)
-    return pl.concat(frames, how="diagonal_relaxed") if frames else None
+        return [plan_base_job(con, spec, evals, cfg.evaluation.lm_prompt_style) for spec in cfg.evaluation.lm_models]
 
 
 def _registered_forecasts(context, cfg, warehouse, mlflow, version):
     """Forecasts of every registered forecaster of the version (all kinds, both report splits),
-    the committed H200 variants and the held-out reference forecasters; the list of them goes
-    to <reports>/<version>/forecasters.json for the reports."""
+    the committed H200 variants and the held-out reference forecasters, and the jobs of the LLM
+    versions forecast here; the list of them goes to <reports>/<version>/forecasters.json."""
     import dataclasses
     import json
 
@@ -100,7 +198,7 @@ def _registered_forecasts(context, cfg, warehouse, mlflow, version):
         roles = version_roles(con, version, cfg.surrogate.held_out_task)
         records = kernel_records(con, ids_of([roles.eval, roles.held_out_eval]))
         committed = cfg.data_dir / cfg.surrogate.committed_run
-        rows, listed = registered_forecasts(mlflow.tracking_uri, version, roles, records, cfg.home,
+        rows, listed, jobs = registered_forecasts(mlflow.tracking_uri, version, roles, records, cfg.home,
                                             committed if committed.is_dir() else None, row_builder(con),
                                             cfg.surrogate.eval_pairs, progress=context.log.info)
     held_rows, held_listed = held_out_reference_forecasts(roles)
@@ -110,7 +208,7 @@ def _registered_forecasts(context, cfg, warehouse, mlflow, version):
         {"held_out_task": roles.held_out_task, "held_out_pairs": roles.held_out_eval["pair_id"].to_list(),
          "forecasters": [dataclasses.asdict(f) for f in listed + held_listed]}, indent=1))
     frames = [f for f in (rows, held_rows) if f.height]
-    return pl.concat(frames, how="diagonal_relaxed") if frames else None
+    return (pl.concat(frames, how="diagonal_relaxed") if frames else None), jobs
 
 
 @dg.multi_asset(

@@ -379,7 +379,7 @@ def read_base_model_ref(local_dir: str | Path) -> dict[str, Any]:
     return json.loads((local / BASE_MODEL_FILE).read_text())
 
 
-def load_surrogate(local_dir: str | Path, base_model_path: str | Path) -> tuple[Any, Any]:
+def load_surrogate(local_dir: str | Path, base_model_path: str | Path, device: str | None = None) -> tuple[Any, Any]:
     """The base model with the surrogate's LoRA adapter applied, and its tokenizer.
 
     Args:
@@ -387,6 +387,7 @@ def load_surrogate(local_dir: str | Path, base_model_path: str | Path) -> tuple[
             folder) or a plain saved adapter directory (peft output + tokenizer).
         base_model_path: local checkpoint of the base model the adapter applies to
             (`models.base_model.resolve_base_model(read_base_model_ref(local_dir)["base_model"])`).
+        device: "cpu", "cuda", "cuda:1", ...; None: cuda when available.
     Returns:
         (PeftModel in eval mode, PreTrainedTokenizerFast): usable as
         `TransformersForecaster(model, tokenizer)`.
@@ -396,10 +397,10 @@ def load_surrogate(local_dir: str | Path, base_model_path: str | Path) -> tuple[
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
     adapter, tok_dir = _adapter_and_tokenizer(Path(local_dir))
-    cuda = torch.cuda.is_available()
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     base = AutoModelForCausalLM.from_pretrained(
-        str(base_model_path), dtype=torch.bfloat16 if cuda else torch.float32
-    ).to("cuda" if cuda else "cpu")
+        str(base_model_path), dtype=torch.bfloat16 if device.startswith("cuda") else torch.float32
+    ).to(device)
     model = PeftModel.from_pretrained(base, str(adapter)).eval()
     # The adapter carries the training tokenizer; fall back to the base model's.
     tok_dir = tok_dir if (tok_dir / "tokenizer.json").is_file() else Path(base_model_path)

@@ -198,6 +198,8 @@ def registered_forecaster(
     cache_dir: str | Path | None = None,
     readout: str = "logprob",
     name: str = DEFAULT_NAME,
+    device: str | None = None,
+    downloads: str | Path | None = None,
 ):
     """A `TransformersForecaster` for one registered version, and what it is.
 
@@ -211,6 +213,9 @@ def registered_forecaster(
         cache_dir: a ForecastCache folder (None: no cache).
         readout: "logprob" (one forward pass per pair) or "verbalized".
         name: registered model name.
+        device: where the model runs ("cpu", "cuda", "cuda:1"; None: cuda when available).
+        downloads: the folder the adapter is downloaded into (default <home>/surrogates); a
+            download replaces what is there, so processes loading at once need one each.
     Returns:
         (forecaster, {"version", "run_id", "base_model", "prompt_style", "reward"}).
     Raises:
@@ -219,14 +224,10 @@ def registered_forecaster(
     from models.backends.transformers_backend import TransformersForecaster
     from models.base_model import resolve_base_model
     from models.cache import ForecastCache
-    from models.registry import load_surrogate, read_base_model_ref, resolve_surrogate
+    from models.registry import load_surrogate
 
-    info = version_info(tracking_uri, version, name)
-    local = resolve_surrogate(tracking_uri, f"models:/{name}/{int(version)}", Path(home) / "surrogates")
-    if info is None or local is None:
-        raise FileNotFoundError(f"no registered version {version} of {name}")
-    ref = read_base_model_ref(local)
-    model, tokenizer = load_surrogate(local, resolve_base_model(ref["base_model"], home))
+    info, local, ref = _resolved_version(tracking_uri, version, Path(downloads or Path(home) / "surrogates"), name)
+    model, tokenizer = load_surrogate(local, resolve_base_model(ref["base_model"], home), device=device)
     forecaster = TransformersForecaster(
         model,
         tokenizer,
@@ -239,10 +240,36 @@ def registered_forecaster(
         "version": int(version),
         "run_id": info["run_id"],
         "base_model": ref["base_model"],
-        "prompt_style": ref.get("prompt_style") or info["tags"].get("prompt_style") or "full",
+        "prompt_style": _prompt_style(info, ref),
         "reward": info["tags"].get("reward", ""),
     }
     return forecaster, described
+
+
+def registered_prompt_style(tracking_uri: str, version: int, downloads: str | Path, name: str = DEFAULT_NAME) -> str:
+    """The prompt style a registered version reads (what `registered_forecaster` describes),
+    without loading its weights: prompts can then be built where the warehouse is.
+
+    Raises:
+        FileNotFoundError: the version does not exist.
+    """
+    info, _, ref = _resolved_version(tracking_uri, version, Path(downloads), name)
+    return _prompt_style(info, ref)
+
+
+def _resolved_version(tracking_uri: str, version: int, downloads: Path, name: str) -> tuple[dict, Path, dict]:
+    """(version info, downloaded model folder, its base model reference)."""
+    from models.registry import read_base_model_ref, resolve_surrogate
+
+    info = version_info(tracking_uri, version, name)
+    local = resolve_surrogate(tracking_uri, f"models:/{name}/{int(version)}", downloads)
+    if info is None or local is None:
+        raise FileNotFoundError(f"no registered version {version} of {name}")
+    return info, local, read_base_model_ref(local)
+
+
+def _prompt_style(info: dict[str, Any], ref: dict[str, Any]) -> str:
+    return ref.get("prompt_style") or info["tags"].get("prompt_style") or "full"
 
 
 def eval_subset(pairs: pl.DataFrame, cap: int | None) -> pl.DataFrame:

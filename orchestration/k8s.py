@@ -11,8 +11,10 @@ instance side: K8sRunLauncher, Postgres storage, the duckdb_writer pool limited 
   and pin nothing (`pin_gpu_per_step=False`: a pod sees its own GPU as device 0). How many run
   side by side is `KERNELCAST_GPUS`: the plan step splits the unmeasured kernels into that many
   shards, one pod each.
-- `surrogate_model` and `forecasts` request one GPU (`per_step_k8s_config` below); training
-  across several GPUs goes through accelerate (README, "Scaling").
+- `forecasts.forecast_llm_shard[gpu_i]` steps (the language models' forward passes over one
+  shard of pairs) request one GPU each the same way; the plan and store steps around them need none.
+- `surrogate_model` requests one GPU (`per_step_k8s_config` below); training across several
+  GPUs goes through accelerate (README, "Scaling").
 - $KERNELCAST_HOME (the DuckDB file, MLflow's store, reports) is a ReadWriteMany volume mounted in
   every pod; DuckDB's one-writer rule holds through the pool, as on one host.
 """
@@ -35,7 +37,7 @@ EXECUTOR = k8s_job_executor.configured(
         "volume_mounts": [{"name": "kernelcast-home", "mountPath": HOME_MOUNT}],
         # Steps without a GPU of their own: CPU and memory for curation, reports, ingest.
         "step_k8s_config": {"container_config": {"resources": {"requests": {"cpu": "2", "memory": "8Gi"}}}},
-        "per_step_k8s_config": {"surrogate_model": ONE_GPU, "forecasts": ONE_GPU},
+        "per_step_k8s_config": {"surrogate_model": ONE_GPU},
     },
     name="kernelcast_k8s_executor",
 )

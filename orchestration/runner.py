@@ -5,8 +5,9 @@
 Each is created as a run of the code location `orchestration.definitions` (the origin the UI
 uses to re-execute it) on the instance under $KERNELCAST_HOME/dagster, whose dagster.yaml limits
 the pool `duckdb_writer` to one step at a time (DuckDB allows one writer per file). Steps run
-in this process, except the measuring fan-out on a host of several GPUs: there the measurement
-run uses the multiprocess executor, one process per GPU. A run that fails stops the sequence,
+in this process, except the fan-outs on a host of several GPUs: there the measurement run and
+the downstream run (the language models' forecasts) use the multiprocess executor, one process
+per GPU. A run that fails stops the sequence,
 as a failed step stops its downstream inside one run.
 
 `listener` (the CLI's display) sees every event as it happens; Dagster's own console log goes
@@ -270,7 +271,7 @@ def run_graph(settings: Settings, defs: dg.Definitions | None = None,
     Returns:
         One RunSummary per run executed.
     """
-    from assets.profiling import gpu_count, host_hardware_id
+    from assets.profiling import host_hardware_id
     from orchestration.definitions import build_defs
 
     prepare_home(settings)
@@ -283,8 +284,7 @@ def run_graph(settings: Settings, defs: dg.Definitions | None = None,
     for job, partition in planned_runs(settings, instance):
         if on_run_start is not None:
             on_run_start(job, partition)
-        # Measuring steps side by side need one process each; everything else runs here.
-        n = gpu_count(settings.profiling.gpus, settings.profiling.measure_device) if partition and partition == host else 1
+        n = _processes(settings, job, partition, host)
         summary = execute_code_location_job(defs, instance, job, partition, processes=n if n > 1 else 1,
                                             tags={"kernelcast/profile": settings.profile},
                                             listener=listener)
@@ -292,3 +292,16 @@ def run_graph(settings: Settings, defs: dg.Definitions | None = None,
         if not summary.success:
             break
     return summaries
+
+
+def _processes(settings: Settings, job: str, partition: str | None, host: str | None) -> int:
+    """Processes a run needs: steps side by side need one each. The measuring steps of this
+    host's partition and the forecasting steps of the downstream run fan out one per GPU;
+    everything else runs here."""
+    from assets.profiling import gpu_count
+
+    if partition is not None and partition == host:
+        return gpu_count(settings.profiling.gpus, settings.profiling.measure_device)
+    if job == "downstream_job":
+        return gpu_count(settings.profiling.gpus, "cuda")
+    return 1

@@ -1,6 +1,7 @@
 """Operations on real Dagster instances: sensor and schedule ticks, the automation conditions,
 the measuring fan-out (one step per GPU, faked as two on CPU where the real worker measures in
-Triton's interpreter) and the validation of both code locations (one host, Kubernetes).
+Triton's interpreter) and the validation of both code locations (one host, Kubernetes). The
+forecasting fan-out is tested on the tiny registered model of tests/test_surrogate_assets.py.
 """
 
 from __future__ import annotations
@@ -134,6 +135,24 @@ def test_fanout_helpers():
         assert os.environ.get("CUDA_VISIBLE_DEVICES") == before
 
 
+def test_runs_with_a_fanout_get_one_process_per_gpu(settings):
+    """`kernelcast run` on a host of two GPUs: the measurement run of its own GPU type and the
+    downstream run (the forecasting steps) side by side, one process per GPU; the rest in process."""
+    from dataclasses import replace
+
+    from orchestration.runner import _processes
+
+    two = replace(settings, profiling=replace(settings.profiling, gpus=2))
+    assert _processes(two, "measurement_ingest_job", "nvidia-h200-sm90", "nvidia-h200-sm90") == 2
+    assert _processes(two, "measurement_ingest_job", A100_ID, "nvidia-h200-sm90") == 1
+    assert _processes(two, "downstream_job", None, None) == 2
+    assert _processes(two, "candidates_job", None, "nvidia-h200-sm90") == 1
+    import torch
+
+    # None configured: every CUDA device of the host, one process where there is none.
+    assert _processes(settings, "downstream_job", None, None) == max(1, torch.cuda.device_count())
+
+
 def _softmax_kernels(settings, n: int) -> list[str]:
     """n generated softmax kernels (no compile) in the warehouse: what the fan-out measures."""
     from pipelines.generation.candidates import build_candidates, write_batch
@@ -236,6 +255,11 @@ def test_k8s_code_location_requests_gpus_and_pins_none():
     shard = job.graph.node_named("kernel_measurements").definition.node_named("measure_shard")
     assert json.loads(shard.tags["dagster-k8s/config"])["container_config"]["resources"]["limits"] == {
         "nvidia.com/gpu": "1"}
+    # The language models' forecasting steps too; the plan and store steps around them need none.
+    forecasts = defs.resolve_job_def("downstream_job").graph.node_named("forecasts").definition
+    assert json.loads(forecasts.node_named("forecast_llm_shard").tags["dagster-k8s/config"]) == json.loads(
+        shard.tags["dagster-k8s/config"])
+    assert "dagster-k8s/config" not in forecasts.node_named("plan_forecasts").tags
     assert defs.resources["profiler"].pin_gpu_per_step is False
 
 

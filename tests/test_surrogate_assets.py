@@ -170,6 +170,68 @@ def test_forecasts_hold_the_challenger_on_the_capped_eval_subset(graph):
     assert report[f"models:/{NAME}/1"]["n"] == 12
 
 
+def _forecasts_run(settings, defs, tmp_path, gpus: int) -> tuple[pl.DataFrame, dict, object]:
+    """`forecasts` materialised with `gpus` forecasting steps, from an empty forecast cache (every
+    forward pass made): one step in process, several on the multiprocess executor, as
+    `kernelcast run` runs them. Returns (the LLM rows written, the asset's metadata, the run)."""
+    import shutil
+
+    from dagster._core.definitions.reconstruct import ReconstructableRepository
+
+    from warehouse.db import connect
+
+    shutil.rmtree(settings.home / "forecast-cache", ignore_errors=True)
+    with connect(settings.warehouse_path) as con:
+        con.execute("DELETE FROM forecasts WHERE model_ref NOT LIKE 'baseline:%'")
+    if gpus == 1:
+        run = materialize(defs, dg.AssetSelection.assets("forecasts"), dg.DagsterInstance.ephemeral())
+        instance = None
+    else:  # the step processes load the code location from the environment, as under `dagster dev`
+        (tmp_path / "dagster").mkdir()
+        instance = dg.DagsterInstance.local_temp(str(tmp_path / "dagster"))
+        job = ReconstructableRepository.for_module("orchestration.definitions", "defs", working_directory=str(REPO)) \
+            .get_reconstructable_job("downstream_job")
+        run = dg.execute_job(job, instance, run_config={"execution": {"config": {"multiprocess": {"max_concurrent": gpus}}}},
+                             asset_selection=[dg.AssetKey("forecasts")], raise_on_error=False)
+    mat = next(e for e in run.get_asset_materialization_events() if e.asset_key.to_user_string() == "forecasts")
+    meta = {k: getattr(v, "value", v) for k, v in mat.step_materialization_data.materialization.metadata.items()}
+    listing = json.loads(next(settings.reports_dir.rglob("forecasters.json")).read_text())
+    here = [f["model_ref"] for f in listing["forecasters"] if f["source"] == "forecast here"]
+    with connect(settings.warehouse_path, read_only=True) as con:
+        rows = con.sql("SELECT * FROM forecasts WHERE list_contains(?, model_ref) ORDER BY model_ref, pair_id",
+                       params=[here]).pl()
+    return rows, meta, (run, instance)
+
+
+@pytest.mark.slow
+def test_forecasts_sharded_over_two_steps_equal_one_step(graph, tmp_path, monkeypatch):
+    """Two fake GPUs on a CPU host: the LLM versions' pairs split into two shards, forecast by
+    two step processes side by side, merged before the write, give the rows one step gives."""
+    settings, defs, _, _ = graph
+    monkeypatch.setenv("KERNELCAST_PROFILE", "smoke")  # what the step processes load
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    monkeypatch.setenv("KERNELCAST_GPUS", "1")
+    one, one_meta, _ = _forecasts_run(settings, defs, tmp_path, gpus=1)
+    monkeypatch.setenv("KERNELCAST_GPUS", "2")
+    two, two_meta, (run, instance) = _forecasts_run(settings, defs, tmp_path, gpus=2)
+    assert run.success, [e.message for e in run.all_events if e.is_failure]
+    assert one.height >= settings.surrogate.eval_pairs and one_meta["forecasting_steps"] == 1
+    assert two_meta["forecasting_steps"] == 2 and two_meta["llm_rows"] == one_meta["llm_rows"] == one.height
+    shards = two_meta["shards"]
+    assert "| 0 | 0 | cpu |" in shards and "| 1 | 1 | cpu |" in shards  # step i saw CUDA_VISIBLE_DEVICES=i
+    # every forecast made by a model, none from the cache the first run filled
+    passes = [int(line.split("|")[5]) for line in shards.splitlines()[2:]]
+    assert sum(passes) == one.height and min(passes) > 0
+    pids = {e.step_key: e.dagster_event.pid for e in instance.all_logs(run.run_id)
+            if e.dagster_event_type == dg.DagsterEventType.STEP_START and "forecast_llm_shard" in (e.step_key or "")}
+    assert sorted(pids) == ["forecasts.forecast_llm_shard[gpu_0]", "forecasts.forecast_llm_shard[gpu_1]"]
+    assert len(set(pids.values())) == 2
+    assert two.select("model_ref", "pair_id").equals(one.select("model_ref", "pair_id"))
+    p_cols = [f"p{i}" for i in range(1, 9)]
+    assert two.select(p_cols).to_numpy() == pytest.approx(one.select(p_cols).to_numpy(), abs=1e-6)
+    assert two["predicted_bin"].to_list() == one["predicted_bin"].to_list()
+
+
 @pytest.mark.slow
 def test_gates_and_promotion_agree_with_the_rule(graph):
     """Whatever the tiny model scored, the checks and model_promotion follow models.promotion."""

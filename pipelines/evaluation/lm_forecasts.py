@@ -52,12 +52,7 @@ def forecast_pairs(pairs: pl.DataFrame, kernels: dict[str, tuple[str, str | None
     """
     requests, ids = [], []
     for row in pairs.iter_rows(named=True):
-        task = get_task(row["task"])
-        a_src, a_gen = kernels[row["anchor_kernel_id"]]
-        c_src, c_gen = kernels[row["candidate_kernel_id"]]
-        messages = build_prompt(task.name, task.description, prompt_source(task.name, a_src, a_gen),
-                                prompt_source(task.name, c_src, c_gen), hardware, style=style)
-        requests.append(ForecastRequest(messages, request_id=row["pair_id"]))
+        requests.append(ForecastRequest(pair_messages(row, kernels, hardware, style), request_id=row["pair_id"]))
         ids.append(row["pair_id"])
     results = forecaster.forecast(requests, repeats=repeats, progress=progress)
     rows = []
@@ -75,17 +70,22 @@ def pair_sources(con: Any, pairs: pl.DataFrame) -> dict[str, tuple[str, str | No
     return {r["kernel_id"]: (r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}
 
 
-def forecast_by_hardware(pairs: pl.DataFrame, sources: dict[str, tuple[str, str | None]], warehouse_path: Any,
-                         forecaster: Forecaster, model_ref: str, *, style: str,
-                         log: Callable[[str], None] = lambda message: None) -> list[pl.DataFrame]:
-    """`forecast_pairs` per hardware id of `pairs`, each prompt showing that device's stored
-    fingerprint (the default H200 table when the warehouse has none)."""
-    from models.service import hardware_or_default
+def pair_messages(row: dict[str, Any], kernels: dict[str, tuple[str, str | None]], hardware: dict[str, Any],
+                  style: str) -> list[dict[str, str]]:
+    """The prompt of one pair (a row with task, anchor_kernel_id, candidate_kernel_id)."""
+    task = get_task(row["task"])
+    a_src, a_gen = kernels[row["anchor_kernel_id"]]
+    c_src, c_gen = kernels[row["candidate_kernel_id"]]
+    return build_prompt(task.name, task.description, prompt_source(task.name, a_src, a_gen),
+                        prompt_source(task.name, c_src, c_gen), hardware, style=style)
 
-    frames = []
-    for (hw,), part in pairs.group_by("hardware_id"):
-        fp = hardware_or_default(warehouse_path, hw)
-        log(f"{model_ref}: forecasting {part.height} eval pairs on {hw}")
-        frames.append(forecast_pairs(part, sources, fp, forecaster, model_ref, style=style,
-                                     progress=lambda done, total: log(f"{model_ref}: {done}/{total}")))
-    return frames
+
+def pair_requests(con: Any, pairs: pl.DataFrame, style: str) -> tuple[dict[str, Any], ...]:
+    """{"pair_id", "prompt"} per pair, each prompt showing its device's stored fingerprint (the
+    default H200 table for a device the warehouse does not know), read in one pass."""
+    from models.service import fingerprints_or_default
+
+    kernels = pair_sources(con, pairs)
+    hardware = fingerprints_or_default(con, pairs["hardware_id"].unique().to_list())
+    return tuple({"pair_id": row["pair_id"], "prompt": pair_messages(row, kernels, hardware[row["hardware_id"]], style)}
+                 for row in pairs.iter_rows(named=True))

@@ -3,8 +3,9 @@
 For the in-distribution report: every version of the surrogate's registered model tagged with
 the current dataset version, and the champion. Classical versions forecast every eval pair; an
 LLM version with committed H200 forecasts uses them (pipelines.training.committed); an LLM
-version without them forecasts a capped subset here (CPU budgets). Every LLM forecast goes
-through the version's calibrator (tag `calibrator`).
+version without them is planned to forecast a capped subset here (CPU budgets), shard by
+shard (pipelines.training.llm_shards). Every LLM forecast goes through the version's
+calibrator (tag `calibrator`).
 
 For the held-out-task report: the held-out versions of the dataset version on every reference
 pair of the held-out task, the reference forecasters there (the bin prior of the training pool
@@ -13,19 +14,17 @@ without that task), and the committed held-out LLM variants.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import polars as pl
 
 from models.bins import NUM_BINS
-from models.calibration import Calibrator
 from pipelines.training.classical import HELD_OUT_MODEL, forecast_rows
+from pipelines.training.llm_shards import LlmJob, plan_llm_job
 from pipelines.training.roles import Roles
 
 log = logging.getLogger(__name__)
@@ -49,35 +48,8 @@ def model_ref(name: str, version: int) -> str:
     return f"models:/{name}/{int(version)}"
 
 
-def _calibrator(info: dict[str, Any]) -> Calibrator:
-    try:
-        return Calibrator.from_dict(json.loads(info["tags"].get("calibrator") or "{}"))
-    except (ValueError, TypeError):
-        return Calibrator()
-
-
 def _with_ref(frame: pl.DataFrame, ref: str) -> pl.DataFrame:
     return frame.with_columns(pl.lit(ref).alias("model_ref"))
-
-
-def llm_forecasts_here(tracking_uri: str, version: int, info: dict[str, Any], home: Path, pairs: pl.DataFrame,
-                       rows_for: Callable[[pl.DataFrame, str], list[dict[str, Any]]], name: str = SURROGATE) -> pl.DataFrame:
-    """Logprob forecasts of a registered LLM version on `pairs`, made here, calibrated."""
-    from models.backends import ForecastRequest
-    from models.surrogate import registered_forecaster
-
-    forecaster, described = registered_forecaster(tracking_uri, version, home, cache_dir=home / "forecast-cache",
-                                                  name=name)
-    rows = rows_for(pairs, described["prompt_style"])
-    answers = forecaster.forecast([ForecastRequest(r["prompt"], r["pair_id"]) for r in rows])
-    p = np.array([a.p if a.p else [1 / NUM_BINS] * NUM_BINS for a in answers])
-    p = _calibrator(info).apply(p)
-    bins = (np.argmax(p, axis=1) + 1).astype(np.int64)
-    ok = [bool(a.parse_ok) for a in answers]
-    base = pl.DataFrame({"pair_id": [r["pair_id"] for r in rows], "repeat": [0] * len(rows), "parse_ok": ok,
-                         "predicted_bin": bins, "argmax_bin": bins, "raw_sum": [a.raw_sum for a in answers],
-                         "parse_error": [a.parse_error for a in answers]})
-    return pl.concat([base, pl.DataFrame({c: p[:, i] for i, c in enumerate(P_COLS)})], how="horizontal")
 
 
 def registered_forecasts(
@@ -90,11 +62,14 @@ def registered_forecasts(
     rows_for: Callable[[pl.DataFrame, str], list[dict[str, Any]]],
     llm_cap: int | None,
     progress: Callable[[str], None] = lambda m: None,
-) -> tuple[pl.DataFrame, list[Forecaster]]:
-    """Forecast rows of every registered and committed forecaster of the version, both splits.
+) -> tuple[pl.DataFrame, list[Forecaster], list[LlmJob]]:
+    """Forecast rows of every registered and committed forecaster of the version, both splits,
+    and the LLM versions to forecast here, planned but not run: their forward passes are what
+    a host spreads over its GPUs (pipelines.training.llm_shards).
 
     Returns:
-        (rows for the warehouse `forecasts` table, the forecasters they belong to).
+        (rows for the warehouse `forecasts` table, the forecasters they and the jobs belong to,
+        the LLM jobs).
     """
     from models.classical.registry import load_classical
     from models.registry import alias_version, find_versions
@@ -103,6 +78,7 @@ def registered_forecasts(
 
     frames: list[pl.DataFrame] = []
     listed: list[Forecaster] = []
+    jobs: list[LlmJob] = []
     committed = {}
     if committed_dir is not None and (committed_dir / "forecasts.parquet").is_file():
         committed = {v.name: v for v in calibrated_variants(committed_dir, roles.eval, roles.held_out_eval)}
@@ -123,8 +99,8 @@ def registered_forecasts(
                 frames.append(_with_ref(committed[info["tags"]["committed_variant"]].forecasts, ref))
                 source = f"committed H200 forecasts of {info['tags']['committed_variant']}"
             else:
-                subset = eval_subset(pairs, llm_cap)
-                frames.append(_with_ref(llm_forecasts_here(tracking_uri, version, info, home, subset, rows_for, name), ref))
+                jobs.append(plan_llm_job(tracking_uri, name, version, info, eval_subset(pairs, llm_cap), rows_for,
+                                         home / "surrogates" / "plan", ref))
                 source = "forecast here"
             listed.append(Forecaster(ref, kind, split, source))
     registered_variants = {f.source.rsplit(" ", 1)[-1] for f in listed if f.source.startswith("committed")}
@@ -135,7 +111,7 @@ def registered_forecasts(
         frames.append(_with_ref(variant.forecasts, ref))
         listed.append(Forecaster(ref, "llm", variant.split, "committed H200 forecasts (weights not committed)"))
     frames = [f for f in frames if f.height]
-    return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), listed
+    return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), listed, jobs
 
 
 def held_out_reference_forecasts(roles: Roles) -> tuple[pl.DataFrame, list[Forecaster]]:
