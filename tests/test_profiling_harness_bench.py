@@ -78,3 +78,16 @@ def test_the_benchmark_runs_end_to_end_on_the_cpu(tmp_path, capsys):
         assert len(s) == 1 and s[0]["status"] == "ok", s
     summary = json.loads((out / "bench-summary.json").read_text())
     assert summary["comparison"]["both_ok"] == 2 and summary["sandbox"]["gpumode"].startswith("sandbox: ")
+
+
+def test_on_one_gpu_gpumode_measures_exactly_what_kernelcast_finished(tmp_path):
+    import pyarrow as pa
+
+    batch = tmp_path / "batch.parquet"
+    pq.write_table(pa.table({"kernel_id": ["a", "b", "c"], "task": ["softmax"] * 3, "source": ["x", "y", "z"]}), batch)
+    assert harness_bench._finished_batch(batch, tmp_path / "none.parquet", tmp_path / "g.parquet") == batch
+    out = tmp_path / "raw.parquet"
+    pq.write_table(pa.table({"kernel_id": ["c", "a"]}), out)
+    sub = harness_bench._finished_batch(batch, out, tmp_path / "g.parquet")
+    assert pq.read_table(sub).column("kernel_id").to_pylist() == ["a", "c"]  # batch order, sources kept
+    assert pq.read_table(sub).column("source").to_pylist() == ["x", "z"]

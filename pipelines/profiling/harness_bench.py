@@ -7,12 +7,14 @@ published GPU MODE TriMul submissions unmodified under both, and the hostile fau
 1. Draws --n committed kernels (default 100: 2 trimul, 12 or 13 of each other task) that an earlier
    H200 run measured correct, sources included (data/measurements/h200/kernels-*.parquet,
    pipelines/profiling/protocol_bench.py), and adds every *.py of --submissions (published TriMul
-   submissions, unmodified, task trimul), after the committed kernels: a run cut short by its
-   budget compares the protocols first (on one H200 the worker measured about 0.45 kernels/s
-   on 2026-12-01, so 100 kernels and six submissions take about 5 minutes per protocol).
-2. Runs the profiling worker on that batch under --protocol kernelcast and --protocol gpumode
-   (side by side on two GPUs when the host has them, else one after the other), each within a
-   time budget so the whole script fits --deadline-s.
+   submissions, unmodified, task trimul) before the committed kernels, which go round-robin over
+   tasks (a run cut short by its budget loses kernels of every task alike).
+2. Runs the profiling worker on that batch under --protocol kernelcast and --protocol gpumode,
+   within time budgets so the whole script fits --deadline-s: side by side on two GPUs when the
+   host has them; on one GPU kernelcast first (40% of the budget), then gpumode on exactly the
+   kernels kernelcast finished, so each kernel measured is measured under both. On one H200 on
+   2026-12-01 a worker took about 30 s to start and measured about 1 kernel/s under kernelcast
+   and 0.4 under gpumode: 100 kernels and six submissions need a deadline of about 600 s.
 3. Runs the fault battery (pipelines/profiling/fault_injection.py: broken and hostile kernels) on
    the GPU; --no-fault skips it.
 4. Writes into --out (7 files): results-kernelcast.parquet, results-gpumode.parquet (the committed
@@ -88,7 +90,12 @@ def _worker_cmd(batch: Path, out: Path, protocol: str, device: str, budget: floa
 
 
 def run_protocols(batch: Path, work: Path, device: str, gpus: list[str], budget: float) -> dict:
-    """The worker under each protocol; {protocol: {"out", "exit", "sandbox", "summary"}}."""
+    """The worker under each protocol; {protocol: {"out", "exit", "sandbox", "summary"}}.
+
+    With two GPUs the protocols run side by side on the whole batch. With one, kernelcast runs
+    first on its share of the budget and gpumode then measures exactly the kernels kernelcast
+    finished, in the rest: every kernel measured counts for the comparison.
+    """
     cores = os.cpu_count() or 2
     parallel = device == "cuda" and len(gpus) >= 2
     cache = work / "triton-cache"  # shared: the second protocol's run finds every kernel compiled
@@ -98,7 +105,7 @@ def run_protocols(batch: Path, work: Path, device: str, gpus: list[str], budget:
     all_cpus = sorted(os.sched_getaffinity(0))
     halves = [all_cpus[: len(all_cpus) // 2], all_cpus[len(all_cpus) // 2:]]
 
-    def one(protocol: str, gpu: str, seconds: float) -> None:
+    def one(protocol: str, gpu: str, seconds: float, kernels: Path) -> None:
         out = work / f"raw-{protocol}.parquet"
         for stale in (out, out.with_name(out.name + ".partial.jsonl")):
             stale.unlink(missing_ok=True)
@@ -107,7 +114,7 @@ def run_protocols(batch: Path, work: Path, device: str, gpus: list[str], budget:
             env["CUDA_VISIBLE_DEVICES"] = gpu
         summary = work / f"summary-{protocol}.json"
         t0 = time.monotonic()
-        cmd = _worker_cmd(batch, out, protocol, device, seconds, workers, summary, work / f"logs-{protocol}")
+        cmd = _worker_cmd(kernels, out, protocol, device, seconds, workers, summary, work / f"logs-{protocol}")
         if parallel:
             cmd = _pinned(cmd, halves[PROTOCOLS.index(protocol)])
         rc, lines = _tee(cmd, env, protocol)
@@ -119,15 +126,33 @@ def run_protocols(batch: Path, work: Path, device: str, gpus: list[str], budget:
         }
 
     if parallel:
-        threads = [threading.Thread(target=one, args=(p, gpus[i], budget)) for i, p in enumerate(PROTOCOLS)]
+        threads = [threading.Thread(target=one, args=(p, gpus[i], budget, batch)) for i, p in enumerate(PROTOCOLS)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
     else:
-        one("kernelcast", gpus[0], budget * 0.35)  # gpumode makes up to 100 calls a case: it gets more time
-        one("gpumode", gpus[0], budget * 0.65)
+        one("kernelcast", gpus[0], budget * KERNELCAST_SHARE, batch)
+        left = budget - runs["kernelcast"]["wall_s"]
+        one("gpumode", gpus[0], left, _finished_batch(batch, runs["kernelcast"]["out"], work / "batch-gpumode.parquet"))
     return runs
+
+
+KERNELCAST_SHARE = 0.4  # on one GPU; gpumode makes up to 100 calls a case and gets the rest
+
+
+def _finished_batch(batch: Path, out: Path, path: Path) -> Path:
+    """The rows of `batch` whose kernels have a row in `out`, in batch order (the whole batch
+    when `out` has none: the first run said why on stderr)."""
+    if not out.exists():
+        return batch
+    done = set(pq.read_table(out, columns=["kernel_id"]).column("kernel_id").to_pylist())
+    table = pq.read_table(batch)
+    keep = pa.array([k in done for k in table.column("kernel_id").to_pylist()])
+    if not done:
+        return batch
+    pq.write_table(table.filter(keep), path)
+    return path
 
 
 def run_fault(work: Path, device: str, gpu: str, seconds: float) -> dict:
@@ -177,8 +202,9 @@ def _batch(args: argparse.Namespace, work: Path, out: Path) -> tuple[list[dict],
     tasks = [t.strip() for t in args.tasks.split(",")] if args.tasks else None
     kernels = bench.draw_kernels(args.data, args.n, tasks=tasks)
     subs = bench.submission_rows(args.submissions) if Path(args.submissions).is_dir() else []
-    # Submissions first, then the kernels round-robin over tasks: what a time budget cuts is spread out.
-    batch = bench.write_batch(bench.interleave(kernels) + subs, work / "batch.parquet")
+    # Submissions first (few, and what the comparison cannot do without), then the kernels
+    # round-robin over tasks: what a time budget cuts is spread over the tasks.
+    batch = bench.write_batch(subs + bench.interleave(kernels), work / "batch.parquet")
     pq.write_table(pa.Table.from_pylist([{"kernel_id": r["kernel_id"], "task": r["task"],
                                           "origin": "submission" if r in subs else "committed"}
                                          for r in kernels + subs]), out / "bench-batch.parquet")
