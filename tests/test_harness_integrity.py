@@ -250,11 +250,31 @@ class _LyingEvent:
 def test_events_far_below_the_wall_clock_are_tampering(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _LyingEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    monkeypatch.setattr(timing, "trusted_call_times", lambda: (0.02, 0.00004))  # our own call: honest
     with pytest.raises(timing.TimingTampered, match="wall time"):
         timing.time_gpumode(lambda d: time.sleep(0.003), torch.ones(2), device="cuda", max_repeats=5)
     with pytest.raises(timing.TimingTampered):
         timing.check_chunk_wall([50.0, 50.0], wall_s=0.01)  # 100 ms of events in 10 ms
     timing.check_call_wall(event_ms=1.0, wall_s=0.0012)  # a call's honest overhead passes
+
+
+def test_a_shared_gpu_is_told_apart_from_a_kernel_working_off_its_stream():
+    """On a GPU another process uses, every synchronised call waits for the other's work: a
+    call of our own is as far off as the kernel's, and the row is `infrastructure`, not `tampered`."""
+    from pipelines.profiling.runner import classify
+
+    slow_ours, fast_ours = (lambda: (0.07, 0.0025)), (lambda: (0.07, 0.0001))
+    with pytest.raises(timing.GpuShared, match="another process") as e:
+        timing.check_kernel_wall(event_ms=0.07, wall_s=0.0025, trusted=slow_ours)
+    assert classify(e.value, "cuda", "timing case c").kind == "infrastructure"
+    with pytest.raises(timing.TimingTampered) as e:
+        timing.check_kernel_wall(event_ms=0.07, wall_s=0.0025, trusted=fast_ours)
+    assert classify(e.value, "cuda", "timing case c").kind == "tampered"
+    calls = []
+    with pytest.raises(timing.TimingTampered):  # events longer than the wall: a patched timer, always
+        timing.check_kernel_wall(event_ms=50.0, wall_s=0.01, trusted=lambda: calls.append(1) or (0.07, 0.0025))
+    assert calls == []
+    timing.check_kernel_wall(event_ms=1.0, wall_s=0.0012, trusted=slow_ours)  # honest: ours not even asked
 
 
 def test_layers_that_keep_cuda_from_starting_are_dropped_with_their_reason(monkeypatch):

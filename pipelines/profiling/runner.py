@@ -39,6 +39,7 @@ from pipelines.profiling.sandbox import one_line
 from pipelines.profiling.shipping import ShippingError
 from pipelines.profiling.taskload import extra_task_modules, load_task
 from pipelines.profiling.timing import (
+    GpuShared,
     L2Flusher,
     LaunchCover,
     Timing,
@@ -204,6 +205,8 @@ def classify(e: BaseException, device: str, what: str) -> KernelFailure:
     if isinstance(e, KernelFailure):
         return e
     msg = f"{what}: {_describe(e)}"
+    if isinstance(e, GpuShared):
+        return KernelFailure("infrastructure", msg)
     if isinstance(e, TimingTampered):
         return KernelFailure("tampered", msg, restart=True)
     if _is_triton_compile_error(e):
