@@ -516,6 +516,43 @@ def _mountns_layer(spec: dict, root: bool, in_user_ns: bool, notes: dict[str, st
     return ["mountns"], made_user_ns
 
 
+def _give_up_root(spec: dict, want: set[str], root: bool, switch: bool, layers: list[str],
+                  notes: dict[str, str]) -> None:
+    """The sandbox uid, or as root without one no capabilities; `mountns` goes if neither held."""
+    if switch:
+        os.setgroups([])
+        os.setgid(int(spec["gid"]))
+        os.setuid(int(spec["uid"]))
+        layers.append("uid")
+    elif root and "nocaps" in want:
+        try:
+            drop_capabilities()
+            layers.append("nocaps")
+        except OSError as e:
+            notes["nocaps"] = str(e)
+    if root and "mountns" in layers and not ("uid" in layers or "nocaps" in layers):
+        layers.remove("mountns")  # a root child that keeps CAP_SYS_ADMIN could remount everything writable
+        notes["mountns"] = "the child keeps root's capabilities (no sandbox uid, none dropped): it could remount"
+
+
+def _filter(spec: dict, want: set[str], in_netns: bool, layers: list[str], notes: dict[str, str]) -> None:
+    """no_new_privs, then the seccomp filter and Landlock (both need no_new_privs)."""
+    if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
+        layers.append("nonewprivs")
+    if "seccomp" in want and "nonewprivs" in layers:
+        try:
+            seccomp_deny_network()
+            layers.append("seccomp")
+        except OSError as e:
+            notes["seccomp"] = str(e)
+    if "landlock" in want:
+        try:
+            layers += apply_landlock(list(spec.get("writable_dirs", ())), list(spec.get("writable_files", ())),
+                                     block_tcp=not in_netns)
+        except OSError as e:
+            notes["landlock"] = str(e)
+
+
 def run(spec: dict, argv: list[str]) -> None:
     """Apply the layers of `spec` to this process and execute `argv` (never returns).
 
@@ -553,34 +590,8 @@ def run(spec: dict, argv: list[str]) -> None:
             notes["rlimits-nproc"] = "no own uid or user namespace: a process limit would count this user's processes"
     except (OSError, ValueError) as e:
         notes["rlimits"] = str(e)
-    if switch:
-        os.setgroups([])
-        os.setgid(int(gid))
-        os.setuid(int(uid))
-        layers.append("uid")
-    elif root and "nocaps" in want:
-        try:
-            drop_capabilities()
-            layers.append("nocaps")
-        except OSError as e:
-            notes["nocaps"] = str(e)
-    if root and "mountns" in layers and not ("uid" in layers or "nocaps" in layers):
-        layers.remove("mountns")  # a root child that keeps CAP_SYS_ADMIN could remount everything writable
-        notes["mountns"] = "the child keeps root's capabilities (no sandbox uid, none dropped): it could remount"
-    if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
-        layers.append("nonewprivs")
-    if "seccomp" in want and "nonewprivs" in layers:
-        try:
-            seccomp_deny_network()
-            layers.append("seccomp")
-        except OSError as e:
-            notes["seccomp"] = str(e)
-    if "landlock" in want:
-        try:
-            layers += apply_landlock(list(spec.get("writable_dirs", ())), list(spec.get("writable_files", ())),
-                                     block_tcp="netns" not in entered)
-        except OSError as e:
-            notes["landlock"] = str(e)
+    _give_up_root(spec, want, root, switch, layers, notes)
+    _filter(spec, want, "netns" in entered, layers, notes)
     os.umask(int(spec.get("umask", 0o002)))
     private = spec["private_dir"]
     os.chdir(private)
