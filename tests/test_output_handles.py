@@ -41,6 +41,8 @@ def test_a_verifier_without_a_gpu_asks_for_the_file_and_uses_no_step(tmp_path, m
     {**ENTRY, "nbytes": 15},            # size does not match the shape
     {**ENTRY, "dtype": "object"},       # not an allowed dtype
     {**ENTRY, "shape": "4"},            # not a shape
+    {**ENTRY, "dtype": ["float32"]},    # not even a name
+    {**ENTRY, "offset": -64},           # before the block
 ])
 def test_malformed_handle_entries_are_refused_as_outputs(tmp_path, entry):
     path = tmp_path / "h"
@@ -106,3 +108,25 @@ def test_a_cuda_output_arrives_from_another_process_equal_both_ways():
 
     report = cuda_ipc.self_test(8)
     assert report["ipc_equal"] and report["file_equal"]
+
+
+@pytest.mark.parametrize("tree", [
+    {"t": "dict", "items": [["k"]]},                  # an item that is not a pair
+    {"t": "dict", "items": [[["k"], {"t": "none"}]]},  # an unhashable key
+    {"t": "list", "items": 7},                         # items that are not a list
+])
+def test_malformed_output_trees_are_refused_as_outputs(tmp_path, tree):
+    path = tmp_path / "o"
+    shipping.write_output(path, None)
+    data = path.read_bytes()
+    header = json.dumps({"tree": tree, "tensors": []}).encode()
+    path.write_bytes(shipping.MAGIC + len(header).to_bytes(8, "little") + header + data[len(data):])
+    with pytest.raises(shipping.ShippingError, match="malformed"):
+        shipping.read_output(path)
+
+
+def test_the_verifier_says_how_an_output_came(tmp_path):
+    path = tmp_path / "o"
+    shipping.write_output(path, torch.ones(2))
+    value, kind = shipping.read_shipped(path)
+    assert kind == "file" and torch.equal(value, torch.ones(2))

@@ -175,7 +175,13 @@ def _decode(node: Any, tensors: list[torch.Tensor], depth: int = 0) -> Any:
 
 
 def read_output(path: str | Path, device: str = "cpu", owner: int | None = None) -> Any:
-    """Read an output written by `write_output`, its tensors placed on `device`.
+    """Read an output written by `write_output` or `write_handles`, its tensors placed on `device`
+    (`read_shipped` also says which of the two wrote it)."""
+    return read_shipped(path, device, owner)[0]
+
+
+def read_shipped(path: str | Path, device: str = "cpu", owner: int | None = None) -> tuple[Any, str]:
+    """(output, "file" | "ipc") of an output written by `write_output` or `write_handles`.
 
     Args:
         path: the file; a symlink is refused, and so is anything but a regular file.
@@ -212,15 +218,26 @@ def read_output(path: str | Path, device: str = "cpu", owner: int | None = None)
             if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
                 raise ShippingError("malformed tensor table in output")
             if mm[:8] == IPC_MAGIC:
-                return _decode(header.get("tree"), _mapped_tensors(entries, device))
+                return _decode_tree(header.get("tree"), _mapped_tensors(entries, device)), "ipc"
             for e in entries:
                 tensors.append(_tensor(mm, e, start, st.st_size, device))
-            return _decode(header.get("tree"), tensors)
+            return _decode_tree(header.get("tree"), tensors), "file"
+
+
+def _decode_tree(tree: Any, tensors: list[torch.Tensor]) -> Any:
+    """`_decode`, with any shape of malformed tree (lists where pairs belong, unhashable keys)
+    refused as a ShippingError rather than raised as whatever it trips."""
+    try:
+        return _decode(tree, tensors)
+    except (TypeError, AttributeError, ValueError) as e:
+        if isinstance(e, ShippingError):
+            raise
+        raise ShippingError("malformed output tree") from None
 
 
 def _entry_layout(e: Any) -> tuple[torch.dtype, list[int], int]:
     """(dtype, shape, nbytes) of a tensor entry, validated."""
-    if not isinstance(e, dict) or e.get("dtype") not in DTYPES:
+    if not isinstance(e, dict) or not isinstance(e.get("dtype"), str) or e["dtype"] not in DTYPES:
         raise ShippingError("output tensor of an unknown dtype")
     dtype, shape, nbytes = DTYPES[e["dtype"]], e.get("shape"), e.get("nbytes")
     if (not isinstance(shape, list) or len(shape) > 16 or not all(isinstance(d, int) and d >= 0 for d in shape)
@@ -231,6 +248,14 @@ def _entry_layout(e: Any) -> tuple[torch.dtype, list[int], int]:
     return dtype, shape, nbytes
 
 
+def _entry_offset(e: dict) -> int:
+    """A tensor entry's byte offset (into the file, or into its memory block), validated."""
+    offset = e.get("offset")
+    if not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+        raise ShippingError("malformed tensor entry in output")
+    return offset
+
+
 def _mapped_tensors(entries: list, device: str) -> list[torch.Tensor]:
     """The tensors of an IPC output, copied out of the kernel process's memory blocks (each block
     mapped once, however many tensors it holds)."""
@@ -238,10 +263,9 @@ def _mapped_tensors(entries: list, device: str) -> list[torch.Tensor]:
 
     if not device.startswith("cuda"):
         raise NeedsFile("this verifier has no GPU to map CUDA IPC handles on")
-    layouts = [_entry_layout(e) for e in entries]
-    for e in entries:
-        if not isinstance(e.get("handle"), str) or not isinstance(e.get("offset"), int) or e["offset"] < 0:
-            raise ShippingError("malformed CUDA IPC entry in output")
+    layouts = [(*_entry_layout(e), _entry_offset(e)) for e in entries]
+    if not all(isinstance(e.get("handle"), str) for e in entries):
+        raise ShippingError("malformed CUDA IPC entry in output")
     try:
         here = cuda_ipc.device_uuid(torch.device(device).index or 0)
         if any(e.get("device") != here for e in entries):
@@ -252,10 +276,10 @@ def _mapped_tensors(entries: list, device: str) -> list[torch.Tensor]:
                 for i, e in enumerate(entries):
                     if e["handle"] != handle:
                         continue
-                    dtype, shape, nbytes = layouts[i]
-                    if e["offset"] + nbytes > size:
+                    dtype, shape, nbytes, offset = layouts[i]
+                    if offset + nbytes > size:
                         raise ShippingError("output tensor does not fit its memory block")
-                    out[i] = cuda_ipc.copy_out(ptr + e["offset"], nbytes, device).view(dtype).reshape(shape)
+                    out[i] = cuda_ipc.copy_out(ptr + offset, nbytes, device).view(dtype).reshape(shape)
     except (cuda_ipc.IpcUnavailable, ValueError) as e:
         if isinstance(e, ShippingError):
             raise
@@ -264,16 +288,9 @@ def _mapped_tensors(entries: list, device: str) -> list[torch.Tensor]:
 
 
 def _tensor(mm: mmap.mmap, e: Any, start: int, size: int, device: str) -> torch.Tensor:
-    if not isinstance(e, dict) or e.get("dtype") not in DTYPES:
-        raise ShippingError("output tensor of an unknown dtype")
-    dtype = DTYPES[e["dtype"]]
-    shape, offset, nbytes = e.get("shape"), e.get("offset"), e.get("nbytes")
-    if (not isinstance(shape, list) or len(shape) > 16 or not all(isinstance(d, int) and d >= 0 for d in shape)
-            or not isinstance(offset, int) or not isinstance(nbytes, int) or offset < 0):
-        raise ShippingError("malformed tensor entry in output")
-    numel = math.prod(shape)
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    if numel * itemsize != nbytes or start + offset + nbytes > size:
+    dtype, shape, nbytes = _entry_layout(e)
+    offset = _entry_offset(e)
+    if start + offset + nbytes > size:
         raise ShippingError("output tensor does not fit the file")
     if nbytes == 0:
         return torch.empty(shape, dtype=dtype, device=device)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import os
 import re
 from collections import Counter
 from collections.abc import Callable, Collection
@@ -42,17 +43,6 @@ FLAG_KEYS = {  # global switches a GPU MODE reference inherits from the submissi
 
 
 # ---- the plan -------------------------------------------------------------------------------
-def _shipped_as(path: str) -> str:
-    """"ipc" or "file": how an output came (for the run's summary)."""
-    from pipelines.profiling.shipping import IPC_MAGIC
-
-    try:
-        with open(path, "rb") as f:
-            return "ipc" if f.read(8) == IPC_MAGIC else "file"
-    except OSError:
-        return "file"
-
-
 def recheck_salts(protocol: str) -> tuple[str, int]:
     """Which cases are re-checked after timing, and with what seed offset: ('first' | 'all', salt)."""
     return ("all", GPUMODE_SEED_STEP) if protocol == "gpumode" else ("first", RECHECK_SEED_SALT)
@@ -106,8 +96,6 @@ class ChannelJudge:
     """
 
     def __init__(self, send: Callable[[dict], None], recv: Callable[[], dict], ipc: bool | None = None):
-        import os
-
         self.send, self.recv = send, recv
         self.seq = itertools.count(1)
         self.ipc = os.environ.get("KERNELCAST_SHIP", "auto") != "file" if ipc is None else ipc
@@ -247,24 +235,25 @@ class Verifier:
             return {**base, "ok": False, "unexpected": True, "step": job.step, "of": len(job.plan),
                     "message": f"asked to verify {step[0]!r} (seed +{step[1]}) out of plan"}
         case = next(c for c in task.correctness_cases + task.benchmark_cases if task.case_id(c) == step[0])
-        output, error = self._read(msg)
+        output, error, shipped = self._read(msg)
         if output is _RESEND:  # no step used: the same request comes back as a file
             return {**base, "ok": False, "resend": True, "message": error}
         job.step += 1
         ok, message = self._check(task, case, int(step[1]), msg, output, error)
-        return {**base, "ok": ok, "message": message, "step": job.step, "of": len(job.plan),
-                "shipped": _shipped_as(msg["path"])}
+        return {**base, "ok": ok, "message": message, "step": job.step, "of": len(job.plan), "shipped": shipped}
 
-    def _read(self, msg: dict) -> tuple[Any, str | None]:
-        """(output, None), (None, why it cannot be checked) or (_RESEND, why the handles failed)."""
-        from pipelines.profiling.shipping import NeedsFile, ShippingError, read_output
+    def _read(self, msg: dict) -> tuple[Any, str | None, str | None]:
+        """(output, None, "file" | "ipc"), (None, why it cannot be checked, None) or (_RESEND, why
+        the handles failed, None)."""
+        from pipelines.profiling.shipping import NeedsFile, ShippingError, read_shipped
 
         try:
-            return read_output(msg["path"], self.device, owner=msg.get("owner")), None
+            output, shipped = read_shipped(msg["path"], self.device, owner=msg.get("owner"))
+            return output, None, shipped
         except NeedsFile as e:
-            return _RESEND, str(e)
+            return _RESEND, str(e), None
         except ShippingError as e:
-            return None, str(e)
+            return None, str(e), None
 
     def _check(self, task, case: dict, salt: int, msg: dict, output: Any, error: str | None) -> tuple[bool, str]:
         from pipelines.profiling.runner import sync
@@ -379,7 +368,7 @@ class VerifierLink:
             return [(child, {"type": "verdict", "seq": seq, "ok": False, "resend": True})] if child is not None else []
         v = self.verdicts.setdefault(job, JobVerdicts())
         v.of = int(msg.get("of") or v.of)
-        if msg.get("shipped") in ("ipc", "file"):
+        if msg.get("shipped") in ("ipc", "file"):  # absent when the output could not be read
             self.shipped[msg["shipped"]] += 1
         if isinstance(msg.get("timed"), list):
             v.timed = [str(c) for c in msg["timed"]]
