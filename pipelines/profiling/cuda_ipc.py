@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import sys
 import time
 from collections.abc import Iterator
 
@@ -152,7 +153,12 @@ def self_test(mib: int = 256) -> dict:
         here, there = ctx.Pipe()
         p = ctx.Process(target=_exporter, args=(ipc, file, mib, there), daemon=True)
         p.start()
-        report = dict(here.recv())
+        there.close()  # ours closed: if the exporter dies, recv() ends instead of waiting forever
+        try:
+            report = dict(here.recv())
+        except EOFError:
+            p.join(10)
+            raise RuntimeError(f"the exporting process died (exit code {p.exitcode})") from None
         want = torch.arange(mib * 2**18, device="cuda", dtype=torch.float32).mul_(0.5)
         for name, path in (("ipc", ipc), ("file", file)):
             start = time.perf_counter()
@@ -165,12 +171,29 @@ def self_test(mib: int = 256) -> dict:
     return {"mib": mib, **report}
 
 
-if __name__ == "__main__":
+def main(argv: list[str] | None = None) -> int:
+    import argparse
     import json
-    import sys
 
     from pipelines.profiling import cuda_ipc  # by name, so the spawned exporter finds its function
 
-    result = cuda_ipc.self_test(int(sys.argv[1]) if len(sys.argv) > 1 else 256)
+    ap = argparse.ArgumentParser(description="Ship one CUDA tensor from another process as IPC handles "
+                                             "and as a file; print the times as JSON.")
+    ap.add_argument("mib", nargs="?", type=int, default=256, help="tensor size, MiB (default 256)")
+    args = ap.parse_args(argv)
+    if args.mib < 1:
+        ap.error("mib must be at least 1")
+    if not torch.cuda.is_available():
+        print("error: no CUDA GPU here: CUDA IPC needs one", file=sys.stderr)
+        return 2
+    try:
+        result = cuda_ipc.self_test(args.mib)
+    except (RuntimeError, IpcUnavailable, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     print(json.dumps(result))
-    sys.exit(0 if result["ipc_equal"] and result["file_equal"] else 1)
+    return 0 if result.get("ipc_equal") and result.get("file_equal") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
