@@ -147,11 +147,10 @@ def _finished_batch(batch: Path, out: Path, path: Path) -> Path:
     if not out.exists():
         return batch
     done = set(pq.read_table(out, columns=["kernel_id"]).column("kernel_id").to_pylist())
-    table = pq.read_table(batch)
-    keep = pa.array([k in done for k in table.column("kernel_id").to_pylist()])
     if not done:
         return batch
-    pq.write_table(table.filter(keep), path)
+    table = pq.read_table(batch)
+    pq.write_table(table.filter(pa.array([k in done for k in table.column("kernel_id").to_pylist()])), path)
     return path
 
 
