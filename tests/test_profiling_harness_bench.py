@@ -91,3 +91,74 @@ def test_on_one_gpu_gpumode_measures_exactly_what_kernelcast_finished(tmp_path):
     sub = harness_bench._finished_batch(batch, out, tmp_path / "g.parquet")
     assert pq.read_table(sub).column("kernel_id").to_pylist() == ["a", "c"]  # batch order, sources kept
     assert pq.read_table(sub).column("source").to_pylist() == ["x", "z"]
+
+
+def test_parts_split_the_draw_and_only_the_first_carries_the_submissions(tmp_path):
+    subs = tmp_path / "subs"
+    subs.mkdir()
+    (subs / "one.py").write_text("def custom_kernel(data):\n    return data\n")
+    seen, whole = [], [r["kernel_id"] for r in bench.interleave(bench.draw_kernels(DATA, 9))]
+    for k in (1, 2, 3):
+        args = harness_bench._parser().parse_args(["--out", "x", "--n", "9", "--submissions", str(subs), "--part", f"{k}/3"])
+        out, work = tmp_path / f"o{k}", tmp_path / f"w{k}"
+        out.mkdir(), work.mkdir()
+        kernels, sub_rows, batch = harness_bench._batch(args, work, out)
+        assert len(kernels) == 3 and len(sub_rows) == (1 if k == 1 else 0)
+        ids = pq.read_table(batch).column("kernel_id").to_pylist()
+        assert ids[: len(sub_rows)] == [bench.SUBMISSION_PREFIX + "one"] * len(sub_rows)
+        seen += ids[len(sub_rows):]
+    assert sorted(seen) == sorted(whole) and len(set(seen)) == 9  # disjoint, and together the whole draw
+    for bad in ("0/2", "3/2", "half"):
+        with pytest.raises(SystemExit):
+            harness_bench._parser().parse_args(["--out", "x", "--part", bad])
+
+
+def _part_folder(path: Path, rows: dict[str, list[dict]], subs: dict[str, list[dict]], exit_code: int = 0) -> Path:
+    import pyarrow as pa
+
+    from tests.test_warehouse_factory import result_row
+
+    path.mkdir()
+    tables = {}
+    for p in harness_bench.PROTOCOLS:
+        made = [dict(result_row(r["kernel_id"], task=r["task"], status=r["status"], speedup=r.get("speedup", 1.5),
+                                failure_kind=None if r["status"] == "ok" else r["status"]), protocol=p)
+                for r in rows[p] + subs[p]]
+        table = pa.Table.from_pylist(made, schema=RESULT_SCHEMA)
+        tables[p] = bench.split_rows(table)
+    harness_bench._write_tables(path, tables)
+    ids = {r["kernel_id"] for p in rows for r in rows[p] + subs[p]}
+    pq.write_table(pa.table({"kernel_id": sorted(ids)}), path / "bench-batch.parquet")
+    worker = {"exit": exit_code, "wall_s": 10.0, "sandbox": "sandbox: env"}
+    (path / "bench-summary.json").write_text(json.dumps({
+        "device": "cuda", "gpus": ["0"], "wall_s": 100.0, "kernels": len(rows["kernelcast"]),
+        "submissions": [r["kernel_id"] for r in subs["kernelcast"]], "fault": None,
+        "throughput": {p: {"measured": len(rows[p]) + len(subs[p]), "elapsed_s": 50.0} for p in harness_bench.PROTOCOLS},
+        "sandbox": {p: "sandbox: env" for p in harness_bench.PROTOCOLS},
+        "workers": {p: worker for p in harness_bench.PROTOCOLS}}))
+    return path
+
+
+def test_merge_reports_the_parts_as_one_run_and_refuses_overlap(tmp_path, capsys):
+    sub = {"kernel_id": bench.SUBMISSION_PREFIX + "s", "task": "trimul", "status": "ok"}
+    k = lambda kid, status="ok", speedup=1.5: {"kernel_id": kid, "task": "softmax", "status": status, "speedup": speedup}
+    a = _part_folder(tmp_path / "a", {"kernelcast": [k("k1"), k("k2", "incorrect")], "gpumode": [k("k1", speedup=1.0), k("k2")]},
+                     {"kernelcast": [sub], "gpumode": [sub]})
+    b = _part_folder(tmp_path / "b", {"kernelcast": [k("k3", speedup=3.0)], "gpumode": [k("k3", speedup=2.0)]},
+                     {"kernelcast": [], "gpumode": []}, exit_code=1)
+    out = tmp_path / "all"
+    assert harness_bench.main(["--out", str(out), "--merge", str(a), str(b)]) == 0
+    summary = json.loads((out / "bench-summary.json").read_text())
+    c = summary["comparison"]
+    assert c["both_ok"] == 2 and c["disagree"] == ["k2"] and c["speedup_ratio"]["median"] == pytest.approx(1.5)
+    assert summary["kernels"] == 3 and summary["parts"] == ["a", "b"] and summary["workers"]["gpumode"]["exit"] == 1
+    assert summary["throughput"]["kernelcast"] == {"measured": 4, "elapsed_s": 100.0, "kernels_per_hour": 144.0}
+    assert [s["submission"] for s in summary["submission_results"]] == ["s"]
+    assert pq.read_table(out / "results-gpumode.parquet").num_rows == 3
+    assert "(2 kernels)" in capsys.readouterr().out
+
+    again = _part_folder(tmp_path / "c", {"kernelcast": [k("k3")], "gpumode": []}, {"kernelcast": [], "gpumode": []})
+    assert harness_bench.main(["--out", str(tmp_path / "x"), "--merge", str(a), str(b), str(again)]) == 2
+    assert "more than one part" in capsys.readouterr().err
+    assert harness_bench.main(["--out", str(tmp_path / "y"), "--merge", str(tmp_path / "nothing")]) == 2
+    assert "not a finished harness_bench folder" in capsys.readouterr().err

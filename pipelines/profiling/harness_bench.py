@@ -3,6 +3,9 @@ published GPU MODE TriMul submissions unmodified under both, and the hostile fau
 
     python3 -m pipelines.profiling.harness_bench --out $OUT --deadline-s 1500     # on one H200
     python3 -m pipelines.profiling.harness_bench --out /tmp/b --device cpu --n 4 --no-fault   # CPU dry run
+    python3 -m pipelines.profiling.harness_bench --out p1 --part 1/2 ...   # one half of the kernels,
+    python3 -m pipelines.profiling.harness_bench --out p2 --part 2/2 ...   # the other half,
+    python3 -m pipelines.profiling.harness_bench --out all --merge p1 p2   # one report of both
 
 1. Draws --n committed kernels (default 100: 2 trimul, 12 or 13 of each other task) that an earlier
    H200 run measured correct, sources included (data/measurements/h200/kernels-*.parquet,
@@ -11,10 +14,12 @@ published GPU MODE TriMul submissions unmodified under both, and the hostile fau
    tasks (a run cut short by its budget loses kernels of every task alike).
 2. Runs the profiling worker on that batch under --protocol kernelcast and --protocol gpumode,
    within time budgets so the whole script fits --deadline-s: side by side on two GPUs when the
-   host has them; on one GPU kernelcast first (40% of the budget), then gpumode on exactly the
-   kernels kernelcast finished, so each kernel measured is measured under both. On one H200 on
-   2026-12-01 a worker took about 30 s to start and measured about 1 kernel/s under kernelcast
-   and 0.4 under gpumode: 100 kernels and six submissions need a deadline of about 600 s.
+   host has them; on one GPU kernelcast first (--kernelcast-share of the budget), then gpumode
+   on exactly the kernels kernelcast finished, so each kernel measured is measured under both.
+   On one H200 on 2026-12-01 a worker took about 30 s to start and then measured 0.4-0.5
+   kernels/s under either protocol: 100 kernels and six submissions need about 600 s, more than
+   one call of a lent machine may last, so --part K/N measures every N-th kernel (submissions go
+   with part 1) and --merge puts the parts' result files into one report.
 3. Runs the fault battery (pipelines/profiling/fault_injection.py: broken and hostile kernels) on
    the GPU; --no-fault skips it.
 4. Writes into --out (7 files): results-kernelcast.parquet, results-gpumode.parquet (the committed
@@ -29,6 +34,7 @@ published GPU MODE TriMul submissions unmodified under both, and the hostile fau
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import os
 import shutil
@@ -47,6 +53,7 @@ from pipelines.profiling.sandbox import REPO_ROOT
 
 FAULT_RESERVE_S = 75.0  # the fault battery: hangs time out at 15 s, in parallel compile children
 PROTOCOLS = ("kernelcast", "gpumode")
+KERNELCAST_SHARE = 0.5  # on one GPU: both protocols took 2-2.5 s a kernel on the H200
 
 
 def _tee(cmd: list[str], env: dict, prefix: str) -> tuple[int, list[str]]:
@@ -89,7 +96,8 @@ def _worker_cmd(batch: Path, out: Path, protocol: str, device: str, budget: floa
     return cmd + (["--max-reps", "3", "--timeout-s", "60"] if device == "cpu" else [])
 
 
-def run_protocols(batch: Path, work: Path, device: str, gpus: list[str], budget: float) -> dict:
+def run_protocols(batch: Path, work: Path, device: str, gpus: list[str], budget: float,
+                  share: float = KERNELCAST_SHARE) -> dict:
     """The worker under each protocol; {protocol: {"out", "exit", "sandbox", "summary"}}.
 
     With two GPUs the protocols run side by side on the whole batch. With one, kernelcast runs
@@ -132,13 +140,11 @@ def run_protocols(batch: Path, work: Path, device: str, gpus: list[str], budget:
         for t in threads:
             t.join()
     else:
-        one("kernelcast", gpus[0], budget * KERNELCAST_SHARE, batch)
+        one("kernelcast", gpus[0], budget * share, batch)
         left = budget - runs["kernelcast"]["wall_s"]
         one("gpumode", gpus[0], left, _finished_batch(batch, runs["kernelcast"]["out"], work / "batch-gpumode.parquet"))
     return runs
 
-
-KERNELCAST_SHARE = 0.4  # on one GPU; gpumode makes up to 100 calls a case and gets the rest
 
 
 def _finished_batch(batch: Path, out: Path, path: Path) -> Path:
@@ -192,22 +198,39 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpus", default="auto", help="GPU indices to use (auto: all; two or more run the protocols side by side)")
     ap.add_argument("--deadline-s", type=float, default=285.0, help="the whole script, seconds")
     ap.add_argument("--no-fault", action="store_true")
+    ap.add_argument("--part", default="1/1", type=_part,
+                    help="K/N: measure every N-th drawn kernel from the K-th (submissions go with part 1)")
+    ap.add_argument("--kernelcast-share", type=float, default=KERNELCAST_SHARE,
+                    help="on one GPU, the share of the budget kernelcast gets before gpumode (default %(default)s)")
+    ap.add_argument("--merge", nargs="+", metavar="DIR", default=None,
+                    help="measure nothing: put the result files of these earlier --out folders into one report")
     ap.add_argument("--work-dir", default=None, help="logs and raw files (default: a folder beside --out)")
     return ap
+
+
+def _part(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--part wants K/N, such as 1/2, not {text!r}") from None
+    if not 1 <= k <= n:
+        raise argparse.ArgumentTypeError(f"--part {text}: K must be between 1 and N")
+    return k, n
 
 
 def _batch(args: argparse.Namespace, work: Path, out: Path) -> tuple[list[dict], list[dict], Path]:
     """(committed kernels, submissions, the worker's batch file); bench-batch.parquet written."""
     tasks = [t.strip() for t in args.tasks.split(",")] if args.tasks else None
-    kernels = bench.draw_kernels(args.data, args.n, tasks=tasks)
-    subs = bench.submission_rows(args.submissions) if Path(args.submissions).is_dir() else []
-    # Submissions first (few, and what the comparison cannot do without), then the kernels
-    # round-robin over tasks: what a time budget cuts is spread over the tasks.
-    batch = bench.write_batch(subs + bench.interleave(kernels), work / "batch.parquet")
+    k, n = args.part
+    # Round-robin over tasks: what a time budget cuts is spread over the tasks, and so is a part.
+    kernels = bench.interleave(bench.draw_kernels(args.data, args.n, tasks=tasks))[k - 1::n]
+    subs = bench.submission_rows(args.submissions) if k == 1 and Path(args.submissions).is_dir() else []
+    # Submissions first: few, and what the comparison cannot do without.
+    batch = bench.write_batch(subs + kernels, work / "batch.parquet")
     pq.write_table(pa.Table.from_pylist([{"kernel_id": r["kernel_id"], "task": r["task"],
                                           "origin": "submission" if r in subs else "committed"}
                                          for r in kernels + subs]), out / "bench-batch.parquet")
-    print(f"batch: {len(kernels)} committed kernels, {len(subs)} GPU MODE submissions", file=sys.stderr)
+    print(f"batch (part {k}/{n}): {len(kernels)} committed kernels, {len(subs)} GPU MODE submissions", file=sys.stderr)
     return kernels, subs, batch
 
 
@@ -221,13 +244,13 @@ def _throughput(runs: dict) -> dict:
     return throughput
 
 
-def _print_report(summary: dict, runs: dict, fault: dict | None, out: Path) -> None:
-    comparison, gpus = summary["comparison"], summary["gpus"]
+def _print_report(summary: dict, out: Path) -> None:
+    comparison, gpus, workers = summary["comparison"], summary["gpus"], summary["workers"]
     print(f"\n== kernelcast vs gpumode: {summary['kernels']} committed kernels ({summary['device']}, GPUs {','.join(gpus) or '-'})")
     for p in PROTOCOLS:
         t = summary["throughput"].get(p, {})
         print(f"  {p:<10} outcomes {comparison['status'].get(p, {})}; "
-              f"{t.get('kernels_per_hour', 0):.0f} kernels/hour; exit {runs[p]['exit']}")
+              f"{t.get('kernels_per_hour', 0):.0f} kernels/hour; exit {workers[p]['exit']}")
     print(f"  kernel time kernelcast/gpumode: {_fmt(comparison['time_ratio'])}")
     print(f"  speedup    kernelcast/gpumode: {_fmt(comparison['speedup_ratio'])}")
     for task, r in comparison["per_task"].items():
@@ -242,6 +265,7 @@ def _print_report(summary: dict, runs: dict, fault: dict | None, out: Path) -> N
             cells.append(f"{p} {r['status']}" + (f" x{r['speedup']:.2f} {r['score_us']:.0f}us" if r["status"] == "ok"
                                                  else f" ({(r.get('error') or '')[:70]})"))
         print(f"  {s['submission']:<32} " + " | ".join(cells))
+    fault = summary["fault"]
     if fault is not None:
         print("\n== fault injection on the GPU path")
         rows = (fault.get("report") or {}).get("rows", [])
@@ -251,13 +275,72 @@ def _print_report(summary: dict, runs: dict, fault: dict | None, out: Path) -> N
         print(f"  outside the sandbox: {(fault.get('report') or {}).get('outside')}; exit {fault.get('exit')}"
               + (f"; {fault['error']}" if fault.get("error") else ""))
     for p in PROTOCOLS:
-        if runs[p]["sandbox"]:
-            print(f"\n{p}: {runs[p]['sandbox']}")
+        if summary["sandbox"].get(p):
+            print(f"\n{p}: {summary['sandbox'][p]}")
     print(f"\nwrote {', '.join(sorted(f.name for f in out.iterdir()))} into {out} in {summary['wall_s']:.0f} s")
+
+
+def _write_tables(out: Path, tables: dict[str, tuple[pa.Table, pa.Table]]) -> tuple[dict, list[dict]]:
+    """results-*/submissions-*.parquet into `out`; (the comparison, the submissions table)."""
+    for p in PROTOCOLS:
+        committed, submitted = tables[p]
+        pq.write_table(committed, out / f"results-{p}.parquet")
+        pq.write_table(submitted, out / f"submissions-{p}.parquet")
+    comparison = bench.compare(tables["kernelcast"][0].to_pylist(), tables["gpumode"][0].to_pylist())
+    submissions = bench.submissions_table(tables["kernelcast"][1].to_pylist(), tables["gpumode"][1].to_pylist())
+    return comparison, submissions
+
+
+def merge(dirs: list[str], out: Path) -> int:
+    """One report of several parts' --out folders (`--part K/N` runs): their result files put
+    together, the comparison and submissions table computed over all of them. A kernel found in
+    two parts is refused: the parts of one draw are disjoint."""
+    parts = []
+    for d in map(Path, dirs):
+        if not (d / "bench-summary.json").is_file():
+            print(f"error: {d} is not a finished harness_bench folder (no bench-summary.json)", file=sys.stderr)
+            return 2
+        parts.append((d, json.loads((d / "bench-summary.json").read_text())))
+    tables = {}
+    for p in PROTOCOLS:
+        committed = pa.concat_tables([_rows(d / f"results-{p}.parquet")[0] for d, _ in parts])
+        submitted = pa.concat_tables([_rows(d / f"submissions-{p}.parquet")[1] for d, _ in parts])
+        ids = committed.column("kernel_id").to_pylist() + submitted.column("kernel_id").to_pylist()
+        twice = sorted(k for k, c in collections.Counter(ids).items() if c > 1)
+        if twice:
+            print(f"error: {len(twice)} kernels measured under {p} in more than one part (e.g. {twice[0]}): "
+                  "merge the parts of one draw", file=sys.stderr)
+            return 2
+        tables[p] = (committed, submitted)
+    out.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.concat_tables([pq.read_table(d / "bench-batch.parquet") for d, _ in parts]), out / "bench-batch.parquet")
+    comparison, submissions = _write_tables(out, tables)
+    summaries = [s for _, s in parts]
+    throughput = {}
+    for p in PROTOCOLS:
+        got = [s["throughput"][p] for s in summaries if p in s["throughput"]]
+        if got:
+            measured, elapsed = sum(t["measured"] or 0 for t in got), sum(t["elapsed_s"] for t in got)
+            throughput[p] = {"measured": measured, "elapsed_s": elapsed, "kernels_per_hour": 3600.0 * measured / elapsed}
+    summary = {
+        "device": summaries[0]["device"], "gpus": summaries[0]["gpus"], "wall_s": sum(s["wall_s"] for s in summaries),
+        "kernels": sum(s["kernels"] for s in summaries), "parts": [d.name for d, _ in parts],
+        "submissions": [k for s in summaries for k in s["submissions"]], "comparison": comparison,
+        "submission_results": submissions, "throughput": throughput,
+        "sandbox": {p: next((s["sandbox"][p] for s in summaries if s["sandbox"].get(p)), None) for p in PROTOCOLS},
+        "workers": {p: {"exit": next((s["workers"][p]["exit"] for s in summaries if s["workers"][p]["exit"] != 0), 0),
+                        "parts": [s["workers"][p] for s in summaries]} for p in PROTOCOLS},
+        "fault": next((s["fault"] for s in summaries if s["fault"] is not None), None),
+    }
+    (out / "bench-summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    _print_report(summary, out)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.merge:
+        return merge(args.merge, Path(args.out).resolve())
     t_start = time.monotonic()
     out = Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
@@ -269,15 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     gpus = _gpus(args.gpus, args.device)
     reserve = 0.0 if args.no_fault else FAULT_RESERVE_S
     budget = args.deadline_s - (time.monotonic() - t_start) - reserve - 15.0  # 15 s: start-up and writing
-    runs = run_protocols(batch, work, args.device, gpus, budget)
-
-    tables = {p: _rows(runs[p]["out"]) for p in PROTOCOLS}
-    for p in PROTOCOLS:
-        committed, submitted = tables[p]
-        pq.write_table(committed, out / f"results-{p}.parquet")
-        pq.write_table(submitted, out / f"submissions-{p}.parquet")
-    comparison = bench.compare(tables["kernelcast"][0].to_pylist(), tables["gpumode"][0].to_pylist())
-    submissions = bench.submissions_table(tables["kernelcast"][1].to_pylist(), tables["gpumode"][1].to_pylist())
+    runs = run_protocols(batch, work, args.device, gpus, budget, args.kernelcast_share)
+    comparison, submissions = _write_tables(out, {p: _rows(runs[p]["out"]) for p in PROTOCOLS})
 
     fault = None
     if not args.no_fault:
@@ -288,13 +364,14 @@ def main(argv: list[str] | None = None) -> int:
 
     summary = {
         "device": args.device, "gpus": gpus, "wall_s": time.monotonic() - t_start, "kernels": len(kernels),
+        "part": "/".join(map(str, args.part)),
         "submissions": [r["kernel_id"] for r in subs], "comparison": comparison, "submission_results": submissions,
         "throughput": _throughput(runs), "sandbox": {p: runs[p]["sandbox"] for p in PROTOCOLS},
         "workers": {p: {k: v for k, v in runs[p].items() if k not in ("out", "summary")} for p in PROTOCOLS},
         "fault": None if fault is None else {k: v for k, v in fault.items() if k != "dir"},
     }
     (out / "bench-summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    _print_report(summary, runs, fault, out)
+    _print_report(summary, out)
     ok = all(runs[p]["exit"] == 0 for p in PROTOCOLS) and (fault is None or fault.get("exit") == 0)
     return 0 if ok else 1
 

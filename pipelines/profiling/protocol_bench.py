@@ -120,7 +120,7 @@ def write_batch(rows: list[dict], path: str | Path) -> Path:
 def split_rows(table: pa.Table) -> tuple[pa.Table, pa.Table]:
     """(committed kernels' rows, submissions' rows) of a result table."""
     ids = table.column("kernel_id").to_pylist()
-    mask = pa.array([not k.startswith(SUBMISSION_PREFIX) for k in ids])
+    mask = pa.array([not k.startswith(SUBMISSION_PREFIX) for k in ids], type=pa.bool_())
     return table.filter(mask), table.filter(pc.invert(mask))
 
 
