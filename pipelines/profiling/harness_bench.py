@@ -174,6 +174,11 @@ def run_fault(work: Path, device: str, gpu: str, seconds: float) -> dict:
     return {"exit": proc.returncode, "report": report, "dir": out_dir, "tail": proc.stdout.splitlines()[-3:]}
 
 
+def _write(table: pa.Table, path: Path) -> None:
+    """The files this writes are the ones committed under data/: zstd, as every measurement there."""
+    pq.write_table(table, path, compression="zstd")
+
+
 def _rows(path: Path) -> tuple[pa.Table, pa.Table]:
     if not path.exists():  # the worker never got to write (it said why on stderr)
         return RESULT_SCHEMA.empty_table(), RESULT_SCHEMA.empty_table()
@@ -227,9 +232,9 @@ def _batch(args: argparse.Namespace, work: Path, out: Path) -> tuple[list[dict],
     subs = bench.submission_rows(args.submissions) if k == 1 and Path(args.submissions).is_dir() else []
     # Submissions first: few, and what the comparison cannot do without.
     batch = bench.write_batch(subs + kernels, work / "batch.parquet")
-    pq.write_table(pa.Table.from_pylist([{"kernel_id": r["kernel_id"], "task": r["task"],
-                                          "origin": "submission" if r in subs else "committed"}
-                                         for r in kernels + subs]), out / "bench-batch.parquet")
+    _write(pa.Table.from_pylist([{"kernel_id": r["kernel_id"], "task": r["task"],
+                                  "origin": "submission" if r in subs else "committed"}
+                                 for r in kernels + subs]), out / "bench-batch.parquet")
     print(f"batch (part {k}/{n}): {len(kernels)} committed kernels, {len(subs)} GPU MODE submissions", file=sys.stderr)
     return kernels, subs, batch
 
@@ -284,8 +289,8 @@ def _write_tables(out: Path, tables: dict[str, tuple[pa.Table, pa.Table]]) -> tu
     """results-*/submissions-*.parquet into `out`; (the comparison, the submissions table)."""
     for p in PROTOCOLS:
         committed, submitted = tables[p]
-        pq.write_table(committed, out / f"results-{p}.parquet")
-        pq.write_table(submitted, out / f"submissions-{p}.parquet")
+        _write(committed, out / f"results-{p}.parquet")
+        _write(submitted, out / f"submissions-{p}.parquet")
     comparison = bench.compare(tables["kernelcast"][0].to_pylist(), tables["gpumode"][0].to_pylist())
     submissions = bench.submissions_table(tables["kernelcast"][1].to_pylist(), tables["gpumode"][1].to_pylist())
     return comparison, submissions
@@ -293,8 +298,9 @@ def _write_tables(out: Path, tables: dict[str, tuple[pa.Table, pa.Table]]) -> tu
 
 def merge(dirs: list[str], out: Path) -> int:
     """One report of several parts' --out folders (`--part K/N` runs): their result files put
-    together, the comparison and submissions table computed over all of them. A kernel found in
-    two parts is refused: the parts of one draw are disjoint."""
+    together, the comparison and submissions table computed over all of them. A kernel measured
+    in two parts is refused: the parts of one draw are disjoint, and a later run of what a part
+    did not reach adds rows only for those kernels."""
     parts = []
     for d in map(Path, dirs):
         if not (d / "bench-summary.json").is_file():
@@ -313,7 +319,10 @@ def merge(dirs: list[str], out: Path) -> int:
             return 2
         tables[p] = (committed, submitted)
     out.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.concat_tables([pq.read_table(d / "bench-batch.parquet") for d, _ in parts]), out / "bench-batch.parquet")
+    # A kernel one part did not reach may be in a later part's batch too: the batch lists it once.
+    batch = pa.concat_tables([pq.read_table(d / "bench-batch.parquet") for d, _ in parts])
+    first = {k: i for i, k in reversed(list(enumerate(batch.column("kernel_id").to_pylist())))}
+    _write(batch.take(sorted(first.values())), out / "bench-batch.parquet")
     comparison, submissions = _write_tables(out, tables)
     summaries = [s for _, s in parts]
     throughput = {}
@@ -325,7 +334,7 @@ def merge(dirs: list[str], out: Path) -> int:
     summary = {
         "device": summaries[0]["device"], "gpus": summaries[0]["gpus"], "wall_s": sum(s["wall_s"] for s in summaries),
         "kernels": sum(s["kernels"] for s in summaries), "parts": [d.name for d, _ in parts],
-        "submissions": [k for s in summaries for k in s["submissions"]], "comparison": comparison,
+        "submissions": list(dict.fromkeys(k for s in summaries for k in s["submissions"])), "comparison": comparison,
         "submission_results": submissions, "throughput": throughput,
         "sandbox": {p: next((s["sandbox"][p] for s in summaries if s["sandbox"].get(p)), None) for p in PROTOCOLS},
         "workers": {p: {"exit": next((s["workers"][p]["exit"] for s in summaries if s["workers"][p]["exit"] != 0), 0),
