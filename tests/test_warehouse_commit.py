@@ -74,3 +74,18 @@ def test_ancestors_are_followed_transitively_and_a_missing_one_is_an_error():
     for needed in ({"x"}, {"e"}):  # x: unknown kernel; e: its parent zz is unknown
         with pytest.raises(SystemExit, match="found in no kernels file"):
             commit.with_ancestors(needed, pool, have=set())
+
+
+def test_every_committed_parquet_file_is_zstd():
+    """GPU measurements and bench files under data/ are committed as zstd Parquet."""
+    import pyarrow.parquet as pq
+
+    files = sorted((REPO / "data").rglob("*.parquet"))
+    assert len(files) > 50
+    other = []
+    for path in files:
+        meta = pq.ParquetFile(path).metadata
+        codecs = {meta.row_group(i).column(j).compression for i in range(meta.num_row_groups) for j in range(meta.num_columns)}
+        if codecs - {"ZSTD"}:
+            other.append(f"{path.relative_to(REPO)}: {sorted(codecs)}")
+    assert not other, other
