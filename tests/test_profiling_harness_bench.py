@@ -141,13 +141,16 @@ def _part_folder(path: Path, rows: dict[str, list[dict]], subs: dict[str, list[d
 
 def test_merge_reports_the_parts_as_one_run_and_refuses_overlap(tmp_path, capsys):
     sub = {"kernel_id": bench.SUBMISSION_PREFIX + "s", "task": "trimul", "status": "ok"}
-    k = lambda kid, status="ok", speedup=1.5: {"kernel_id": kid, "task": "softmax", "status": status, "speedup": speedup}
+
+    def k(kid, status="ok", speedup=1.5):
+        return {"kernel_id": kid, "task": "softmax", "status": status, "speedup": speedup}
+
     a = _part_folder(tmp_path / "a", {"kernelcast": [k("k1"), k("k2", "incorrect")], "gpumode": [k("k1", speedup=1.0), k("k2")]},
                      {"kernelcast": [sub], "gpumode": [sub]})
     b = _part_folder(tmp_path / "b", {"kernelcast": [k("k3", speedup=3.0)], "gpumode": [k("k3", speedup=2.0)]},
                      {"kernelcast": [], "gpumode": []}, exit_code=1)
     out = tmp_path / "all"
-    assert harness_bench.main(["--out", str(out), "--merge", str(a), str(b)]) == 0
+    assert harness_bench.main(["--out", str(out), "--merge", str(a), str(b)]) == 1  # b's gpumode worker failed
     summary = json.loads((out / "bench-summary.json").read_text())
     c = summary["comparison"]
     assert c["both_ok"] == 2 and c["disagree"] == ["k2"] and c["speedup_ratio"]["median"] == pytest.approx(1.5)

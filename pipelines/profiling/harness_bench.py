@@ -300,30 +300,45 @@ def merge(dirs: list[str], out: Path) -> int:
     """One report of several parts' --out folders (`--part K/N` runs): their result files put
     together, the comparison and submissions table computed over all of them. A kernel measured
     in two parts is refused: the parts of one draw are disjoint, and a later run of what a part
-    did not reach adds rows only for those kernels."""
+    did not reach adds rows only for those kernels. Exit code as a run's: 1 if a part's worker
+    failed, 2 if the parts cannot be merged."""
     parts = []
     for d in map(Path, dirs):
         if not (d / "bench-summary.json").is_file():
             print(f"error: {d} is not a finished harness_bench folder (no bench-summary.json)", file=sys.stderr)
             return 2
         parts.append((d, json.loads((d / "bench-summary.json").read_text())))
-    tables = {}
-    for p in PROTOCOLS:
-        committed = pa.concat_tables([_rows(d / f"results-{p}.parquet")[0] for d, _ in parts])
-        submitted = pa.concat_tables([_rows(d / f"submissions-{p}.parquet")[1] for d, _ in parts])
-        ids = committed.column("kernel_id").to_pylist() + submitted.column("kernel_id").to_pylist()
-        twice = sorted(k for k, c in collections.Counter(ids).items() if c > 1)
-        if twice:
-            print(f"error: {len(twice)} kernels measured under {p} in more than one part (e.g. {twice[0]}): "
-                  "merge the parts of one draw", file=sys.stderr)
-            return 2
-        tables[p] = (committed, submitted)
+    tables = _merged_tables([d for d, _ in parts])
+    if isinstance(tables, str):
+        print(f"error: {tables}", file=sys.stderr)
+        return 2
     out.mkdir(parents=True, exist_ok=True)
     # A kernel one part did not reach may be in a later part's batch too: the batch lists it once.
     batch = pa.concat_tables([pq.read_table(d / "bench-batch.parquet") for d, _ in parts])
     first = {k: i for i, k in reversed(list(enumerate(batch.column("kernel_id").to_pylist())))}
     _write(batch.take(sorted(first.values())), out / "bench-batch.parquet")
     comparison, submissions = _write_tables(out, tables)
+    summary = _merged_summary(parts, comparison, submissions)
+    (out / "bench-summary.json").write_text(json.dumps(summary, indent=2, default=str))
+    _print_report(summary, out)
+    return 0 if all(summary["workers"][p]["exit"] == 0 for p in PROTOCOLS) else 1
+
+
+def _merged_tables(dirs: list[Path]) -> dict[str, tuple[pa.Table, pa.Table]] | str:
+    """{protocol: (committed rows, submissions' rows)} of all parts, or why they cannot merge."""
+    tables = {}
+    for p in PROTOCOLS:
+        committed = pa.concat_tables([_rows(d / f"results-{p}.parquet")[0] for d in dirs])
+        submitted = pa.concat_tables([_rows(d / f"submissions-{p}.parquet")[1] for d in dirs])
+        ids = committed.column("kernel_id").to_pylist() + submitted.column("kernel_id").to_pylist()
+        twice = sorted(k for k, c in collections.Counter(ids).items() if c > 1)
+        if twice:
+            return f"{len(twice)} kernels measured under {p} in more than one part (e.g. {twice[0]}): merge the parts of one draw"
+        tables[p] = (committed, submitted)
+    return tables
+
+
+def _merged_summary(parts: list[tuple[Path, dict]], comparison: dict, submissions: list[dict]) -> dict:
     summaries = [s for _, s in parts]
     throughput = {}
     for p in PROTOCOLS:
@@ -331,7 +346,7 @@ def merge(dirs: list[str], out: Path) -> int:
         if got:
             measured, elapsed = sum(t["measured"] or 0 for t in got), sum(t["elapsed_s"] for t in got)
             throughput[p] = {"measured": measured, "elapsed_s": elapsed, "kernels_per_hour": 3600.0 * measured / elapsed}
-    summary = {
+    return {
         "device": summaries[0]["device"], "gpus": summaries[0]["gpus"], "wall_s": sum(s["wall_s"] for s in summaries),
         "kernels": sum(s["kernels"] for s in summaries), "parts": [d.name for d, _ in parts],
         "submissions": list(dict.fromkeys(k for s in summaries for k in s["submissions"])), "comparison": comparison,
@@ -341,9 +356,6 @@ def merge(dirs: list[str], out: Path) -> int:
                         "parts": [s["workers"][p] for s in summaries]} for p in PROTOCOLS},
         "fault": next((s["fault"] for s in summaries if s["fault"] is not None), None),
     }
-    (out / "bench-summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    _print_report(summary, out)
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
