@@ -111,6 +111,9 @@ def test_parts_split_the_draw_and_only_the_first_carries_the_submissions(tmp_pat
     for bad in ("0/2", "3/2", "half"):
         with pytest.raises(SystemExit):
             harness_bench._parser().parse_args(["--out", "x", "--part", bad])
+    for bad in ("0", "1.5", "most"):
+        with pytest.raises(SystemExit):
+            harness_bench._parser().parse_args(["--out", "x", "--kernelcast-share", bad])
 
 
 def _part_folder(path: Path, rows: dict[str, list[dict]], subs: dict[str, list[dict]], exit_code: int = 0) -> Path:
@@ -165,3 +168,11 @@ def test_merge_reports_the_parts_as_one_run_and_refuses_overlap(tmp_path, capsys
     assert "more than one part" in capsys.readouterr().err
     assert harness_bench.main(["--out", str(tmp_path / "y"), "--merge", str(tmp_path / "nothing")]) == 2
     assert "not a finished harness_bench folder" in capsys.readouterr().err
+
+    (b / "results-gpumode.parquet").write_bytes(b"PAR1 not parquet")  # a corrupt part: one line, nothing written
+    assert harness_bench.main(["--out", str(tmp_path / "z"), "--merge", str(a), str(b)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot merge") and err.count("\n") == 1 and not (tmp_path / "z").exists()
+    (b / "bench-summary.json").write_text("{")
+    assert harness_bench.main(["--out", str(tmp_path / "z"), "--merge", str(a), str(b)]) == 2
+    assert "JSONDecodeError" in capsys.readouterr().err and not (tmp_path / "z").exists()

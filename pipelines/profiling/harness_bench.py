@@ -146,7 +146,6 @@ def run_protocols(batch: Path, work: Path, device: str, gpus: list[str], budget:
     return runs
 
 
-
 def _finished_batch(batch: Path, out: Path, path: Path) -> Path:
     """The rows of `batch` whose kernels have a row in `out`, in batch order (the whole batch
     when `out` has none: the first run said why on stderr)."""
@@ -205,7 +204,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-fault", action="store_true")
     ap.add_argument("--part", default="1/1", type=_part,
                     help="K/N: measure every N-th drawn kernel from the K-th (submissions go with part 1)")
-    ap.add_argument("--kernelcast-share", type=float, default=KERNELCAST_SHARE,
+    ap.add_argument("--kernelcast-share", type=_share, default=KERNELCAST_SHARE,
                     help="on one GPU, the share of the budget kernelcast gets before gpumode (default %(default)s)")
     ap.add_argument("--merge", nargs="+", metavar="DIR", default=None,
                     help="measure nothing: put the result files of these earlier --out folders into one report")
@@ -221,6 +220,16 @@ def _part(text: str) -> tuple[int, int]:
     if not 1 <= k <= n:
         raise argparse.ArgumentTypeError(f"--part {text}: K must be between 1 and N")
     return k, n
+
+
+def _share(text: str) -> float:
+    try:
+        share = float(text)
+    except ValueError:
+        share = -1.0
+    if not 0.0 < share < 1.0:
+        raise argparse.ArgumentTypeError(f"--kernelcast-share wants a fraction between 0 and 1, not {text!r}")
+    return share
 
 
 def _batch(args: argparse.Namespace, work: Path, out: Path) -> tuple[list[dict], list[dict], Path]:
@@ -285,12 +294,16 @@ def _print_report(summary: dict, out: Path) -> None:
     print(f"\nwrote {', '.join(sorted(f.name for f in out.iterdir()))} into {out} in {summary['wall_s']:.0f} s")
 
 
-def _write_tables(out: Path, tables: dict[str, tuple[pa.Table, pa.Table]]) -> tuple[dict, list[dict]]:
-    """results-*/submissions-*.parquet into `out`; (the comparison, the submissions table)."""
+def _write_tables(out: Path, tables: dict[str, tuple[pa.Table, pa.Table]]) -> None:
+    """results-*/submissions-*.parquet into `out`."""
     for p in PROTOCOLS:
         committed, submitted = tables[p]
         _write(committed, out / f"results-{p}.parquet")
         _write(submitted, out / f"submissions-{p}.parquet")
+
+
+def _compare(tables: dict[str, tuple[pa.Table, pa.Table]]) -> tuple[dict, list[dict]]:
+    """(the comparison of the committed kernels, the submissions table)."""
     comparison = bench.compare(tables["kernelcast"][0].to_pylist(), tables["gpumode"][0].to_pylist())
     submissions = bench.submissions_table(tables["kernelcast"][1].to_pylist(), tables["gpumode"][1].to_pylist())
     return comparison, submissions
@@ -300,32 +313,38 @@ def merge(dirs: list[str], out: Path) -> int:
     """One report of several parts' --out folders (`--part K/N` runs): their result files put
     together, the comparison and submissions table computed over all of them. A kernel measured
     in two parts is refused: the parts of one draw are disjoint, and a later run of what a part
-    did not reach adds rows only for those kernels. Exit code as a run's: 1 if a part's worker
-    failed, 2 if the parts cannot be merged."""
-    parts = []
-    for d in map(Path, dirs):
-        if not (d / "bench-summary.json").is_file():
-            print(f"error: {d} is not a finished harness_bench folder (no bench-summary.json)", file=sys.stderr)
-            return 2
-        parts.append((d, json.loads((d / "bench-summary.json").read_text())))
-    tables = _merged_tables([d for d, _ in parts])
-    if isinstance(tables, str):
-        print(f"error: {tables}", file=sys.stderr)
+    did not reach adds rows only for those kernels. Everything is read and checked before
+    anything is written. Exit code as a run's: 1 if a part's worker failed, 2 (one line) if the
+    parts cannot be merged."""
+    try:
+        parts = [(d, _read_summary(d)) for d in map(Path, dirs)]
+        tables = _merged_tables([d for d, _ in parts])
+        # A kernel one part did not reach may be in a later part's batch too: the batch lists it once.
+        batch = pa.concat_tables([pq.read_table(d / "bench-batch.parquet") for d, _ in parts])
+        comparison, submissions = _compare(tables)
+        summary = _merged_summary(parts, comparison, submissions)
+    except (OSError, ValueError, KeyError, TypeError, pa.ArrowException) as e:
+        print(f"error: cannot merge {' '.join(dirs)}: {type(e).__name__}: {e}".splitlines()[0], file=sys.stderr)
         return 2
     out.mkdir(parents=True, exist_ok=True)
-    # A kernel one part did not reach may be in a later part's batch too: the batch lists it once.
-    batch = pa.concat_tables([pq.read_table(d / "bench-batch.parquet") for d, _ in parts])
     first = {k: i for i, k in reversed(list(enumerate(batch.column("kernel_id").to_pylist())))}
     _write(batch.take(sorted(first.values())), out / "bench-batch.parquet")
-    comparison, submissions = _write_tables(out, tables)
-    summary = _merged_summary(parts, comparison, submissions)
+    _write_tables(out, tables)
     (out / "bench-summary.json").write_text(json.dumps(summary, indent=2, default=str))
     _print_report(summary, out)
     return 0 if all(summary["workers"][p]["exit"] == 0 for p in PROTOCOLS) else 1
 
 
-def _merged_tables(dirs: list[Path]) -> dict[str, tuple[pa.Table, pa.Table]] | str:
-    """{protocol: (committed rows, submissions' rows)} of all parts, or why they cannot merge."""
+def _read_summary(folder: Path) -> dict:
+    path = folder / "bench-summary.json"
+    if not path.is_file():
+        raise ValueError(f"{folder} is not a finished harness_bench folder (no bench-summary.json)")
+    return json.loads(path.read_text())
+
+
+def _merged_tables(dirs: list[Path]) -> dict[str, tuple[pa.Table, pa.Table]]:
+    """{protocol: (committed rows, submissions' rows)} of all parts; ValueError if a kernel was
+    measured in two of them."""
     tables = {}
     for p in PROTOCOLS:
         committed = pa.concat_tables([_rows(d / f"results-{p}.parquet")[0] for d in dirs])
@@ -333,7 +352,8 @@ def _merged_tables(dirs: list[Path]) -> dict[str, tuple[pa.Table, pa.Table]] | s
         ids = committed.column("kernel_id").to_pylist() + submitted.column("kernel_id").to_pylist()
         twice = sorted(k for k, c in collections.Counter(ids).items() if c > 1)
         if twice:
-            return f"{len(twice)} kernels measured under {p} in more than one part (e.g. {twice[0]}): merge the parts of one draw"
+            raise ValueError(f"{len(twice)} kernels measured under {p} in more than one part (e.g. {twice[0]}): "
+                             "merge the parts of one draw")
         tables[p] = (committed, submitted)
     return tables
 
@@ -374,7 +394,9 @@ def main(argv: list[str] | None = None) -> int:
     reserve = 0.0 if args.no_fault else FAULT_RESERVE_S
     budget = args.deadline_s - (time.monotonic() - t_start) - reserve - 15.0  # 15 s: start-up and writing
     runs = run_protocols(batch, work, args.device, gpus, budget, args.kernelcast_share)
-    comparison, submissions = _write_tables(out, {p: _rows(runs[p]["out"]) for p in PROTOCOLS})
+    tables = {p: _rows(runs[p]["out"]) for p in PROTOCOLS}
+    _write_tables(out, tables)
+    comparison, submissions = _compare(tables)
 
     fault = None
     if not args.no_fault:
