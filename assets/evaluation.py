@@ -51,7 +51,7 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
     committed forecasts), one shard per GPU."""
     import polars as pl
 
-    from assets.profiling import gpu_count
+    from assets.profiling import forecast_gpus
     from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
     from pipelines.training.llm_shards import expected_pairs, split_jobs, write_shard
     from warehouse.datasets import current_dataset_version, read_pairs
@@ -65,6 +65,10 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
         reference = reference_forecasts(evals, read_pairs(con, version, "train"))
     registered, jobs = _registered_forecasts(context, cfg, warehouse, mlflow, version)
     jobs = _base_model_jobs(cfg, warehouse, read_pairs, version) + jobs
+    try:  # one shard per GPU, counted as for measuring (one on a host without CUDA)
+        shards = split_jobs(jobs, forecast_gpus(cfg.profiling))
+    except ValueError as exc:
+        raise dg.Failure(f"forecasts not planned: {exc}") from None
     folder = cfg.home / "forecast-shards" / context.run.run_id[:8]
     folder.mkdir(parents=True, exist_ok=True)
     frames = [reference.drop([c for c in PAIR_COLUMNS if c in reference.columns])]
@@ -78,8 +82,7 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
                               if per_model.filter(pl.col("model_ref") == m)["len"].sum() != evals.height],
         "expected": expected_pairs(jobs),
     }, "plan")
-    # One shard per GPU, counted as for measuring (one on a host without CUDA).
-    for i, shard in enumerate(split_jobs(jobs, gpu_count(cfg.profiling.gpus, "cuda"))):
+    for i, shard in enumerate(shards):
         pairs = sum(len(job.requests) for job in shard)
         context.log.info(f"shard {i}: {pairs} forecasts of {len(shard)} language model(s) -> GPU {i}")
         yield dg.DynamicOutput({"gpu": i, "shard": str(write_shard(folder / f"shard-gpu{i}.json", shard)),
@@ -98,9 +101,13 @@ def forecast_llm_shard(context: dg.OpExecutionContext, settings: SettingsResourc
     mlflow.client()
     gpu = shard["gpu"] if profiler.pin_gpu_per_step else None
     frames, passes, t0 = [], 0, time.perf_counter()
+    try:
+        jobs = read_shard(Path(shard["shard"]))
+    except (OSError, ValueError, TypeError) as exc:
+        raise dg.Failure(f"forecasting shard {shard['gpu']}: cannot read its plan: {exc}") from None
     with pinned_gpu(gpu):
         device = forecast_device(gpu)
-        for job in read_shard(Path(shard["shard"])):
+        for job in jobs:
             context.log.info(f"GPU {shard['gpu']} ({device}): {job.model_ref} on {len(job.requests)} pairs")
             try:
                 frame, made = forecast_shard(mlflow.tracking_uri, job, cfg.home, device,
@@ -117,19 +124,26 @@ def forecast_llm_shard(context: dg.OpExecutionContext, settings: SettingsResourc
 
 @dg.op(out={"result": dg.Out(dg.Nothing), CHECK_OUTPUT: dg.Out(dg.Nothing)}, pool="duckdb_writer")
 def store_forecasts(context: dg.OpExecutionContext, warehouse: WarehouseResource, plan: dict, shards: list[dict]):
-    """The shards merged, every planned pair exactly once, then all rows written to DuckDB `forecasts`."""
+    """The shards merged, every planned pair exactly once, then all rows written to DuckDB `forecasts`
+    in one transaction."""
     import polars as pl
 
     from pipelines.training.llm_shards import ShardCoverageError, merge_shards
+    from warehouse.errors import ValidationError
     from warehouse.forecasts import write_forecasts
 
     try:
         llm = merge_shards(plan["expected"], [pl.read_parquet(s["rows"]) for s in shards])
     except ShardCoverageError as exc:
         raise dg.Failure(str(exc)) from None
+    except (OSError, pl.exceptions.ComputeError) as exc:
+        raise dg.Failure(f"a forecasting shard's rows cannot be read: {str(exc).splitlines()[0]}") from None
     frames = [pl.read_parquet(p) for p in plan["single_step"]] + ([llm] if llm.height else [])
     with warehouse.connect() as con:
-        written = sum(write_forecasts(con, f) for f in frames)
+        try:  # every frame checked before any row is written, all in one transaction
+            written = write_forecasts(con, *frames) if frames else 0
+        except ValidationError as exc:
+            raise dg.Failure(f"forecasts not stored, none of them: {exc}") from None
     others = sorted({m for f in frames[1:] for m in f["model_ref"].unique().to_list()})
     table = markdown_table(["GPU", "CUDA_VISIBLE_DEVICES", "device", "pairs", "forward passes", "seconds"],
                            [(s["gpu"], s["cuda_visible_devices"] or "-", s["device"], s["pairs"], s["forward_passes"],

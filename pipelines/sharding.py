@@ -78,7 +78,9 @@ def balanced_shards(keys: Sequence[str], weights: Sequence[float], n_shards: int
     if len(keys) != len(weights):
         raise ValueError(f"{len(keys)} keys but {len(weights)} weights")
     if len(set(keys)) != len(keys):
-        raise ValueError("keys repeat: each item needs a unique key")
+        seen: set = set()
+        twice = next(k for k in keys if k in seen or seen.add(k))
+        raise ValueError(f"key {twice!r} repeats: each item needs a unique key")
     loads = [(0.0, 0, i) for i in range(n_shards)]  # (weight so far, items, shard index)
     shards: list[list[int]] = [[] for _ in range(n_shards)]
     for item in sorted(range(len(keys)), key=lambda i: (-weights[i], keys[i])):

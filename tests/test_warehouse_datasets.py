@@ -303,6 +303,13 @@ def test_bad_forecasts_write_nothing(change, match):
     with pytest.raises(ValidationError, match=match):
         warehouse.write_forecasts(con, frame)
     assert execute(con, "SELECT count(*) FROM forecasts") == [(0,)]
+    # A good frame of another model beside the bad one: neither is written.
+    good = pl.DataFrame([{"pair_id": "x", "model_ref": "other", "p1": 1.0, **{f"p{b}": 0.0 for b in range(2, 9)},
+                          "predicted_bin": 1, "parse_ok": True}])
+    with pytest.raises(ValidationError, match=match):
+        warehouse.write_forecasts(con, good, frame)
+    assert execute(con, "SELECT count(*) FROM forecasts") == [(0,)]
+    assert warehouse.write_forecasts(con, good, frame.with_columns(pl.lit("m2").alias("model_ref")).filter(False)) == 1
 
 
 def test_model_lineage_round_trip(con, kernels):

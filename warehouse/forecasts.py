@@ -49,12 +49,13 @@ def _expand_p(rows: pl.DataFrame) -> pl.DataFrame:
     ).drop("p")
 
 
-def write_forecasts(con: duckdb.DuckDBPyConnection, frame: Frame) -> int:
-    """Insert or replace forecasts.
+def write_forecasts(con: duckdb.DuckDBPyConnection, frame: Frame, *more: Frame) -> int:
+    """Insert or replace forecasts: every frame is validated before any row is written, and all
+    are written in one transaction (forecasts of several models land together or not at all).
 
     Args:
         con: a writable connection.
-        frame: pair_id, model_ref, parse_ok, optional repeat (default 0), predicted_bin,
+        frame, *more: pair_id, model_ref, parse_ok, optional repeat (default 0), predicted_bin,
             argmax_bin, p1..p8 (or a list column `p` of 8), raw_sum, parse_error, tokens,
             latency_s.
     Returns:
@@ -63,6 +64,13 @@ def write_forecasts(con: duckdb.DuckDBPyConnection, frame: Frame) -> int:
         ValidationError: missing key columns, a bin outside 1..8, a parsed row without all
             eight probabilities or with one outside [0, 1]; nothing is written.
     """
+    rows = dedupe_last(pl.concat([_validated(f) for f in (frame, *more)], how="vertical_relaxed"), _KEY)
+    with transaction(con):
+        return insert_frame(con, "forecasts", rows, _KEY, "update", touch="created_at")
+
+
+def _validated(frame: Frame) -> pl.DataFrame:
+    """One frame as FORECAST_COLUMNS rows, or ValidationError."""
     rows = _expand_p(to_polars(frame, "forecasts"))
     if "repeat" not in rows.columns:
         rows = rows.with_columns(pl.lit(0, dtype=pl.Int32).alias("repeat"))
@@ -80,9 +88,7 @@ def write_forecasts(con: duckdb.DuckDBPyConnection, frame: Frame) -> int:
             (col < -_P_SLACK).any() or (col > 1 + _P_SLACK).any() or col.is_nan().any()
         ):
             raise ValidationError(f"forecasts: {name} outside [0, 1] in a parsed forecast")
-    rows = dedupe_last(rows, _KEY)
-    with transaction(con):
-        return insert_frame(con, "forecasts", rows, _KEY, "update", touch="created_at")
+    return rows
 
 
 def read_forecasts(

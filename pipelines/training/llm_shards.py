@@ -98,6 +98,9 @@ def split_jobs(jobs: Sequence[LlmJob], n_shards: int) -> list[list[LlmJob]]:
     by at most one prompt however many models there are. Shard i holds, per job with pairs in
     it, that job with those pairs; a shard with no work (fewer pairs than GPUs) is left out.
     """
+    models = [job.model_ref for job in jobs]
+    if len(set(models)) != len(models):
+        raise ValueError(f"{next(m for m in models if models.count(m) > 1)} is listed twice among the language models")
     items = [(j, r) for j, job in enumerate(jobs) for r in range(len(job.requests))]
     keys = [f"{jobs[j].model_ref}|{jobs[j].requests[r]['pair_id']}" for j, r in items]
     weights = [prompt_length(jobs[j].requests[r]["prompt"]) for j, r in items]
