@@ -67,6 +67,12 @@ def gpu_count(configured: int | None, measure_device: str) -> int:
     return max(1, torch.cuda.device_count())
 
 
+def forecast_gpus(profiling) -> int:
+    """Forecasting steps of the downstream run (one per GPU, as for measuring; 1 without CUDA):
+    the plan's shard count and the run's process count, from one place."""
+    return gpu_count(profiling.gpus, "cuda")
+
+
 @contextlib.contextmanager
 def pinned_gpu(index: int | None) -> Iterator[None]:
     """CUDA_VISIBLE_DEVICES=index for child processes started inside the block (None: as is).

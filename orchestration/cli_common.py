@@ -1,4 +1,5 @@
-"""What every `kernelcast` command shares: the profile option, one-line errors, JSON output.
+"""What every `kernelcast` command shares: the profile option, one-line errors, JSON output,
+and the steps several commands take first (the task catalogue in a fresh warehouse).
 
 A module of its own so the command modules (cli.py, cli_search.py, cli_report.py, ...) import it
 without importing each other.

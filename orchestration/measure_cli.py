@@ -41,6 +41,9 @@ def measure(
     from warehouse.db import connect
     from warehouse.ingest import ingest_path
 
+    missing = [str(path) for path in batch if not path.exists()]
+    if missing:  # before anything is created or written
+        raise FileNotFoundError(f"{', '.join(missing)}: no such file or folder")
     if gpus is not None:
         os.environ["KERNELCAST_GPUS"] = str(gpus)  # the step processes read the same count
     if limit is not None:
@@ -53,8 +56,6 @@ def measure(
     with connect(settings.warehouse_path) as con:
         ensure_tasks(con)  # the measurement checks compare each row with its task's cases
         for path in batch:
-            if not path.exists():
-                raise FileNotFoundError(f"{path}: no such file or folder")
             ingest_path(con, path)
     instance = dg.DagsterInstance.get()
     if hardware not in instance.get_dynamic_partitions(HARDWARE_PARTITIONS.name):

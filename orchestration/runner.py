@@ -285,7 +285,7 @@ def run_graph(settings: Settings, defs: dg.Definitions | None = None,
         if on_run_start is not None:
             on_run_start(job, partition)
         n = _processes(settings, job, partition, host)
-        summary = execute_code_location_job(defs, instance, job, partition, processes=n if n > 1 else 1,
+        summary = execute_code_location_job(defs, instance, job, partition, processes=n,
                                             tags={"kernelcast/profile": settings.profile},
                                             listener=listener)
         summaries.append(summary)
@@ -298,10 +298,10 @@ def _processes(settings: Settings, job: str, partition: str | None, host: str | 
     """Processes a run needs: steps side by side need one each. The measuring steps of this
     host's partition and the forecasting steps of the downstream run fan out one per GPU;
     everything else runs here."""
-    from assets.profiling import gpu_count
+    from assets.profiling import forecast_gpus, gpu_count
 
     if partition is not None and partition == host:
         return gpu_count(settings.profiling.gpus, settings.profiling.measure_device)
     if job == "downstream_job":
-        return gpu_count(settings.profiling.gpus, "cuda")
+        return forecast_gpus(settings.profiling)
     return 1

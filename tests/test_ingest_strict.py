@@ -144,6 +144,14 @@ def test_cli_ingest_lists_bad_files_and_exits_non_zero(tmp_path, monkeypatch):
     assert "broken.parquet" in report["errors"][0]
 
 
+def test_cli_measure_refuses_a_missing_batch_before_creating_anything(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("KERNELCAST_HOME", str(home))
+    res = CliRunner().invoke(app, ["measure", "--batch", str(tmp_path / "gone.parquet")])
+    assert res.exit_code == 2 and "gone.parquet: no such file or folder" in res.output
+    assert len(res.output.strip().splitlines()) == 1 and not home.exists()
+
+
 def test_a_row_of_the_tampered_kind_is_a_failure_like_any_other(con, tmp_path):
     rows = _rows(2)
     rows[1] = result_row("k1", status="failed", failure_kind="tampered")
@@ -151,11 +159,12 @@ def test_a_row_of_the_tampered_kind_is_a_failure_like_any_other(con, tmp_path):
     assert execute(con, "SELECT failure_kind FROM measurements WHERE status = 'failed'") == [("tampered",)]
 
 
-def test_a_fresh_warehouse_gets_the_task_catalogue_before_measured_rows_are_checked(tmp_path):
+def test_a_fresh_warehouse_gets_the_task_catalogue_before_measured_rows_are_checked(tmp_path, monkeypatch):
     """`kernelcast measure` on a fresh home: without the tasks, every correct H200 row would fail
     "speedup requires correctness" (its cases cannot be compared with its task's)."""
     from pathlib import Path
 
+    import warehouse.kernels as kernels_module
     from orchestration.cli_common import ensure_tasks
     from warehouse.ingest import ingest_path
 
@@ -165,7 +174,10 @@ def test_a_fresh_warehouse_gets_the_task_catalogue_before_measured_rows_are_chec
         ingest_path(con, data / "results-2026-11-29-run1.parquet")
         assert checks.ok_without_every_case(con, H200_ID)  # rows whose task is unknown here
         ensure_tasks(con)
-        ensure_tasks(con)  # once only
+        calls = []
+        monkeypatch.setattr(kernels_module, "upsert_tasks", lambda *a, **k: calls.append(a))
+        ensure_tasks(con)  # a warehouse that has them: nothing written again
+        assert calls == []
         assert checks.ok_without_every_case(con, H200_ID) == []
         (n, distinct), = execute(con, "SELECT count(*), count(DISTINCT task) FROM tasks")
         assert n == distinct >= 9
