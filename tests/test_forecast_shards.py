@@ -144,12 +144,3 @@ def test_a_base_model_forecasts_the_same_in_two_shards_as_in_one(tmp_path):
     for other in (two, whole):
         assert other["pair_id"].to_list() == one["pair_id"].to_list()
         assert other.select(p_cols).to_numpy() == pytest.approx(one.select(p_cols).to_numpy(), abs=1e-6)
-
-
-def test_the_sharding_examples_hold():
-    import doctest
-
-    import pipelines.sharding
-
-    result = doctest.testmod(pipelines.sharding)
-    assert result.failed == 0 and result.attempted >= 3

@@ -6,10 +6,8 @@ children, and each test checks that this process's own mount table is left as it
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.profiling import jail, sandbox
+from tests.test_sandbox_hostile import _jail
 
 # What the jailed program tries; each line it prints is "<what> ok" or "<what> <error name>".
 WRITER = """
@@ -39,11 +38,6 @@ print("layers", os.environ["KERNELCAST_SANDBOX_LAYERS"])
 
 def _mount_table() -> str:
     return Path("/proc/self/mountinfo").read_text()
-
-
-def _run_jailed(spec: dict, argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-I", "-S", jail.__file__, json.dumps(spec), "--", *argv],
-                          capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
@@ -75,7 +69,7 @@ def test_a_child_under_mountns_writes_only_its_private_dir_and_the_cache(dirs):
     targets = {"private": dirs["private"] / "out.bin", "cache": dirs["cache"] / "entry", "outside": dirs["outside"] / "f",
                "sibling": sibling}
     before = _mount_table()
-    res = _run_jailed(spec, [sys.executable, "-I", "-c", WRITER, *(f"{k}={v}" for k, v in targets.items())])
+    res = _jail(spec, [sys.executable, "-I", "-c", WRITER, *(f"{k}={v}" for k, v in targets.items())])
     assert _mount_table() == before  # nothing of it reached this process's mounts
     notes = sandbox._read_notes(res.stderr)
     got = dict(line.split(" ", 1) for line in res.stdout.splitlines())
@@ -94,7 +88,7 @@ def test_a_child_under_mountns_writes_only_its_private_dir_and_the_cache(dirs):
 def test_a_root_child_keeping_its_capabilities_gets_no_mountns_and_the_reason(dirs):
     spec = {"private_dir": str(dirs["private"]), "want": ["mountns"], "limits": {},
             "mount_writable_dirs": [str(dirs["private"])]}
-    res = _run_jailed(spec, [sys.executable, "-I", "-c", WRITER, f"outside={dirs['outside'] / 'f'}"])
+    res = _jail(spec, [sys.executable, "-I", "-c", WRITER, f"outside={dirs['outside'] / 'f'}"])
     notes = sandbox._read_notes(res.stderr)
     assert res.returncode == 0, res.stderr
     assert "mountns" not in res.stdout.split("layers ", 1)[1].split(",")
@@ -103,7 +97,7 @@ def test_a_root_child_keeping_its_capabilities_gets_no_mountns_and_the_reason(di
 
 def test_the_root_directory_is_never_a_writable_directory(dirs):
     spec = {"private_dir": str(dirs["private"]), "want": _want(), "limits": {}, "mount_writable_dirs": ["/"]}
-    res = _run_jailed(spec, [sys.executable, "-I", "-c", WRITER, f"outside={dirs['outside'] / 'f'}"])
+    res = _jail(spec, [sys.executable, "-I", "-c", WRITER, f"outside={dirs['outside'] / 'f'}"])
     notes = sandbox._read_notes(res.stderr)
     assert res.returncode == 0, res.stderr
     assert "mountns" in notes and "mountns" not in res.stdout.split("layers ", 1)[1].split(",")

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from collections import Counter
@@ -14,13 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from models.remote.gpu_job import _free_port
+
 REPO = Path(__file__).resolve().parents[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _launch(work: Path, home: Path, processes: int) -> subprocess.CompletedProcess:
