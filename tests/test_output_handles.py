@@ -43,13 +43,25 @@ def test_a_verifier_without_a_gpu_asks_for_the_file_and_uses_no_step(tmp_path, m
     {**ENTRY, "shape": "4"},            # not a shape
     {**ENTRY, "dtype": ["float32"]},    # not even a name
     {**ENTRY, "offset": -64},           # before the block
+    {**ENTRY, "handle": "zz" * 64},     # not hex
+    {**ENTRY, "handle": "00" * 63},     # not 64 bytes
+    {**ENTRY, "handle": 7},             # not a string
+    {**ENTRY, "handle": None},          # no handle, yet 16 bytes to hand over
 ])
-def test_malformed_handle_entries_are_refused_as_outputs(tmp_path, entry):
+@pytest.mark.parametrize("device", ["cuda", "cpu"])
+def test_malformed_handle_entries_are_refused_as_outputs(tmp_path, entry, device):
     path = tmp_path / "h"
     _handle_file(path, [entry])
-    with pytest.raises(shipping.ShippingError) as e:
-        shipping.read_output(path, "cuda")
+    with pytest.raises(shipping.ShippingError) as e:  # refused, not "send a file", on any verifier
+        shipping.read_output(path, device)
     assert not isinstance(e.value, shipping.NeedsFile)
+
+
+def test_an_empty_tensor_travels_as_its_shape_without_a_handle(tmp_path):
+    path = tmp_path / "h"
+    _handle_file(path, [{**ENTRY, "shape": [0, 4], "nbytes": 0, "handle": None}])
+    with pytest.raises(shipping.NeedsFile, match="no GPU"):  # a valid entry: only the GPU is missing here
+        shipping.read_output(path, "cpu")
 
 
 def test_cpu_outputs_go_as_files_even_with_ipc_on(tmp_path, monkeypatch):

@@ -32,6 +32,10 @@ from typing import Any
 
 import torch
 
+# Imported here, not where it is used: the integrity watch checks the harness modules loaded
+# before the kernel runs, and a module first imported after it would go unwatched.
+from pipelines.profiling import cuda_ipc
+
 MAGIC = b"KCOUT001"
 IPC_MAGIC = b"KCIPC001"
 ALIGN = 64
@@ -126,8 +130,6 @@ def write_handles(path: str | Path, output: Any) -> list[torch.Tensor] | None:
         ShippingError: the output holds something that cannot be shipped.
         NeedsFile: this allocation or host cannot hand memory over.
     """
-    from pipelines.profiling import cuda_ipc
-
     tensors: list[torch.Tensor] = []
     tree = _encode(output, tensors)
     if not tensors or any(t.device.type != "cuda" for t in tensors):
@@ -136,7 +138,7 @@ def write_handles(path: str | Path, output: Any) -> list[torch.Tensor] | None:
     torch.cuda.synchronize()  # the verifier reads the bytes from another process
     try:
         entries = [{"dtype": _NAMES[t.dtype], "shape": list(t.shape), "nbytes": t.numel() * t.element_size(),
-                    **cuda_ipc.export(t)} for t in keep]
+                    **_handle_entry(t)} for t in keep]
     except cuda_ipc.IpcUnavailable as e:
         raise NeedsFile(str(e)) from None
     header = json.dumps({"tree": tree, "tensors": entries}).encode()
@@ -144,6 +146,20 @@ def write_handles(path: str | Path, output: Any) -> list[torch.Tensor] | None:
     with os.fdopen(fd, "wb") as f:
         f.write(IPC_MAGIC + len(header).to_bytes(8, "little") + header)
     return keep
+
+
+def _handle_entry(t: torch.Tensor) -> dict:
+    """An empty tensor has no memory to hand over (its pointer is 0): it travels as its shape."""
+    if t.numel() == 0:
+        return {"handle": None, "offset": 0, "device": cuda_ipc.device_uuid(t.device.index or 0)}
+    return cuda_ipc.export(t)
+
+
+def _valid_handle(e: dict, nbytes: int) -> bool:
+    h = e.get("handle")
+    if h is None:
+        return nbytes == 0
+    return isinstance(h, str) and len(h) == 2 * cuda_ipc.HANDLE_BYTES and all(c in "0123456789abcdef" for c in h)
 
 
 def _decode(node: Any, tensors: list[torch.Tensor], depth: int = 0) -> Any:
@@ -259,19 +275,18 @@ def _entry_offset(e: dict) -> int:
 def _mapped_tensors(entries: list, device: str) -> list[torch.Tensor]:
     """The tensors of an IPC output, copied out of the kernel process's memory blocks (each block
     mapped once, however many tensors it holds)."""
-    from pipelines.profiling import cuda_ipc
-
+    layouts = [(*_entry_layout(e), _entry_offset(e)) for e in entries]
+    if not all(_valid_handle(e, layout[2]) for e, layout in zip(entries, layouts)):
+        raise ShippingError("malformed CUDA IPC entry in output")  # on any verifier, GPU or not
     if not device.startswith("cuda"):
         raise NeedsFile("this verifier has no GPU to map CUDA IPC handles on")
-    layouts = [(*_entry_layout(e), _entry_offset(e)) for e in entries]
-    if not all(isinstance(e.get("handle"), str) for e in entries):
-        raise ShippingError("malformed CUDA IPC entry in output")
     try:
         here = cuda_ipc.device_uuid(torch.device(device).index or 0)
         if any(e.get("device") != here for e in entries):
             raise NeedsFile("the output lies on another GPU")
-        out: list[torch.Tensor | None] = [None] * len(entries)
-        for handle in dict.fromkeys(e["handle"] for e in entries):
+        out: list[torch.Tensor | None] = [None if e["handle"] else torch.empty(layouts[i][1], dtype=layouts[i][0], device=device)
+                                          for i, e in enumerate(entries)]
+        for handle in dict.fromkeys(e["handle"] for e in entries if e["handle"]):
             with cuda_ipc.opened(handle, device) as (ptr, size):
                 for i, e in enumerate(entries):
                     if e["handle"] != handle:
