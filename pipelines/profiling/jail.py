@@ -187,10 +187,7 @@ def enter_namespaces(want_net: bool, want_pid: bool, root: bool) -> tuple[list[s
     def attempt(flags: int) -> None:
         _unshare(flags | (0 if root else CLONE_NEWUSER))
         if not root:
-            # Map our own ids onto themselves: files we create keep their owner outside.
-            _write("/proc/self/setgroups", "deny")
-            _write("/proc/self/uid_map", f"{uid} {uid} 1")
-            _write("/proc/self/gid_map", f"{gid} {gid} 1")
+            _map_own_ids(uid, gid)
 
     try:
         attempt(sum(flag for _, flag in wanted))
@@ -220,12 +217,19 @@ LEFT_AS_IS = "/proc"
 MADE_READ_ONLY_IN_PROC = "/proc/sys"
 
 
+def _map_own_ids(uid: int, gid: int) -> None:
+    """In a new user namespace, map our own ids onto themselves: files we create keep their
+    owner outside."""
+    _write("/proc/self/setgroups", "deny")
+    _write("/proc/self/uid_map", f"{uid} {uid} 1")
+    _write("/proc/self/gid_map", f"{gid} {gid} 1")
+
+
 def _mount(source: str | None, target: str, flags: int) -> None:
     libc = _libc()
     libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
     if libc.mount(source.encode() if source else None, target.encode(), None, flags, None) != 0:
-        code = ctypes.get_errno()
-        raise OSError(code, f"mount {target}: {os.strerror(code)}")
+        raise OSError(ctypes.get_errno(), f"mount {target}: {_errno_text()}")
 
 
 def _unescape_mount_path(field: str) -> str:
@@ -294,9 +298,7 @@ def _unshare_mounts(root: bool, in_user_ns: bool) -> bool:
     except OSError as e:
         raise OSError(f"unshare: {e}") from None
     if made_user_ns:
-        _write("/proc/self/setgroups", "deny")
-        _write("/proc/self/uid_map", f"{uid} {uid} 1")
-        _write("/proc/self/gid_map", f"{gid} {gid} 1")
+        _map_own_ids(uid, gid)
     if _mount_namespace() == before:
         raise OSError("unshare reported success but the mount namespace is unchanged")
     _mount(None, "/", MS_REC | MS_PRIVATE)
