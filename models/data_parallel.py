@@ -27,6 +27,13 @@ def make_accelerator() -> Any:
     return Accelerator(cpu=not torch.cuda.is_available())
 
 
+def is_main_process() -> bool:
+    """False in the processes of a distributed launch other than the main one (True alone)."""
+    from accelerate import PartialState
+
+    return bool(PartialState().is_main_process)
+
+
 def row_share(accelerator: Any, batch: Sequence[int]) -> list[int]:
     """This process's contiguous share of a batch's rows (empty when the batch has fewer rows
     than there are processes).

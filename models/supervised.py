@@ -471,12 +471,17 @@ def _train_epoch(run: _Run, stop_at: float | None, on_step: Callable[[int, float
     order = list(range(len(run.data.batches)))
     random.Random(run.settings.seed * 1000 + state["epoch"]).shuffle(order)
     t0 = time.time()
-    stopped = False
-    while state["batch"] < len(order):
-        if stop_at is not None and any_process(acc, time.time() > stop_at):
-            stopped = True
-            break
-        loss_sum, rows, tokens = sum_over_processes(acc, _train_step(run, run.data.batches[order[state["batch"]]]))
+
+    def late() -> bool:
+        return stop_at is not None and time.time() > stop_at
+
+    # Whether any process is past `stop_at`: agreed before the first step, then in the same
+    # reduction as each step's sums (one collective per step beside the gradients', not two).
+    stopped = stop_at is not None and state["batch"] < len(order) and any_process(acc, late())
+    while state["batch"] < len(order) and not stopped:
+        loss_sum, rows, tokens, past = sum_over_processes(
+            acc, (*_train_step(run, run.data.batches[order[state["batch"]]]), float(late())))
+        stopped = past > 0 and state["batch"] + 1 < len(order)  # the epoch's last step ends it anyway
         state["batch"] += 1
         state["step"] += 1
         state["epoch_loss"] += loss_sum

@@ -33,10 +33,12 @@ Every process trains; the main process alone forecasts and writes the variant's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -158,7 +160,7 @@ def run_supervised_variant(job: Path, run: Path, variant: Variant, stop_at: floa
     Under `accelerate launch` every process trains; the main process alone then forecasts and
     writes the status (the others return the training's status)."""
     from models.base_model import resolve_base_model
-    from models.data_parallel import make_accelerator
+    from models.data_parallel import is_main_process
     from models.supervised import train_supervised
 
     meta, kernels, pairs, folder, status = _open_variant(job, run, variant)
@@ -177,7 +179,7 @@ def run_supervised_variant(job: Path, run: Path, variant: Variant, stop_at: floa
               "epochs_run": len(result.history), "rows_used": result.rows_used,
               "train_seconds": round(status.get("train_seconds", 0.0) + time.time() - t0, 1),
               "evaluated": False, "split": variant.split}
-    if not make_accelerator().is_main_process:
+    if not is_main_process():
         return status
     if result.finished:
         t1 = time.time()
@@ -253,15 +255,11 @@ def _child(args: argparse.Namespace) -> int:
     variant = variants_of(meta, args.name)[0]
     fn = run_grpo_variant if variant.grpo_from else run_supervised_variant
     status = fn(Path(args.job), Path(args.run), variant, args.stop_at, args.base_model)
-    if _main_process():  # one status line per variant, not one per process
+    from models.data_parallel import is_main_process
+
+    if is_main_process():  # one status line per variant, not one per process
         print(json.dumps(status))
     return 0
-
-
-def _main_process() -> bool:
-    from models.data_parallel import make_accelerator
-
-    return bool(make_accelerator().is_main_process)
 
 
 def _free_port() -> int:
@@ -335,7 +333,10 @@ def _run(args: argparse.Namespace) -> int:
         (run / v.name).mkdir(parents=True, exist_ok=True)
         cmd = child_command(job, run, v, stop_at, args.base_model, processes)
         logf = open(run / v.name / "child.log", "a")  # noqa: SIM115 - closed when the child ends
-        procs[v.name] = (subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT), logf)
+        # A session of its own: a variant under `accelerate launch` is a launcher and its workers,
+        # and the deadline must end all of them, not only the launcher.
+        procs[v.name] = (subprocess.Popen(cmd, env=env, stdout=logf, stderr=subprocess.STDOUT,
+                                          start_new_session=True), logf)
         log.info("started %s on %d process(es)", v.name, processes)
 
     while pending or procs:
@@ -357,7 +358,8 @@ def _run(args: argparse.Namespace) -> int:
                 del procs[name]
                 log.info("%s ended (exit %s): %s", name, proc.returncode, json.dumps(_status(run / name)))
             elif time.time() > deadline - 20:
-                proc.kill()
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
         time.sleep(2)
     summary = {v.name: _status(run / v.name) for v in variants}
     write_json(run / "summary.json", summary)

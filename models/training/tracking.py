@@ -55,7 +55,9 @@ class TrainingRun:
         self.closed_run_id: str | None = None
 
     def open(self, rows: Sequence[dict[str, Any]]) -> None:
-        if self.tracking is None or not self.tracking.tracking_uri or not _main_process():
+        from models.data_parallel import is_main_process
+
+        if self.tracking is None or not self.tracking.tracking_uri or not is_main_process():
             return  # under `accelerate launch` one process logs the run, not one per GPU
         from models.tracking import start_training_run
 
@@ -95,10 +97,3 @@ class TrainingRun:
         run_id, self.run_id = self.run_id, None
         finish_training_run(self.tracking.tracking_uri, run_id, metrics or {}, self.tracking.measurement_ids, status)
         self.closed_run_id = run_id
-
-
-def _main_process() -> bool:
-    """False in the processes of a distributed launch other than the main one."""
-    from accelerate import PartialState
-
-    return PartialState().is_main_process
