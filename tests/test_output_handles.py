@@ -126,6 +126,9 @@ def test_a_cuda_output_arrives_from_another_process_equal_both_ways():
     {"t": "dict", "items": [["k"]]},                  # an item that is not a pair
     {"t": "dict", "items": [[["k"], {"t": "none"}]]},  # an unhashable key
     {"t": "list", "items": 7},                         # items that are not a list
+    {"t": "dict", "items": [[1.5, {"t": "none"}]]},    # a key `_encode` never writes
+    {"t": "dict", "items": [[True, {"t": "none"}]]},   # nor this one
+    {"t": "dict", "items": {"k": {"t": "none"}}},      # pairs as a mapping
 ])
 def test_malformed_output_trees_are_refused_as_outputs(tmp_path, tree):
     path = tmp_path / "o"

@@ -182,11 +182,21 @@ def _decode(node: Any, tensors: list[torch.Tensor], depth: int = 0) -> Any:
     if kind == "float":
         v = node.get("v")
         return float(v) if isinstance(v, (int, float, str)) and not isinstance(v, bool) else None
+    if kind in ("tuple", "list", "dict"):
+        items = node.get("items", [])
+        if not isinstance(items, list):
+            raise ShippingError("malformed output tree")
     if kind in ("tuple", "list"):
-        items = [_decode(x, tensors, depth + 1) for x in node.get("items", [])]
-        return tuple(items) if kind == "tuple" else items
+        values = [_decode(x, tensors, depth + 1) for x in items]
+        return tuple(values) if kind == "tuple" else values
     if kind == "dict":
-        return {k: _decode(v, tensors, depth + 1) for k, v in node.get("items", [])}
+        out = {}
+        for item in items:  # [key, node] pairs, keys as `_encode` writes them
+            if (not isinstance(item, list) or len(item) != 2 or not isinstance(item[0], (str, int))
+                    or isinstance(item[0], bool)):
+                raise ShippingError("malformed output tree")
+            out[item[0]] = _decode(item[1], tensors, depth + 1)
+        return out
     raise ShippingError(f"unknown node {kind!r} in output")
 
 
@@ -234,21 +244,10 @@ def read_shipped(path: str | Path, device: str = "cpu", owner: int | None = None
             if not isinstance(entries, list) or len(entries) > MAX_TENSORS:
                 raise ShippingError("malformed tensor table in output")
             if mm[:8] == IPC_MAGIC:
-                return _decode_tree(header.get("tree"), _mapped_tensors(entries, device)), "ipc"
+                return _decode(header.get("tree"), _mapped_tensors(entries, device)), "ipc"
             for e in entries:
                 tensors.append(_tensor(mm, e, start, st.st_size, device))
-            return _decode_tree(header.get("tree"), tensors), "file"
-
-
-def _decode_tree(tree: Any, tensors: list[torch.Tensor]) -> Any:
-    """`_decode`, with any shape of malformed tree (lists where pairs belong, unhashable keys)
-    refused as a ShippingError rather than raised as whatever it trips."""
-    try:
-        return _decode(tree, tensors)
-    except (TypeError, AttributeError, ValueError) as e:
-        if isinstance(e, ShippingError):
-            raise
-        raise ShippingError("malformed output tree") from None
+            return _decode(header.get("tree"), tensors), "file"
 
 
 def _entry_layout(e: Any) -> tuple[torch.dtype, list[int], int]:
