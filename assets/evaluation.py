@@ -93,31 +93,22 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
 def forecast_llm_shard(context: dg.OpExecutionContext, settings: SettingsResource, mlflow: MlflowResource,
                        profiler: ProfilerResource, shard: dict) -> dict:
     """The forward passes of one shard of pairs, every language model of it, pinned to its GPU."""
-    import polars as pl
-
-    from pipelines.training.llm_shards import forecast_device, forecast_shard, read_shard
+    from pipelines.training.llm_shards import forecast_device, forecast_shard_file
 
     cfg = settings.get()
     mlflow.client()
-    gpu = shard["gpu"] if profiler.pin_gpu_per_step else None
-    frames, passes, t0 = [], 0, time.perf_counter()
-    try:
-        jobs = read_shard(Path(shard["shard"]))
-    except (OSError, ValueError, TypeError) as exc:
-        raise dg.Failure(f"forecasting shard {shard['gpu']}: cannot read its plan: {exc}") from None
+    i = shard["gpu"]
+    gpu = i if profiler.pin_gpu_per_step else None
+    rows = Path(shard["shard"]).with_name(f"rows-gpu{i}.parquet")
+    t0 = time.perf_counter()
     with pinned_gpu(gpu):
         device = forecast_device(gpu)
-        for job in jobs:
-            context.log.info(f"GPU {shard['gpu']} ({device}): {job.model_ref} on {len(job.requests)} pairs")
-            try:
-                frame, made = forecast_shard(mlflow.tracking_uri, job, cfg.home, device,
-                                             cfg.home / "surrogates" / f"gpu{shard['gpu']}")
-            except (FileNotFoundError, ValueError) as exc:
-                raise dg.Failure(f"forecasting shard {shard['gpu']} with {job.model_ref}: {exc}") from None
-            frames.append(frame)
-            passes += made
-    rows = Path(shard["shard"]).with_name(f"rows-gpu{shard['gpu']}.parquet")
-    pl.concat(frames, how="diagonal_relaxed").write_parquet(rows)
+        try:
+            passes = forecast_shard_file(Path(shard["shard"]), rows, mlflow.tracking_uri, cfg.home, device,
+                                         cfg.home / "surrogates" / f"gpu{i}",
+                                         log=lambda line: context.log.info(f"GPU {i} ({device}): {line}"))
+        except ValueError as exc:
+            raise dg.Failure(f"forecasting shard {i}: {exc}") from None
     return {**shard, "rows": str(rows), "forward_passes": passes, "device": device,
             "seconds": round(time.perf_counter() - t0, 1), "cuda_visible_devices": "" if gpu is None else str(gpu)}
 

@@ -144,3 +144,16 @@ def test_a_base_model_forecasts_the_same_in_two_shards_as_in_one(tmp_path):
     for other in (two, whole):
         assert other["pair_id"].to_list() == one["pair_id"].to_list()
         assert other.select(p_cols).to_numpy() == pytest.approx(one.select(p_cols).to_numpy(), abs=1e-6)
+
+
+def test_an_unreadable_shard_plan_is_one_line_and_writes_no_rows(tmp_path):
+    from pipelines.training.llm_shards import forecast_shard_file
+
+    rows = tmp_path / "rows-gpu0.parquet"
+    for plan, content in ((tmp_path / "missing.json", None), (tmp_path / "broken.json", "[{"),
+                          (tmp_path / "odd.json", '[{"no_such_field": 1}]')):
+        if content is not None:
+            plan.write_text(content)
+        with pytest.raises(ValueError, match=f"cannot read its plan {plan.name}") as e:
+            forecast_shard_file(plan, rows, "file:///nowhere", tmp_path, "cpu", tmp_path / "dl")
+        assert "\n" not in str(e.value) and not rows.exists()

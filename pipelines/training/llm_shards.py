@@ -181,6 +181,33 @@ def forecast_shard(tracking_uri: str, job: LlmJob, home: Path, device: str,
     return _calibrated_rows(job, answers), sum(not a.cached for a in answers)
 
 
+def forecast_shard_file(plan: Path, rows: Path, tracking_uri: str, home: Path, device: str, downloads: Path,
+                        log: Callable[[str], None] | None = None) -> int:
+    """Every job of one shard plan (`write_shard`) forecast on `device`, the rows written to `rows`
+    (Parquet) for the merge; returns the forward passes made.
+
+    Raises:
+        ValueError: the plan cannot be read, a version does not exist or reads another prompt
+            style (one line, naming the model).
+    """
+    try:
+        jobs = read_shard(plan)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise ValueError(f"cannot read its plan {plan.name}: {type(exc).__name__}: {exc}") from None
+    frames, passes = [], 0
+    for job in jobs:
+        if log is not None:
+            log(f"{job.model_ref} on {len(job.requests)} pairs")
+        try:
+            frame, made = forecast_shard(tracking_uri, job, home, device, downloads)
+        except (FileNotFoundError, ValueError) as exc:
+            raise ValueError(f"{job.model_ref}: {exc}") from None
+        frames.append(frame)
+        passes += made
+    pl.concat(frames, how="diagonal_relaxed").write_parquet(rows)
+    return passes
+
+
 def _base_forecaster(spec: str, home: Path, device: str):
     from models.backends.transformers_backend import TransformersForecaster
     from models.base_model import resolve_base_model
