@@ -579,8 +579,19 @@ def _task_or_failure(name: str):
         raise KernelFailure("infrastructure", f"task {name!r}: {_describe(e)}") from e
 
 
+def check_state_before_kernel() -> None:
+    """The state check before each kernel: a process an earlier kernel changed after its own
+    checks (a finalizer, a timer) is replaced before anything else runs in it; the job is
+    `infrastructure` (retried by a resumed run), not this kernel's failure."""
+    before = integrity_changes()
+    if before:
+        raise KernelFailure("infrastructure", one_line(
+            f"this process was changed before the kernel was imported: {', '.join(before)}"), restart=True)
+
+
 def _imported(job: dict):
     """(task, entry point) of the job's kernel, imported, with nothing tampered with on import."""
+    check_state_before_kernel()
     task = _task_or_failure(job["task"])
     fn = load_kernel(job["path"], task)
     check_integrity("on import")
@@ -606,13 +617,14 @@ def run_compile(job: dict, device: str) -> dict:
             if not cuda_healthy():
                 raise KernelFailure("crashed", "CUDA context broken while compiling", restart=True)
         check_integrity("while compiling")
-        return {"ok": True, "seconds": time.perf_counter() - t0}
+        result = {"ok": True, "seconds": time.perf_counter() - t0}
     except KernelFailure as f:
-        return _failed(f, t0)
+        result = _failed(f, t0)
     finally:
         unload_kernel(path)
         if device == "cuda" and COMPILE_INPUTS != "meta":
             release_cuda_memory(keep_bytes=_CACHE.max_bytes + 2**30)
+    return _checked_after_unload(result)
 
 
 def run_check(job: dict, device: str) -> dict:
@@ -781,11 +793,8 @@ class Measurer:
         t0 = time.perf_counter()
         try:
             t = time.perf_counter()
-            before = integrity_changes()  # left by an earlier kernel of this child, after its own checks
+            check_state_before_kernel()
             phases["state_check_s"] = time.perf_counter() - t
-            if before:
-                raise KernelFailure("infrastructure", one_line(
-                    f"this process was changed before the kernel was imported: {', '.join(before)}"), restart=True)
             task = _task_or_failure(job["task"])
             cases = self.cases(task)
             t = time.perf_counter()
