@@ -286,6 +286,7 @@ def drive(fn: Callable[[Any], Any], steps: Steps) -> Any:
     generator is not on the stack). An exception of the kernel is thrown into `steps` at the
     call it came from.
     """
+    reply = None  # bound from the first call on, so every call sees the same local names
     try:
         data = next(steps)
         while True:
