@@ -264,7 +264,9 @@ class _Run:
         log.warning(report.line())  # one line: the layers children get, and what this host lacks
         self.verifier = VerifierLink(lambda: self._spawn("verify", jailed=False))
         self.refbook = ReferenceBook()
-        cache_path = None if cfg.ref_cache == "off" else (cfg.ref_cache or store.out_path.parent / "reference-timings.json")
+        out_path = getattr(store, "out_path", None)
+        beside = Path(out_path).parent / "reference-timings.json" if out_path is not None else None
+        cache_path = None if cfg.ref_cache == "off" else (cfg.ref_cache or beside)
         self.refcache = RefCache(cache_path)
         self.phases_s: Counter = Counter()
         self.clock: PhaseClock | None = None  # phases of the measuring child's job in flight
