@@ -92,7 +92,7 @@ def test_the_feed_keeps_a_uniform_sample_drawn_after_each_call_and_clones_it():
 def test_timed_call_steps_are_planned_and_a_wrong_one_is_tampered(tiny_task):
     plan = verify.verification_plan(tiny_task, "measure", "cpu", "kernelcast")
     cid = [tiny_task.case_id(c) for c in tiny_task.correctness_cases]
-    assert plan == [(cid[0], 0), (cid[1], 0), (cid[0], verify.TIMED), (cid[0], verify.RECHECK_SEED_SALT),
+    assert plan == [(cid[0], 0), (cid[1], 0), (cid[0], verify.RECHECK_SEED_SALT), (cid[0], verify.TIMED),
                     (cid[1], verify.TIMED)]
     v = verify.JobVerdicts(of=5, done=2, failure="case x (a timed call): output: wrong", timed_failure=True)
     out = verify.settle({"status": "failed", "failure_kind": "incorrect"}, v)
@@ -110,6 +110,10 @@ def test_the_verifier_accepts_a_timed_output_only_on_a_timed_salt(tiny_task, tmp
         f = tmp_path / f"c{len(case)}-{tiny_task.case_id(case)}"
         shipping.write_output(f, tiny_task.ref_kernel(runner.make_input(tiny_task, case)))
         assert v.handle({**base, "case_id": tiny_task.case_id(case), "salt": 0, "path": str(f)})["ok"]
+    again = tmp_path / "recheck"
+    shipping.write_output(again, tiny_task.ref_kernel(runner.make_input(tiny_task, cases[0], verify.RECHECK_SEED_SALT)))
+    assert v.handle({**base, "case_id": tiny_task.case_id(cases[0]), "salt": verify.RECHECK_SEED_SALT,
+                     "path": str(again)})["ok"]
     salt = verify.TIMED_SALT_BASE + 3
     good = tmp_path / "timed"
     shipping.write_output(good, tiny_task.ref_kernel(runner.make_input(tiny_task, cases[0], salt)))

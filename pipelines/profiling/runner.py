@@ -867,17 +867,17 @@ class Measurer:
             except Exception as e:
                 raise classify(e, self.device, f"timing case {cid}") from e
             phases["timing_s"] += time.perf_counter() - t
-            t = time.perf_counter()
-            progress(f"verifying timed calls {cid}")
-            self._judge_timed(task, case, feed, cid)
-            phases["timed_verify_s"] += time.perf_counter() - t
-            del feed
             if which == "all" or i == 0:
                 t = time.perf_counter()
                 progress(f"recheck {cid}")
                 yield from check_steps(task, case, self.device, salt=salt, into=data)  # same buffers, new values
                 phases["recheck_s"] += time.perf_counter() - t
-            del data
+            # After the re-check: wrong on new values is `incorrect` there; wrong only when timed is `tampered`.
+            t = time.perf_counter()
+            progress(f"verifying timed calls {cid}")
+            self._judge_timed(task, case, feed, cid)
+            phases["timed_verify_s"] += time.perf_counter() - t
+            del feed, data
         check_integrity("after timing")
         result["time_s"] = time.perf_counter() - t_all
         phases["verifier_s"] = _JUDGE_CLOCK.seconds - verifier_before

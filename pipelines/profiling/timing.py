@@ -10,14 +10,15 @@ kernelcast (default)
     cover, launch-bound callables (a PyTorch reference of four small ops on a 256x4096
     input) were timed 2.6x slower in one H200 run than in the next, because compile
     workers were loading the CPU at the moment (harness 1, 2026-11-29). Each call is
-    bracketed by its own pair of CUDA events; inputs are generated once per case and reused. Reps run in
-    chunks until the relative standard error of the mean is under `rse_target` (0.5%), with a
-    minimum number of reps and caps on reps and on wall time per case. The statistic used for
-    speedups is the MEDIAN of the per-call times.
+    bracketed by its own pair of CUDA events; each call runs on new values in the same buffers
+    (Feed). Reps run in chunks until the 95% confidence interval of the MEDIAN is within
+    `rse_target` (0.5%) of it (order statistics, `median_ci_relative`), with a minimum number of
+    reps and caps on reps and on wall time per case. The statistic used for speedups is the
+    MEDIAN of the per-call times.
 paper
     As the paper's harness: no L2 flush, no launch cover, the input is cloned INSIDE the
     timed window (the clone's cost is part of every call), and the statistic is the MEAN of
-    reps. Same adaptive stopping.
+    reps. Reps stop once the relative standard error of the mean is under `rse_target`.
 gpumode
     GPU MODE's benchmark loop (reference-kernels, problems/bioml/trimul/eval.py): per call,
     synchronize, a pair of CUDA events around the whole call (host overhead included), no L2
@@ -266,13 +267,36 @@ def cover_seconds(enqueue_s: list[float]) -> float:
     return min(2 * max(rest) + 20e-6, LaunchCover.MAX_S)
 
 
-def _should_stop(times: list[float], elapsed_s: float, s: TimingSettings) -> bool:
+def median_ci_relative(times_ms: list[float], z: float = 1.96) -> float:
+    """Half the width of the distribution-free 95% confidence interval of the median (order
+    statistics), over the median; inf for fewer than three samples.
+
+    >>> median_ci_relative([1.0] * 30 + [50.0]), median_ci_relative([1.0, 2.0])
+    (0.0, inf)
+    """
+    n = len(times_ms)
+    if n < 3:
+        return math.inf
+    a = np.sort(np.asarray(times_ms, dtype=np.float64))
+    half = z * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half) - 1)
+    hi = min(n - 1, math.ceil(1 + n / 2 + half) - 1)
+    med = float(np.median(a))
+    return float(a[hi] - a[lo]) / 2 / med if med > 0 else math.inf
+
+
+def _should_stop(times: list[float], elapsed_s: float, s: TimingSettings, median: bool = False) -> bool:
+    """Whether a timed loop has enough calls. With `median` (the protocol's statistic is the
+    median) it stops once the median's confidence interval is tight (median_ci_relative below
+    rse_target), so a few outliers, which keep the mean's error high, do not hold it to the caps."""
     n = len(times)
     if n >= s.max_reps:
         return True
     if elapsed_s >= s.max_case_s and n >= 3:
         return True  # time cap beats min_reps, so one slow kernel cannot stall the batch
-    return n >= s.min_reps and relative_stderr(times) < s.rse_target
+    if n < s.min_reps:
+        return False
+    return (median_ci_relative(times) if median else relative_stderr(times)) < s.rse_target
 
 
 Steps = Generator[Any, Any, Any]  # yields a call's input, receives its output, returns a result
@@ -443,7 +467,7 @@ def cuda_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelc
         chunk_ms = tuple(ev_start.elapsed_time(ev_end) for ev_start, ev_end in events)
         check_chunk_wall(list(chunk_ms), time.perf_counter() - t_chunk)
         times = times + chunk_ms  # ms
-        if _should_stop(list(times), time.perf_counter() - start, settings):
+        if _should_stop(list(times), time.perf_counter() - start, settings, median=protocol == "kernelcast"):
             break
     timing = summarize(times)
     probe_events, probe_walls = yield from _probe_steps(feed, WALL_CHECK_CALLS, clone_inside)
@@ -598,7 +622,7 @@ def cpu_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelca
         times = times + (took * 1e3,)  # ms
         feed.took(out)
         del out
-        if _should_stop(list(times), time.perf_counter() - start, settings):
+        if _should_stop(list(times), time.perf_counter() - start, settings, median=protocol == "kernelcast"):
             break
     check_recorded_cpu(times, calls_ns / 1e9)
     return summarize(times)

@@ -9,8 +9,8 @@ keeps the verifier's message for the row. So neither the reference nor the compa
 patched, looked up or returned by the kernel.
 
 The verifier holds each job to its plan (`verification_plan`): the cases in order, then per
-timed case the outputs of timed calls the measuring child kept (drawn after the calls, on values
-of one of the timed salts) and the re-checks on new seeds. A request out of plan, or a child that reports a correct kernel without
+timed case its re-check on a new seed (where the protocol re-checks it) and the outputs of timed
+calls the measuring child kept (drawn after the calls, on values of one of the timed salts). A request out of plan, or a child that reports a correct kernel without
 an ok verdict on every step, makes the kernel `tampered` (`settle`).
 
     kernel process   judge(task, case, salt, output) -> (ok, message)     ChannelJudge / LocalJudge
@@ -85,8 +85,9 @@ def verification_plan(task, kind: str, device: str, protocol: str = "kernelcast"
         device: "cpu" | "cuda".
         protocol: the timing protocol (gpumode re-checks every case, the others the first).
         check_correctness_cases: the measuring child also checks the correctness cases on a GPU.
-        samples: outputs of timed calls verified per timed case (steps (case id, TIMED)), right
-            after the case is timed and before its re-check.
+        samples: outputs of timed calls verified per timed case (steps (case id, TIMED)), after
+            the case's re-check: a kernel wrong on new values is `incorrect` there, so a wrong
+            timed output means right when checked and re-checked, wrong when timed.
     """
     if kind == "check":
         cases = tuple(task.correctness_cases)
@@ -96,9 +97,9 @@ def verification_plan(task, kind: str, device: str, protocol: str = "kernelcast"
     steps = [(task.case_id(c), 0) for c in cases + extra]
     which, salt = recheck_salts(protocol)
     for i, c in enumerate(cases):
-        steps += [(task.case_id(c), TIMED)] * samples
         if which == "all" or i == 0:
             steps.append((task.case_id(c), salt))
+        steps += [(task.case_id(c), TIMED)] * samples
     return steps
 
 

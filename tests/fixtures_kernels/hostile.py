@@ -496,8 +496,6 @@ KINDS.update({
     "timing_list_rewritten": ("tampered",),
     "content_keyed_memo": ("tampered", "incorrect"),
     "clock_saboteur": ("tampered",),
-    # fresh values per timed call: a cache by address is wrong on a timed call before its re-check
-    "address_keyed_caching": ("incorrect", "tampered"),
 })
 TIMED_CALL_CHEATS = ("frame_walk_idler", "clock_patch_rebase", "watch_disabled", "measurer_time_fn_patched",
                      "timing_as_dict_patched", "timing_list_rewritten", "content_keyed_memo", "clock_saboteur")
