@@ -70,6 +70,29 @@ def test_checked_warm_up_timed_and_rechecked_calls_have_the_same_stack(tiny_task
     assert phases["timing_s"] > 0 and phases["timed_verify_s"] > 0 and phases["verifier_s"] > 0
 
 
+IDLES_WHEN_TIMED = '''
+import torch
+
+_seen = {}
+
+
+def custom_kernel(data):
+    n = _seen[data.numel()] = _seen.get(data.numel(), 0) + 1
+    if data.numel() == 37 and n > 1:  # the second case has no re-check: after its check, no work
+        return torch.empty_like(data)
+    return data * 2.0 + 1.0
+'''
+
+
+def test_a_kernel_right_when_checked_and_wrong_when_timed_fails_on_a_timed_output(tiny_task, tmp_path):
+    path = tmp_path / "k.py"
+    path.write_text(IDLES_WHEN_TIMED)
+    m = runner.Measurer({"device": "cpu", "protocol": "kernelcast", "max_reps": 3})
+    result = m.measure({"path": str(path), "task": "tiny_scale"}, lambda phase: None)
+    assert result["status"] == "failed" and "(a timed call)" in result["error"], result["error"]
+    assert result["check_s"] is not None  # its checks passed; the parent's settle calls this tampered
+
+
 def test_the_feed_keeps_a_uniform_sample_drawn_after_each_call_and_clones_it():
     data = torch.zeros(4)
     variants = {s: torch.full((4,), float(s)) for s in (1, 2, 3)}
