@@ -320,6 +320,7 @@ def drive(fn: Callable[[Any], Any], steps: Steps) -> Any:
                 data = steps.throw(e)
                 continue
             data = steps.send(reply)
+            reply = None  # the step keeps what it needs; the output is not held through the next call
     except StopIteration as stop:
         return stop.value
 
