@@ -320,3 +320,24 @@ def test_the_reference_itself_measures_one_under_every_protocol(tmp_path, monkey
     fields = audit.timing_fields(result, book, "clocked", protocol, result["case_ids"], 10.0)
     assert fields["case_speedups"] == [pytest.approx(1.0, abs=1e-9)] * len(result["case_ids"])
     assert fields["kernel_reps"] == fields["ref_reps"]  # the same loop, stopped by the same rule
+
+
+def test_identical_code_rows_are_a_batch_of_the_reference_itself(tmp_path):
+    from pipelines.profiling import protocol_bench
+    from pipelines.tasks import TASK_MODULES
+
+    rows = protocol_bench.identical_code_rows(TASK_MODULES)
+    pq.write_table(pa.Table.from_pylist(rows, schema=BATCH_SCHEMA), tmp_path / "b.parquet")
+    assert [r["task"] for r in rows] == list(TASK_MODULES) and len({r["kernel_id"] for r in rows}) == len(rows)
+    compile(rows[0]["source"], "k", "exec")
+
+
+def test_the_cache_file_is_per_host_unless_given_or_off(monkeypatch, tmp_path):
+    monkeypatch.delenv(refcache.ENV, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert refcache.default_path() == tmp_path / ".cache" / "kernelcast" / "reference-timings.json"
+    monkeypatch.setenv(refcache.ENV, str(tmp_path / "r.json"))
+    assert refcache.default_path() == tmp_path / "r.json" and refcache.default_path("x.json") == Path("x.json")
+    assert refcache.default_path("off") is None
+    monkeypatch.setenv(refcache.ENV, "off")
+    assert refcache.default_path() is None

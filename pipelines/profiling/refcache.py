@@ -3,7 +3,7 @@
 A worker run used to time every task's reference when it first met the task (3 timings a case,
 about a second a task on a GPU), so short runs - the live search's rounds - spent much of their
 time there. The parent keeps the reference timings it accepted (audit.ReferenceBook) in a small
-JSON file; the next run on the same hardware, harness version and protocol starts its book from
+JSON file (`default_path`: --ref-cache, $KERNELCAST_REF_CACHE, ~/.cache/kernelcast/); the next run on the same hardware, harness version and protocol starts its book from
 it and tells the measuring child which cases are still fresh (newer than --ref-refresh-s), so
 only stale or missing cases are timed again. Drift is still followed: a case whose newest timing
 is older than the refresh interval is timed again, as within one run.
@@ -28,10 +28,19 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
+ENV = "KERNELCAST_REF_CACHE"
 FORMAT = 1
 KEEP = 5  # timings kept per key (audit.REF_KEEP: the book uses the middle of these)
 MAX_AGE_S = 24 * 3600.0
 TIMING_KEYS = ("median_ms", "mean_ms", "stderr_ms", "reps")
+
+
+def default_path(given: str | None = None) -> Path | None:
+    """The cache file: `given` (the worker's --ref-cache), else $KERNELCAST_REF_CACHE, else
+    ~/.cache/kernelcast/reference-timings.json (one per host and user, as the sandbox memo);
+    "off" at either level: no cache."""
+    chosen = given or os.environ.get(ENV) or str(Path.home() / ".cache" / "kernelcast" / "reference-timings.json")
+    return None if chosen == "off" else Path(chosen)
 
 
 def _valid(entry: object) -> bool:

@@ -74,7 +74,7 @@ import pyarrow.parquet as pq
 from pipelines.profiling.audit import PhaseClock, ReferenceBook, audit_claims, timing_fields
 from pipelines.profiling.formats import FAILURE_KINDS, HARNESS_VERSION
 from pipelines.profiling.hardware import fingerprint_json
-from pipelines.profiling.refcache import RefCache
+from pipelines.profiling.refcache import RefCache, default_path
 from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
 from pipelines.profiling.sandbox import (
     ChildDied,
@@ -121,8 +121,8 @@ class WorkerConfig:
     progress_every_s: float = 5.0
     min_reps: int | None = None  # timing overrides (GPU only); None keeps timing.TimingSettings
     max_case_s: float | None = None
-    # reference timings kept across runs (refcache.py): a file path, None = reference-timings.json
-    # beside --out, "off" = none
+    # reference timings kept across runs (refcache.py): a file path, "off" = none, None =
+    # $KERNELCAST_REF_CACHE or ~/.cache/kernelcast/reference-timings.json
     ref_cache: str | None = None
     timed_variants: int | None = None  # input variants timed calls draw from (verify.timed_draws)
     timed_samples: int | None = None  # outputs of timed calls verified per case
@@ -264,10 +264,7 @@ class _Run:
         log.warning(report.line())  # one line: the layers children get, and what this host lacks
         self.verifier = VerifierLink(lambda: self._spawn("verify", jailed=False))
         self.refbook = ReferenceBook()
-        out_path = getattr(store, "out_path", None)
-        beside = Path(out_path).parent / "reference-timings.json" if out_path is not None else None
-        cache_path = None if cfg.ref_cache == "off" else (cfg.ref_cache or beside)
-        self.refcache = RefCache(cache_path)
+        self.refcache = RefCache(default_path(cfg.ref_cache))
         self.phases_s: Counter = Counter()
         self.clock: PhaseClock | None = None  # phases of the measuring child's job in flight
         self.last_scan = 0.0
@@ -698,7 +695,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--json", action="store_true", help="print the summary by task as JSON on stdout")
     ap.add_argument("--summary-json", default=None, help="also write the run summary (wall time, counts) here")
     ap.add_argument("--ref-cache", default=None,
-                    help="reference timings kept across runs (default: reference-timings.json beside --out; off: none)")
+                    help="reference timings kept across runs (default: $KERNELCAST_REF_CACHE or "
+                         "~/.cache/kernelcast/reference-timings.json; off: none)")
     ap.add_argument("--timed-variants", type=int, default=None,
                     help="input variants the timed calls draw from (default: every call new on cpu, 2 on cuda)")
     ap.add_argument("--timed-samples", type=int, default=None, help="outputs of timed calls verified per case (default 1)")
