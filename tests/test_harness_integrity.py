@@ -137,9 +137,12 @@ def test_plans_and_their_rechecks():
     ids = [task.case_id(c) for c in task.correctness_cases]
     assert verify.verification_plan(task, "check", "cpu") == [(i, 0) for i in ids] + [(ids[0], verify.RECHECK_SEED_SALT)]
     bench = [task.case_id(c) for c in task.benchmark_cases]
+    # after the checks, per timed case: its re-check (where the protocol has one), then the outputs of timed calls
     assert verify.verification_plan(task, "measure", "cuda", "gpumode") == \
-        [(i, 0) for i in bench] + [(i, verify.GPUMODE_SEED_STEP) for i in bench]
-    assert verify.verification_plan(task, "measure", "cuda", "kernelcast")[-1] == (bench[0], verify.RECHECK_SEED_SALT)
+        [(i, 0) for i in bench] + [s for i in bench for s in ((i, verify.GPUMODE_SEED_STEP), (i, verify.TIMED))]
+    kc = verify.verification_plan(task, "measure", "cuda", "kernelcast", samples=2)
+    assert kc[len(bench):len(bench) + 3] == [(bench[0], verify.RECHECK_SEED_SALT)] + [(bench[0], verify.TIMED)] * 2
+    assert kc[-1] == (bench[-1], verify.TIMED) and len(kc) == len(bench) + 2 * len(bench) + 1
 
 
 def test_verifier_judges_shipped_outputs_and_holds_jobs_to_their_plan(tmp_path, monkeypatch):

@@ -55,6 +55,10 @@ def test_adaptive_stop_rules():
     assert timing._should_stop(noisy, 1.5, s)  # time cap
     assert timing._should_stop(noisy + [3.0, 1.0, 3.0], 0.1, s)  # rep cap
     assert not timing._should_stop([5.0, 5.0], 9.9, s)  # the time cap still wants 3 reps
+    many = timing.TimingSettings(min_reps=5, max_reps=100, max_case_s=1.0, rse_target=0.01)
+    outliers = [1.0] * 20 + [40.0, 60.0]  # the mean's error stays high, the median is settled
+    assert not timing._should_stop(outliers, 0.1, many) and timing._should_stop(outliers, 0.1, many, median=True)
+    assert not timing._should_stop([1.0, 1.5] * 11, 0.1, many, median=True)  # the median's interval is still wide
 
 
 def test_time_cpu_counts_reps_and_clones_for_paper():

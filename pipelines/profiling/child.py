@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines.profiling.jail import LAYERS_ENV
 
         verify.JUDGE.impl = verify.ChannelJudge(send, recv)
-        runner.start_watch()  # the baseline of identities, before any kernel exists here
+        if args.role == "measure":
+            measurer.warm()  # torch's lazy first-use set-up happens before the baseline, not after it
+        runner.start_watch()  # the baseline of identities, once, before any kernel exists here
         info["sandbox"] = os.environ.get(LAYERS_ENV, "")
     except Exception as e:  # noqa: BLE001
         send({"type": "fatal", "error": f"{args.role} worker failed to start: {type(e).__name__}: {e}"})

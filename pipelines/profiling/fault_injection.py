@@ -10,7 +10,10 @@ error, missing entry point, Triton compile error, wrong result, cached by shape,
 endless loops, illegal memory access, os._exit, segfault) and the hostile battery of
 tests/fixtures_kernels/hostile.py (writes outside the sandbox, network, environment secrets,
 memory bomb, fork bomb, setsid escape, warehouse tampering, patched check, patched reference op,
-patched timer, reference output returned, caching by shape and by address, work on a side stream).
+patched timer, reference output returned, caching by shape and by address, work on a side stream,
+and the timed-call cheats: a frame-walking idler, the clock patched and the watch re-based, the
+watch switched off, Measurer.time_fn and Timing.as_dict patched at class level, the timing list
+rewritten, a content-keyed memo, a saboteur that leaves a slow clock for the next kernel).
 Runs the worker as a separate process (`python3 -m pipelines.profiling.worker`) with a secret in
 its environment, a listener on the loopback and files to aim at, then asserts: the worker exited 0
 and wrote its file, every kernel got an expected failure kind, good kernels are ok with finite
@@ -106,6 +109,8 @@ def _parser() -> argparse.ArgumentParser:
                     help="sandbox memory limit for this run (default 12 cuda, 3 cpu; the memory bomb asks for twice it)")
     ap.add_argument("--process-limit", type=int, default=128, help="sandbox processes + threads per child for this run")
     ap.add_argument("--protocol", choices=("kernelcast", "paper", "gpumode"), default="kernelcast")
+    ap.add_argument("--timed-variants", type=int, default=None, help="worker --timed-variants")
+    ap.add_argument("--timed-samples", type=int, default=None, help="worker --timed-samples")
     return ap
 
 
@@ -201,7 +206,9 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "pipelines.profiling.worker", "--batch", str(batch), "--out", str(out),
            "--device", args.device, "--protocol", args.protocol, "--compile-workers", str(workers),
            "--timeout-s", str(timeout_s), "--log-dir", str(out_dir / "logs"),
-           "--summary-json", str(out_dir / "summary.json")] + ([] if cuda else ["--max-reps", "3"])
+           "--summary-json", str(out_dir / "summary.json"), "--ref-cache", "off"] + ([] if cuda else ["--max-reps", "3"])
+    for flag, value in (("--timed-variants", args.timed_variants), ("--timed-samples", args.timed_samples)):
+        cmd += [flag, str(value)] if value else []
     print("running:", " ".join(cmd), file=sys.stderr, flush=True)
     t0 = time.monotonic()
     proc = run_teeing_stderr(cmd, env)

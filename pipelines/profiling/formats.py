@@ -11,7 +11,8 @@ import re
 
 import pyarrow as pa
 
-HARNESS_VERSION = "kernelcast-harness-3"  # 2: launch cover, median of reference timings; 3: sandbox, verifier
+HARNESS_VERSION = "kernelcast-harness-4"  # 2: launch cover, median of reference timings; 3: sandbox, verifier;
+# 4: timed calls on new values with sampled outputs verified, one integrity baseline per child
 
 FAILURE_KINDS = (
     "compile_failed",  # the module does not import / Triton does not compile it

@@ -7,16 +7,19 @@ harness's own functions. `Watch` records, in a clean process before any kernel i
 * every callable and submodule of torch, torch.nn.functional, torch.linalg, torch.special,
   torch.fft, torch.cuda, torch.random, time, math, builtins, numpy, and every attribute of the
   harness modules (runner, timing, verify, shipping, integrity, child; the task modules; the
-  GPU MODE helpers), by object identity, with each Python function's code, defaults and closure;
+  GPU MODE helpers), by object identity, with each Python function's code, defaults and closure,
+  and the method tables of the classes those modules define (`Measurer.time_fn`, `Timing.as_dict`);
 * the method tables of torch.Tensor, its C base, torch.cuda.Event and Stream, torch.Generator;
 * process-wide hooks: trace and profile functions, torch function and dispatch modes, Python
   kernels registered for aten/prims ops on real backends, the dispatcher entries of hot ops,
   and threads started by code that is not torch's or triton's.
 
-`Watch.changes()` lists what differs from the baseline the harness takes right before importing
-each kernel (`rebase`); the children call it after the import, after the correctness cases and
-after timing, and a kernel with any change is recorded as `tampered` (its child is then
-replaced, so no later kernel runs in a patched process).
+`Watch.changes()` lists what differs from the baseline, taken once per child before any kernel
+exists in it and never again (a call of `rebase` is refused and reported as a change, so a
+kernel that patches the clock and then re-bases is caught); the children call it before each
+kernel, after the import, after the correctness cases, after timing and after unloading the
+kernel, and a kernel with any change is recorded as `tampered` (its child is then replaced, so
+no later kernel runs in a patched process).
 Reads only the standard library and torch. Attributes a module adds later (torch imports its
 submodules lazily) are not changes; only replaced or removed ones are.
 """
@@ -111,6 +114,17 @@ def _class_entries(dotted: str) -> dict[str, tuple]:
     return out
 
 
+def _harness_classes(name: str) -> dict[str, tuple]:
+    """The method tables of the classes module `name` defines (patched at class level, a method
+    changes every instance at once)."""
+    module = sys.modules.get(name)
+    out: dict[str, tuple] = {}
+    for attr, v in list(vars(module).items()) if module is not None else ():
+        if isinstance(v, type) and v.__module__ == name:
+            out.update(_class_entries(f"{name}.{attr}"))
+    return out
+
+
 def _dispatch_state() -> dict[str, tuple]:
     """Python kernels on real backends of aten/prims ops, and the hot ops' dispatcher lines."""
     out: dict[str, tuple] = {}
@@ -189,6 +203,7 @@ def snapshot(extra_modules: tuple[str, ...] = ()) -> dict[str, tuple]:
         snap.update(_module_entries(name, everything=False))
     for name in HARNESS_MODULES + tuple(extra_modules):
         snap.update(_module_entries(name, everything=True))
+        snap.update(_harness_classes(name))
     for dotted in WATCHED_CLASSES:
         snap.update(_class_entries(dotted))
     snap.update(_module_entries("builtins", everything=False))
@@ -207,11 +222,15 @@ class Watch:
 
     def __init__(self, extra_modules: tuple[str, ...] = ()):
         self.extra_modules = tuple(extra_modules)
-        self.rebase()
+        self.rebased = False
+        self._take()
 
     def rebase(self) -> None:
-        """Take the baseline now (the harness calls this right before importing each kernel, so
-        what torch itself initialises lazily while the harness times a reference is not a change)."""
+        """Refused: the baseline is taken once, when the watch is made. A call (only a kernel
+        would make one) is remembered and listed by `changes`."""
+        self.rebased = True
+
+    def _take(self) -> None:
         self.baseline = snapshot(self.extra_modules)
         self.threads = {t.ident for t in threading.enumerate()}
         self.impls = _library_impls()
@@ -234,7 +253,8 @@ class Watch:
     def changes(self, limit: int = 5) -> list[str]:
         """Names whose identity changed or that disappeared (at most `limit`, plus a count)."""
         now = snapshot(self.extra_modules)
-        changed = [k for k, v in self.baseline.items()
+        changed = ["the integrity baseline (a re-base was asked for)"] if self.rebased else []
+        changed += [k for k, v in self.baseline.items()
                    if now.get(k, ("missing",)) != v and not self._wrapped(k) and not k.endswith("(attribute names)")]
         for k, v in self.baseline.items():
             if k.endswith("(attribute names)"):

@@ -10,7 +10,10 @@ CPU tests check the same code:
   time (geometric mean over cases of kernelcast's median over gpumode's mean) and of the speedup,
   summarised by median, 5th and 95th percentile, overall and per task;
 * `submissions_table`: each submission's outcome under each protocol, with GPU MODE's score (the
-  geometric mean over benchmark cases of the mean time, microseconds).
+  geometric mean over benchmark cases of the mean time, microseconds);
+* `identical_code_rows`: per task a kernel that is the reference itself (GPU MODE's way: it
+  imports `reference.ref_kernel` and returns its result), whose speedup must read 1.00 under
+  every protocol.
 
 Imports only the standard library, numpy and pyarrow (the GPU host has no polars).
 """
@@ -193,3 +196,12 @@ def submissions_table(kernelcast_rows: list[dict], gpumode_rows: list[dict]) -> 
             entry[name] = item
         out.append(entry)
     return out
+
+
+IDENTICAL_PREFIX = "identical-code:"
+IDENTICAL_SOURCE = "from reference import ref_kernel\n\n\ndef custom_kernel(data):\n    return ref_kernel(data)\n"
+
+
+def identical_code_rows(tasks: Iterable[str]) -> list[dict]:
+    """Batch rows (kernel_id, task, source) of the reference itself, one per task."""
+    return [{"kernel_id": f"{IDENTICAL_PREFIX}{t}", "task": t, "source": IDENTICAL_SOURCE} for t in tasks]

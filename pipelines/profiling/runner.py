@@ -12,9 +12,17 @@ reference there and judges. After timing, the re-check writes a new seed's input
 buffers that were timed and judges again, which catches kernels that cache their result by
 shape or by input address. All device work is synchronised device-wide before anything is read.
 
+Timed calls are verified too: each call runs on new values written into the same buffers
+(timing.Feed), and after the calls a CSPRNG draw picks the outputs the verifier judges; every call
+of a kernel (check, warm-up, timed, re-check) is made by timing.drive from the same place, so its
+stack says nothing about what the call is for.
+
 Integrity (integrity.Watch): the identities of torch's, the clock's and the harness's functions
-are recorded right before a kernel is imported; after the import, after its checks and after its
-timing they must be unchanged, else the kernel is `tampered` and the child is replaced. Timings are checked against the wall clock (timing.TimingTampered).
+(the methods of its classes included) are recorded once per child, before any kernel exists in
+it, and never re-based; before each kernel, after its import, after its checks, after its timing
+and after it was unloaded (its finalizers run then) they must be unchanged, else the kernel is
+`tampered` and the child is replaced. Timings are checked against the wall clock
+(timing.TimingTampered).
 """
 
 from __future__ import annotations
@@ -39,18 +47,22 @@ from pipelines.profiling.sandbox import one_line
 from pipelines.profiling.shipping import ShippingError
 from pipelines.profiling.taskload import extra_task_modules, load_task
 from pipelines.profiling.timing import (
+    Feed,
     GpuShared,
     L2Flusher,
     LaunchCover,
+    Steps,
     Timing,
     TimingSettings,
     TimingTampered,
+    cpu_steps,
+    cuda_steps,
     data_nbytes,
-    gpumode_warmup,
-    time_cpu,
-    time_cuda,
+    drive,
+    gpumode_warmup_steps,
+    plain_feed,
 )
-from pipelines.profiling.verify import RECHECK_SEED_SALT, recheck_salts, timed_cases
+from pipelines.profiling.verify import RECHECK_SEED_SALT, recheck_salts, timed_cases, timed_draws
 
 log = logging.getLogger(__name__)
 
@@ -94,8 +106,6 @@ def load_kernel(path: str, task=None):
         from pipelines.tasks import gpumode
 
         gpumode.install(task)
-    if WATCH.watch is not None:
-        WATCH.watch.rebase()  # what this kernel changes from here on is the kernel's doing
     name = "kc_kernel_" + hashlib.sha1(path.encode()).hexdigest()[:16]
     sys.modules.pop(name, None)
     try:
@@ -124,13 +134,31 @@ def unload_kernel(path: str) -> None:
 
 
 class _WatchHolder:
-    """The child's integrity watch (None until `start_watch`, e.g. in in-process tests)."""
+    """The child's integrity watch (None until `start_watch`, e.g. in in-process tests).
+
+    Set once: a later assignment (a kernel's `WATCH.watch = None`) is refused and remembered,
+    and `check_integrity` reports it."""
+
+    __slots__ = ("_watch", "meddled")
 
     def __init__(self) -> None:
-        self.watch: Watch | None = None
+        self._watch: Watch | None = None
+        self.meddled = False
+
+    @property
+    def watch(self) -> Watch | None:
+        return self._watch
+
+    @watch.setter
+    def watch(self, value: Watch | None) -> None:
+        if self._watch is not None:
+            self.meddled = True
+            return
+        self._watch = value
 
 
 WATCH = _WatchHolder()
+_STARTED: list[Watch] = []  # the watch start_watch made: a second reference, checked against the holder
 
 
 def start_watch() -> Watch:
@@ -147,15 +175,25 @@ def start_watch() -> Watch:
         module = getattr(task.generate_input, "__module__", None)
         if module:
             modules.append(module)
-    WATCH.watch = Watch(tuple(dict.fromkeys(modules)))
-    return WATCH.watch
+    watch = Watch(tuple(dict.fromkeys(modules)))
+    WATCH.watch = watch
+    _STARTED.append(watch)
+    return watch
+
+
+def integrity_changes() -> list[str]:
+    """What differs from the child's baseline (also: a watch switched off or replaced)."""
+    watch = WATCH.watch
+    if not _STARTED and watch is None:
+        return []  # no watch in this process (in-process tests)
+    if WATCH.meddled or watch is None or not _STARTED or watch is not _STARTED[0]:
+        return ["the integrity watch (switched off or replaced)"]
+    return watch.changes()
 
 
 def check_integrity(when: str) -> None:
     """Raise `tampered` (and ask for a fresh child) if a watched identity changed."""
-    if WATCH.watch is None:
-        return
-    changed = WATCH.watch.changes()
+    changed = integrity_changes()
     if changed:
         raise KernelFailure("tampered", one_line(f"{when}: the kernel changed {', '.join(changed)}"), restart=True)
 
@@ -260,6 +298,10 @@ class InputCache:
         self.items: dict[tuple[str, str, int], tuple[Any, int]] = {}
 
     def get(self, task, case: dict, salt: int = 0) -> Any:
+        return clone_data(self.peek(task, case, salt))
+
+    def peek(self, task, case: dict, salt: int = 0) -> Any:
+        """The cached input itself, not a clone: for reading only (values copied into buffers)."""
         key = (task.name, task.case_id(case), salt)
         if key not in self.items:
             data = _generate(task, case, salt)
@@ -267,7 +309,7 @@ class InputCache:
             self._evict(keep=task.name)
         else:
             self.items[key] = self.items.pop(key)  # most recently used last
-        return clone_data(self.items[key][0])
+        return self.items[key][0]
 
     def _evict(self, keep: str) -> None:
         while sum(n for _, n in self.items.values()) > self.max_bytes:
@@ -340,8 +382,9 @@ def copy_into(target: Any, source: Any) -> Any:
     return target
 
 
-def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0, into: Any = None) -> Any:
-    """Run the kernel on one case and have the verifier judge its output; KernelFailure on any problem.
+def check_steps(task, case: dict, device: str, salt: int = 0, into: Any = None) -> Steps:
+    """One checked call of the kernel on a case, as steps (timing.drive makes the call), and the
+    verifier's verdict on its output; KernelFailure on any problem.
 
     Args:
         into: an input the kernel ran on before: the case's values (seed + salt) are written into
@@ -359,10 +402,17 @@ def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0, into:
         raise KernelFailure("infrastructure", f"generate_input failed on {cid}: {_describe(e)}") from e
     poison_free_memory(device, data_k)
     try:
-        out = fn(data_k)
+        out = yield data_k
         sync(device)
     except Exception as e:
         raise classify(e, device, f"case {cid}") from e
+    judge_output(task, case, salt, out, device, cid)
+    return data_k
+
+
+def judge_output(task, case: dict, salt: int, out: Any, device: str, cid: str) -> None:
+    """The verifier's verdict on one output (seed + salt); KernelFailure unless it is right."""
+    t0 = time.perf_counter()
     try:
         ok, message = verify.judge(task, case, salt, out, verify.flags_json(snapshot_torch_flags()))
     except ShippingError as e:
@@ -374,9 +424,15 @@ def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0, into:
         if isinstance(e, torch.cuda.OutOfMemoryError):
             raise KernelFailure("infrastructure", f"case {cid}: check ran out of GPU memory") from e
         raise KernelFailure("incorrect", f"case {cid}: check raised {_describe(e)}") from e
+    finally:
+        _JUDGE_CLOCK.seconds += time.perf_counter() - t0
     if not ok:
         raise KernelFailure("incorrect", one_line(f"case {cid}: {message}"))
-    return data_k
+
+
+def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0, into: Any = None) -> Any:
+    """Run the kernel on one case and have the verifier judge its output (check_steps)."""
+    return drive(fn, check_steps(task, case, device, salt, into))
 
 
 def check_all(task, fn: Callable, cases, device: str, progress: Callable[[str], None] | None = None) -> Any:
@@ -523,8 +579,19 @@ def _task_or_failure(name: str):
         raise KernelFailure("infrastructure", f"task {name!r}: {_describe(e)}") from e
 
 
+def check_state_before_kernel() -> None:
+    """The state check before each kernel: a process an earlier kernel changed after its own
+    checks (a finalizer, a timer) is replaced before anything else runs in it; the job is
+    `infrastructure` (retried by a resumed run), not this kernel's failure."""
+    before = integrity_changes()
+    if before:
+        raise KernelFailure("infrastructure", one_line(
+            f"this process was changed before the kernel was imported: {', '.join(before)}"), restart=True)
+
+
 def _imported(job: dict):
     """(task, entry point) of the job's kernel, imported, with nothing tampered with on import."""
+    check_state_before_kernel()
     task = _task_or_failure(job["task"])
     fn = load_kernel(job["path"], task)
     check_integrity("on import")
@@ -550,13 +617,14 @@ def run_compile(job: dict, device: str) -> dict:
             if not cuda_healthy():
                 raise KernelFailure("crashed", "CUDA context broken while compiling", restart=True)
         check_integrity("while compiling")
-        return {"ok": True, "seconds": time.perf_counter() - t0}
+        result = {"ok": True, "seconds": time.perf_counter() - t0}
     except KernelFailure as f:
-        return _failed(f, t0)
+        result = _failed(f, t0)
     finally:
         unload_kernel(path)
         if device == "cuda" and COMPILE_INPUTS != "meta":
             release_cuda_memory(keep_bytes=_CACHE.max_bytes + 2**30)
+    return _checked_after_unload(result)
 
 
 def run_check(job: dict, device: str) -> dict:
@@ -569,11 +637,23 @@ def run_check(job: dict, device: str) -> dict:
         # The first case again, on a new seed written into the same buffers: no caching by shape or address.
         check_case(task, fn, task.correctness_cases[0], device, salt=RECHECK_SEED_SALT, into=first)
         check_integrity("after the correctness cases")
-        return {"ok": True, "status": "ok", "failure_kind": None, "error": "ok", "seconds": time.perf_counter() - t0}
+        result = {"ok": True, "status": "ok", "failure_kind": None, "error": "ok", "seconds": time.perf_counter() - t0}
     except KernelFailure as f:
-        return _failed(f, t0)
+        result = _failed(f, t0)
     finally:
         unload_kernel(path)
+    return _checked_after_unload(result)
+
+
+def _checked_after_unload(result: dict) -> dict:
+    """`result`, or `tampered` when the process changed once the kernel was unloaded (what its
+    finalizers did, when its module was emptied, would otherwise greet the next kernel here)."""
+    changed = integrity_changes()
+    if changed and result.get("failure_kind") != "tampered":
+        message = one_line(f"after it was unloaded: the kernel changed {', '.join(changed)}")
+        return {**result, "ok": False, "status": "failed", "failure_kind": "tampered", "error": message,
+                "restart": True}
+    return result
 
 
 REF_FIRST = 3  # timings of each reference case when a task is first measured
@@ -595,12 +675,14 @@ class Measurer:
     """The measuring child's state: device, L2 flusher, reference timings, settings."""
 
     def __init__(self, config: dict):
+        self.config = dict(config)
         self.device = config.get("device", "cuda")
         self.protocol = config.get("protocol", "kernelcast")
         self.ref_refresh_s = float(config.get("ref_refresh_s", 60.0))
         # Off by default: generation checks the small cases on the CPU, and on the GPU their new shapes
         # would force fresh JIT compiles inside the timing process.
         self.check_correctness_cases = bool(config.get("check_correctness_cases", False))
+        self.timed_salts, self.timed_samples = timed_draws(self.device, config)
         max_reps = int(config.get("max_reps") or 0)
         if self.device == "cuda":
             if not torch.cuda.is_available():
@@ -628,38 +710,68 @@ class Measurer:
     def cases(self, task) -> tuple:
         return timed_cases(task, self.device)
 
-    def time_fn(self, fn: Callable, data: Any) -> Timing:
+    def time_steps(self, feed: Feed) -> Steps:
+        """The timed loop of this child's device and protocol on `feed`, as steps; returns a Timing."""
         if self.device == "cuda":
-            return time_cuda(fn, data, self.settings, protocol=self.protocol, flusher=self.flusher, launch_cover=self.cover)
-        return time_cpu(fn, data, self.settings, protocol=self.protocol)
+            return (yield from cuda_steps(feed, self.settings, protocol=self.protocol, flusher=self.flusher,
+                                          launch_cover=self.cover))
+        return (yield from cpu_steps(feed, self.settings, protocol=self.protocol))
 
-    def reference_timings(self, task, progress: Callable[[str], None]) -> list[dict]:
+    def time_fn(self, fn: Callable, data: Any) -> Timing:
+        """Time a callable of the harness's own (the reference) on `data` as it is."""
+        return drive(fn, self.time_steps(plain_feed(data)))
+
+    def warm(self) -> None:
+        """Run the timing path once on a callable of our own, before the integrity baseline is
+        taken: what torch initialises lazily on first use is then part of the baseline."""
+        x = torch.ones(1024, device="cuda" if self.device == "cuda" else "cpu")
+        drive(lambda d: d * 2.0, self.time_steps(plain_feed(x)))
+        sync(self.device)
+
+    def reference_timings(self, task, progress: Callable[[str], None], fresh: dict | None = None) -> list[dict]:
         """Time the reference where the newest timing of a case is missing or stale; the new
         timings, each with its case id (the parent keeps the book the rows use: audit.py).
 
         A task's first use times each case REF_FIRST times (REF_FIRST_GPUMODE under gpumode);
         after that one more timing is added whenever the newest is older than ref_refresh_s.
+        `fresh` (the parent's view, from its book and the reference cache: case id -> "fresh" |
+        "stale") overrides this child's own record: a fresh case is not timed, a stale one once.
         """
         now = time.monotonic()
         cases = self.cases(task)
         keys = [(task.name, task.case_id(c)) for c in cases]
-        stale = any(k not in self.refs or now - self.refs[k][1] > self.ref_refresh_s for k in keys)
+        fresh = fresh if isinstance(fresh, dict) else {}
+
+        def wanted(key) -> int:
+            said = fresh.get(key[1])
+            if said == "fresh":
+                return 0
+            if said == "stale":
+                return 1
+            if key not in self.refs:
+                return REF_FIRST_GPUMODE if self.protocol == "gpumode" else REF_FIRST
+            return 1 if now - self.refs[key][1] > self.ref_refresh_s else 0
+
+        counts = [wanted(k) for k in keys]
         new: list[dict] = []
-        if not stale:
+        if not any(counts):
             return new
         restore_torch_flags(self.flags)
-        first = REF_FIRST_GPUMODE if self.protocol == "gpumode" else REF_FIRST
-        for key, case in zip(keys, cases):
+        warmed = False
+        for key, case, n in zip(keys, cases, counts):
+            if not n:
+                continue
             progress(f"timing reference {key[1]}")
             kept = self.refs.get(key, ([], 0.0))[0]
             try:
                 data = make_input(task, case)
                 if self.protocol == "gpumode":  # as the kernel gets: the warm-up run, one untimed call
-                    if key == keys[0]:
-                        gpumode_warmup(task.ref_kernel, data, self.device)
+                    if not warmed:
+                        drive(task.ref_kernel, gpumode_warmup_steps(plain_feed(data), self.device))
+                        warmed = True
                     task.ref_kernel(data)
                     sync(self.device)
-                for _ in range(1 if kept else first):
+                for _ in range(n):
                     t = self.time_fn(task.ref_kernel, data)
                     kept.append(t)
                     new.append({"case_id": key[1], **t.as_dict()})
@@ -672,47 +784,31 @@ class Measurer:
 
     def measure(self, job: dict, progress: Callable[[str], None]) -> dict:
         """Check and time one kernel: the per-kernel part of a row, as claims the parent audits
-        (case_ids, kernel_timings, ref_new; the parent computes the speedups)."""
-        path, result = job["path"], {"check_s": None, "time_s": None, "ref_new": []}
+        (case_ids, kernel_timings, ref_new; the parent computes the speedups), with the seconds
+        each phase took (`phases`)."""
+        path = job["path"]
+        phases = {"state_check_s": 0.0, "reference_s": 0.0, "import_s": 0.0, "check_s": 0.0, "timing_s": 0.0,
+                  "timed_verify_s": 0.0, "recheck_s": 0.0, "verifier_s": 0.0, "unload_s": 0.0}
+        result: dict = {"check_s": None, "time_s": None, "ref_new": [], "phases": phases}
         t0 = time.perf_counter()
         try:
+            t = time.perf_counter()
+            check_state_before_kernel()
+            phases["state_check_s"] = time.perf_counter() - t
             task = _task_or_failure(job["task"])
             cases = self.cases(task)
-            result["ref_new"] = self.reference_timings(task, progress)
+            t = time.perf_counter()
+            result["ref_new"] = self.reference_timings(task, progress, job.get("ref_fresh"))
+            phases["reference_s"] = time.perf_counter() - t
             progress("importing kernel")
+            t = time.perf_counter()
             fn = load_kernel(path, task)
             check_integrity("on import")
-
+            phases["import_s"] = time.perf_counter() - t
             t0 = time.perf_counter()
-            check_cases = cases + (tuple(task.correctness_cases) if self.device == "cuda" and self.check_correctness_cases else ())
-            check_all(task, fn, check_cases, self.device, progress)
-            check_integrity("after the correctness cases")
-            result["check_s"] = time.perf_counter() - t0
-
-            t0 = time.perf_counter()
-            timings = []
-            which, salt = recheck_salts(self.protocol)
-            for i, case in enumerate(cases):
-                cid = task.case_id(case)
-                data = make_input(task, case)
-                sync(self.device)
-                try:
-                    if self.protocol == "gpumode":
-                        if i == 0:
-                            progress("warm-up")
-                            gpumode_warmup(fn, data, self.device)
-                        fn(data)  # GPU MODE's obligatory call before the timed loop of a case
-                        sync(self.device)
-                    progress(f"timing {cid}")
-                    timings.append(self.time_fn(fn, data))
-                except Exception as e:
-                    raise classify(e, self.device, f"timing case {cid}") from e
-                if which == "all" or i == 0:
-                    progress(f"recheck {cid}")
-                    check_case(task, fn, case, self.device, salt=salt, into=data)  # same buffers, new values
-                del data
-            check_integrity("after timing")
-            result["time_s"] = time.perf_counter() - t0
+            # The one call site of the kernel: checks, timed calls and re-checks are steps of one
+            # generator that timing.drive runs (see _steps).
+            timings = drive(fn, self._steps(task, cases, progress, result))
             result.update(status="ok", failure_kind=None, error=None, case_ids=[task.case_id(c) for c in cases],
                           kernel_timings=[t.as_dict() for t in timings])
         except KernelFailure as f:
@@ -720,6 +816,82 @@ class Measurer:
             if result["check_s"] is None:
                 result["check_s"] = time.perf_counter() - t0
         finally:
+            t = time.perf_counter()
             unload_kernel(path)
             restore_torch_flags(self.flags)
-        return result
+            phases["unload_s"] = time.perf_counter() - t
+        return _checked_after_unload(result)
+
+    def _judge_timed(self, task, case: dict, feed: Feed, cid: str) -> None:
+        """The verifier's verdicts on the outputs the feed kept (drawn after the calls)."""
+        kept, feed.kept = feed.kept, []
+        for salt, out in kept:
+            judge_output(task, case, salt, out, self.device, f"{cid} (a timed call)")
+        del kept
+
+    def _steps(self, task, cases: tuple, progress: Callable[[str], None], result: dict) -> Steps:
+        """Every call of one kernel's measurement as steps; returns the cases' Timings."""
+        phases = result["phases"]
+        t0 = time.perf_counter()
+        extra = tuple(task.correctness_cases) if self.device == "cuda" and self.check_correctness_cases else ()
+        verifier_before = _JUDGE_CLOCK.seconds
+        for case in cases + extra:
+            progress(f"checking {task.case_id(case)}")
+            yield from check_steps(task, case, self.device)
+        check_integrity("after the correctness cases")
+        result["check_s"] = phases["check_s"] = time.perf_counter() - t0
+
+        t_all = time.perf_counter()
+        timings = []
+        which, salt = recheck_salts(self.protocol)
+        for i, case in enumerate(cases):
+            cid = task.case_id(case)
+            data = make_input(task, case)
+            if len(self.timed_salts) <= 8:  # a GPU's few variants: generated here, not between timed calls
+                for s in self.timed_salts:
+                    _CACHE.peek(task, case, s)
+            sync(self.device)
+            feed = Feed(data, lambda s, case=case: _CACHE.peek(task, case, s), self.timed_salts,
+                        self.timed_samples, self.device)
+            t = time.perf_counter()
+            try:
+                if self.protocol == "gpumode":
+                    if i == 0:
+                        progress("warm-up")
+                        yield from gpumode_warmup_steps(feed, self.device)
+                    out = yield feed.fill()  # GPU MODE's obligatory call before the timed loop of a case
+                    feed.took(out)
+                    del out
+                    sync(self.device)
+                progress(f"timing {cid}")
+                timings.append((yield from self.time_steps(feed)))
+            except KernelFailure:
+                raise
+            except Exception as e:
+                raise classify(e, self.device, f"timing case {cid}") from e
+            phases["timing_s"] += time.perf_counter() - t
+            if which == "all" or i == 0:
+                t = time.perf_counter()
+                progress(f"recheck {cid}")
+                yield from check_steps(task, case, self.device, salt=salt, into=data)  # same buffers, new values
+                phases["recheck_s"] += time.perf_counter() - t
+            # After the re-check: wrong on new values is `incorrect` there; wrong only when timed is `tampered`.
+            t = time.perf_counter()
+            progress(f"verifying timed calls {cid}")
+            self._judge_timed(task, case, feed, cid)
+            phases["timed_verify_s"] += time.perf_counter() - t
+            del feed, data
+        check_integrity("after timing")
+        result["time_s"] = time.perf_counter() - t_all
+        phases["verifier_s"] = _JUDGE_CLOCK.seconds - verifier_before
+        return timings
+
+
+class _JudgeClock:
+    """Seconds spent waiting for verdicts (shipping an output and the verifier's work)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+
+_JUDGE_CLOCK = _JudgeClock()

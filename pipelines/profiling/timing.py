@@ -10,14 +10,15 @@ kernelcast (default)
     cover, launch-bound callables (a PyTorch reference of four small ops on a 256x4096
     input) were timed 2.6x slower in one H200 run than in the next, because compile
     workers were loading the CPU at the moment (harness 1, 2026-11-29). Each call is
-    bracketed by its own pair of CUDA events; inputs are generated once per case and reused. Reps run in
-    chunks until the relative standard error of the mean is under `rse_target` (0.5%), with a
-    minimum number of reps and caps on reps and on wall time per case. The statistic used for
-    speedups is the MEDIAN of the per-call times.
+    bracketed by its own pair of CUDA events; each call runs on new values in the same buffers
+    (Feed). Reps run in chunks until the 95% confidence interval of the MEDIAN is within
+    `rse_target` (0.5%) of it (order statistics, `median_ci_relative`), with a minimum number of
+    reps and caps on reps and on wall time per case. The statistic used for speedups is the
+    MEDIAN of the per-call times.
 paper
     As the paper's harness: no L2 flush, no launch cover, the input is cloned INSIDE the
     timed window (the clone's cost is part of every call), and the statistic is the MEAN of
-    reps. Same adaptive stopping.
+    reps. Reps stop once the relative standard error of the mean is under `rse_target`.
 gpumode
     GPU MODE's benchmark loop (reference-kernels, problems/bioml/trimul/eval.py): per call,
     synchronize, a pair of CUDA events around the whole call (host overhead included), no L2
@@ -31,14 +32,22 @@ Every protocol checks its CUDA-event times against the wall clock (`TimingTamper
 cannot add up to more than the time that passed, and a call whose synchronised wall time is far
 above its event time ran work the events did not see (a side stream, a patched timer).
 
+Every call of a kernel, whether checked, warm-up or timed, is made by `drive` from the same
+place, so a kernel that walks its stack sees the same frames whatever the call is for; the loops
+below are generators that yield the input of each call and receive its output. A `Feed` gives
+each call its input values (a new variant of the case per call, written into the same buffers
+outside the timed window) and keeps, by a draw from the operating system's CSPRNG made AFTER
+each call, a sample of the outputs for the verifier (runner.Measurer ships them).
+
 Only the standard library, numpy and torch are used (the worker runs on bare hosts).
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass
 from typing import Any
 
@@ -258,29 +267,213 @@ def cover_seconds(enqueue_s: list[float]) -> float:
     return min(2 * max(rest) + 20e-6, LaunchCover.MAX_S)
 
 
-def _should_stop(times: list[float], elapsed_s: float, s: TimingSettings) -> bool:
+def median_ci_relative(times_ms: list[float], z: float = 1.96) -> float:
+    """Half the width of the distribution-free 95% confidence interval of the median (order
+    statistics), over the median; inf for fewer than three samples.
+
+    >>> median_ci_relative([1.0] * 30 + [50.0]), median_ci_relative([1.0, 2.0])
+    (0.0, inf)
+    """
+    n = len(times_ms)
+    if n < 3:
+        return math.inf
+    a = np.sort(np.asarray(times_ms, dtype=np.float64))
+    half = z * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half) - 1)
+    hi = min(n - 1, math.ceil(1 + n / 2 + half) - 1)
+    med = float(np.median(a))
+    return float(a[hi] - a[lo]) / 2 / med if med > 0 else math.inf
+
+
+def _should_stop(times: list[float], elapsed_s: float, s: TimingSettings, median: bool = False) -> bool:
+    """Whether a timed loop has enough calls. With `median` (the protocol's statistic is the
+    median) it stops once the median's confidence interval is tight (median_ci_relative below
+    rse_target), so a few outliers, which keep the mean's error high, do not hold it to the caps."""
     n = len(times)
     if n >= s.max_reps:
         return True
     if elapsed_s >= s.max_case_s and n >= 3:
         return True  # time cap beats min_reps, so one slow kernel cannot stall the batch
-    return n >= s.min_reps and relative_stderr(times) < s.rse_target
+    if n < s.min_reps:
+        return False
+    return (median_ci_relative(times) if median else relative_stderr(times)) < s.rse_target
 
 
-def _wall_probe(fn: Callable[[Any], Any], data: Any, n: int) -> tuple[list[float], list[float]]:
+Steps = Generator[Any, Any, Any]  # yields a call's input, receives its output, returns a result
+
+
+def drive(fn: Callable[[Any], Any], steps: Steps) -> Any:
+    """Run `steps`, calling `fn` on every input it yields and sending back the output; its result.
+
+    The one place the measuring child calls a kernel from: checks, warm-up calls, timed calls
+    and re-checks all come through here, so the kernel's stack is the same in each (a suspended
+    generator is not on the stack). An exception of the kernel is thrown into `steps` at the
+    call it came from.
+    """
+    reply = None  # bound from the first call on, so every call sees the same local names
+    try:
+        data = next(steps)
+        while True:
+            try:
+                reply = fn(data)
+            except Exception as e:  # noqa: BLE001 - handed to the step that made the call
+                data = steps.throw(e)
+                continue
+            data = steps.send(reply)
+            reply = None  # the step keeps what it needs; the output is not held through the next call
+    except StopIteration as stop:
+        return stop.value
+
+
+class Feed:
+    """The inputs of one case's calls and the outputs kept for the verifier.
+
+    Args:
+        data: the buffers every call runs on (the same objects each call).
+        variant: salt -> the case's values for that salt (read, never handed to the kernel).
+        salts: the salts the calls draw from; before each call one is drawn at random and its
+            values are written into `data` (outside any timed window); an empty tuple keeps
+            the values as they are.
+        keep: how many outputs to keep: a uniform sample of all calls made through the feed,
+            drawn after each call (reservoir sampling with the OS CSPRNG, which no kernel can
+            seed or predict); each kept output is cloned then (so a buffer the kernel reuses
+            cannot change it later).
+        device: "cuda" | "cpu".
+    """
+
+    def __init__(self, data: Any, variant: Callable[[int], Any] | None = None, salts: tuple[int, ...] = (),
+                 keep: int = 0, device: str = "cpu"):
+        self.data, self.variant, self.salts, self.keep, self.device = data, variant, tuple(salts), keep, device
+        self.calls = 0
+        self.salt = 0
+        self.kept: list[tuple[int, Any]] = []  # (salt, output clone)
+        self._rng = secrets.SystemRandom()
+        # The salts in a random order, taken in turn: no two calls share values until all were used.
+        self._order = list(self.salts)
+        self._rng.shuffle(self._order)
+        self._filled = 0
+
+    def fill(self) -> Any:
+        """The input of the next call: the next variant's values written into the same buffers."""
+        if self._order and self.variant is not None:
+            self.salt = self._order[self._filled % len(self._order)]
+            self._filled += 1
+            _copy_values(self.data, self.variant(self.salt))
+        return self.data
+
+    def took(self, out: Any) -> None:
+        """After a call: keep its output with probability keep / calls (replacing a kept one)."""
+        self.calls += 1
+        if self.keep <= 0:
+            return
+        if len(self.kept) < self.keep:
+            slot = len(self.kept)
+            self.kept.append((0, None))
+        else:
+            slot = self._rng.randrange(self.calls)
+            if slot >= self.keep:
+                return
+        if self.device == "cuda":
+            torch.cuda.synchronize()  # the output is complete before it is copied
+        self.kept[slot] = (self.salt, clone_data(out))
+
+
+def plain_feed(data: Any) -> Feed:
+    """A feed that hands out `data` as it is and keeps nothing (the reference, tests)."""
+    return Feed(data)
+
+
+def _copy_values(target: Any, source: Any) -> None:
+    if isinstance(target, torch.Tensor):
+        target.copy_(source)
+    elif isinstance(target, (tuple, list)):
+        for t, v in zip(target, source):
+            _copy_values(t, v)
+    elif isinstance(target, dict):
+        for k in target:
+            _copy_values(target[k], source[k])
+
+
+def _probe_steps(feed: Feed, n: int, clone_inside: bool = False) -> Steps:
     """(event ms, synchronised wall s) of `n` calls, each on its own, with no cover or flush."""
     events, walls = [], []
     for _ in range(n):
+        data = feed.fill()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         start.record()
-        fn(data)
+        out = yield (clone_data(data) if clone_inside else data)
         end.record()
         torch.cuda.synchronize()
         walls.append(time.perf_counter() - t0)
         events.append(start.elapsed_time(end))
+        feed.took(out)
+        del out
     return events, walls
+
+
+def _wall_probe(fn: Callable[[Any], Any], data: Any, n: int) -> tuple[list[float], list[float]]:
+    """(event ms, synchronised wall s) of `n` calls of `fn` (our own callables only)."""
+    return drive(fn, _probe_steps(plain_feed(data), n))
+
+
+def cuda_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelcast",
+               flusher: L2Flusher | None = None, launch_cover: LaunchCover | None = None) -> Steps:
+    """The CUDA timed loop of `protocol` as steps (see time_cuda); returns a Timing."""
+    if protocol == "gpumode":
+        return (yield from gpumode_steps(feed, device="cuda", max_repeats=min(settings.max_reps, GPUMODE_MAX_REPEATS)))
+    flush = flusher.flush if (protocol == "kernelcast" and flusher is not None) else None
+    cover = launch_cover if protocol == "kernelcast" else None
+    clone_inside = protocol == "paper"
+
+    # Warm-up: JIT compilation, autotuning, allocator growth, clocks ramping up. Untimed.
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    n_warm = 0
+    enqueue_s: list[float] = []  # host time to enqueue one call (the GPU may still be running it)
+    while n_warm < 3 or ((time.perf_counter() - t0) * 1e3 < settings.warmup_ms and n_warm < 100):
+        data = feed.fill()
+        if flush:
+            flush()
+        t_call = time.perf_counter()
+        out = yield (clone_data(data) if clone_inside else data)
+        enqueue_s.append(time.perf_counter() - t_call)
+        feed.took(out)
+        del out
+        torch.cuda.synchronize()
+        n_warm += 1
+    per_call_s = max((time.perf_counter() - t0) / n_warm, 1e-6)
+    spin_s = cover_seconds(enqueue_s) if cover else 0.0
+
+    times: tuple[float, ...] = ()  # a tuple: what was recorded cannot be rewritten in place
+    start = time.perf_counter()
+    while True:
+        # Chunks of ~50 ms keep the host ahead of the GPU while stop checks stay frequent.
+        chunk = int(min(max(1, 0.05 / per_call_s), settings.max_reps - len(times), 100))
+        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(chunk)]
+        t_chunk = time.perf_counter()
+        for ev_start, ev_end in events:
+            data = feed.fill()
+            if flush:
+                flush()
+            if cover:
+                cover.cover(spin_s)
+            ev_start.record()
+            out = yield (clone_data(data) if clone_inside else data)
+            ev_end.record()
+            feed.took(out)
+            del out
+        torch.cuda.synchronize()  # device-wide: work the kernel left on other streams is done too
+        chunk_ms = tuple(ev_start.elapsed_time(ev_end) for ev_start, ev_end in events)
+        check_chunk_wall(list(chunk_ms), time.perf_counter() - t_chunk)
+        times = times + chunk_ms  # ms
+        if _should_stop(list(times), time.perf_counter() - start, settings, median=protocol == "kernelcast"):
+            break
+    timing = summarize(times)
+    probe_events, probe_walls = yield from _probe_steps(feed, WALL_CHECK_CALLS, clone_inside)
+    check_kernel_wall(float(np.median(probe_events)), float(np.median(probe_walls)), float(np.median(enqueue_s[1:] or enqueue_s)))
+    return timing
 
 
 def time_cuda(
@@ -297,56 +490,7 @@ def time_cuda(
     Raises:
         TimingTampered: the wall clock contradicts the events.
     """
-    if protocol == "gpumode":
-        return time_gpumode(fn, data, device="cuda", max_repeats=min(settings.max_reps, GPUMODE_MAX_REPEATS))
-    flush = flusher.flush if (protocol == "kernelcast" and flusher is not None) else None
-    cover = launch_cover if protocol == "kernelcast" else None
-    clone_inside = protocol == "paper"
-
-    def one_call() -> None:
-        fn(clone_data(data) if clone_inside else data)
-
-    # Warm-up: JIT compilation, autotuning, allocator growth, clocks ramping up. Untimed.
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    n_warm = 0
-    enqueue_s: list[float] = []  # host time to enqueue one call (the GPU may still be running it)
-    while n_warm < 3 or ((time.perf_counter() - t0) * 1e3 < settings.warmup_ms and n_warm < 100):
-        if flush:
-            flush()
-        t_call = time.perf_counter()
-        one_call()
-        enqueue_s.append(time.perf_counter() - t_call)
-        torch.cuda.synchronize()
-        n_warm += 1
-    per_call_s = max((time.perf_counter() - t0) / n_warm, 1e-6)
-    spin_s = cover_seconds(enqueue_s) if cover else 0.0
-
-    times: list[float] = []
-    start = time.perf_counter()
-    while True:
-        # Chunks of ~50 ms keep the host ahead of the GPU while stop checks stay frequent.
-        chunk = int(min(max(1, 0.05 / per_call_s), settings.max_reps - len(times), 100))
-        events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(chunk)]
-        t_chunk = time.perf_counter()
-        for ev_start, ev_end in events:
-            if flush:
-                flush()
-            if cover:
-                cover.cover(spin_s)
-            ev_start.record()
-            one_call()
-            ev_end.record()
-        torch.cuda.synchronize()  # device-wide: work the kernel left on other streams is done too
-        chunk_ms = [ev_start.elapsed_time(ev_end) for ev_start, ev_end in events]
-        check_chunk_wall(chunk_ms, time.perf_counter() - t_chunk)
-        times.extend(chunk_ms)  # ms
-        if _should_stop(times, time.perf_counter() - start, settings):
-            break
-    timing = summarize(times)
-    probe_events, probe_walls = _wall_probe(one_call_fn(fn, clone_inside), data, WALL_CHECK_CALLS)
-    check_kernel_wall(float(np.median(probe_events)), float(np.median(probe_walls)), float(np.median(enqueue_s[1:] or enqueue_s)))
-    return timing
+    return drive(fn, cuda_steps(plain_feed(data), settings, protocol=protocol, flusher=flusher, launch_cover=launch_cover))
 
 
 def one_call_fn(fn: Callable[[Any], Any], clone_inside: bool) -> Callable[[Any], Any]:
@@ -379,6 +523,43 @@ def gpumode_should_stop(durations_ns: list[float], wall_ns: float, max_time_ns: 
     return err / mean < GPUMODE_REL_ERR or mean * n > max_time_ns or wall_ns > GPUMODE_WALL_NS
 
 
+def gpumode_steps(feed: Feed, *, device: str, max_repeats: int = GPUMODE_MAX_REPEATS,
+                  max_time_ns: float = GPUMODE_MAX_TIME_NS) -> Steps:
+    """GPU MODE's timed loop (module docstring) as steps; returns a Timing."""
+    durations_ms: tuple[float, ...] = ()
+    walls: list[float] = []
+    loop_s = 0.0  # CPU: the calls' time by a second clock, to hold the recorded times to
+    start_ns = time.perf_counter_ns()
+    for _ in range(max(1, max_repeats)):
+        data = feed.fill()
+        if device == "cuda":
+            torch.cuda.synchronize()
+            ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            ev_start.record()
+            out = yield data
+            ev_end.record()
+            torch.cuda.synchronize()
+            walls.append(time.perf_counter() - t0)
+            durations_ms = durations_ms + (ev_start.elapsed_time(ev_end),)
+        else:
+            m0 = time.monotonic_ns()
+            t0 = time.perf_counter()
+            out = yield data
+            took = time.perf_counter() - t0
+            loop_s += (time.monotonic_ns() - m0) / 1e9
+            durations_ms = durations_ms + (took * 1e3,)
+        feed.took(out)
+        del out
+        if gpumode_should_stop([d * 1e6 for d in durations_ms], time.perf_counter_ns() - start_ns, max_time_ns):
+            break
+    if device == "cuda":
+        check_kernel_wall(float(np.median(durations_ms)), float(np.median(walls)))
+    else:
+        check_recorded_cpu(durations_ms, loop_s)
+    return summarize(durations_ms)
+
+
 def time_gpumode(fn: Callable[[Any], Any], data: Any, *, device: str, max_repeats: int = GPUMODE_MAX_REPEATS,
                  max_time_ns: float = GPUMODE_MAX_TIME_NS) -> Timing:
     """GPU MODE's timed loop (module docstring) on `data`, reused by every call.
@@ -386,51 +567,69 @@ def time_gpumode(fn: Callable[[Any], Any], data: Any, *, device: str, max_repeat
     On a GPU each call is synchronised before and after and bracketed by CUDA events; on the
     CPU by perf_counter. Raises TimingTampered when the wall clock contradicts the events.
     """
-    durations_ms: list[float] = []
-    walls: list[float] = []
-    start_ns = time.perf_counter_ns()
-    for _ in range(max(1, max_repeats)):
-        if device == "cuda":
-            torch.cuda.synchronize()
-            ev_start, ev_end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            t0 = time.perf_counter()
-            ev_start.record()
-            out = fn(data)
-            ev_end.record()
-            torch.cuda.synchronize()
-            walls.append(time.perf_counter() - t0)
-            durations_ms.append(ev_start.elapsed_time(ev_end))
-        else:
-            t0 = time.perf_counter()
-            out = fn(data)
-            durations_ms.append((time.perf_counter() - t0) * 1e3)
-        del out
-        if gpumode_should_stop([d * 1e6 for d in durations_ms], time.perf_counter_ns() - start_ns, max_time_ns):
-            break
-    if device == "cuda":
-        check_kernel_wall(float(np.median(durations_ms)), float(np.median(walls)))
-    return summarize(durations_ms)
+    return drive(fn, gpumode_steps(plain_feed(data), device=device, max_repeats=max_repeats, max_time_ns=max_time_ns))
+
+
+def gpumode_warmup_steps(feed: Feed, device: str) -> Steps:
+    """GPU MODE's warm-up: the benchmark loop on the first case with a 0.1 s budget, untimed."""
+    yield from gpumode_steps(feed, device=device, max_time_ns=GPUMODE_WARMUP_NS)
 
 
 def gpumode_warmup(fn: Callable[[Any], Any], data: Any, device: str) -> None:
-    """GPU MODE's warm-up: the benchmark loop on the first case with a 0.1 s budget, untimed."""
-    time_gpumode(fn, data, device=device, max_time_ns=GPUMODE_WARMUP_NS)
+    """GPU MODE's warm-up (gpumode_warmup_steps) of `fn` on `data`."""
+    drive(fn, gpumode_warmup_steps(plain_feed(data), device))
+
+
+# The CPU loop's recorded times against the wall clock around the same calls: the records are
+# the calls' own perf_counter differences, so their sum can fall short of the calls' wall time
+# only by clock granularity, never by a factor.
+CPU_RECORD_FACTOR = 1.5
+CPU_RECORD_SLACK_S = 2e-3
+
+
+def check_recorded_cpu(times_ms: tuple[float, ...], calls_wall_s: float) -> None:
+    """Raise TimingTampered when the recorded times add up to far less than the calls took (a
+    kernel that rewrote what the loop had recorded), or to more (a patched clock)."""
+    recorded_s = sum(times_ms) / 1e3
+    if recorded_s * CPU_RECORD_FACTOR + CPU_RECORD_SLACK_S < calls_wall_s:
+        raise TimingTampered(f"the timed calls took {calls_wall_s * 1e3:.3f} ms but {recorded_s * 1e3:.3f} ms are recorded")
+    if recorded_s > calls_wall_s * CPU_RECORD_FACTOR + CPU_RECORD_SLACK_S:
+        raise TimingTampered(f"{recorded_s * 1e3:.3f} ms are recorded for calls of {calls_wall_s * 1e3:.3f} ms")
+
+
+def cpu_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelcast") -> Steps:
+    """The CPU timed loop of `protocol` as steps (see time_cpu); returns a Timing.
+
+    The calls' wall time is read a second way, by `time.monotonic_ns` around the whole loop
+    minus the loop's own work, and held to the recorded times (check_recorded_cpu)."""
+    if protocol == "gpumode":
+        return (yield from gpumode_steps(feed, device="cpu", max_repeats=settings.max_reps))
+    clone_inside = protocol == "paper"
+    data = feed.fill()
+    out = yield (clone_data(data) if clone_inside else data)  # one warm-up call
+    feed.took(out)
+    del out
+    times: tuple[float, ...] = ()
+    start = time.perf_counter()
+    calls_ns = 0
+    while True:
+        data = feed.fill()
+        m0 = time.monotonic_ns()
+        t0 = time.perf_counter()
+        out = yield (clone_data(data) if clone_inside else data)  # paper: the clone inside the window
+        took = time.perf_counter() - t0
+        calls_ns += time.monotonic_ns() - m0
+        times = times + (took * 1e3,)  # ms
+        feed.took(out)
+        del out
+        if _should_stop(list(times), time.perf_counter() - start, settings, median=protocol == "kernelcast"):
+            break
+    check_recorded_cpu(times, calls_ns / 1e9)
+    return summarize(times)
 
 
 def time_cpu(
     fn: Callable[[Any], Any], data: Any, settings: TimingSettings, *, protocol: str = "kernelcast"
 ) -> Timing:
     """Time `fn(data)` with perf_counter (CPU mode, Triton interpreter): few reps, for CI."""
-    if protocol == "gpumode":
-        return time_gpumode(fn, data, device="cpu", max_repeats=settings.max_reps)
-    clone_inside = protocol == "paper"
-    fn(clone_data(data) if clone_inside else data)  # one warm-up call
-    times: list[float] = []
-    start = time.perf_counter()
-    while True:
-        t0 = time.perf_counter()
-        fn(clone_data(data) if clone_inside else data)
-        times.append((time.perf_counter() - t0) * 1e3)  # ms
-        if _should_stop(times, time.perf_counter() - start, settings):
-            break
-    return summarize(times)
+    return drive(fn, cpu_steps(plain_feed(data), settings, protocol=protocol))

@@ -8,8 +8,9 @@ on the shipped output and answers. The kernel's process learns only ok / not ok;
 keeps the verifier's message for the row. So neither the reference nor the comparison can be
 patched, looked up or returned by the kernel.
 
-The verifier holds each job to its plan (`verification_plan`): the cases in order, then the
-re-checks on new seeds. A request out of plan, or a child that reports a correct kernel without
+The verifier holds each job to its plan (`verification_plan`): the cases in order, then per
+timed case its re-check on a new seed (where the protocol re-checks it) and the outputs of timed
+calls the measuring child kept (drawn after the calls, on values of one of the timed salts). A request out of plan, or a child that reports a correct kernel without
 an ok verdict on every step, makes the kernel `tampered` (`settle`).
 
     kernel process   judge(task, case, salt, output) -> (ok, message)     ChannelJudge / LocalJudge
@@ -48,13 +49,33 @@ def recheck_salts(protocol: str) -> tuple[str, int]:
     return ("all", GPUMODE_SEED_STEP) if protocol == "gpumode" else ("first", RECHECK_SEED_SALT)
 
 
+TIMED_SALT_BASE = 2_000_003  # timed calls draw their values from seeds + this + 0..variants-1
+TIMED = -1  # a plan step for the output of a timed call: any of the timed salts
+CPU_TIMED_VARIANTS = 1024  # on the CPU inputs are small: every timed call gets values of its own
+CUDA_TIMED_VARIANTS = 2  # on a GPU each variant is a benchmark input generated (and kept) once per child
+
+
+def timed_draws(device: str, config: dict | None = None) -> tuple[tuple[int, ...], int]:
+    """(the salts timed calls take their input values from, the outputs of timed calls verified per case).
+
+    config keys `timed_variants` and `timed_samples` (the worker's --timed-variants and
+    --timed-samples) override the defaults: every call fresh on the CPU, two variants on a GPU;
+    one verified output per case.
+    """
+    config = config or {}
+    default = CPU_TIMED_VARIANTS if device == "cpu" else CUDA_TIMED_VARIANTS
+    variants = max(1, int(config.get("timed_variants") or default))
+    samples = max(1, int(config.get("timed_samples") or 1))
+    return tuple(TIMED_SALT_BASE + i for i in range(variants)), samples
+
+
 def timed_cases(task, device: str) -> tuple:
     """The cases a measurement times: benchmark cases on a GPU, correctness cases on the CPU."""
     return tuple(task.benchmark_cases) if device == "cuda" else tuple(task.correctness_cases)
 
 
 def verification_plan(task, kind: str, device: str, protocol: str = "kernelcast",
-                      check_correctness_cases: bool = False) -> list[tuple[str, int]]:
+                      check_correctness_cases: bool = False, samples: int = 1) -> list[tuple[str, int]]:
     """The (case id, seed offset) steps a job must have verified, in order.
 
     Args:
@@ -64,6 +85,9 @@ def verification_plan(task, kind: str, device: str, protocol: str = "kernelcast"
         device: "cpu" | "cuda".
         protocol: the timing protocol (gpumode re-checks every case, the others the first).
         check_correctness_cases: the measuring child also checks the correctness cases on a GPU.
+        samples: outputs of timed calls verified per timed case (steps (case id, TIMED)), after
+            the case's re-check: a kernel wrong on new values is `incorrect` there, so a wrong
+            timed output means right when checked and re-checked, wrong when timed.
     """
     if kind == "check":
         cases = tuple(task.correctness_cases)
@@ -72,7 +96,10 @@ def verification_plan(task, kind: str, device: str, protocol: str = "kernelcast"
     extra = tuple(task.correctness_cases) if device == "cuda" and check_correctness_cases else ()
     steps = [(task.case_id(c), 0) for c in cases + extra]
     which, salt = recheck_salts(protocol)
-    steps += [(task.case_id(c), salt) for c in (cases if which == "all" else cases[:1])]
+    for i, c in enumerate(cases):
+        if which == "all" or i == 0:
+            steps.append((task.case_id(c), salt))
+        steps += [(task.case_id(c), TIMED)] * samples
     return steps
 
 
@@ -210,6 +237,7 @@ class Verifier:
         self.device = config.get("device", "cpu")
         self.protocol = config.get("protocol", "kernelcast")
         self.check_correctness_cases = bool(config.get("check_correctness_cases", False))
+        self.timed_salts, self.samples = timed_draws(self.device, config)
         self.cache = InputCache(max_bytes=int(config.get("cache_bytes", 8 * 2**30)))
         self.jobs: dict[str, _Job] = {}
 
@@ -225,12 +253,17 @@ class Verifier:
             return {**base, "ok": False, "infrastructure": True, "message": f"verifier: task: {e}"[:300]}
         job = self.jobs.get(key)
         if job is None:
-            plan = verification_plan(task, kind, self.device, self.protocol, self.check_correctness_cases)
+            plan = verification_plan(task, kind, self.device, self.protocol, self.check_correctness_cases,
+                                     self.samples)
             timed = [task.case_id(c) for c in timed_cases(task, self.device)] if kind == "measure" else []
             job = self.jobs[key] = _Job(plan, timed)
         base["timed"] = job.timed
         step = (msg.get("case_id"), msg.get("salt"))
-        if job.step >= len(job.plan) or step != job.plan[job.step]:
+        expected = job.plan[job.step] if job.step < len(job.plan) else None
+        timed = expected is not None and expected[1] == TIMED
+        if timed and step[0] == expected[0] and isinstance(step[1], int) and step[1] in self.timed_salts:
+            expected = step  # a timed call's output: any of the salts the timed calls draw from
+        if expected is None or step != expected:
             job.unexpected = True
             return {**base, "ok": False, "unexpected": True, "step": job.step, "of": len(job.plan),
                     "message": f"asked to verify {step[0]!r} (seed +{step[1]}) out of plan"}
@@ -239,8 +272,9 @@ class Verifier:
         if output is _RESEND:  # no step used: the same request comes back as a file
             return {**base, "ok": False, "resend": True, "message": error}
         job.step += 1
-        ok, message = self._check(task, case, int(step[1]), msg, output, error)
-        return {**base, "ok": ok, "message": message, "step": job.step, "of": len(job.plan), "shipped": shipped}
+        ok, message = self._check(task, case, int(step[1]), msg, output, error, timed)
+        return {**base, "ok": ok, "message": message, "step": job.step, "of": len(job.plan), "shipped": shipped,
+                "timed_call": timed}
 
     def _read(self, msg: dict) -> tuple[Any, str | None, str | None]:
         """(output, None, "file" | "ipc"), (None, why it cannot be checked, None) or (_RESEND, why
@@ -255,11 +289,12 @@ class Verifier:
         except ShippingError as e:
             return None, str(e), None
 
-    def _check(self, task, case: dict, salt: int, msg: dict, output: Any, error: str | None) -> tuple[bool, str]:
+    def _check(self, task, case: dict, salt: int, msg: dict, output: Any, error: str | None,
+               timed: bool = False) -> tuple[bool, str]:
         from pipelines.profiling.runner import sync
         from pipelines.profiling.sandbox import one_line
 
-        cid = task.case_id(case) + (f" (re-check, seed +{salt})" if salt else "")
+        cid = task.case_id(case) + (" (a timed call)" if timed else f" (re-check, seed +{salt})" if salt else "")
         if error is not None:
             return False, f"case {cid}: the output cannot be checked: {error}"
         flags = clean_flags(msg.get("flags")) if self.protocol == "gpumode" else {}
@@ -284,6 +319,7 @@ class JobVerdicts:
     of: int = 0  # steps in the plan (0: no verdict yet)
     done: int = 0  # steps verified
     failure: str | None = None  # the first failing step's message
+    timed_failure: bool = False  # that step was a timed call's output (the kernel passed its checks)
     unexpected: bool = False  # a request out of plan
     infrastructure: str | None = None  # the verifier could not work (died, no task)
     timed: list[str] = field(default_factory=list)  # the case ids the plan times, in order
@@ -380,6 +416,7 @@ class VerifierLink:
             v.done += 1
         elif v.failure is None:
             v.failure = str(msg.get("message"))
+            v.timed_failure = bool(msg.get("timed_call"))
         child, seq = self.waiting.pop(job, (None, None))
         return [(child, {"type": "verdict", "seq": seq, "ok": bool(msg.get("ok"))})] if child is not None else []
 
@@ -423,7 +460,8 @@ def settle(result: dict, v: JobVerdicts) -> dict:
     """The result a row records, from what the kernel's process claims and the verifier's record.
 
     A request out of plan, or a claim of correctness without an ok verdict on every step, is
-    `tampered`; a failed verdict is `incorrect` with the verifier's message; a verifier that could
+    `tampered`, and so is a wrong output of a timed call (its checks passed); any other failed
+    verdict is `incorrect` with the verifier's message; a verifier that could
     not work is `infrastructure` (retried by a resumed run).
     """
     out = dict(result)
@@ -439,6 +477,10 @@ def settle(result: dict, v: JobVerdicts) -> dict:
         return out
     if v.infrastructure:
         return fail("infrastructure", v.infrastructure)
+    if v.failure is not None and v.timed_failure:
+        # Every check before timing passed (the plan puts them first), so the kernel computed
+        # right when checked and wrong when timed: it told the two apart.
+        return fail("tampered", f"right when checked, wrong when timed: {v.failure}")
     if v.failure is not None:
         return fail("incorrect", v.failure)
     if claimed_ok and not v.complete:

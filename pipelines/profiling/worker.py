@@ -74,6 +74,7 @@ import pyarrow.parquet as pq
 from pipelines.profiling.audit import PhaseClock, ReferenceBook, audit_claims, timing_fields
 from pipelines.profiling.formats import FAILURE_KINDS, HARNESS_VERSION
 from pipelines.profiling.hardware import fingerprint_json
+from pipelines.profiling.refcache import RefCache, default_path
 from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
 from pipelines.profiling.sandbox import (
     ChildDied,
@@ -120,6 +121,11 @@ class WorkerConfig:
     progress_every_s: float = 5.0
     min_reps: int | None = None  # timing overrides (GPU only); None keeps timing.TimingSettings
     max_case_s: float | None = None
+    # reference timings kept across runs (refcache.py): a file path, "off" = none, None =
+    # $KERNELCAST_REF_CACHE or ~/.cache/kernelcast/reference-timings.json
+    ref_cache: str | None = None
+    timed_variants: int | None = None  # input variants timed calls draw from (verify.timed_draws)
+    timed_samples: int | None = None  # outputs of timed calls verified per case
 
     def validate(self) -> None:
         if self.device not in ("cuda", "cpu"):
@@ -164,6 +170,8 @@ class RunSummary:
     elapsed_s: float = 0.0
     hardware_id: str | None = None
     shipped: dict[str, int] = field(default_factory=dict)  # checked outputs by how they came: ipc | file
+    phases_s: dict[str, float] = field(default_factory=dict)  # the measuring child's seconds by phase, summed
+    ref_cache: dict[str, object] = field(default_factory=dict)  # the reference cache's file and use
 
     def by_task(self) -> dict[str, dict]:
         """{task: {"ok": n, "failed": {kind: n}, "median_speedup": x}} over all rows."""
@@ -256,6 +264,8 @@ class _Run:
         log.warning(report.line())  # one line: the layers children get, and what this host lacks
         self.verifier = VerifierLink(lambda: self._spawn("verify", jailed=False))
         self.refbook = ReferenceBook()
+        self.refcache = RefCache(default_path(cfg.ref_cache))
+        self.phases_s: Counter = Counter()
         self.clock: PhaseClock | None = None  # phases of the measuring child's job in flight
         self.last_scan = 0.0
         self.waited = self.arrived_after = time.monotonic()  # bounds of when a message read now arrived
@@ -264,6 +274,7 @@ class _Run:
             "device": cfg.device, "protocol": cfg.protocol, "max_reps": cfg.max_reps,
             "ref_refresh_s": cfg.ref_refresh_s, "parent_pid": os.getpid(),
             "min_reps": cfg.min_reps, "max_case_s": cfg.max_case_s, "compile_inputs": self.compile_inputs,
+            "timed_variants": cfg.timed_variants, "timed_samples": cfg.timed_samples,
         }
         (workdir / "kernels").mkdir(parents=True, exist_ok=True)
         make_traversable(workdir, workdir / "kernels")
@@ -288,7 +299,8 @@ class _Run:
         return str(path)
 
     def _job(self, kernel: dict) -> dict:
-        return {"job_id": kernel["kernel_id"], "kernel_id": kernel["kernel_id"], "task": kernel["task"], "path": self._kernel_path(kernel)}
+        return {"job_id": kernel["kernel_id"], "kernel_id": kernel["kernel_id"], "task": kernel["task"], "path": self._kernel_path(kernel),
+                "ref_fresh": self.refcache.freshness(kernel["task"], self.cfg.ref_refresh_s)}
 
     def _retire(self, sb: Sandbox) -> None:
         if sb.job_key is not None:
@@ -347,6 +359,12 @@ class _Run:
         problem = audit_claims(msg, clock, now)
         if problem is None and msg.get("ref_new"):
             self.refbook.add(kernel["task"], msg["ref_new"])
+            self.refcache.record(kernel["task"], msg["ref_new"])
+        self.phases_s["compile_s"] += float(getattr(sb, "compile_s", None) or 0.0)  # in parallel children
+        phases = msg.get("phases")
+        if isinstance(phases, dict):
+            self.phases_s.update({str(k): float(v) for k, v in phases.items()
+                                  if isinstance(v, (int, float)) and math.isfinite(v) and v >= 0})
         result = settle(msg, verdicts) if verdicts is not None else dict(msg)
         if problem is not None and result.get("failure_kind") != "infrastructure":
             return {**result, "status": "failed", "failure_kind": "tampered", "error": one_line(problem), "restart": True}
@@ -367,6 +385,8 @@ class _Run:
             raise WorkerError(f"{self.store.out_path} holds results from {', '.join(sorted(earlier))}, "
                               f"this device is {hw['hardware_id']}: use another --out")
         self.hardware = hw
+        for task, timings in self.refcache.bind(hw["hardware_id"], HARNESS_VERSION, self.cfg.protocol).items():
+            self.refbook.add(task, timings)
         pending, self.pending_rows = self.pending_rows, []
         for kernel, result, compile_s, sandbox in pending:
             self._record(kernel, result, compile_s, sandbox)
@@ -642,6 +662,9 @@ def run_batch(
         rows=list(store.rows.values()), stopped=stopped, elapsed_s=time.monotonic() - run.t0,
         hardware_id=run.hardware["hardware_id"] if run.hardware else None,
         shipped=dict(run.verifier.shipped),
+        phases_s={k: round(v, 3) for k, v in sorted(run.phases_s.items())},
+        ref_cache={"path": str(run.refcache.path) if run.refcache.path else None,
+                   "timings_taken": run.refcache.timed},
     )
 
 
@@ -671,6 +694,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--progress-every-s", type=float, default=d.progress_every_s)
     ap.add_argument("--json", action="store_true", help="print the summary by task as JSON on stdout")
     ap.add_argument("--summary-json", default=None, help="also write the run summary (wall time, counts) here")
+    ap.add_argument("--ref-cache", default=None,
+                    help="reference timings kept across runs (default: $KERNELCAST_REF_CACHE or "
+                         "~/.cache/kernelcast/reference-timings.json; off: none)")
+    ap.add_argument("--timed-variants", type=int, default=None,
+                    help="input variants the timed calls draw from (default: every call new on cpu, 2 on cuda)")
+    ap.add_argument("--timed-samples", type=int, default=None, help="outputs of timed calls verified per case (default 1)")
     return ap
 
 
@@ -682,6 +711,7 @@ def main(argv: list[str] | None = None) -> int:
         max_reps=args.max_reps, time_budget_s=args.time_budget_s, limit=args.limit, ref_refresh_s=args.ref_refresh_s,
         recycle_after=args.recycle_after, log_dir=args.log_dir, progress_every_s=args.progress_every_s,
         phased=args.phased, lookahead=args.lookahead, compile_inputs=args.compile_inputs,
+        ref_cache=args.ref_cache, timed_variants=args.timed_variants, timed_samples=args.timed_samples,
     )
 
     def on_term(signum, frame):  # SIGTERM: finish like Ctrl-C, writing the final file
@@ -699,7 +729,7 @@ def main(argv: list[str] | None = None) -> int:
     report = {
         "out": str(summary.out_path), "batch_id": summary.batch_id, "stopped": summary.stopped,
         "elapsed_s": summary.elapsed_s, "measured_now": summary.measured_now, "total": summary.total,
-        "shipped": summary.shipped,
+        "shipped": summary.shipped, "phases_s": summary.phases_s, "ref_cache": summary.ref_cache,
         "hardware_id": summary.hardware_id, "config": cfg.__dict__, "by_task": summary.by_task(),
     }
     if args.summary_json:

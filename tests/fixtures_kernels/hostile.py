@@ -318,6 +318,190 @@ CPU_ONLY_OK = ("side_stream",)  # no CUDA on the CPU path: the kernel just compu
 TIMING_KINDS = ("patched_timer", "address_keyed_caching", "side_stream")  # need the measuring path
 
 
+# ---- timed-call cheats: kernels that tell a timed call from a checked one, or fake the timing ----
+# Each worked against the harness of 2026-12-01 (status ok, inflated speedup); each must now end
+# `tampered` or `incorrect`, on the CPU path and the GPU path.
+SOURCES.update({
+    # Idles (returns uninitialised memory, no work) while a time_* function is on its stack or
+    # when called straight after its previous call, as in a timed loop; right otherwise.
+    "frame_walk_idler": '''
+_last = [0.0]
+
+
+def _timed():
+    f = sys._getframe(1)
+    while f is not None:
+        if f.f_code.co_name.startswith("time_"):
+            return True
+        f = f.f_back
+    return False
+
+
+def custom_kernel(data):
+    try:
+        if _timed() or time.monotonic() - _last[0] < 0.005:
+            return torch.empty_like(data)
+        return _right(data)
+    finally:
+        _last[0] = time.monotonic()
+''',
+    # Makes the clock run at a fifth of its speed, then asks the integrity watch to re-base.
+    "clock_patch_rebase": '''
+import pipelines.profiling.runner as runner
+
+_done = []
+
+
+def custom_kernel(data):
+    if not _done:
+        real = time.perf_counter
+        t0 = real()
+        time.perf_counter = lambda: t0 + (real() - t0) / 5
+        if runner.WATCH.watch is not None:
+            runner.WATCH.watch.rebase()
+        _done.append(1)
+    return _right(data)
+''',
+    # Switches the integrity watch off, then slows the clock.
+    "watch_disabled": '''
+import pipelines.profiling.runner as runner
+
+runner.WATCH.watch = None
+_real = time.perf_counter
+_t0 = _real()
+time.perf_counter = lambda: _t0 + (_real() - _t0) / 5
+
+
+def custom_kernel(data):
+    return _right(data)
+''',
+    # Patches the measuring child's timing method at class level: the reference looks 5x slower.
+    "measurer_time_fn_patched": '''
+import dataclasses
+
+import pipelines.profiling.runner as runner
+
+_orig = runner.Measurer.time_fn
+
+
+def _slow_reference(self, fn, data):
+    t = _orig(self, fn, data)
+    return dataclasses.replace(t, median_ms=t.median_ms * 5, mean_ms=t.mean_ms * 5)
+
+
+runner.Measurer.time_fn = _slow_reference
+
+
+def custom_kernel(data):
+    return _right(data)
+''',
+    # Patches Timing.as_dict at class level: every timing reported is a fifth of the truth.
+    "timing_as_dict_patched": '''
+from pipelines.profiling.timing import Timing
+
+Timing.as_dict = lambda self: {{"median_ms": self.median_ms / 5, "mean_ms": self.mean_ms / 5,
+                                "stderr_ms": self.stderr_ms / 5, "reps": self.reps}}
+
+
+def custom_kernel(data):
+    return _right(data)
+''',
+    # Rewrites the timing loop's list of recorded times (found on its stack or in the generators
+    # its frames hold) to a fifth; where it finds none, slows the clock instead.
+    "timing_list_rewritten": '''
+import types
+
+_patched = []
+
+
+def _frames():
+    f = sys._getframe(1)
+    while f is not None:
+        yield f
+        for v in list(f.f_locals.values()):
+            g = v
+            while isinstance(g, types.GeneratorType) and g.gi_frame is not None:
+                yield g.gi_frame
+                g = g.gi_yieldfrom
+        f = f.f_back
+
+
+def custom_kernel(data):
+    out = _right(data)
+    hit = False
+    for f in _frames():
+        times = f.f_locals.get("times")
+        if isinstance(times, list) and times:
+            times[:] = [t / 5 for t in times]
+            hit = True
+    if not hit and not _patched:
+        real = time.perf_counter
+        t0 = real()
+        time.perf_counter = lambda: t0 + (real() - t0) / 5
+        _patched.append(1)
+    return out
+''',
+    # A memo keyed by the input's content: the first two calls of a shape compute, later ones
+    # return the memo, and on a miss gamble that the values repeat (as they did in a timed loop).
+    "content_keyed_memo": '''
+import hashlib
+
+_memo = {{}}
+_calls = {{}}
+
+
+def custom_kernel(data):
+    shape = tuple(data.shape)
+    key = (shape, hashlib.sha1(data.detach().cpu().numpy().tobytes()).hexdigest())
+    _calls[shape] = _calls.get(shape, 0) + 1
+    if key in _memo:
+        return _memo[key]
+    if _calls[shape] <= 2:
+        _memo[key] = _right(data)
+        return _memo[key]
+    return next(v for k, v in reversed(list(_memo.items())) if k[0] == shape)
+''',
+    # Honest itself, but leaves a clock at a fifth of its speed for the next kernel of its
+    # process: a finalizer that runs when the harness empties the kernel's module.
+    "clock_saboteur": '''
+import weakref
+
+
+class _Fuse:
+    pass
+
+
+_fuse = _Fuse()
+
+
+def _sabotage(time=time):  # its own reference: the module's globals are gone when it runs
+    real = time.perf_counter
+    t0 = real()
+    time.perf_counter = lambda: t0 + (real() - t0) / 5
+
+
+weakref.finalize(_fuse, _sabotage)
+
+
+def custom_kernel(data):
+    return _right(data)
+''',
+})
+KINDS.update({
+    "frame_walk_idler": ("tampered", "incorrect"),
+    "clock_patch_rebase": ("tampered",),
+    "watch_disabled": ("tampered",),
+    "measurer_time_fn_patched": ("tampered",),
+    "timing_as_dict_patched": ("tampered",),
+    "timing_list_rewritten": ("tampered",),
+    "content_keyed_memo": ("tampered", "incorrect"),
+    "clock_saboteur": ("tampered",),
+})
+TIMED_CALL_CHEATS = ("frame_walk_idler", "clock_patch_rebase", "watch_disabled", "measurer_time_fn_patched",
+                     "timing_as_dict_patched", "timing_list_rewritten", "content_keyed_memo", "clock_saboteur")
+TIMING_KINDS = TIMING_KINDS + TIMED_CALL_CHEATS  # need the measuring path
+
+
 def render(name: str, **params) -> str:
     """The source of hostile kernel `name` with its parameters filled in.
 
