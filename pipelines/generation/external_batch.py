@@ -2,7 +2,8 @@
 kernels, the hand-written kernels, and optionally LLM mutations.
 
     python -m pipelines.generation.external_batch --out .gpu-batches/nontemplate.parquet \\
-        --rewrites 3500 --seed 0 [--check-sample 150] [--no-compile] [--llm-endpoint URL --llm-model M]
+        --rewrites 3500 --seed 0 [--check-sample 150] [--no-compile] \\
+        [--llm-endpoint URL --llm-model M | --llm-local smollm2] [--llm-count N]
 
 Parents are template kernels ("kernelcast-space") measured correct on the H200 (a result with
 status ok in --measurements), so a child's speedup can be compared with its parent's. Children
@@ -10,6 +11,8 @@ per task follow TASK_SHARES (weighted toward the cheap row-wise tasks). Every re
 here; compile features (sm_90, the task's first benchmark case, as `kernelcast generate` has
 them) come from `compile_batch.compile_records` into a features file next to --out that a rerun
 resumes; `--no-compile` only merges what that file already holds (the worker compiles anyway).
+LLM children (`--llm-endpoint`, or `--llm-local smollm2` run in-process on the CPU) go through
+llm_mutator.LLMMutator; replies without code or that do not parse are counted, not kept.
 `--check-sample N` runs the Triton-interpreter correctness check on N seeded children (and on
 every hand-written kernel) and prints the pass rate per rule; the other rows have check_ok null.
 
@@ -247,17 +250,38 @@ def build_external_batch(
     return summary
 
 
-def _llm_children(endpoint_url: str, model: str, count: int, seed: int, api_key: str | None):
-    from pipelines.generation.llm_mutator import LLMEndpoint, LLMMutator
+def llm_children(chat: Any, count: int, seed: int, say: Callable[[str], None] = print,
+                 tasks: Sequence[str] | None = None) -> Callable[[pl.DataFrame], list[dict[str, Any]]]:
+    """A `llm_children` argument for `build_external_batch`: `count` LLM mutations of seeded
+    parents through `chat` (an llm_mutator.LLMEndpoint or LocalChat); replies without code or
+    whose code does not parse are counted and left out (nothing to measure)."""
+    import ast
 
-    mutator = LLMMutator(LLMEndpoint(base_url=endpoint_url, model=model, api_key=api_key))
+    from pipelines.generation.llm_mutator import LLMMutator
+
+    mutator = LLMMutator(chat)
 
     def make(parents: pl.DataFrame) -> list[dict[str, Any]]:
         rng = np.random.default_rng([seed, 7])
-        pool = parents.to_dicts()
-        kids = [mutator.mutate(pool[int(i)], rng) for i in rng.permutation(len(pool))[:count]]
-        # a reply without code is kept by the mutator as a record; it is not a kernel to measure
-        return [{c: k.get(c) for c in RECORD_COLUMNS} for k in kids if k.get("llm_failure") is None]
+        pool = parents.filter(pl.col("task").is_in(list(tasks))).to_dicts() if tasks else parents.to_dicts()
+        kept, outcome = [], Counter()
+        for i in rng.permutation(len(pool))[:count]:
+            kid = mutator.mutate(pool[int(i)], rng)
+            if kid.get("llm_failure"):
+                outcome[kid["llm_failure"]] += 1
+                continue
+            try:
+                ast.parse(kid["source"])
+            except SyntaxError:
+                outcome["does_not_parse"] += 1
+                continue
+            if "def custom_kernel" not in kid["source"]:
+                outcome["no_custom_kernel"] += 1
+                continue
+            outcome["parses"] += 1
+            kept.append({c: kid.get(c) for c in RECORD_COLUMNS})
+        say(f"LLM children: {dict(outcome)}")
+        return kept
 
     return make
 
@@ -285,6 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llm-model", default=None, help="model name at --llm-endpoint")
     parser.add_argument("--llm-count", type=int, default=50, help="LLM children asked for (default 50)")
     parser.add_argument("--llm-api-key", default=None)
+    parser.add_argument("--llm-local", default=None, metavar="SPEC",
+                        help="run a base model in-process instead of an endpoint, e.g. smollm2 (CPU)")
+    parser.add_argument("--llm-max-tokens", type=int, default=1024)
+    parser.add_argument("--llm-tasks", default=None, help="comma-separated tasks whose parents the LLM gets")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
     rules = [r.strip() for r in args.rules.split(",") if r.strip()] if args.rules else None
@@ -295,8 +323,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.llm_endpoint and not args.llm_model:
         print("error: --llm-endpoint needs --llm-model", file=sys.stderr)
         return 2
-    llm = (_llm_children(args.llm_endpoint, args.llm_model, args.llm_count, args.seed, args.llm_api_key)
-           if args.llm_endpoint else None)
+    llm = None
+    if args.llm_endpoint or args.llm_local:
+        from pipelines.generation.llm_mutator import LLMEndpoint, LocalChat
+
+        chat = (LocalChat(args.llm_local, max_new_tokens=args.llm_max_tokens) if args.llm_local else
+                LLMEndpoint(base_url=args.llm_endpoint, model=args.llm_model, api_key=args.llm_api_key,
+                            max_tokens=args.llm_max_tokens))
+        tasks = [t.strip() for t in args.llm_tasks.split(",")] if args.llm_tasks else None
+        llm = llm_children(chat, args.llm_count, args.seed, tasks=tasks)
     try:
         summary = build_external_batch(
             args.out, args.rewrites, args.seed, measurements=args.measurements,
