@@ -205,12 +205,12 @@ class LocalChat:
 
     def _load(self):
         if self._lm is None:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
             from models.base_model import resolve_base_model
 
             path = resolve_base_model(self.spec, self.home)
-            self._lm = (AutoTokenizer.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval())
+            self._lm = (PreTrainedTokenizerFast.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval())
         return self._lm
 
     def chat(self, messages: list[dict[str, str]], seed: int | None = None) -> tuple[str, dict]:
@@ -223,14 +223,15 @@ class LocalChat:
             import torch
 
             tok, lm = self._load()
-            ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt")
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                          return_dict=True)["input_ids"]
             if seed is not None:
                 torch.manual_seed(seed)
             with torch.no_grad():
                 out = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_new_tokens,
                                   do_sample=self.temperature > 0, temperature=self.temperature or None,
                                   pad_token_id=tok.pad_token_id or tok.eos_token_id)
-        except (OSError, RuntimeError, ValueError) as exc:
+        except (OSError, RuntimeError, ValueError, TypeError) as exc:
             raise LLMRequestError(f"local model {self.spec}: {type(exc).__name__}: {exc}") from None
         reply = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
         return reply, {"prompt_tokens": int(ids.shape[1]), "completion_tokens": int(out.shape[1] - ids.shape[1])}
