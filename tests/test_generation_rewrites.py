@@ -136,6 +136,21 @@ def test_batch_builder_writes_rewrites_and_handwritten_kernels(tmp_path):
         tmp_path / "again.parquet", 36, seed=2, compile=False, check_handwritten=False, say=lambda _m: None)
     assert again["rows"] == summary["rows"]
     assert pl.read_parquet(tmp_path / "again.parquet")["kernel_id"].to_list() == frame["kernel_id"].to_list()
+    # --refresh: compile features that arrive later are merged by kernel id, nothing regenerated
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.generation.compile_batch import SCHEMA
+
+    first = kids.row(0, named=True)["kernel_id"]
+    row = {"kernel_id": first, "target": "sm_90", "status": "compiled", "n_regs": 40, "n_spills": 0,
+           "shared_bytes": 0, "n_kernels": 1, "n_launches": 1, "error": None, "seconds": 1.5}
+    pq.write_table(pa.Table.from_pylist([row], schema=SCHEMA), tmp_path / "nontemplate.parquet.features.parquet")
+    refreshed = external_batch.refresh_batch(out, say=lambda _m: None)
+    back = pl.read_parquet(out)
+    assert back["kernel_id"].to_list() == frame["kernel_id"].to_list()
+    assert back.filter(pl.col("kernel_id") == first)["n_regs"].to_list() == [40]
+    assert refreshed["compile_status"] == {"compiled": 1, "None": frame.height - 1}
 
 
 def test_batch_command_refuses_bad_arguments(capsys):

@@ -133,9 +133,6 @@ def _fill_compile(rows: list[dict[str, Any]], features: Path) -> None:
                    compile_error=f["error"], compile_s=f["seconds"], compile_target=f["target"])
 
 
-CHECK_COLUMNS = ("kernel_id", "check_ok", "check_failure_kind", "check_message", "check_s")
-
-
 def _check_cached(rows: list[dict[str, Any]], path: Path, workers: int,
                   say: Callable[[str], None]) -> dict[str, dict[str, Any]]:
     """CPU check outcomes by kernel id; kernels already in `path` are not checked again, new
@@ -205,7 +202,6 @@ def build_external_batch(
         todo = sorted((r for r in rows if r["language"] == "triton"), key=lambda r: r["task"])
         compile_records(todo, features, workers, chunk=200, log=say)
     _fill_compile(rows, features)
-    checked: dict[str, Counter] = {}
     rng = np.random.default_rng([seed, 99])
     rewrite_idx = [i for i, r in enumerate(rows) if (r["generator"] or "").startswith("rewrite")]
     sample = sorted(int(i) for i in rng.permutation(rewrite_idx)[:check_sample]) if check_sample else []
@@ -222,10 +218,16 @@ def build_external_batch(
             o = outcomes[rows[i]["kernel_id"]]
             rows[i].update(check_ok=o["check_ok"], check_failure_kind=o["check_failure_kind"],
                            check_message=o["check_message"], check_s=o["check_s"])
-            kind = "ok" if o["check_ok"] else (o["check_failure_kind"] or "failed")
-            checked.setdefault(_rule_of(rows[i]), Counter())[kind] += 1
     frame = pl.DataFrame(rows, schema={**RECORD_COLUMNS, **FEATURE_COLUMNS}, orient="row")
+    return _write_with_summary(frame, out, seed)
+
+
+def _write_with_summary(frame: pl.DataFrame, out: Path, seed: int | None) -> dict[str, Any]:
     write_batch(frame, out)
+    checked: dict[str, Counter] = {}
+    for row in frame.filter(pl.col("check_ok").is_not_null()).iter_rows(named=True):
+        kind = "ok" if row["check_ok"] else (row["check_failure_kind"] or "failed")
+        checked.setdefault(_rule_of(row), Counter())[kind] += 1
     summary = {
         "file": str(out),
         "rows": frame.height,
@@ -237,17 +239,33 @@ def build_external_batch(
         },
         "compile_status": dict(Counter(str(s) for s in frame["compile_status"])),
         "compile_status_per_generator": {
-            g: dict(Counter(str(s) for s in sub["compile_status"]))
+            str(g[0]): dict(Counter(str(s) for s in sub["compile_status"]))
             for g, sub in sorted(frame.group_by("generator"), key=lambda x: str(x[0]))
         },
         "check": {k: dict(v) for k, v in sorted(checked.items())},
         "bytes": out.stat().st_size,
     }
-    summary["compile_status_per_generator"] = {
-        (k[0] if isinstance(k, tuple) else k): v for k, v in summary["compile_status_per_generator"].items()
-    }
     out.with_name(out.name + ".summary.json").write_text(json.dumps(summary, indent=1, sort_keys=True))
     return summary
+
+
+def refresh_batch(out: str | Path, say: Callable[[str], None] = print) -> dict[str, Any]:
+    """Fill an existing batch's compile features and check outcomes from its sidecar files
+    (`<out>.features.parquet`, `<out>.checks.parquet`, e.g. from a compile that went on after
+    the batch was written); regenerates nothing."""
+    out = Path(out)
+    rows = pl.read_parquet(out).to_dicts()
+    _fill_compile(rows, out.with_name(out.name + ".features.parquet"))
+    checks = out.with_name(out.name + ".checks.parquet")
+    if checks.is_file():
+        by_id = {r["kernel_id"]: r for r in pl.read_parquet(checks).to_dicts()}
+        for row in rows:
+            if row["kernel_id"] in by_id:
+                row.update({k: v for k, v in by_id[row["kernel_id"]].items() if k != "kernel_id"})
+    frame = pl.DataFrame(rows, schema={**RECORD_COLUMNS, **FEATURE_COLUMNS}, orient="row")
+    say(f"{out}: {frame['compile_status'].is_not_null().sum()} rows with compile features, "
+        f"{frame['check_ok'].is_not_null().sum()} checked")
+    return _write_with_summary(frame, out, None)
 
 
 def llm_children(chat: Any, count: int, seed: int, say: Callable[[str], None] = print,
@@ -292,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m pipelines.generation.external_batch", description=doc.split("\n\n")[0],
         epilog=doc.split("\n\n", 2)[-1], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="batch Parquet to write")
+    parser.add_argument("--refresh", action="store_true",
+                        help="only fill --out's compile features and checks from its sidecar files")
     parser.add_argument("--rewrites", type=int, default=3500, help="rewritten children in all (default 3500)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--measurements", default=DEFAULT_MEASUREMENTS,
@@ -323,6 +343,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.llm_endpoint and not args.llm_model:
         print("error: --llm-endpoint needs --llm-model", file=sys.stderr)
         return 2
+    if args.refresh:
+        try:
+            print(json.dumps(refresh_batch(args.out), indent=1, sort_keys=True))
+        except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
+            print(f"error: {args.out}: {exc}", file=sys.stderr)
+            return 2
+        return 0
     llm = None
     if args.llm_endpoint or args.llm_local:
         from pipelines.generation.llm_mutator import LLMEndpoint, LocalChat
