@@ -112,6 +112,10 @@ def test_rewrites_compile_for_sm90_and_some_pass_the_interpreter(parents):
 def test_children_per_task_adds_up_and_favours_cheap_tasks():
     counts = external_batch.children_per_task(3700)
     assert sum(counts.values()) == 3700 and set(counts) == set(external_batch.TASK_SHARES)
+    frame = pl.DataFrame({"task": ["a"] * 5 + ["b"] * 2, "kernel_id": list("1234567")})
+    mixed = external_batch.interleave(frame, chunk=2)
+    assert mixed["kernel_id"].to_list() == list("1267345")
+    assert external_batch.interleave(mixed, chunk=2)["kernel_id"].to_list() == list("1267345")
     assert counts["softmax"] > counts["matmul_bias_gelu"] > counts["trimul"] > 0
 
 

@@ -222,7 +222,22 @@ def build_external_batch(
     return _write_with_summary(frame, out, seed)
 
 
+INTERLEAVE = 48  # kernels of one task in a row, as the main batches have them
+
+
+def interleave(frame: pl.DataFrame, chunk: int = INTERLEAVE) -> pl.DataFrame:
+    """Rows in chunks of `chunk` kernels per task, tasks taking turns (order within a task kept),
+    so a worker run cut short by its time budget has measured every task. Idempotent."""
+    parts = {t: frame.filter(pl.col("task") == t) for t in sorted(set(frame["task"]))}
+    pieces, start = [], 0
+    while any(start < p.height for p in parts.values()):
+        pieces += [p.slice(start, chunk) for p in parts.values() if start < p.height]
+        start += chunk
+    return pl.concat(pieces) if pieces else frame
+
+
 def _write_with_summary(frame: pl.DataFrame, out: Path, seed: int | None) -> dict[str, Any]:
+    frame = interleave(frame)
     write_batch(frame, out)
     checked: dict[str, Counter] = {}
     for row in frame.filter(pl.col("check_ok").is_not_null()).iter_rows(named=True):
