@@ -138,3 +138,25 @@ def test_endpoint_from_env(monkeypatch):
 )
 def test_extract_last_code_block(reply, expected):
     assert llm_mutator.extract_last_code_block(reply) == expected
+
+
+def test_local_chat_model_feeds_the_mutator_and_the_batch_builder(tmp_path):
+    """An in-process base model (the tiny test model: its replies are noise) answers like an
+    endpoint; the builder's LLM step records what came back and keeps only code that parses."""
+    import ast
+
+    import polars as pl
+
+    from pipelines.generation import external_batch, sampler
+    from pipelines.generation.llm_mutator import LocalChat
+
+    chat = LocalChat("tiny", home=str(tmp_path), max_new_tokens=24, temperature=0.0)
+    reply, usage = chat.chat([{"role": "user", "content": "hello"}], seed=1)
+    assert isinstance(reply, str) and usage["completion_tokens"] <= 24 and usage["prompt_tokens"] > 0
+    parents = pl.DataFrame(sampler.generate_lineage("softmax", 2, seed=0))
+    said: list[str] = []
+    kids = external_batch.llm_children(chat, 2, seed=0, say=said.append)(parents)
+    assert said and said[0].startswith("LLM children:")
+    for k in kids:
+        ast.parse(k["source"])
+        assert k["generator"] == "llm:tiny" and k["parent_kernel_id"] in set(parents["kernel_id"])

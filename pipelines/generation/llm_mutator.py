@@ -184,6 +184,59 @@ class LLMEndpoint:
         raise LLMRequestError(f"{url}: failed after {self.retries + 1} attempts ({last})")
 
 
+class LocalChat:
+    """A chat model run in this process with transformers, answering like `LLMEndpoint.chat`
+    (so `LLMMutator` takes either): for the embedded SmolLM2 on a CPU, where no server runs.
+
+    Args:
+        spec: a base-model spec of models.base_model.resolve_base_model ("smollm2", a local
+            checkpoint directory).
+        home: where "smollm2" is converted once (default $KERNELCAST_HOME or ./.kernelcast).
+        max_new_tokens: reply budget; a kernel module is ~600-1500 tokens.
+        temperature: sampling temperature (0 = greedy).
+    """
+
+    def __init__(self, spec: str = "smollm2", home: str | None = None, max_new_tokens: int = 1024,
+                 temperature: float = 0.7):
+        self.spec, self.home = spec, home
+        self.model = spec if "/" not in spec else spec.rstrip("/").rsplit("/", 1)[-1]
+        self.max_new_tokens, self.temperature = max_new_tokens, temperature
+        self._lm = None
+
+    def _load(self):
+        if self._lm is None:
+            from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+            from models.base_model import resolve_base_model
+
+            path = resolve_base_model(self.spec, self.home)
+            self._lm = (PreTrainedTokenizerFast.from_pretrained(path), AutoModelForCausalLM.from_pretrained(path).eval())
+        return self._lm
+
+    def chat(self, messages: list[dict[str, str]], seed: int | None = None) -> tuple[str, dict]:
+        """One reply; (text, usage) as the endpoint gives them.
+
+        Raises:
+            LLMRequestError: the model could not be loaded or generation failed.
+        """
+        try:
+            import torch
+
+            tok, lm = self._load()
+            ids = tok.apply_chat_template(messages, add_generation_prompt=True, return_tensors="pt",
+                                          return_dict=True)["input_ids"]
+            if seed is not None:
+                torch.manual_seed(seed)
+            with torch.no_grad():
+                out = lm.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=self.max_new_tokens,
+                                  do_sample=self.temperature > 0, temperature=self.temperature or None,
+                                  pad_token_id=tok.pad_token_id or tok.eos_token_id)
+        except (OSError, RuntimeError, ValueError, TypeError) as exc:
+            raise LLMRequestError(f"local model {self.spec}: {type(exc).__name__}: {exc}") from None
+        reply = tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
+        return reply, {"prompt_tokens": int(ids.shape[1]), "completion_tokens": int(out.shape[1] - ids.shape[1])}
+
+
 class LLMMutator:
     """Same interface as `mutations.SpaceMutator`: mutate(parent_record, rng) -> child record.
 
@@ -191,7 +244,7 @@ class LLMMutator:
     'request_failed'), llm_reply (raw text), llm_seconds and llm_usage_json.
     """
 
-    def __init__(self, endpoint: LLMEndpoint, results: Mapping[str, ParentResult] | None = None):
+    def __init__(self, endpoint: LLMEndpoint | LocalChat, results: Mapping[str, ParentResult] | None = None):
         """Args:
         endpoint: where to send prompts.
         results: measured outcome per parent kernel id (unknown parents: 'not measured yet').
