@@ -377,11 +377,14 @@ class _Run:
         try:
             msg = sb.recv()
         except ChildDied as e:
-            self._on_death(sb, str(e))
+            self._on_death(sb, str(e), e.failure_kind)
             return
         kind = msg.get("type")
         if kind == "ready":
-            sb.ready, sb.info = True, msg.get("info", {})
+            problem = sb.accept_ready(msg)  # one per child; a second is kernel code
+            if problem is not None:
+                self._on_death(sb, problem, "tampered")
+                return
             self.start_failures = 0
             if sb.role == "measure":
                 self._set_hardware(sb.info)
@@ -404,10 +407,12 @@ class _Run:
             kernel, sb.job, sb.deadline = sb.job, None, None
             if kernel is None:
                 return
-            strays = sb.stray_pids()
-            if strays:  # a process the kernel started is still running: ended with the child below
+            leftover, blamed = sb.leftovers(msg.get("python_threads_left"))
+            if leftover and blamed:  # a process or thread the kernel started is still running: ended with the child below
                 msg = {**msg, "ok": False, "status": "failed", "failure_kind": "tampered", "restart": True,
-                       "error": f"left {len(strays)} process(es) running after its job"}
+                       "error": leftover}
+            elif leftover:  # a native thread: not surely the kernel's, but no later kernel may share the child
+                msg = {**msg, "restart": True}
             if sb.role == "compile":
                 if msg.get("ok"):
                     self.compiled.append((kernel, msg.get("seconds")))
@@ -424,12 +429,12 @@ class _Run:
             if msg.get("restart") or (sb is self.measurer and sb.jobs_done >= self.cfg.recycle_after):
                 self._retire(sb)
 
-    def _on_death(self, sb: Sandbox, reason: str) -> None:
+    def _on_death(self, sb: Sandbox, reason: str, kind: str = "crashed") -> None:
         kernel = sb.job
         if kernel is not None:
             if sb is self.measurer:
                 self.clock = None
-            self._fail(kernel, "crashed", reason, getattr(sb, "compile_s", None), sb.layers)
+            self._fail(kernel, kind, reason, getattr(sb, "compile_s", None), sb.layers)
         elif not sb.ready:
             self._on_start_failure(sb, reason)
         self._retire(sb)
