@@ -177,7 +177,8 @@ def policy_from_env(base: SandboxPolicy | None = None) -> SandboxPolicy:
             gib = float(os.environ[MEMORY_ENV])
             if not gib > 0:
                 raise ValueError
-            policy = replace(policy, memory_bytes=int(gib * GIB), cuda_memory_bytes=int(gib * GIB))
+            policy = replace(policy, memory_bytes=int(gib * GIB), cuda_memory_bytes=int(gib * GIB),
+                             shm_bytes=min(policy.shm_bytes, int(gib * GIB) // 4))
         if os.environ.get(PROCESSES_ENV):
             n = int(os.environ[PROCESSES_ENV])
             if n < 1:
@@ -698,6 +699,15 @@ def _jail_spec(policy: SandboxPolicy, device: str, private: Path, uid: int | Non
         "umask": 0o002, "hidden_dirs": hidden_dirs(), "hidden_files": list(HIDDEN_FILES),
         "visible_paths": visible_paths(private, shared_dirs), "shm_bytes": policy.shm_bytes,
     }
+
+
+def read_only_triton_cache(shared: Path) -> dict[str, str]:
+    """The environment of a child that reads the shared Triton cache `shared` without writing it
+    (give it no shared_dirs): it compiles into a cache of its own (triton_cache.py)."""
+    from pipelines.profiling import triton_cache  # noqa: F401 - fails here, not in the child, without triton
+
+    return {"TRITON_CACHE_MANAGER": "pipelines.profiling.triton_cache:ReadThroughCache",
+            "KERNELCAST_TRITON_SHARED": str(shared)}
 
 
 def prepare_shared_dir(path: Path, policy: SandboxPolicy) -> None:

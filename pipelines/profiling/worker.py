@@ -82,7 +82,9 @@ from pipelines.profiling.sandbox import (
     make_traversable,
     one_line,
     policy_from_env,
+    prepare_shared_dir,
     probe,
+    read_only_triton_cache,
     scan_processes,
 )
 from pipelines.profiling.verify import VerifierLink, settle
@@ -272,8 +274,13 @@ class _Run:
     def _spawn(self, role: str, jailed: bool = True) -> Sandbox:
         self.n_children += 1
         log_dir = Path(self.cfg.log_dir) if self.cfg.log_dir else self.workdir / "logs"
+        if role == "measure":  # reads what the compile children compiled, writes a cache of its own
+            env, shared = read_only_triton_cache(self.triton_cache), ()
+            prepare_shared_dir(self.triton_cache, self.policy)
+        else:
+            env, shared = self.env_extra, (self.triton_cache,)
         return Sandbox(role, self.cfg.device, self.base_config, log_dir / f"{role}-{self.n_children:04d}.log",
-                       self.env_extra, policy=self.policy, shared_dirs=(self.triton_cache,), jailed=jailed)
+                       env, policy=self.policy, shared_dirs=shared, jailed=jailed)
 
     def _children(self) -> list[Sandbox]:
         return [s for s in self.pool + [self.measurer, self.spare] if s is not None]
