@@ -29,12 +29,27 @@ Layers (names as recorded in the measurement row's `sandbox` column):
     landlock-net  no TCP connect/bind, where there is no network namespace
     mountns    a private mount namespace in which every filesystem is read-only (remounted) but
                the private directory and the shared Triton cache (bound onto themselves first);
-               device files and Unix sockets stay usable, procfs stays as it is but /proc/sys.
-               It keeps files safe where Landlock cannot be used; root's capabilities must go
-               (uid or nocaps), or the child could remount
+               device files stay usable, /proc/sys is read-only. It keeps files safe where
+               Landlock cannot be used; root's capabilities must go (uid or nocaps), or the
+               child could remount (then `mountns` and the three below are dropped)
+    masks      (inside mountns) every home folder (/root, /home, this user's, KERNELCAST_HOME)
+               and /etc/ssh are an empty tmpfs but for the paths the child needs (interpreter,
+               libraries, repository, temporary and private directories) bound back; /etc/shadow
+               and the like read as empty. So a child that keeps root's uid or the caller's
+               cannot read their 0600 keys, and the folders to an interpreter under a 0700 home
+               become traversable: a sandbox uid can start there
+    shm        (inside mountns) /dev/shm is a tmpfs of the child's own, of at most
+               spec["shm_bytes"] (the private directory bound back when it lies there), so
+               shared memory counts against a limit and reaches no other process
+    proc       (inside mountns) a procfs of the child's own on /proc with hidepid=invisible: in
+               its PID namespace it shows only the namespace; without one (pidns dropped) only
+               the processes the child may ptrace, so no other command line or environment
     seccomp    a seccomp filter: socket() of the IPv4, IPv6 and packet families and io_uring
                fail with EACCES, so no network even where a network namespace would keep the
-               CUDA driver from starting (Unix sockets and pipes stay: the channel, CUDA)
+               CUDA driver from starting
+    nounix     the same filter also refuses socket() of AF_UNIX: no Unix socket file or abstract
+               name of the host can be reached (socketpair() and pipes stay: the channel to the
+               parent is the inherited stdin/stdout)
 
 A process group of its own is what the parent kills without `pidns`; see sandbox.Sandbox.kill.
 """
@@ -372,8 +387,9 @@ def cover_with_tmpfs(top: str, keep: list[str], data: str) -> list[str]:
 def hide_paths(hidden_dirs: list[str], hidden_files: list[str], visible: list[str]) -> list[str]:
     """The `masks` layer: each of `hidden_dirs` becomes an empty folder but for the `visible`
     paths beneath it (the interpreter, the libraries, the repository, the private directory),
-    each of `hidden_files` reads as empty (/dev/null bound over it). A folder that lies inside
-    a visible path stays as it is (all of it is needed). Returns what was hidden.
+    each of `hidden_files` reads as empty (/dev/null bound over it). A folder that is itself a
+    visible path stays as it is (all of it is needed); one inside a visible path (a home under
+    the temporary directory) is hidden all the same. Returns what was hidden.
 
     So a child that keeps the caller's uid (or root's, without capabilities) cannot read the
     caller's keys, tokens and password hashes, and the folders leading to the interpreter are
@@ -382,7 +398,7 @@ def hide_paths(hidden_dirs: list[str], hidden_files: list[str], visible: list[st
     keep = _outermost(visible)
     done = []
     for top in _outermost([d for d in hidden_dirs if os.path.isdir(d)]):
-        if top == "/" or any(_is_beneath(top, v) for v in keep):
+        if top == "/" or top in keep:
             continue
         cover_with_tmpfs(top, keep, "mode=0755,size=1m")
         done.append(top)
@@ -406,22 +422,31 @@ def private_shm(size_bytes: int, keep: list[str]) -> None:
     cover_with_tmpfs(SHM, keep, f"mode=1777,size={int(size_bytes)}")
 
 
+PROC_GID = 61999  # the group that may see every process in a private /proc: none of the children's
+
+
 def mount_private_proc() -> None:
     """The `proc` layer: a procfs of our own on /proc that lists only the processes this one may
     ptrace (hidepid=invisible; in a PID namespace of its own, only the namespace's), so no other
-    process's command line or environment can be read; /proc/sys read-only in it too.
+    process's command line or environment can be read; /proc/sys read-only in it too. The group
+    exempt from hidepid is one no child is in (by default it is root's, which a child without
+    a sandbox uid keeps).
 
     Raises OSError (the /proc before is left in place) when the kernel refuses.
     """
     flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
 
     def mount_new() -> None:
-        try:
-            _mount("proc", "/proc", flags, "proc", "hidepid=invisible")
-        except OSError as e:
-            if e.errno != errno.EINVAL:
-                raise
-            _mount("proc", "/proc", flags, "proc", "hidepid=2")  # kernels before 5.8
+        # gid= names a group of this user namespace (refused, EINVAL, in one that maps only our
+        # own, where root's group is not ours anyway); hidepid=2 for kernels before 5.8
+        options = [f"hidepid=invisible,gid={PROC_GID}", "hidepid=invisible", f"hidepid=2,gid={PROC_GID}", "hidepid=2"]
+        for i, data in enumerate(options):
+            try:
+                _mount("proc", "/proc", flags, "proc", data)
+                return
+            except OSError as e:
+                if e.errno != errno.EINVAL or i == len(options) - 1:
+                    raise
 
     try:
         mount_new()
@@ -735,7 +760,8 @@ def run(spec: dict, argv: list[str]) -> None:
 
     Spec keys: private_dir, uid, gid (ints or null), want (layer names), limits
     ({as, fsize, nproc, core}: bytes / counts or null), writable_dirs, writable_files (Landlock),
-    mount_writable_dirs (the directories `mountns` keeps writable; default writable_dirs), umask (int).
+    mount_writable_dirs (the directories `mountns` keeps writable; default writable_dirs), umask (int),
+    hidden_dirs, hidden_files, visible_paths (`masks`), shm_bytes (`shm`).
     """
     want = set(spec.get("want", ()))
     root = os.geteuid() == 0

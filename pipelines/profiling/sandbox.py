@@ -11,10 +11,15 @@ layers the host allows (jail.py lists them) before the child's first line runs:
 * a network namespace and a PID namespace (the kernel ends every process of the namespace with
   its first one, so a `setsid` grandchild cannot outlive the check);
 * rlimits on address space (CPU), file size and processes; no core files; no_new_privs;
-* a seccomp filter refusing network sockets (it holds where a namespace would stop CUDA);
+* a seccomp filter refusing network and Unix sockets (it holds where a namespace would stop CUDA);
 * a private mount namespace with every filesystem read-only but the private directory and the
-  shared Triton cache (it holds where Landlock would stop CUDA);
+  shared Triton cache (it holds where Landlock would stop CUDA), the home folders and password
+  files hidden, a /dev/shm of the child's own and a /proc that shows no other process;
 * Landlock: writes only beneath the private directory, the shared Triton cache and device files.
+
+The parent accepts one "ready" per child, refuses a message too long or too deep before decoding
+it (`RefusedMessage`: the job in flight is `tampered`), replaces a child that has a process or
+thread left after a job, and counts the private directory's files against the memory limit.
 
 Messages are JSON over the child's stdin/stdout, framed by multiprocessing.connection. The
 child moves fd 1 onto stderr right away, so a kernel that prints cannot corrupt the channel;
