@@ -709,8 +709,6 @@ def _jail_spec(policy: SandboxPolicy, device: str, private: Path, uid: int | Non
 def read_only_triton_cache(shared: Path) -> dict[str, str]:
     """The environment of a child that reads the shared Triton cache `shared` without writing it
     (give it no shared_dirs): it compiles into a cache of its own (triton_cache.py)."""
-    from pipelines.profiling import triton_cache  # noqa: F401 - fails here, not in the child, without triton
-
     return {"TRITON_CACHE_MANAGER": "pipelines.profiling.triton_cache:ReadThroughCache",
             "KERNELCAST_TRITON_SHARED": str(shared)}
 
@@ -989,9 +987,9 @@ class Sandbox:
         return total, n
 
     def over_limits(self, scan: list[ProcInfo] | None = None) -> str | None:
-        """Why the child must be killed for what it uses, or None: resident memory on CUDA
-        (where no address-space limit can be set) and, where no rlimit counts this child's
-        processes alone, its processes and threads."""
+        """Why the child must be killed for what it uses, or None: the files of its private
+        folder, resident memory on CUDA (where no address-space limit can be set), its
+        processes and threads."""
         if not self.jailed:
             return None
         files, entries = self.private_usage()
@@ -1001,9 +999,9 @@ class Sandbox:
         if files > limit:
             return f"{files / GIB:.1f} GiB of files in its private folder, over the sandbox limit of {limit / GIB:.0f} GiB"
         watch_memory = self.device == "cuda" and "rlimits" in self.report.layers
-        watch_tasks = "rlimits-nproc" in self.report.notes
-        if not (watch_memory or watch_tasks):
-            return None
+        # Also where RLIMIT_NPROC holds: it stops a fork bomb only at the limit, and forking a
+        # process of a GiB a hundred times takes longer than a job may on a loaded host.
+        watch_tasks = True
         tree = self.tree(scan)
         rss, tasks = sum(p.rss_bytes for p in tree), sum(p.threads for p in tree)
         if watch_memory and rss + files > self.policy.cuda_memory_bytes:
