@@ -32,7 +32,8 @@ FIXTURES = Path(__file__).parent / "fixtures_kernels"
 REPO = Path(__file__).resolve().parents[1]
 hostile = taskload.module_from_file(FIXTURES / "hostile.py", "hostile_kernels")
 
-POLICY = sandbox.SandboxPolicy(memory_bytes=3 * sandbox.GIB, processes=64)  # small: a bomb stays cheap here
+POLICY = sandbox.SandboxPolicy(memory_bytes=3 * sandbox.GIB, processes=64, shm_bytes=256 * 2**20,
+                               private_files=500)  # small: a bomb stays cheap here
 SECRET = "kc-test-secret-7f3a9c"
 MARKER = "kc-escapee-marker-5d21"
 
@@ -55,7 +56,7 @@ def battery_env(tmp_path, monkeypatch):
     targets = [str(outside / "f"), str(REPO / f"ESCAPED-{token}"), f"/tmp/kc-escaped-{token}"]
     listener = hostile.Listener()
     params = {"targets": targets, "port": listener.port, "secret": SECRET, "marker": MARKER,
-              "warehouse": str(warehouse), "chunks": 24, "forks": 600}
+              "warehouse": str(warehouse), "chunks": 24, "forks": 600, "files": 2000, "shm_mb": 512}
     yield {"params": params, "listener": listener, "warehouse": warehouse, "before": warehouse.read_bytes()}
     listener.close()
     for t in targets:
@@ -66,7 +67,8 @@ def battery_env(tmp_path, monkeypatch):
 # on any host (the environment allow-list, the verifier, the integrity watch, the parent's
 # process watchdog and sweeps need no privilege).
 NEEDS = {"write_outside": {"landlock", "mountns"}, "warehouse_tampering": {"landlock", "uid", "mountns"}, "memory_bomb": {"rlimits"},
-         "network": {"netns", "landlock-net", "seccomp"}}
+         "network": {"netns", "landlock-net", "seccomp"}, "caller_secrets": {"uid", "masks"}, "proc_snoop": {"proc", "pidns"},
+         "shm_hoard": {"shm", "landlock"}, "triton_cache_write": {"landlock", "mountns"}}
 
 
 def _report(outcomes: dict[str, tuple[str | None, str]]) -> None:
@@ -319,7 +321,7 @@ def test_two_workers_on_one_host_never_share_a_sandbox_uid():
     assert sandbox._UidPool().take(61700) == mine[0]  # given back: the lowest free one again
 
 
-def test_the_seccomp_layer_refuses_network_sockets_and_keeps_unix_ones(open_dir):
+def test_the_seccomp_layer_alone_refuses_network_sockets_and_keeps_unix_ones(open_dir):
     code = ("import os, socket\n"
             "a, b = socket.socketpair(); a.close(); b.close()\n"
             "for fam in (socket.AF_INET, socket.AF_INET6):\n"

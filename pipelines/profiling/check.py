@@ -156,16 +156,22 @@ class _CheckRun:
         sb = self.pool[slot]
         try:
             msg = sb.recv()
-        except ChildDied as e:
+        except ChildDied as e:  # a refused message (RefusedMessage) is the kernel's: tampered
             if sb.job is not None:
-                self._fail_job(slot, "crashed", str(e))
+                self._fail_job(slot, e.failure_kind, str(e))
             else:
                 self.start_failures += 1
                 self.retire(slot)
             return
         kind = msg.get("type")
         if kind == "ready":
-            sb.ready, sb.info, self.start_failures = True, msg.get("info", {}), 0
+            problem = sb.accept_ready(msg)
+            if problem is None:
+                self.start_failures = 0
+            elif sb.job is not None:
+                self._fail_job(slot, "tampered", problem)
+            else:
+                self.retire(slot)
         elif kind == "fatal":
             self.start_failures += 1
             self.retire(slot)
@@ -178,10 +184,11 @@ class _CheckRun:
                 deliver(sb, reply, self.pool)
         elif kind == "result" and sb.job is not None:
             result = settle(msg, self.verifier.outcome(sb.job_key))
-            strays = sb.stray_pids()
-            if strays:  # a process the kernel started is still running: ended with the child below
-                result = {**result, "status": "failed", "failure_kind": "tampered", "restart": True,
-                          "error": f"left {len(strays)} process(es) running after its job"}
+            leftover, blamed = sb.leftovers(msg.get("python_threads_left"))
+            if leftover and blamed:  # a process or thread the kernel started is still running: ended with the child below
+                result = {**result, "status": "failed", "failure_kind": "tampered", "restart": True, "error": leftover}
+            elif leftover:  # a native thread: not surely the kernel's, but no later kernel may share the child
+                result = {**result, "restart": True}
             ok = result.get("status") == "ok"
             message = result.get("error") or ("ok" if ok else "")
             self.finish(sb.job, CheckOutcome(ok, None if ok else result.get("failure_kind") or "infrastructure",

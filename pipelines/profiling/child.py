@@ -50,6 +50,18 @@ def _isolate(role: str) -> None:
         os.nice(10)
 
 
+def _start_thread_pools(device: str) -> None:
+    """Start now the threads torch and CUDA start on first use (the CPU thread pool, the CUDA
+    context's): the parent takes a thread the child did not have when a job was sent for one the
+    kernel left running, and replaces the child."""
+    import torch
+
+    torch.ones(1 << 20).add_(1.0)  # large enough for a parallel loop
+    if device == "cuda":
+        torch.zeros(1, device="cuda").add_(1.0)
+        torch.cuda.synchronize()
+
+
 def _serve_verifier(config: dict, send, rx: Connection) -> int:
     """The verifier's loop: one verdict per request, until the parent goes away."""
     from pipelines.profiling.sandbox import hide_from_children
@@ -137,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
         from pipelines.profiling.jail import LAYERS_ENV
 
         verify.JUDGE.impl = verify.ChannelJudge(send, recv)
+        _start_thread_pools(device)
         if args.role == "measure":
             measurer.warm()  # torch's lazy first-use set-up happens before the baseline, not after it
         runner.start_watch()  # the baseline of identities, once, before any kernel exists here
@@ -154,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         if msg.get("type") == "exit":
             return 0
         job = msg["job"]
+        threads_before = len(sys._current_frames())
         try:
             if args.role == "compile":
                 result = runner.run_compile(job, device)
@@ -165,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             logging.exception("job %s", job.get("kernel_id"))
             result = {"ok": False, "status": "failed", "failure_kind": "infrastructure",
                       "error": f"harness error: {type(e).__name__}: {e}"[:300], "restart": True}
+        # Python threads the job left (the parent also counts every thread in /proc: sandbox.leftovers)
+        result["python_threads_left"] = len(sys._current_frames()) - threads_before
         send({"type": "result", "job_id": job.get("job_id"), **result})
         if result.get("restart"):
             sys.stderr.flush()

@@ -29,12 +29,27 @@ Layers (names as recorded in the measurement row's `sandbox` column):
     landlock-net  no TCP connect/bind, where there is no network namespace
     mountns    a private mount namespace in which every filesystem is read-only (remounted) but
                the private directory and the shared Triton cache (bound onto themselves first);
-               device files and Unix sockets stay usable, procfs stays as it is but /proc/sys.
-               It keeps files safe where Landlock cannot be used; root's capabilities must go
-               (uid or nocaps), or the child could remount
+               device files stay usable, /proc/sys is read-only. It keeps files safe where
+               Landlock cannot be used; root's capabilities must go (uid or nocaps), or the
+               child could remount (then `mountns` and the three below are dropped)
+    masks      (inside mountns) every home folder (/root, /home, this user's, KERNELCAST_HOME)
+               and /etc/ssh are an empty tmpfs but for the paths the child needs (interpreter,
+               libraries, repository, temporary and private directories) bound back; /etc/shadow
+               and the like read as empty. So a child that keeps root's uid or the caller's
+               cannot read their 0600 keys, and the folders to an interpreter under a 0700 home
+               become traversable: a sandbox uid can start there
+    shm        (inside mountns) /dev/shm is a tmpfs of the child's own, of at most
+               spec["shm_bytes"] (the private directory bound back when it lies there), so
+               shared memory counts against a limit and reaches no other process
+    proc       (inside mountns) a procfs of the child's own on /proc with hidepid=invisible: in
+               its PID namespace it shows only the namespace; without one (pidns dropped) only
+               the processes the child may ptrace, so no other command line or environment
     seccomp    a seccomp filter: socket() of the IPv4, IPv6 and packet families and io_uring
                fail with EACCES, so no network even where a network namespace would keep the
-               CUDA driver from starting (Unix sockets and pipes stay: the channel, CUDA)
+               CUDA driver from starting
+    nounix     the same filter also refuses socket() of AF_UNIX: no Unix socket file or abstract
+               name of the host can be reached (socketpair() and pipes stay: the channel to the
+               parent is the inherited stdin/stdout)
 
 A process group of its own is what the parent kills without `pidns`; see sandbox.Sandbox.kill.
 """
@@ -48,6 +63,7 @@ import os
 import resource
 import signal
 import sys
+from typing import Any
 
 LAYERS_ENV = "KERNELCAST_SANDBOX_LAYERS"
 NOTES_PREFIX = "KERNELCAST_SANDBOX_NOTES "
@@ -207,6 +223,7 @@ def enter_namespaces(want_net: bool, want_pid: bool, root: bool) -> tuple[list[s
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
 MS_REMOUNT, MS_NOATIME, MS_NODIRATIME, MS_BIND = 32, 1 << 10, 1 << 11, 1 << 12
 MS_REC, MS_PRIVATE, MS_RELATIME, MS_STRICTATIME = 1 << 14, 1 << 18, 1 << 21, 1 << 24
+MNT_DETACH = 2
 # Per-mount options a bind remount must repeat: in a user namespace the kernel refuses (EPERM)
 # to clear those it locked, and as root leaving one out would loosen the copy of the mount.
 KEPT_MOUNT_OPTIONS = {"nosuid": MS_NOSUID, "nodev": MS_NODEV, "noexec": MS_NOEXEC, "noatime": MS_NOATIME,
@@ -225,11 +242,17 @@ def _map_own_ids(uid: int, gid: int) -> None:
     _write("/proc/self/gid_map", f"{gid} {gid} 1")
 
 
-def _mount(source: str | None, target: str, flags: int) -> None:
+def _mount(source: str | None, target: str, flags: int, fstype: str | None = None, data: str | None = None) -> None:
     libc = _libc()
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_void_p]
-    if libc.mount(source.encode() if source else None, target.encode(), None, flags, None) != 0:
+    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+    if libc.mount(source.encode() if source else None, target.encode(), fstype.encode() if fstype else None, flags,
+                  data.encode() if data else None) != 0:
         raise OSError(ctypes.get_errno(), f"mount {target}: {_errno_text()}")
+
+
+def _umount_detach(target: str) -> None:
+    if _libc().umount2(target.encode(), ctypes.c_int(MNT_DETACH)) != 0:
+        raise OSError(ctypes.get_errno(), f"umount {target}: {_errno_text()}")
 
 
 def _unescape_mount_path(field: str) -> str:
@@ -325,6 +348,127 @@ def _bind_writable(dirs: list[str]) -> list[str]:
     return bound
 
 
+def _outermost(paths: list[str]) -> list[str]:
+    """The resolved, existing paths of `paths` that lie beneath no other of them (sorted)."""
+    real = sorted({os.path.realpath(p) for p in paths if p and os.path.exists(p)})
+    return [p for p in real if not any(q != p and _is_beneath(p, q) for q in real)]
+
+
+def cover_with_tmpfs(top: str, keep: list[str], data: str) -> list[str]:
+    """Mount a fresh tmpfs over the directory `top` and bind back each path of `keep` beneath it
+    (opened before the tmpfs hides them, bound from the open descriptor): in this mount
+    namespace `top` then holds those paths and nothing else. Returns the paths bound back.
+
+    Raises OSError with the tmpfs taken off again, so a failure leaves `top` as it was.
+    """
+    held = []
+    old_umask = os.umask(0o022)  # the folders leading to a kept path: traversable by a sandbox uid
+    try:
+        for path in _outermost(keep):
+            if path != top and _is_beneath(path, top):
+                held.append((path, os.path.isdir(path), os.open(path, os.O_PATH | os.O_CLOEXEC)))
+        _mount("tmpfs", top, MS_NOSUID | MS_NODEV, "tmpfs", data)
+        try:
+            for path, is_dir, fd in held:
+                os.makedirs(path if is_dir else os.path.dirname(path), exist_ok=True)
+                if not is_dir:
+                    os.close(os.open(path, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o644))
+                _mount(f"/proc/self/fd/{fd}", path, MS_BIND | MS_REC)
+        except OSError:
+            _umount_detach(top)
+            raise
+    finally:
+        os.umask(old_umask)
+        for _, _, fd in held:
+            os.close(fd)
+    return [p for p, _, _ in held]
+
+
+def hide_paths(hidden_dirs: list[str], hidden_files: list[str], visible: list[str]) -> list[str]:
+    """The `masks` layer: each of `hidden_dirs` becomes an empty folder but for the `visible`
+    paths beneath it (the interpreter, the libraries, the repository, the private directory),
+    each of `hidden_files` reads as empty (/dev/null bound over it). A folder that is itself a
+    visible path stays as it is (all of it is needed); one inside a visible path (a home under
+    the temporary directory) is hidden all the same. Returns what was hidden.
+
+    So a child that keeps the caller's uid (or root's, without capabilities) cannot read the
+    caller's keys, tokens and password hashes, and the folders leading to the interpreter are
+    traversable by a sandbox uid even where the caller's home is 0700.
+    """
+    keep = _outermost(visible)
+    done = []
+    for top in _outermost([d for d in hidden_dirs if os.path.isdir(d)]):
+        if top == "/" or top in keep:
+            continue
+        cover_with_tmpfs(top, keep, "mode=0755,size=1m")
+        done.append(top)
+    for f in hidden_files:
+        real = os.path.realpath(f)
+        if os.path.isfile(real) and not any(_is_beneath(real, d) for d in done):
+            _mount("/dev/null", real, MS_BIND)
+            done.append(real)
+    return done
+
+
+SHM = "/dev/shm"
+
+
+def private_shm(size_bytes: int, keep: list[str]) -> None:
+    """The `shm` layer: a tmpfs of its own on /dev/shm of at most `size_bytes` (what a kernel
+    puts there would otherwise count against the host's memory, not the child's limit), with
+    the paths of `keep` beneath /dev/shm (the private directory) bound back into it."""
+    if not os.path.isdir(SHM):
+        raise OSError(f"no {SHM} on this host")
+    cover_with_tmpfs(SHM, keep, f"mode=1777,size={int(size_bytes)}")
+
+
+PROC_GID = 61999  # the group that may see every process in a private /proc: none of the children's
+
+
+def mount_private_proc() -> None:
+    """The `proc` layer: a procfs of our own on /proc that lists only the processes this one may
+    ptrace (hidepid=invisible; in a PID namespace of its own, only the namespace's), so no other
+    process's command line or environment can be read; /proc/sys read-only in it too. The group
+    exempt from hidepid is one no child is in (by default it is root's, which a child without
+    a sandbox uid keeps).
+
+    Raises OSError (the /proc before is left in place) when the kernel refuses.
+    """
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+
+    def mount_new() -> None:
+        # gid= names a group of this user namespace (refused, EINVAL, in one that maps only our
+        # own, where root's group is not ours anyway); hidepid=2 for kernels before 5.8
+        options = [f"hidepid=invisible,gid={PROC_GID}", "hidepid=invisible", f"hidepid=2,gid={PROC_GID}", "hidepid=2"]
+        for i, data in enumerate(options):
+            try:
+                _mount("proc", "/proc", flags, "proc", data)
+                return
+            except OSError as e:
+                if e.errno != errno.EINVAL or i == len(options) - 1:
+                    raise
+
+    try:
+        mount_new()
+    except OSError as first:
+        if first.errno != errno.EPERM or not _is_mount_point(MADE_READ_ONLY_IN_PROC):
+            raise
+        # In a user namespace the kernel refuses a new procfs while the old one has a mount over
+        # part of it (our read-only /proc/sys): take that one off first.
+        _umount_detach(MADE_READ_ONLY_IN_PROC)
+        mount_new()
+    try:
+        _mount(MADE_READ_ONLY_IN_PROC, MADE_READ_ONLY_IN_PROC, MS_BIND | MS_REC)
+        _mount(None, MADE_READ_ONLY_IN_PROC, read_only_remount_flags("rw,nosuid,nodev,noexec,relatime"))
+    except OSError:
+        _umount_detach("/proc")  # never a procfs with a writable /proc/sys for a root child
+        raise
+
+
+def _is_mount_point(path: str) -> bool:
+    return any(point == path for point, _, _ in _mountinfo())
+
+
 def _remount_read_only(writable: list[str]) -> dict[str, str]:
     """Remount every mount point read-only except the writable binds and procfs (but for
     /proc/sys); returns {mount point: why it was left writable}. Raises OSError when the root
@@ -355,11 +499,14 @@ def _remount_read_only(writable: list[str]) -> dict[str, str]:
     return skipped
 
 
-def enter_mount_namespace(writable_dirs: list[str], root: bool, in_user_ns: bool) -> tuple[bool, dict[str, str]]:
+def enter_mount_namespace(writable_dirs: list[str], root: bool, in_user_ns: bool,
+                          before_remount: Any = None) -> tuple[bool, dict[str, str]]:
     """A private mount namespace where every filesystem is read-only but `writable_dirs`.
 
     Character devices stay usable (a read-only mount does not stop opening them for writing) and
     so do Unix sockets; descriptors opened before (the log on stderr) keep writing.
+    `before_remount()`, when given, runs inside the new namespace before anything is made
+    read-only and returns further mount points to keep writable (the private /dev/shm).
 
     Returns:
         (whether a user namespace was made for it, {mount point: why it stayed writable}).
@@ -367,8 +514,9 @@ def enter_mount_namespace(writable_dirs: list[str], root: bool, in_user_ns: bool
         OSError: the namespace or the read-only root could not be had (the layer is missing).
     """
     made_user_ns = _unshare_mounts(root, in_user_ns)
+    extra = list(before_remount()) if before_remount is not None else []
     bound = _bind_writable(writable_dirs)
-    return made_user_ns, _remount_read_only(bound)
+    return made_user_ns, _remount_read_only(bound + extra)
 
 
 def set_limits(limits: dict, per_sandbox_nproc: bool) -> list[str]:
@@ -424,6 +572,7 @@ X32_SYSCALL_BIT = 0x40000000
 # machine -> (audit arch, socket, io_uring_setup)
 SECCOMP_ARCH = {"x86_64": (0xC000003E, 41, 425), "aarch64": (0xC00000B7, 198, 425)}
 DENIED_FAMILIES = (2, 10, 17)  # AF_INET, AF_INET6, AF_PACKET
+AF_UNIX = 1  # refused by the `nounix` layer: socket files and abstract names of the host
 
 
 class _SockFilter(ctypes.Structure):
@@ -434,11 +583,12 @@ class _SockFprog(ctypes.Structure):
     _fields_ = [("len", ctypes.c_uint16), ("filter", ctypes.POINTER(_SockFilter))]
 
 
-def network_filter(machine: str) -> list[tuple[int, int, int, int]]:
-    """The BPF program (code, jt, jf, k) denying network sockets and io_uring on `machine`.
+def network_filter(machine: str, families: tuple[int, ...] = DENIED_FAMILIES) -> list[tuple[int, int, int, int]]:
+    """The BPF program (code, jt, jf, k) denying socket() of `families` and io_uring on `machine`.
 
     A call of another architecture (its numbers differ) or of the x32 ABI is denied outright
-    rather than misread.
+    rather than misread. socketpair() is another call and stays: a connected pair reaches
+    nothing outside the process.
     """
     arch, nr_socket, nr_uring = SECCOMP_ARCH[machine]
     # (code, jump-if-true label, jump-if-false label, k); labels resolve to relative offsets
@@ -450,7 +600,7 @@ def network_filter(machine: str) -> list[tuple[int, int, int, int]]:
         (BPF_JEQ_K, "deny", None, nr_uring),
         (BPF_JEQ_K, None, "allow", nr_socket),
         (BPF_LD_W_ABS, None, None, 16),  # args[0], the address family (low word)
-        *[(BPF_JEQ_K, "deny", None, family) for family in DENIED_FAMILIES],
+        *[(BPF_JEQ_K, "deny", None, family) for family in families],
     ]
     labels = {"allow": len(code), "deny": len(code) + 1}
     code += [(BPF_RET_K, None, None, SECCOMP_RET_ALLOW), (BPF_RET_K, None, None, SECCOMP_RET_ERRNO | EACCES)]
@@ -461,7 +611,7 @@ def network_filter(machine: str) -> list[tuple[int, int, int, int]]:
     return [(c, offset(pc, jt), offset(pc, jf), k) for pc, (c, jt, jf, k) in enumerate(code)]
 
 
-def seccomp_deny_network() -> None:
+def seccomp_deny_network(families: tuple[int, ...] = DENIED_FAMILIES) -> None:
     """Install network_filter for this process and what it executes (no_new_privs must be set).
 
     Raises OSError when the kernel refuses it or the machine is not one the filter knows.
@@ -469,7 +619,7 @@ def seccomp_deny_network() -> None:
     machine = os.uname().machine
     if machine not in SECCOMP_ARCH:
         raise OSError(f"no seccomp filter for {machine}")
-    prog = network_filter(machine)
+    prog = network_filter(machine, families)
     filters = (_SockFilter * len(prog))(*[_SockFilter(*ins) for ins in prog])
     fprog = _SockFprog(len(prog), filters)
     if _libc().prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0) != 0:
@@ -503,19 +653,63 @@ def _supervise(child: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
+MOUNT_SUBLAYERS = ("masks", "shm", "proc")  # applied inside the mount namespace only
+
+
 def _mountns_layer(spec: dict, root: bool, in_user_ns: bool, notes: dict[str, str]) -> tuple[list[str], bool]:
-    """The `mountns` layer when wanted: (["mountns"] or [], whether a user namespace was made)."""
-    if "mountns" not in spec.get("want", ()):
+    """The `mountns` layer when wanted, with `masks` and `shm` inside it: (the layers entered,
+    whether a user namespace was made)."""
+    want = set(spec.get("want", ()))
+    if "mountns" not in want:
+        for name in MOUNT_SUBLAYERS:
+            if name in want:
+                notes[name] = "needs the mount namespace (mountns), which is not applied"
         return [], False
     writable = list(spec.get("mount_writable_dirs", spec.get("writable_dirs", ())))
+    entered: list[str] = []
+
+    def inside() -> list[str]:
+        if "masks" in want:
+            try:
+                hide_paths(list(spec.get("hidden_dirs", ())), list(spec.get("hidden_files", ())),
+                           list(spec.get("visible_paths", ())) + writable)
+                entered.append("masks")
+            except OSError as e:
+                notes["masks"] = str(e)
+        if "shm" in want:
+            try:
+                private_shm(int(spec.get("shm_bytes") or 2**30), writable)
+                entered.append("shm")
+                return [SHM]
+            except OSError as e:
+                notes["shm"] = str(e)
+        return []
+
     try:
-        made_user_ns, skipped = enter_mount_namespace(writable, root, in_user_ns)
+        made_user_ns, skipped = enter_mount_namespace(writable, root, in_user_ns, before_remount=inside)
     except OSError as e:
         notes["mountns"] = str(e)
+        for name in MOUNT_SUBLAYERS:
+            if name in want:
+                notes.setdefault(name, "needs the mount namespace (mountns), which could not be entered")
         return [], False
     if skipped:
         notes["mountns-skipped"] = "left writable: " + ", ".join(f"{p} ({why})" for p, why in sorted(skipped.items()))
-    return ["mountns"], made_user_ns
+    return ["mountns", *entered], made_user_ns
+
+
+def _proc_layer(want: set[str], layers: list[str], notes: dict[str, str]) -> None:
+    """The `proc` layer, in the first process of the PID namespace where there is one."""
+    if "proc" not in want:
+        return
+    if "mountns" not in layers:
+        notes.setdefault("proc", "needs the mount namespace (mountns), which is not applied")
+        return
+    try:
+        mount_private_proc()
+        layers.append("proc")
+    except OSError as e:
+        notes["proc"] = str(e)
 
 
 def _give_up_root(spec: dict, want: set[str], root: bool, switch: bool, layers: list[str],
@@ -533,20 +727,26 @@ def _give_up_root(spec: dict, want: set[str], root: bool, switch: bool, layers: 
         except OSError as e:
             notes["nocaps"] = str(e)
     if root and "mountns" in layers and not ("uid" in layers or "nocaps" in layers):
-        layers.remove("mountns")  # a root child that keeps CAP_SYS_ADMIN could remount everything writable
-        notes["mountns"] = "the child keeps root's capabilities (no sandbox uid, none dropped): it could remount"
+        # a root child that keeps CAP_SYS_ADMIN could remount everything writable, unmount the masks
+        for name in ("mountns", *MOUNT_SUBLAYERS):
+            if name in layers:
+                layers.remove(name)
+                notes[name] = "the child keeps root's capabilities (no sandbox uid, none dropped): it could remount"
 
 
 def _filter(spec: dict, want: set[str], in_netns: bool, layers: list[str], notes: dict[str, str]) -> None:
     """no_new_privs, then the seccomp filter and Landlock (both need no_new_privs)."""
     if _libc().prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) == 0:
         layers.append("nonewprivs")
-    if "seccomp" in want and "nonewprivs" in layers:
+    families = (DENIED_FAMILIES if "seccomp" in want else ()) + ((AF_UNIX,) if "nounix" in want else ())
+    if families and "nonewprivs" in layers:
         try:
-            seccomp_deny_network()
-            layers.append("seccomp")
+            seccomp_deny_network(families)
+            layers += [name for name in ("seccomp", "nounix") if name in want]
         except OSError as e:
-            notes["seccomp"] = str(e)
+            for name in ("seccomp", "nounix"):
+                if name in want:
+                    notes[name] = str(e)
     if "landlock" in want:
         try:
             layers += apply_landlock(list(spec.get("writable_dirs", ())), list(spec.get("writable_files", ())),
@@ -560,7 +760,8 @@ def run(spec: dict, argv: list[str]) -> None:
 
     Spec keys: private_dir, uid, gid (ints or null), want (layer names), limits
     ({as, fsize, nproc, core}: bytes / counts or null), writable_dirs, writable_files (Landlock),
-    mount_writable_dirs (the directories `mountns` keeps writable; default writable_dirs), umask (int).
+    mount_writable_dirs (the directories `mountns` keeps writable; default writable_dirs), umask (int),
+    hidden_dirs, hidden_files, visible_paths (`masks`), shm_bytes (`shm`).
     """
     want = set(spec.get("want", ()))
     root = os.geteuid() == 0
@@ -585,6 +786,7 @@ def run(spec: dict, argv: list[str]) -> None:
         _die_with()
         if os.getppid() == 1:  # the supervisor died before prctl took effect
             os._exit(1)
+    _proc_layer(want, layers, notes)  # here: a procfs shows the PID namespace of the process mounting it
     per_sandbox_nproc = switch or not root and (bool(entered) or made_user_ns)  # counted per uid / user namespace
     try:
         layers += set_limits(spec.get("limits", {}), per_sandbox_nproc)

@@ -11,10 +11,15 @@ layers the host allows (jail.py lists them) before the child's first line runs:
 * a network namespace and a PID namespace (the kernel ends every process of the namespace with
   its first one, so a `setsid` grandchild cannot outlive the check);
 * rlimits on address space (CPU), file size and processes; no core files; no_new_privs;
-* a seccomp filter refusing network sockets (it holds where a namespace would stop CUDA);
+* a seccomp filter refusing network and Unix sockets (it holds where a namespace would stop CUDA);
 * a private mount namespace with every filesystem read-only but the private directory and the
-  shared Triton cache (it holds where Landlock would stop CUDA);
+  shared Triton cache (it holds where Landlock would stop CUDA), the home folders and password
+  files hidden, a /dev/shm of the child's own and a /proc that shows no other process;
 * Landlock: writes only beneath the private directory, the shared Triton cache and device files.
+
+The parent accepts one "ready" per child, refuses a message too long or too deep before decoding
+it (`RefusedMessage`: the job in flight is `tampered`), replaces a child that has a process or
+thread left after a job, and counts the private directory's files against the memory limit.
 
 Messages are JSON over the child's stdin/stdout, framed by multiprocessing.connection. The
 child moves fd 1 onto stderr right away, so a kernel that prints cannot corrupt the channel;
@@ -33,6 +38,7 @@ import ctypes
 import glob
 import json
 import os
+import re
 import secrets
 import shutil
 import signal
@@ -64,12 +70,67 @@ ALLOWED_ENV = (
     "CUBLAS_WORKSPACE_CONFIG", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "KERNELCAST_TASK_MODULES", "KERNELCAST_DEVICE",
     "KERNELCAST_SHIP",
 )
-WANTED_LAYERS = ("uid", "netns", "pidns", "mountns", "rlimits", "seccomp", "landlock")
+WANTED_LAYERS = ("uid", "netns", "pidns", "mountns", "masks", "shm", "proc", "rlimits", "seccomp", "nounix", "landlock")
 ROOT_FALLBACK = "nocaps"  # as root without a sandbox uid: root's uid, no capabilities
 
 
 class ChildDied(Exception):
     """The child exited or closed its channel; `str()` says how (exit code or signal)."""
+
+    failure_kind = "crashed"  # what the job in flight, if any, is recorded as
+
+
+class RefusedMessage(ChildDied):
+    """The child sent what the harness never sends (too long, too deep, a second 'ready'): only
+    kernel code that found the channel can; its job is `tampered` and the child is replaced."""
+
+    failure_kind = "tampered"
+
+
+MAX_MESSAGE_BYTES = 4 * 2**20  # a result with every timing of every case is a few KiB
+MAX_MESSAGE_DEPTH = 32  # the harness's messages nest a handful of levels
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
+_JSON_PAIR = re.compile(rb"\[\]|\{\}")
+_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+class RefusedJSON(ValueError):
+    """JSON text over the size or nesting bounds, refused before it is decoded."""
+
+
+def json_nesting_ok(raw: bytes, max_depth: int) -> bool:
+    """Whether the arrays and objects of JSON text `raw` nest at most `max_depth` deep (brackets
+    inside strings do not count; unbalanced brackets do not pass), without a recursive parse.
+
+    >>> json_nesting_ok(b'{"a": [[1], "]]]"]}', 3), json_nesting_ok(b"[" * 50 + b"]" * 50, 32)
+    (True, False)
+    """
+    bare = _JSON_STRING.sub(b'""', raw).translate(None, _NOT_BRACKETS)
+    if len(bare) <= max_depth:
+        return bare.count(b"[") + bare.count(b"{") == bare.count(b"]") + bare.count(b"}")
+    for _ in range(max_depth):  # each pass removes the innermost level
+        bare = _JSON_PAIR.sub(b"", bare)
+        if not bare:
+            return True
+    return False
+
+
+def loads_bounded(raw: bytes, max_bytes: int = MAX_MESSAGE_BYTES, max_depth: int = MAX_MESSAGE_DEPTH) -> Any:
+    """json.loads, after checking the size and the nesting depth of `raw`.
+
+    Raises:
+        RefusedJSON: over a bound (json.loads would not even be tried) or nested past what the
+            decoder itself can take.
+        ValueError: not JSON.
+    """
+    if len(raw) > max_bytes:
+        raise RefusedJSON(f"{len(raw)} bytes, over the limit of {max_bytes}")
+    if not json_nesting_ok(raw, max_depth):
+        raise RefusedJSON(f"nested deeper than {max_depth} levels")
+    try:
+        return json.loads(raw)
+    except RecursionError:
+        raise RefusedJSON("nested deeper than the decoder can take") from None
 
 
 def deliver(sb: Any, reply: dict, alive: Collection[Any]) -> None:
@@ -96,6 +157,8 @@ class SandboxPolicy:
     cuda_memory_bytes: int = 48 * GIB
     file_bytes: int = 4 * GIB  # largest file a child may write (a shipped output, a cache entry)
     processes: int = 512  # processes + threads of one child (torch and CUDA start dozens of threads)
+    shm_bytes: int = 2 * GIB  # the child's own /dev/shm (layer `shm`)
+    private_files: int = 10_000  # files in the private directory before the child counts as a bomb
     uid_base: int = 61000
     gid: int = 61000
 
@@ -119,7 +182,8 @@ def policy_from_env(base: SandboxPolicy | None = None) -> SandboxPolicy:
             gib = float(os.environ[MEMORY_ENV])
             if not gib > 0:
                 raise ValueError
-            policy = replace(policy, memory_bytes=int(gib * GIB), cuda_memory_bytes=int(gib * GIB))
+            policy = replace(policy, memory_bytes=int(gib * GIB), cuda_memory_bytes=int(gib * GIB),
+                             shm_bytes=min(policy.shm_bytes, int(gib * GIB) // 4))
         if os.environ.get(PROCESSES_ENV):
             n = int(os.environ[PROCESSES_ENV])
             if n < 1:
@@ -424,7 +488,7 @@ sys.stdout.write(os.environ.get("KERNELCAST_SANDBOX_LAYERS", ""))
 
 # Dropped in this order when CUDA will not start; `mountns` last: where Landlock has to go, it is
 # what still keeps a kernel from writing outside its private directory.
-CUDA_FRAGILE_LAYERS = ("landlock", "netns", "pidns", "seccomp", "mountns")
+CUDA_FRAGILE_LAYERS = ("nounix", "proc", "shm", "masks", "landlock", "netns", "pidns", "seccomp", "mountns")
 
 
 def _probe_once(policy: SandboxPolicy, device: str, uid: int | None) -> tuple[list[str] | None, dict[str, str], str]:
@@ -570,7 +634,53 @@ def _probe_all(policy: SandboxPolicy, device: str) -> tuple[LayerReport, dict[st
         got, found, error = _probe_once(policy, device, uid)
     if got is None:
         dropped = {}  # nothing started at all: nothing worth remembering
+    # A layer dropped while a later one still kept CUDA from starting may not have been at fault
+    # (an H200 host lost its sandbox uid this way): each gets one more try with what works.
+    for layer in list(dropped)[:-1]:
+        trial = replace(policy, layers=tuple(x for x in WANTED_LAYERS if x in policy.layers or x == layer))
+        trial_uid = uid if layer != "uid" else _sandbox_uid(trial, {})
+        t_got, t_found, _ = _probe_once(trial, device, trial_uid)
+        if t_got is not None:
+            policy, uid, got, found = trial, trial_uid, t_got, t_found
+            del dropped[layer]
+            notes.pop(layer, None)
     return _finish(got, found, error, notes), dropped
+
+
+# Read by nobody but their owner, yet a child keeping root's uid (or the caller's) could read them:
+# the `masks` layer empties these folders (but for what a child needs) and these files.
+HIDDEN_DIRS = ("/root", "/home", "/etc/ssh", "/etc/sudoers.d")
+HIDDEN_FILES = ("/etc/shadow", "/etc/gshadow", "/etc/shadow-", "/etc/gshadow-", "/etc/sudoers", "/etc/security/opasswd")
+
+
+def hidden_dirs() -> list[str]:
+    """Folders a child sees empty (but for `visible_paths`): every user's home, this process's
+    home (HOME and its passwd entry) and KERNELCAST_HOME (the warehouse, the settings)."""
+    out = list(HIDDEN_DIRS) + [os.path.expanduser("~")]
+    try:
+        import pwd
+
+        out.append(pwd.getpwuid(os.geteuid()).pw_dir)
+    except (ImportError, KeyError):
+        pass
+    if os.environ.get("KERNELCAST_HOME"):
+        out.append(os.environ["KERNELCAST_HOME"])
+    return [d for d in dict.fromkeys(out) if d and d != "/"]
+
+
+def visible_paths(private: Path, shared_dirs: tuple[Path, ...]) -> list[str]:
+    """What a child needs to read even where it lies inside a hidden folder: the interpreter and
+    its libraries, the repository, the temporary directory (kernel files), the CUDA and Triton
+    paths the environment names, its private directory and the shared ones."""
+    paths = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+             os.path.dirname(os.path.realpath(sys.executable)), str(REPO_ROOT), tempfile.gettempdir(),
+             str(private), *map(str, shared_dirs), *(p for p in sys.path if p and os.path.exists(p))]
+    for var in ("PYTHONPATH", "LD_LIBRARY_PATH"):
+        paths += os.environ.get(var, "").split(os.pathsep)
+    for var in ("CUDA_HOME", "CUDA_PATH", "TRITON_PTXAS_PATH", "TRITON_LIBCUDA_PATH", "TRITON_CACHE_DIR"):
+        if os.environ.get(var):
+            paths.append(os.environ[var])
+    return [p for p in dict.fromkeys(paths) if p and os.path.realpath(p) != "/"]
 
 
 def _jail_spec(policy: SandboxPolicy, device: str, private: Path, uid: int | None,
@@ -581,8 +691,8 @@ def _jail_spec(policy: SandboxPolicy, device: str, private: Path, uid: int | Non
     writable = [str(private), *map(str, shared_dirs)]
     if device == "cuda":
         writable.append("/dev/shm")  # the CUDA driver may keep shared memory there
-    # `mountns` leaves /dev/shm read-only but for the private directory (which is there on most
-    # hosts): were the CUDA driver to need more, the probe drops the layer with its reason.
+    # `mountns` gives the child a /dev/shm of its own (`shm`), else leaves it read-only but for
+    # the private directory: were the CUDA driver to need more, the probe drops the layer.
     mount_writable = [str(private), *map(str, shared_dirs)]
     want = [x for x in policy.layers if x != "uid" or uid is not None]
     if uid is None and is_root():
@@ -591,8 +701,16 @@ def _jail_spec(policy: SandboxPolicy, device: str, private: Path, uid: int | Non
         "private_dir": str(private), "uid": uid, "gid": policy.gid if uid is not None else None,
         "want": want, "limits": limits,
         "writable_dirs": writable, "writable_files": device_files(), "mount_writable_dirs": mount_writable,
-        "umask": 0o002,
+        "umask": 0o002, "hidden_dirs": hidden_dirs(), "hidden_files": list(HIDDEN_FILES),
+        "visible_paths": visible_paths(private, shared_dirs), "shm_bytes": policy.shm_bytes,
     }
+
+
+def read_only_triton_cache(shared: Path) -> dict[str, str]:
+    """The environment of a child that reads the shared Triton cache `shared` without writing it
+    (give it no shared_dirs): it compiles into a cache of its own (triton_cache.py)."""
+    return {"TRITON_CACHE_MANAGER": "pipelines.profiling.triton_cache:ReadThroughCache",
+            "KERNELCAST_TRITON_SHARED": str(shared)}
 
 
 def prepare_shared_dir(path: Path, policy: SandboxPolicy) -> None:
@@ -650,6 +768,10 @@ class Sandbox:
         _become_subreaper()
         self._log = open(self.log_path, "ab")
         argv = [sys.executable, "-P", "-m", "pipelines.profiling.child", "--role", role, "--config", json.dumps(config)]
+        if jailed:
+            # Without a shared cache given, a Triton cache of its own: what one kernel writes there
+            # never reaches another child (nor the caller's own TRITON_CACHE_DIR or ~/.triton).
+            env_extra = {"TRITON_CACHE_DIR": str(self.private_dir / "triton-cache"), **(env_extra or {})}
         env = child_env(device, env_extra, self.private_dir, self.marker)
         if jailed:
             policy_now = replace(self.policy, layers=tuple(x for x in self.report.layers if x in WANTED_LAYERS))
@@ -679,6 +801,7 @@ class Sandbox:
         self.phase = ""  # the measuring child's last progress step, for timeout messages
         self.compile_s: float | None = None  # compile seconds of the job in flight (measuring child)
         self.job_started: float | None = None
+        self.threads_at_job: set[int] | None = None  # the child's threads when its job was sent
         self._dead = False
 
     @property
@@ -697,21 +820,46 @@ class Sandbox:
         return self._rx
 
     def send(self, msg: dict) -> None:
+        if msg.get("type") == "job" and self.jailed:
+            self.threads_at_job = self.threads()  # what is new at the result is the kernel's
         try:
             self._tx.send_bytes(json.dumps(msg).encode())
         except (OSError, ValueError) as e:
             raise ChildDied(self.exit_reason()) from e
 
     def recv(self) -> dict:
+        """The child's next message, its length and nesting checked before it is decoded.
+
+        Raises:
+            RefusedMessage: too long, too deep or not a JSON object (kernel code wrote to the channel).
+            ChildDied: the child is gone.
+        """
         try:
-            msg = json.loads(self._rx.recv_bytes())
-        except (EOFError, OSError) as e:
+            raw = self._rx.recv_bytes(MAX_MESSAGE_BYTES)  # a longer one is refused unread
+        except OSError as e:
+            if e.args == ("bad message length",):
+                raise RefusedMessage(f"sent a message over {MAX_MESSAGE_BYTES} bytes on the harness's channel") from e
             raise ChildDied(self.exit_reason()) from e
+        except EOFError as e:
+            raise ChildDied(self.exit_reason()) from e
+        try:
+            msg = loads_bounded(raw)
+        except RefusedJSON as e:
+            raise RefusedMessage(f"sent a message the harness refuses ({e})") from e
         except ValueError as e:
-            raise ChildDied(f"worker sent a malformed message ({one_line(e)})") from e
+            raise RefusedMessage(f"sent a malformed message ({one_line(e)})") from e
         if not isinstance(msg, dict):
-            raise ChildDied("worker sent a message that is not an object")
+            raise RefusedMessage("sent a message that is not an object")
         return msg
+
+    def accept_ready(self, msg: dict) -> str | None:
+        """Take the child's "ready" message (it carries the sandbox layers for the rows); None, or
+        why it is refused: the harness sends one, before any kernel, so a second is kernel code."""
+        if self.ready:
+            return "sent a second 'ready' message on the harness's channel"
+        info = msg.get("info")
+        self.ready, self.info = True, info if isinstance(info, dict) else {}
+        return None
 
     def poll(self, timeout: float = 0.0) -> bool:
         try:
@@ -738,7 +886,7 @@ class Sandbox:
         msg = self.recv()
         if msg.get("type") != "ready":
             raise ChildDied(msg.get("error") or f"unexpected first message {msg.get('type')!r}")
-        self.ready, self.info = True, msg.get("info", {})
+        self.accept_ready(msg)
         return self.info
 
     # ---- resources -----------------------------------------------------------------------
@@ -784,21 +932,81 @@ class Sandbox:
         main = self.main_pids()
         return [p.pid for p in self.tree() if p.pid not in main and not p.zombie]
 
+    def threads(self) -> set[int]:
+        """Thread ids of the child's own processes (read from /proc: nothing the kernel can patch)."""
+        out: set[int] = set()
+        for pid in self.main_pids():
+            try:
+                out.update(int(t) for t in os.listdir(f"/proc/{pid}/task") if t.isdigit())
+            except OSError:
+                pass
+        return out
+
+    def leftovers(self, python_threads_left: Any = None) -> tuple[str | None, bool]:
+        """(what the job just answered left running in the child, whether it is the kernel's doing).
+
+        Processes beside the child, or threads it did not have when the job was sent (read from
+        /proc, which no kernel can patch): either way the child must be replaced before another
+        kernel runs in it, since a thread keeps running kernel code. Processes are always the
+        kernel's; threads are when Python threads are among them (`python_threads_left`, the
+        child's own count: a lazily started native pool of torch or CUDA is not the kernel's).
+        """
+        strays = self.stray_pids()
+        if strays:
+            return f"left {len(strays)} process(es) running after its job", True
+        if self.threads_at_job is None or self.proc.poll() is not None:
+            return None, False
+        new = [t for t in self.threads() - self.threads_at_job if _status(t).get("State", "Z")[:1] not in ("Z", "X", "")]
+        if not new:
+            return None, False
+        python = python_threads_left if isinstance(python_threads_left, int) and python_threads_left > 0 else 0
+        return f"left {len(new)} thread(s) running after its job ({python} running Python)", python > 0
+
+    def private_usage(self) -> tuple[int, int]:
+        """(bytes, entries) in the private directory, counting at most policy.private_files + 1
+        entries: on /dev/shm its files are host memory, outside every limit of the child."""
+        total = n = 0
+        stack = [str(self.private_dir)]
+        while stack and n <= self.policy.private_files:
+            try:
+                entries = os.scandir(stack.pop())
+            except OSError:
+                continue
+            with entries:
+                for entry in entries:
+                    n += 1
+                    try:
+                        st = entry.stat(follow_symlinks=False)
+                    except OSError:
+                        continue
+                    total += st.st_blocks * 512
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append(entry.path)
+                    if n > self.policy.private_files:
+                        break
+        return total, n
+
     def over_limits(self, scan: list[ProcInfo] | None = None) -> str | None:
-        """Why the child must be killed for what it uses, or None: resident memory on CUDA
-        (where no address-space limit can be set) and, where no rlimit counts this child's
-        processes alone, its processes and threads."""
+        """Why the child must be killed for what it uses, or None: the files of its private
+        folder, resident memory on CUDA (where no address-space limit can be set), its
+        processes and threads."""
         if not self.jailed:
             return None
+        files, entries = self.private_usage()
+        if entries > self.policy.private_files:
+            return f"more than {self.policy.private_files} files in its private folder"
+        limit = self.policy.cuda_memory_bytes if self.device == "cuda" else self.policy.memory_bytes
+        if files > limit:
+            return f"{files / GIB:.1f} GiB of files in its private folder, over the sandbox limit of {limit / GIB:.0f} GiB"
         watch_memory = self.device == "cuda" and "rlimits" in self.report.layers
-        watch_tasks = "rlimits-nproc" in self.report.notes
-        if not (watch_memory or watch_tasks):
-            return None
+        # Also where RLIMIT_NPROC holds: it stops a fork bomb only at the limit, and forking a
+        # process of a GiB a hundred times takes longer than a job may on a loaded host.
+        watch_tasks = True
         tree = self.tree(scan)
         rss, tasks = sum(p.rss_bytes for p in tree), sum(p.threads for p in tree)
-        if watch_memory and rss > self.policy.cuda_memory_bytes:
-            return (f"used {rss / GIB:.1f} GiB of host memory, over the sandbox limit of "
-                    f"{self.policy.cuda_memory_bytes / GIB:.0f} GiB")
+        if watch_memory and rss + files > self.policy.cuda_memory_bytes:
+            return (f"used {(rss + files) / GIB:.1f} GiB of host memory (its files included), over the sandbox "
+                    f"limit of {self.policy.cuda_memory_bytes / GIB:.0f} GiB")
         if watch_tasks and tasks > self.policy.processes:
             return f"{tasks} processes and threads, over the sandbox limit of {self.policy.processes}"
         return None

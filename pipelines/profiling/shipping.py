@@ -35,6 +35,7 @@ import torch
 # Imported here, not where it is used: the integrity watch checks the harness modules loaded
 # before the kernel runs, and a module first imported after it would go unwatched.
 from pipelines.profiling import cuda_ipc
+from pipelines.profiling.sandbox import RefusedJSON, loads_bounded
 
 MAGIC = b"KCOUT001"
 IPC_MAGIC = b"KCIPC001"
@@ -43,6 +44,9 @@ MAX_HEADER = 1 << 20  # bytes
 MAX_TENSORS = 256
 MAX_DEPTH = 8
 MAX_STR = 4096
+# JSON levels of a header: the tree's nodes (a dict item is [key, node] in a list in a node:
+# three levels per level of the output) and the tensor table.
+MAX_HEADER_DEPTH = 3 * (MAX_DEPTH + 1) + 4
 
 DTYPES: dict[str, torch.dtype] = {
     name: getattr(torch, name)
@@ -234,8 +238,10 @@ def read_shipped(path: str | Path, device: str = "cpu", owner: int | None = None
             n = int.from_bytes(mm[8:16], "little")
             if n > MAX_HEADER or 16 + n > st.st_size:
                 raise ShippingError("the output header is too large")
-            try:
-                header = json.loads(mm[16:16 + n])
+            try:  # bounded first: a header nested past the decoder's recursion limit is the kernel's
+                header = loads_bounded(mm[16:16 + n], MAX_HEADER, MAX_HEADER_DEPTH)
+            except RefusedJSON as e:
+                raise ShippingError(f"the output header is refused ({e})") from None
             except ValueError:
                 raise ShippingError("the output header is not JSON") from None
             start = -(-(16 + n) // ALIGN) * ALIGN

@@ -83,7 +83,9 @@ from pipelines.profiling.sandbox import (
     make_traversable,
     one_line,
     policy_from_env,
+    prepare_shared_dir,
     probe,
+    read_only_triton_cache,
     scan_processes,
 )
 from pipelines.profiling.verify import VerifierLink, settle
@@ -283,8 +285,13 @@ class _Run:
     def _spawn(self, role: str, jailed: bool = True) -> Sandbox:
         self.n_children += 1
         log_dir = Path(self.cfg.log_dir) if self.cfg.log_dir else self.workdir / "logs"
+        if role == "measure":  # reads what the compile children compiled, writes a cache of its own
+            env, shared = read_only_triton_cache(self.triton_cache), ()
+            prepare_shared_dir(self.triton_cache, self.policy)
+        else:
+            env, shared = self.env_extra, (self.triton_cache,)
         return Sandbox(role, self.cfg.device, self.base_config, log_dir / f"{role}-{self.n_children:04d}.log",
-                       self.env_extra, policy=self.policy, shared_dirs=(self.triton_cache,), jailed=jailed)
+                       env, policy=self.policy, shared_dirs=shared, jailed=jailed)
 
     def _children(self) -> list[Sandbox]:
         return [s for s in self.pool + [self.measurer, self.spare] if s is not None]
@@ -397,11 +404,14 @@ class _Run:
         try:
             msg = sb.recv()
         except ChildDied as e:
-            self._on_death(sb, str(e))
+            self._on_death(sb, str(e), e.failure_kind)
             return
         kind = msg.get("type")
         if kind == "ready":
-            sb.ready, sb.info = True, msg.get("info", {})
+            problem = sb.accept_ready(msg)  # one per child; a second is kernel code
+            if problem is not None:
+                self._on_death(sb, problem, "tampered")
+                return
             self.start_failures = 0
             if sb.role == "measure":
                 self._set_hardware(sb.info)
@@ -424,10 +434,12 @@ class _Run:
             kernel, sb.job, sb.deadline = sb.job, None, None
             if kernel is None:
                 return
-            strays = sb.stray_pids()
-            if strays:  # a process the kernel started is still running: ended with the child below
+            leftover, blamed = sb.leftovers(msg.get("python_threads_left"))
+            if leftover and blamed:  # a process or thread the kernel started is still running: ended with the child below
                 msg = {**msg, "ok": False, "status": "failed", "failure_kind": "tampered", "restart": True,
-                       "error": f"left {len(strays)} process(es) running after its job"}
+                       "error": leftover}
+            elif leftover:  # a native thread: not surely the kernel's, but no later kernel may share the child
+                msg = {**msg, "restart": True}
             if sb.role == "compile":
                 if msg.get("ok"):
                     self.compiled.append((kernel, msg.get("seconds")))
@@ -444,12 +456,12 @@ class _Run:
             if msg.get("restart") or (sb is self.measurer and sb.jobs_done >= self.cfg.recycle_after):
                 self._retire(sb)
 
-    def _on_death(self, sb: Sandbox, reason: str) -> None:
+    def _on_death(self, sb: Sandbox, reason: str, kind: str = "crashed") -> None:
         kernel = sb.job
         if kernel is not None:
             if sb is self.measurer:
                 self.clock = None
-            self._fail(kernel, "crashed", reason, getattr(sb, "compile_s", None), sb.layers)
+            self._fail(kernel, kind, reason, getattr(sb, "compile_s", None), sb.layers)
         elif not sb.ready:
             self._on_start_failure(sb, reason)
         self._retire(sb)

@@ -13,8 +13,11 @@ KINDS: kernel name -> failure kinds accepted (on the CPU path; the GPU path acce
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import subprocess
+import sys
 import threading
 
 
@@ -511,3 +514,263 @@ def render(name: str, **params) -> str:
     defaults = {"targets": [], "port": 9, "secret": "no-secret", "chunks": 24, "forks": 600, "marker": "kc-escapee",
                 "warehouse": "/nonexistent/warehouse.duckdb"}
     return PRELUDE + SOURCES[name].format(**{**defaults, **params})
+
+
+# ---- the sandbox escapes of issue 25 (item 2): the channel, Unix sockets, the caller's files,
+# /proc, threads, the verifier's decoder, the Triton cache, /dev/shm and the private folder.
+class UnixListener:
+    """A Unix socket file (anyone may connect) and an abstract Unix name on the host; records
+    whatever reaches them (the `unix_socket` kernel aims at both)."""
+
+    def __init__(self, folder: str) -> None:
+        self.path = os.path.join(folder, "kc-listener.sock")
+        self.abstract = "\0kc-listener-" + os.urandom(4).hex()
+        self.socks = []
+        for address in (self.path, self.abstract):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.bind(address)
+            s.listen()
+            s.settimeout(0.2)
+            self.socks.append(s)
+        os.chmod(self.path, 0o777)  # the worst case: a socket anyone may connect to
+        self.got: list[str] = []
+        self.stop = False
+        self.threads = [threading.Thread(target=self._accept, args=(s,), daemon=True) for s in self.socks]
+        for t in self.threads:
+            t.start()
+
+    def _accept(self, s: socket.socket) -> None:
+        while not self.stop:
+            try:
+                conn, _ = s.accept()
+                self.got.append(conn.recv(64).decode(errors="replace"))
+                conn.close()
+            except OSError:
+                continue
+
+    def close(self) -> None:
+        self.stop = True
+        for t in self.threads:
+            t.join(timeout=2)
+        for s in self.socks:
+            s.close()
+        with contextlib.suppress(OSError):
+            os.unlink(self.path)
+
+
+class ArgvWitness:
+    """A host process whose command line carries a marker (the `proc_snoop` kernel looks for it)."""
+
+    def __init__(self, marker: str) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", marker])
+
+    def close(self) -> None:
+        self.proc.kill()
+        self.proc.wait()
+
+
+_CHANNEL = '''
+import gc, json
+from multiprocessing.connection import Connection
+
+
+def _channel():
+    """The harness's channel to the parent, found among the live objects."""
+    for obj in gc.get_objects():
+        if isinstance(obj, Connection) and obj.writable and not obj.closed:
+            return obj
+    raise LookupError("no channel found")
+'''
+
+SOURCES.update({
+    # Connect to a Unix socket file on the host and to an abstract Unix name, and send to them.
+    "unix_socket": '''
+import socket
+
+
+def custom_kernel(data):
+    seen = []
+    for address in ({unix_path!r}, {unix_abstract!r}):
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.settimeout(2)
+            s.connect(address)
+            s.sendall(b"escaped")
+            s.close()
+            return _right(data)
+        except OSError as e:
+            seen.append(type(e).__name__)
+    raise ConnectionError("unix sockets: " + ",".join(seen))
+''',
+    # Read the caller's 0600 files: keys, tokens, password hashes.
+    "caller_secrets": '''
+def custom_kernel(data):
+    seen = []
+    for path in {secret_files!r}:
+        try:
+            with open(path, "rb") as f:
+                if f.read(4096).strip():
+                    return _right(data)
+            seen.append("empty")
+        except OSError as e:
+            seen.append(type(e).__name__)
+    raise PermissionError(f"uid {{os.getuid()}}: " + ",".join(seen))
+''',
+    # Read other processes' command lines through /proc.
+    "proc_snoop": '''
+def custom_kernel(data):
+    pids = [p for p in os.listdir("/proc") if p.isdigit()]
+    for pid in pids:
+        try:
+            with open(f"/proc/{{pid}}/cmdline", "rb") as f:
+                if {proc_marker!r}.encode() in f.read():
+                    return _right(data)
+        except OSError:
+            pass
+    raise LookupError(f"{{len(pids)}} processes visible, none with the marker")
+''',
+    # A second "ready" on the channel, to forge the row's sandbox column.
+    "second_ready": _CHANNEL + '''
+
+def custom_kernel(data):
+    info = {{"sandbox": "env,tmpdir,uid,netns,pidns,mountns,landlock,forged"}}
+    _channel().send_bytes(json.dumps({{"type": "ready", "info": info}}).encode())
+    return _right(data)
+''',
+    # A message nested past the decoder's recursion limit.
+    "deep_message": _CHANNEL + '''
+
+def custom_kernel(data):
+    _channel().send_bytes(b"[" * 200000)
+    return _right(data)
+''',
+    # A message longer than any the harness sends (the parent would have to hold all of it).
+    "long_message": _CHANNEL + '''
+
+def custom_kernel(data):
+    _channel().send_bytes(b" " * (6 << 20))
+    return _right(data)
+''',
+    # A thread disguised as torch's, meant to keep running into the next kernel's job.
+    "lingering_thread": '''
+import threading
+
+
+def _linger(sleep=time.sleep):  # bound now: the harness empties the kernel's module after its job
+    while True:
+        sleep(0.05)
+
+
+_linger.__module__ = "torch.nn.modules.module"  # the integrity watch trusts torch's threads
+_linger.__qualname__ = "Module._apply"
+
+
+def custom_kernel(data):
+    if not any(t.name == "kc-lingering" for t in threading.enumerate()):
+        threading.Thread(target=_linger, name="kc-lingering", daemon=True).start()
+    return _right(data)
+''',
+    # Right only where the lingering thread of an earlier kernel is still running beside it.
+    "thread_survivor": '''
+import threading
+
+
+def custom_kernel(data):
+    if any(t.name == "kc-lingering" for t in threading.enumerate()):
+        return _right(data)
+    raise LookupError("no thread of an earlier kernel in this process")
+''',
+    # A wrong answer whose output header nests past the verifier's recursion limit (json.dumps,
+    # which the integrity watch does not cover, swapped for the one call), so that the verifier
+    # fails instead of saying no: the kernel would be `infrastructure`, retried forever.
+    "verifier_recursion": '''
+import json
+
+_real_dumps = json.dumps
+
+
+def _deep_header(obj, *args, **kwargs):
+    if isinstance(obj, dict) and "tree" in obj and "tensors" in obj:
+        json.dumps = _real_dumps  # the one header: the channel's messages stay as they were
+        return '{{"tree": ' + "[" * 100000 + "]" * 100000 + ', "tensors": []}}'
+    return _real_dumps(obj, *args, **kwargs)
+
+
+def custom_kernel(data):
+    json.dumps = _deep_header
+    return torch.zeros_like(data)
+''',
+    # Leave a "compiled launcher" in every Triton cache it can find outside its private folder.
+    "triton_cache_write": '''
+def custom_kernel(data):
+    seen = []
+    for var in ("KERNELCAST_TRITON_SHARED", "TRITON_CACHE_DIR"):
+        folder = os.environ.get(var)
+        if not folder or os.path.realpath(folder).startswith(os.getcwd()):
+            seen.append(f"{{var}} private" if folder else f"{{var}} unset")
+            continue
+        try:
+            os.makedirs(os.path.join(folder, "kc-poison"), exist_ok=True)
+            with open(os.path.join(folder, "kc-poison", "__triton_launcher.so"), "wb") as f:
+                f.write(b"poison")
+            return _right(data)
+        except OSError as e:
+            seen.append(f"{{var}} {{type(e).__name__}}")
+    raise PermissionError("; ".join(seen))
+''',
+    # Fill /dev/shm, which would count against the host's memory and no limit of the child.
+    "shm_hoard": '''
+def custom_kernel(data):
+    names, block = [], b"x" * (64 << 20)
+    try:
+        for i in range({shm_mb} // 64):
+            name = f"/dev/shm/kc-hoard-{{os.getpid()}}-{{i}}"
+            names.append(name)
+            with open(name, "wb") as f:
+                f.write(block)
+        return _right(data)
+    except OSError as e:
+        raise MemoryError(f"{{64 * (len(names) - 1)}} MiB in /dev/shm, then {{type(e).__name__}}") from None
+    finally:
+        for name in names:
+            try:
+                os.unlink(name)
+            except OSError:
+                pass
+''',
+    # Many files in its own private folder (on /dev/shm: host memory), held long enough to be seen.
+    "private_hoard": '''
+def custom_kernel(data):
+    os.makedirs("hoard", exist_ok=True)
+    for i in range({files}):
+        open(f"hoard/{{i}}", "wb").close()
+    time.sleep(3)
+    return _right(data)
+''',
+})
+KINDS.update({
+    "unix_socket": ("runtime_error",),
+    "caller_secrets": ("runtime_error",),
+    "proc_snoop": ("runtime_error",),
+    "second_ready": ("tampered",),
+    "deep_message": ("tampered",),
+    "long_message": ("tampered",),
+    "lingering_thread": ("tampered",),
+    "thread_survivor": ("runtime_error",),
+    "verifier_recursion": ("incorrect",),
+    "triton_cache_write": ("runtime_error",),
+    "shm_hoard": ("runtime_error",),
+    "private_hoard": ("crashed",),
+})
+MORE_DEFAULTS = {
+    "unix_path": "/nonexistent/kc-listener.sock", "unix_abstract": "\0kc-no-listener", "proc_marker": "kc-no-witness",
+    "secret_files": ["/etc/shadow", "/etc/gshadow", os.path.expanduser("~/.ssh/id_rsa"), os.path.expanduser("~/.netrc")],
+    "shm_mb": 4096, "files": 20000,
+}
+_render_first = render
+
+
+def render(name: str, **params) -> str:  # noqa: F811 - the first render, with this block's defaults
+    """The source of hostile kernel `name` (see the first `render`); this block's kernels also take
+    unix_path, unix_abstract (a Unix listener), secret_files, proc_marker, shm_mb, files."""
+    return _render_first(name, **{**MORE_DEFAULTS, **params})
