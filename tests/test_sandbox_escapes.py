@@ -128,7 +128,7 @@ def test_messages_the_harness_never_sends_are_the_kernels_failure_and_the_run_go
     assert "nested deeper" in got["deep_message"][1] and "over" in got["long_message"][1]
     assert "refused" in got["verifier_recursion"][1]  # incorrect, not the verifier's failure
     # one worker: the survivor runs right after the lingering thread's kernel, in a new child
-    assert got["lingering_thread"][0] == "tampered" and "thread" in got["lingering_thread"][1]
+    assert got["lingering_thread"][0] is None  # a thread is no cheat: its child is replaced (torch.compile leaves pools)
     assert got["thread_survivor"][0] == "runtime_error"
 
 

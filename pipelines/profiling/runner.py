@@ -725,7 +725,13 @@ class Measurer:
         """Run the timing path once on a callable of our own, before the integrity baseline is
         taken: what torch initialises lazily on first use is then part of the baseline."""
         x = torch.ones(1024, device="cuda" if self.device == "cuda" else "cpu")
-        drive(lambda d: d * 2.0, self.time_steps(plain_feed(x)))
+        try:
+            drive(lambda d: d * 2.0, self.time_steps(plain_feed(x)))
+        except GpuShared:
+            # First use: lazy CUDA set-up inside the timed window makes the wall clock run far past
+            # the events (seen on the H200: 2.4 ms against 0.004 ms). That is what this call is
+            # for; the wall-clock check holds from the kernels' calls on.
+            pass
         sync(self.device)
 
     def reference_timings(self, task, progress: Callable[[str], None], fresh: dict | None = None) -> list[dict]:

@@ -947,9 +947,11 @@ class Sandbox:
 
         Processes beside the child, or threads it did not have when the job was sent (read from
         /proc, which no kernel can patch): either way the child must be replaced before another
-        kernel runs in it, since a thread keeps running kernel code. Processes are always the
-        kernel's; threads are when Python threads are among them (`python_threads_left`, the
-        child's own count: a lazily started native pool of torch or CUDA is not the kernel's).
+        kernel runs in it, since a thread keeps running kernel code. A process left behind is the
+        kernel's doing; a thread is not blamed: libraries start pools of their own on first use
+        (torch.compile's compile workers, Triton's autotuner), so a correct kernel may leave one,
+        and replacing the child is what keeps it from the next kernel (`python_threads_left`, the
+        child's own count of Python threads, goes into the note).
         """
         strays = self.stray_pids()
         if strays:
@@ -960,7 +962,7 @@ class Sandbox:
         if not new:
             return None, False
         python = python_threads_left if isinstance(python_threads_left, int) and python_threads_left > 0 else 0
-        return f"left {len(new)} thread(s) running after its job ({python} running Python)", python > 0
+        return f"left {len(new)} thread(s) running after its job ({python} running Python)", False
 
     def private_usage(self) -> tuple[int, int]:
         """(bytes, entries) in the private directory, counting at most policy.private_files + 1

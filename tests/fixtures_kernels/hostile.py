@@ -755,7 +755,7 @@ KINDS.update({
     "second_ready": ("tampered",),
     "deep_message": ("tampered",),
     "long_message": ("tampered",),
-    "lingering_thread": ("tampered",),
+    "lingering_thread": (None,),  # right answer; its thread ends with its child, before the next kernel
     "thread_survivor": ("runtime_error",),
     "verifier_recursion": ("incorrect",),
     "triton_cache_write": ("runtime_error",),
