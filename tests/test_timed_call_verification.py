@@ -56,7 +56,7 @@ def test_checked_warm_up_timed_and_rechecked_calls_have_the_same_stack(tiny_task
     monkeypatch.setitem(sys.modules, RECORDER, record)
     path = tmp_path / "k.py"
     path.write_text(STACK_KERNEL)
-    m = runner.Measurer({"device": "cpu", "protocol": protocol, "max_reps": 3})
+    m = runner.Measurer({"device": "cpu", "protocol": protocol, "max_reps": 3, "timed_variants": 1024})
     result = m.measure({"path": str(path), "task": "tiny_scale"}, lambda phase: None)
     assert result["status"] == "ok", result["error"]
     n_cases = len(tiny_task.correctness_cases)
