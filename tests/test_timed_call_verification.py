@@ -56,7 +56,7 @@ def test_checked_warm_up_timed_and_rechecked_calls_have_the_same_stack(tiny_task
     monkeypatch.setitem(sys.modules, RECORDER, record)
     path = tmp_path / "k.py"
     path.write_text(STACK_KERNEL)
-    m = runner.Measurer({"device": "cpu", "protocol": protocol, "max_reps": 3})
+    m = runner.Measurer({"device": "cpu", "protocol": protocol, "max_reps": 3, "timed_variants": 1024})
     result = m.measure({"path": str(path), "task": "tiny_scale"}, lambda phase: None)
     assert result["status"] == "ok", result["error"]
     n_cases = len(tiny_task.correctness_cases)
@@ -249,7 +249,8 @@ def test_a_corrupt_or_stale_cache_is_empty(tmp_path, caplog):
 @pytest.mark.slow
 def test_a_second_worker_run_takes_its_reference_timings_from_the_cache(tiny_task, tmp_path):
     source = (FIXTURES / "good_torch.py").read_text()
-    cfg = WorkerConfig(device="cpu", compile_workers=1, timeout_s=20, max_reps=3, ref_refresh_s=600)
+    cfg = WorkerConfig(device="cpu", compile_workers=1, timeout_s=20, max_reps=3, ref_refresh_s=600,
+                       ref_cache=str(tmp_path / "reference-timings.json"))
     for run in (1, 2):
         batch = tmp_path / f"b{run}.parquet"
         pq.write_table(pa.Table.from_pylist([{"kernel_id": f"k{run}", "task": "tiny_scale",

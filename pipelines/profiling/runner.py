@@ -793,7 +793,7 @@ class Measurer:
         (case_ids, kernel_timings, ref_new; the parent computes the speedups), with the seconds
         each phase took (`phases`)."""
         path = job["path"]
-        phases = {"state_check_s": 0.0, "reference_s": 0.0, "import_s": 0.0, "check_s": 0.0, "timing_s": 0.0,
+        phases = {"state_check_s": 0.0, "reference_s": 0.0, "import_s": 0.0, "check_s": 0.0, "inputs_s": 0.0, "timing_s": 0.0,
                   "timed_verify_s": 0.0, "recheck_s": 0.0, "verifier_s": 0.0, "unload_s": 0.0}
         result: dict = {"check_s": None, "time_s": None, "ref_new": [], "phases": phases}
         t0 = time.perf_counter()
@@ -852,11 +852,13 @@ class Measurer:
         which, salt = recheck_salts(self.protocol)
         for i, case in enumerate(cases):
             cid = task.case_id(case)
+            t = time.perf_counter()
             data = make_input(task, case)
-            if len(self.timed_salts) <= 8:  # a GPU's few variants: generated here, not between timed calls
+            if len(self.timed_salts) <= 8:  # the variants generated here (once per child), not between timed calls
                 for s in self.timed_salts:
                     _CACHE.peek(task, case, s)
             sync(self.device)
+            phases["inputs_s"] = phases.get("inputs_s", 0.0) + time.perf_counter() - t
             feed = Feed(data, lambda s, case=case: _CACHE.peek(task, case, s), self.timed_salts,
                         self.timed_samples, self.device)
             t = time.perf_counter()

@@ -710,7 +710,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="reference timings kept across runs (default: $KERNELCAST_REF_CACHE or "
                          "~/.cache/kernelcast/reference-timings.json; off: none)")
     ap.add_argument("--timed-variants", type=int, default=None,
-                    help="input variants the timed calls draw from (default: every call new on cpu, 2 on cuda)")
+                    help="input variants the timed calls draw from (default: 8 on cpu, 2 on cuda)")
     ap.add_argument("--timed-samples", type=int, default=None, help="outputs of timed calls verified per case (default 1)")
     return ap
 
