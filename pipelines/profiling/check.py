@@ -9,7 +9,9 @@ no network, private directory, limits; TRITON_INTERPRET=1 on CPU) under a wall-c
 its outputs are judged by a verifier child it never ran in (verify.py). Failure kinds: a
 syntax/import error or a Triton compile error -> compile_failed; an exception in a case ->
 runtime_error; a failed check -> incorrect; no answer in time -> timeout; the child dying
-(signal, os._exit, a limit) -> crashed; a patched harness, torch or verdict -> tampered.
+(signal, os._exit, a limit) -> crashed; a patched harness, torch or verdict, a message on the
+channel the harness never sends (too long, too deep, a second "ready"), or a process or thread
+left running after the job -> tampered.
 Children are reused across sources until one crashes, times out or is tampered with (then it
 is replaced); `outcome.sandbox` names the layers the checking child had.
 """
