@@ -105,8 +105,12 @@ def test_rewrites_compile_for_sm90_and_some_pass_the_interpreter(parents):
         kids.append({"task": "softmax", "source": src, "language": "triton"})
     feats = compile_many(kids, n_workers=2, case="correctness")
     assert [f.status for f in feats] == ["compiled"] * len(rules), [f.error for f in feats]
-    outcomes = check_sources([("softmax", k["source"]) for k in kids], n_workers=2, timeout_s=300)
-    assert all(o.ok for o in outcomes), [(r, o.message) for r, o in zip(rules, outcomes, strict=True)]
+    outcomes = dict(zip(rules, check_sources([("softmax", k["source"]) for k in kids], n_workers=2, timeout_s=300),
+                        strict=True))
+    # Triton 3.6's interpreter has no bf16 scalar constants, which tl.where(mask, bf16, -inf) needs;
+    # the same child compiles for sm_90 above
+    assert "get_bf16" in outcomes.pop("mask_select").message
+    assert all(o.ok for o in outcomes.values()), {r: o.message for r, o in outcomes.items()}
 
 
 def test_children_per_task_adds_up_and_favours_cheap_tasks():

@@ -23,7 +23,7 @@ Rules (RULES, in a fixed order):
     loop_unroll        a loop unrolled: tl.static_range when its bounds are compile-time, else
                        tl.range(..., loop_unroll_factor=2|4)
     debug_barrier      tl.debug_barrier() before every store of a kernel (extra synchronisation)
-    load_hints         eviction_policy / cache_modifier of a kernel's loads changed
+    load_hints         eviction_policy or cache_modifier of a kernel's loads changed
     mask_select        masked loads written as tl.where(mask, tl.load(p, mask=mask), other)
     acc_precision      one fp32 upcast lowered to fp16, or an fp32 dot switched to ieee/tf32x3
     split_launch       one launch split in two along grid axis 0 (a program-id offset argument)
@@ -46,7 +46,7 @@ import numpy as np
 from warehouse.ids import kernel_id
 
 GENERATOR = "rewrite"
-GENERATOR_VERSION = "rewrite-1"
+GENERATOR_VERSION = "rewrite-2"  # 2: load_hints sets an eviction policy or a cache modifier, never both
 
 # Knobs that the task fixes (a chunk of 64 tokens, a quantisation group of 128): changing them
 # changes the problem, not the kernel, so inline_constant leaves them alone.
@@ -426,8 +426,8 @@ _CACHE = (".ca", ".cg", "")
 
 
 def load_hints(tree: ast.Module, rng: np.random.Generator) -> Applied | None:
-    """Every load of one kernel gets one drawn eviction policy and cache modifier (at least one
-    of the two differs from what the first load had)."""
+    """Every load of one kernel gets one drawn eviction policy or cache modifier (not both:
+    Triton 3.6's sm_90 codegen fails on loads that carry both), other than the first load's."""
     kernels = [f for f in jit_functions(tree) if _tl_calls(f, "load")]
     if not kernels:
         return None
@@ -441,7 +441,7 @@ def load_hints(tree: ast.Module, rng: np.random.Generator) -> Applied | None:
         return kw.value.value if kw is not None and isinstance(kw.value, ast.Constant) else ""
 
     old = (current(loads[0], "eviction_policy"), current(loads[0], "cache_modifier"))
-    options = [(e, c) for e in _EVICTION for c in _CACHE if (e, c) != old]
+    options = [(e, c) for e in _EVICTION for c in _CACHE if (e, c) != old and not (e and c)]
     ev, cm = _pick(rng, options)
     for call in loads:
         call.keywords = [k for k in call.keywords if k.arg not in ("eviction_policy", "cache_modifier")]
