@@ -197,3 +197,39 @@ def test_file_champion_prefers_the_external_alias(uri, classical):
     assert file_champion_uri(uri) == f"models:/kernelcast-surrogate@{CHAMPION_EXTERNAL}"
     assert load_forecaster(file_champion_uri(uri), tracking_uri=uri).kind == "text_model"
     assert file_champion_uri(None) is None
+
+
+def test_a_registered_llm_forecasts_as_the_evaluation_and_the_old_command_did(tmp_path):
+    """Same prompts (the training row builder's), same calibrator, same numbers."""
+    from models.backends import ForecastRequest
+    from models.calibration import Calibrator
+    from models.surrogate import registered_forecaster
+    from models.training import build_training_rows
+    from pipelines.evaluation.lm_forecasts import prompt_source
+    from pipelines.tasks import get_task
+    from pipelines.training.llm_shards import LlmJob, _calibrated_rows
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    cal = {"temperature": 1.7, "bias": [0.3, -0.2, 0.0, 0.1, 0.0, 0.0, -0.1, 0.2], "objective": "nll", "n_fit": 9}
+    version = _register_llm_version(uri, tmp_path, cal)
+    pairs, kernels, _, _ = _pairs_and_kernels(3, 8)
+    f = load_forecaster(f"models:/kernelcast-surrogate/{version}", tracking_uri=uri, home=tmp_path / "home", cache=False)
+    assert (f.kind, f.model_ref, f.style) == ("llm", f"models:/kernelcast-surrogate/{version}", "compact")
+    task = get_task("softmax")
+    shown = {k: prompt_source("softmax", r["source"], r["generator"]) for k, r in kernels.items()}  # the row builder's
+    rows = build_training_rows(pairs, shown,
+                               {"softmax": {"description": task.description,
+                                            "benchmark_cases": [dict(c) for c in task.benchmark_cases]}},
+                               {"nvidia-h200-sm90": f.hardware("nvidia-h200-sm90")}, style="compact")
+    assert [r["prompt"] for r in f.requests(pairs, kernels)] == [r["prompt"] for r in rows]
+    backend, _ = registered_forecaster(uri, version, tmp_path / "home")
+    answers = backend.forecast([ForecastRequest(r["prompt"], r["pair_id"]) for r in rows])
+    old = _calibrated_rows(LlmJob("m", "compact", tuple(rows), calibrator=cal), answers)
+    new = f.forecast_rows(pairs, kernels)
+    assert np.allclose(new.select(P).to_numpy(), old.select(P).to_numpy(), atol=1e-12)
+    assert new["parse_ok"].to_list() == old["parse_ok"].to_list()
+    assert np.allclose(f.forecast_pairs(pairs, kernels), old.select(P).to_numpy(), atol=1e-12)
+    records = f.forecast_records(pairs, kernels)
+    want = Calibrator.from_dict(cal).apply([list(a.p) for a in answers])
+    assert all(r.parse_ok for r in records)
+    assert np.allclose([r.p for r in records], want, atol=1e-12)
