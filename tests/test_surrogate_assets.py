@@ -444,7 +444,7 @@ def test_forecast_cli_answers_from_the_champion(graph, tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "has no version 99" in missing.output
     res = CliRunner().invoke(app, ["forecast", "--task", "softmax", "--anchor", str(anchor), "--candidate", str(cand),
                                    "--profile", "smoke", "--json"])
-    assert json.loads(res.stdout[res.stdout.index("{"):])["model_version"] == 2
+    assert json.loads(res.stdout[res.stdout.index("["):])[0]["model_version"] == 2
 
 
 def test_no_registry_means_no_champion(tmp_path):
