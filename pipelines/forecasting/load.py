@@ -19,6 +19,10 @@ CHAMPION_EXTERNAL = "champion-external"
 CLASSICAL_KINDS = ("cost_model", "text_model")
 
 
+class WrongKind(ValueError):
+    """The version is of a kind the caller does not take (raised before anything loads)."""
+
+
 def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE) -> str | None:
     """models:/<name>@champion-external when that alias exists, else @champion when it exists,
     else None (nothing registered, or no tracking URI)."""
@@ -71,6 +75,7 @@ def load_forecaster(
     device: str | None = None,
     cache: bool = True,
     use_committed: bool = True,
+    kinds: tuple[str, ...] | None = None,
 ) -> PairForecaster:
     """The forecaster `ref` names, as an adapter answering `forecast_pairs(pairs, kernels)`.
 
@@ -95,8 +100,11 @@ def load_forecaster(
         device: where a language model runs (None: cuda when available).
         cache: keep language-model answers in <home>/forecast-cache.
         use_committed: False forces a committed-tagged version to load its weights.
+        kinds: the registered kinds the caller takes (None: all); another kind raises WrongKind
+            before its model loads.
     Raises:
         ValueError: a reference that names nothing loadable, or what it needs is missing (one line).
+        WrongKind: a registered version not of `kinds`.
     """
     ref = str(ref).strip()
     if ref in REFERENCES:
@@ -124,14 +132,16 @@ def load_forecaster(
         if not tracking_uri:
             raise ValueError(f"{ref} needs the MLflow tracking URI")
         return _registered(ref, tracking_uri, home, committed_dir, readout, style, device, cache_dir, table,
-                           use_committed)
+                           use_committed, kinds)
     return _base(ref.removeprefix("base:"), home, readout, style or "diff", device, cache_dir, table)
 
 
-def _registered(ref, tracking_uri, home, committed_dir, readout, style, device, cache_dir, table, use_committed):
+def _registered(ref, tracking_uri, home, committed_dir, readout, style, device, cache_dir, table, use_committed, kinds):
     name, version, info = resolve_version(tracking_uri, ref)
     tags = info.get("tags", {})
     kind, stored = tags.get("kind", "llm"), f"models:/{name}/{int(version)}"
+    if kinds is not None and kind not in kinds:
+        raise WrongKind(f"{ref} is a {kind} version")
     if kind in CLASSICAL_KINDS:
         from models.classical.registry import load_classical
         from pipelines.forecasting.classical import ClassicalForecaster
