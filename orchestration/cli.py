@@ -392,8 +392,8 @@ def forecast(
 ) -> None:
     """Forecast each candidate's speedup over the anchor as a distribution over the 8 bins.
 
-    One row per candidate: the file, the predicted bin, its probability, E[log2 S] and the eight
-    probabilities (--json: a list of objects). A file is refused, in one line, when it does not
+    One row per candidate: the file, the predicted bin, its probability, the expected log2
+    speedup and the eight probabilities (--json: a list of objects). A file is refused, in one line, when it does not
     parse, defines no custom_kernel, does not import, raises or gives wrong results on the
     task's correctness cases (a sandboxed check on the CPU), or a Triton file does not compile
     for sm_90 on the task's benchmark input. With one candidate a refusal is the only line

@@ -199,6 +199,7 @@ def test_file_champion_prefers_the_external_alias(uri, classical):
     assert file_champion_uri(None) is None
 
 
+@pytest.mark.slow
 def test_a_registered_llm_forecasts_as_the_evaluation_and_the_old_command_did(tmp_path):
     """Same prompts (the training row builder's), same calibrator, same numbers."""
     from models.backends import ForecastRequest
@@ -233,3 +234,107 @@ def test_a_registered_llm_forecasts_as_the_evaluation_and_the_old_command_did(tm
     want = Calibrator.from_dict(cal).apply([list(a.p) for a in answers])
     assert all(r.parse_ok for r in records)
     assert np.allclose([r.p for r in records], want, atol=1e-12)
+
+
+# ---- kernelcast forecast on files ---------------------------------------------------------
+
+SOFTMAX_PYTORCH = ("import torch\n\n\ndef custom_kernel(data):\n    (x,) = data\n"
+                   "    return torch.softmax(x.float(), dim=-1).to(torch.bfloat16)\n")
+
+
+@pytest.fixture
+def cli_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def _invoke(*args: str):
+    from typer.testing import CliRunner
+
+    from orchestration.cli import app
+
+    return CliRunner().invoke(app, ["forecast", *args])
+
+
+def _kernel_files(folder):
+    from pipelines.generation import registry
+
+    folder.mkdir(parents=True, exist_ok=True)
+    files = {"softmax_triton.py": registry.render_point(registry.seed_point("softmax")),
+             "softmax_torch.py": SOFTMAX_PYTORCH,
+             "rms_norm.py": registry.render_point(registry.seed_point("rms_norm")),
+             "no_entry.py": "import torch\n\n\ndef kernel(data):\n    return data\n",
+             "broken.py": "def custom_kernel(data)\n    return data\n"}
+    for name, text in files.items():
+        (folder / name).write_text(text)
+    return {name: folder / name for name in files}
+
+
+@pytest.mark.parametrize("name, exit_code, words", [
+    ("no_entry.py", 2, "defines no custom_kernel(data)"),
+    ("broken.py", 2, "syntax error at line 1"),
+    ("rms_norm.py", 2, "raises on the task's correctness input"),
+])
+def test_a_file_that_is_no_kernel_of_the_task_is_refused_in_one_line(tmp_path, cli_home, name, exit_code, words):
+    files = _kernel_files(tmp_path / "k")
+    res = _invoke("--task", "softmax", "--anchor", str(files["softmax_torch.py"]), "--candidate", str(files[name]),
+                  "--model", "baseline:uniform", "--json")
+    assert res.exit_code == exit_code
+    lines = res.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {files[name]}: ") and words in lines[0], res.output
+
+
+def test_an_unknown_task_and_a_refused_anchor_are_one_line(tmp_path, cli_home):
+    files = _kernel_files(tmp_path / "k")
+    res = _invoke("--task", "softmaxx", "--anchor", str(files["softmax_torch.py"]), "--candidate",
+                  str(files["softmax_torch.py"]), "--model", "baseline:uniform")
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1 and "softmaxx" in res.output
+    res = _invoke("--task", "softmax", "--anchor", str(files["no_entry.py"]), "--candidate",
+                  str(files["softmax_torch.py"]), "--model", "baseline:uniform")
+    assert res.exit_code == 2 and res.output.strip().splitlines() == [
+        f"error: anchor {files['no_entry.py']}: defines no custom_kernel(data): not a kernel module"]
+
+
+@pytest.mark.slow
+def test_several_candidates_and_a_folder_one_row_each_with_the_registered_cost_model(tmp_path, cli_home):
+    """A folder of five files against one anchor: three rows refused with their reason, two
+    forecast by @champion (a cost model) from the files' own records, exit 1 at the end."""
+    from models.classical.registry import log_classical
+    from models.registry import set_alias
+    from orchestration.settings import load_settings
+    from pipelines.forecasting.files import read_kernel_files
+
+    settings = load_settings()
+    fit, y, l2 = toy_pairs(200, 0)
+    _, version = log_classical(CostModel(max_iter=30).fit(fit, y, l2), settings.mlflow_uri, fit.head(4),
+                               "kernelcast-surrogate", "ds-test", "in_distribution")
+    set_alias(settings.mlflow_uri, "champion", version)
+    files = _kernel_files(tmp_path / "k")
+    anchor = files["softmax_torch.py"]
+    res = _invoke("--task", "softmax", "--anchor", str(anchor), "--candidate", str(tmp_path / "k"), "--json")
+    assert res.exit_code == 1, res.output
+    rows = json.loads(res.stdout)
+    assert isinstance(rows, list) and [r["file"] for r in rows] == [str(p) for p in sorted(files.values())]
+    by = {r["file"].rsplit("/", 1)[-1]: r for r in rows}
+    assert {n for n, r in by.items() if r["ok"]} == {"softmax_triton.py", "softmax_torch.py"}
+    assert "syntax error" in by["broken.py"]["refused"] and "custom_kernel" in by["no_entry.py"]["refused"]
+    assert by["rms_norm.py"]["refused"].startswith("raises on the task's correctness input")
+    assert {r["model_ref"] for r in rows} == {f"models:/kernelcast-surrogate/{version}"}
+    assert {r["kind"] for r in rows} == {"cost_model"}
+    # the numbers are the interface's on the files' records: no generator, the compile features
+    recs = read_kernel_files("softmax", [anchor, files["softmax_triton.py"]])
+    a, c = recs[0].record, recs[1].record
+    assert c["generator"] is None and c["algorithm"] is None and c["knobs_json"] is None
+    assert c["language"] == "triton" and isinstance(c["n_regs"], int) and c["n_launches"] >= 1
+    f = load_forecaster(f"models:/kernelcast-surrogate/{version}", tracking_uri=settings.mlflow_uri)
+    want = f.predict_kernels(a, [c], "nvidia-h200-sm90")[0]
+    got = by["softmax_triton.py"]
+    assert np.allclose(got["p"], want, atol=1e-12) and got["predicted_bin"] == int(np.argmax(want)) + 1
+    assert got["p_bin"] == pytest.approx(max(want)) and abs(sum(got["p"]) - 1) < 1e-9
+    # the table: a header and one line per candidate, each refusal with its reason
+    table = _invoke("--task", "softmax", "--anchor", str(anchor), "--candidate", str(files["softmax_torch.py"]),
+                    str(files["no_entry.py"]), "--no-check")
+    assert table.exit_code == 1
+    out = table.stdout.strip().splitlines()
+    assert out[0].split()[:4] == ["file", "bin", "p(bin)", "E[log2"] and len(out) == 3
+    assert "refused: defines no custom_kernel" in out[2]
