@@ -338,3 +338,61 @@ def test_several_candidates_and_a_folder_one_row_each_with_the_registered_cost_m
     out = table.stdout.strip().splitlines()
     assert out[0].split()[:4] == ["file", "bin", "p(bin)", "E[log2"] and len(out) == 3
     assert "refused: defines no custom_kernel" in out[2]
+
+
+def test_the_search_and_autotune_hooks_answer_from_the_file_champion(tmp_path):
+    """'champion' in the search and the autotune hook's default: @champion-external when the
+    registry has it, else @champion; an LLM version is refused before its weights load."""
+    from mlflow import MlflowClient
+
+    from models.classical.registry import log_classical
+    from models.registry import set_alias
+    from pipelines.search.autotune import registered_autotune_forecaster
+    from pipelines.search.forecasters import ForecasterContext, resolve_forecaster
+    from pipelines.training.search_hook import register_search_forecasters
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    register_search_forecasters()
+    ctx = ForecasterContext(tracking_uri=uri, home=tmp_path)
+    with pytest.raises(ValueError, match="no registered @champion-external or @champion"):
+        resolve_forecaster("champion", ctx)
+    fit, y, l2 = toy_pairs(200, 0)
+    models = {}
+    for kind, model in (("cost_model", CostModel(max_iter=30)), ("text_model", TextModel())):
+        _, models[kind] = log_classical(model.fit(fit, y, l2), uri, fit.head(4), "kernelcast-surrogate", "ds", "in_distribution")
+    set_alias(uri, "champion", models["cost_model"])
+    assert resolve_forecaster("champion", ctx).kind == "cost_model"
+    assert registered_autotune_forecaster(uri, tmp_path).kind == "cost_model"
+    MlflowClient(uri, registry_uri=uri).set_registered_model_alias("kernelcast-surrogate", CHAMPION_EXTERNAL,
+                                                                  str(models["text_model"]))
+    f = resolve_forecaster("champion", ctx)
+    assert f.kind == "text_model" and f.model_ref == f"models:/kernelcast-surrogate/{models['text_model']}"
+    pairs, kernels, frame, _ = _pairs_and_kernels(5, 9)
+    anchor, cands = kernels[pairs["anchor_kernel_id"][0]], [kernels[c] for c in pairs["candidate_kernel_id"]]
+    assert registered_autotune_forecaster(uri, tmp_path).kind == "text_model"
+    assert np.array_equal(f.predict_kernels(anchor, cands, "h"), f.model.predict_kernels(anchor, cands, "h"))
+    llm = _register_llm_version(uri, tmp_path)
+    with pytest.raises(ValueError, match=f"models:/kernelcast-surrogate/{llm} is a llm version; the simulation"):
+        resolve_forecaster(f"models:/kernelcast-surrogate/{llm}", ctx)
+    assert not (tmp_path / "surrogates").exists()  # refused before anything was downloaded
+
+
+def test_a_base_model_forecasts_as_the_old_command_did(tmp_path):
+    from models.service import DEFAULT_HARDWARE, forecast_pair
+    from models.tiny import build_tiny_model
+    from pipelines.generation import registry
+    from pipelines.tasks import get_task
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    a = {"kernel_id": "a", "task": "softmax", "source": SOFTMAX_PYTORCH, "language": "pytorch"}
+    c = {"kernel_id": "c", "task": "softmax", "source": registry.render_point(registry.seed_point("softmax")),
+         "language": "triton"}
+    f = load_forecaster(str(tiny), home=tmp_path / "home", cache=False)
+    assert (f.kind, f.style, f.needs_metadata) == ("llm", "diff", False)
+    pairs = pl.DataFrame({"pair_id": ["p"], "anchor_kernel_id": ["a"], "candidate_kernel_id": ["c"],
+                          "task": ["softmax"], "hardware_id": ["nvidia-h200-sm90"]})
+    (got,) = f.forecast_records(pairs, {"a": a, "c": c})
+    t = get_task("softmax")
+    old, ref = forecast_pair("softmax", t.description, a["source"], c["source"], DEFAULT_HARDWARE, tiny, style="diff")
+    assert got.parse_ok and np.allclose(got.p, old.p, atol=1e-12) and f.model_ref == ref
+    assert np.allclose(f.forecast_pairs(pairs, {"a": a, "c": c})[0], old.p, atol=1e-12)
