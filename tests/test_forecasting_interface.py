@@ -396,3 +396,12 @@ def test_a_base_model_forecasts_as_the_old_command_did(tmp_path):
     old, ref = forecast_pair("softmax", t.description, a["source"], c["source"], DEFAULT_HARDWARE, tiny, style="diff")
     assert got.parse_ok and np.allclose(got.p, old.p, atol=1e-12) and f.model_ref == ref
     assert np.allclose(f.forecast_pairs(pairs, {"a": a, "c": c})[0], old.p, atol=1e-12)
+
+
+def test_the_context_check_examples_hold():
+    import doctest
+
+    import pipelines.forecasting.context as context
+
+    result = doctest.testmod(context, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 2 and result.failed == 0
