@@ -372,7 +372,7 @@ def forecast(
                                              help="More candidates (files or folders)."),
     model: str | None = typer.Option(
         None, "--model",
-        help=f"Default: models:/kernelcast-surrogate@{'champion-external'} when the registry has it, else "
+        help="Default: models:/kernelcast-surrogate@champion-external when the registry has it, else "
              f"{CHAMPION_URI}, else 'smollm2'. Also models:/kernelcast-surrogate/N, kind:cost_model, "
              "baseline:uniform, 'smollm2' (embedded base model) or a local HF checkpoint dir."),
     hardware: str = typer.Option("nvidia-h200-sm90", help="Hardware id whose fingerprint goes into the prompt."),
