@@ -80,10 +80,12 @@ class PairForecaster:
             generator) is used when a record carries it, never required.
         needs_kernels: False when the forecast never reads a kernel record (references,
             committed forecasts keyed by kernel ids).
+        source: how it came to be, in words (for the evaluation's listing and the command line).
     """
 
     kind: str = ""
     model_ref: str = ""
+    source: str = ""
     needs_metadata: bool = False
     needs_kernels: bool = True
     known_features: Mapping[str, Mapping[str, Any]] = {}  # kernel_id -> compile features to fill in

@@ -17,7 +17,7 @@ REFERENCES = ("baseline:uniform", "baseline:bin_prior", "baseline:oracle")
 class UniformForecaster(PairForecaster):
     """1/8 on every bin (Brier 0.4375)."""
 
-    kind, model_ref, needs_kernels = "baseline", "baseline:uniform", False
+    kind, model_ref, needs_kernels, source = "baseline", "baseline:uniform", False, "reference"
 
     def _probs(self, pairs, kernels):
         return np.full((pairs.height, NUM_BINS), 1.0 / NUM_BINS)
@@ -27,7 +27,7 @@ class BinPriorForecaster(PairForecaster):
     """Per task, the Laplace-smoothed bin frequencies of training pairs (models.baselines.bin_prior);
     the pooled prior for a task the training pairs lack."""
 
-    kind, model_ref, needs_kernels = "baseline", "baseline:bin_prior", False
+    kind, model_ref, needs_kernels, source = "baseline", "baseline:bin_prior", False, "reference"
 
     def __init__(self, training_pairs: pl.DataFrame, alpha: float = 1.0):
         from models.baselines import bin_prior
@@ -43,7 +43,7 @@ class BinPriorForecaster(PairForecaster):
 class OracleForecaster(PairForecaster):
     """One-hot on each pair's true bin (its true_bin column, else the bin of its speedup)."""
 
-    kind, model_ref, needs_kernels = "baseline", "baseline:oracle", False
+    kind, model_ref, needs_kernels, source = "baseline", "baseline:oracle", False, "reference"
 
     def _probs(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]]) -> np.ndarray:
         if "true_bin" in pairs.columns:
