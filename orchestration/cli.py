@@ -365,11 +365,16 @@ def _registered_champion(settings) -> int | None:
 def forecast(
     task: str = typer.Option(..., "--task", help="Task name."),
     anchor: Path = typer.Option(..., "--anchor", exists=True, dir_okay=False, help="The anchor kernel module."),
-    candidate: Path = typer.Option(..., "--candidate", exists=True, dir_okay=False, help="The candidate kernel module."),
+    candidate: list[Path] = typer.Option(
+        ..., "--candidate", exists=True,
+        help="Candidate kernel modules or folders of *.py; more may follow as arguments: --candidate a.py b.py dir/."),
+    more: list[Path] | None = typer.Argument(None, metavar="[CANDIDATE]...", exists=True, show_default=False,
+                                             help="More candidates (files or folders)."),
     model: str | None = typer.Option(
         None, "--model",
-        help=f"Default: {CHAMPION_URI} when one is registered, else 'smollm2'. Also models:/kernelcast-surrogate/N, "
-             "'smollm2' (embedded base model) or a local HF checkpoint dir."),
+        help="Default: models:/kernelcast-surrogate@champion-external when the registry has it, else "
+             f"{CHAMPION_URI}, else 'smollm2'. Also models:/kernelcast-surrogate/N, kind:cost_model, "
+             "baseline:uniform, 'smollm2' (embedded base model) or a local HF checkpoint dir."),
     hardware: str = typer.Option("nvidia-h200-sm90", help="Hardware id whose fingerprint goes into the prompt."),
     readout: str = typer.Option("logprob", help="logprob (next-token bin probabilities) | verbalized (JSON answer)."),
     style: str | None = typer.Option(None, help="full | diff | compact; default: the surrogate's training style, else diff."),
@@ -378,195 +383,162 @@ def forecast(
         help="An OpenAI-compatible server (e.g. http://host:8000/v1, vLLM serving openai/gpt-oss-20b); "
              "--model is then the served model name and the style defaults to full."),
     answer_mode: str = typer.Option("text", help="With --endpoint and verbalized: text | json_schema | tool."),
+    check_kernels: bool = typer.Option(True, "--check/--no-check",
+                                       help="Check each file on the task's correctness cases first (sandboxed, CPU)."),
+    check_timeout_s: float = typer.Option(60.0, help="Seconds per file for that check; longer is a note, not a refusal."),
+    allow_incorrect: bool = typer.Option(False, "--allow-incorrect", help="Forecast files whose results are wrong."),
     profile: str | None = ProfileOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print a list of objects, one per candidate."),
 ) -> None:
-    """Forecast the candidate's speedup over the anchor as a distribution over the 8 bins.
+    """Forecast each candidate's speedup over the anchor as a distribution over the 8 bins.
 
-    Answers from the registered surrogate @champion when there is one, else from the base model
-    (the first call converts the embedded SmolLM2 GGUF into $KERNELCAST_HOME/models, a minute or
-    two on a CPU). The JSON says which ("source", "model_uri", "model_version"). With --endpoint,
-    any OpenAI-compatible server answers instead (logprob readout via top_logprobs, verbalized
-    as text, a JSON-schema response or a forced tool call)."""
-    from models.base_model import resolve_base_model
-    from models.registry import DEFAULT_NAME, parse_model_uri
-    from models.service import forecast_pair, hardware_or_default
+    One row per candidate: the file, the predicted bin, its probability, the expected log2
+    speedup and the eight probabilities (--json: a list of objects). A file is refused, in one line, when it does not
+    parse, defines no custom_kernel, does not import, raises or gives wrong results on the
+    task's correctness cases (a sandboxed check on the CPU), or a Triton file does not compile
+    for sm_90 on the task's benchmark input. With one candidate a refusal is the only line
+    printed (exit 2); with several, a refused candidate is a row with its reason and the command
+    exits 1 at the end; an answer that does not parse exits 1 too.
+
+    Answers from the registered version for kernels from files (@champion-external, else
+    @champion) when there is one, whatever its kind, else from the base model (the first call
+    converts the embedded SmolLM2 GGUF into $KERNELCAST_HOME/models, a minute or two on a CPU).
+    With --endpoint, any OpenAI-compatible server answers instead."""
+    from pipelines.forecasting import file_champion_uri, load_forecaster
+    from pipelines.forecasting.files import read_kernel_files
     from pipelines.tasks import get_task
 
     settings = _settings(profile)
     t = get_task(task)
-    if readout not in ("logprob", "verbalized"):
-        raise CliError(f"--readout must be logprob or verbalized, got {readout!r}")
-    if style is not None and style.removesuffix("+features") not in ("full", "diff", "compact"):
-        raise CliError(f"--style must be full, diff or compact (optionally +features), got {style!r}")
-    fp = hardware_or_default(settings.warehouse_path, hardware)
-    if endpoint is not None:
-        style = style or "full"
-        result, model_ref = _forecast_via_endpoint(t, anchor, candidate, fp, endpoint, model, readout, style,
-                                                   answer_mode, settings)
-        _report_forecast({"task": task, "model_ref": model_ref, "source": f"OpenAI-compatible endpoint {endpoint}",
-                          "model_uri": None, "model_version": None, "readout": readout, "style": style}, result, as_json)
-        return
-    version: int | None = None
-    uri: str | None = None
-    auto = model is None
-    if model is None:
-        version = _registered_champion(settings)
-        uri = CHAMPION_URI if version is not None else None
-        model = uri or "smollm2"
-    elif model.startswith("models:/"):
-        name, alias, number = parse_model_uri(model)
-        if name != DEFAULT_NAME:
-            raise CliError(f"only {DEFAULT_NAME} is served here, got {name!r}")
-        from models.registry import alias_version
-
-        version = alias_version(settings.mlflow_uri, alias, name) if alias else number
-        if version is None:
-            raise CliError(f"{model} is not registered in {settings.mlflow_uri}")
-        uri = model
-    typer.echo(f"loading model {model} ...", err=True)
-    kind = _version_kind(settings, version) if version is not None else "llm"
-    if kind in ("cost_model", "text_model"):
-        result = _classical_forecast(settings, version, t.name, anchor, candidate, hardware)
-        _report_forecast({"task": task, "model_ref": f"models:/{DEFAULT_NAME}/{version}",
-                          "source": f"registered {kind} {uri} (version {version})", "model_uri": uri,
-                          "model_version": version, "kind": kind, "readout": "classical", "style": None},
-                         result, as_json)
-        return
-    if version is not None:
-        from models.backends import ForecastRequest
-        from models.prompts import build_prompt
-        from models.surrogate import registered_forecaster
-        from orchestration.forecast_fit import LOGPROB_ANSWER_TOKENS, check_prompt_fits
-
-        forecaster, info = registered_forecaster(settings.mlflow_uri, version, settings.home,
-                                                 cache_dir=settings.home / "forecast-cache", readout=readout)
-        style = style or info["prompt_style"]
-        facts = {}
-        if style.endswith("+features"):
-            a_rec, c_rec = _file_records(t.name, anchor, candidate)
-            keys = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
-            facts = {"benchmark_cases": t.benchmark_cases, "anchor_features": {k: a_rec.get(k) for k in keys},
-                     "candidate_features": {k: c_rec.get(k) for k in keys}}
-        messages = build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, style=style,
-                                **facts)
-        check_prompt_fits(forecaster.tokenizer, forecaster.model.config, messages,
-                          LOGPROB_ANSWER_TOKENS if readout == "logprob" else forecaster.max_new_tokens)
-        (result,) = forecaster.forecast([ForecastRequest(messages)])
-        result = _calibrated(settings, version, result)
-        model_ref = f"models:/{DEFAULT_NAME}/{version}"
-        source = f"registered surrogate {uri} (version {version}, reward {info['reward'] or 'unknown'})"
-    else:
-        from models.prompts import build_prompt
-        from orchestration.forecast_fit import check_checkpoint_fits
-
-        style = style or "diff"
-        path = resolve_base_model(model, settings.home)
-        check_checkpoint_fits(path, build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp,
-                                                 style=style), readout)
-        result, model_ref = forecast_pair(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, path,
-                                          readout=readout, style=style, cache_dir=settings.home / "forecast-cache")
-        source = ("base model (no registered surrogate @champion)" if auto
-                  else "base model" if model.strip().lower() == "smollm2" else "local checkpoint")
-    _report_forecast({"task": task, "model_ref": model_ref, "source": source, "model_uri": uri, "model_version": version,
-                      "readout": readout, "style": style}, result, as_json)
-
-
-def _version_kind(settings, version: int) -> str:
-    from models.registry import version_info
-
-    return (version_info(settings.mlflow_uri, version) or {}).get("tags", {}).get("kind", "llm")
-
-
-def _calibrated(settings, version: int, result):
-    """The forecast through the version's stored calibrator (identity when it has none)."""
-
-    from models.calibration import Calibrator
-    from models.forecast import Forecast
-    from models.registry import version_info
-
-    if not result.parse_ok or result.p is None:
-        return result
-    tags = (version_info(settings.mlflow_uri, version) or {}).get("tags", {})
-    cal = Calibrator.from_dict(json.loads(tags.get("calibrator") or "{}"))
-    if cal.is_identity:
-        return result
-    p = cal.apply([list(result.p)])[0]
-    return Forecast.from_probabilities(list(p), predicted_bin=int(p.argmax()) + 1)
-
-
-def _classical_forecast(settings, version: int, task: str, anchor: Path, candidate: Path, hardware: str):
-    """A registered classical version's forecast of two kernel files (compile features made here)."""
-    from models.classical.registry import load_classical
-    from models.forecast import Forecast
-
-    records = _file_records(task, anchor, candidate)
-    model = load_classical(settings.mlflow_uri, DEFAULT_NAME_FOR_CLI, version)
-    p = model.predict_kernels(records[0], [records[1]], hardware)[0]
-    return Forecast.from_probabilities(list(map(float, p)), predicted_bin=int(p.argmax()) + 1)
-
-
-def _file_records(task: str, anchor: Path, candidate: Path) -> list[dict]:
-    """Kernel records of two kernel files, with compile features (sm_90) of Triton ones."""
-    from pipelines.generation.aot import compile_features
-
-    records = []
-    for path in (anchor, candidate):
-        source = path.read_text()
-        language = "triton" if "@triton.jit" in source else "pytorch"
-        rec = {"kernel_id": path.name, "task": task, "source": source, "language": language,
-               "generator": "reference" if language == "pytorch" else "file"}
-        if language == "triton":
-            f = compile_features(source, task, case="correctness")
-            if f.status == "compiled":
-                rec.update(n_regs=f.n_regs, n_spills=f.n_spills, shared_bytes=f.shared_bytes,
-                           n_kernels=f.n_kernels, n_launches=f.n_launches)
-        records.append(rec)
-    return records
-
-
-DEFAULT_NAME_FOR_CLI = "kernelcast-surrogate"
-
-
-def _report_forecast(meta: dict, result, as_json: bool) -> None:
-    """Print a forecast (JSON, or a bar per bin); exit 1 when it did not parse."""
-    from models.bins import BIN_NAMES
-
-    report = {**meta, "parse_ok": result.parse_ok, "parse_error": result.parse_error,
-              "predicted_bin": result.predicted_bin, "p": list(result.p) if result.p is not None else None,
-              "raw_sum": result.raw_sum}
+    paths = _candidate_files([*candidate, *(more or [])])
+    registry_uri = settings.mlflow_uri if (settings.home / "mlflow.db").is_file() else None
+    auto = model is None and endpoint is None
+    ref = model or (None if endpoint else file_champion_uri(registry_uri)) or ("" if endpoint else "smollm2")
+    if endpoint is not None and not ref:
+        raise CliError("--endpoint needs --model: the served model name")
+    if ref.startswith("baseline:") and ref != "baseline:uniform":
+        raise CliError(f"{ref} forecasts from measured pairs; on files only baseline:uniform applies")
+    try:
+        forecaster = load_forecaster(ref, tracking_uri=settings.mlflow_uri, home=settings.home,
+                                     warehouse_path=settings.warehouse_path, readout=readout, style=style,
+                                     endpoint=endpoint, answer_mode=answer_mode)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+    files = read_kernel_files(t.name, [anchor, *paths], check=check_kernels, check_timeout_s=check_timeout_s,
+                              allow_incorrect=allow_incorrect)
+    head, cands = files[0], files[1:]
+    if head.refused:
+        raise CliError(f"anchor {anchor}: {head.refused}")
+    if len(cands) == 1 and cands[0].refused:
+        raise CliError(f"{cands[0].path}: {cands[0].refused}")
+    meta = _forecaster_meta(forecaster, ref, auto, readout)
+    results = _forecast_files(forecaster, t.name, hardware, head, cands, single=len(cands) == 1)
+    rows = [{**meta, "task": t.name, "anchor": str(anchor), **r} for r in results]
     if as_json:
-        _print_json(report)
-    elif not result.parse_ok:
-        typer.echo(f"no forecast: {result.parse_error}")
+        _print_json(rows)
     else:
-        typer.echo(f"predicted bin {result.predicted_bin} ({BIN_NAMES[result.predicted_bin - 1]}), {meta['source']}")
-        for i, p in enumerate(result.p, start=1):
-            typer.echo(f"  bin {i} {BIN_NAMES[i - 1]:<22} {p:6.3f} " + "#" * int(round(40 * p)))
-    if not result.parse_ok:
+        _print_forecast_table(rows, meta)
+    if any(not r["ok"] for r in rows):
         raise typer.Exit(1)
 
 
-def _forecast_via_endpoint(t, anchor: Path, candidate: Path, fp: dict, endpoint: str, model: str | None,
-                           readout: str, style: str, answer_mode: str, settings):
-    """One forecast from an OpenAI-compatible server: (Forecast, model_ref)."""
-    from models.backends import BackendError, ForecastRequest
-    from models.backends.openai_backend import ANSWER_MODES, OpenAIForecaster
-    from models.cache import ForecastCache
-    from models.prompts import build_prompt
+def _candidate_files(items: list[Path]) -> list[Path]:
+    """Files as given, folders as their *.py files (sorted); a folder without one is an error."""
+    out: list[Path] = []
+    for p in items:
+        if p.is_dir():
+            found = sorted(q for q in p.glob("*.py") if q.is_file())
+            if not found:
+                raise CliError(f"{p}: a folder with no *.py kernel files")
+            out.extend(found)
+        else:
+            out.append(p)
+    return out
 
-    if not model:
-        raise CliError("--endpoint needs --model: the served model name")
-    if answer_mode not in ANSWER_MODES:
-        raise CliError(f"--answer-mode must be one of {', '.join(ANSWER_MODES)}, got {answer_mode!r}")
-    forecaster = OpenAIForecaster(endpoint, model, use_logprobs=readout == "logprob", answer_mode=answer_mode,
-                                  cache=ForecastCache(settings.home / "forecast-cache"))
-    messages = build_prompt(t.name, t.description, anchor.read_text(), candidate.read_text(), fp, style=style)
-    try:
-        (result,) = forecaster.forecast([ForecastRequest(messages)])
-    except BackendError as e:
-        raise CliError(str(e)) from e
-    return result, forecaster.model_ref
+
+def _forecaster_meta(forecaster, ref: str, auto: bool, readout: str) -> dict:
+    """What answered: model_ref, kind, source, the registered version if any, readout, style."""
+    version = getattr(forecaster, "version", None)
+    source = getattr(forecaster, "source", "") or forecaster.model_ref
+    if auto and version is None:
+        source = "base model (no registered surrogate @champion)"
+    return {"model_ref": forecaster.model_ref, "kind": forecaster.kind, "source": source,
+            "model_uri": getattr(forecaster, "uri", None), "model_version": version,
+            "readout": readout if forecaster.kind == "llm" else "classical" if "model" in forecaster.kind else None,
+            "style": getattr(forecaster, "style", None)}
+
+
+def _forecast_files(forecaster, task: str, hardware: str, head, cands, single: bool) -> list[dict]:
+    """One result per candidate: its forecast, or why there is none (refused, too long, unparsed)."""
+    import numpy as np
+    import polars as pl
+
+    from models.bins import BIN_LOG2_VALUES
+
+    kernels = {head.record["kernel_id"]: head.record}
+    kernels.update({c.record["kernel_id"]: c.record for c in cands if c.record})
+    ok = [c for c in cands if c.record]
+    pairs = pl.DataFrame({"pair_id": [c.record["kernel_id"] for c in ok],
+                          "anchor_kernel_id": [head.record["kernel_id"]] * len(ok),
+                          "candidate_kernel_id": [c.record["kernel_id"] for c in ok],
+                          "task": [task] * len(ok), "hardware_id": [hardware] * len(ok)},
+                         schema={k: pl.Utf8 for k in ("pair_id", "anchor_kernel_id", "candidate_kernel_id", "task",
+                                                      "hardware_id")})
+    answers: dict[str, tuple] = {}  # kernel_id -> (p or None, error or None)
+    if ok and hasattr(forecaster, "forecast_records"):
+        fits = getattr(forecaster, "fits", None)
+        keep = []
+        for row, req in zip(pairs.iter_rows(named=True), forecaster.requests(pairs, kernels), strict=True):
+            try:
+                if fits is not None:
+                    fits(req["prompt"])
+                keep.append(row["pair_id"])
+            except ValueError as exc:
+                if single:
+                    raise CliError(str(exc)) from None
+                answers[row["pair_id"]] = (None, str(exc))
+        todo = pairs.filter(pl.col("pair_id").is_in(keep))
+        try:
+            records = forecaster.forecast_records(todo, kernels) if todo.height else []
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        for pid, rec in zip(todo["pair_id"].to_list(), records, strict=True):
+            answers[pid] = (list(rec.p), None) if rec.parse_ok and rec.p is not None else (None, f"no forecast: {rec.parse_error}")
+    elif ok:
+        try:
+            p = forecaster.forecast_pairs(pairs, kernels)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        answers = {pid: (list(map(float, row)), None) for pid, row in zip(pairs["pair_id"].to_list(), p, strict=True)}
+    out = []
+    r = np.asarray(BIN_LOG2_VALUES, dtype=np.float64)
+    for c in cands:
+        p, error = answers.get(c.record["kernel_id"], (None, None)) if c.record else (None, c.refused)
+        row = {"file": str(c.path), "ok": p is not None, "refused": c.refused, "parse_ok": p is not None,
+               "error": None if c.refused else error,
+               "notes": list(c.notes), "predicted_bin": None, "p_bin": None, "expected_log2": None, "p": p}
+        if p is not None:
+            b = int(np.argmax(p)) + 1
+            row.update(predicted_bin=b, p_bin=float(p[b - 1]), expected_log2=float(np.dot(p, r)))
+        out.append(row)
+    return out
+
+
+def _print_forecast_table(rows: list[dict], meta: dict) -> None:
+    """One line per candidate (file, bin, p of it, E[log2 S], the eight probabilities)."""
+    from models.bins import BIN_NAMES
+
+    typer.echo(f"forecaster: {meta['source']} ({meta['model_ref']})", err=True)
+    width = min(48, max(len("file"), *(len(r["file"]) for r in rows)))
+    typer.echo(f"{'file':<{width}}  bin  p(bin)  E[log2 S]  p1..p8")
+    for r in rows:
+        name = r["file"] if len(r["file"]) <= width else "..." + r["file"][-(width - 3):]
+        if r["ok"]:
+            probs = " ".join(f"{p:.2f}" for p in r["p"])
+            typer.echo(f"{name:<{width}}  {r['predicted_bin']:>3}  {r['p_bin']:6.3f}  {r['expected_log2']:+9.3f}  {probs}"
+                       f"  {BIN_NAMES[r['predicted_bin'] - 1]}" + "".join(f"  ({n})" for n in r["notes"]))
+        else:
+            typer.echo(f"{name:<{width}}  refused: {r['refused']}" if r["refused"] else f"{name:<{width}}  {r['error']}")
 
 
 # ---- promote ------------------------------------------------------------------------------

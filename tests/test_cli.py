@@ -15,6 +15,11 @@ REPO = Path(__file__).resolve().parent.parent
 runner = CliRunner()
 
 
+# A correct softmax kernel in plain PyTorch: a file `kernelcast forecast` accepts.
+SOFTMAX_PYTORCH = ("import torch\n\n\ndef custom_kernel(data):\n    (x,) = data\n"
+                   "    return torch.softmax(x.float(), dim=-1).to(torch.bfloat16)\n")
+
+
 @pytest.fixture(autouse=True)
 def home(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
@@ -154,7 +159,7 @@ def test_forecast_answers_a_distribution_from_a_local_model(tmp_path):
     res = runner.invoke(app, ["forecast", "--task", "softmax", "--anchor", str(anchor), "--candidate", str(cand),
                               "--model", str(model_dir), "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output[res.output.index("{"):])
+    (out,) = json.loads(res.stdout[res.stdout.index("["):])
     assert out["parse_ok"] is True and len(out["p"]) == 8
     assert abs(sum(out["p"]) - 1) < 1e-6 and 1 <= out["predicted_bin"] <= 8
 
@@ -175,7 +180,7 @@ def test_forecast_through_an_openai_endpoint(tmp_path, monkeypatch, mode, bin_):
 
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
     a = tmp_path / "a.py"
-    a.write_text("def custom_kernel(data):\n    return data\n")
+    a.write_text(SOFTMAX_PYTORCH)
     server = FakeServer()
     try:
         args = ["forecast", "--task", "softmax", "--anchor", str(a), "--candidate", str(a), "--endpoint", server.base_url,
@@ -185,7 +190,7 @@ def test_forecast_through_an_openai_endpoint(tmp_path, monkeypatch, mode, bin_):
     finally:
         server.close()
     assert res.exit_code == 0, res.output
-    out = json.loads(res.output[res.output.index("{"):])
+    (out,) = json.loads(res.stdout[res.stdout.index("["):])
     assert out["predicted_bin"] == bin_ and out["source"].startswith("OpenAI-compatible endpoint")
     assert out["style"] == "full" and server.requests[0]["messages"][0]["role"] == "system"
     assert missing.exit_code == 2 and "--model" in missing.output

@@ -425,12 +425,13 @@ def test_forecast_cli_answers_from_the_champion(graph, tmp_path, monkeypatch):
     set_alias(settings.mlflow_uri, "champion", 1)
     monkeypatch.setenv("KERNELCAST_HOME", str(settings.home))
     anchor, cand = tmp_path / "a.py", tmp_path / "c.py"
-    anchor.write_text("def custom_kernel(data):\n    return data[0] * 2\n")
-    cand.write_text("def custom_kernel(data):\n    return data[0] + data[0]\n")
+    # correct softmax kernels: the command refuses files that are not kernels of the task
+    anchor.write_text("import torch\n\n\ndef custom_kernel(data):\n    return torch.softmax(data[0].float(), -1).bfloat16()\n")
+    cand.write_text("import torch\n\n\ndef custom_kernel(data):\n    return torch.softmax(data[0], -1)\n")
     res = CliRunner().invoke(app, ["forecast", "--task", "softmax", "--anchor", str(anchor), "--candidate", str(cand),
                                    "--profile", "smoke", "--json"])
     assert res.exit_code == 0, res.output
-    out = json.loads(res.stdout[res.stdout.index("{"):])
+    (out,) = json.loads(res.stdout[res.stdout.index("["):])
     assert out["model_uri"] == f"models:/{NAME}@champion" and out["model_version"] == 1
     assert out["source"].startswith("registered surrogate") and out["style"] == "compact"
     assert out["parse_ok"] and math.isclose(sum(out["p"]), 1.0, abs_tol=1e-6)
@@ -444,7 +445,7 @@ def test_forecast_cli_answers_from_the_champion(graph, tmp_path, monkeypatch):
     assert missing.exit_code == 2 and "has no version 99" in missing.output
     res = CliRunner().invoke(app, ["forecast", "--task", "softmax", "--anchor", str(anchor), "--candidate", str(cand),
                                    "--profile", "smoke", "--json"])
-    assert json.loads(res.stdout[res.stdout.index("{"):])["model_version"] == 2
+    assert json.loads(res.stdout[res.stdout.index("["):])[0]["model_version"] == 2
 
 
 def test_no_registry_means_no_champion(tmp_path):

@@ -17,6 +17,11 @@ knob from `fixed_knobs`. The forecaster sees that point's rendered kernel (what
 pipelines/generation measures) against the task reference; the estimate is 2 ** -E[log2 S],
 with E[log2 S] = sum_b p_b r_b. All configs are forecast in one call, at the first one
 Triton asks about. A config outside the family's valid points gets an infinite estimate.
+
+Where the registry is at hand, `registered_autotune_forecaster(tracking_uri, home)` gives the
+forecaster for kernels from files (@champion-external, else @champion) through the one
+forecasting interface (pipelines.forecasting); on a GPU host without MLflow, a pickled
+portable cost model (`kernelcast export-forecaster`) plugs in the same way.
 """
 
 from __future__ import annotations
@@ -112,6 +117,27 @@ class ForecastPerfModel:
         self.calls += 1
         s = self.score(**kwargs)
         return math.inf if s == -math.inf else 2.0 ** (-s)
+
+
+def registered_autotune_forecaster(tracking_uri: str, home: Any, ref: str | None = None,
+                                   **load_kwargs: Any) -> CandidateForecaster:
+    """The registered forecaster `ref` (default: the file champion, @champion-external when the
+    registry has it, else @champion) as the autotuner's forecaster, any kind, with the
+    warehouse's compile features filled into the records it sees.
+
+    Raises:
+        ValueError: nothing registered, or `ref` names nothing loadable (one line).
+    """
+    from pathlib import Path
+
+    from pipelines.forecasting import file_champion_uri, load_forecaster
+    from pipelines.training.search_hook import warehouse_compile_features
+
+    ref = ref or file_champion_uri(tracking_uri)
+    if ref is None:
+        raise ValueError("no registered @champion-external or @champion: run `kernelcast run` first")
+    forecaster = load_forecaster(ref, tracking_uri=tracking_uri, home=home, **load_kwargs)
+    return forecaster.with_known_features(warehouse_compile_features(Path(home) / "warehouse.duckdb"))
 
 
 def surrogate_pruning(forecaster: CandidateForecaster, task: str, algorithm: str, configs: Sequence[Any],

@@ -1,72 +1,66 @@
 """Registered forecasters inside the budgeted search (pipelines.search.forecasters).
 
-Two names resolve here once `register_search_forecasters()` ran:
+Three kinds of names resolve here once `register_search_forecasters()` ran, all through the
+one forecasting interface (pipelines.forecasting.load_forecaster):
 - "models:/<name>@<alias>" or "models:/<name>/<version>": a registered classical version;
-- "kind:cost_model" / "kind:text_model": the newest registered version of that kind.
+- "kind:cost_model" / "kind:text_model": the newest registered version of that kind;
+- "champion": the version for kernels from files, @champion-external when the registry has it,
+  else @champion (what `kernelcast forecast` on files answers from).
 The kernels the search proposes are looked up in the warehouse for their compile features
 (the simulation's kernel records carry only what the generator knows). An LLM version is
-refused in one line: on a CPU it forecasts a pair in seconds, and a simulation asks thousands.
+refused in one line, before its weights load: on a CPU it forecasts a pair in seconds, and a
+simulation asks thousands.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-FEATURE_FIELDS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
+FILE_CHAMPION = "champion"  # the search's name for the file champion (pipelines.forecasting.file_champion_uri)
 
 
-class WithCompileFeatures:
-    """A classical forecaster whose kernel records get their compile features filled in."""
-
-    def __init__(self, model: Any, features: Mapping[str, Mapping[str, Any]], name: str):
-        self.model, self.features, self.name = model, dict(features), name
-
-    def predict_kernels(self, anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
-                        hardware_id: str) -> np.ndarray:
-        from models.classical.features import with_compile_features
-
-        return self.model.predict_kernels(with_compile_features(anchor, self.features),
-                                          [with_compile_features(c, self.features) for c in candidates], hardware_id)
-
-
-def _features(warehouse_path: Path) -> dict[str, dict[str, Any]]:
+def warehouse_compile_features(warehouse_path: Path) -> dict[str, dict[str, Any]]:
+    """kernel_id -> its compile features of every compiled kernel the warehouse holds."""
     from warehouse.db import connect
     from warehouse.kernels import read_kernel_features
 
     if not warehouse_path.exists():
         return {}
     with connect(warehouse_path, read_only=True) as con:
-        rows = read_kernel_features(con).to_dicts()
-    return {r["kernel_id"]: {f: r[f] for f in FEATURE_FIELDS} for r in rows if r["status"] == "compiled"}
+        frame = read_kernel_features(con)
+    # every feature column the table has, not a fixed list: the feature set grows
+    skip = {"kernel_id", "target", "status", "error", "compile_error", "seconds", "compile_s", "kernels", "created_at"}
+    rows = frame.to_dicts()
+    return {r["kernel_id"]: {k: v for k, v in r.items() if k not in skip} for r in rows if r["status"] == "compiled"}
 
 
-def _factory(name: str, ctx: Any) -> WithCompileFeatures:
-    from models.classical.registry import load_classical
-    from models.registry import alias_version, find_versions, parse_model_uri, version_info
+def search_forecaster(name: str, tracking_uri: str | None, home: Path | str | None) -> Any:
+    """The registered classical forecaster `name` names, with the warehouse's compile features.
 
-    if not ctx.tracking_uri:
+    Raises:
+        ValueError: no tracking URI, a name that points at no version, or an LLM version (one line).
+    """
+    from pipelines.forecasting import file_champion_uri, load_forecaster
+    from pipelines.forecasting.load import CLASSICAL_KINDS, WrongKind
+
+    if not tracking_uri:
         raise ValueError(f"forecaster {name!r} needs the MLflow tracking URI")
-    if name.startswith("kind:"):
-        kind = name.removeprefix("kind:")
-        found = find_versions(ctx.tracking_uri, "kernelcast-surrogate", kind=kind)
-        if not found:
-            raise ValueError(f"no registered version of kind {kind!r}: run `kernelcast run` first")
-        model_name, version = "kernelcast-surrogate", found[0]["version"]
-    else:
-        model_name, alias, version = parse_model_uri(name)
-        version = alias_version(ctx.tracking_uri, alias, model_name) if alias else version
-        if version is None:
-            raise ValueError(f"{name} points at no version")
-    kind = (version_info(ctx.tracking_uri, version, model_name) or {}).get("tags", {}).get("kind", "llm")
-    if kind not in ("cost_model", "text_model"):
-        raise ValueError(f"{name} is a {kind} version; the simulation needs a classical one (e.g. kind:cost_model)")
-    home = Path(ctx.home) if ctx.home else Path(".")
-    return WithCompileFeatures(load_classical(ctx.tracking_uri, model_name, version),
-                               _features(home / "warehouse.duckdb"), f"{model_name}/{version} ({kind})")
+    ref = name
+    if name == FILE_CHAMPION:
+        ref = file_champion_uri(tracking_uri)
+        if ref is None:
+            raise ValueError("no registered @champion-external or @champion: run `kernelcast run` first")
+    home = Path(home) if home else Path(".")
+    try:
+        adapter = load_forecaster(ref, tracking_uri=tracking_uri, home=home, kinds=CLASSICAL_KINDS)
+    except WrongKind as exc:
+        raise ValueError(f"{exc}; the simulation needs a classical one (e.g. kind:cost_model)") from None
+    return adapter.with_known_features(warehouse_compile_features(home / "warehouse.duckdb"))
+
+
+def _factory(name: str, ctx: Any) -> Any:
+    return search_forecaster(name, ctx.tracking_uri, ctx.home)
 
 
 def register_search_forecasters() -> None:
@@ -75,10 +69,11 @@ def register_search_forecasters() -> None:
 
     register_forecaster(MODEL_REF_PREFIX, _factory)
     register_forecaster("kind:", _factory)
+    register_forecaster(FILE_CHAMPION, _factory)
 
 
 def portable_forecaster(name: str, tracking_uri: str, home: Path, compile_workers: int = 12) -> Any:
-    """The registered cost model `name` ("kind:cost_model", "models:/...") as a
+    """The registered cost model `name` ("kind:cost_model", "models:/...", "champion") as a
     models.classical.portable.PortableCostModel: numpy and pandas only, carrying the compile
     features the warehouse knows and compiling the rest where it runs (`compile_workers`).
 
@@ -88,7 +83,7 @@ def portable_forecaster(name: str, tracking_uri: str, home: Path, compile_worker
     from models.classical.cost_model import CostModel
     from models.classical.portable import PortableCostModel
 
-    found = _factory(name, type("Ctx", (), {"tracking_uri": tracking_uri, "home": home})())
+    found = search_forecaster(name, tracking_uri, home)
     if not isinstance(found.model, CostModel):
         raise ValueError(f"{found.name} is not a cost model: only cost models export (the text model needs scikit-learn)")
-    return PortableCostModel.from_cost_model(found.model, found.features, found.name, compile_workers)
+    return PortableCostModel.from_cost_model(found.model, found.known_features, found.name, compile_workers)

@@ -1,0 +1,137 @@
+"""Kernel files as kernel records a forecaster reads, or a one-line reason to refuse them.
+
+A file is forecast only if it is a kernel of the task: it parses and defines `custom_kernel`
+(read without running it), it imports and runs on the task's correctness cases in a sandboxed
+child (pipelines.profiling.check, the check of `kernelcast check`: an import error, an exception
+on the task's input, a crash or a wrong answer is a refusal; a check that runs out of time is
+not, and says so), and a Triton file compiles for sm_90 on the task's first benchmark case
+(pipelines.generation.aot, the generator's compile, so a file's compile features are the ones
+its measured twin has in the warehouse).
+
+The record leaves generator, algorithm and knobs_json empty: the platform did not write the
+file, and no forecaster needs them. It carries every compile feature the compile returns
+(`Features.to_row()` less its bookkeeping), whatever the feature set.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ENTRY = "custom_kernel"
+_TRITON = re.compile(r"@\s*triton\.(?:jit|autotune|heuristics)|\btriton\.jit\(")
+# Features.to_row() columns that describe the compile request, not the kernel.
+_NOT_FEATURES = ("status", "error", "seconds", "kernels")
+
+
+@dataclass
+class KernelFile:
+    """One file: its record when it can be forecast, else why not (one line)."""
+
+    path: Path
+    record: dict[str, Any] | None = None
+    refused: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def language_of(source: str) -> str:
+    """'triton' for a module with a @triton.jit (or autotuned) function, else 'pytorch'."""
+    return "triton" if _TRITON.search(source) else "pytorch"
+
+
+def static_refusal(source: str) -> str | None:
+    """Why a source cannot be a kernel module, read without running it (None: it may be one)."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        return f"syntax error at line {exc.lineno}: {exc.msg}"
+    except ValueError as exc:  # null bytes
+        return f"not Python source: {exc}"
+    names: set[str] = set()
+    star = False
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            star |= any(a.name == "*" for a in node.names)
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            names |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    if ENTRY not in names and not star:
+        return f"defines no {ENTRY}(data): not a kernel module"
+    return None
+
+
+def _check_line(kind: str | None, message: str) -> str:
+    what = {"compile_failed": "does not import", "runtime_error": "raises on the task's correctness input",
+            "incorrect": "gives wrong results on the task's correctness input (another task's kernel?)",
+            "crashed": "crashed its checking process", "tampered": "tampered with its check"}.get(kind or "", kind)
+    return f"{what}: {message}"
+
+
+def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, check_timeout_s: float = 60.0,
+                      compile: bool = True, compile_timeout_s: float = 120.0, allow_incorrect: bool = False,
+                      n_workers: int = 2) -> list[KernelFile]:
+    """A KernelFile per path, in order (the work of the checks and compiles spread over n_workers).
+
+    Args:
+        task: a task name of the suite (pipelines.tasks.get_task raises on an unknown one).
+        paths: kernel module files.
+        check: run the sandboxed correctness check (False: only the static reading and the compile).
+        check_timeout_s: per file; a check that takes longer is a note, not a refusal.
+        compile: AOT-compile Triton files for sm_90.
+        allow_incorrect: forecast a file whose results are wrong (a note instead of a refusal).
+    """
+    from pipelines.tasks import get_task
+
+    get_task(task)
+    files = [KernelFile(Path(p)) for p in paths]
+    sources: dict[int, str] = {}
+    for i, f in enumerate(files):
+        try:
+            sources[i] = f.path.read_text()
+        except (OSError, UnicodeDecodeError) as exc:
+            f.refused = f"cannot be read: {type(exc).__name__}: {exc}".splitlines()[0]
+            continue
+        f.refused = static_refusal(sources[i])
+    live = [i for i, f in enumerate(files) if f.refused is None]
+    if check and live:
+        from pipelines.profiling.check import check_sources
+
+        outcomes = check_sources([(task, sources[i]) for i in live], n_workers=min(n_workers, len(live)),
+                                 timeout_s=check_timeout_s)
+        for i, o in zip(live, outcomes, strict=True):
+            if o.ok:
+                continue
+            if o.failure_kind == "timeout":
+                files[i].notes.append(f"not checked: the CPU check took over {check_timeout_s:g} s")
+            elif o.failure_kind == "incorrect" and allow_incorrect:
+                files[i].notes.append(_check_line(o.failure_kind, o.message))
+            else:
+                files[i].refused = _check_line(o.failure_kind, o.message)
+        live = [i for i in live if files[i].refused is None]
+    for i in live:
+        files[i].record = {"kernel_id": str(files[i].path), "task": task, "source": sources[i],
+                           "language": language_of(sources[i]), "generator": None, "algorithm": None,
+                           "knobs_json": None}
+    triton = [i for i in live if files[i].record["language"] == "triton"]
+    if compile and triton:
+        from pipelines.generation.aot import compile_many
+
+        feats = compile_many([files[i].record for i in triton], n_workers=min(n_workers, len(triton)),
+                             timeout_s=compile_timeout_s)
+        for i, f in zip(triton, feats, strict=True):
+            if f.status == "compiled":
+                files[i].record.update({k: v for k, v in f.to_row().items() if k not in _NOT_FEATURES})
+            elif f.status == "error":  # our side failed: the file is not to blame
+                files[i].notes.append(f"no compile features: {f.error}")
+            else:
+                files[i].refused = (f"does not fit sm_90: {f.error}" if f.status == "rejected"
+                                    else f"the sm_90 compile on the task's benchmark input failed: {f.error}")
+                files[i].record = None
+    return files
