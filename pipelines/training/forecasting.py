@@ -7,6 +7,9 @@ version without them is planned to forecast a capped subset here (CPU budgets), 
 shard (pipelines.training.llm_shards). Every LLM forecast goes through the version's
 calibrator (tag `calibrator`).
 
+The source-only and external splits: the same in-distribution versions, on the eval pairs from
+records stripped of the generator's metadata, and on the external pairs (pipelines.training.roles).
+
 For the held-out-task report: the held-out versions of the dataset version on every reference
 pair of the held-out task, the reference forecasters there (the bin prior of the training pool
 without that task), and the committed held-out LLM variants.
@@ -14,6 +17,7 @@ without that task), and the committed held-out LLM variants.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,23 +29,26 @@ import polars as pl
 from models.bins import NUM_BINS
 from pipelines.training.classical import HELD_OUT_MODEL, forecast_rows
 from pipelines.training.llm_shards import LlmJob, plan_llm_job
-from pipelines.training.roles import Roles
+from pipelines.training.roles import Roles, strip_metadata
 
 log = logging.getLogger(__name__)
 
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 SURROGATE = "kernelcast-surrogate"
 HELD_OUT_SUFFIX = "|held_out_task"  # the held-out twins of the reference forecasters
+SOURCE_ONLY_SUFFIX = "|source_only"  # a version's forecasts from records without generator metadata
 
 
 @dataclass(frozen=True)
 class Forecaster:
-    """A forecaster of the report: its model_ref, kind, split and where it came from."""
+    """A forecaster of the report: its model_ref, kind, split, where it came from and its MLflow
+    run (the run that logged a registered version; empty for the others)."""
 
     model_ref: str
     kind: str
     split: str
     source: str
+    run_id: str = ""
 
 
 def model_ref(name: str, version: int) -> str:
@@ -63,9 +70,16 @@ def registered_forecasts(
     llm_cap: int | None,
     progress: Callable[[str], None] = lambda m: None,
 ) -> tuple[pl.DataFrame, list[Forecaster], list[LlmJob]]:
-    """Forecast rows of every registered and committed forecaster of the version, both splits,
+    """Forecast rows of every registered and committed forecaster of the version, every split,
     and the LLM versions to forecast here, planned but not run: their forward passes are what
     a host spreads over its GPUs (pipelines.training.llm_shards).
+
+    Splits (pipelines.training.roles.SPLITS): an in-distribution version forecasts the eval
+    pairs (`in_distribution`), the same pairs again from records stripped of the generator's
+    metadata (`source_only`, stored as `<ref>|source_only`) and the external pairs (`external`,
+    same ref: other pair ids); a held-out version forecasts the held-out pairs. An LLM reads the
+    two sources and their compile features only, never `algorithm`/`knobs_json`, so its
+    source-only forecasts are its in-distribution ones (listed with that source, not refit).
 
     Returns:
         (rows for the warehouse `forecasts` table, the forecasters they and the jobs belong to,
@@ -79,6 +93,8 @@ def registered_forecasts(
     frames: list[pl.DataFrame] = []
     listed: list[Forecaster] = []
     jobs: list[LlmJob] = []
+    external = roles.external_pairs()
+    stripped = strip_metadata(records)
     committed = {}
     if committed_dir is not None and (committed_dir / "forecasts.parquet").is_file():
         committed = {v.name: v for v in calibrated_variants(committed_dir, roles.eval, roles.held_out_eval)}
@@ -89,29 +105,82 @@ def registered_forecasts(
         versions = {v["version"]: v for v in find_versions(tracking_uri, name, dataset_version=dataset_version)}
         if name == SURROGATE and champion is not None and champion not in versions:
             versions.update({v["version"]: v for v in find_versions(tracking_uri, name) if v["version"] == champion})
+        in_dist = split == "in_distribution"
         for version, info in sorted(versions.items()):
             kind, ref = info["tags"].get("kind", "llm"), model_ref(name, version)
             progress(f"forecasting with {ref} ({kind})")
+            extra: list[Forecaster] = []
             if kind in ("cost_model", "text_model"):
-                frames.append(_with_ref(forecast_rows(load_classical(tracking_uri, name, version), pairs, records, ref), ref))
+                model = load_classical(tracking_uri, name, version)
+                frames.append(_with_ref(forecast_rows(model, pairs, records, ref), ref))
                 source = "registered"
+                if in_dist:
+                    twin = ref + SOURCE_ONLY_SUFFIX
+                    frames.append(_with_ref(forecast_rows(model, pairs, stripped, twin), twin))
+                    extra.append(Forecaster(twin, kind, "source_only", "registered, metadata withheld"))
+                    if external.height:
+                        frames.append(_with_ref(forecast_rows(model, external, records, ref), ref))
+                        extra.append(Forecaster(ref, kind, "external", "registered"))
             elif info["tags"].get("committed_variant") in committed:
                 frames.append(_with_ref(committed[info["tags"]["committed_variant"]].forecasts, ref))
                 source = f"committed H200 forecasts of {info['tags']['committed_variant']}"
+                if in_dist:
+                    extra.append(Forecaster(ref, kind, "source_only", f"{source} (an LLM reads no metadata)"))
             else:
-                jobs.append(plan_llm_job(tracking_uri, name, version, info, eval_subset(pairs, llm_cap), rows_for,
+                subset = eval_subset(pairs, llm_cap)
+                if in_dist and external.height:  # one job: the eval subset and every external pair
+                    subset = pl.concat([subset, external], how="diagonal_relaxed")
+                jobs.append(plan_llm_job(tracking_uri, name, version, info, subset, rows_for,
                                          home / "surrogates" / "plan", ref))
                 source = "forecast here"
-            listed.append(Forecaster(ref, kind, split, source))
+                if in_dist:
+                    extra.append(Forecaster(ref, kind, "source_only", "forecast here (an LLM reads no metadata)"))
+                    if external.height:
+                        extra.append(Forecaster(ref, kind, "external", source))
+            run_id = str(info.get("run_id") or "")
+            listed.append(Forecaster(ref, kind, split, source, run_id))
+            listed.extend(dataclasses.replace(f, run_id=run_id) for f in extra)
     registered_variants = {f.source.rsplit(" ", 1)[-1] for f in listed if f.source.startswith("committed")}
     for name, variant in sorted(committed.items()):
         if name in registered_variants:
             continue
         ref = f"h200:{name}"
         frames.append(_with_ref(variant.forecasts, ref))
-        listed.append(Forecaster(ref, "llm", variant.split, "committed H200 forecasts (weights not committed)"))
+        source = "committed H200 forecasts (weights not committed)"
+        listed.append(Forecaster(ref, "llm", variant.split, source))
+        if variant.split == "in_distribution":
+            listed.append(Forecaster(ref, "llm", "source_only", f"{source}; an LLM reads no metadata"))
     frames = [f for f in frames if f.height]
     return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), listed, jobs
+
+
+def reference_listing(roles: Roles) -> list[Forecaster]:
+    """The reference forecasters (stored once on every eval pair) in the splits that use them."""
+    from pipelines.evaluation.suite import REFERENCE_FORECASTERS
+
+    splits = ["in_distribution", "source_only"] + (["external"] if roles.external_pairs().height else [])
+    return [Forecaster(ref, "baseline", split, "reference") for split in splits for ref in REFERENCE_FORECASTERS]
+
+
+def split_pairs(roles: Roles) -> dict[str, list[str]]:
+    """The pair ids each split is scored on (what forecasters.json records)."""
+    return {"in_distribution": roles.eval["pair_id"].to_list(), "source_only": roles.eval["pair_id"].to_list(),
+            "held_out_task": roles.held_out_eval["pair_id"].to_list(),
+            "external": roles.external_pairs()["pair_id"].to_list()}
+
+
+def empty_reasons(roles: Roles, dataset_version: str) -> dict[str, str]:
+    """Why a split has no pairs, for the report (a split is never dropped in silence)."""
+    out = {}
+    if roles.eval.is_empty():
+        out["in_distribution"] = out["source_only"] = f"dataset version {dataset_version} has no eval pairs"
+    if roles.held_out_eval.is_empty():
+        out["held_out_task"] = f"no held-out task in dataset version {dataset_version}"
+    if roles.external_pairs().is_empty():
+        out["external"] = (f"dataset version {dataset_version} holds no correct kernel the template generator did not "
+                           "write (generator other than kernelcast-space/reference), and no external results folder "
+                           "(KERNELCAST_EXTERNAL_DIR) was given")
+    return out
 
 
 def held_out_reference_forecasts(roles: Roles) -> tuple[pl.DataFrame, list[Forecaster]]:
@@ -129,20 +198,38 @@ def held_out_reference_forecasts(roles: Roles) -> tuple[pl.DataFrame, list[Forec
     return pl.concat(frames), [Forecaster(ref + HELD_OUT_SUFFIX, "baseline", "held_out_task", "reference") for ref, _ in made]
 
 
+LISTING_KEYS = ("pairs", "forecasters")
+
+
 def split_frames(frame: pl.DataFrame, listing: dict[str, Any]) -> dict[str, pl.DataFrame]:
-    """The forecasts of each report split.
+    """The forecasts of each report split, model_ref set to the forecaster's name.
 
     Args:
         frame: forecasts of the version joined with their pairs (with `split`, the pair's split).
-        listing: the forecasters.json the forecasts asset wrote (held-out pairs, forecasters).
+        listing: the forecasters.json the forecasts asset wrote (`pairs` of each split,
+            `forecasters` with model_ref and split).
     Returns:
-        {"in_distribution": rows of eval and discovery pairs of every forecaster not of the
-        held-out split, "held_out_task": rows of the held-out pairs of the held-out forecasters}.
+        {split: rows}: `in_distribution`, rows of the eval pairs (and discovery pairs) of every
+        forecaster not listed only for another split; `source_only`, the eval pairs' rows of the
+        forecasters listed there (a `|source_only` twin renamed to its forecaster); `held_out_task`
+        and `external`, the rows of their listed forecasters on their pairs. A split without rows
+        is left out (its reason is in the listing's `empty`).
+    Raises:
+        ValueError: the listing lacks its pairs or forecasters (one line).
     """
-    held = {f["model_ref"] for f in listing.get("forecasters", []) if f["split"] == "held_out_task"}
-    held_pairs = listing.get("held_out_pairs", [])
-    ind = frame.filter(pl.col("split").is_in(["eval", "discovery"]) & ~pl.col("model_ref").is_in(list(held)))
-    out = {"in_distribution": ind}
-    if held and held_pairs:
-        out["held_out_task"] = frame.filter(pl.col("model_ref").is_in(list(held)) & pl.col("pair_id").is_in(held_pairs))
-    return out
+    missing = [k for k in LISTING_KEYS if k not in listing]
+    if missing:
+        raise ValueError(f"forecasters listing lacks {', '.join(missing)}: materialise `forecasts` again")
+    by_split: dict[str, set[str]] = {}
+    for f in listing["forecasters"]:
+        by_split.setdefault(f["split"], set()).add(f["model_ref"])
+    pairs = listing["pairs"]
+    other = (by_split.get("held_out_task", set()) | by_split.get("source_only", set())) - by_split.get("in_distribution", set())
+    out = {"in_distribution": frame.filter(
+        (pl.col("pair_id").is_in(pairs.get("in_distribution", [])) | (pl.col("split") == "discovery"))
+        & ~pl.col("model_ref").is_in(list(other)))}
+    for split in ("source_only", "held_out_task", "external"):
+        refs = by_split.get(split, set())
+        part = frame.filter(pl.col("model_ref").is_in(list(refs)) & pl.col("pair_id").is_in(pairs.get(split, [])))
+        out[split] = part.with_columns(pl.col("model_ref").str.replace(SOURCE_ONLY_SUFFIX, "", literal=True))
+    return {k: v for k, v in out.items() if v.height}
