@@ -62,12 +62,15 @@ def text_table(rows: list[dict[str, Any]]) -> list[str]:
     def f(v: Any, w: int, d: int = 3) -> str:
         return f"{v:>{w}.{d}f}" if isinstance(v, float) else f"{'' if v is None else v:>{w}}"
 
+    def name(n: str, w: int) -> str:  # a long name loses its start, never its version number
+        return n if len(n) <= w else "~" + n[-(w - 1):]
+
     cov = any(r.get("selective_coverage") is not None for r in rows)
-    width = 28 if cov else 34  # the coverage column takes its room from the name
+    width = 25 if cov else 31  # 80 columns; the coverage column takes its room from the name
     lines = [f"{'forecaster':<{width}}{'kind':>11}{'n':>5}{'brier':>7} {'95% CI':<13}{'ece':>6}{'recov':>6}"
              + (f"{'cover':>6}" if cov else "")]
     for r in rows:
         ci = f"[{r['brier_lo']:.3f},{r['brier_hi']:.3f}]" if r.get("brier_lo") is not None else ""
-        lines.append(f"{r['name'][:width - 1]:<{width}}{r['kind'][:10]:>11}{f(r['n'], 5)}{f(r['brier'], 7)} {ci:<13}"
+        lines.append(f"{name(r['name'], width):<{width}}{r['kind'][:10]:>11}{f(r['n'], 5)}{f(r['brier'], 7)} {ci:<13}"
                      f"{f(r['ece'], 6)}{f(r['recovered_mean'], 6)}" + (f(r.get("selective_coverage"), 6, 2) if cov else ""))
     return lines
