@@ -223,6 +223,9 @@ def split_frames(frame: pl.DataFrame, listing: dict[str, Any]) -> dict[str, pl.D
     by_split: dict[str, set[str]] = {}
     for f in listing["forecasters"]:
         by_split.setdefault(f["split"], set()).add(f["model_ref"])
+    # A `|source_only` twin says its split by name, listed or not (forecasts written after the listing).
+    twins = {r for r in frame["model_ref"].unique().to_list() if r.endswith(SOURCE_ONLY_SUFFIX)} if frame.height else set()
+    by_split.setdefault("source_only", set()).update(twins)
     pairs = listing["pairs"]
     other = (by_split.get("held_out_task", set()) | by_split.get("source_only", set())) - by_split.get("in_distribution", set())
     out = {"in_distribution": frame.filter(
