@@ -1,0 +1,54 @@
+"""One forecasting interface: every kind of forecaster behind `forecast_pairs(pairs, kernels)`.
+
+    from pipelines.forecasting import load_forecaster
+
+    f = load_forecaster("models:/kernelcast-surrogate@champion", tracking_uri=uri, home=home,
+                        committed_dir=committed, training_pairs=fit_pairs, warehouse_path=wh)
+    p = f.forecast_pairs(pairs, kernels)        # (n, 8) numpy, row i for pairs[i]
+    rows = f.forecast_rows(pairs, kernels)      # rows for the warehouse `forecasts` table
+    f.kind, f.model_ref, f.needs_metadata       # e.g. "cost_model", "models:/kernelcast-surrogate/3", False
+
+`load_forecaster` reads a registered version's `kind` tag once and returns its adapter:
+- cost_model / text_model: `ClassicalForecaster` (the model's own calibration);
+- llm: `LanguageForecaster` (the registered surrogate, its `calibrator` tag applied), or, when the
+  version is tagged `committed_variant` and `committed_dir` holds that variant,
+  `CommittedForecaster` (forecasts made on a GPU host; it answers only the pairs it holds:
+  `covers(pairs)`, and `forecast_rows` leaves the others out);
+- "h200:<variant>": a committed variant no version carries;
+- "baseline:uniform", "baseline:bin_prior" (needs `training_pairs`), "baseline:oracle" (reads
+  the pairs' true_bin);
+- "smollm2", "tiny", "base:<spec>" or a checkpoint folder: a base language model; with
+  `endpoint=`, an OpenAI-compatible server.
+
+`pairs` is a polars frame with pair_id, anchor_kernel_id, candidate_kernel_id, task,
+hardware_id (and true_bin for the oracle); `kernels` maps kernel_id -> kernel record (source,
+task, language; generator, algorithm, knobs_json and compile features only when known: no
+adapter requires generator metadata). Language-model adapters also give `forecast_records`
+(one `models.forecast.Forecast` per pair, unparsed answers kept with their error) and
+`requests(pairs, kernels)` (the prompts, for the sharded GPU run of llm_shards).
+
+How the evaluation calls it (pipelines.training.forecasting): per registered version of the
+dataset version, `f = load_forecaster(models:/name/N, tracking_uri=..., home=..., committed_dir=...)`;
+for a `CommittedForecaster`, `f.forecast_rows(eval_pairs)`; for a `LanguageForecaster` forecast
+here, `f.requests(eval_subset, records)` are the prompts of its LlmJob (or `f.forecast_rows` in
+process); for the others `f.forecast_rows(eval_pairs, records)`; the references likewise with
+`training_pairs` = the split's fit pairs. Every adapter is also a search forecaster
+(`predict_kernels(anchor, candidates, hardware_id)`), and `file_champion_uri` names the version
+that answers kernels from files: @champion-external when the registry has one, else @champion.
+
+No Dagster here; heavy libraries (MLflow, torch, scikit-learn) load only with the adapter
+that needs them.
+"""
+
+from pipelines.forecasting.base import P_COLS, PairForecaster, single_anchor_pairs
+from pipelines.forecasting.load import (
+    CHAMPION,
+    CHAMPION_EXTERNAL,
+    file_champion_uri,
+    load_forecaster,
+    resolve_version,
+)
+from pipelines.forecasting.references import REFERENCES
+
+__all__ = ["CHAMPION", "CHAMPION_EXTERNAL", "P_COLS", "REFERENCES", "PairForecaster", "file_champion_uri",
+           "load_forecaster", "resolve_version", "single_anchor_pairs"]

@@ -1,0 +1,133 @@
+"""What every forecaster adapter shares: pairs and kernel records in, (n, 8) out.
+
+An adapter answers `forecast_pairs(pairs, kernels)`: `pairs` is a polars frame (pair_id,
+anchor_kernel_id, candidate_kernel_id, task, hardware_id; the oracle also reads true_bin or
+speedup), `kernels` maps kernel_id -> kernel record (source, task, language; generator,
+algorithm, knobs_json and compile features when known). Row i of the answer is pair i's
+distribution over the eight bins of models/bins.py.
+
+`forecast_rows` gives the same forecasts as rows of the warehouse `forecasts` table, and
+`predict_kernels` is the budgeted search's hook (pipelines.search.forecasters), so one adapter
+serves the evaluation, the command line, the search and the autotuner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from models.bins import NUM_BINS
+
+P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
+PAIR_COLUMNS = ("pair_id", "anchor_kernel_id", "candidate_kernel_id", "task", "hardware_id")
+
+
+def check_pairs(pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]], needs_kernels: bool = True) -> None:
+    """Raise ValueError (one line) when a pair column or a kernel record is missing."""
+    missing = [c for c in PAIR_COLUMNS if c not in pairs.columns]
+    if missing:
+        raise ValueError(f"pairs frame is missing column(s): {', '.join(missing)}")
+    if needs_kernels and pairs.height:
+        ids = set(pairs["anchor_kernel_id"].to_list()) | set(pairs["candidate_kernel_id"].to_list())
+        absent = sorted(str(i) for i in ids if i not in kernels)
+        if absent:
+            raise ValueError(f"no kernel record for {len(absent)} kernel(s) of the pairs (first: {absent[0]})")
+
+
+def rows_of(pairs: pl.DataFrame, p: np.ndarray, model_ref: str, parse_ok: Sequence[bool] | None = None,
+            parse_error: Sequence[str | None] | None = None, raw_sum: Sequence[float | None] | None = None,
+            repeat: Sequence[int] | None = None) -> pl.DataFrame:
+    """Rows for the warehouse `forecasts` table of forecasts `p` (n, 8) of `pairs`."""
+    n = pairs.height
+    bins = (np.argmax(p, axis=1) + 1).astype(np.int64) if n else np.zeros(0, dtype=np.int64)
+    base = pl.DataFrame({
+        "pair_id": pairs["pair_id"], "model_ref": [model_ref] * n,
+        "repeat": list(repeat) if repeat is not None else [0] * n,
+        "predicted_bin": bins, "argmax_bin": bins,
+        "raw_sum": list(raw_sum) if raw_sum is not None else p.sum(axis=1).tolist(),
+        "parse_ok": list(parse_ok) if parse_ok is not None else [True] * n,
+        "parse_error": list(parse_error) if parse_error is not None else [None] * n,
+    }, schema_overrides={"raw_sum": pl.Float64, "parse_error": pl.Utf8, "repeat": pl.Int64})
+    probs = pl.DataFrame({c: p[:, i] for i, c in enumerate(P_COLS)}, schema={c: pl.Float64 for c in P_COLS})
+    return pl.concat([base, probs], how="horizontal")
+
+
+def single_anchor_pairs(anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
+                        hardware_id: str) -> tuple[pl.DataFrame, dict[str, Mapping[str, Any]]]:
+    """The pairs frame and kernel records of candidates against one anchor (the search's call).
+
+    Kernel ids are made unique per position, so two records under one id stay two kernels."""
+    kernels: dict[str, Mapping[str, Any]] = {"anchor": anchor}
+    rows = []
+    for i, c in enumerate(candidates):
+        kernels[f"candidate-{i}"] = c
+        rows.append({"pair_id": f"pair-{i}", "anchor_kernel_id": "anchor", "candidate_kernel_id": f"candidate-{i}",
+                     "task": str(c.get("task") or anchor.get("task") or ""), "hardware_id": hardware_id})
+    schema = {c: pl.Utf8 for c in PAIR_COLUMNS}
+    return pl.DataFrame(rows, schema=schema), kernels
+
+
+class PairForecaster:
+    """Base of every adapter. Subclasses set `kind` and `model_ref` and implement `_probs`.
+
+    Attributes:
+        kind: cost_model | text_model | llm | committed | baseline.
+        model_ref: what its rows are stored under (models:/name/N, h200:<variant>, baseline:...).
+        needs_metadata: False for every adapter: generator metadata (algorithm, knobs_json,
+            generator) is used when a record carries it, never required.
+        needs_kernels: False when the forecast never reads a kernel record (references,
+            committed forecasts keyed by kernel ids).
+    """
+
+    kind: str = ""
+    model_ref: str = ""
+    needs_metadata: bool = False
+    needs_kernels: bool = True
+    known_features: Mapping[str, Mapping[str, Any]] = {}  # kernel_id -> compile features to fill in
+
+    def with_known_features(self, features: Mapping[str, Mapping[str, Any]]) -> PairForecaster:
+        """Fill the compile features `features` knows (e.g. the warehouse's) into kernel records
+        that lack them (the search's records carry only what the generator knows); returns self."""
+        self.known_features = dict(features)
+        return self
+
+    @property
+    def name(self) -> str:  # what the search prints
+        return f"{self.model_ref} ({self.kind})"
+
+    def forecast_pairs(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]]) -> np.ndarray:
+        """(n, 8) probabilities, row i for pairs[i].
+
+        Raises:
+            ValueError: a pair column or kernel record is missing, or the adapter cannot answer
+                a pair (one line).
+        """
+        check_pairs(pairs, kernels, self.needs_kernels)
+        if pairs.is_empty():
+            return np.zeros((0, NUM_BINS))
+        if self.known_features:
+            from models.classical.features import with_compile_features
+
+            kernels = {k: with_compile_features(r, self.known_features) for k, r in kernels.items()}
+        return np.asarray(self._probs(pairs, kernels), dtype=np.float64)
+
+    def forecast_rows(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]]) -> pl.DataFrame:
+        """Rows for the warehouse `forecasts` table, one per pair (repeat 0, parsed)."""
+        if pairs.is_empty():
+            return pl.DataFrame()
+        return rows_of(pairs, self.forecast_pairs(pairs, kernels), self.model_ref)
+
+    def predict_kernels(self, anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
+                        hardware_id: str) -> np.ndarray:
+        """The search's hook: (n, 8) forecasts of each candidate against one anchor."""
+        pairs, kernels = single_anchor_pairs(anchor, candidates, hardware_id)
+        return self.forecast_pairs(pairs, kernels)
+
+    def _probs(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]]) -> np.ndarray:
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.model_ref!r}, kind={self.kind!r})"

@@ -1,0 +1,207 @@
+"""`load_forecaster(ref)`: read what a reference names once, return the adapter of its kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from pipelines.forecasting.base import PairForecaster
+from pipelines.forecasting.references import REFERENCES, reference_forecaster
+
+SURROGATE = "kernelcast-surrogate"
+CHAMPION = "champion"
+# The champion for kernels from files (a user's, an LLM's mutation), when the registry keeps one
+# apart from the in-distribution @champion; `kernelcast forecast` on files, the search hook and
+# the autotune hook prefer it.
+CHAMPION_EXTERNAL = "champion-external"
+CLASSICAL_KINDS = ("cost_model", "text_model")
+
+
+def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE) -> str | None:
+    """models:/<name>@champion-external when that alias exists, else @champion when it exists,
+    else None (nothing registered, or no tracking URI)."""
+    if not tracking_uri:
+        return None
+    from models.registry import alias_version
+
+    for alias in (CHAMPION_EXTERNAL, CHAMPION):
+        if alias_version(tracking_uri, alias, name) is not None:
+            return f"models:/{name}@{alias}"
+    return None
+
+
+def resolve_version(tracking_uri: str, ref: str) -> tuple[str, int, dict[str, Any]]:
+    """(model name, version, version_info) of "models:/name/N", "models:/name@alias" or
+    "kind:<kind>" (the newest version of that kind of the surrogate's model).
+
+    Raises:
+        ValueError: a malformed reference, or one that points at no version (one line).
+    """
+    from models.registry import alias_version, find_versions, parse_model_uri, version_info
+
+    if ref.startswith("kind:"):
+        kind = ref.removeprefix("kind:")
+        found = find_versions(tracking_uri, SURROGATE, kind=kind)
+        if not found:
+            raise ValueError(f"no registered version of kind {kind!r}: run `kernelcast run` first")
+        return SURROGATE, found[0]["version"], found[0]
+    name, alias, number = parse_model_uri(ref)
+    version = alias_version(tracking_uri, alias, name) if alias else number
+    info = version_info(tracking_uri, version, name) if version is not None else None
+    if info is None:
+        raise ValueError(f"{ref} points at no version in {tracking_uri}")
+    return name, int(version), info
+
+
+def load_forecaster(
+    ref: str,
+    *,
+    tracking_uri: str | None = None,
+    home: str | Path | None = None,
+    committed_dir: str | Path | None = None,
+    training_pairs: pl.DataFrame | None = None,
+    warehouse_path: str | Path | None = None,
+    hardware: dict[str, dict[str, Any]] | None = None,
+    readout: str = "logprob",
+    style: str | None = None,
+    endpoint: str | None = None,
+    answer_mode: str = "text",
+    device: str | None = None,
+    cache: bool = True,
+    use_committed: bool = True,
+) -> PairForecaster:
+    """The forecaster `ref` names, as an adapter answering `forecast_pairs(pairs, kernels)`.
+
+    Args:
+        ref: "models:/<name>/<N>", "models:/<name>@<alias>" or "kind:<kind>" (a registered
+            version: its `kind` tag picks the adapter), "h200:<variant>" (committed
+            forecasts), "baseline:uniform" | "baseline:bin_prior" | "baseline:oracle",
+            "base:<spec>" or a bare spec ("smollm2", "tiny", a local checkpoint folder), or,
+            with `endpoint`, the model name the server serves.
+        tracking_uri: MLflow tracking URI (registered versions).
+        home: KERNELCAST_HOME (adapter downloads, base models, the forecast cache).
+        committed_dir: the committed run folder; a registered LLM version tagged
+            `committed_variant` answers from it when it holds that variant (and `use_committed`).
+        training_pairs: the pairs the bin prior counts (task and true_bin or speedup).
+        warehouse_path: where language models find the devices' fingerprints for prompts.
+        hardware: hardware_id -> fingerprint, taking precedence over the warehouse.
+        readout: "logprob" | "verbalized" (language models).
+        style: prompt style; default the version's training style ("diff" for a base model,
+            "full" for an endpoint).
+        endpoint: an OpenAI-compatible server URL.
+        answer_mode: with an endpoint and the verbalized readout: text | json_schema | tool.
+        device: where a language model runs (None: cuda when available).
+        cache: keep language-model answers in <home>/forecast-cache.
+        use_committed: False forces a committed-tagged version to load its weights.
+    Raises:
+        ValueError: a reference that names nothing loadable, or what it needs is missing (one line).
+    """
+    ref = str(ref).strip()
+    if ref in REFERENCES:
+        return reference_forecaster(ref, training_pairs)
+    if ref.startswith("baseline:"):
+        raise ValueError(f"unknown reference forecaster {ref!r}; known: {', '.join(REFERENCES)}")
+    if readout not in ("logprob", "verbalized"):
+        raise ValueError(f"readout must be logprob or verbalized, got {readout!r}")
+    if style is not None and style.removesuffix("+features") not in ("full", "diff", "compact"):
+        raise ValueError(f"style must be full, diff or compact (optionally +features), got {style!r}")
+    home = Path(home) if home is not None else Path(".kernelcast")
+    cache_dir = home / "forecast-cache" if cache else None
+    from pipelines.forecasting.language import HardwareTable
+
+    table = HardwareTable(warehouse_path, hardware)
+    if endpoint is not None:
+        return _endpoint(ref, endpoint, readout, style or "full", answer_mode, cache_dir, table)
+    if ref.startswith("h200:"):
+        from pipelines.forecasting.committed import CommittedForecaster
+
+        if committed_dir is None:
+            raise ValueError(f"{ref} needs the committed run folder (committed_dir)")
+        return CommittedForecaster(Path(committed_dir), ref.removeprefix("h200:"))
+    if ref.startswith(("models:/", "kind:")):
+        if not tracking_uri:
+            raise ValueError(f"{ref} needs the MLflow tracking URI")
+        return _registered(ref, tracking_uri, home, committed_dir, readout, style, device, cache_dir, table,
+                           use_committed)
+    return _base(ref.removeprefix("base:"), home, readout, style or "diff", device, cache_dir, table)
+
+
+def _registered(ref, tracking_uri, home, committed_dir, readout, style, device, cache_dir, table, use_committed):
+    name, version, info = resolve_version(tracking_uri, ref)
+    tags = info.get("tags", {})
+    kind, stored = tags.get("kind", "llm"), f"models:/{name}/{int(version)}"
+    if kind in CLASSICAL_KINDS:
+        from models.classical.registry import load_classical
+        from pipelines.forecasting.classical import ClassicalForecaster
+
+        adapter = ClassicalForecaster(load_classical(tracking_uri, name, version), stored, kind)
+        adapter.source = f"registered {kind} {ref} (version {version})"
+    elif kind != "llm":
+        raise ValueError(f"{ref} is a version of unknown kind {kind!r}")
+    else:
+        from pipelines.forecasting.committed import CommittedForecaster, committed_variant_names
+
+        variant = tags.get("committed_variant")
+        if use_committed and variant and variant in committed_variant_names(committed_dir):
+            adapter = CommittedForecaster(Path(committed_dir), variant, stored)
+        else:
+            adapter = _registered_llm(tracking_uri, name, version, tags, home, readout, style, device, cache_dir,
+                                      table, stored, ref)
+    adapter.version, adapter.uri, adapter.model_name = version, ref, name
+    return adapter
+
+
+def _fits(backend: Any, readout: str):
+    from pipelines.forecasting.context import LOGPROB_ANSWER_TOKENS, check_prompt_fits
+
+    budget = LOGPROB_ANSWER_TOKENS if readout == "logprob" else backend.max_new_tokens
+    return lambda messages: check_prompt_fits(backend.tokenizer, backend.model.config, messages, budget)
+
+
+def _registered_llm(tracking_uri, name, version, tags, home, readout, style, device, cache_dir, table, stored, ref):
+    from models.surrogate import registered_forecaster
+    from pipelines.forecasting.language import LanguageForecaster
+    from pipelines.training.llm_shards import version_calibrator
+
+    try:
+        backend, info = registered_forecaster(tracking_uri, version, home, cache_dir=cache_dir, readout=readout,
+                                              name=name, device=device)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from None
+    adapter = LanguageForecaster(backend, stored, style or info["prompt_style"], version_calibrator(tags), table,
+                                 f"registered surrogate {ref} (version {version}, reward {info['reward'] or 'unknown'})",
+                                 _fits(backend, readout), readout)
+    return adapter
+
+
+def _base(spec, home, readout, style, device, cache_dir, table):
+    from models.backends.transformers_backend import TransformersForecaster
+    from models.base_model import resolve_base_model
+    from models.cache import ForecastCache
+    from pipelines.forecasting.language import LanguageForecaster
+
+    try:
+        path = resolve_base_model(spec, home)
+    except FileNotFoundError as exc:
+        raise ValueError(str(exc)) from None
+    backend = TransformersForecaster(str(path), readout=readout, batch_size=1, device=device,
+                                     cache=ForecastCache(cache_dir) if cache_dir else None)
+    source = "base model" if spec.strip().lower() in ("smollm2", "tiny") else "local checkpoint"
+    return LanguageForecaster(backend, backend.model_ref, style, None, table, source, _fits(backend, readout), readout)
+
+
+def _endpoint(model, endpoint, readout, style, answer_mode, cache_dir, table):
+    from models.backends.openai_backend import ANSWER_MODES, OpenAIForecaster
+    from models.cache import ForecastCache
+    from pipelines.forecasting.language import LanguageForecaster
+
+    if not model:
+        raise ValueError("an endpoint needs the served model name")
+    if answer_mode not in ANSWER_MODES:
+        raise ValueError(f"answer mode must be one of {', '.join(ANSWER_MODES)}, got {answer_mode!r}")
+    backend = OpenAIForecaster(endpoint, model, use_logprobs=readout == "logprob", answer_mode=answer_mode,
+                               cache=ForecastCache(cache_dir) if cache_dir else None)
+    return LanguageForecaster(backend, backend.model_ref, style, None, table, f"OpenAI-compatible endpoint {endpoint}",
+                              None, readout)
