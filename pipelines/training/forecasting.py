@@ -17,7 +17,6 @@ without that task), and the committed held-out LLM variants.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,7 +26,7 @@ from typing import Any
 import polars as pl
 
 from models.bins import NUM_BINS
-from pipelines.training.classical import HELD_OUT_MODEL, forecast_rows
+from pipelines.training.classical import HELD_OUT_MODEL
 from pipelines.training.llm_shards import LlmJob, plan_llm_job
 from pipelines.training.roles import Roles, strip_metadata
 
@@ -36,6 +35,7 @@ log = logging.getLogger(__name__)
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 SURROGATE = "kernelcast-surrogate"
 HELD_OUT_SUFFIX = "|held_out_task"  # the held-out twins of the reference forecasters
+CLASSICAL_KINDS = ("cost_model", "text_model")
 SOURCE_ONLY_SUFFIX = "|source_only"  # a version's forecasts from records without generator metadata
 
 
@@ -77,22 +77,25 @@ def registered_forecasts(
     Splits (pipelines.training.roles.SPLITS): an in-distribution version forecasts the eval
     pairs (`in_distribution`), the same pairs again from records stripped of the generator's
     metadata (`source_only`, stored as `<ref>|source_only`) and the external pairs (`external`,
-    same ref: other pair ids); a held-out version forecasts the held-out pairs. An LLM reads the
-    two sources and their compile features only, never `algorithm`/`knobs_json`, so its
-    source-only forecasts are its in-distribution ones (listed with that source, not refit).
+    same ref: other pair ids); a held-out version forecasts the held-out pairs. Every version is
+    loaded once through `pipelines.forecasting.load_forecaster` and its adapter answers all of
+    them, except an LLM version forecast here, whose prompts are planned for the GPU steps
+    without loading its weights: its prompts are the two sources and their compile features,
+    never `algorithm`/`knobs_json`, so its source-only forecasts are its in-distribution rows.
 
     Returns:
         (rows for the warehouse `forecasts` table, the forecasters they and the jobs belong to,
         the LLM jobs).
     """
-    from models.classical.registry import load_classical
     from models.registry import alias_version, find_versions
     from models.surrogate import eval_subset
+    from pipelines.forecasting import load_forecaster
     from pipelines.training.committed import calibrated_variants
 
     frames: list[pl.DataFrame] = []
     listed: list[Forecaster] = []
     jobs: list[LlmJob] = []
+    registered_variants: set[str] = set()
     external = roles.external_pairs()
     stripped = strip_metadata(records)
     committed = {}
@@ -109,38 +112,38 @@ def registered_forecasts(
         for version, info in sorted(versions.items()):
             kind, ref = info["tags"].get("kind", "llm"), model_ref(name, version)
             progress(f"forecasting with {ref} ({kind})")
-            extra: list[Forecaster] = []
-            if kind in ("cost_model", "text_model"):
-                model = load_classical(tracking_uri, name, version)
-                frames.append(_with_ref(forecast_rows(model, pairs, records, ref), ref))
-                source = "registered"
-                if in_dist:
-                    twin = ref + SOURCE_ONLY_SUFFIX
-                    frames.append(_with_ref(forecast_rows(model, pairs, stripped, twin), twin))
-                    extra.append(Forecaster(twin, kind, "source_only", "registered, metadata withheld"))
-                    if external.height:
-                        frames.append(_with_ref(forecast_rows(model, external, records, ref), ref))
-                        extra.append(Forecaster(ref, kind, "external", "registered"))
-            elif info["tags"].get("committed_variant") in committed:
-                frames.append(_with_ref(committed[info["tags"]["committed_variant"]].forecasts, ref))
-                source = f"committed H200 forecasts of {info['tags']['committed_variant']}"
-                if in_dist:
-                    extra.append(Forecaster(ref, kind, "source_only", f"{source} (an LLM reads no metadata)"))
-            else:
+            run_id = str(info.get("run_id") or "")
+            adapter = None if _forecast_here(info, committed) else load_forecaster(
+                ref, tracking_uri=tracking_uri, home=home, committed_dir=committed_dir)
+            if adapter is None:  # an LLM whose forward passes the GPU steps make: planned, weights not loaded
                 subset = eval_subset(pairs, llm_cap)
                 if in_dist and external.height:  # one job: the eval subset and every external pair
                     subset = pl.concat([subset, external], how="diagonal_relaxed")
                 jobs.append(plan_llm_job(tracking_uri, name, version, info, subset, rows_for,
                                          home / "surrogates" / "plan", ref))
                 source = "forecast here"
+                listed.append(Forecaster(ref, kind, split, source, run_id))
                 if in_dist:
-                    extra.append(Forecaster(ref, kind, "source_only", "forecast here (an LLM reads no metadata)"))
+                    # Its prompts are the two sources and their compile features: no algorithm or
+                    # knobs_json to withhold, so its source-only forecasts are these rows.
+                    listed.append(Forecaster(ref, kind, "source_only", f"{source} (its prompt carries no metadata)", run_id))
                     if external.height:
-                        extra.append(Forecaster(ref, kind, "external", source))
-            run_id = str(info.get("run_id") or "")
+                        listed.append(Forecaster(ref, kind, "external", source, run_id))
+                continue
+            if getattr(adapter, "variant", None):  # a committed variant a version carries: not listed again
+                registered_variants.add(adapter.variant)
+            source = "registered" if kind in CLASSICAL_KINDS else getattr(adapter, "source", "registered")
+            frames.append(adapter.forecast_rows(pairs, records))
             listed.append(Forecaster(ref, kind, split, source, run_id))
-            listed.extend(dataclasses.replace(f, run_id=run_id) for f in extra)
-    registered_variants = {f.source.rsplit(" ", 1)[-1] for f in listed if f.source.startswith("committed")}
+            if not in_dist:
+                continue
+            twin = ref + SOURCE_ONLY_SUFFIX  # the same adapter called on records without generator metadata
+            frames.append(adapter.forecast_rows(pairs, stripped).with_columns(pl.lit(twin).alias("model_ref")))
+            listed.append(Forecaster(twin, kind, "source_only", f"{source}, metadata withheld", run_id))
+            ext_rows = adapter.forecast_rows(external, records) if external.height else pl.DataFrame()
+            if ext_rows.height:  # committed forecasts hold only the pairs of their run
+                frames.append(ext_rows)
+                listed.append(Forecaster(ref, kind, "external", source, run_id))
     for name, variant in sorted(committed.items()):
         if name in registered_variants:
             continue
@@ -152,6 +155,11 @@ def registered_forecasts(
             listed.append(Forecaster(ref, "llm", "source_only", f"{source}; an LLM reads no metadata"))
     frames = [f for f in frames if f.height]
     return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), listed, jobs
+
+
+def _forecast_here(info: dict[str, Any], committed: dict[str, Any]) -> bool:
+    """A registered LLM version without committed forecasts: its pairs go to the GPU steps."""
+    return info["tags"].get("kind", "llm") == "llm" and info["tags"].get("committed_variant") not in committed
 
 
 def reference_listing(roles: Roles) -> list[Forecaster]:
