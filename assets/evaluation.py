@@ -216,11 +216,58 @@ def _registered_forecasts(context, cfg, warehouse, mlflow, version):
     held_rows, held_listed = held_out_reference_forecasts(roles)
     out_dir = cfg.reports_dir / version
     out_dir.mkdir(parents=True, exist_ok=True)
+    pairs, empty = split_pairs(roles), empty_reasons(roles, version)
+    fetched, fetched_listed, fetched_note = _fetched_external(context, cfg, warehouse, mlflow, version, roles, records,
+                                                              listed, committed, out_dir)
+    if fetched:
+        pairs["external"] += fetched
+        empty.pop("external", None)
+    elif fetched_note and "external" in empty:
+        empty["external"] += f" ({fetched_note})"
     (out_dir / "forecasters.json").write_text(json.dumps(
-        {"held_out_task": roles.held_out_task, "pairs": split_pairs(roles), "empty": empty_reasons(roles, version),
-         "forecasters": [dataclasses.asdict(f) for f in reference_listing(roles) + listed + held_listed]}, indent=1))
+        {"held_out_task": roles.held_out_task, "pairs": pairs, "empty": empty, "external_dir": fetched_note,
+         "forecasters": [dataclasses.asdict(f) for f in reference_listing(roles) + listed + held_listed
+                         + fetched_listed]}, indent=1))
     frames = [f for f in (rows, held_rows) if f.height]
     return (pl.concat(frames, how="diagonal_relaxed") if frames else None), jobs
+
+
+EXTERNAL_DIR_ROWS = "external-dir.parquet"  # forecasts of the fetched kernels, beside the report
+
+
+def _fetched_external(context, cfg, warehouse, mlflow, version, roles, records, listed, committed, out_dir):
+    """The fetched external kernels of KERNELCAST_EXTERNAL_DIR, when set: forecast by every
+    forecaster that answers here, rows written beside the report (they are not warehouse pairs).
+    Returns (their pair ids, their forecasters, a one-line note: the folder and what came of it)."""
+    import os
+
+    import polars as pl
+
+    from pipelines.evaluation.external_dir import ENV, read_external_dir
+    from pipelines.training.forecasting import folder_forecasts
+    from warehouse.datasets import read_pairs
+
+    rows_path = out_dir / EXTERNAL_DIR_ROWS
+    rows_path.unlink(missing_ok=True)  # never score an earlier run's folder
+    folder = os.environ.get(ENV, "").strip()
+    if not folder:
+        return [], [], None
+    refs = dict(roles.eval.select("task", "anchor_kernel_id").unique("task").rows()) if roles.eval.height else {}
+    try:
+        pairs, fetched_records = read_external_dir(folder, refs)
+        with warehouse.connect(read_only=True) as con:
+            train = read_pairs(con, version, "train")
+        rows, fetched_listed = folder_forecasts(listed, pairs, {**records, **fetched_records}, mlflow.tracking_uri,
+                                                cfg.home, committed if committed.is_dir() else None, train)
+    except ValueError as exc:  # a bad folder is the report's note, not a failed run
+        note = f"{ENV}={folder}: {str(exc).splitlines()[0]}"
+        context.log.warning(note)
+        return [], [], note
+    if rows.height:
+        rows.join(pairs.drop("split"), on="pair_id").with_columns(pl.lit("external").alias("split")).write_parquet(rows_path)
+    note = f"{ENV}={folder}: {pairs.height} pairs of fetched kernels"
+    context.log.info(note)
+    return (pairs["pair_id"].to_list() if rows.height else []), fetched_listed, note
 
 
 @dg.multi_asset(
@@ -239,6 +286,8 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     """Evaluate every forecaster of the current dataset version and log the report to MLflow."""
     import json
 
+    import polars as pl
+
     from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
     from pipelines.evaluation.suite import (
         SPLITS,
@@ -255,8 +304,10 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     with warehouse.connect(read_only=True) as con:
         version = current_dataset_version(con)
         frame = read_forecasts(con, dataset_version=version, with_pairs=True)
-    frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame
     out_dir = cfg.reports_dir / version
+    if (out_dir / EXTERNAL_DIR_ROWS).is_file():  # the fetched external kernels' forecasts of this version
+        frame = pl.concat([frame, pl.read_parquet(out_dir / EXTERNAL_DIR_ROWS)], how="diagonal_relaxed")
+    frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame
     listing_path = out_dir / "forecasters.json"
     if not listing_path.is_file():
         raise dg.Failure(f"no forecaster listing {listing_path}: materialise `forecasts` for dataset version {version}")

@@ -246,3 +246,60 @@ def test_report_table_carries_every_split_runs_and_the_report_path():
     assert "report: /r/ds-1/index.html" in text and "evaluation run: ev1" in text
     assert "run models:/kernelcast-surrogate/1: abc123 http://127.0.0.1:5000/#/runs/abc123" in text
     assert max(len(line) for line in text.splitlines() if not line.startswith(("run ", "report", "evaluation", "  cover", "held", "external ("))) <= 80
+
+
+def _write_folder(folder, n: int = 6):
+    """A fetched-kernels folder as the worker writes it: a kernels file and a results file (one
+    kernel failed, one of another protocol), in the project's own schemas."""
+    import datetime as dt
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
+
+    folder.mkdir(parents=True)
+    kernels, results = [], []
+    for i in range(n):
+        kid = f"fetched-{i}"
+        kernels.append({"kernel_id": kid, "task": "softmax", "source": f"def custom_kernel(x):\n    return x.softmax(-1)  # {i}\n",
+                        "language": "pytorch", "generator": None if i % 2 else "kernelcast-space"})
+        status = "failed" if i == n - 1 else "ok"
+        results.append({"batch_id": "b", "kernel_id": kid, "task": "softmax", "status": status,
+                        "speedup": 2.0 ** (i - 2) if status == "ok" else None, "protocol": "kernelcast" if i else "paper",
+                        "harness_version": "1", "hardware_id": "h", "hardware_json": "{}",
+                        "measured_at": dt.datetime(2026, 12, 1, tzinfo=dt.UTC)})
+    pq.write_table(pa.Table.from_pylist(kernels, schema=KERNEL_BATCH_SCHEMA), folder / "kernels-fetched.parquet")
+    pq.write_table(pa.Table.from_pylist(results, schema=RESULT_SCHEMA), folder / "results-fetched.parquet")
+
+
+def test_a_folder_of_fetched_kernels_becomes_external_pairs_scored_by_the_references(tmp_path):
+    from pipelines.evaluation.external_dir import read_external_dir
+    from pipelines.training.forecasting import folder_forecasts
+
+    _write_folder(tmp_path / "fetched")
+    pairs, records = read_external_dir(tmp_path / "fetched", {"softmax": "ref"})
+    # the paper-protocol kernel and the failed one never label; the rest pair with the reference
+    assert sorted(pairs["candidate_kernel_id"].to_list()) == [f"fetched-{i}" for i in range(1, 5)]
+    assert set(pairs["anchor_kernel_id"]) == {"ref"} and set(pairs["split"]) == {"external"}
+    assert pairs.filter(pl.col("candidate_kernel_id") == "fetched-3")["speedup"].item() == 2.0
+    assert all(r["generator"].startswith("external:") for r in records.values())  # every one of them is external
+    train = pl.DataFrame({"task": ["softmax"] * 3, "true_bin": [1, 4, 4], "speedup": [0.1, 0.9, 0.95]})
+    anchor = {"ref": {"kernel_id": "ref", "task": "softmax", "source": "x", "generator": "reference"}}
+    rows, listed = folder_forecasts([], pairs, {**records, **anchor}, "", tmp_path, None, train)
+    assert {f.model_ref for f in listed} == {"baseline:uniform", "baseline:bin_prior", "baseline:oracle"}
+    assert {f.split for f in listed} == {"external"} and rows.height == 3 * pairs.height
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda d: None, "is not a folder"),
+    (lambda d: d.mkdir(), "holds no kernels"),
+    (lambda d: (d.mkdir(), (d / "kernels-x.parquet").write_text("no"), (d / "results-x.parquet").write_text("no")), "unreadable"),
+])
+def test_a_bad_external_folder_is_one_line(tmp_path, make, message):
+    from pipelines.evaluation.external_dir import read_external_dir
+
+    make(tmp_path / "ext")
+    with pytest.raises(ValueError, match=message) as err:
+        read_external_dir(tmp_path / "ext", {"softmax": "ref"})
+    assert "\n" not in str(err.value)

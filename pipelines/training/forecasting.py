@@ -244,3 +244,44 @@ def split_frames(frame: pl.DataFrame, listing: dict[str, Any]) -> dict[str, pl.D
         part = frame.filter(pl.col("model_ref").is_in(list(refs)) & pl.col("pair_id").is_in(pairs.get(split, [])))
         out[split] = part.with_columns(pl.col("model_ref").str.replace(SOURCE_ONLY_SUFFIX, "", literal=True))
     return {k: v for k, v in out.items() if v.height}
+
+
+def folder_forecasts(
+    listed: list[Forecaster],
+    pairs: pl.DataFrame,
+    records: dict[str, dict[str, Any]],
+    tracking_uri: str,
+    home: Path,
+    committed_dir: Path | None,
+    training_pairs: pl.DataFrame,
+) -> tuple[pl.DataFrame, list[Forecaster]]:
+    """Forecasts of the fetched external pairs (pipelines.evaluation.external_dir) by the reference
+    forecasters and every in-distribution forecaster listed that answers here; they are not in
+    the warehouse, so the rows go beside the report, not to `forecasts`.
+
+    An LLM version forecast on the GPU steps is not run here (its prompts are planned from the
+    warehouse), and committed forecasts hold none of these pairs: both are left out, and the
+    returned listing says which forecasters scored the folder.
+    """
+    from pipelines.forecasting import REFERENCES, load_forecaster
+
+    if pairs.is_empty():
+        return pl.DataFrame(), []
+    frames, out = [], []
+    for ref in REFERENCES:
+        f = load_forecaster(ref, training_pairs=training_pairs)
+        frames.append(f.forecast_rows(pairs, records))
+        out.append(Forecaster(ref, "baseline", "external", "reference"))
+    seen = set()
+    for f in listed:
+        if f.split != "in_distribution" or not f.model_ref.startswith("models:/") or f.source == "forecast here" \
+                or f.model_ref in seen:
+            continue
+        seen.add(f.model_ref)
+        rows = load_forecaster(f.model_ref, tracking_uri=tracking_uri, home=home, committed_dir=committed_dir) \
+            .forecast_rows(pairs, records)
+        if rows.height:
+            frames.append(rows)
+            out.append(Forecaster(f.model_ref, f.kind, "external", f"{f.source}, on the fetched kernels", f.run_id))
+    frames = [f for f in frames if f.height]
+    return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), out
