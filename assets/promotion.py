@@ -121,7 +121,9 @@ def registered_forecasts_are_distributions(settings: SettingsResource, warehouse
 def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
                     mlflow: MlflowResource) -> dg.MaterializeResult:
     """The promotion decision of this run (DuckDB `promotion_decisions`, MLflow tags): @champion moves
-    to the best challenger that passes the gates and beats the champion on the same eval pairs."""
+    to the best challenger that passes the gates, beats the champion on the same eval pairs and is
+    no worse on source_only and external; @champion-external to the best on external (source_only
+    while external is empty). The decision is `models.promotion.decide_over_splits`."""
     import dataclasses
 
     from models.promotion import (
