@@ -186,9 +186,10 @@ def _base_model_jobs(cfg, warehouse, read_pairs, version) -> list:
 
 
 def _registered_forecasts(context, cfg, warehouse, mlflow, version):
-    """Forecasts of every registered forecaster of the version (all kinds, both report splits),
+    """Forecasts of every registered forecaster of the version (all kinds, every report split),
     the committed H200 variants and the held-out reference forecasters, and the jobs of the LLM
-    versions forecast here; the list of them goes to <reports>/<version>/forecasters.json."""
+    versions forecast here; the list of them, the pairs of each split and why a split is empty
+    go to <reports>/<version>/forecasters.json."""
     import dataclasses
     import json
 
@@ -196,12 +197,18 @@ def _registered_forecasts(context, cfg, warehouse, mlflow, version):
 
     from pipelines.training.classical import ids_of, kernel_records
     from pipelines.training.export import row_builder, version_roles
-    from pipelines.training.forecasting import held_out_reference_forecasts, registered_forecasts
+    from pipelines.training.forecasting import (
+        empty_reasons,
+        held_out_reference_forecasts,
+        reference_listing,
+        registered_forecasts,
+        split_pairs,
+    )
 
     mlflow.client()
     with warehouse.connect(read_only=True) as con:
         roles = version_roles(con, version, cfg.surrogate.held_out_task)
-        records = kernel_records(con, ids_of([roles.eval, roles.held_out_eval]))
+        records = kernel_records(con, ids_of([roles.eval, roles.held_out_eval, roles.external_pairs()]))
         committed = cfg.data_dir / cfg.surrogate.committed_run
         rows, listed, jobs = registered_forecasts(mlflow.tracking_uri, version, roles, records, cfg.home,
                                             committed if committed.is_dir() else None, row_builder(con),
@@ -209,11 +216,58 @@ def _registered_forecasts(context, cfg, warehouse, mlflow, version):
     held_rows, held_listed = held_out_reference_forecasts(roles)
     out_dir = cfg.reports_dir / version
     out_dir.mkdir(parents=True, exist_ok=True)
+    pairs, empty = split_pairs(roles), empty_reasons(roles, version)
+    fetched, fetched_listed, fetched_note = _fetched_external(context, cfg, warehouse, mlflow, version, roles, records,
+                                                              listed, committed, out_dir)
+    if fetched:
+        pairs["external"] += fetched
+        empty.pop("external", None)
+    elif fetched_note and "external" in empty:
+        empty["external"] += f" ({fetched_note})"
     (out_dir / "forecasters.json").write_text(json.dumps(
-        {"held_out_task": roles.held_out_task, "held_out_pairs": roles.held_out_eval["pair_id"].to_list(),
-         "forecasters": [dataclasses.asdict(f) for f in listed + held_listed]}, indent=1))
+        {"held_out_task": roles.held_out_task, "pairs": pairs, "empty": empty, "external_dir": fetched_note,
+         "forecasters": [dataclasses.asdict(f) for f in reference_listing(roles) + listed + held_listed
+                         + fetched_listed]}, indent=1))
     frames = [f for f in (rows, held_rows) if f.height]
     return (pl.concat(frames, how="diagonal_relaxed") if frames else None), jobs
+
+
+EXTERNAL_DIR_ROWS = "external-dir.parquet"  # forecasts of the fetched kernels, beside the report
+
+
+def _fetched_external(context, cfg, warehouse, mlflow, version, roles, records, listed, committed, out_dir):
+    """The fetched external kernels of KERNELCAST_EXTERNAL_DIR, when set: forecast by every
+    forecaster that answers here, rows written beside the report (they are not warehouse pairs).
+    Returns (their pair ids, their forecasters, a one-line note: the folder and what came of it)."""
+    import os
+
+    import polars as pl
+
+    from pipelines.evaluation.external_dir import ENV, read_external_dir
+    from pipelines.training.forecasting import folder_forecasts
+    from warehouse.datasets import read_pairs
+
+    rows_path = out_dir / EXTERNAL_DIR_ROWS
+    rows_path.unlink(missing_ok=True)  # never score an earlier run's folder
+    folder = os.environ.get(ENV, "").strip()
+    if not folder:
+        return [], [], None
+    refs = dict(roles.eval.select("task", "anchor_kernel_id").unique("task").rows()) if roles.eval.height else {}
+    try:
+        pairs, fetched_records = read_external_dir(folder, refs)
+        with warehouse.connect(read_only=True) as con:
+            train = read_pairs(con, version, "train")
+        rows, fetched_listed = folder_forecasts(listed, pairs, {**records, **fetched_records}, mlflow.tracking_uri,
+                                                cfg.home, committed if committed.is_dir() else None, train)
+    except ValueError as exc:  # a bad folder is the report's note, not a failed run
+        note = f"{ENV}={folder}: {str(exc).splitlines()[0]}"
+        context.log.warning(note)
+        return [], [], note
+    if rows.height:
+        rows.join(pairs.drop("split"), on="pair_id").with_columns(pl.lit("external").alias("split")).write_parquet(rows_path)
+    note = f"{ENV}={folder}: {pairs.height} pairs of fetched kernels"
+    context.log.info(note)
+    return (pairs["pair_id"].to_list() if rows.height else []), fetched_listed, note
 
 
 @dg.multi_asset(
@@ -232,11 +286,15 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     """Evaluate every forecaster of the current dataset version and log the report to MLflow."""
     import json
 
+    import polars as pl
+
     from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
     from pipelines.evaluation.suite import (
+        SPLITS,
         evaluate_models,
         headline_markdown,
-        write_evaluation_report,
+        selective_coverage,
+        write_split_reports,
     )
     from pipelines.training.forecasting import split_frames
     from warehouse.datasets import current_dataset_version
@@ -246,33 +304,53 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     with warehouse.connect(read_only=True) as con:
         version = current_dataset_version(con)
         frame = read_forecasts(con, dataset_version=version, with_pairs=True)
-    frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame
     out_dir = cfg.reports_dir / version
+    if (out_dir / EXTERNAL_DIR_ROWS).is_file():  # the fetched external kernels' forecasts of this version
+        frame = pl.concat([frame, pl.read_parquet(out_dir / EXTERNAL_DIR_ROWS)], how="diagonal_relaxed")
+    frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame
     listing_path = out_dir / "forecasters.json"
-    listing = json.loads(listing_path.read_text()) if listing_path.is_file() else {}
-    parts = split_frames(frame, listing)
-    kinds = {f["model_ref"]: f["kind"] for f in listing.get("forecasters", [])}
-    sources = {f["model_ref"]: f["source"] for f in listing.get("forecasters", [])}
-    table_rows = []
+    if not listing_path.is_file():
+        raise dg.Failure(f"no forecaster listing {listing_path}: materialise `forecasts` for dataset version {version}")
+    try:
+        listing = json.loads(listing_path.read_text())
+        parts = split_frames(frame, listing)
+    except (ValueError, KeyError) as exc:  # json.JSONDecodeError is a ValueError
+        raise dg.Failure(f"forecaster listing {listing_path} unreadable: {str(exc).splitlines()[0]}") from None
+    if "in_distribution" not in parts:
+        raise dg.Failure(f"no in-distribution forecasts of dataset version {version}: materialise `forecasts`")
+    kinds = {f["model_ref"]: f["kind"] for f in listing["forecasters"]}
+    sources = {f["model_ref"]: f["source"] for f in listing["forecasters"]}
+    runs = {f["model_ref"]: (f["run_id"], mlflow.run_url(f["run_id"])) for f in listing["forecasters"] if f.get("run_id")}
+    empty = {s: why for s, why in listing.get("empty", {}).items() if s not in parts}
+    empty.update({s: "no forecaster has forecasts on its pairs" for s in SPLITS if s not in parts and s not in empty})
+    results = {}
     for split, part in parts.items():
-        res = evaluate_models(part, n_boot=cfg.evaluation.n_boot, progress=lambda m, s=split: context.log.info(f"evaluating {m} ({s})"))
-        folder = out_dir if split == "in_distribution" else out_dir / split
-        page = write_evaluation_report(res, folder, title=f"kernelcast evaluation, dataset {version}, {split.replace('_', ' ')}")
-        (folder / "metrics.json").write_text(json.dumps(res, indent=1, default=str))
-        table_rows += forecaster_rows(res, kinds, split, sources)
-        if split == "in_distribution":
-            results, html = res, page
-    (out_dir / TABLE_FILE).write_text(json.dumps({"dataset_version": version, "held_out_task": listing.get("held_out_task"),
-                                                  "forecasters": table_rows}, indent=1, default=str))
-    run_id = _log_evaluation(context, mlflow, results, version, parts["in_distribution"], out_dir)
-    oracle = results.get("baseline:oracle", {})
-    table = headline_markdown(results)
-    common = {"dataset_version": version, "mlflow_run_id": run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(run_id))}
+        results[split] = evaluate_models(part, n_boot=cfg.evaluation.n_boot,
+                                         progress=lambda m, s=split: context.log.info(f"evaluating {m} ({s})"))
+    coverage = selective_coverage(parts["external"]) if "external" in parts else None
+    pages = write_split_reports(results, out_dir, version, runs, empty)
+    table_rows = []
+    for split, res in results.items():
+        (pages[split].parent / "metrics.json").write_text(json.dumps(res, indent=1, default=str))
+        table_rows += forecaster_rows(res, kinds, split, sources, runs,
+                                      coverage["coverage"] if coverage and split == "external" else None)
+    run_id = _log_evaluation(context, mlflow, results["in_distribution"], version, parts["in_distribution"], out_dir)
+    (out_dir / TABLE_FILE).write_text(json.dumps({
+        "dataset_version": version, "held_out_task": listing.get("held_out_task"),
+        "report": str(pages["in_distribution"]), "pages": {s: str(p) for s, p in pages.items()},
+        "evaluation_run_id": run_id, "evaluation_run_url": mlflow.run_url(run_id), "empty_splits": empty,
+        "selective_external": {k: v for k, v in (coverage or {}).items() if k != "coverage"} or None,
+        "forecasters": table_rows}, indent=1, default=str))
+    html, main = pages["in_distribution"], results["in_distribution"]
+    oracle = main.get("baseline:oracle", {})
+    table = headline_markdown(main)
+    common = {"dataset_version": version, "mlflow_run_id": run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(run_id)),
+              "splits": ", ".join(results), "empty_splits": "; ".join(f"{s}: {w}" for s, w in empty.items()) or "none"}
     yield dg.MaterializeResult(asset_key="calibration_report", metadata={**common, "report": dg.MetadataValue.path(str(html)),
                                                                          "headline": dg.MetadataValue.md(table)})
     util = markdown_table(["model", "recovered_mean", "recovered_at_10", "within_20", "random", "discovery F1"],
                           [(m, r.get("recovered_mean"), r.get("recovered_at_10"), r.get("within_20"),
-                            r.get("recovered_random_mean"), (r.get("discovery") or {}).get("f1")) for m, r in results.items()])
+                            r.get("recovered_random_mean"), (r.get("discovery") or {}).get("f1")) for m, r in main.items()])
     yield dg.MaterializeResult(asset_key="utility_report", metadata={**common, "utility": dg.MetadataValue.md(util)})
     ok = oracle.get("brier") == 0.0 and oracle.get("accuracy") == 1.0
     yield dg.AssetCheckResult(asset_key="calibration_report", check_name=ORACLE_IS_PERFECT, passed=bool(ok),

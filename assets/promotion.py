@@ -1,11 +1,15 @@
 """model_promotion: the promotion rule applied on every run, and its decision recorded.
 
 The rule is `models.promotion` (read its docstring): every registered version of
-`kernelcast-surrogate` with forecasts on the current eval pairs, whatever its kind, is scored
-with the champion and the uniform forecaster on the pairs all of them forecast
-(`pipelines.promotion`). The decision (promoted, kept, held back) is written to DuckDB
-`promotion_decisions` / `promotion_scores`, to MLflow tags of each version weighed and of the
-registered model, and to the asset's metadata. Holding a challenger back is a normal decision:
+`kernelcast-surrogate` with forecasts on the current version's report splits (in_distribution,
+source_only, external: pipelines.training.forecasting.split_frames over the forecasts asset's
+listing), whatever its kind, is scored with the uniform forecaster on the pairs all of them
+forecast in each split (`pipelines.promotion.score_splits`), and `decide_over_splits` moves
+@champion and @champion-external. The @champion decision (promoted, kept, held back) is written
+to DuckDB `promotion_decisions` / `promotion_scores` (the in-distribution scores; the reason names
+the split that vetoed), to MLflow tags of each version weighed and of the registered model, and
+to the asset's metadata; the @champion-external decision to the registered model's tags and the
+metadata. Holding a challenger back is a normal decision:
 the gate checks report it as a warning and the run succeeds. A blocking check guards the data
 itself: forecasts of a registered version that are not probability distributions stop the run
 before any alias moves.
@@ -25,17 +29,30 @@ PROMOTION_GATES = (CHALLENGER_PARSE_RATE_ABOVE_FLOOR, CHALLENGER_BRIER_NOT_WORSE
 LEGACY_KIND = "llm"  # versions registered before the `kind` tag existed are LLM adapters
 
 
-def _eval_forecasts(warehouse: WarehouseResource):
-    """(dataset version, eval forecasts of it joined with their pairs)."""
-    import polars as pl
+def _split_forecasts(settings: SettingsResource, warehouse: WarehouseResource):
+    """(dataset version, {split: forecasts of it joined with their pairs}) of the current version.
 
+    Raises:
+        dg.Failure: the forecasts asset's listing of the version is missing or unreadable.
+    """
+    import json
+
+    from pipelines.training.forecasting import split_frames
     from warehouse.datasets import current_dataset_version
     from warehouse.forecasts import read_forecasts
 
     with warehouse.connect(read_only=True) as con:
         version = current_dataset_version(con)
-        frame = read_forecasts(con, dataset_version=version, with_pairs=True) if version else pl.DataFrame()
-    return version, (frame.filter(pl.col("split") == "eval") if not frame.is_empty() else frame)
+        frame = read_forecasts(con, dataset_version=version, with_pairs=True) if version else None
+    if frame is None or frame.is_empty():
+        return version, {}
+    path = settings.get().reports_dir / version / "forecasters.json"
+    if not path.is_file():
+        raise dg.Failure(f"no forecaster listing {path}: materialise `forecasts` for dataset version {version}")
+    try:
+        return version, split_frames(frame, json.loads(path.read_text()))
+    except (ValueError, KeyError) as exc:
+        raise dg.Failure(f"forecaster listing {path} unreadable: {str(exc).splitlines()[0]}") from None
 
 
 def _version_tags(tracking_uri: str) -> dict[int, dict[str, str]]:
@@ -62,15 +79,24 @@ def _table(scored, failures) -> str:
     return "\n".join(lines)
 
 
+def _split_table(by_split, notes) -> str:
+    lines = ["| split | common pairs | versions (Brier) | candidate there |", "|---|---|---|---|"]
+    for split, scores in by_split.scores.items():
+        briers = ", ".join(f"{v}: {s.brier:.4f}" for v, s in sorted(scores.items())) or "none"
+        lines.append(f"| {split} | {len(by_split.pairs.get(split, []))} | {briers} | {notes.get(split, '-')} |")
+    return "\n".join(lines)
+
+
 @dg.asset_check(asset="forecasts", name=REGISTERED_FORECASTS_ARE_DISTRIBUTIONS, blocking=True, pool="duckdb_writer",
                 description="Every registered version's eval forecasts are valid distributions over the 8 bins "
                             "(wrong data stops promotion; a weak model does not).")
-def registered_forecasts_are_distributions(warehouse: WarehouseResource, mlflow: MlflowResource) -> dg.AssetCheckResult:
-    from pipelines.promotion import score_versions
+def registered_forecasts_are_distributions(settings: SettingsResource, warehouse: WarehouseResource,
+                                           mlflow: MlflowResource) -> dg.AssetCheckResult:
+    from pipelines.promotion import score_splits
 
     mlflow.client()
-    _, frame = _eval_forecasts(warehouse)
-    errors = score_versions(frame, MODEL_NAME, champion=None).errors
+    _, parts = _split_forecasts(settings, warehouse)
+    errors = score_splits(parts, MODEL_NAME).errors
     return dg.AssetCheckResult(
         passed=not errors, severity=dg.AssetCheckSeverity.ERROR,
         metadata={"value": len(errors), "threshold": 0,
@@ -95,28 +121,44 @@ def registered_forecasts_are_distributions(warehouse: WarehouseResource, mlflow:
 def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
                     mlflow: MlflowResource) -> dg.MaterializeResult:
     """The promotion decision of this run (DuckDB `promotion_decisions`, MLflow tags): @champion moves
-    to the best challenger that passes the gates and beats the champion on the same eval pairs."""
+    to the best challenger that passes the gates, beats the champion on the same eval pairs and is
+    no worse on source_only and external; @champion-external to the best on external (source_only
+    while external is empty). The decision is `models.promotion.decide_over_splits`."""
     import dataclasses
 
-    from models.promotion import GATE_BRIER, GATE_PARSE_RATE, decide_promotion
+    from models.promotion import (
+        CHAMPION,
+        CHAMPION_EXTERNAL,
+        GATE_BRIER,
+        GATE_PARSE_RATE,
+        decide_over_splits,
+    )
     from models.registry import alias_version, set_alias, set_model_tags, set_version_tag
-    from pipelines.promotion import score_versions
+    from pipelines.promotion import ScoredVersions, score_splits
     from warehouse.promotions import record_promotion_decision
 
     policy = _policy(settings)
     mlflow.client()
     uri = mlflow.tracking_uri
-    champion = alias_version(uri, "champion", MODEL_NAME)
+    champion = alias_version(uri, CHAMPION, MODEL_NAME)
+    champion_ext = alias_version(uri, CHAMPION_EXTERNAL, MODEL_NAME)
     tags = _version_tags(uri)
-    version, frame = _eval_forecasts(warehouse)
-    scored = score_versions(frame, MODEL_NAME, champion,
-                            kinds={v: t.get("kind", LEGACY_KIND) for v, t in tags.items()},
+    version, parts = _split_forecasts(settings, warehouse)
+    by_split = score_splits(parts, MODEL_NAME, kinds={v: t.get("kind", LEGACY_KIND) for v, t in tags.items()},
                             rewards={v: t.get("reward", "") for v, t in tags.items()})
-    decision = decide_promotion(scored.challengers, champion, policy)
+    splits = decide_over_splits(by_split.scores, champion, champion_ext, policy)
+    decision, ext = splits.champion, splits.champion_external
     if decision.promote is not None:
-        set_alias(uri, "champion", decision.promote, MODEL_NAME)
+        set_alias(uri, CHAMPION, decision.promote, MODEL_NAME)
+    if ext.promote is not None:
+        set_alias(uri, CHAMPION_EXTERNAL, ext.promote, MODEL_NAME)
     after = decision.promote if decision.promote is not None else champion
+    ext_after = ext.promote if ext.promote is not None else champion_ext
     context.log.info(f"promotion: {decision.outcome}: {decision.reason}")
+    context.log.info(f"promotion ({CHAMPION_EXTERNAL}): {ext.outcome}: {ext.reason}")
+    in_dist = by_split.scores.get("in_distribution", {})
+    scored = ScoredVersions([s for v, s in sorted(in_dist.items()) if v != champion], in_dist.get(champion),
+                            by_split.pairs.get("in_distribution", []))
 
     rows = ([{**dataclasses.asdict(scored.champion), "role": "champion", "failed_gates": []}] if scored.champion else [])
     rows += [{**dataclasses.asdict(s), "role": "challenger", "failed_gates": decision.failures.get(s.version, [])}
@@ -134,10 +176,12 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
         for key, value in {"promotion_status": status, "promotion_decision_id": decision_id,
                            "promotion_dataset_version": version or ""}.items():
             set_version_tag(uri, s.version, key, value, MODEL_NAME)
-    if scored.challengers or champion is not None:
+    if scored.challengers or champion is not None or ext_after is not None:
         set_model_tags(uri, MODEL_NAME, {"last_promotion_outcome": decision.outcome,
                                          "last_promotion_reason": decision.reason[:500],
-                                         "last_promotion_decision_id": decision_id})
+                                         "last_promotion_decision_id": decision_id,
+                                         "last_champion_external_outcome": ext.outcome,
+                                         "last_champion_external_reason": ext.reason[:500]})
 
     parse_ok = [s.version for s in scored.challengers if GATE_PARSE_RATE not in decision.failures.get(s.version, [])]
     eligible = [s.version for s in scored.challengers if not decision.failures.get(s.version)]
@@ -149,7 +193,11 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
                   "registered_model": MODEL_NAME, "common_eval_pairs": len(scored.pairs),
                   "promoted": decision.promote if decision.promote is not None else "none",
                   "champion_before": champion if champion is not None else "none",
-                  "champion": after if after is not None else "none", "versions": table},
+                  "champion": after if after is not None else "none", "versions": table,
+                  "champion_external": ext_after if ext_after is not None else "none",
+                  "champion_external_outcome": ext.outcome, "champion_external_reason": ext.reason,
+                  "champion_external_split": splits.external_split,
+                  "splits": dg.MetadataValue.md(_split_table(by_split, splits.splits))},
         check_results=[
             dg.AssetCheckResult(check_name=CHALLENGER_PARSE_RATE_ABOVE_FLOOR, passed=bool(parse_ok) or none,
                                 severity=dg.AssetCheckSeverity.WARN,

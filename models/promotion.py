@@ -21,6 +21,14 @@ one of them becomes "champion":
    only if its Brier there is lower than the champion's by more than `policy.min_brier_gain`;
    a champion not forecast on any common pair is never replaced blind (nothing changes).
 
+Every split (`decide_over_splits`, the function `model_promotion` calls): the rule above decides
+on `in_distribution`; a candidate it would promote over a champion must also be at least as good
+as the champion (Brier on the pairs both forecast, <=) on `source_only` and, when it has pairs,
+`external`; a split where the champion has forecasts and the candidate none vetoes it too (it
+was not weighed there). A split where the champion has no forecasts does not veto (there is
+nothing to compare). The alias `champion-external` follows the same rule of its own on
+`external` (or `source_only` while `external` is empty): the one to trust on kernels from files.
+
 Brier is the deciding score because it is the proper score GRPO's calibration reward
 optimises and it rewards calibrated distributions, not only right argmaxes (method.md).
 `model_promotion` applies this rule on every run and records the decision (held back, kept or
@@ -40,22 +48,31 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 GATE_PARSE_RATE = "parse_rate_above_floor"
 GATE_BRIER = "brier_not_worse_than_uniform"
 GATES = (GATE_PARSE_RATE, GATE_BRIER)
 
 __all__ = [
+    "CHAMPION",
+    "CHAMPION_EXTERNAL",
     "GATES",
     "GATE_BRIER",
     "GATE_PARSE_RATE",
+    "PROMOTION_SPLITS",
     "ChallengerScores",
     "Decision",
     "PromotionPolicy",
+    "SplitDecision",
+    "decide_over_splits",
     "decide_promotion",
     "gate_failures",
 ]
+
+CHAMPION = "champion"
+CHAMPION_EXTERNAL = "champion-external"  # the alias for kernels from files (kernelcast forecast, the hooks)
+PROMOTION_SPLITS = ("in_distribution", "source_only", "external")
 
 
 @dataclass(frozen=True)
@@ -193,3 +210,87 @@ def decide_promotion(
                     f"version {best.version} does not beat champion {champion}: Brier {best.common_brier:.4f} "
                     f"vs {best.champion_brier:.4f} (needs a gain > {policy.min_brier_gain})",
                     failures)
+
+
+@dataclass(frozen=True)
+class SplitDecision:
+    """The decisions of one promotion run over every split.
+
+    Attributes:
+        champion: the @champion decision (the in-distribution rule, vetoed by the other splits).
+        champion_external: the @champion-external decision.
+        external_split: the split @champion-external was decided on (external, or source_only
+            while external is empty).
+        splits: split -> one line of how the candidate compared there (for the record).
+    """
+
+    champion: Decision
+    champion_external: Decision
+    external_split: str
+    splits: dict[str, str] = field(default_factory=dict)
+
+
+def _against(scores: dict[int, ChallengerScores], reference: int | None) -> list[ChallengerScores]:
+    """Every version but `reference`, with the comparison to it filled in (the scores are on the
+    pairs every version of the split forecast, so a version's Brier is its common Brier)."""
+    ref = scores.get(reference) if reference is not None else None
+    return [replace(s, common_brier=s.brier if ref is not None else None,
+                    champion_brier=ref.brier if ref is not None else None)
+            for v, s in sorted(scores.items()) if v != reference]
+
+
+def _non_empty(scores: dict[int, ChallengerScores]) -> bool:
+    return any(s.n_pairs > 0 for s in scores.values())
+
+
+def decide_over_splits(
+    scores: dict[str, dict[int, ChallengerScores]],
+    champion: int | None,
+    champion_external: int | None,
+    policy: PromotionPolicy = PromotionPolicy(),
+) -> SplitDecision:
+    """The module docstring's rule over every split: pure, from the scores alone.
+
+    Args:
+        scores: split -> version -> its scores on that split's common pairs (every version of
+            the split, the champions included; a split missing or without pairs is empty).
+        champion: the version @champion points at, or None.
+        champion_external: the version @champion-external points at, or None.
+        policy: thresholds.
+    Returns:
+        A SplitDecision.
+
+    >>> s = lambda v, b: ChallengerScores(v, 24, 1.0, b, 0.4375)
+    >>> d = decide_over_splits({"in_distribution": {1: s(1, 0.30), 2: s(2, 0.25)},
+    ...                         "source_only": {1: s(1, 0.35), 2: s(2, 0.40)}}, champion=1, champion_external=1)
+    >>> d.champion.promote, d.champion.outcome, d.champion_external.promote, d.external_split
+    (None, 'kept', None, 'source_only')
+    """
+    split_scores = {k: dict(scores.get(k) or {}) for k in PROMOTION_SPLITS}
+    base = decide_promotion(_against(split_scores["in_distribution"], champion), champion, policy)
+    notes: dict[str, str] = {}
+    decision = base
+    if base.promote is not None and champion is not None:
+        cand = base.promote
+        for split in PROMOTION_SPLITS[1:]:
+            here = split_scores[split]
+            if not _non_empty(here):
+                notes[split] = "empty: not weighed"
+                continue
+            if champion not in here:
+                notes[split] = f"champion {champion} has no forecasts here: not weighed"
+                continue
+            if cand not in here or here[cand].n_pairs <= 0:
+                notes[split] = f"version {cand} has no forecasts here"
+            elif not here[cand].brier <= here[champion].brier:  # NaN never passes
+                notes[split] = f"Brier {here[cand].brier:.4f} vs champion {here[champion].brier:.4f}"
+            else:
+                notes[split] = f"at least as good: Brier {here[cand].brier:.4f} vs {here[champion].brier:.4f}"
+                continue
+            decision = Decision(None, champion, cand, f"{base.reason}; but not on {split}: {notes[split]}",
+                                base.failures)
+            break
+    ext_split = "external" if _non_empty(split_scores["external"]) else "source_only"
+    ext = decide_promotion(_against(split_scores[ext_split], champion_external), champion_external, policy)
+    ext = replace(ext, reason=f"{ext_split}: {ext.reason}")
+    return SplitDecision(decision, ext, ext_split, notes)

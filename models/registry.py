@@ -38,7 +38,7 @@ DEFAULT_NAME = "kernelcast-surrogate"
 MODEL_ARTIFACT = "surrogate"  # the logged model's name in its run
 ADAPTER_ARTIFACT = "adapter"  # a plain peft folder (trained elsewhere, before logging)
 BASE_MODEL_FILE = "base_model.json"
-ALIASES = ("champion", "challenger")
+ALIASES = ("champion", "challenger", "champion-external")  # champion-external: kernels from files
 KINDS = ("llm", "cost_model", "text_model")
 # Requirements of the logged adapter, pinned as the project pins them (stack.md); stating them
 # spares MLflow from inferring them by loading the model in a subprocess.

@@ -111,3 +111,39 @@ def score_versions(
         for v, s in sorted(scored.items()) if v != champion
     ]
     return ScoredVersions(challengers, champ, pairs, errors)
+
+
+@dataclass(frozen=True)
+class ScoredSplits:
+    """Every version's scores on each split's common pairs (`models.promotion.decide_over_splits`'s input).
+
+    Attributes:
+        scores: split -> version -> scores (no comparison filled in).
+        pairs: split -> the common pairs of the split.
+        errors: version -> why its forecasts could not be scored, on any split.
+    """
+
+    scores: dict[str, dict[int, ChallengerScores]]
+    pairs: dict[str, list[str]]
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+def score_splits(
+    parts: Mapping[str, pl.DataFrame],
+    name: str,
+    kinds: Mapping[int, str] | None = None,
+    rewards: Mapping[int, str] | None = None,
+) -> ScoredSplits:
+    """`score_versions` on each split of `parts` (pipelines.training.forecasting.split_frames),
+    every version of a split on the pairs all of them forecast there."""
+    scores: dict[str, dict[int, ChallengerScores]] = {}
+    pairs: dict[str, list[str]] = {}
+    errors: dict[int, str] = {}
+    for split, part in parts.items():
+        scored = score_versions(part.filter(pl.col("pair_type").cast(pl.Utf8).fill_null("") != "parent")
+                                if "pair_type" in part.columns else part, name, None, kinds, rewards)
+        scores[split] = {s.version: s for s in scored.challengers}
+        pairs[split] = scored.pairs
+        for v, e in scored.errors.items():
+            errors.setdefault(v, f"{split}: {e}")
+    return ScoredSplits(scores, pairs, errors)

@@ -19,7 +19,7 @@ from pipelines.curation import (
 )
 
 
-def meas(mid, kernel, status="ok", speedup=None, task="t", hw="h", gen="space", parent=None,
+def meas(mid, kernel, status="ok", speedup=None, task="t", hw="h", gen="kernelcast-space", parent=None,
          protocol="kernelcast", kind=None):
     return {
         "measurement_id": mid, "kernel_id": kernel, "task": task, "hardware_id": hw, "status": status,

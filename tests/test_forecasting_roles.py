@@ -72,3 +72,98 @@ def test_the_bin_oracle_gets_its_within_bin_expectation_not_the_id_order():
     # a failure is measured last even with the best score
     ok = np.array([False, True, True])
     assert tied_recovered_curve(s, score, ok, np.array([1]))[0] == 0.5
+
+
+# ---- the external split: kernels the template generator did not write ------------------------
+def _with_external(seed: int = 0):
+    """The toy dataset plus non-template kernels: rewrites of template kernels (children of a
+    template chain, with their own children), hand-written ones without a parent, an LLM-written
+    chain; every kernel carries its generator."""
+    from models.bins import speedup_to_bin
+
+    pairs, lineage = _toy_dataset(seed)
+    rng = np.random.default_rng(seed + 1)
+    lineage = lineage.with_columns(pl.lit("kernelcast-space").alias("generator"))
+    rows, extra = [], []
+    for task in ("softmax", "gdn_chunk_fwd_o"):
+        made = [(f"rw-{task}-{c}", f"{task}-{c}-1", "rewrite:unroll") for c in range(3)]
+        made += [(f"rw-{task}-{c}-child", f"rw-{task}-{c}", "kernelcast-space") for c in range(3)]  # derived from a rewrite
+        made += [(f"hand-{task}-{i}", None, "handwritten:dev") for i in range(2)]
+        made += [(f"llm-{task}-0", f"{task}-5-2", "llm:SmolLM2-135M"), (f"llm-{task}-1", f"llm-{task}-0", "llm:SmolLM2-135M")]
+        for kid, parent, gen in made:
+            extra.append({"kernel_id": kid, "parent_kernel_id": parent, "generator": gen})
+            s = float(2.0 ** rng.uniform(-3, 3))
+            rows.append({"pair_id": f"p-{kid}", "task": task, "hardware_id": "h", "anchor_kernel_id": f"ref-{task}",
+                         "candidate_kernel_id": kid, "speedup": s, "true_bin": speedup_to_bin(s), "pair_type": "reference"})
+        extra.append({"kernel_id": f"ref-{task}", "parent_kernel_id": None, "generator": "reference"})
+    return pl.concat([pairs, pl.DataFrame(rows)]), pl.concat([lineage, pl.DataFrame(extra, schema=lineage.schema)])
+
+
+def _external_family(lineage: pl.DataFrame) -> set[str]:
+    """External kernels, their ancestors up to the reference and every descendant, computed
+    independently of pipelines.curation.splits from the lineage rows."""
+    parent = {k: p for k, p in lineage.select("kernel_id", "parent_kernel_id").rows() if p and not p.startswith("ref-")}
+    gen = dict(lineage.select("kernel_id", "generator").rows())
+    family = {k for k, g in gen.items() if g not in ("kernelcast-space", "reference")}
+    for k in list(family):
+        while k in parent:
+            k = parent[k]
+            family.add(k)
+    grew = True
+    while grew:
+        kids = {c for c, p in parent.items() if p in family and c not in family and gen.get(p) != "kernelcast-space"}
+        kids |= {c for c, p in parent.items() if p in {k for k, g in gen.items() if g not in ("kernelcast-space", "reference")}}
+        grew = bool(kids - family)
+        family |= kids
+    return family
+
+
+def test_external_kernels_and_their_lineage_never_enter_fit_or_calibration():
+    from pipelines.curation.splits import find_leakage
+
+    pairs, lineage = _with_external()
+    splits = make_splits(pairs, lineage)
+    external = {k for k, g in lineage.select("kernel_id", "generator").rows() if g not in ("kernelcast-space", "reference")}
+    # none of them is an in-distribution eval candidate; every one is in the external set
+    assert not external & set(splits.eval_set["candidate_kernel_id"].to_list())
+    assert set(splits.external_set["candidate_kernel_id"].to_list()) == external
+    family = _external_family(lineage)
+    assert {"softmax-0-1", "softmax-0-0", "softmax-5-2", "softmax-5-1", "rw-softmax-0-child"} <= family
+    train = set(splits.rl_training_pool["candidate_kernel_id"].to_list()) | set(splits.rl_training_pool["anchor_kernel_id"].to_list())
+    assert not family & train
+    evals = pl.concat([splits.eval_set, splits.external_set])
+    assert find_leakage(evals, splits.rl_training_pool, lineage) == []
+    roles = forecasting_roles(splits.rl_training_pool, evals, lineage, held_out_task="gdn_chunk_fwd_o", calibration_per_bin=2)
+    assert set(roles.external["candidate_kernel_id"].to_list()) == external
+    assert not external & set(roles.eval["candidate_kernel_id"].to_list())
+    assert not external & set(roles.held_out_eval["candidate_kernel_id"].to_list())
+    for name in ("fit", "calibration", "held_out_fit", "held_out_calibration"):
+        frame = getattr(roles, name)
+        assert frame.height > 0, name
+        kernels = set(frame["candidate_kernel_id"].to_list()) | set(frame["anchor_kernel_id"].to_list())
+        assert not family & kernels, name
+
+
+def test_a_leaked_external_lineage_is_caught_and_filtered_again():
+    """A training pool that holds an external kernel's parent (a dataset curated before the split
+    existed): find_leakage names the pair and the roles leave it out of fit and calibration."""
+    from pipelines.curation.splits import find_leakage
+
+    pairs, lineage = _with_external()
+    plain = make_splits(pairs, lineage.drop("generator"))  # blind to generators: rewrites train
+    evals = plain.eval_set
+    leaked = find_leakage(evals, plain.rl_training_pool, lineage)
+    family = _external_family(lineage)
+    in_family = plain.rl_training_pool.filter(pl.col("candidate_kernel_id").is_in(list(family)))["pair_id"].to_list()
+    assert in_family and set(in_family) <= set(leaked)
+    roles = forecasting_roles(plain.rl_training_pool, evals, lineage, held_out_task=None, calibration_per_bin=2)
+    fit_kernels = set(roles.fit["candidate_kernel_id"].to_list()) | set(roles.calibration["candidate_kernel_id"].to_list())
+    assert not _external_family(lineage) & fit_kernels
+
+
+def test_without_non_template_kernels_the_external_split_is_empty():
+    pairs, lineage = _toy_dataset()
+    splits = make_splits(pairs, lineage)
+    assert splits.external_set is not None and splits.external_set.is_empty()
+    roles = forecasting_roles(splits.rl_training_pool, splits.eval_set, lineage)
+    assert roles.external_pairs().is_empty() and roles.eval.height == splits.eval_set.height

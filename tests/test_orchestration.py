@@ -124,15 +124,17 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
     assert {r for r in refs if r.startswith("h200:")} == {"h200:sft-compact-full", "h200:sft-compact-held-out",
                                                           "h200:sft-compact-lora"}
     reports = sorted(settings.reports_dir.rglob("index.html"))
-    assert len(reports) == 2 and all("<img" in r.read_text() for r in reports)  # both splits
-    version_dir = [r for r in reports if r.parent.name != "held_out_task"][0].parent
+    # in distribution, source only and held-out task; external is empty (no non-template kernel yet)
+    assert len(reports) == 3 and all("<img" in r.read_text() for r in reports)
+    version_dir = [r for r in reports if r.parent.name not in ("held_out_task", "source_only", "external")][0].parent
     metrics = json.loads((version_dir / "metrics.json").read_text())
     assert metrics["baseline:uniform"]["brier"] == pytest.approx(0.4375)
     assert metrics["baseline:oracle"]["brier"] == 0.0
     table = json.loads((version_dir / "forecasters.table.json").read_text())["forecasters"]
     kinds = {(r["split"], r["kind"]) for r in table}
-    for split in ("in_distribution", "held_out_task"):
+    for split in ("in_distribution", "source_only", "held_out_task"):
         assert {(split, k) for k in ("baseline", "cost_model", "text_model", "llm")} <= kinds
+    assert "external" in json.loads((version_dir / "forecasters.table.json").read_text())["empty_splits"]
     cost = next(r for r in table if r["kind"] == "cost_model" and r["split"] == "in_distribution")
     assert cost["brier"] < 0.4375 and cost["brier_lo"] <= cost["brier"] <= cost["brier_hi"]
 

@@ -369,9 +369,10 @@ def test_versions_of_any_kind_compete_on_the_same_pairs(graph):
     with connect(settings.warehouse_path) as con:
         pairs = con.sql("SELECT pair_id, true_bin FROM pairs WHERE split = 'eval' AND dataset_version = "
                         "(SELECT dataset_version FROM dataset_versions ORDER BY created_at DESC LIMIT 1)").pl()
-        rows = [{"pair_id": pid, "model_ref": f"models:/{NAME}/{version}", "parse_ok": True, "predicted_bin": y,
+        # in distribution and, as every version is weighed on it too, source only (metadata withheld)
+        rows = [{"pair_id": pid, "model_ref": f"models:/{NAME}/{version}{twin}", "parse_ok": True, "predicted_bin": y,
                  "argmax_bin": y, "p": [0.93 if b == y else 0.01 for b in range(1, 9)], "raw_sum": 1.0}
-                for pid, y in pairs.iter_rows()]
+                for pid, y in pairs.iter_rows() for twin in ("", "|source_only")]
         write_forecasts(con, pl.DataFrame(rows))
     run = _promote_again(defs, instance)
     meta = _promotion_metadata(run)

@@ -38,13 +38,16 @@ def curate(measurements: pl.DataFrame, reference_kernel_ids: dict[str, str], *, 
     """
     lab = labels(measurements)
     pairs = build_pairs(lab, reference_kernel_ids=reference_kernel_ids, cross_per_task=cross_per_task, seed=seed)
-    lineage = measurements.select("kernel_id", "parent_kernel_id").unique("kernel_id")
+    # The generator names the kernels the template generator did not write (the external split).
+    lineage = measurements.select("kernel_id", "parent_kernel_id",
+                                  *(["generator"] if "generator" in measurements.columns else [])).unique("kernel_id")
     config = SplitConfig(per_bin=per_bin, lineage_k=lineage_k, holdout_tasks=holdout_tasks, seed=seed)
     splits = make_splits(pairs, lineage, config)
-    all_pairs = pl.concat([splits.eval_set, splits.rl_training_pool, splits.discovery_pairs.drop("leak_free")], how="diagonal_relaxed")
+    all_pairs = splits.all_pairs()
     ids = sorted({m for ms in all_pairs["measurement_ids"].to_list() for m in (ms or [])})
     version = dataset_version(all_pairs, ids)
-    leakage = find_leakage(splits.eval_set, splits.rl_training_pool, lineage, lineage_k=lineage_k, holdout_tasks=holdout_tasks)
+    evals = splits.eval_set if splits.external_set is None else pl.concat([splits.eval_set, splits.external_set])
+    leakage = find_leakage(evals, splits.rl_training_pool, lineage, lineage_k=lineage_k, holdout_tasks=holdout_tasks)
     return CuratedDataset(lab, all_pairs, splits, version, ids, leakage)
 
 

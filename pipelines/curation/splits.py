@@ -15,6 +15,14 @@
   gdn_chunk_fwd_o out of training).
 - discovery_pairs: every parent pair, with `leak_free` = neither kernel appears in the
   training pool (read a trained model's discovery numbers on those).
+- external_set: the reference pairs of kernels the template generator did not write (generator
+  not "kernelcast-space" or "reference": rewrites, hand-written, LLM-written, fetched ones).
+  They are never eval candidates of the in-distribution set, and they and their whole lineage
+  (`external_lineage`: every ancestor up to the task reference, every descendant, and the
+  `lineage_k` neighbourhood) are kept out of the training pool, on every hardware. The pairs
+  table knows three splits (train/eval/discovery), so the external pairs are stored under
+  'eval'; `is_external_generator` on the candidate's generator tells the two eval parts apart
+  (pipelines.training.roles).
 """
 
 from __future__ import annotations
@@ -32,6 +40,26 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PER_BIN = 12
 DEFAULT_LINEAGE_K = 1
+TEMPLATE_GENERATORS = ("kernelcast-space", "reference")
+
+
+def is_external_generator(generator: str | None) -> bool:
+    """Whether a kernel's generator is not the template generator (nor the task reference).
+
+    A missing generator is not external: kernels recorded before the column existed are the
+    generator's own.
+
+    >>> [is_external_generator(g) for g in ("kernelcast-space", "reference", None, "rewrite:unroll", "llm:x")]
+    [False, False, False, True, True]
+    """
+    return generator is not None and str(generator) not in TEMPLATE_GENERATORS
+
+
+def external_kernel_ids(lineage: pl.DataFrame) -> set[str]:
+    """Kernel ids of a lineage frame whose `generator` is external (none without the column)."""
+    if "generator" not in lineage.columns or lineage.is_empty():
+        return set()
+    return {k for k, g in lineage.select("kernel_id", "generator").unique().rows() if is_external_generator(g)}
 
 
 @dataclass(frozen=True)
@@ -54,18 +82,20 @@ class SplitConfig:
 
 @dataclass(frozen=True)
 class Splits:
-    """The three pair sets and what decided them."""
+    """The pair sets and what decided them."""
 
     eval_set: pl.DataFrame
     rl_training_pool: pl.DataFrame
     discovery_pairs: pl.DataFrame
     shortfall: pl.DataFrame  # task, hardware_id, bin, available, target, selected, shortfall
     blocked_kernel_ids: frozenset[str] = field(default_factory=frozenset)
+    external_set: pl.DataFrame | None = None  # reference pairs of non-template kernels (split 'eval')
 
     def all_pairs(self) -> pl.DataFrame:
-        """The three sets stacked, each with its `split` column (eval/train/discovery)."""
+        """The sets stacked, each with its `split` column (eval/train/discovery)."""
+        external = [self.external_set] if self.external_set is not None and self.external_set.height else []
         return pl.concat(
-            [self.eval_set, self.rl_training_pool, self.discovery_pairs.drop("leak_free")],
+            [self.eval_set, *external, self.rl_training_pool, self.discovery_pairs.drop("leak_free")],
             how="diagonal_relaxed",
         )
 
@@ -155,23 +185,59 @@ def lineage_neighbourhood(kernels: Iterable[str], parent_of: Mapping[str, str], 
     return out
 
 
+def external_lineage(kernels: Iterable[str], parent_of: Mapping[str, str], k: int = DEFAULT_LINEAGE_K) -> set[str]:
+    """Every kernel sharing a lineage with one of `kernels`: the kernels, their ancestors up to
+    the task reference (`parent_of` holds no reference edge), every descendant of the kernels
+    (any depth) and their `lineage_neighbourhood` of k (siblings, the parent's other children).
+
+    A rewrite of a template kernel shares that kernel's code: its parent chain must not be
+    learned from, nor anything derived from the rewrite.
+
+    >>> parent_of = {"b": "a", "c": "a", "d": "b", "e": "d", "x": "w"}
+    >>> sorted(external_lineage(["d"], parent_of, 1))
+    ['a', 'b', 'd', 'e']
+    >>> sorted(external_lineage(["d"], parent_of, 0))
+    ['a', 'b', 'd', 'e']
+    """
+    children: dict[str, list[str]] = {}
+    for c, p in parent_of.items():
+        children.setdefault(p, []).append(c)
+    centres = set(kernels)
+    out = lineage_neighbourhood(centres, parent_of, k) | centres
+    for centre in centres:
+        node, seen = centre, {centre}
+        while (node := parent_of.get(node)) is not None and node not in seen:  # a cycle is bad data: stop
+            seen.add(node)
+            out.add(node)
+        frontier = [centre]
+        while frontier:
+            frontier = [ch for f in frontier for ch in children.get(f, []) if ch not in out]
+            out.update(frontier)
+    return out
+
+
 def make_splits(pairs: pl.DataFrame, lineage: pl.DataFrame, config: SplitConfig = SplitConfig()) -> Splits:
     """Eval set, RL training pool and discovery pairs from all pairs.
 
     Args:
         pairs: output of `pairs.build_pairs`.
-        lineage: kernel_id, parent_kernel_id of every known kernel (the labels frame will do).
+        lineage: kernel_id, parent_kernel_id (and `generator`, which names the external kernels)
+            of every known kernel (the labels frame will do).
         config: `SplitConfig`.
     Returns:
-        `Splits`; each frame carries a `split` column.
+        `Splits`; each frame carries a `split` column (the external set's is 'eval').
     """
     reference = pairs.filter(pl.col("pair_type") == "reference")
     ref_ids = set(reference["anchor_kernel_id"].to_list())
-    eval_set, shortfall = select_eval_candidates(reference, config.per_bin, config.seed)
+    external = external_kernel_ids(lineage) - ref_ids
+    is_ext = pl.col("candidate_kernel_id").is_in(list(external))
+    external_set = reference.filter(is_ext)
+    eval_set, shortfall = select_eval_candidates(reference.filter(~is_ext), config.per_bin, config.seed)
     parent_of = lineage_map(lineage, ref_ids)
     blocked = lineage_neighbourhood(eval_set["candidate_kernel_id"].unique().to_list(), parent_of, config.lineage_k)
+    blocked |= external_lineage(external, parent_of, config.lineage_k)
     blocked -= ref_ids
-    eval_ids = set(eval_set["pair_id"].to_list())
+    eval_ids = set(eval_set["pair_id"].to_list()) | set(external_set["pair_id"].to_list())
     pool = pairs.filter(
         pl.col("pair_type").is_in(["reference", "cross"])
         & ~pl.col("pair_id").is_in(list(eval_ids))
@@ -186,10 +252,11 @@ def make_splits(pairs: pl.DataFrame, lineage: pl.DataFrame, config: SplitConfig 
             & ~pl.col("anchor_kernel_id").is_in(list(train_kernels))
         ).alias("leak_free")
     )
-    log.info("splits: eval %d, train %d, discovery %d, blocked kernels %d",
-             eval_set.height, pool.height, discovery.height, len(blocked))
+    log.info("splits: eval %d, external %d, train %d, discovery %d, blocked kernels %d",
+             eval_set.height, external_set.height, pool.height, discovery.height, len(blocked))
     return Splits(
         eval_set=eval_set.with_columns(pl.lit("eval").alias("split")),
+        external_set=external_set.with_columns(pl.lit("eval").alias("split")),
         rl_training_pool=pool.with_columns(pl.lit("train").alias("split")),
         discovery_pairs=discovery.with_columns(pl.lit("discovery").alias("split")),
         shortfall=shortfall,
@@ -208,12 +275,14 @@ def find_leakage(
     """Training pair ids that leak eval information; must be empty.
 
     A training pair leaks if it is an eval pair, if its candidate or (non-reference) anchor
-    is within `lineage_k` mutations of an eval candidate, or if its task is held out.
+    is within `lineage_k` mutations of an eval candidate, if it shares a lineage with an
+    external kernel (`external_lineage`; the `generator` column of `lineage` names them), or if
+    its task is held out.
 
     Args:
-        eval_set: eval pairs (reference pairs).
+        eval_set: eval pairs (reference pairs; the external ones among them too).
         training_pool: training pairs.
-        lineage: kernel_id, parent_kernel_id.
+        lineage: kernel_id, parent_kernel_id, optionally generator.
         lineage_k: as in `SplitConfig`.
         holdout_tasks: tasks that must not appear in training.
     Returns:
@@ -221,7 +290,8 @@ def find_leakage(
     """
     ref_ids = set(eval_set["anchor_kernel_id"].to_list())
     parent_of = lineage_map(lineage, ref_ids)
-    blocked = lineage_neighbourhood(eval_set["candidate_kernel_id"].to_list(), parent_of, lineage_k) - ref_ids
+    blocked = lineage_neighbourhood(eval_set["candidate_kernel_id"].to_list(), parent_of, lineage_k)
+    blocked = (blocked | external_lineage(external_kernel_ids(lineage) - ref_ids, parent_of, lineage_k)) - ref_ids
     eval_ids = set(eval_set["pair_id"].to_list())
     held = set(holdout_tasks)
     bad = [

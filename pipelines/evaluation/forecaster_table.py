@@ -4,8 +4,11 @@
 
 Each row: name, kind, split, source, n, brier (with its 95% bootstrap interval brier_lo /
 brier_hi), crps, ece, accuracy, recovered_mean (recovered_lo / recovered_hi), recovered_random,
-parse_rate. Names are model refs; the held-out twins of the reference forecasters lose their
-"|held_out_task" suffix, since the split column says where they were scored.
+parse_rate, run_id and mlflow_url (the MLflow run that logged a registered version; null for
+the others), selective_coverage (external split: the coverage at which its max-prob-selected
+forecasts reach the best forecaster's full-coverage Brier; null on the other splits). Names are
+model refs; the held-out twins of the reference forecasters lose their "|held_out_task" suffix,
+since the split column says where they were scored.
 """
 
 from __future__ import annotations
@@ -29,10 +32,18 @@ def _interval(result: Mapping[str, Any], key: str) -> tuple[float | None, float 
 
 
 def forecaster_rows(results: Mapping[str, Mapping[str, Any]], kinds: Mapping[str, str], split: str,
-                    sources: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """Rows of one split's evaluation results (`pipelines.evaluation.suite.evaluate_models`)."""
+                    sources: Mapping[str, str] | None = None, runs: Mapping[str, tuple[str, str]] | None = None,
+                    coverage: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
+    """Rows of one split's evaluation results (`pipelines.evaluation.suite.evaluate_models`).
+
+    Args:
+        results, kinds, split, sources: the split's results, model -> kind, the split, model -> source.
+        runs: model -> (MLflow run id, URL).
+        coverage: model -> selective coverage (the external split's).
+    """
     rows = []
     for ref, r in sorted(results.items()):
+        run_id, url = (runs or {}).get(ref, (None, None))
         b_lo, b_hi = _interval(r, "brier")
         u_lo, u_hi = _interval(r, "recovered_mean")
         rows.append({
@@ -41,6 +52,7 @@ def forecaster_rows(results: Mapping[str, Mapping[str, Any]], kinds: Mapping[str
             "brier_hi": b_hi, "crps": r.get("crps"), "ece": r.get("ece"), "accuracy": r.get("accuracy"),
             "recovered_mean": r.get("recovered_mean"), "recovered_lo": u_lo, "recovered_hi": u_hi,
             "recovered_random": r.get("recovered_random_mean"), "parse_rate": r.get("parse_rate"),
+            "run_id": run_id, "mlflow_url": url, "selective_coverage": (coverage or {}).get(ref),
         })
     return rows
 
@@ -50,9 +62,15 @@ def text_table(rows: list[dict[str, Any]]) -> list[str]:
     def f(v: Any, w: int, d: int = 3) -> str:
         return f"{v:>{w}.{d}f}" if isinstance(v, float) else f"{'' if v is None else v:>{w}}"
 
-    lines = [f"{'forecaster':<34}{'kind':>11}{'n':>5}{'brier':>7} {'95% CI':<13}{'ece':>6}{'recov':>6}"]
+    def name(n: str, w: int) -> str:  # a long name loses its start, never its version number
+        return n if len(n) <= w else "~" + n[-(w - 1):]
+
+    cov = any(r.get("selective_coverage") is not None for r in rows)
+    width = 25 if cov else 31  # 80 columns; the coverage column takes its room from the name
+    lines = [f"{'forecaster':<{width}}{'kind':>11}{'n':>5}{'brier':>7} {'95% CI':<13}{'ece':>6}{'recov':>6}"
+             + (f"{'cover':>6}" if cov else "")]
     for r in rows:
         ci = f"[{r['brier_lo']:.3f},{r['brier_hi']:.3f}]" if r.get("brier_lo") is not None else ""
-        lines.append(f"{r['name'][:33]:<34}{r['kind'][:10]:>11}{f(r['n'], 5)}{f(r['brier'], 7)} {ci:<13}"
-                     f"{f(r['ece'], 6)}{f(r['recovered_mean'], 6)}")
+        lines.append(f"{name(r['name'], width):<{width}}{r['kind'][:10]:>11}{f(r['n'], 5)}{f(r['brier'], 7)} {ci:<13}"
+                     f"{f(r['ece'], 6)}{f(r['recovered_mean'], 6)}" + (f(r.get("selective_coverage"), 6, 2) if cov else ""))
     return lines

@@ -40,12 +40,15 @@ th:first-child,td:first-child{text-align:left}
 img{max-width:100%;margin:0.5em}
 </style></head><body>
 <h1>{{ title }}</h1>
+{% if pages %}<nav>Splits: {% for label, href in pages %}{% if href %}<a href="{{ href }}">{{ label }}</a>{% else %}<b>{{ label }}</b>{% endif %}{% if not loop.last %} | {% endif %}{% endfor %}</nav>{% endif %}
+{% if empty %}<ul>{% for split, why in empty.items() %}<li>{{ split }}: empty ({{ why }})</li>{% endfor %}</ul>{% endif %}
+<p class="ci">This report: {{ path }}</p>
 <h2>Headline metrics</h2>
-<table><tr><th>model</th>{% for _, label in headline %}<th>{{ label }}</th>{% endfor %}</tr>
+<table><tr><th>model</th>{% for _, label in headline %}<th>{{ label }}</th>{% endfor %}{% if runs %}<th>MLflow run</th>{% endif %}</tr>
 {% for name, res in results.items() %}<tr><td>{{ name }}</td>
-{% for key, _ in headline %}<td>{{ fmt(res.get(key)) }}{% if res.get("intervals") and res["intervals"].get(key) %}<br><span class="ci">[{{ fmt(res["intervals"][key][0]) }}, {{ fmt(res["intervals"][key][1]) }}]</span>{% endif %}</td>{% endfor %}</tr>
+{% for key, _ in headline %}<td>{{ fmt(res.get(key)) }}{% if res.get("intervals") and res["intervals"].get(key) %}<br><span class="ci">[{{ fmt(res["intervals"][key][0]) }}, {{ fmt(res["intervals"][key][1]) }}]</span>{% endif %}</td>{% endfor %}{% if runs %}<td>{% if runs.get(name) %}<a href="{{ runs[name][1] }}">{{ runs[name][0] }}</a>{% else %}–{% endif %}</td>{% endif %}</tr>
 {% endfor %}</table>
-<p class="ci">Brackets: {{ level }} bootstrap intervals over pairs. Oracle recovered = 1.0.</p>
+<p class="ci">Brackets: {{ level }} bootstrap intervals over pairs.{% for note in notes %} {{ note }}{% endfor %}</p>
 <h2>Figures</h2>
 {% for alt, data in images %}<img alt="{{ alt }}" src="data:image/png;base64,{{ data }}">{% endfor %}
 {% for name, res in results.items() %}
@@ -76,8 +79,29 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
+ORACLE = "baseline:oracle"
+
+
+def footnotes(results_by_model: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """The notes under the headline table, from the numbers in it (never a constant).
+
+    >>> footnotes({"baseline:oracle": {"recovered_mean": 0.982, "brier": 0.0}})
+    ['Oracle (knows the true bin) recovered = 0.982: below 1 where kernels of one bin tie, ranked in random order within the bin.']
+    >>> footnotes({"baseline:oracle": {"recovered_mean": 1.0}})
+    ['Oracle (knows the true bin) recovered = 1.000.']
+    """
+    oracle = results_by_model.get(ORACLE) or {}
+    rec = oracle.get("recovered_mean")
+    if not isinstance(rec, (int, float)) or math.isnan(rec):
+        return []
+    why = ": below 1 where kernels of one bin tie, ranked in random order within the bin" if rec < 1 - 5e-4 else ""
+    return [f"Oracle (knows the true bin) recovered = {rec:.3f}{why}."]
+
+
 def write_report(
-    results_by_model: Mapping[str, Mapping[str, Any]], out_dir: str | Path, title: str = "kernelcast evaluation"
+    results_by_model: Mapping[str, Mapping[str, Any]], out_dir: str | Path, title: str = "kernelcast evaluation",
+    *, pages: list[tuple[str, str]] | None = None, runs: Mapping[str, tuple[str, str]] | None = None,
+    empty: Mapping[str, str] | None = None,
 ) -> Path:
     """Write index.html (and the figure PNGs) for several forecasters' results.
 
@@ -85,6 +109,9 @@ def write_report(
         results_by_model: {model name: `evaluate_forecasts` result}.
         out_dir: created if missing.
         title: page title.
+        pages: (label, relative href) of every page of the report, this one with href "".
+        runs: model name -> (MLflow run id, its URL).
+        empty: split -> why it has no page.
     Returns:
         Path of index.html.
     """
@@ -110,6 +137,11 @@ def write_report(
         level=f"{level:.0%}" if isinstance(level, (int, float)) else "",
         images=[(n.removesuffix(".png"), base64.b64encode(d).decode("ascii")) for n, d in pngs.items()],
         conventions=first.get("conventions", []),
+        notes=footnotes(results_by_model),
+        pages=pages or [],
+        runs=dict(runs or {}),
+        empty=dict(empty or {}),
+        path=str((out / "index.html").resolve()),
     )
     path = out / "index.html"
     path.write_text(html, encoding="utf-8")

@@ -117,3 +117,40 @@ def aurc(coverage: np.ndarray, risk: np.ndarray) -> float:
     r = np.r_[risk[0], risk]
     area = float(np.sum((x[1:] - x[:-1]) * (r[1:] + r[:-1]) / 2.0))
     return area / float(coverage[-1])
+
+
+def coverage_at_brier(score: np.ndarray, brier: np.ndarray, parse_ok: np.ndarray, target: float) -> float:
+    """The largest coverage at which the selected forecasts' mean Brier is at most `target`.
+
+    Forecasts are selected by decreasing confidence `score`, whole ties at once; parse failures
+    always abstain; coverage counts them in the denominator (as `risk_coverage`). 0.0 when no
+    threshold reaches the target (or nothing parsed), NaN for a NaN target.
+
+    Args:
+        score: (n,) confidence (max-prob for the report).
+        brier: (n,) each forecast's Brier.
+        parse_ok: (n,) bool.
+        target: the Brier to reach (the best forecaster's at full coverage).
+
+    >>> coverage_at_brier(np.array([0.9, 0.8, 0.5, 0.4]), np.array([0.1, 0.2, 0.6, 0.2]), np.ones(4, bool), 0.3)
+    1.0
+    >>> coverage_at_brier(np.array([0.9, 0.8, 0.5, 0.4]), np.array([0.1, 0.2, 0.9, 0.9]), np.ones(4, bool), 0.3)
+    0.5
+    >>> coverage_at_brier(np.array([0.9, 0.8]), np.array([0.5, 0.5]), np.ones(2, bool), 0.3)
+    0.0
+    """
+    if not math.isfinite(target):
+        return math.nan
+    ok = np.asarray(parse_ok, dtype=bool)
+    n = ok.size
+    s = np.asarray(score, dtype=np.float64)[ok]
+    b = np.asarray(brier, dtype=np.float64)[ok]
+    if s.size == 0:
+        return 0.0
+    order = np.argsort(-s, kind="stable")
+    s, b = s[order], b[order]
+    last = np.nonzero(np.r_[s[1:] != s[:-1], True])[0]
+    covered = last + 1
+    mean = np.cumsum(b)[last] / covered
+    hit = np.nonzero(mean <= target + 1e-12)[0]
+    return float(covered[hit[-1]] / n) if hit.size else 0.0

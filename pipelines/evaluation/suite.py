@@ -6,14 +6,18 @@ tables and the same report when it is registered.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+import os
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 
 from models import baselines
-from pipelines.evaluation.evaluate import evaluate_forecasts
+from pipelines.evaluation import scores, selective
+from pipelines.evaluation.evaluate import evaluate_forecasts, prepare
 from pipelines.evaluation.report import write_report
 
 REFERENCE_FORECASTERS = ("baseline:uniform", "baseline:bin_prior", "baseline:oracle")
@@ -64,3 +68,66 @@ def headline_markdown(results: dict[str, dict[str, Any]]) -> str:
 
 def write_evaluation_report(results: dict[str, dict[str, Any]], out_dir: Path, title: str) -> Path:
     return write_report(results, out_dir, title=title)
+
+
+# The report's splits in page order; the in-distribution page is the report's index.html.
+SPLITS = ("in_distribution", "source_only", "held_out_task", "external")
+SPLIT_TITLES = {"in_distribution": "in distribution", "source_only": "source only (metadata withheld)",
+                "held_out_task": "held-out task", "external": "external (kernels the generator did not write)"}
+
+
+def split_folder(out_dir: Path, split: str) -> Path:
+    return out_dir if split == "in_distribution" else out_dir / split
+
+
+def write_split_reports(results: Mapping[str, Mapping[str, Any]], out_dir: Path, version: str,
+                        runs: Mapping[str, tuple[str, str]] | None = None,
+                        empty: Mapping[str, str] | None = None) -> dict[str, Path]:
+    """One page per split with results, each linking every other page; the empty splits named
+    with their reason on every page.
+
+    Args:
+        results: split -> {model: `evaluate_forecasts` result}.
+        out_dir: the version's report folder.
+        version: the dataset version (titles).
+        runs: model -> (MLflow run id, URL).
+        empty: split -> why it has no results.
+    Returns:
+        split -> path of its index.html.
+    """
+    present = [s for s in SPLITS if results.get(s)]
+    pages = {s: split_folder(out_dir, s) / "index.html" for s in present}
+    out = {}
+    for split in present:
+        here = pages[split].parent
+        links = [(SPLIT_TITLES[s], "" if s == split else os.path.relpath(pages[s], here)) for s in present]
+        out[split] = write_report(results[split], here, title=f"kernelcast evaluation, dataset {version}, "
+                                  f"{SPLIT_TITLES[split]}", pages=links, runs=runs, empty=empty)
+    return out
+
+
+def selective_coverage(forecasts: pl.DataFrame, exclude: tuple[str, ...] = ("baseline:oracle",)) -> dict[str, Any]:
+    """Per forecaster, the coverage at which its forecasts selected by max-prob confidence reach
+    the best forecaster's Brier at full coverage (method.md section 3, selective prediction).
+
+    Args:
+        forecasts: one split's rows of several forecasters (model_ref, the `prepare` columns).
+        exclude: forecasters that know the truth, never the target (the oracle).
+    Returns:
+        {"target_brier", "best", "coverage": {model_ref: coverage in [0, 1]}}; the best
+        forecaster reaches its own Brier at its parse rate.
+    """
+    arrays = {}
+    main = forecasts.filter(pl.col("pair_type").cast(pl.Utf8).fill_null("") != "parent") \
+        if "pair_type" in forecasts.columns else forecasts
+    for ref in sorted(main["model_ref"].unique().to_list()):
+        a = prepare(main.filter(pl.col("model_ref") == ref).drop("model", "model_ref", strict=False))
+        arrays[ref] = (a, scores.brier(a.p, a.y))
+    full = {r: float(np.mean(b)) for r, (_, b) in arrays.items() if r not in exclude}
+    if not full:
+        return {"target_brier": None, "best": None, "coverage": {}}
+    best = min(full, key=lambda r: (full[r], r))
+    target = full[best]
+    cov = {r: selective.coverage_at_brier(selective.confidence_scores(a.p)["max_prob"], b, a.parse_ok, target)
+           for r, (a, b) in arrays.items()}
+    return {"target_brier": target if math.isfinite(target) else None, "best": best, "coverage": cov}

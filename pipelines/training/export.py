@@ -49,7 +49,7 @@ def version_roles(con: duckdb.DuckDBPyConnection, version: str, held_out_task: s
     train, evals = read_pairs(con, version, "train"), read_pairs(con, version, "eval")
     if evals.is_empty():
         raise ValueError(f"dataset version {version} has no eval pairs")
-    lineage = read_kernels(con).select("kernel_id", "parent_kernel_id")
+    lineage = read_kernels(con).select("kernel_id", "parent_kernel_id", "generator")  # generator: the external split
     return forecasting_roles(train, evals, lineage, held_out_task)
 
 

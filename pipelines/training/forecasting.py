@@ -7,6 +7,9 @@ version without them is planned to forecast a capped subset here (CPU budgets), 
 shard (pipelines.training.llm_shards). Every LLM forecast goes through the version's
 calibrator (tag `calibrator`).
 
+The source-only and external splits: the same in-distribution versions, on the eval pairs from
+records stripped of the generator's metadata, and on the external pairs (pipelines.training.roles).
+
 For the held-out-task report: the held-out versions of the dataset version on every reference
 pair of the held-out task, the reference forecasters there (the bin prior of the training pool
 without that task), and the committed held-out LLM variants.
@@ -23,25 +26,29 @@ from typing import Any
 import polars as pl
 
 from models.bins import NUM_BINS
-from pipelines.training.classical import HELD_OUT_MODEL, forecast_rows
+from pipelines.training.classical import HELD_OUT_MODEL
 from pipelines.training.llm_shards import LlmJob, plan_llm_job
-from pipelines.training.roles import Roles
+from pipelines.training.roles import Roles, strip_metadata
 
 log = logging.getLogger(__name__)
 
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 SURROGATE = "kernelcast-surrogate"
 HELD_OUT_SUFFIX = "|held_out_task"  # the held-out twins of the reference forecasters
+CLASSICAL_KINDS = ("cost_model", "text_model")
+SOURCE_ONLY_SUFFIX = "|source_only"  # a version's forecasts from records without generator metadata
 
 
 @dataclass(frozen=True)
 class Forecaster:
-    """A forecaster of the report: its model_ref, kind, split and where it came from."""
+    """A forecaster of the report: its model_ref, kind, split, where it came from and its MLflow
+    run (the run that logged a registered version; empty for the others)."""
 
     model_ref: str
     kind: str
     split: str
     source: str
+    run_id: str = ""
 
 
 def model_ref(name: str, version: int) -> str:
@@ -63,22 +70,34 @@ def registered_forecasts(
     llm_cap: int | None,
     progress: Callable[[str], None] = lambda m: None,
 ) -> tuple[pl.DataFrame, list[Forecaster], list[LlmJob]]:
-    """Forecast rows of every registered and committed forecaster of the version, both splits,
+    """Forecast rows of every registered and committed forecaster of the version, every split,
     and the LLM versions to forecast here, planned but not run: their forward passes are what
     a host spreads over its GPUs (pipelines.training.llm_shards).
+
+    Splits (pipelines.training.roles.SPLITS): an in-distribution version forecasts the eval
+    pairs (`in_distribution`), the same pairs again from records stripped of the generator's
+    metadata (`source_only`, stored as `<ref>|source_only`) and the external pairs (`external`,
+    same ref: other pair ids); a held-out version forecasts the held-out pairs. Every version is
+    loaded once through `pipelines.forecasting.load_forecaster` and its adapter answers all of
+    them, except an LLM version forecast here, whose prompts are planned for the GPU steps
+    without loading its weights: its prompts are the two sources and their compile features,
+    never `algorithm`/`knobs_json`, so its source-only forecasts are its in-distribution rows.
 
     Returns:
         (rows for the warehouse `forecasts` table, the forecasters they and the jobs belong to,
         the LLM jobs).
     """
-    from models.classical.registry import load_classical
     from models.registry import alias_version, find_versions
     from models.surrogate import eval_subset
+    from pipelines.forecasting import load_forecaster
     from pipelines.training.committed import calibrated_variants
 
     frames: list[pl.DataFrame] = []
     listed: list[Forecaster] = []
     jobs: list[LlmJob] = []
+    registered_variants: set[str] = set()
+    external = roles.external_pairs()
+    stripped = strip_metadata(records)
     committed = {}
     if committed_dir is not None and (committed_dir / "forecasts.parquet").is_file():
         committed = {v.name: v for v in calibrated_variants(committed_dir, roles.eval, roles.held_out_eval)}
@@ -89,29 +108,87 @@ def registered_forecasts(
         versions = {v["version"]: v for v in find_versions(tracking_uri, name, dataset_version=dataset_version)}
         if name == SURROGATE and champion is not None and champion not in versions:
             versions.update({v["version"]: v for v in find_versions(tracking_uri, name) if v["version"] == champion})
+        in_dist = split == "in_distribution"
         for version, info in sorted(versions.items()):
             kind, ref = info["tags"].get("kind", "llm"), model_ref(name, version)
             progress(f"forecasting with {ref} ({kind})")
-            if kind in ("cost_model", "text_model"):
-                frames.append(_with_ref(forecast_rows(load_classical(tracking_uri, name, version), pairs, records, ref), ref))
-                source = "registered"
-            elif info["tags"].get("committed_variant") in committed:
-                frames.append(_with_ref(committed[info["tags"]["committed_variant"]].forecasts, ref))
-                source = f"committed H200 forecasts of {info['tags']['committed_variant']}"
-            else:
-                jobs.append(plan_llm_job(tracking_uri, name, version, info, eval_subset(pairs, llm_cap), rows_for,
+            run_id = str(info.get("run_id") or "")
+            adapter = None if _forecast_here(info, committed) else load_forecaster(
+                ref, tracking_uri=tracking_uri, home=home, committed_dir=committed_dir)
+            if adapter is None:  # an LLM whose forward passes the GPU steps make: planned, weights not loaded
+                subset = eval_subset(pairs, llm_cap)
+                if in_dist and external.height:  # one job: the eval subset and every external pair
+                    subset = pl.concat([subset, external], how="diagonal_relaxed")
+                jobs.append(plan_llm_job(tracking_uri, name, version, info, subset, rows_for,
                                          home / "surrogates" / "plan", ref))
                 source = "forecast here"
-            listed.append(Forecaster(ref, kind, split, source))
-    registered_variants = {f.source.rsplit(" ", 1)[-1] for f in listed if f.source.startswith("committed")}
+                listed.append(Forecaster(ref, kind, split, source, run_id))
+                if in_dist:
+                    # Its prompts are the two sources and their compile features: no algorithm or
+                    # knobs_json to withhold, so its source-only forecasts are these rows.
+                    listed.append(Forecaster(ref, kind, "source_only", f"{source} (its prompt carries no metadata)", run_id))
+                    if external.height:
+                        listed.append(Forecaster(ref, kind, "external", source, run_id))
+                continue
+            if getattr(adapter, "variant", None):  # a committed variant a version carries: not listed again
+                registered_variants.add(adapter.variant)
+            source = "registered" if kind in CLASSICAL_KINDS else getattr(adapter, "source", "registered")
+            frames.append(adapter.forecast_rows(pairs, records))
+            listed.append(Forecaster(ref, kind, split, source, run_id))
+            if not in_dist:
+                continue
+            twin = ref + SOURCE_ONLY_SUFFIX  # the same adapter called on records without generator metadata
+            frames.append(adapter.forecast_rows(pairs, stripped).with_columns(pl.lit(twin).alias("model_ref")))
+            listed.append(Forecaster(twin, kind, "source_only", f"{source}, metadata withheld", run_id))
+            ext_rows = adapter.forecast_rows(external, records) if external.height else pl.DataFrame()
+            if ext_rows.height:  # committed forecasts hold only the pairs of their run
+                frames.append(ext_rows)
+                listed.append(Forecaster(ref, kind, "external", source, run_id))
     for name, variant in sorted(committed.items()):
         if name in registered_variants:
             continue
         ref = f"h200:{name}"
         frames.append(_with_ref(variant.forecasts, ref))
-        listed.append(Forecaster(ref, "llm", variant.split, "committed H200 forecasts (weights not committed)"))
+        source = "committed H200 forecasts (weights not committed)"
+        listed.append(Forecaster(ref, "llm", variant.split, source))
+        if variant.split == "in_distribution":
+            listed.append(Forecaster(ref, "llm", "source_only", f"{source}; an LLM reads no metadata"))
     frames = [f for f in frames if f.height]
     return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), listed, jobs
+
+
+def _forecast_here(info: dict[str, Any], committed: dict[str, Any]) -> bool:
+    """A registered LLM version without committed forecasts: its pairs go to the GPU steps."""
+    return info["tags"].get("kind", "llm") == "llm" and info["tags"].get("committed_variant") not in committed
+
+
+def reference_listing(roles: Roles) -> list[Forecaster]:
+    """The reference forecasters (stored once on every eval pair) in the splits that use them."""
+    from pipelines.evaluation.suite import REFERENCE_FORECASTERS
+
+    splits = ["in_distribution", "source_only"] + (["external"] if roles.external_pairs().height else [])
+    return [Forecaster(ref, "baseline", split, "reference") for split in splits for ref in REFERENCE_FORECASTERS]
+
+
+def split_pairs(roles: Roles) -> dict[str, list[str]]:
+    """The pair ids each split is scored on (what forecasters.json records)."""
+    return {"in_distribution": roles.eval["pair_id"].to_list(), "source_only": roles.eval["pair_id"].to_list(),
+            "held_out_task": roles.held_out_eval["pair_id"].to_list(),
+            "external": roles.external_pairs()["pair_id"].to_list()}
+
+
+def empty_reasons(roles: Roles, dataset_version: str) -> dict[str, str]:
+    """Why a split has no pairs, for the report (a split is never dropped in silence)."""
+    out = {}
+    if roles.eval.is_empty():
+        out["in_distribution"] = out["source_only"] = f"dataset version {dataset_version} has no eval pairs"
+    if roles.held_out_eval.is_empty():
+        out["held_out_task"] = f"no held-out task in dataset version {dataset_version}"
+    if roles.external_pairs().is_empty():
+        out["external"] = (f"dataset version {dataset_version} holds no correct kernel the template generator did not "
+                           "write (generator other than kernelcast-space/reference), and no external results folder "
+                           "(KERNELCAST_EXTERNAL_DIR) was given")
+    return out
 
 
 def held_out_reference_forecasts(roles: Roles) -> tuple[pl.DataFrame, list[Forecaster]]:
@@ -129,20 +206,82 @@ def held_out_reference_forecasts(roles: Roles) -> tuple[pl.DataFrame, list[Forec
     return pl.concat(frames), [Forecaster(ref + HELD_OUT_SUFFIX, "baseline", "held_out_task", "reference") for ref, _ in made]
 
 
+LISTING_KEYS = ("pairs", "forecasters")
+
+
 def split_frames(frame: pl.DataFrame, listing: dict[str, Any]) -> dict[str, pl.DataFrame]:
-    """The forecasts of each report split.
+    """The forecasts of each report split, model_ref set to the forecaster's name.
 
     Args:
         frame: forecasts of the version joined with their pairs (with `split`, the pair's split).
-        listing: the forecasters.json the forecasts asset wrote (held-out pairs, forecasters).
+        listing: the forecasters.json the forecasts asset wrote (`pairs` of each split,
+            `forecasters` with model_ref and split).
     Returns:
-        {"in_distribution": rows of eval and discovery pairs of every forecaster not of the
-        held-out split, "held_out_task": rows of the held-out pairs of the held-out forecasters}.
+        {split: rows}: `in_distribution`, rows of the eval pairs (and discovery pairs) of every
+        forecaster not listed only for another split; `source_only`, the eval pairs' rows of the
+        forecasters listed there (a `|source_only` twin renamed to its forecaster); `held_out_task`
+        and `external`, the rows of their listed forecasters on their pairs. A split without rows
+        is left out (its reason is in the listing's `empty`).
+    Raises:
+        ValueError: the listing lacks its pairs or forecasters (one line).
     """
-    held = {f["model_ref"] for f in listing.get("forecasters", []) if f["split"] == "held_out_task"}
-    held_pairs = listing.get("held_out_pairs", [])
-    ind = frame.filter(pl.col("split").is_in(["eval", "discovery"]) & ~pl.col("model_ref").is_in(list(held)))
-    out = {"in_distribution": ind}
-    if held and held_pairs:
-        out["held_out_task"] = frame.filter(pl.col("model_ref").is_in(list(held)) & pl.col("pair_id").is_in(held_pairs))
-    return out
+    missing = [k for k in LISTING_KEYS if k not in listing]
+    if missing:
+        raise ValueError(f"forecasters listing lacks {', '.join(missing)}: materialise `forecasts` again")
+    by_split: dict[str, set[str]] = {}
+    for f in listing["forecasters"]:
+        by_split.setdefault(f["split"], set()).add(f["model_ref"])
+    # A `|source_only` twin says its split by name, listed or not (forecasts written after the listing).
+    twins = {r for r in frame["model_ref"].unique().to_list() if r.endswith(SOURCE_ONLY_SUFFIX)} if frame.height else set()
+    by_split.setdefault("source_only", set()).update(twins)
+    pairs = listing["pairs"]
+    other = (by_split.get("held_out_task", set()) | by_split.get("source_only", set())) - by_split.get("in_distribution", set())
+    out = {"in_distribution": frame.filter(
+        (pl.col("pair_id").is_in(pairs.get("in_distribution", [])) | (pl.col("split") == "discovery"))
+        & ~pl.col("model_ref").is_in(list(other)))}
+    for split in ("source_only", "held_out_task", "external"):
+        refs = by_split.get(split, set())
+        part = frame.filter(pl.col("model_ref").is_in(list(refs)) & pl.col("pair_id").is_in(pairs.get(split, [])))
+        out[split] = part.with_columns(pl.col("model_ref").str.replace(SOURCE_ONLY_SUFFIX, "", literal=True))
+    return {k: v for k, v in out.items() if v.height}
+
+
+def folder_forecasts(
+    listed: list[Forecaster],
+    pairs: pl.DataFrame,
+    records: dict[str, dict[str, Any]],
+    tracking_uri: str,
+    home: Path,
+    committed_dir: Path | None,
+    training_pairs: pl.DataFrame,
+) -> tuple[pl.DataFrame, list[Forecaster]]:
+    """Forecasts of the fetched external pairs (pipelines.evaluation.external_dir) by the reference
+    forecasters and every in-distribution forecaster listed that answers here; they are not in
+    the warehouse, so the rows go beside the report, not to `forecasts`.
+
+    An LLM version forecast on the GPU steps is not run here (its prompts are planned from the
+    warehouse), and committed forecasts hold none of these pairs: both are left out, and the
+    returned listing says which forecasters scored the folder.
+    """
+    from pipelines.forecasting import REFERENCES, load_forecaster
+
+    if pairs.is_empty():
+        return pl.DataFrame(), []
+    frames, out = [], []
+    for ref in REFERENCES:
+        f = load_forecaster(ref, training_pairs=training_pairs)
+        frames.append(f.forecast_rows(pairs, records))
+        out.append(Forecaster(ref, "baseline", "external", "reference"))
+    seen = set()
+    for f in listed:
+        if f.split != "in_distribution" or not f.model_ref.startswith("models:/") or f.source == "forecast here" \
+                or f.model_ref in seen:
+            continue
+        seen.add(f.model_ref)
+        rows = load_forecaster(f.model_ref, tracking_uri=tracking_uri, home=home, committed_dir=committed_dir) \
+            .forecast_rows(pairs, records)
+        if rows.height:
+            frames.append(rows)
+            out.append(Forecaster(f.model_ref, f.kind, "external", f"{f.source}, on the fetched kernels", f.run_id))
+    frames = [f for f in frames if f.height]
+    return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), out
