@@ -1,0 +1,1 @@
+"""Forecasting any kernel from what a user has: its task, hardware and source."""
