@@ -27,6 +27,7 @@ from models.classical.features import (
     COMPILE_FIELDS,
     FeatureSpace,
     pair_frame,
+    scale_keys,
     with_compile_features,
 )
 from models.classical.spread import laplace_bins
@@ -121,7 +122,8 @@ class PortableCostModel:
         """Calibrated (n, 8) probabilities of bins 1..8, as CostModel.predict_proba."""
         if len(frame) == 0:
             return np.zeros((0, 8))
-        scales = np.array([self.task_scales.get(str(t), self.scale) for t in frame["task"]], dtype=np.float64)
+        scales = np.array([self.task_scales.get(k, self.task_scales.get(k.split("|")[0], self.scale))
+                           for k in scale_keys(frame)], dtype=np.float64)
         return self.calibrator.apply(laplace_bins(self.predict_log2(frame), scales))
 
     def compile_missing(self, records: Sequence[Mapping[str, Any]]) -> int:

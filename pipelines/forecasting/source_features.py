@@ -102,6 +102,7 @@ def source_features_many(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     progress: Progress | None = None,
     target: str = "sm_90",
+    compile: bool = True,
 ) -> list[dict[str, Any]]:
     """Source features of many kernel records, in input order; never raises on a bad kernel.
 
@@ -113,6 +114,9 @@ def source_features_many(
         timeout_s: limit per kernel after its task input exists; past it the worker is killed.
         progress: called as progress(done, total).
         target: 'sm_<capability>', e.g. 'sm_90'.
+        compile: False traces only (no compile columns; a Triton module's compile_status is
+            'not_run'): a fraction of a second per kernel instead of a compile, for kernels whose
+            compile features are known already.
     Returns:
         One flat row per record (ROW_COLUMNS): status, one-line error, seconds, FEATURE_COLUMNS
         (None where unknown).
@@ -140,7 +144,8 @@ def source_features_many(
                     return
                 rec = items[i]
                 job = {"source": str(rec.get("source") or ""), "task": str(rec.get("task") or ""),
-                       "language": str(rec.get("language") or "triton"), "target": [capability, 32]}
+                       "language": str(rec.get("language") or "triton"), "target": [capability, 32],
+                       "compile": compile}
                 try:
                     msg = worker.request_raw(job, timeout_s)
                 except Exception as exc:  # noqa: BLE001 - a garbled answer must not stop the batch
@@ -390,6 +395,7 @@ def _features_job(state: Any, job: dict, send: Callable[[dict], None]) -> None:
     start = time.monotonic()
     capability, _ = job["target"]
     triton_module = job.get("language", "triton") == "triton"
+    compile_it = triton_module and job.get("compile", True)
     try:
         task = _resolve_task(job["task"])
         cases = list(task.benchmark_cases) or list(task.correctness_cases)[-1:]
@@ -399,7 +405,7 @@ def _features_job(state: Any, job: dict, send: Callable[[dict], None]) -> None:
         return
     send({"phase": "input"})
     t0 = time.monotonic()
-    row: dict[str, Any] = {"compile_status": "compiled" if triton_module else "skipped"}
+    row: dict[str, Any] = {"compile_status": "compiled" if compile_it else "not_run" if triton_module else "skipped"}
     errors: list[str] = []
     traces: list[dict] = []
     state.n += 1
@@ -408,7 +414,7 @@ def _features_job(state: Any, job: dict, send: Callable[[dict], None]) -> None:
         name, module = _load(job["source"], state.workdir, state.n)
         if not callable(getattr(module, "custom_kernel", None)):
             raise _NoEntry("module defines no custom_kernel(data)")
-        if triton_module:
+        if compile_it:
             try:
                 first = _trace_case(module, task, cases[0], capability, state.workdir, compile=True)
                 if not first["kernels"]:
@@ -434,11 +440,13 @@ def _features_job(state: Any, job: dict, send: Callable[[dict], None]) -> None:
     finally:
         if name is not None:
             sys.modules.pop(name, None)
+    if compile_it and row["compile_status"] == "compiled" and row.get("n_kernels") is None:
+        row["compile_status"] = "compile_failed"  # import error or no entry point: nothing compiled
     if trace_ok:
         row.update(aggregate_trace(traces, SM_COUNT.get(capability, 132)))
-    compile_ok = row["compile_status"] in ("compiled", "skipped")
+    compile_ok = row["compile_status"] in ("compiled", "skipped", "not_run")
     status = "ok" if compile_ok and trace_ok else "partial" if compile_ok or trace_ok else "failed"
-    if row["compile_status"] == "skipped" and not trace_ok:
+    if row["compile_status"] in ("skipped", "not_run") and not trace_ok:
         status = "failed"
     row.update(status=status, error=one_line(" | ".join(dict.fromkeys(errors))) or None,
                seconds=time.monotonic() - t0)
@@ -519,7 +527,8 @@ def read_kernel_files(paths: Iterable[str | Path]) -> list[dict[str, Any]]:
 
 
 def extract_to_file(records: list[dict], out: Path, workers: int, chunk: int = 200, target: str = "sm_90",
-                    timeout_s: float = DEFAULT_TIMEOUT_S, log: Callable[[str], None] = print) -> int:
+                    timeout_s: float = DEFAULT_TIMEOUT_S, log: Callable[[str], None] = print,
+                    compile: bool = True) -> int:
     """Features of `records` into `out` (Parquet, zstd), skipping kernels already there; the
     file is rewritten every `chunk` kernels, so a run cut short keeps what it did."""
     import pyarrow as pa
@@ -527,14 +536,16 @@ def extract_to_file(records: list[dict], out: Path, workers: int, chunk: int = 2
 
     schema = _schema()
     done: list[dict] = pq.read_table(out).to_pylist() if out.is_file() else []
+    if compile:  # rows of an earlier trace-only run are done again, compile included
+        done = [r for r in done if r.get("compile_status") != "not_run"]
     seen = {r["kernel_id"] for r in done}
-    # by task: a worker keeps one task's benchmark input, so neighbours of a task reuse it
-    todo = sorted((r for r in records if r["kernel_id"] not in seen), key=lambda r: str(r.get("task")))
+    # in kernel-id order (a hash: every task in proportion), so a run cut short covers them all
+    todo = sorted((r for r in records if r["kernel_id"] not in seen), key=lambda r: str(r["kernel_id"]))
     log(f"{len(todo)} kernels to do ({len(seen)} already in {out})")
     t0 = time.time()
     for start in range(0, len(todo), chunk):
         part = todo[start:start + chunk]
-        rows = source_features_many(part, n_workers=workers, timeout_s=timeout_s, target=target)
+        rows = source_features_many(part, n_workers=workers, timeout_s=timeout_s, target=target, compile=compile)
         done += [{c: r.get(c) for c in schema.names} for r in rows]
         tmp = out.with_name(out.name + ".part")
         pq.write_table(pa.Table.from_pylist(done, schema=schema), tmp, compression="zstd")
@@ -556,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target", default="sm_90")
     parser.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT_S, help="seconds per kernel")
     parser.add_argument("--limit", type=int, default=None, help="only the first N kernels (a sample)")
+    parser.add_argument("--trace-only", action="store_true", help="no compile: the trace's columns only")
     args = parser.parse_args(argv)
     try:
         records = read_kernel_files(args.kernels)
@@ -565,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.limit is not None:
         records = records[: args.limit]
     extract_to_file(records, Path(args.out), args.workers, args.chunk, args.target, args.timeout,
-                    log=lambda m: print(m, flush=True))
+                    log=lambda m: print(m, flush=True), compile=not args.trace_only)
     return 0
 
 

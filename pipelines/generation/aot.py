@@ -201,7 +201,7 @@ class _Worker:
             self.proc.stdin.flush()
         except (RuntimeError, OSError) as exc:
             self.stop()
-            return {"status": "error", "error": _one_line(f"aot worker: {exc}"),
+            return {"status": "error", "error": _one_line(f"worker: {exc}"),
                     "seconds": time.monotonic() - start}
         # phase 1: the input is built (slow only the first time per task and case)
         msg = self._read(INPUT_TIMEOUT_S)
