@@ -63,6 +63,9 @@ def test_source_constants_and_new_counts_come_from_the_code_alone():
     f = kernel_features({"task": "t", "source": "x = tl.load(p, eviction_policy='evict_first')\n"
                                                "for i in tl.range(0, n, num_stages=2):\n    pass\n"})
     assert f["src:eviction"] == 1 and f["src:tl_range"] == 1 and f["const:num_stages"] == 2.0
+    names = kernel_features({"task": "t", "source": "@triton.autotune(configs=[])\n@triton.jit\ndef b_k(x):\n"
+                                                    "    pass\n@triton.jit\ndef a_k(x):\n    pass\n"})["jit_names"]
+    assert names == "a_k|b_k" and kernel_features({"task": "t", "source": "x = 1\n"})["jit_names"] == "none"
     # comments and docstrings say what the generator meant, not what runs: never read
     assert "const:BLOCK_N" not in kernel_features({"task": "t", "source": '"""BLOCK_N = 64"""\n# BLOCK_N = 64\n'})
 

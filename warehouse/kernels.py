@@ -327,13 +327,13 @@ def read_kernel_source_features(con: duckdb.DuckDBPyConnection, target: str = "s
     return out
 
 
-def forecast_features(con: duckdb.DuckDBPyConnection, kernel_ids: Iterable[str],
+def forecast_features(con: duckdb.DuckDBPyConnection, kernel_ids: Iterable[str] | None = None,
                       target: str = "sm_90") -> dict[str, dict[str, Any]]:
     """kernel_id -> what a forecaster may know of the kernel beyond its source: the compile
     features of `kernel_features` (compiled rows) overlaid with the source features of
     `kernel_source_features` (ok or partial rows; failed ones add nothing). Kernels with
-    neither are absent."""
-    ids = list(kernel_ids)
+    neither are absent; `kernel_ids` None means every kernel."""
+    ids = None if kernel_ids is None else list(kernel_ids)
     out: dict[str, dict[str, Any]] = {}
     for r in read_kernel_features(con, target, ids).to_dicts():
         if r["status"] == "compiled":

@@ -87,6 +87,7 @@ SOURCE_COUNTS: dict[str, str] = {
 _CONSTANT = re.compile(r"^([A-Z][A-Z0-9_]*)\s*(?::\s*\w+\s*)?=\s*(\d+)\s*$", re.MULTILINE)
 _KEYWORD = re.compile(r"""(?:\b|["'])(num_warps|num_stages|num_ctas|[A-Z][A-Z0-9_]*)["']?\s*[=:]\s*(\d+)\b""")
 _COMMENT = re.compile(r"#[^\n]*")
+_JIT_NAME = re.compile(r"@triton\.jit[^\n]*\n(?:\s*@[^\n]*\n)*\s*def\s+(\w+)")
 _DOCSTRING = re.compile(r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'')
 
 
@@ -153,6 +154,9 @@ def kernel_features(record: Mapping[str, Any]) -> dict[str, Any]:
     for name, pattern in SOURCE_COUNTS.items():
         out[f"src:{name}"] = len(re.findall(pattern, code))
     out.update({f"const:{k}": v for k, v in source_constants(code).items()})
+    # the names of the module's @triton.jit functions: how its author decomposed the work (the
+    # generator's algorithms differ in them; a name never seen at fit time reads as missing)
+    out["jit_names"] = "|".join(sorted(set(_JIT_NAME.findall(code)))) or "none"
     return out
 
 

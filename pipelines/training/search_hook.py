@@ -16,8 +16,6 @@ from typing import Any
 
 import numpy as np
 
-FEATURE_FIELDS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
-
 
 class WithCompileFeatures:
     """A classical forecaster whose kernel records get their compile features filled in."""
@@ -35,13 +33,12 @@ class WithCompileFeatures:
 
 def _features(warehouse_path: Path) -> dict[str, dict[str, Any]]:
     from warehouse.db import connect
-    from warehouse.kernels import read_kernel_features
+    from warehouse.kernels import forecast_features
 
     if not warehouse_path.exists():
         return {}
     with connect(warehouse_path, read_only=True) as con:
-        rows = read_kernel_features(con).to_dicts()
-    return {r["kernel_id"]: {f: r[f] for f in FEATURE_FIELDS} for r in rows if r["status"] == "compiled"}
+        return forecast_features(con)  # compile and source features, as the fit's kernel records
 
 
 def _factory(name: str, ctx: Any) -> WithCompileFeatures:
