@@ -536,8 +536,9 @@ def extract_to_file(records: list[dict], out: Path, workers: int, chunk: int = 2
 
     schema = _schema()
     done: list[dict] = pq.read_table(out).to_pylist() if out.is_file() else []
-    if compile:  # rows of an earlier trace-only run are done again, compile included
-        done = [r for r in done if r.get("compile_status") != "not_run"]
+    # our side's failures (a worker that did not start) are tried again, and with compile so are
+    # the rows of an earlier trace-only run
+    done = [r for r in done if r.get("status") != "error" and not (compile and r.get("compile_status") == "not_run")]
     seen = {r["kernel_id"] for r in done}
     # in kernel-id order (a hash: every task in proportion), so a run cut short covers them all
     todo = sorted((r for r in records if r["kernel_id"] not in seen), key=lambda r: str(r["kernel_id"]))
