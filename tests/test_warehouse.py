@@ -17,6 +17,7 @@ TABLES = {
     "tasks",
     "kernels",
     "kernel_features",
+    "kernel_source_features",
     "kernel_checks",
     "hardware",
     "batches",
@@ -56,7 +57,7 @@ def test_connect_creates_parent_dirs_and_every_table(tmp_path):
     assert applied[0] == (1, "init")
     assert [v for v, _ in applied] == list(range(1, len(applied) + 1))  # every migration, in order
     assert (2, "promotion_decisions") in applied and (3, "kernel_feature_launches") in applied
-    assert (4, "measurement_sandbox") in applied
+    assert (4, "measurement_sandbox") in applied and (5, "kernel_source_features") in applied
     c.close()
 
 

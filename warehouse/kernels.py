@@ -6,6 +6,7 @@ are upserts, since a re-run of the compiler or checker replaces the old answer.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -51,6 +52,10 @@ FEATURE_COLUMNS = (
     "kernel_id", "target", "status", "n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches", "error",
 )
 FEATURE_STATUSES = ("compiled", "compile_failed", "rejected")
+SOURCE_FEATURE_COLUMNS = ("kernel_id", "target", "status", "compile_status", "features", "error", "seconds")
+SOURCE_FEATURE_STATUSES = ("ok", "partial", "failed")
+# Columns of a source-features file that are not features (pipelines.forecasting.source_features)
+_SOURCE_ROW_FIELDS = ("kernel_id", "task", "target", "status", "compile_status", "error", "seconds")
 CHECK_COLUMNS = ("kernel_id", "check_kind", "ok", "failure_kind", "message", "seconds")
 
 _TASK_SCHEMA = {
@@ -251,6 +256,9 @@ def ingest_compile_features(con: duckdb.DuckDBPyConnection, path: str | Path) ->
     'skipped' and 'error' rows (nothing compiled, or our side failed) and rows of kernels the
     warehouse does not know are left out. Re-ingesting the same file changes nothing.
 
+    A source-features file (it has a `compile_status` column) goes to `kernel_source_features`
+    instead, through `ingest_source_features`'s rules.
+
     Returns:
         Rows inserted or updated.
     Raises:
@@ -263,6 +271,8 @@ def ingest_compile_features(con: duckdb.DuckDBPyConnection, path: str | Path) ->
     missing = [c for c in ("kernel_id", "target", "status") if c not in frame.columns]
     if missing:
         raise ValidationError(f"{path}: compile-features file lacks column(s) {', '.join(missing)}")
+    if "compile_status" in frame.columns:  # a source-features file (data/features/<target>/source-*)
+        return _ingest_source_frame(con, frame)
     known = query_frame(con, "SELECT kernel_id FROM kernels", [])["kernel_id"].to_list()
     rows = frame.filter(pl.col("status").is_in(list(FEATURE_STATUSES)) & pl.col("kernel_id").is_in(known))
     current = query_frame(con, "SELECT kernel_id, target, status, n_regs, n_spills, shared_bytes, n_kernels, "
@@ -271,3 +281,110 @@ def ingest_compile_features(con: duckdb.DuckDBPyConnection, path: str | Path) ->
     rows = rows.select([pl.col(c).cast(current.schema[c]) for c in cols])
     fresh = rows.join(current.select(cols), on=cols, how="anti", nulls_equal=True)
     return add_kernel_features(con, fresh) if fresh.height else 0
+
+
+def add_kernel_source_features(con: duckdb.DuckDBPyConnection, frame: Frame) -> int:
+    """Insert or replace source features per (kernel_id, target).
+
+    Args:
+        con: a writable connection.
+        frame: kernel_id, target, status ('ok' | 'partial' | 'failed'), features (a JSON object
+            of numbers, as text or a mapping), optional compile_status, error, seconds.
+    Returns:
+        Rows inserted or updated.
+    Raises:
+        ValidationError: missing columns, an unknown status or features that are not a JSON
+            object of numbers; nothing is written.
+    """
+    rows = conform(to_polars(frame, "kernel_source_features"), SOURCE_FEATURE_COLUMNS,
+                   ("kernel_id", "target", "status", "features"), "kernel_source_features")
+    check_in(rows, "status", SOURCE_FEATURE_STATUSES, "kernel_source_features")
+    texts = []
+    for kid, raw in zip(rows["kernel_id"].to_list(), rows["features"].to_list(), strict=True):
+        feats = json.loads(raw) if isinstance(raw, str) else raw
+        if not isinstance(feats, Mapping) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in feats.values()):
+            raise ValidationError(f"kernel_source_features: features of {str(kid)[:16]}... are not a JSON object of numbers")
+        texts.append(json.dumps(dict(sorted(feats.items()))))
+    rows = dedupe_last(rows.with_columns(pl.Series("features", texts, dtype=pl.String)), ["kernel_id", "target"])
+    with transaction(con):
+        return insert_frame(con, "kernel_source_features", rows, ["kernel_id", "target"], "update", touch="updated_at")
+
+
+def read_kernel_source_features(con: duckdb.DuckDBPyConnection, target: str = "sm_90",
+                                kernel_ids: Iterable[str] | None = None) -> list[dict[str, Any]]:
+    """Source features of one target: per kernel a dict of kernel_id, status, compile_status,
+    error and every known feature by name (unknown ones absent), ordered by kernel id."""
+    sql = "SELECT kernel_id, status, compile_status, error, features FROM kernel_source_features WHERE target = ?"
+    params: list[Any] = [target]
+    if kernel_ids is not None:
+        sql += " AND list_contains(?, kernel_id)"
+        params.append(list(kernel_ids))
+    out = []
+    for row in query_frame(con, sql + " ORDER BY kernel_id", params).to_dicts():
+        feats = json.loads(row.pop("features"))
+        out.append({**row, **feats})
+    return out
+
+
+def forecast_features(con: duckdb.DuckDBPyConnection, kernel_ids: Iterable[str] | None = None,
+                      target: str = "sm_90") -> dict[str, dict[str, Any]]:
+    """kernel_id -> what a forecaster may know of the kernel beyond its source: the compile
+    features of `kernel_features` (compiled rows) overlaid with the source features of
+    `kernel_source_features` (ok or partial rows; failed ones add nothing). Kernels with
+    neither are absent; `kernel_ids` None means every kernel."""
+    ids = None if kernel_ids is None else list(kernel_ids)
+    out: dict[str, dict[str, Any]] = {}
+    for r in read_kernel_features(con, target, ids).to_dicts():
+        if r["status"] == "compiled":
+            out[r["kernel_id"]] = {k: v for k, v in r.items() if k not in ("kernel_id", "status")}
+    for r in read_kernel_source_features(con, target, ids):
+        if r["status"] in ("ok", "partial"):
+            feats = {k: v for k, v in r.items() if k not in ("kernel_id", "status", "compile_status", "error")}
+            out.setdefault(r["kernel_id"], {}).update(feats)
+    return out
+
+
+def ingest_source_features(con: duckdb.DuckDBPyConnection, path: str | Path) -> int:
+    """Upsert a source-features file (pipelines.forecasting.source_features's output: one row
+    per kernel, flat feature columns) for known kernels.
+
+    'error' rows (our side failed) and rows of kernels the warehouse does not know are left out;
+    re-ingesting the same file changes nothing.
+
+    Returns:
+        Rows inserted or updated.
+    Raises:
+        ValidationError: the file is unreadable or lacks a required column (one line).
+    """
+    try:
+        frame = pl.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is one line
+        raise ValidationError(f"{path}: unreadable source-features file ({type(exc).__name__}: {exc})") from None
+    missing = [c for c in ("kernel_id", "target", "status", "compile_status") if c not in frame.columns]
+    if missing:
+        raise ValidationError(f"{path}: source-features file lacks column(s) {', '.join(missing)}")
+    return _ingest_source_frame(con, frame)
+
+
+def _ingest_source_frame(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame) -> int:
+    known = set(query_frame(con, "SELECT kernel_id FROM kernels", [])["kernel_id"].to_list())
+    names = [c for c in frame.columns if c not in _SOURCE_ROW_FIELDS]
+    rows = []
+    for r in frame.filter(pl.col("status").is_in(list(SOURCE_FEATURE_STATUSES))).to_dicts():
+        if r["kernel_id"] not in known:
+            continue
+        feats = {n: float(r[n]) for n in names if isinstance(r[n], (int, float)) and not isinstance(r[n], bool)}
+        rows.append({"kernel_id": r["kernel_id"], "target": r["target"], "status": r["status"],
+                     "compile_status": r.get("compile_status"), "features": json.dumps(dict(sorted(feats.items()))),
+                     "error": r.get("error"), "seconds": r.get("seconds")})
+    if not rows:
+        return 0
+    fresh = pl.DataFrame(rows, schema={"kernel_id": pl.String, "target": pl.String, "status": pl.String,
+                                       "compile_status": pl.String, "features": pl.String, "error": pl.String,
+                                       "seconds": pl.Float64})
+    current = query_frame(con, "SELECT kernel_id, target, status, compile_status, features, error "
+                               "FROM kernel_source_features", [])
+    cols = ["kernel_id", "target", "status", "compile_status", "features", "error"]
+    fresh = fresh.join(current.select(cols), on=cols, how="anti", nulls_equal=True)
+    return add_kernel_source_features(con, fresh) if fresh.height else 0

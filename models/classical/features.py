@@ -17,6 +17,7 @@ Only pandas and numpy: the same code runs on a GPU host without polars (the live
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import re
@@ -27,7 +28,23 @@ import numpy as np
 import pandas as pd
 
 KERNEL_FIELDS = ("kernel_id", "source", "language", "generator", "algorithm", "knobs_json")
-COMPILE_FIELDS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
+# What the generator says about its own kernels: optional, never needed (external kernels lack it).
+METADATA_FIELDS = ("generator", "algorithm", "knobs_json")
+# Derived from the source alone (pipelines.forecasting.source_features.FEATURE_COLUMNS, listed
+# here because models import no pipelines): the sm_90 compile (resources, PTX instruction mix)
+# and the trace of one call per benchmark shape (launches, programs, bytes, torch ops). The first
+# five are also the older compile-features files' columns.
+COMPILE_FIELDS = (
+    "n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches", "num_warps", "num_stages", "occupancy",
+    "ptx_ld_global", "ptx_st_global", "ptx_ld_shared", "ptx_st_shared", "ptx_ldmatrix", "ptx_vec2", "ptx_vec4",
+    "ptx_mma", "ptx_wgmma", "ptx_barrier", "ptx_cp_async", "ptx_cp_async_bulk", "ptx_atomic", "ptx_ex2",
+    "ptx_fma", "ptx_cvt_fp8", "ptx_cvt_bf16", "ptx_branch", "ptx_shfl", "ptx_instructions",
+    "ptx_ld_global_bytes", "ptx_st_global_bytes",
+    "trace_cases", "trace_launches", "trace_programs_log2", "trace_programs_log2_min", "trace_programs_log2_max",
+    "trace_arg_bytes_log2", "trace_bytes_per_program_log2", "trace_wave_efficiency", "trace_warps",
+    "input_bytes_log2", "call_bytes_log2", "torch_ops", "torch_allocs", "torch_views", "torch_distinct_ops",
+    "torch_flops_log2", "torch_bytes_log2", "torch_intensity_log2",
+)
 SIDES = ("a", "c")  # anchor, candidate
 
 # Source constructs whose counts tell algorithms apart (regex over comment-free code).
@@ -43,10 +60,34 @@ SOURCE_COUNTS: dict[str, str] = {
     "launches": r"\w+\[\s*(?:grid|\()",
     "torch_calls": r"\btorch\.(?!float|bfloat|int|uint|bool|Tensor|empty|zeros|ones|device|cuda)\w+\(",
     "exp2": r"\bexp2\b",
+    "exp": r"\btl\.exp\b",
     "fp8": r"float8",
     "lines": r"\n",
+    # schedule and memory-access constructs any Triton author writes
+    "tl_range": r"\btl\.(?:range|static_range)\b",
+    "num_programs": r"\btl\.num_programs\b",  # persistent grids
+    "program_id_2d": r"\btl\.program_id\(\s*[12]\s*\)",
+    "block_ptr": r"\btl\.(?:make_block_ptr|advance)\b",
+    "tensor_descriptor": r"\b(?:make_tensor_descriptor|TensorDescriptor|_experimental_descriptor)\w*",
+    "eviction": r"\beviction_policy\s*=",
+    "cache_modifier": r"\bcache_modifier\s*=",
+    "tl_where": r"\btl\.where\b",
+    "mask": r"\bmask\s*=",
+    "fp32_cast": r"\.to\(\s*tl\.float32\s*\)",
+    "math_fn": r"\b(?:tanh|erf|sigmoid|rsqrt|sqrt|log2?)\b",
+    "tl_dot_scaled": r"\btl\.dot_scaled\b",
+    "atomic_add": r"\batomic_add\b",
+    "torch_alloc": r"\btorch\.(?:empty|zeros|ones|full)(?:_like)?\(",
+    "torch_compile": r"\btorch\.compile\b",
+    "contiguous": r"\.contiguous\(",
+    "jit_calls": r"\w+\[\s*[\w(]",
 }
+# A module-level integer constant (`BLOCK_M = 128`) or an integer keyword of a launch or config
+# (`num_warps=8`, `"BLOCK": 256`): the tile sizes, warps and stages any author writes as numbers.
+_CONSTANT = re.compile(r"^([A-Z][A-Z0-9_]*)\s*(?::\s*\w+\s*)?=\s*(\d+)\s*$", re.MULTILINE)
+_KEYWORD = re.compile(r"""(?:\b|["'])(num_warps|num_stages|num_ctas|[A-Z][A-Z0-9_]*)["']?\s*[=:]\s*(\d+)\b""")
 _COMMENT = re.compile(r"#[^\n]*")
+_JIT_NAME = re.compile(r"@triton\.jit[^\n]*\n(?:\s*@[^\n]*\n)*\s*def\s+(\w+)")
 _DOCSTRING = re.compile(r'"""[\s\S]*?"""|\'\'\'[\s\S]*?\'\'\'')
 
 
@@ -112,7 +153,70 @@ def kernel_features(record: Mapping[str, Any]) -> dict[str, Any]:
     code = code_text(str(record.get("source") or ""))
     for name, pattern in SOURCE_COUNTS.items():
         out[f"src:{name}"] = len(re.findall(pattern, code))
+    out.update({f"const:{k}": v for k, v in source_constants(code).items()})
+    # the names of the module's @triton.jit functions: how its author decomposed the work (the
+    # generator's algorithms differ in them; a name never seen at fit time reads as missing)
+    out["jit_names"] = "|".join(sorted(set(_JIT_NAME.findall(code)))) or "none"
     return out
+
+
+def source_constants(code: str) -> dict[str, float]:
+    """Integer constants a kernel's code spells out: module-level UPPER_CASE assignments and
+    integer keywords of launches and autotune configs (num_warps, num_stages, UPPER_CASE names);
+    a name given several values keeps the largest (an autotune list's widest config).
+
+    >>> source_constants("BLOCK_M = 128\\nk[grid](x, BLOCK_N=64, num_warps=8)\\ncfg = {'BLOCK_N': 256}\\n")
+    {'BLOCK_M': 128.0, 'BLOCK_N': 256.0, 'num_warps': 8.0}
+    """
+    out: dict[str, float] = {}
+    for pattern in (_CONSTANT, _KEYWORD):
+        for name, value in pattern.findall(code):
+            out[name] = max(out.get(name, 0.0), float(value))
+    return dict(sorted(out.items()))
+
+
+def without_metadata(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The record as a user's file gives it: generator metadata (METADATA_FIELDS) withheld."""
+    return {**record, **dict.fromkeys(METADATA_FIELDS)}
+
+
+def withhold_metadata(frame: pd.DataFrame, rows: np.ndarray | None = None) -> pd.DataFrame:
+    """A copy of a pair frame with both sides' generator metadata withheld on `rows` (a boolean
+    mask; None: every row)."""
+    out = frame.copy()
+    mask = np.ones(len(frame), dtype=bool) if rows is None else np.asarray(rows, dtype=bool)
+    for side in SIDES:
+        for f in METADATA_FIELDS:
+            col = f"{side}_{f}"
+            if col in out.columns:
+                out[col] = out[col].astype(object).where(~mask, None)
+    return out
+
+
+def dropout_rows(frame: pd.DataFrame, fraction: float, seed: int = 0) -> np.ndarray:
+    """A deterministic boolean mask choosing about `fraction` of a pair frame's rows, by a hash
+    of (seed, anchor id, candidate id): the same pair is chosen in every run and every order."""
+    if fraction <= 0:
+        return np.zeros(len(frame), dtype=bool)
+    if fraction >= 1:
+        return np.ones(len(frame), dtype=bool)
+    keys = zip(frame["a_kernel_id"].astype(str), frame["c_kernel_id"].astype(str), strict=True)
+    u = [int(hashlib.sha256(f"{seed}|{a}|{c}".encode()).hexdigest()[:8], 16) / 2**32 for a, c in keys]
+    return np.asarray(u) < fraction
+
+
+def scale_keys(frame: pd.DataFrame) -> list[str]:
+    """The key of each pair's forecast spread: its task, plus '|bare' when the candidate carries
+    no generator metadata (forecasts from the source alone are less sharp)."""
+    meta = has_metadata(frame)
+    return [f"{t}" if m else f"{t}|bare" for t, m in zip(frame["task"].astype(str), meta, strict=True)]
+
+
+def has_metadata(frame: pd.DataFrame) -> np.ndarray:
+    """Per pair: whether the candidate carries generator metadata (an algorithm or knobs)."""
+    alg = frame.get("c_algorithm", pd.Series([None] * len(frame), index=frame.index))
+    knobs = frame.get("c_knobs_json", pd.Series([None] * len(frame), index=frame.index))
+    return (alg.notna() | knobs.notna()).to_numpy()
 
 
 def with_compile_features(record: Mapping[str, Any], features: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
@@ -162,6 +266,19 @@ def side_records(frame: pd.DataFrame, side: str) -> list[dict[str, Any]]:
     return part.to_dict("records")
 
 
+def _features_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """kernel_features of each record, computed once per distinct record (an anchor recurs in
+    thousands of pairs; NaN values are made comparable by their text)."""
+    cache: dict[tuple, dict[str, Any]] = {}
+    out = []
+    for r in records:
+        key = tuple(sorted((k, repr(v)) for k, v in r.items()))
+        if key not in cache:
+            cache[key] = kernel_features(r)
+        out.append(cache[key])
+    return out
+
+
 class FeatureSpace:
     """The columns a cost model was fitted on, so predictions see the same table.
 
@@ -180,7 +297,7 @@ class FeatureSpace:
     def fit(self, frame: pd.DataFrame) -> FeatureSpace:
         """Learn the columns of a pair frame's features; columns that never vary there (e.g.
         compile features no fitted kernel has) are left out."""
-        feats = [kernel_features(r) for r in side_records(frame, "c") + side_records(frame, "a")]
+        feats = _features_of(side_records(frame, "c") + side_records(frame, "a"))
         numeric: set[str] = set()
         cats: dict[str, set[str]] = {"task": set(frame["task"].astype(str))}
         for f in feats:
@@ -212,8 +329,8 @@ class FeatureSpace:
         return self._table(frame)[self.columns]
 
     def _table(self, frame: pd.DataFrame) -> pd.DataFrame:
-        c = [kernel_features(r) for r in side_records(frame, "c")]
-        a = [kernel_features(r) for r in side_records(frame, "a")]
+        c = _features_of(side_records(frame, "c"))
+        a = _features_of(side_records(frame, "a"))
         tasks = self.categorical.get("task", [])
         cols: dict[str, Any] = {"task": pd.Categorical([t if t in tasks else None for t in frame["task"].astype(str)],
                                                        categories=tasks)}

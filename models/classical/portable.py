@@ -27,6 +27,7 @@ from models.classical.features import (
     COMPILE_FIELDS,
     FeatureSpace,
     pair_frame,
+    scale_keys,
     with_compile_features,
 )
 from models.classical.spread import laplace_bins
@@ -66,8 +67,9 @@ class PortableCostModel:
             features: kernel id -> compile features (models.classical.features.COMPILE_FIELDS),
                 filled into kernel records that lack them.
             name: what the search prints for it.
-            compile_workers: > 0 compiles the Triton candidates `features` lacks for sm_90
-                (pipelines.generation.aot, that many child processes) before forecasting them:
+            compile_workers: > 0 compiles and traces the Triton candidates `features` lacks for
+                sm_90 (pipelines.forecasting.source_features, that many child processes) before
+                forecasting them:
                 without their compile features the H200 eval Brier rises from 0.261 to 0.346.
         Raises:
             ValueError: the model is unfitted or its regressor is not one this walk reproduces.
@@ -121,22 +123,26 @@ class PortableCostModel:
         """Calibrated (n, 8) probabilities of bins 1..8, as CostModel.predict_proba."""
         if len(frame) == 0:
             return np.zeros((0, 8))
-        scales = np.array([self.task_scales.get(str(t), self.scale) for t in frame["task"]], dtype=np.float64)
+        scales = np.array([self.task_scales.get(k, self.task_scales.get(k.split("|")[0], self.scale))
+                           for k in scale_keys(frame)], dtype=np.float64)
         return self.calibrator.apply(laplace_bins(self.predict_log2(frame), scales))
 
     def compile_missing(self, records: Sequence[Mapping[str, Any]]) -> int:
-        """Compile the Triton kernels among `records` whose compile features are unknown and
-        remember them (a failed compile is remembered as unknown); how many were compiled."""
+        """Compile and trace the Triton kernels among `records` whose features are unknown
+        (pipelines.forecasting.source_features) and remember them (a failed one is remembered as
+        unknown); how many were done."""
         todo = {str(r.get("kernel_id")): r for r in records
                 if r.get("source") and (r.get("language") or "triton") == "triton"
                 and str(r.get("kernel_id")) not in self.features and all(r.get(f) is None for f in COMPILE_FIELDS)}
         if not todo or self.compile_workers <= 0:
             return 0
-        from pipelines.generation.aot import compile_many  # triton: only where kernels compile
+        # torch and triton: only where kernels compile
+        from pipelines.forecasting.source_features import source_features_many
 
-        for kid, feats in zip(todo, compile_many(list(todo.values()), n_workers=self.compile_workers), strict=True):
-            row = feats.to_row()
-            self.features[kid] = {f: row.get(f) for f in COMPILE_FIELDS} if feats.status == "compiled" else {}
+        rows = source_features_many(list(todo.values()), n_workers=self.compile_workers)
+        for kid, row in zip(todo, rows, strict=True):
+            ok = row["status"] in ("ok", "partial")
+            self.features[kid] = {f: row[f] for f in COMPILE_FIELDS if row.get(f) is not None} if ok else {}
         return len(todo)
 
     def predict_kernels(self, anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],

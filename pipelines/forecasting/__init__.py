@@ -36,6 +36,10 @@ process); for the others `f.forecast_rows(eval_pairs, records)`; the references 
 (`predict_kernels(anchor, candidates, hardware_id)`), and `file_champion_uri` names the version
 that answers kernels from files: @champion-external when the registry has one, else @champion.
 
+What a forecaster may know of a kernel beyond its source is derived from it here too:
+`pipelines.forecasting.source_features` (the sm_90 compile with its PTX instruction mix, the
+launches and torch ops of one call per benchmark shape on fake tensors, source counts).
+
 No Dagster here; heavy libraries (MLflow, torch, scikit-learn) load only with the adapter
 that needs them.
 """

@@ -117,8 +117,10 @@ def _worker_env(cache_dir: str) -> dict[str, str]:
 class _Worker:
     """One child process; requests are answered in order, one at a time."""
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], module: str = "pipelines.generation.aot",
+                 args: tuple[str, ...] = ()):
         self.env = env
+        self.command = ("-m", module, *args)  # the child's entry point; same protocol
         self.proc: subprocess.Popen | None = None
         self.jobs = 0
         self._buf = b""
@@ -129,7 +131,7 @@ class _Worker:
         log_path = os.environ.get("KERNELCAST_AOT_STDERR")
         stderr = open(log_path, "ab") if log_path else subprocess.DEVNULL  # noqa: SIM115
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pipelines.generation.aot"],
+            [sys.executable, *self.command],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=stderr,
@@ -178,6 +180,12 @@ class _Worker:
         return json.loads(line)
 
     def request(self, job: dict, timeout_s: float) -> Features:
+        msg = self.request_raw(job, timeout_s)
+        msg["kernels"] = tuple(msg.get("kernels") or ())
+        return Features(**{k: v for k, v in msg.items() if k in _FEATURE_KEYS})
+
+    def request_raw(self, job: dict, timeout_s: float) -> dict:
+        """The child's answer to `job` as a dict with at least status, error and seconds."""
         start = time.monotonic()
         try:
             if (
@@ -193,9 +201,8 @@ class _Worker:
             self.proc.stdin.flush()
         except (RuntimeError, OSError) as exc:
             self.stop()
-            return Features(
-                "error", error=_one_line(f"aot worker: {exc}"), seconds=time.monotonic() - start
-            )
+            return {"status": "error", "error": _one_line(f"worker: {exc}"),
+                    "seconds": time.monotonic() - start}
         # phase 1: the input is built (slow only the first time per task and case)
         msg = self._read(INPUT_TIMEOUT_S)
         if msg is not None and msg.get("phase") == "input":
@@ -206,14 +213,12 @@ class _Worker:
                 crashed = self.proc.poll() is not None
                 self.stop()
                 what = "worker crashed" if crashed else f"timeout after {timeout_s:.0f} s"
-                return Features("compile_failed", error=what, seconds=time.monotonic() - t0)
+                return {"status": "compile_failed", "error": what, "seconds": time.monotonic() - t0}
             msg.pop("phase", None)
-            msg["kernels"] = tuple(msg.get("kernels") or ())
-            return Features(**msg)
+            return msg
         if msg is not None:  # answered without building the input: the input failed
             msg.pop("phase", None)
-            msg["kernels"] = tuple(msg.get("kernels") or ())
-            return Features(**msg)
+            return msg
         crashed = self.proc is None or self.proc.poll() is not None
         self.stop()
         what = (
@@ -221,7 +226,10 @@ class _Worker:
             if crashed
             else "timeout building the task input"
         )
-        return Features("error", error=f"aot worker {what}", seconds=time.monotonic() - start)
+        return {"status": "error", "error": f"aot worker {what}", "seconds": time.monotonic() - start}
+
+
+_FEATURE_KEYS = frozenset(Features.__dataclass_fields__)
 
 
 def compile_many(
@@ -364,10 +372,94 @@ def _resource_usage(cubin: bytes, workdir: str) -> tuple[int, int]:
     return max(int(m[1]) for m in found), max(int(m[2]) for m in found)
 
 
-class _Capture:
-    """Patches Triton so that launches compile for `target` and return without running."""
+# PTX instruction classes counted per compiled kernel (static counts: instructions in the code,
+# not executed ones). Each pattern is matched against an instruction's opcode (the text before
+# its first operand, predicate guard removed), e.g. "ld.global.v4.b32" or "wgmma.mma_async...".
+PTX_CLASSES: dict[str, str] = {
+    "ld_global": r"^ld\.global\b",
+    "st_global": r"^st\.global\b",
+    "ld_shared": r"^ld\.shared\b",
+    "st_shared": r"^st\.shared\b",
+    "ldmatrix": r"^ldmatrix\b",
+    "vec2": r"^(?:ld|st)\.global\S*\.v2\b",
+    "vec4": r"^(?:ld|st)\.global\S*\.v4\b",
+    "mma": r"^mma\b",
+    "wgmma": r"^wgmma\.mma_async\b",
+    "barrier": r"^(?:bar\.sync|bar\.arrive|barrier\.|bar\.warp\.sync|mbarrier\.)",
+    "cp_async": r"^cp\.async\.(?:ca|cg)\b",
+    "cp_async_bulk": r"^cp\.async\.bulk\b",
+    "atomic": r"^(?:atom|red)\.",
+    "ex2": r"^ex2\.",
+    "fma": r"^fma\.",
+    "cvt_fp8": r"^cvt\S*\.e[45]m[23]",
+    "cvt_bf16": r"^cvt\S*\.bf16",
+    "branch": r"^bra\b",
+    "shfl": r"^shfl\.",
+}
+_PTX_COMPILED = {k: re.compile(v) for k, v in PTX_CLASSES.items()}
+_PTX_OPCODE = re.compile(r"^\s*(?:@!?%\w+\s+)?([a-z][\w.:]*)", re.MULTILINE)
+_WIDTH = {"8": 1, "16": 2, "32": 4, "64": 8, "128": 16}
+_ELEMENT = re.compile(r"\.[busf](8|16|32|64|128)\b")
 
-    def __init__(self, capability: int, warp_size: int, workdir: str):
+
+def ptx_mix(ptx: str) -> dict[str, int]:
+    """Static instruction counts of one kernel's PTX by class (PTX_CLASSES), the total, and the
+    bytes one thread moves per pass through the code in global loads and stores (vector width
+    times element size, summed over the instructions).
+
+    >>> m = ptx_mix("\\tld.global.v4.b32 {%r1, %r2, %r3, %r4}, [%rd1];\\n@%p1 st.global.b16 [%rd2], %rs1;\\n")
+    >>> m["ld_global"], m["vec4"], m["st_global"], m["ld_global_bytes"], m["st_global_bytes"], m["instructions"]
+    (1, 1, 1, 16, 2, 2)
+    """
+    out = dict.fromkeys(PTX_CLASSES, 0)
+    out.update(instructions=0, ld_global_bytes=0, st_global_bytes=0)
+    for line in ptx.splitlines():
+        stripped = line.strip()
+        # directives (.reg, .visible), labels ("$L__BB0_1:"), braces and comments are not code
+        if not stripped or stripped[0] in ".$/{}" or stripped.endswith(":"):
+            continue
+        m = _PTX_OPCODE.match(stripped)
+        if not m:
+            continue
+        op = m.group(1)
+        out["instructions"] += 1
+        for name, pattern in _PTX_COMPILED.items():
+            if pattern.search(op):
+                out[name] += 1
+        if op.startswith(("ld.global", "st.global")):
+            vec = 4 if ".v4" in op else 2 if ".v2" in op else 1
+            size = _ELEMENT.findall(op)
+            nbytes = vec * _WIDTH.get(size[-1], 4) if size else vec * 4
+            out["ld_global_bytes" if op.startswith("ld.") else "st_global_bytes"] += nbytes
+    return out
+
+
+def _tensor_bytes(values: Iterable[Any]) -> int:
+    """Bytes of the tensor arguments of one launch (what the kernel may read or write)."""
+    total = 0
+    for v in values:
+        if hasattr(v, "data_ptr") and hasattr(v, "element_size") and hasattr(v, "numel"):
+            total += int(v.numel()) * int(v.element_size())
+    return total
+
+
+def _grid_of(grid: Any, bound_args: dict) -> tuple[int, int, int]:
+    """A launch's grid as three ints (a callable grid is given the bound arguments, as Triton)."""
+    g = grid(bound_args) if callable(grid) else grid
+    g = tuple(int(x) for x in (g if isinstance(g, (tuple, list)) else (g,)))
+    return (g + (1, 1, 1))[:3]
+
+
+class _Capture:
+    """Patches Triton so that launches compile for `target` and return without running.
+
+    With `compile=False` nothing compiles: each launch is only bound and recorded (its grid,
+    warps and argument bytes), which is what a trace on fake tensors of big shapes needs.
+    Every launch is logged in `launch_log` (kernel index or None, grid, programs, argument
+    bytes, weight): an autotuned function's configs share one call, weight 1/configs each.
+    """
+
+    def __init__(self, capability: int, warp_size: int, workdir: str, compile: bool = True):
         import triton
         from triton.backends.compiler import GPUTarget
         from triton.compiler import ASTSource, make_backend
@@ -378,11 +470,29 @@ class _Capture:
         self.ASTSource = ASTSource
         self.shared_limit = SHARED_MEMORY_LIMIT.get(capability, DEFAULT_SHARED_LIMIT)
         self.workdir = workdir
+        self.do_compile = compile
         self.binders: dict[int, Any] = {}
-        self.compiled: dict[Any, Any] = {}
+        self.compiled: dict[Any, int] = {}  # key -> index into self.kernels
+        self.objects: list[Any] = []  # the CompiledKernels, returned to launchers as Triton does
         self.kernels: list[dict] = []
         self.launches = 0
+        self.launch_log: list[dict] = []
+        self.weight = 1.0  # of the launches being made (autotune: 1 / configs)
         self.current = "?"
+
+    def _log(self, fn, index: int | None, grid: Any, bound_args: dict, options: Any) -> None:
+        try:
+            g = _grid_of(grid, bound_args)
+        except Exception:  # noqa: BLE001 - an odd grid is an unknown grid, not a failed capture
+            g = (0, 0, 0)
+        warps = getattr(options, "num_warps", None)
+        if warps is None and isinstance(options, dict):
+            warps = options.get("num_warps")
+        self.launch_log.append({
+            "name": fn.__name__, "kernel": index, "grid": list(g), "programs": g[0] * g[1] * g[2],
+            "arg_bytes": _tensor_bytes(bound_args.values()), "weight": self.weight,
+            "num_warps": int(warps) if warps is not None else 4,
+        })
 
     # -- the replacement of JITFunction.run ------------------------------------------------
     def run(self, fn, *args, grid, warmup, **kwargs):
@@ -400,9 +510,14 @@ class _Capture:
             )
         bound_args, specialization, options = binder(*args, **kwargs)
         self.launches += 1
+        if not self.do_compile:
+            self._log(fn, None, grid, bound_args, options)
+            return None
         key = (id(fn), str(specialization), str(options))
         if key in self.compiled:
-            return self.compiled[key]
+            index = self.compiled[key]
+            self._log(fn, index, grid, bound_args, self.kernels[index])
+            return self.objects[index]
         options, signature, constexprs, attrs = fn._pack_args(
             self.backend, kwargs, bound_args, specialization, options
         )
@@ -421,17 +536,26 @@ class _Capture:
                 "shared_bytes": int(kernel.metadata.shared),
                 "num_warps": int(kernel.metadata.num_warps),
                 "num_stages": int(kernel.metadata.num_stages),
+                "ptx": ptx_mix(kernel.asm.get("ptx") or ""),
             }
         )
-        self.compiled[key] = kernel
+        self.compiled[key] = len(self.kernels) - 1
+        self.objects.append(kernel)
+        self._log(fn, len(self.kernels) - 1, grid, bound_args, options)
         return kernel
 
     # -- the replacement of Autotuner.run: every config, no benchmarking ---------------------
-    @staticmethod
-    def autotune_run(tuner, *args, **kwargs):
-        ret = None
-        for config in tuner.configs:
-            ret = tuner.fn.run(*args, **kwargs, **config.all_kwargs())
+    def autotune_run(self, tuner, *args, **kwargs):
+        """Every config when compiling (features cover whichever the tuner would pick); the
+        first one only when tracing (one call makes one config's launches)."""
+        configs = tuner.configs if self.do_compile else tuner.configs[:1]
+        saved, ret = self.weight, None
+        self.weight = saved / max(1, len(configs))
+        try:
+            for config in configs:
+                ret = tuner.fn.run(*args, **kwargs, **config.all_kwargs())
+        finally:
+            self.weight = saved
         return ret
 
     def stages_hook(self, backend, stages, options, language, capability):
@@ -461,8 +585,11 @@ class _Capture:
         def run(fn, *args, grid=None, warmup=False, **kwargs):
             return capture.run(fn, *args, grid=grid, warmup=warmup, **kwargs)
 
+        def autotune_run(tuner, *args, **kwargs):
+            return capture.autotune_run(tuner, *args, **kwargs)
+
         JITFunction.run = run
-        Autotuner.run = _Capture.autotune_run
+        Autotuner.run = autotune_run
         knobs.runtime.add_stages_inspection_hook = self.stages_hook
         return self
 
@@ -550,6 +677,7 @@ class _ChildState:
                 "error": error,
                 "seconds": time.monotonic() - start,
                 "kernels": kernels,
+                "launch_log": cap.launch_log if cap else [],
             }
 
         try:

@@ -25,16 +25,16 @@ import polars as pl
 
 from models.bins import NUM_BINS
 from models.classical import BinForecaster, make_classical
-from models.classical.features import pair_frame
+from models.classical.features import COMPILE_FIELDS, pair_frame
 from pipelines.training.roles import Roles
-from warehouse.kernels import read_kernel_features, read_kernels
+from warehouse.kernels import forecast_features, read_kernels
 
 log = logging.getLogger(__name__)
 
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 RECORD_FIELDS = ("kernel_id", "task", "source", "language", "generator", "algorithm", "knobs_json",
                  "parent_kernel_id", "mutation")
-FEATURE_FIELDS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
+FEATURE_FIELDS = COMPILE_FIELDS  # compile and source features (pipelines.forecasting.source_features)
 
 
 def ids_of(frames: Iterable[pl.DataFrame]) -> list[str]:
@@ -47,10 +47,10 @@ def ids_of(frames: Iterable[pl.DataFrame]) -> list[str]:
 
 
 def kernel_records(con: duckdb.DuckDBPyConnection, kernel_ids: Iterable[str], target: str = "sm_90") -> dict[str, dict[str, Any]]:
-    """kernel_id -> kernel record with its compile features (None where never compiled)."""
+    """kernel_id -> kernel record with its compile and source features (None where unknown)."""
     ids = list(kernel_ids)
     kernels = read_kernels(con, kernel_ids=ids)
-    feats = {r["kernel_id"]: r for r in read_kernel_features(con, target, ids).to_dicts() if r["status"] == "compiled"}
+    feats = forecast_features(con, ids, target)
     out = {}
     for k in kernels.to_dicts():
         rec = {f: k.get(f) for f in RECORD_FIELDS}
@@ -120,7 +120,7 @@ def forecast_rows(model: Any, pairs: pl.DataFrame, records: Mapping[str, Mapping
 
 
 HELD_OUT_MODEL = "kernelcast-surrogate-held-out"  # held-out-task versions: scored, never promoted
-CODE_VERSION = "1"  # bump when features or models change: a registered version is re-used only if equal
+CODE_VERSION = "2"  # bump when features or models change: a registered version is re-used only if equal
 
 
 @dataclass

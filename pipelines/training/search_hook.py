@@ -23,16 +23,12 @@ FILE_CHAMPION = "champion"  # the search's name for the file champion (pipelines
 def warehouse_compile_features(warehouse_path: Path) -> dict[str, dict[str, Any]]:
     """kernel_id -> its compile features of every compiled kernel the warehouse holds."""
     from warehouse.db import connect
-    from warehouse.kernels import read_kernel_features
+    from warehouse.kernels import forecast_features
 
     if not warehouse_path.exists():
         return {}
     with connect(warehouse_path, read_only=True) as con:
-        frame = read_kernel_features(con)
-    # every feature column the table has, not a fixed list: the feature set grows
-    skip = {"kernel_id", "target", "status", "error", "compile_error", "seconds", "compile_s", "kernels", "created_at"}
-    rows = frame.to_dicts()
-    return {r["kernel_id"]: {k: v for k, v in r.items() if k not in skip} for r in rows if r["status"] == "compiled"}
+        return forecast_features(con)  # compile and source features, as the fit's kernel records
 
 
 def search_forecaster(name: str, tracking_uri: str | None, home: Path | str | None) -> Any:
