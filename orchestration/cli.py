@@ -60,7 +60,9 @@ def run(profile: str | None = ProfileOpt,
 
     Runs the code location's jobs (candidates_job, measurement_ingest_job per hardware,
     downstream_job) on the Dagster instance under $KERNELCAST_HOME/dagster, which `kernelcast ui`
-    and `DAGSTER_HOME=$KERNELCAST_HOME/dagster dagster dev -w workspace.yaml` show."""
+    (or `dg dev` with DAGSTER_HOME set to that folder) shows. The screen gets one line per
+    asset, a live line, the promotion decision and the table; library output goes to the log
+    file named in the second line."""
     from orchestration.run_display import quiet_third_parties
 
     quiet_third_parties()  # before the libraries it quiets are imported
