@@ -26,7 +26,8 @@ JsonOpt = typer.Option(False, "--json", help=JSON_HELP)
 # downloads, Hugging Face hub and transformers): set before any of them is imported.
 QUIET_LIBRARIES_ENV = {
     "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
-    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' "Loading weights" bars follow the hub's switch
+    "TQDM_DISABLE": "1",
     "TRANSFORMERS_VERBOSITY": "error",
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
     "TOKENIZERS_PARALLELISM": "false",

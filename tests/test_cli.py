@@ -293,3 +293,18 @@ def test_tasks_and_dataset_tables_fit_100_columns(home):
     header = next(line for line in lines if line.startswith("task"))
     assert header.split()[:5] == ["task", "hardware", "measured", "failed", "correct"]
     assert all(len(line) <= 100 for line in lines)
+
+
+def test_the_entry_point_turns_library_progress_bars_off(monkeypatch):
+    """`forecast --model models:/.../N` downloads artifacts (MLflow) and loads weights
+    (transformers): their bars are off for every command, before any of them is imported."""
+    from orchestration.cli_common import QUIET_LIBRARIES_ENV
+
+    for key in QUIET_LIBRARIES_ENV:
+        monkeypatch.delenv(key, raising=False)
+    assert runner.invoke(app, ["tasks", "--json"]).exit_code == 0
+    import os
+
+    assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"
