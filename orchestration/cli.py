@@ -13,13 +13,42 @@ from pathlib import Path
 
 import typer
 
+from orchestration.cli_common import (
+    CliError,
+    JsonOpt,
+    KernelcastGroup,
+    ProfileOpt,
+    _print_json,
+    _settings,
+    one_line_errors,
+)
+
+# Markdown help: paragraphs of a docstring are re-flowed to the terminal's width (typer's
+# "rich" mode keeps the docstring's own line breaks, which cut sentences in the middle).
 app = typer.Typer(
+    cls=KernelcastGroup,
     add_completion=False,
     no_args_is_help=True,
+    rich_markup_mode="markdown",
     help="kernelcast: LLM surrogates of GPU kernel runtime (generate, profile, curate, train, evaluate, search).",
 )
 
-from orchestration.cli_common import CliError, ProfileOpt, _print_json, _settings, one_line_errors  # noqa: E402, F401
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            typer.echo(f"kernelcast {version('kernelcast')}")
+        except PackageNotFoundError:  # a checkout run without `pip install -e .`
+            typer.echo("kernelcast (not installed: run `make install`)")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", is_eager=True, callback=_version,
+                                       help="Print the version and exit.")) -> None:
+    """kernelcast: LLM surrogates of GPU kernel runtime (generate, profile, curate, train, evaluate, search)."""
 
 
 # ---- run ----------------------------------------------------------------------------------
@@ -31,7 +60,9 @@ def run(profile: str | None = ProfileOpt,
 
     Runs the code location's jobs (candidates_job, measurement_ingest_job per hardware,
     downstream_job) on the Dagster instance under $KERNELCAST_HOME/dagster, which `kernelcast ui`
-    and `DAGSTER_HOME=$KERNELCAST_HOME/dagster dagster dev -w workspace.yaml` show."""
+    (or `dg dev` with DAGSTER_HOME set to that folder) shows. The screen gets one line per
+    asset, a live line, the promotion decision and the table; library output goes to the log
+    file named in the second line."""
     from orchestration.run_display import quiet_third_parties
 
     quiet_third_parties()  # before the libraries it quiets are imported
@@ -128,7 +159,7 @@ def _run_headline(settings) -> list[str]:
 # ---- tasks --------------------------------------------------------------------------------
 @app.command()
 @one_line_errors
-def tasks(as_json: bool = typer.Option(False, "--json", help="Machine-readable output.")) -> None:
+def tasks(as_json: bool = JsonOpt) -> None:
     """List the kernel tasks with their correctness and benchmark cases."""
     from pipelines.tasks import all_tasks
 
@@ -147,15 +178,13 @@ def tasks(as_json: bool = typer.Option(False, "--json", help="Machine-readable o
     if as_json:
         _print_json(items)
         return
-    from rich.console import Console
-    from rich.table import Table
+    from orchestration.cli_common import aligned_table
 
-    table = Table(title=f"{len(items)} kernel tasks")
-    for col in ("task", "source", "correctness", "benchmark", "description"):
-        table.add_column(col, overflow="fold")
-    for it in items:
-        table.add_row(it["task"], it["source"], str(len(it["correctness_cases"])), str(len(it["benchmark_cases"])), it["description"][:90] + "...")
-    Console().print(table)
+    typer.echo(f"{len(items)} kernel tasks (cases: correctness checks on the CPU, benchmark shapes on the GPU)")
+    rows = [[it["task"], it["source"], len(it["correctness_cases"]), len(it["benchmark_cases"]),
+             " ".join(it["description"].split())] for it in items]
+    for line in aligned_table(["task", "source", "correctness", "benchmark", "description"], rows, flex=4):
+        typer.echo(line)
 
 
 # ---- ingest -------------------------------------------------------------------------------
@@ -164,7 +193,7 @@ def tasks(as_json: bool = typer.Option(False, "--json", help="Machine-readable o
 def ingest(
     files: list[Path] = typer.Argument(..., help="Result or kernel Parquet files, or folders of them."),
     profile: str | None = ProfileOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Load measurement result (and kernel) files into the warehouse, file by file: good files go
     in, each refused file gets one line and the exit code is 2. Idempotent."""
@@ -195,9 +224,14 @@ def ingest(
 # ---- dataset ------------------------------------------------------------------------------
 @app.command()
 @one_line_errors
-def dataset(profile: str | None = ProfileOpt, as_json: bool = typer.Option(False, "--json")) -> None:
-    """Counts of the measured dataset by task, hardware, bin and status, read from DuckDB."""
-    from pipelines.curation.summary import dataset_summary, summary_markdown
+def dataset(profile: str | None = ProfileOpt, as_json: bool = JsonOpt) -> None:
+    """Counts of the measured dataset by task, hardware, bin and status, read from DuckDB.
+
+    Two counts, labelled: every measurement the warehouse holds (failed ones and every protocol
+    included), and the measurements the current dataset version's pairs use (what `kernelcast
+    run` reports: correct measurements of the labelling protocol that make a pair)."""
+    from pipelines.curation.summary import dataset_summary
+    from warehouse.datasets import list_dataset_versions
     from warehouse.db import connect
     from warehouse.measurements import measurements_frame
 
@@ -205,11 +239,74 @@ def dataset(profile: str | None = ProfileOpt, as_json: bool = typer.Option(False
     if not settings.warehouse_path.exists():
         raise CliError(f"no warehouse at {settings.warehouse_path}; run `kernelcast run` or `kernelcast ingest` first")
     with connect(settings.warehouse_path, read_only=True) as con:
-        summary = dataset_summary(measurements_frame(con))
+        frame = measurements_frame(con)
+        versions = list_dataset_versions(con)
+    summary = dataset_summary(frame)
+    summary["by_task_hardware"] = _by_task_hardware(frame)
+    newest = versions.row(0, named=True) if not versions.is_empty() else None
+    if newest is not None:
+        counts = newest["counts"] if isinstance(newest["counts"], dict) else json.loads(newest["counts"] or "{}")
+        summary["dataset_version"] = {"dataset_version": newest["dataset_version"],
+                                      "n_measurements": counts.get("n_measurements"), "n_pairs": counts.get("n_pairs")}
     if as_json:
         _print_json(summary)
+        return
+    for line in dataset_lines(summary):
+        typer.echo(line)
+
+
+def _by_task_hardware(frame) -> list[dict]:
+    """Per (task, hardware): measurements, failed ones, correct candidate kernels and their bins."""
+    import polars as pl
+
+    from models.bins import NUM_BINS, speedups_to_bins
+    from pipelines.curation.pairs import labels
+
+    if frame.height == 0:
+        return []
+    agg = frame.group_by("task", "hardware_id").agg(pl.len().alias("measurements"),
+                                                    (pl.col("status") != "ok").sum().alias("failed"))
+    rows = {(r["task"], r["hardware_id"]): {**r, "correct_kernels": 0, "by_bin": [0] * NUM_BINS}
+            for r in agg.iter_rows(named=True)}
+    lab = labels(frame)
+    cand = lab.filter(pl.col("correct") & pl.col("speedup").is_not_null()
+                      & (pl.col("generator").fill_null("") != "reference"))
+    if cand.height:
+        bins = speedups_to_bins(cand["speedup"].to_numpy())
+        for task, hw, b in zip(cand["task"].to_list(), cand["hardware_id"].to_list(), bins.tolist()):
+            row = rows.setdefault((task, hw), {"task": task, "hardware_id": hw, "measurements": 0, "failed": 0,
+                                               "correct_kernels": 0, "by_bin": [0] * NUM_BINS})
+            row["correct_kernels"] += 1
+            row["by_bin"][b - 1] += 1
+    return [{k: int(v) if isinstance(v, int) else v for k, v in r.items()} for _, r in sorted(rows.items())]
+
+
+def dataset_lines(summary: dict) -> list[str]:
+    """`kernelcast dataset` as text: the two counts, labelled, then one row per task and hardware."""
+    from models.bins import BIN_NAMES, NUM_BINS
+    from orchestration.cli_common import aligned_table
+
+    status = summary.get("by_status", {})
+    ok, n = status.get("ok", 0), summary.get("n_measurements", 0)
+    lines = [f"warehouse: {n:,} measurements ({ok:,} ok, {n - ok:,} failed) of {summary.get('n_kernels', 0):,} kernels, "
+             f"{summary.get('n_tasks', 0)} tasks, {summary.get('n_hardware', 0)} hardware"]
+    ds = summary.get("dataset_version")
+    if ds:
+        lines.append(f"dataset {ds['dataset_version']} (current): {ds['n_measurements'] or 0:,} of them make "
+                     f"its {ds['n_pairs'] or 0:,} pairs (correct measurements of the labelling protocol)")
     else:
-        typer.echo(summary_markdown(summary))
+        lines.append("no dataset version yet: `kernelcast run` curates one")
+    rows = [[r["task"], r["hardware_id"], r["measurements"], r["failed"], r["correct_kernels"], *r["by_bin"]]
+            for r in summary.get("by_task_hardware", [])]
+    lines += ["", *aligned_table(["task", "hardware", "measured", "failed", "correct",
+                                  *[f"b{b}" for b in range(1, NUM_BINS + 1)]], rows)]
+    lines += ["", "correct: correct candidate kernels (the reference not counted), b1..b8 their speedup bins:"]
+    lines += ["  " + "; ".join(f"b{i + 1} {name}" for i, name in enumerate(BIN_NAMES[j:j + 4], start=j))
+              for j in (0, 4)]
+    failures = summary.get("by_failure_kind", {})
+    if failures:
+        lines.append("failed: " + ", ".join(f"{k} {v:,}" for k, v in failures.items()))
+    return lines
 
 
 # ---- generate -----------------------------------------------------------------------------
@@ -262,7 +359,7 @@ def check(
     task: str = typer.Option(..., "--task", help="Task name."),
     kernel: Path = typer.Option(..., "--kernel", exists=True, dir_okay=False, help="A module defining custom_kernel(data)."),
     timeout_s: float = typer.Option(120.0, help="Seconds before the kernel is killed."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Check a kernel's correctness on the task's small cases on the CPU (Triton interpreter),
     in a sandboxed child process with a timeout, judged by a process the kernel never ran in.
@@ -318,7 +415,7 @@ def evaluate(
                                    help="Parquet: pair_id, task, true_speedup, p1..p8 [, predicted_bin, repeat, parse_ok]."),
     n_boot: int = typer.Option(1000, help="Bootstrap replicates for the 95% intervals."),
     report: Path | None = typer.Option(None, help="Also write an HTML report into this folder."),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Score a forecasts file: Brier, CRPS, NLL, accuracy, ECE, AURC, speedup recovered (method.md)."""
     import polars as pl
@@ -548,7 +645,7 @@ def promote(
     version: int = typer.Option(..., "--version", min=1, help="Registered version of kernelcast-surrogate."),
     alias: str = typer.Option("champion", "--alias", help="champion | challenger."),
     profile: str | None = ProfileOpt,
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Point an alias of models:/kernelcast-surrogate at a version by hand (manual promotion).
 

@@ -11,7 +11,14 @@ from pathlib import Path
 
 import typer
 
-from orchestration.cli_common import CliError, ProfileOpt, _print_json, _settings, one_line_errors
+from orchestration.cli_common import (
+    CliError,
+    JsonOpt,
+    ProfileOpt,
+    _print_json,
+    _settings,
+    one_line_errors,
+)
 
 
 def _table(settings, hardware_id: str, source: str):
@@ -46,7 +53,7 @@ def search_sim(
     out: Path = typer.Option(None, "--out", help="Also write the full report (JSON, runs and curves) here."),
     png: Path = typer.Option(None, "--png", help="Also draw the curves into this PNG."),
     profile: str | None = ProfileOpt,
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    as_json: bool = JsonOpt,
 ) -> None:
     """Simulate PUCT search on the measured space: standard, surrogate-filtered, random-filtered
     and selective at the same GPU budget; per task, the mean best speedup over seeds."""

@@ -5,6 +5,11 @@ Third-party output (pip and library warnings, Hugging Face and tqdm bars, MLflow
 the trainer's dicts, Dagster's own console log) is silenced at the entry point: while the graph
 runs, this process's stdout and stderr (file descriptors 1 and 2, so child processes too) point
 at $KERNELCAST_HOME/logs/run-<time>.log, and the display writes to the terminal it saved first.
+
+The live line must not take sys.stdout / sys.stderr back: rich's Progress replaces them by
+default with proxies that print onto its console, which is the terminal. Dagster's console
+handler, created after the display starts, would then write every DEBUG event to the screen
+(in a terminal only: rich redirects only when its console is one, so a pipe looked clean).
 """
 
 from __future__ import annotations
@@ -34,6 +39,8 @@ QUIET_ENV = {
 }
 NAME_WIDTH = 24
 DETAIL_WIDTH = 80 - 16 - NAME_WIDTH  # "  ok NAME  12.3 s  detail" fits 80 columns
+# The live line: spinner, text, a 16-wide bar, "12/15" and "0:01:23" fit 80 columns with 46 of text.
+DESCRIPTION_WIDTH = 46
 
 
 def quiet_third_parties() -> None:
@@ -67,6 +74,29 @@ def output_to(logfile: io.TextIOBase) -> Iterator[tuple[io.TextIOBase, io.TextIO
             os.close(fd)
         err.flush()
         out.flush()
+
+
+def step_activity(message: str) -> str:
+    """What a step's log line says it is doing, for the live line: "[i/n]" first, then its words.
+
+    >>> step_activity("[3/9] layer_norm: 4 kernels")
+    '3/9 layer_norm: 4 kernels'
+    >>> step_activity("fitting cost_model on 1500 pairs\\nmore")
+    'fitting cost_model on 1500 pairs'
+    """
+    first = message.strip().splitlines()[0] if message.strip() else ""
+    m = PROGRESS.search(first)
+    if m:
+        rest = (first[: m.start()] + first[m.end():]).strip(" :-")
+        return f"{m.group(1)}/{m.group(2)}" + (f" {rest}" if rest else "")
+    return first
+
+
+def check_reason(evaluation) -> str:
+    """Why a check did not pass, in one line: its description (what it found), else nothing."""
+    text = (getattr(evaluation, "description", None) or "").strip()
+    first = text.splitlines()[0] if text else ""
+    return first if len(first) <= 2 * DETAIL_WIDTH else first[: 2 * DETAIL_WIDTH - 3] + "..."
 
 
 def asset_detail(meta: dict[str, Any]) -> str:
@@ -110,8 +140,10 @@ class RunDisplay:
         )
 
         self.console = console
-        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=20),
-                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True)
+        # redirect_*=False: see the module docstring (library output stays in the log file).
+        self.progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=16),
+                                 MofNCompleteColumn(), TimeElapsedColumn(), console=console, transient=True,
+                                 redirect_stdout=False, redirect_stderr=False)
         self.task = None
         self.mark = time.time()
         self.job, self.step, self.inner = "", "", ""
@@ -125,8 +157,10 @@ class RunDisplay:
 
     def _describe(self) -> None:
         if self.task is not None:
-            text = f"{self.job}: {self.step}" + (f" {self.inner}" if self.inner else "")
-            self.progress.update(self.task, description=text[:48])
+            from rich.markup import escape
+
+            text = f"{self.step}" + (f" {self.inner}" if self.inner else "")
+            self.progress.update(self.task, description=escape(text[:DESCRIPTION_WIDTH]))
 
     def run_started(self, job: str, partition: str | None) -> None:
         from rich.markup import escape
@@ -142,10 +176,9 @@ class RunDisplay:
 
     def __call__(self, entry) -> None:
         ev = entry.dagster_event
-        if ev is None:  # a step's own log line: progress when it says [i/n]
-            m = PROGRESS.search(entry.user_message or "")
-            if m:
-                self.inner = f"({m.group(1)}/{m.group(2)})"
+        if ev is None:  # a step's own log line: what it is doing now, "[i/n]" how far
+            if entry.level >= logging.INFO and entry.user_message:
+                self.inner = step_activity(entry.user_message)
                 self._describe()
             return
         kind = ev.event_type_value
@@ -168,9 +201,13 @@ class RunDisplay:
         elif kind == "ASSET_CHECK_EVALUATION":
             c = ev.event_specific_data
             if not c.passed:
+                from rich.markup import escape
+
                 error = c.severity.value == "ERROR"
                 word = "[red]FAILED check[/]" if error else "[yellow]warning[/]"
-                self.console.print(f"     {word} {c.check_name}", highlight=False)
+                why = check_reason(c)
+                self.console.print(f"     {word} {c.check_name}" + (f": {escape(why)}" if why else ""),
+                                   highlight=False)
         elif kind == "STEP_FAILURE":
             self.console.print(f"  [red]FAILED[/] {ev.step_key}", highlight=False)
 

@@ -1,4 +1,4 @@
-"""`kernelcast run`: the jobs of the code location, in process, on the instance `dagster dev` sees.
+"""`kernelcast run`: the jobs of the code location, in process, on the instance `dg dev` sees.
 
     candidates_job -> measurement_ingest_job (one run per hardware partition) -> downstream_job
 
@@ -37,7 +37,7 @@ LOCATION_NAME = "orchestration.definitions"  # what workspace.yaml's python_modu
 REPOSITORY_NAME = "__repository__"  # Dagster's name for a Definitions object's repository
 DAGSTER_YAML = """\
 # Written by kernelcast (orchestration/runner.py): the instance that `kernelcast run`,
-# `kernelcast ui` and `DAGSTER_HOME=<this folder> dagster dev -w workspace.yaml` share.
+# `kernelcast ui` and `DAGSTER_HOME=<this folder> dg dev` (or `dg dev -w workspace.yaml`) share.
 # DuckDB allows one writer per file: every step that opens the warehouse is in the pool
 # duckdb_writer, and pools default to one step at a time, across runs too.
 concurrency:
@@ -80,7 +80,8 @@ class RunSummary:
 
 
 def _origin(job_name: str):
-    """The origin `dagster dev -w workspace.yaml` gives this job, so the UI can re-execute the run."""
+    """The origin `dg dev` (pyproject's [tool.dg], or `-w workspace.yaml`) gives this job, under the
+    same location name, so the UI can re-execute the run."""
     from dagster._core.remote_origin import (
         ManagedGrpcPythonEnvCodeLocationOrigin,
         RemoteJobOrigin,

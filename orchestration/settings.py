@@ -230,7 +230,10 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
     if name == "smoke":
         return replace(
             base,
-            generation=GenerationSettings(kernels_per_task=4, cpu_check_sample=1, workers=1, compile_features=False),
+            # No interpreter check: one kernel per task under Triton's interpreter was 5-6 s per
+            # task, 50 of the 52 s kernel_candidates took (measured 2026-12-02, 2 loaded cores);
+            # the check path has tests of its own (tests/test_cli.py, tests/test_profiling_*).
+            generation=GenerationSettings(kernels_per_task=4, cpu_check_sample=0, workers=1, compile_features=False),
             profiling=ProfilingSettings(max_kernels=20, compile_workers=1),
             curation=CurationSettings(eval_per_bin=3, cross_pairs_per_task=20),
             evaluation=EvaluationSettings(n_boot=50, repeats=1, lm_models=()),
@@ -244,7 +247,9 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
                                         llm="supervised", supervised_epochs=2, supervised_rows=48,
                                         classical_params=(("cost_model", "max_iter", 40), ("text_model", "max_features", 3000),
                                                           ("text_model", "ngram_max", 1)),
-                                        classical_max_fit=1500),
+                                        # 4 fits (2 kinds x 2 splits) on 1,500 pairs took 127 s
+                                        # of a 664 s smoke run on 2 loaded cores; 500 exercise the same code.
+                                        classical_max_fit=500),
             # The oracle: tests run the search without training a cost model first.
             search=SearchSettings(tasks=("softmax", "rms_norm"), seeds=3, forecaster="oracle"),
         )

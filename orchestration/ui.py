@@ -1,5 +1,12 @@
 """`kernelcast ui`: the Dagster UI and the MLflow UI side by side on 127.0.0.1.
 
+Dagster is served by `dg dev` (dagster-dg-cli) from the project's `[tool.dg]` settings in
+pyproject.toml: the code location `orchestration.definitions`, under the same name as
+workspace.yaml gives it, on the instance under $KERNELCAST_HOME/dagster that `kernelcast run`
+writes to. Both servers' own output (the daemon's INFO lines, MLflow's access log, deprecation
+warnings) goes to $KERNELCAST_HOME/logs/ui-<time>.log; the terminal gets the two URLs and
+where that log is.
+
 Both servers run as child process groups; Ctrl-C or SIGTERM stops both (SIGTERM to each group,
 then SIGKILL after a grace period), so nothing is left listening.
 """
@@ -17,16 +24,17 @@ from orchestration.runner import prepare_home
 from orchestration.settings import Settings
 
 GRACE_S = 10.0
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _commands(settings: Settings, dagster_port: int, mlflow_port: int) -> dict[str, list[str]]:
-    repo = Path(__file__).resolve().parent.parent
     bin_dir = Path(sys.executable).parent
+    dg_cli = bin_dir / "dg"
+    # dg dev from the repository root reads [tool.dg]; without dagster-dg-cli, the workspace file.
+    dagster = ([str(dg_cli), "dev"] if dg_cli.exists()
+               else [str(bin_dir / "dagster"), "dev", "-w", str(REPO / "workspace.yaml")])
     return {
-        "dagster": [
-            str(bin_dir / "dagster"), "dev", "-w", str(repo / "workspace.yaml"),
-            "-h", "127.0.0.1", "-p", str(dagster_port),
-        ],
+        "dagster": [*dagster, "-h", "127.0.0.1", "-p", str(dagster_port), "--log-level", "warning"],
         "mlflow": [
             str(bin_dir / "mlflow"), "server", "--backend-store-uri", settings.mlflow_uri,
             "--default-artifact-root", settings.mlflow_artifacts.resolve().as_uri(),
@@ -56,7 +64,9 @@ def stop(procs: dict[str, subprocess.Popen]) -> None:
 
 def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000) -> None:
     prepare_home(settings)
-    env = dict(os.environ)
+    log_path = settings.home / "logs" / f"ui-{time.strftime('%Y%m%d-%H%M%S')}.log"
+    # The servers' Python warnings go to the log like the rest of their output.
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     procs: dict[str, subprocess.Popen] = {}
     stopping = False
 
@@ -66,16 +76,20 @@ def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000)
 
     signal.signal(signal.SIGTERM, _on_signal)
     signal.signal(signal.SIGINT, _on_signal)
-    try:
-        for name, cmd in _commands(settings, dagster_port, mlflow_port).items():
-            # start_new_session: the server and its own children form one group we can stop.
-            procs[name] = subprocess.Popen(cmd, env=env, cwd=Path(__file__).resolve().parent.parent, start_new_session=True)
-        print(f"Dagster UI: http://127.0.0.1:{dagster_port}   MLflow UI: http://127.0.0.1:{mlflow_port}   (Ctrl-C stops both)", flush=True)
-        while not stopping:
-            dead = [n for n, p in procs.items() if p.poll() is not None]
-            if dead:
-                raise RuntimeError(f"{dead[0]} server exited with code {procs[dead[0]].returncode}")
-            time.sleep(0.5)
-    finally:
-        stop(procs)
-        print("stopped Dagster and MLflow UIs", flush=True)
+    with open(log_path, "a", buffering=1) as log:
+        try:
+            for name, cmd in _commands(settings, dagster_port, mlflow_port).items():
+                # start_new_session: the server and its own children form one group we can stop.
+                procs[name] = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True,
+                                               stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            print(f"Dagster UI: http://127.0.0.1:{dagster_port}\nMLflow UI:  http://127.0.0.1:{mlflow_port}\n"
+                  f"log: {log_path}   (Ctrl-C stops both)", flush=True)
+            while not stopping:
+                dead = [n for n, p in procs.items() if p.poll() is not None]
+                if dead:
+                    raise RuntimeError(f"{dead[0]} server exited with code {procs[dead[0]].returncode} "
+                                       f"(see {log_path})")
+                time.sleep(0.5)
+        finally:
+            stop(procs)
+            print("stopped Dagster and MLflow UIs", flush=True)

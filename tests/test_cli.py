@@ -230,3 +230,86 @@ def test_run_headline_reports_a_broken_report_in_one_line(tmp_path):
     (settings.reports_dir / "ds-x" / "metrics.json").write_text('{"baseline:uniform": {"n": 4,')
     lines = _run_headline(settings)
     assert len(lines) == 1 and lines[0].startswith("(no summary: JSONDecodeError")
+
+
+def _commands() -> list[list[str]]:
+    import typer
+
+    group = typer.main.get_command(app)
+    out = []
+    for name, cmd in group.commands.items():
+        subs = getattr(cmd, "commands", None)
+        out += [[name, sub] for sub in subs] if subs else [[name]]
+    return out
+
+
+def test_version():
+    res = runner.invoke(app, ["--version"])
+    assert res.exit_code == 0 and res.output.startswith("kernelcast ")
+
+
+@pytest.mark.parametrize("command", _commands(), ids=" ".join)
+def test_help_is_readable(command):
+    """No Python type names or range brackets; every --json says what it prints; fits 100 columns."""
+    res = runner.invoke(app, [*command, "--help"], env={"COLUMNS": "100"}, terminal_width=100)
+    assert res.exit_code == 0, res.output
+    out = res.output
+    for ugly in ("<bool>", "<str>", "<int", "<float", "<path>", "<list[", "[x>=", "[x<="):
+        assert ugly not in out, f"{ugly} in {command} help:\n{out}"
+    for line in out.splitlines():
+        if "--json" in line:
+            assert line.split("--json", 1)[1].strip(" │"), f"--json without help in {command}:\n{out}"
+    assert all(len(line) <= 100 for line in out.splitlines())
+
+
+def test_help_reflows_sentences():
+    """A docstring's line breaks do not cut a command's summary in the command list."""
+    out = runner.invoke(app, ["--help"], terminal_width=100).output
+    ingest = next(i for i, line in enumerate(out.splitlines()) if "│ ingest " in line)
+    assert "good files go in" in " ".join(out.splitlines()[ingest:ingest + 2])
+
+
+@pytest.mark.parametrize("args, words", [
+    (["check", "--task", "softmax", "--kernel", "/no/such/kernel.py"], "does not exist"),
+    (["generate", "--task", "softmax", "--count", "0", "--out", "x.parquet"], "--count"),
+    (["generate", "--out", "x.parquet"], "--task"),
+    (["no-such-command"], "no-such-command"),
+])
+def test_usage_errors_are_one_line(args, words):
+    res = runner.invoke(app, args)
+    assert res.exit_code == 2
+    assert words in _one_line_error(res)
+
+
+def test_tasks_and_dataset_tables_fit_100_columns(home):
+    from orchestration.cli import dataset_lines
+
+    res = runner.invoke(app, ["tasks"])
+    assert res.exit_code == 0, res.output
+    assert all(len(line) <= 100 for line in res.output.splitlines())
+    summary = {"n_measurements": 10, "n_kernels": 6, "n_tasks": 1, "n_hardware": 1, "by_status": {"ok": 9, "failed": 1},
+               "by_failure_kind": {"timeout": 1},
+               "dataset_version": {"dataset_version": "ds-1", "n_measurements": 7, "n_pairs": 5},
+               "by_task_hardware": [{"task": "matmul_bias_gelu", "hardware_id": "nvidia-h200-sm90", "measurements": 10,
+                                     "failed": 1, "correct_kernels": 5, "by_bin": [1, 2, 0, 0, 1, 1, 0, 0]}]}
+    lines = dataset_lines(summary)
+    assert lines[0].startswith("warehouse: 10 measurements (9 ok, 1 failed)")
+    assert lines[1].startswith("dataset ds-1 (current): 7 of them make its 5 pairs")
+    header = next(line for line in lines if line.startswith("task"))
+    assert header.split()[:5] == ["task", "hardware", "measured", "failed", "correct"]
+    assert all(len(line) <= 100 for line in lines)
+
+
+def test_the_entry_point_turns_library_progress_bars_off(monkeypatch):
+    """`forecast --model models:/.../N` downloads artifacts (MLflow) and loads weights
+    (transformers): their bars are off for every command, before any of them is imported."""
+    from orchestration.cli_common import QUIET_LIBRARIES_ENV
+
+    for key in QUIET_LIBRARIES_ENV:
+        monkeypatch.delenv(key, raising=False)
+    assert runner.invoke(app, ["tasks", "--json"]).exit_code == 0
+    import os
+
+    assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"
+    assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
+    assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"

@@ -1,4 +1,5 @@
-"""`kernelcast ui` serves Dagster and MLflow on 127.0.0.1 and stops both cleanly on SIGTERM."""
+"""`kernelcast ui` serves Dagster (through `dg dev`) and MLflow on 127.0.0.1, quietly (their own output
+goes to a log file under $KERNELCAST_HOME/logs), and stops both cleanly on SIGTERM."""
 
 from __future__ import annotations
 
@@ -58,5 +59,11 @@ def test_ui_serves_both_and_stops_on_sigterm(tmp_path):
         out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, out
     assert "stopped Dagster and MLflow UIs" in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    # The two URLs, the log, the stop line: no daemon INFO, access log or deprecation warning.
+    assert len(lines) == 4, out
+    assert f"http://127.0.0.1:{dport}" in lines[0] and f"http://127.0.0.1:{mport}" in lines[1]
+    log = Path(lines[2].split("log: ", 1)[1].split()[0])
+    assert log.parent == tmp_path / "home" / "logs" and log.stat().st_size > 0
     time.sleep(1)
     assert not _listening(dport) and not _listening(mport)
