@@ -2,6 +2,11 @@
 
 Both servers run as child process groups; Ctrl-C or SIGTERM stops both (SIGTERM to each group,
 then SIGKILL after a grace period), so nothing is left listening.
+
+The MLflow link printed is its experiment list in the classic-ML view (the UI's own home page
+is a GenAI welcome page); the store is prepared first (the project's experiments, artifact
+locations of this home, no empty Default). The MLflow port reaches every child as
+$KERNELCAST_MLFLOW_PORT, so run links made by the Dagster code location point at this server.
 """
 
 from __future__ import annotations
@@ -55,7 +60,11 @@ def stop(procs: dict[str, subprocess.Popen]) -> None:
 
 
 def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000) -> None:
+    from models.tracking import MLFLOW_PORT_ENV, experiments_url, prepare_store
+
     prepare_home(settings)
+    prepare_store(settings.mlflow_uri)
+    os.environ[MLFLOW_PORT_ENV] = str(mlflow_port)  # run links of this process and its children
     env = dict(os.environ)
     procs: dict[str, subprocess.Popen] = {}
     stopping = False
@@ -70,7 +79,8 @@ def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000)
         for name, cmd in _commands(settings, dagster_port, mlflow_port).items():
             # start_new_session: the server and its own children form one group we can stop.
             procs[name] = subprocess.Popen(cmd, env=env, cwd=Path(__file__).resolve().parent.parent, start_new_session=True)
-        print(f"Dagster UI: http://127.0.0.1:{dagster_port}   MLflow UI: http://127.0.0.1:{mlflow_port}   (Ctrl-C stops both)", flush=True)
+        print(f"Dagster UI: http://127.0.0.1:{dagster_port}   MLflow UI: {experiments_url(mlflow_port)}   "
+              "(Ctrl-C stops both)", flush=True)
         while not stopping:
             dead = [n for n, p in procs.items() if p.poll() is not None]
             if dead:
