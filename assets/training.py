@@ -82,7 +82,7 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
     from models.base_model import resolve_base_model
     from pipelines.training import llm
     from pipelines.training.export import row_builder
-    from warehouse.lineage import read_model_lineage
+    from warehouse.lineage import lineage_of, read_model_lineage
 
     sur = cfg.surrogate
     base_path = resolve_base_model(sur.base_model, cfg.home)
@@ -100,12 +100,14 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
         else:
             raise dg.Failure(f"unknown surrogate.llm setting {sur.llm!r}: committed, supervised or grpo")
         lineage = read_model_lineage(con, "kernelcast-surrogate")
+        trained = lineage_of(con, "kernelcast-surrogate", out.version)  # the fit's dataset, held or not
     recorded = set(lineage["model_version"].to_list()) if lineage.height else set()
     missing = [] if str(out.version) in recorded else [str(out.version)]
     context.log.info(f"LLM surrogate: version {out.version} ({out.source}, {'re-used' if out.reused else 'registered'})")
     return dg.MaterializeResult(
         metadata={"dataset_version": version, "registered_model": "kernelcast-surrogate", "versions": str(out.version),
                   "source": out.source, "reused": out.reused, **{k: float(v) for k, v in out.metrics.items()},
+                  **({"trained_dataset_version": trained["dataset_version"], "lineage": trained["note"]} if trained else {}),
                   **({"mlflow_run_id": out.run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(out.run_id))} if out.run_id else {})},
         check_results=[dg.AssetCheckResult(check_name=SURROGATE_REGISTERED_WITH_LINEAGE, passed=not missing,
                                            severity=dg.AssetCheckSeverity.ERROR,

@@ -14,8 +14,13 @@ links version, run and model, and it loads the way MLflow users expect:
     model, tokenizer = load_surrogate(local, resolve_base_model("smollm2"))    # our readouts
 
 Versions carry the tags `kind` (llm, cost_model, text_model: every kind is a version of the same
-model and promotion weighs them alike), dataset_version and base_model; promotion moves
-aliases ("champion", "challenger"), never stages (stack.md). `register_logged_model` is the
+model and promotion weighs them alike), `dataset_version` (the dataset version of the run that
+registered it, whose eval pairs it is scored on), `trained_dataset_version` (the one its fit
+used: the same for a version trained here, an older one for an adapter trained on a GPU host;
+the warehouse's `model_lineage` row names the same) and base_model. Promotion moves two aliases,
+never stages (stack.md): `@champion` (the version forecasts are served from) and `@challenger`
+(the best candidate of the last promotion that is not the champion); `set_aliases` moves both
+at once, `aliases` reads both, `clear_alias` removes one. `register_logged_model` is the
 generic part any kind of model uses (e.g. a scikit-learn forecaster logged with
 `mlflow.sklearn.log_model`).
 
@@ -51,6 +56,9 @@ def _client(tracking_uri: str):
     import mlflow
     from mlflow import MlflowClient
 
+    from models.tracking import open_store
+
+    open_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
     return MlflowClient(tracking_uri, registry_uri=tracking_uri)
@@ -173,6 +181,8 @@ def register_surrogate(
     tags: Mapping[str, str] | None = None,
     prompt_style: str | None = None,
     base_model_path: str | Path | None = None,
+    trained_dataset_version: str | None = None,
+    trained_dataset_held: bool = True,
 ) -> int:
     """Log a trained adapter as an MLflow model of its run and register it as a new version.
 
@@ -191,6 +201,11 @@ def register_surrogate(
         prompt_style: the prompt style it was trained with (metadata, a version tag):
             forecasts must use the same style.
         base_model_path: the base checkpoint (default: `resolve_base_model(base_model)`).
+        trained_dataset_version: the dataset version its fit used, when not `dataset_version`
+            (an adapter trained on a GPU host from an older version): the version tag
+            `trained_dataset_version`, the metadata and the lineage row name it.
+        trained_dataset_held: whether the warehouse holds that version; False records the
+            lineage row anyway, marked as not held, instead of refusing it.
     Returns:
         The new version number.
     Raises:
@@ -206,9 +221,12 @@ def register_surrogate(
         base_model_path = resolve_base_model(base_model)
     client = _client(tracking_uri)
     run = client.get_run(run_id)
-    info = log_adapter_model(tracking_uri, run_id, adapter_dir, base_model, base_model_path, prompt_style,
-                             dataset_version)
-    version_tags = {"base_model": base_model, "dataset_version": dataset_version or ""}
+    trained = trained_dataset_version or dataset_version
+    info = log_adapter_model(tracking_uri, run_id, adapter_dir, base_model, base_model_path, prompt_style, trained)
+    version_tags = {"base_model": base_model, "dataset_version": dataset_version or "",
+                    "trained_dataset_version": trained or ""}
+    if not trained_dataset_held:
+        version_tags["trained_dataset_held"] = "false"
     if dagster_run_id:
         version_tags["dagster_run_id"] = dagster_run_id
     if prompt_style:
@@ -216,7 +234,9 @@ def register_surrogate(
     version_tags.update({k: str(v) for k, v in (tags or {}).items()})
     version = register_logged_model(
         tracking_uri, info.model_uri, name, run_id=run_id, kind="llm", tags=version_tags, alias=alias,
-        description=f"LoRA adapter on {base_model}, trained on dataset {dataset_version}",
+        description=f"LoRA adapter on {base_model}, trained on dataset {trained}"
+                    + (" (not held by this warehouse)" if not trained_dataset_held else "")
+                    + (f", scored on {dataset_version}" if dataset_version and dataset_version != trained else ""),
     )
     if con is not None:
         from warehouse.lineage import record_model_lineage
@@ -225,11 +245,12 @@ def register_surrogate(
             con,
             name,
             version,
-            dataset_version,  # type: ignore[arg-type]
+            trained,  # type: ignore[arg-type]
             mlflow_run_id=run_id,
             base_model=base_model,
             git_commit=run.data.tags.get("git_commit"),
             dagster_run_id=dagster_run_id or run.data.tags.get("dagster_run_id"),
+            require_held=trained_dataset_held,
         )
     return version
 
@@ -239,6 +260,42 @@ def set_alias(tracking_uri: str, alias: str, version: int | str, name: str = DEF
     if alias not in ALIASES:
         raise ValueError(f"alias must be one of {ALIASES}, got {alias!r}")
     _client(tracking_uri).set_registered_model_alias(name, alias, str(version))
+
+
+def set_aliases(tracking_uri: str, champion: int | str | None = None, challenger: int | str | None = None,
+                name: str = DEFAULT_NAME) -> dict[str, int | None]:
+    """A promotion's outcome in the registry: `@champion` and `@challenger` where given (None
+    leaves an alias as it is); a challenger equal to the champion is not set (the challenger is
+    the best candidate that is *not* the champion) and an old one pointing there is removed.
+
+    Returns:
+        Both aliases afterwards (`aliases`).
+    """
+    if champion is not None:
+        set_alias(tracking_uri, "champion", champion, name)
+    current = alias_version(tracking_uri, "champion", name)
+    if challenger is not None and (current is None or int(challenger) != current):
+        set_alias(tracking_uri, "challenger", challenger, name)
+    if current is not None and alias_version(tracking_uri, "challenger", name) == current:
+        clear_alias(tracking_uri, "challenger", name)
+    return aliases(tracking_uri, name)
+
+
+def aliases(tracking_uri: str, name: str = DEFAULT_NAME) -> dict[str, int | None]:
+    """{"champion": N or None, "challenger": N or None}."""
+    return {alias: alias_version(tracking_uri, alias, name) for alias in ALIASES}
+
+
+def clear_alias(tracking_uri: str, alias: str, name: str = DEFAULT_NAME) -> None:
+    """Remove `alias` (no error when it is not set)."""
+    from mlflow.exceptions import MlflowException
+
+    if alias not in ALIASES:
+        raise ValueError(f"alias must be one of {ALIASES}, got {alias!r}")
+    try:
+        _client(tracking_uri).delete_registered_model_alias(name, alias)
+    except MlflowException:
+        pass
 
 
 def alias_version(tracking_uri: str, alias: str, name: str = DEFAULT_NAME) -> int | None:

@@ -12,6 +12,11 @@ for the reference forecasters (uniform, bin prior, oracle), an external LoggedMo
 Metric names stay plain (`brier`, `ece`, ...): the model and the eval dataset are links, not
 parts of the name.
 
+The store moves with its home: artifact locations are written as absolute `file://` URIs (what
+MLflow's sqlite store keeps), and `open_store` re-roots every location that points into another
+folder's `mlartifacts/` onto the one beside the database, the first time a process opens it. A
+copied or moved `$KERNELCAST_HOME` therefore reads and writes only its own artifacts.
+
 This module never imports dagster; the tracking URI is a plain string.
 """
 
@@ -19,7 +24,10 @@ from __future__ import annotations
 
 import logging
 import math
+import os
+import sqlite3
 import tempfile
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -33,12 +41,119 @@ EVAL_METRICS = ("brier", "crps", "nll", "accuracy", "ece", "aurc", "recovered_me
 _SKIP_KEYS = ("step", "epoch")
 
 
+ARTIFACTS_DIR = "mlartifacts"  # beside mlflow.db: the home's artifact root
+# The MLflow UI's port, set by `kernelcast ui --mlflow-port` for every process it starts; links
+# to runs are built from it (run_url), so they follow the port the UI really listens on.
+MLFLOW_PORT_ENV = "KERNELCAST_MLFLOW_PORT"
+DEFAULT_MLFLOW_PORT = 5000
+# Columns of MLflow's sqlite store that hold artifact locations (others hold ids and text).
+_LOCATION_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
+                     ("logged_models", "artifact_location"), ("model_versions", "source"),
+                     ("model_versions", "storage_location"))
+_opened: set[str] = set()
+_open_lock = threading.Lock()
+
+
 def _client(tracking_uri: str):
     import mlflow
     from mlflow import MlflowClient
 
+    open_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     return MlflowClient(tracking_uri)
+
+
+def sqlite_path(tracking_uri: str) -> Path | None:
+    """The database file of a `sqlite:///` tracking URI, None for any other store.
+
+    >>> str(sqlite_path("sqlite:////tmp/home/mlflow.db"))
+    '/tmp/home/mlflow.db'
+    >>> sqlite_path("http://127.0.0.1:5000") is None
+    True
+    """
+    return Path(tracking_uri[len("sqlite:///"):]) if tracking_uri.startswith("sqlite:///") else None
+
+
+def artifact_root(tracking_uri: str) -> str | None:
+    """The artifact root of a sqlite store: `mlartifacts/` beside its database, as a file URI."""
+    db = sqlite_path(tracking_uri)
+    return (db.parent / ARTIFACTS_DIR).resolve().as_uri() if db is not None else None
+
+
+def reroot_artifacts(tracking_uri: str) -> int:
+    """Point every artifact location of a sqlite store that lies in another folder's
+    `mlartifacts/` (the store was copied or moved with its home) at this store's own.
+
+    Returns:
+        The number of locations rewritten (0: nothing pointed elsewhere, or no store yet).
+    """
+    db, root = sqlite_path(tracking_uri), artifact_root(tracking_uri)
+    if db is None or root is None or not db.is_file():
+        return 0
+    marker = f"/{ARTIFACTS_DIR}"
+    with sqlite3.connect(db, timeout=60) as con:
+        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+        columns = [(t, c) for t, c in _LOCATION_COLUMNS if t in tables
+                   and c in {r[1] for r in con.execute(f"PRAGMA table_info({t})")}]
+        old_roots: set[str] = set()
+        for table, column in columns:
+            for (value,) in con.execute(f"SELECT DISTINCT {column} FROM {table} WHERE {column} LIKE 'file://%'"):
+                # the root is the path up to its last `/mlartifacts` segment (followed by the
+                # experiment's own folders, or nothing)
+                cut = value.rfind(marker + "/")
+                end = cut + len(marker) if cut >= 0 else (len(value) if value.endswith(marker) else -1)
+                if end > 0 and value[:end] != root:
+                    old_roots.add(value[:end])
+        changed = 0
+        for old in sorted(old_roots, key=len, reverse=True):
+            for table, column in columns:
+                cur = con.execute(
+                    f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
+                    f"WHERE {column} = ? OR substr({column}, 1, ?) = ?",
+                    [root, len(old) + 1, old, len(old) + 1, old + "/"])
+                changed += cur.rowcount
+    if changed:
+        log.info("re-rooted %d artifact locations of %s onto %s", changed, db, root)
+    return changed
+
+
+def open_store(tracking_uri: str) -> None:
+    """Once per process and store: re-root artifact locations left by an older home."""
+    with _open_lock:
+        if tracking_uri in _opened:
+            return
+        db = sqlite_path(tracking_uri)
+        if db is not None and not db.is_file():
+            return  # MLflow creates it; the next open (after the first experiment) checks it
+        reroot_artifacts(tracking_uri)
+        _opened.add(tracking_uri)
+
+
+def mlflow_port() -> int:
+    """The MLflow UI's port: $KERNELCAST_MLFLOW_PORT (set by `kernelcast ui`), else 5000."""
+    value = os.environ.get(MLFLOW_PORT_ENV, "")
+    return int(value) if value.isdigit() and 0 < int(value) < 65536 else DEFAULT_MLFLOW_PORT
+
+
+def ui_base_url(port: int | None = None) -> str:
+    return f"http://127.0.0.1:{port or mlflow_port()}"
+
+
+def experiments_url(port: int | None = None) -> str:
+    """The MLflow UI's experiment list in its classic-ML view (not the GenAI home page: the UI
+    reads the view from `workflowType` and keeps it for later visits)."""
+    return f"{ui_base_url(port)}/#/experiments?workflowType=machine_learning"
+
+
+def run_url(run_id: str, experiment_id: str | None = None, port: int | None = None) -> str:
+    """A link to a run in the MLflow UI on the port it serves on.
+
+    >>> run_url("abc", "3", port=5123)
+    'http://127.0.0.1:5123/#/experiments/3/runs/abc'
+    """
+    if experiment_id is None:
+        return f"{ui_base_url(port)}/#/runs/{run_id}"
+    return f"{ui_base_url(port)}/#/experiments/{experiment_id}/runs/{run_id}"
 
 
 def step_metrics(logs: Mapping[str, Any], step: int) -> list[Any]:
@@ -74,24 +189,63 @@ class MlflowMetricsCallback(TrainerCallback):
 
 def mlflow_experiment(client: Any, tracking_uri: str, name: str) -> str:
     """The experiment id of `name`, created if missing. For a sqlite store its artifacts go
-    beside the database file (not ./mlruns in whatever directory the process runs from)."""
+    beside the database file (not ./mlruns in whatever directory the process runs from); the
+    store's empty "Default" experiment is retired once ours exists."""
+    open_store(tracking_uri)
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
-    location = None
-    if tracking_uri.startswith("sqlite:///"):
-        location = (Path(tracking_uri[len("sqlite:///"):]).parent / "mlartifacts").resolve().as_uri()
-    return client.create_experiment(name, artifact_location=location)
+    created = client.create_experiment(name, artifact_location=artifact_root(tracking_uri))
+    open_store(tracking_uri)  # a store created just now is checked from here on
+    retire_default_experiment(client)
+    return created
+
+
+PROJECT_EXPERIMENTS = ("kernelcast-training", "kernelcast-evaluation")
+
+
+def prepare_store(tracking_uri: str, experiments: Sequence[str] = PROJECT_EXPERIMENTS) -> list[str]:
+    """The store as the UI should first show it: the project's experiments exist (created
+    beside the store when missing), artifact locations point into this home, no empty Default.
+
+    Returns:
+        The experiments' ids, in order.
+    """
+    client = _client(tracking_uri)
+    ids = [mlflow_experiment(client, tracking_uri, name) for name in experiments]
+    retire_default_experiment(client)
+    return ids
+
+
+def retire_default_experiment(client: Any) -> bool:
+    """Delete MLflow's "Default" experiment (id 0) while it holds no run: every run here names
+    its experiment, and an empty Default is the first thing the UI would list. True if deleted."""
+    from mlflow.entities import ViewType
+    from mlflow.exceptions import MlflowException
+
+    try:
+        default = client.get_experiment("0")
+        if default is None or default.lifecycle_stage != "active":
+            return False
+        if client.search_runs(["0"], max_results=1, run_view_type=ViewType.ALL):
+            return False
+        client.delete_experiment("0")
+    except MlflowException as exc:
+        log.info("Default experiment kept: %s", str(exc).splitlines()[0])
+        return False
+    return True
 
 
 def _dataset_source_class():
     from mlflow.data.dataset_source import DatasetSource
 
-    class _DuckDBPairsSource(DatasetSource):
-        """The pairs table of one dataset version in the kernelcast warehouse."""
+    class _DuckDBSource(DatasetSource):
+        """One table's rows of one dataset version in the kernelcast warehouse
+        (`duckdb:pairs@<version>`, `duckdb:dataset_measurements@<version>`)."""
 
-        def __init__(self, dataset_version: str) -> None:
+        def __init__(self, dataset_version: str, table: str = "pairs") -> None:
             self.dataset_version = dataset_version
+            self.table = table
 
         @staticmethod
         def _get_source_type() -> str:
@@ -102,29 +256,30 @@ def _dataset_source_class():
 
         @property
         def uri(self) -> str:
-            return f"duckdb:pairs@{self.dataset_version}"
+            return f"duckdb:{self.table}@{self.dataset_version}"
 
         @staticmethod
         def _can_resolve(raw_source: Any) -> bool:
-            return isinstance(raw_source, str) and raw_source.startswith("duckdb:pairs@")
+            return isinstance(raw_source, str) and raw_source.startswith("duckdb:") and "@" in raw_source
 
         @classmethod
-        def _resolve(cls, raw_source: Any) -> _DuckDBPairsSource:
-            return cls(str(raw_source).split("@", 1)[1])
+        def _resolve(cls, raw_source: Any) -> _DuckDBSource:
+            table, version = str(raw_source).removeprefix("duckdb:").split("@", 1)
+            return cls(version, table)
 
         def to_dict(self) -> dict[str, Any]:
             return {"uri": self.uri}
 
         @classmethod
-        def from_dict(cls, source_dict: dict[Any, Any]) -> _DuckDBPairsSource:
+        def from_dict(cls, source_dict: dict[Any, Any]) -> _DuckDBSource:
             return cls._resolve(source_dict["uri"])
 
-    return _DuckDBPairsSource
+    return _DuckDBSource
 
 
-def DuckDBPairsSource(dataset_version: str) -> Any:  # noqa: N802 - reads as a class at call sites
-    """An MLflow dataset source naming `duckdb:pairs@<dataset_version>`."""
-    return _dataset_source_class()(dataset_version)
+def DuckDBPairsSource(dataset_version: str, table: str = "pairs") -> Any:  # noqa: N802 - reads as a class at call sites
+    """An MLflow dataset source naming `duckdb:<table>@<dataset_version>` (default the pairs)."""
+    return _dataset_source_class()(dataset_version, table)
 
 
 def pairs_dataset(pair_ids: Sequence[str], true_bins: Sequence[int], dataset_version: str, split: str):
@@ -137,6 +292,57 @@ def pairs_dataset(pair_ids: Sequence[str], true_bins: Sequence[int], dataset_ver
     # MLflow stores at most 36 characters of a digest.
     return mlflow.data.from_pandas(frame, source=DuckDBPairsSource(dataset_version), name=name,
                                    digest=(f"duckdb:pairs@{dataset_version}" + ("" if split == "train" else f":{split}"))[:36])
+
+
+def measurements_dataset(measurement_ids: Sequence[str], dataset_version: str):
+    """An MLflow dataset of the measurements behind a dataset version (DuckDB
+    `dataset_measurements`): what a training run learned from when its pairs are not at hand."""
+    import mlflow
+    import pandas as pd
+
+    frame = pd.DataFrame({"measurement_id": list(measurement_ids)}, dtype=str)
+    return mlflow.data.from_pandas(frame, source=DuckDBPairsSource(dataset_version, "dataset_measurements"),
+                                   name=dataset_version, digest=f"duckdb:dataset_measurements@{dataset_version}"[:36])
+
+
+TRAINED_TAG = "trained_dataset_version"  # the dataset version a fit used (run and version tag)
+HELD_TAG = "trained_dataset_held"  # "false": the warehouse that registered it does not hold it
+
+
+def log_training_data(
+    tracking_uri: str,
+    run_id: str,
+    dataset_version: str,
+    measurement_ids: Sequence[str] | None,
+    pairs: Any = None,
+    held: bool = True,
+) -> None:
+    """What a training run learned from: its dataset as an MLflow input (context "training";
+    source and digest name the DuckDB table and version), the measurement ids as the artifact
+    `measurement_ids.txt`, and the tags `trained_dataset_version` (+ `trained_dataset_held`).
+
+    Args:
+        tracking_uri: MLflow tracking URI.
+        run_id: the training run (any status).
+        dataset_version: the dataset version its fit used.
+        measurement_ids: the measurements behind that version; None when not known here (a
+            version trained elsewhere on a dataset this warehouse no longer holds): no artifact.
+        pairs: its training pairs (a frame with pair_id and true_bin) when at hand; else the
+            measurements are the logged dataset.
+        held: whether this warehouse holds that dataset version.
+    """
+    from mlflow.entities import DatasetInput, InputTag, RunTag
+
+    client = _client(tracking_uri)
+    if pairs is not None and len(pairs):
+        dataset = pairs_dataset(list(pairs["pair_id"]), [int(b) for b in pairs["true_bin"]], dataset_version, "train")
+    else:
+        dataset = measurements_dataset(list(measurement_ids or []), dataset_version)
+    client.log_inputs(run_id, datasets=[DatasetInput(dataset._to_mlflow_entity(),
+                                                     tags=[InputTag("mlflow.data.context", "training")])])
+    client.log_batch(run_id, tags=[RunTag(TRAINED_TAG, dataset_version), RunTag(HELD_TAG, str(held).lower())])
+    if measurement_ids is not None:
+        client.log_text(run_id, "".join(f"{m}\n" for m in measurement_ids), "measurement_ids.txt")
 
 
 def start_training_run(
@@ -168,7 +374,8 @@ def start_training_run(
     run_id = run.info.run_id
     try:
         client.log_batch(run_id, params=[Param(k, str(v)[:6000]) for k, v in params.items()],
-                         tags=[RunTag("kernelcast.stage", "training")])
+                         tags=[RunTag("kernelcast.stage", "training"),
+                               RunTag(TRAINED_TAG, dataset_version or "unversioned")])
         dataset = pairs_dataset([r["pair_id"] for r in rows], [r["true_bin"] for r in rows],
                                 dataset_version or "unversioned", "train")
         # Through the client: `mlflow.start_run(run_id=...)` would end the run on leaving it,

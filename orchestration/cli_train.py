@@ -7,8 +7,9 @@
     kernelcast train collect <files>... --job .gpu-job --out data/training/h200/<date>
     kernelcast run                                    # registers the committed adapter, scores it
 
-`collect` writes the committed form (forecasts.parquet, training.json, adapters/); the
-`surrogate.committed_run` setting names the folder `kernelcast run` reads.
+`collect` writes the committed form (forecasts.parquet, training.json, training_pairs.parquet,
+adapters/); the `surrogate.committed_run` setting names the folder `kernelcast run` reads, and
+the version it registers records the job's dataset version as the one it was trained on.
 """
 
 from __future__ import annotations
@@ -61,4 +62,5 @@ def collect(
     except JobError as e:
         raise CliError(str(e)) from e
     typer.echo(f"{summary['forecasts']} forecasts of {', '.join(summary['variants'])}; "
-               f"adapters: {', '.join(summary['adapters']) or 'none'} -> {out}")
+               f"adapters: {', '.join(summary['adapters']) or 'none'}; "
+               f"{summary['training_pairs']} training pairs of {summary['dataset_version']} -> {out}")

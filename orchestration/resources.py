@@ -38,7 +38,10 @@ class WarehouseResource(dg.ConfigurableResource):
 
 
 class MlflowResource(dg.ConfigurableResource):
-    """A thin handle on MLflow's tracking store and model registry (sqlite under KERNELCAST_HOME)."""
+    """A thin handle on MLflow's tracking store and model registry (sqlite under KERNELCAST_HOME).
+
+    Opening it re-roots artifact locations left by a home this one was copied or moved from
+    (models.tracking.open_store); links to runs follow the MLflow UI's actual port."""
 
     tracking_uri: str
     artifact_root: str
@@ -47,21 +50,31 @@ class MlflowResource(dg.ConfigurableResource):
         import mlflow
         from mlflow import MlflowClient
 
+        from models.tracking import open_store
+
+        open_store(self.tracking_uri)
         mlflow.set_tracking_uri(self.tracking_uri)
         mlflow.set_registry_uri(self.tracking_uri)
         return MlflowClient(tracking_uri=self.tracking_uri, registry_uri=self.tracking_uri)
 
     def experiment_id(self, name: str) -> str:
         """Id of experiment `name`, created with artifacts under artifact_root if missing."""
-        client = self.client()
-        exp = client.get_experiment_by_name(name)
-        if exp is not None:
-            return exp.experiment_id
+        from models.tracking import mlflow_experiment
+
         Path(self.artifact_root).mkdir(parents=True, exist_ok=True)
-        return client.create_experiment(name, artifact_location=Path(self.artifact_root).resolve().as_uri())
+        return mlflow_experiment(self.client(), self.tracking_uri, name)
 
     def run_url(self, run_id: str) -> str:
-        return f"http://127.0.0.1:5000/#/runs/{run_id}"
+        """The run in the MLflow UI, on the port `kernelcast ui` serves it ($KERNELCAST_MLFLOW_PORT)."""
+        from mlflow.exceptions import MlflowException
+
+        from models.tracking import run_url
+
+        try:
+            experiment_id = self.client().get_run(run_id).info.experiment_id
+        except MlflowException:  # a link without the experiment still opens the run
+            experiment_id = None
+        return run_url(run_id, experiment_id)
 
 
 class ProfilerResource(dg.ConfigurableResource):

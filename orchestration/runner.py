@@ -38,6 +38,19 @@ REPOSITORY_NAME = "__repository__"  # Dagster's name for a Definitions object's 
 DAGSTER_YAML = """\
 # Written by kernelcast (orchestration/runner.py): the instance that `kernelcast run`,
 # `kernelcast ui` and `DAGSTER_HOME=<this folder> dg dev` (or `dg dev -w workspace.yaml`) share.
+# Storage is named through $DAGSTER_HOME, never an absolute path, so the instance (and the
+# processes a run starts, which get this configuration) follows $KERNELCAST_HOME when the
+# folder is copied or moved.
+storage:
+  sqlite:
+    base_dir:
+      env: DAGSTER_HOME
+local_artifact_storage:
+  module: dagster._core.storage.root
+  class: LocalArtifactStorage
+  config:
+    base_dir:
+      env: DAGSTER_HOME
 # DuckDB allows one writer per file: every step that opens the warehouse is in the pool
 # duckdb_writer, and pools default to one step at a time, across runs too.
 concurrency:

@@ -9,6 +9,11 @@ where that log is.
 
 Both servers run as child process groups; Ctrl-C or SIGTERM stops both (SIGTERM to each group,
 then SIGKILL after a grace period), so nothing is left listening.
+
+The MLflow link printed is its experiment list in the classic-ML view (the UI's own home page
+is a GenAI welcome page); the store is prepared first (the project's experiments, artifact
+locations of this home, no empty Default). The MLflow port reaches every child as
+$KERNELCAST_MLFLOW_PORT, so run links made by the Dagster code location point at this server.
 """
 
 from __future__ import annotations
@@ -63,7 +68,11 @@ def stop(procs: dict[str, subprocess.Popen]) -> None:
 
 
 def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000) -> None:
+    from models.tracking import MLFLOW_PORT_ENV, experiments_url, prepare_store
+
     prepare_home(settings)
+    prepare_store(settings.mlflow_uri)
+    os.environ[MLFLOW_PORT_ENV] = str(mlflow_port)  # run links of this process and its children
     log_path = settings.home / "logs" / f"ui-{time.strftime('%Y%m%d-%H%M%S')}.log"
     # The servers' Python warnings go to the log like the rest of their output.
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -82,7 +91,7 @@ def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000)
                 # start_new_session: the server and its own children form one group we can stop.
                 procs[name] = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True,
                                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-            print(f"Dagster UI: http://127.0.0.1:{dagster_port}\nMLflow UI:  http://127.0.0.1:{mlflow_port}\n"
+            print(f"Dagster UI: http://127.0.0.1:{dagster_port}\nMLflow UI:  {experiments_url(mlflow_port)}\n"
                   f"log: {log_path}   (Ctrl-C stops both)", flush=True)
             while not stopping:
                 dead = [n for n, p in procs.items() if p.poll() is not None]

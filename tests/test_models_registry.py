@@ -195,3 +195,28 @@ def test_a_version_loads_as_mlflow_users_expect(uri, adapter, tiny, tmp_path):
     # A plain adapter folder (trained on a GPU host) still names its base model in base_model.json.
     (adapter / "base_model.json").write_text(json.dumps({"base_model": "smollm2"}))
     assert read_base_model_ref(adapter) == {"base_model": "smollm2"}
+
+
+def test_champion_and_challenger_are_two_aliases_never_on_one_version(uri, tmp_path):
+    """set_aliases records a promotion's outcome: the challenger is the best candidate that is
+    not the champion, so it is never set to the champion's version (and leaves when it becomes one)."""
+    from mlflow import MlflowClient
+
+    from models.registry import aliases, clear_alias, set_aliases
+
+    name = "alias-check"
+    client = MlflowClient(uri, registry_uri=uri)
+    client.create_registered_model(name)
+    for _ in range(3):
+        client.create_model_version(name, source=(tmp_path / "m").as_uri())
+    assert aliases(uri, name) == {"champion": None, "challenger": None}
+    assert set_aliases(uri, champion=1, challenger=2, name=name) == {"champion": 1, "challenger": 2}
+    # version 2 wins the next promotion: it leaves @challenger; 3 is the new best other candidate
+    assert set_aliases(uri, champion=2, name=name) == {"champion": 2, "challenger": None}
+    assert set_aliases(uri, challenger=2, name=name) == {"champion": 2, "challenger": None}
+    assert set_aliases(uri, challenger=3, name=name) == {"champion": 2, "challenger": 3}
+    clear_alias(uri, "challenger", name)
+    clear_alias(uri, "challenger", name)  # not set: nothing to do, no error
+    assert aliases(uri, name) == {"champion": 2, "challenger": None}
+    with pytest.raises(ValueError, match="alias must be one of"):
+        clear_alias(uri, "production", name)

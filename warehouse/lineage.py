@@ -2,6 +2,12 @@
 
 MLflow holds the model; this table holds the link to the data, so one SQL join answers
 "what did this model learn from" and "which models learned from this measurement".
+
+A row names the dataset version the version's fit used (its MLflow tag
+`trained_dataset_version`), never the version of the run that registered it. A version trained
+elsewhere (an adapter from a GPU host) may have learned from a version this warehouse no longer
+holds: its row is kept, `read_model_lineage` shows `dataset_held = false`, and
+`measurements_for_model` says so instead of answering with another version's measurements.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ def record_model_lineage(
     base_model: str | None = None,
     git_commit: str | None = None,
     dagster_run_id: str | None = None,
+    require_held: bool = True,
 ) -> None:
     """Record (or replace) the data lineage of one registered model version.
 
@@ -34,11 +41,16 @@ def record_model_lineage(
         base_model: HF id or path of the base model.
         git_commit: code version.
         dagster_run_id: the orchestrating run.
+        require_held: refuse a dataset version this warehouse does not hold (the default);
+            False records it anyway, for a version trained elsewhere (read back as not held).
     Raises:
-        ValidationError: the dataset version is not registered; nothing is written.
+        ValidationError: the dataset version is not registered (and require_held), or is
+            empty; nothing is written.
     """
+    if not dataset_version:
+        raise ValidationError(f"model {model_name}/{model_version}: no dataset version given")
     with transaction(con):
-        if not execute(
+        if require_held and not execute(
             con, "SELECT 1 FROM dataset_versions WHERE dataset_version = ?", [dataset_version]
         ):
             raise ValidationError(
@@ -67,20 +79,34 @@ def record_model_lineage(
         )
 
 
+_LINEAGE_ROWS = """
+    SELECT l.*, d.dataset_version IS NOT NULL AS dataset_held
+    FROM model_lineage l LEFT JOIN dataset_versions d USING (dataset_version)
+"""
+_LINEAGE_ORDER = " ORDER BY l.model_name, try_cast(l.model_version AS BIGINT) NULLS LAST, l.model_version"
+
+
 def read_model_lineage(
     con: duckdb.DuckDBPyConnection, model_name: str | None = None
 ) -> pl.DataFrame:
-    """Lineage rows, optionally of one model name, ordered by name and version."""
+    """Lineage rows, optionally of one model name, ordered by name and version, with
+    `dataset_held` (whether this warehouse holds the dataset version the fit used)."""
     if model_name is None:
-        return query_frame(
-            con,
-            "SELECT * FROM model_lineage ORDER BY model_name, try_cast(model_version AS BIGINT) NULLS LAST, model_version",
-        )
-    return query_frame(
-        con,
-        "SELECT * FROM model_lineage WHERE model_name = ? ORDER BY try_cast(model_version AS BIGINT) NULLS LAST, model_version",
-        [model_name],
-    )
+        return query_frame(con, _LINEAGE_ROWS + _LINEAGE_ORDER)
+    return query_frame(con, _LINEAGE_ROWS + " WHERE l.model_name = ?" + _LINEAGE_ORDER, [model_name])
+
+
+def lineage_of(con: duckdb.DuckDBPyConnection, model_name: str, model_version: str | int) -> dict | None:
+    """One version's lineage row (as `read_model_lineage`) plus `note`, a sentence for reports;
+    None when no row is recorded."""
+    rows = query_frame(con, _LINEAGE_ROWS + " WHERE l.model_name = ? AND l.model_version = ?",
+                       [model_name, str(model_version)]).to_dicts()
+    if not rows:
+        return None
+    row = rows[0]
+    row["note"] = (f"trained on dataset version {row['dataset_version']}" if row["dataset_held"] else
+                   f"trained on dataset version {row['dataset_version']}, which this warehouse no longer holds")
+    return row
 
 
 def measurements_for_model(
@@ -97,15 +123,15 @@ def measurements_for_model(
         hardware_id, batch_id, status, failure_kind, speedup, measured_at, generator,
         algorithm, parent_kernel_id, mutation; ordered by measurement_id.
     Raises:
-        WarehouseError: no lineage recorded for that model version.
+        WarehouseError: no lineage recorded for that model version, or its dataset version is
+            not held here (the message says which).
     """
     version = str(model_version)
-    if not execute(
-        con,
-        "SELECT 1 FROM model_lineage WHERE model_name = ? AND model_version = ?",
-        [model_name, version],
-    ):
+    row = lineage_of(con, model_name, version)
+    if row is None:
         raise WarehouseError(f"no lineage recorded for model {model_name} version {version}")
+    if not row["dataset_held"]:
+        raise WarehouseError(f"model {model_name} version {version} was {row['note']}")
     return query_frame(
         con,
         """
@@ -121,6 +147,13 @@ def measurements_for_model(
         """,
         [model_name, version],
     )
+
+
+def kernels_for_model(con: duckdb.DuckDBPyConnection, model_name: str, model_version: str | int) -> list[str]:
+    """The kernel ids a registered version learned from (its dataset version's measurements),
+    sorted; raises as `measurements_for_model`."""
+    frame = measurements_for_model(con, model_name, model_version)
+    return sorted(set(frame["kernel_id"].to_list())) if frame.height else []
 
 
 def models_for_measurement(con: duckdb.DuckDBPyConnection, measurement_id: str) -> pl.DataFrame:

@@ -3,7 +3,9 @@
 A classical model is logged as an MLflow sklearn model with a signature (pair frame in,
 (n, 8) probabilities out) in a run of the experiment `kernelcast-training`, registered as a
 version of the surrogate's registered model with the tags `kind` (cost_model / text_model),
-`split` and `dataset_version`, and a `model_lineage` row, like the LLM. Loading it back is
+`split`, `dataset_version` and `trained_dataset_version` (the same: it is fitted here), and a
+`model_lineage` row, like the LLM. Its run holds what it learned from, as every training run
+does (`models.tracking.log_training_data`): the dataset as an input and `measurement_ids.txt`. Loading it back is
 `mlflow.sklearn.load_model("models:/<name>/<version>")` (or `mlflow.pyfunc.load_model`, whose
 predict gives the bin probabilities).
 """
@@ -36,6 +38,7 @@ def log_classical(
     tags: Mapping[str, str] | None = None,
     params: Mapping[str, Any] | None = None,
     measurement_ids: list[str] | None = None,
+    training_pairs: pd.DataFrame | None = None,
 ) -> tuple[str, int]:
     """Log `model` in a new MLflow run and register it as a new version of `name`.
 
@@ -49,7 +52,9 @@ def log_classical(
         metrics: training/calibration figures to log (calibration Brier, fit seconds, ...).
         tags: extra run and version tags (e.g. dagster_run_id, git_commit).
         params: its hyper-parameters (default: `model.get_params()`).
-        measurement_ids: the measurements behind the dataset version (an artifact).
+        measurement_ids: the measurements behind the dataset version (an artifact, and the
+            logged dataset when `training_pairs` is not given).
+        training_pairs: its fit pairs (pair_id, true_bin): the logged dataset when given.
     Returns:
         (run id, version number).
     """
@@ -57,21 +62,21 @@ def log_classical(
     import sklearn
     from mlflow.models import infer_signature
 
-    from models.tracking import mlflow_experiment
+    from models.tracking import TRAINED_TAG, log_training_data, mlflow_experiment, open_store
 
+    open_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
     client = mlflow.MlflowClient(tracking_uri, registry_uri=tracking_uri)
     experiment_id = mlflow_experiment(client, tracking_uri, EXPERIMENT)
-    version_tags = {"kind": model.kind, "split": split, "dataset_version": dataset_version,
+    version_tags = {"kind": model.kind, "split": split, "dataset_version": dataset_version, TRAINED_TAG: dataset_version,
                     "calibrator": str(model.calibrator_.to_dict()), **{k: str(v) for k, v in (tags or {}).items()}}
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"{model.kind}-{split}") as run:
         mlflow.set_tags({**version_tags, "kernelcast.stage": "training"})
         mlflow.log_params({k: str(v) for k, v in (params or model.get_params()).items()})
         if metrics:
             mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-        if measurement_ids is not None:
-            mlflow.log_text("".join(f"{m}\n" for m in measurement_ids), "measurement_ids.txt")
+        log_training_data(tracking_uri, run.info.run_id, dataset_version, measurement_ids, training_pairs)
         signature = infer_signature(example, model.predict_proba(example))
         # MLflow stores sklearn models with skops, which loads only types it is told to trust:
         # ours (the forecaster, its feature space and calibrator) and the scikit-learn pieces
@@ -101,6 +106,9 @@ def load_classical(tracking_uri: str, name: str, version: int | str) -> BinForec
     """The registered classical forecaster `name`/`version` (sklearn flavour)."""
     import mlflow
 
+    from models.tracking import open_store
+
+    open_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
     mlflow.set_registry_uri(tracking_uri)
     return mlflow.sklearn.load_model(f"models:/{name}/{version}")

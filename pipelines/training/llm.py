@@ -8,6 +8,12 @@
 - `train_and_register`: the supervised distributional stage (models.supervised) run here, a
   LoRA adapter on the base model, calibrated on the calibration split and registered.
 Both re-use an equal registered version (same source or settings, dataset version, code).
+
+Lineage tells what the fit used: a committed adapter was trained on the dataset version its job
+was exported from (training.json), usually older than the run's; its version's tag
+`trained_dataset_version`, its `model_lineage` row and its run's dataset input name that one,
+marked as not held when this warehouse no longer has it. Its run also holds the measurement ids
+(when the warehouse holds that version) and the settings and history of its training.
 """
 
 from __future__ import annotations
@@ -25,11 +31,15 @@ import duckdb
 import numpy as np
 
 from pipelines.training.committed import calibrated_variants, read_committed
+from pipelines.training.remote_results import TRAINING_PAIRS_FILE
 from pipelines.training.roles import Roles
 
 log = logging.getLogger(__name__)
 
 CODE_VERSION = "1"
+# Committed versions registered before their lineage named the training dataset version (they
+# named the run's) are not re-used: registering again gives a version whose tags tell the truth.
+COMMITTED_CODE_VERSION = "2"
 
 
 @dataclass
@@ -76,7 +86,7 @@ def register_committed(
     if not (adapter / "adapter_model.safetensors").is_file():
         raise FileNotFoundError(f"{adapter}: no committed adapter")
     key = {"kind": "llm", "committed_run": run.replace("/", "."), "committed_variant": variant,
-           "dataset_version": dataset_version, "code_version": CODE_VERSION}
+           "dataset_version": dataset_version, "code_version": COMMITTED_CODE_VERSION}
     found = find_versions(tracking_uri, "kernelcast-surrogate", **key)
     if found:
         return LlmVersion(found[0]["version"], found[0]["run_id"], True, f"committed:{run}/{variant}")
@@ -85,9 +95,13 @@ def register_committed(
     committed = {v.name: v for v in calibrated_variants(root, eval_pairs, held_out_pairs)}
     calibrator = committed[variant].calibrator if variant in committed else None
     settings = record.get("settings", {})
-    run_id = _new_run(tracking_uri, f"committed-{variant}", {**dict(tags or {}), **key,
-                                                               "trained_on": "nvidia-h200", "trained_dataset_version":
-                                                               training.get("dataset_version", "")})
+    trained = training.get("dataset_version") or dataset_version
+    held, measurement_ids = _held_measurements(con, trained)
+    run_id = _new_run(tracking_uri, f"committed-{variant}", {**dict(tags or {}), **key, "trained_on": "nvidia-h200"})
+    from models.tracking import log_training_data
+
+    log_training_data(tracking_uri, run_id, trained, measurement_ids,
+                      _committed_training_pairs(root, bool(settings.get("held_out"))), held=held)
     client = mlflow.MlflowClient(tracking_uri)
     client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500]) for k, v in settings.items()])
     for epoch in (record.get("history") or {}).get("history", []):
@@ -98,11 +112,32 @@ def register_committed(
     version = register_surrogate(
         tracking_uri, run_id, adapter, base_model=base_model, dataset_version=dataset_version, con=con,
         dagster_run_id=(tags or {}).get("dagster_run_id"), prompt_style=settings.get("style"),
-        base_model_path=base_model_path,
+        base_model_path=base_model_path, trained_dataset_version=trained, trained_dataset_held=held,
         tags={**key, "calibrator": json.dumps(calibrator.to_dict() if calibrator else {}),
               "finetune": str(settings.get("finetune", "lora"))},
     )
     return LlmVersion(version, run_id, False, f"committed:{run}/{variant}")
+
+
+def _held_measurements(con: duckdb.DuckDBPyConnection, dataset_version: str) -> tuple[bool, list[str] | None]:
+    """(held here, its measurement ids or None) of a dataset version."""
+    from warehouse.datasets import dataset_measurement_ids, read_dataset_version
+
+    if read_dataset_version(con, dataset_version) is None:
+        return False, None
+    return True, dataset_measurement_ids(con, dataset_version)
+
+
+def _committed_training_pairs(root: Path, held_out: bool) -> Any:
+    """The fit pairs (pair_id, true_bin) a committed variant trained on, when its run folder
+    carries them (`kernelcast train collect` writes training_pairs.parquet); else None."""
+    import polars as pl
+
+    path = root / TRAINING_PAIRS_FILE
+    if not path.is_file():
+        return None
+    frame = pl.read_parquet(path).filter(pl.col("role") == ("held_out_fit" if held_out else "fit"))
+    return frame.select("pair_id", "true_bin").to_pandas() if frame.height else None
 
 
 def train_and_register(
@@ -163,6 +198,11 @@ def train_and_register(
     run_id = _new_run(tracking_uri, "supervised", {**dict(tags or {}), **key})
     import mlflow
 
+    from models.tracking import log_training_data
+    from warehouse.datasets import dataset_measurement_ids
+
+    log_training_data(tracking_uri, run_id, dataset_version, dataset_measurement_ids(con, dataset_version),
+                      fit.select("pair_id", "true_bin").to_pandas())
     client = mlflow.MlflowClient(tracking_uri)
     client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in settings.as_params().items()])
     for epoch in result.history:

@@ -4,8 +4,11 @@
 (results.tar, adapter-<variant>.tar; models/remote/gpu_job.py) into what is committed under
 data/training/<hardware>/<date>/: `forecasts.parquet` (one row per variant, role, pair and
 readout, keyed by the pair's hardware, anchor and candidate so any later dataset version
-holding the same pair can use it), `training.json` (status and history of every variant), and
-the LoRA adapters under `adapters/<variant>/`. Nothing is written unless every file reads.
+holding the same pair can use it), `training.json` (status and history of every variant, and
+the dataset version the job was exported from), `training_pairs.parquet` (the job's fit pairs
+by role, with their keys: what the variants learned from, for lineage once that dataset
+version has left the warehouse), and the LoRA adapters under `adapters/<variant>/`. Nothing is
+written unless every file reads.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from models.remote.jobfile import JobError, read_job, write_json
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 FORECASTS_FILE = "forecasts.parquet"
 TRAINING_FILE = "training.json"
+TRAINING_PAIRS_FILE = "training_pairs.parquet"
+FIT_ROLES = ("fit", "held_out_fit")
 
 
 def _members(tar_path: Path) -> dict[str, bytes]:
@@ -88,16 +93,30 @@ def forecast_frame(job: str | Path, forecasts: dict[str, list[dict[str, Any]]]) 
     return pl.DataFrame(rows, schema_overrides={c: pl.Float64 for c in P_COLS})
 
 
+def training_pairs_frame(pairs: Iterable[dict[str, Any]]) -> pl.DataFrame:
+    """One row per (fit role, pair) of a job: pair id, keys and true bin."""
+    rows = [{"role": role, "pair_id": p["pair_id"], "task": p["task"], "hardware_id": p["hardware_id"],
+             "anchor_kernel_id": p["anchor_kernel_id"], "candidate_kernel_id": p["candidate_kernel_id"],
+             "true_bin": int(p["true_bin"])}
+            for p in pairs for role in p.get("roles", []) if role in FIT_ROLES]
+    schema = {"role": pl.String, "pair_id": pl.String, "task": pl.String, "hardware_id": pl.String,
+              "anchor_kernel_id": pl.String, "candidate_kernel_id": pl.String, "true_bin": pl.Int64}
+    return pl.DataFrame(rows, schema=schema).sort("role", "pair_id")
+
+
 def collect(paths: Iterable[str | Path], job: str | Path, out: str | Path) -> dict[str, Any]:
-    """Write forecasts.parquet, training.json and adapters/ of a job's results into `out`."""
+    """Write forecasts.parquet, training.json, training_pairs.parquet and adapters/ of a job's
+    results into `out`."""
     records, forecasts, adapters = read_results(paths)
     frame = forecast_frame(job, forecasts)
-    meta, _, _ = read_job(job)
+    meta, _, pairs = read_job(job)
+    fit_pairs = training_pairs_frame(pairs)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
-    tmp = folder / (FORECASTS_FILE + ".part")
-    frame.write_parquet(tmp, compression="zstd")
-    tmp.replace(folder / FORECASTS_FILE)
+    for name, table in ((FORECASTS_FILE, frame), (TRAINING_PAIRS_FILE, fit_pairs)):
+        tmp = folder / (name + ".part")
+        table.write_parquet(tmp, compression="zstd")
+        tmp.replace(folder / name)
     training = {"dataset_version": meta["dataset_version"], "held_out_task": meta.get("held_out_task"),
                 "variants": {v["name"]: {"settings": v, **records.get(v["name"], {})} for v in meta["variants"]
                              if v["name"] in records}}
@@ -110,4 +129,5 @@ def collect(paths: Iterable[str | Path], job: str | Path, out: str | Path) -> di
             for m in tar.getmembers():
                 if m.isfile() and m.name.startswith("adapter/") and "/" not in m.name[len("adapter/"):]:
                     (target / Path(m.name).name).write_bytes(tar.extractfile(m).read())
-    return {"forecasts": frame.height, "variants": sorted(records), "adapters": sorted(adapters)}
+    return {"forecasts": frame.height, "variants": sorted(records), "adapters": sorted(adapters),
+            "training_pairs": fit_pairs.height, "dataset_version": meta["dataset_version"]}
