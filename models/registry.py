@@ -269,7 +269,7 @@ def set_aliases(tracking_uri: str, champion: int | str | None = None, challenger
     the best candidate that is *not* the champion) and an old one pointing there is removed.
 
     Returns:
-        Both aliases afterwards (`aliases`).
+        Both aliases afterwards: {"champion": N or None, "challenger": N or None}.
     """
     if champion is not None:
         set_alias(tracking_uri, "champion", champion, name)
@@ -278,11 +278,11 @@ def set_aliases(tracking_uri: str, champion: int | str | None = None, challenger
         set_alias(tracking_uri, "challenger", challenger, name)
     if current is not None and alias_version(tracking_uri, "challenger", name) == current:
         clear_alias(tracking_uri, "challenger", name)
-    return aliases(tracking_uri, name)
+    return {alias: alias_version(tracking_uri, alias, name) for alias in ("champion", "challenger")}
 
 
 def aliases(tracking_uri: str, name: str = DEFAULT_NAME) -> dict[str, int | None]:
-    """{"champion": N or None, "challenger": N or None}."""
+    """Each alias of ALIASES -> its version, or None where it is not set."""
     return {alias: alias_version(tracking_uri, alias, name) for alias in ALIASES}
 
 

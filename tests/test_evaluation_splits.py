@@ -54,7 +54,7 @@ def test_every_split_is_forecast_and_source_only_from_stripped_records(tmp_path)
     )
 
     fit_records, fit = _records_and_pairs(240, 0, "f")
-    model = CostModel(max_iter=40).fit(frame_of(fit, fit_records), fit["true_bin"].to_numpy(), np.log2(fit["speedup"].to_numpy()))
+    model = CostModel(max_iter=40, metadata_dropout=0.0).fit(frame_of(fit, fit_records), fit["true_bin"].to_numpy(), np.log2(fit["speedup"].to_numpy()))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     run_id, version = log_classical(model, uri, frame_of(fit.head(4), fit_records), "kernelcast-surrogate", "ds-x",
                                     "in_distribution")
@@ -77,7 +77,7 @@ def test_every_split_is_forecast_and_source_only_from_stripped_records(tmp_path)
     want = model.predict_proba(frame_of(ordered, strip_metadata(records)))
     assert np.allclose(stripped.select(P).to_numpy(), want)
     with_meta = mine.filter(pl.col("pair_id").is_in(ev["pair_id"].to_list())).sort("pair_id").select(P).to_numpy()
-    assert not np.allclose(with_meta, want)  # the knob mattered, and it was withheld
+    assert not np.allclose(with_meta, want)  # fitted with the knob (no dropout): it mattered, and it was withheld
 
     # the listing the asset writes, and the four splits read back from stored rows
     listing = json.loads(json.dumps({"pairs": split_pairs(roles), "empty": empty_reasons(roles, "ds-x"),

@@ -334,7 +334,8 @@ def test_a_remembered_probe_confirms_in_one_attempt_and_a_stale_memo_probes_agai
     broken.add("rlimits")  # the memo no longer holds: its one attempt fails, everything is probed again
     monkeypatch.setattr(sandbox, "_PROBES", {})
     third = sandbox.probe(policy, "cuda")
-    assert len(attempts) >= n_first + 2 + n_first and third.layers == ("env", "tmpdir", "pgkill")
+    # the memo's one attempt, then a whole probe again (its retries of dropped layers included)
+    assert len(attempts) > n_first + 2 and third.layers == ("env", "tmpdir", "pgkill")
     broken.discard("rlimits")
 
     monkeypatch.setattr(sandbox, "_host_key", lambda p, d: "another driver")  # another host: not used
