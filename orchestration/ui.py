@@ -18,6 +18,7 @@ $KERNELCAST_MLFLOW_PORT, so run links made by the Dagster code location point at
 
 from __future__ import annotations
 
+import logging
 import os
 import signal
 import subprocess
@@ -71,6 +72,10 @@ def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000)
     from models.tracking import MLFLOW_PORT_ENV, experiments_url, prepare_store
 
     prepare_home(settings)
+    import mlflow  # noqa: F401 - configures its loggers on import; quieted right after
+
+    for name in ("mlflow", "alembic"):  # the store's first-use INFO lines belong in no terminal
+        logging.getLogger(name).setLevel(logging.WARNING)
     prepare_store(settings.mlflow_uri)
     os.environ[MLFLOW_PORT_ENV] = str(mlflow_port)  # run links of this process and its children
     log_path = settings.home / "logs" / f"ui-{time.strftime('%Y%m%d-%H%M%S')}.log"

@@ -130,8 +130,8 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
     assert {r for r in refs if r.startswith("h200:")} == {"h200:sft-compact-full", "h200:sft-compact-held-out",
                                                           "h200:sft-compact-lora"}
     reports = sorted(settings.reports_dir.rglob("index.html"))
-    # in distribution, source only and held-out task; external is empty (no non-template kernel yet)
-    assert len(reports) == 3 and all("<img" in r.read_text() for r in reports)
+    # in distribution, source only, held-out task and external (the committed non-template kernels)
+    assert len(reports) == 4 and all("<img" in r.read_text() for r in reports)
     version_dir = [r for r in reports if r.parent.name not in ("held_out_task", "source_only", "external")][0].parent
     metrics = json.loads((version_dir / "metrics.json").read_text())
     assert metrics["baseline:uniform"]["brier"] == pytest.approx(0.4375)

@@ -88,7 +88,9 @@ def test_library_output_inside_the_live_display_stays_in_the_log(tmp_path):
                 subprocess.run([sys.executable, "-c", "import sys; print('WARNING from a child', file=sys.stderr)"])
                 console.print("  ok kernel_tasks")
     """)
-    code, raw = run_in_terminal([sys.executable, "-c", script], {**os.environ, "PYTHONPATH": str(REPO)}, 120)
+    # a CLI test earlier in this process may have set PYTHONWARNINGS=ignore (quiet_third_parties)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    code, raw = run_in_terminal([sys.executable, "-c", script], {**env, "PYTHONPATH": str(REPO)}, 120)
     assert code == 0, raw
     lines = screen_lines(raw)
     assert "ok kernel_tasks" in lines and any(line.startswith("downstream_job") for line in lines), lines

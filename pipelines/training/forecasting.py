@@ -117,8 +117,8 @@ def registered_forecasts(
                 ref, tracking_uri=tracking_uri, home=home, committed_dir=committed_dir)
             if adapter is None:  # an LLM whose forward passes the GPU steps make: planned, weights not loaded
                 subset = eval_subset(pairs, llm_cap)
-                if in_dist and external.height:  # one job: the eval subset and every external pair
-                    subset = pl.concat([subset, external], how="diagonal_relaxed")
+                if in_dist and external.height:  # one job: the eval subset and the external pairs, capped alike
+                    subset = pl.concat([subset, eval_subset(external, llm_cap)], how="diagonal_relaxed")
                 jobs.append(plan_llm_job(tracking_uri, name, version, info, subset, rows_for,
                                          home / "surrogates" / "plan", ref))
                 source = "forecast here"
