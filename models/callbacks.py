@@ -82,7 +82,7 @@ class NonFiniteGradGuard(TrainerCallback):
 
 class StopAt(TrainerCallback):
     """Ends training after the first step that ends past `stop_at` (a time.time() value), so
-    a run with a wall-clock limit (a GPU call) stops at a whole, checkpointed step instead of
+    a run with a wall-clock limit (a GPU job) stops at a whole, checkpointed step instead of
     being killed inside one."""
 
     def __init__(self, stop_at: float) -> None:

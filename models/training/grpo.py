@@ -62,7 +62,7 @@ def train_grpo(
     checkpoint resumes from it (the warm-up is not repeated: its record is kept beside the
     checkpoints); with `stop_at` (a time.time() value), GRPO stops cleanly after the first
     step that ends past it and the result says `finished=False`. Together they let a run
-    longer than one GPU call go on in the next (models/remote/gpu_job.py).
+    longer than one GPU job go on in the next (models/remote/gpu_job.py).
 
     Args:
         settings: the resolved training settings.

@@ -1,7 +1,7 @@
 """The harness on the GPU: the same committed kernels under the kernelcast and gpumode protocols,
 published GPU MODE TriMul submissions unmodified under both, and the hostile fault battery.
 
-    python3 -m pipelines.profiling.harness_bench --out $OUT --deadline-s 1500     # on one H200
+    python3 -m pipelines.profiling.harness_bench --out OUT --deadline-s 1500     # on one H200
     python3 -m pipelines.profiling.harness_bench --out /tmp/b --device cpu --n 4 --no-fault   # CPU dry run
     python3 -m pipelines.profiling.harness_bench --out p1 --part 1/2 ...   # one half of the kernels,
     python3 -m pipelines.profiling.harness_bench --out p2 --part 2/2 ...   # the other half,
@@ -18,7 +18,7 @@ published GPU MODE TriMul submissions unmodified under both, and the hostile fau
    on exactly the kernels kernelcast finished, so each kernel measured is measured under both.
    On one H200 on 2026-12-01 a worker took about 30 s to start and then measured 0.4-0.5
    kernels/s under either protocol: 100 kernels and six submissions need about 600 s, more than
-   one call of a lent machine may last, so --part K/N measures every N-th kernel (submissions go
+   one run on a GPU host may last, so --part K/N measures every N-th kernel (submissions go
    with part 1) and --merge puts the parts' result files into one report.
 3. Runs the fault battery (pipelines/profiling/fault_injection.py: broken and hostile kernels) on
    the GPU; --no-fault skips it.
