@@ -44,15 +44,24 @@ No Dagster here; heavy libraries (MLflow, torch, scikit-learn) load only with th
 that needs them.
 """
 
-from pipelines.forecasting.base import P_COLS, PairForecaster, single_anchor_pairs
-from pipelines.forecasting.load import (
-    CHAMPION,
-    CHAMPION_EXTERNAL,
-    file_champion_uri,
-    load_forecaster,
-    resolve_version,
-)
-from pipelines.forecasting.references import REFERENCES
+import importlib
+from typing import Any
 
-__all__ = ["CHAMPION", "CHAMPION_EXTERNAL", "P_COLS", "REFERENCES", "PairForecaster", "file_champion_uri",
-           "load_forecaster", "resolve_version", "single_anchor_pairs"]
+# The names below load on first use: `python3 -m pipelines.forecasting.source_features` runs on a
+# bare GPU host (stdlib, numpy, torch, triton, pyarrow), which has no polars for the adapters.
+_EXPORTS = {
+    "P_COLS": "base", "PairForecaster": "base", "single_anchor_pairs": "base",
+    "CHAMPION": "load", "CHAMPION_EXTERNAL": "load", "file_champion_uri": "load",
+    "load_forecaster": "load", "resolve_version": "load",
+    "REFERENCES": "references",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{_EXPORTS[name]}"), name)
+    globals()[name] = value
+    return value
