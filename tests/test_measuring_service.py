@@ -88,8 +88,11 @@ def test_the_service_serves_two_clients_survives_a_crash_and_stops_on_sigterm(tm
         t0 = time.monotonic()
         again = sq.submit([kernel("good_torch.py", "k5")], queue=queue, device="cpu", timeout_s=120)
         assert again[0]["status"] == "ok" and time.monotonic() - t0 < 60
-        status = json.loads((queue / "status.json").read_text())
+        end = time.monotonic() + 10  # status.json is rewritten every 2 s
+        while (status := json.loads((queue / "status.json").read_text()))["measured"] < 6 and time.monotonic() < end:
+            time.sleep(0.2)
         assert status["state"] == "ready" and status["measured"] == 6 and status["ok"] == 4
+        assert status["phases_s"]["timing_s"] > 0 and status["ready_after_s"] is not None
         with pytest.raises(sq.ServiceError, match="measures under kernelcast"):
             sq.submit([kernel("good_torch.py")], queue=queue, device="cpu", protocol="gpumode")
     finally:
