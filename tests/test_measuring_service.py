@@ -208,3 +208,34 @@ def test_the_queue_is_one_per_gpu(monkeypatch, tmp_path):
     assert sq.default_queue("cuda").name == "cuda-0" and sq.default_queue("cpu").name == "cpu"
     monkeypatch.setenv(sq.ENV, str(tmp_path / "q"))
     assert sq.default_queue("cuda") == tmp_path / "q" and sq.default_queue("cuda", "x") == Path("x")
+
+
+@pytest.mark.slow
+def test_the_live_search_measures_through_the_service_and_falls_back_without_one(tmp_path):
+    import pyarrow.parquet as pq
+
+    from pipelines.profiling.formats import RESULT_SCHEMA
+    from pipelines.search.live import main
+
+    def args(work: Path, out: Path, *extra: str) -> list[str]:
+        return ["--tasks", "softmax", "--modes", "standard,filtered", "--seeds", "1", "--budget", "3",
+                "--forecaster", "uniform", "--device", "cpu", "--workdir", str(work), "--out", str(out),
+                "--worker-arg=--compile-workers=2", "--queue", str(queue), *extra]
+
+    queue = tmp_path / "queue"
+    # No service: "on" stops with a one-line reason, "auto" measures with worker runs.
+    assert main(args(tmp_path / "w0", tmp_path / "o0", "--service", "on")) == 3
+    stopped = json.loads((tmp_path / "o0" / "live-search.json").read_text())["stopped"]
+    assert "no measuring service" in stopped
+    proc = start_service(queue)
+    try:
+        assert main(args(tmp_path / "w1", tmp_path / "o1", "--service", "on")) == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        wait_exit(proc)
+    rep = json.loads((tmp_path / "o1" / "live-search.json").read_text())
+    assert rep["stopped"] is None and rep["unfinished_runs"] == 0
+    assert rep["service_runs"] == rep["worker_runs"] >= 2
+    assert all(r["measurements"] == 3 and r["finished"] == "budget spent" for r in rep["runs"])
+    results = pq.read_table(tmp_path / "o1" / "results-live.parquet")
+    assert results.schema.equals(RESULT_SCHEMA) and results.num_rows == rep["kernels_measured"]
