@@ -239,3 +239,24 @@ def test_the_live_search_measures_through_the_service_and_falls_back_without_one
     assert all(r["measurements"] == 3 and r["finished"] == "budget spent" for r in rep["runs"])
     results = pq.read_table(tmp_path / "o1" / "results-live.parquet")
     assert results.schema.equals(RESULT_SCHEMA) and results.num_rows == rep["kernels_measured"]
+
+
+@pytest.mark.slow
+def test_kernelcast_serve_measure_starts_reports_and_stops(tmp_path):
+    queue = tmp_path / "queue"
+    env = {**os.environ, taskload.ENV_VAR: f"tiny_scale={FIXTURES / 'tiny_task.py'}", "PYTHONPATH": str(REPO)}
+    cli = [sys.executable, "-m", "orchestration.cli", "serve-measure", "--device", "cpu", "--queue", str(queue)]
+    proc = subprocess.Popen([*cli, "--compile-workers", "1", "--ref-cache", "off"], cwd=REPO, env=env,
+                            stderr=subprocess.PIPE, text=True)
+    end = time.monotonic() + 90
+    while not sq.running(queue, "cpu"):
+        assert proc.poll() is None and time.monotonic() < end, proc.stderr.read() if proc.poll() is not None else "slow"
+        time.sleep(0.1)
+    got = subprocess.run([*cli, "--status"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert got.returncode == 0 and json.loads(got.stdout)["running"] is True
+    stopped = subprocess.run([*cli, "--stop"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert stopped.returncode == 0 and "stopped" in stopped.stdout
+    err = wait_exit(proc)
+    assert proc.returncode == 0 and "measuring service stopped (stop file)" in err, err
+    again = subprocess.run([*cli, "--device", "gpu"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert again.returncode == 2 and again.stderr.strip().count("\n") == 0 and "cuda or cpu" in again.stderr
