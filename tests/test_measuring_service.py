@@ -260,3 +260,28 @@ def test_kernelcast_serve_measure_starts_reports_and_stops(tmp_path):
     assert proc.returncode == 0 and "measuring service stopped (stop file)" in err, err
     again = subprocess.run([*cli, "--device", "gpu"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert again.returncode == 2 and again.stderr.strip().count("\n") == 0 and "cuda or cpu" in again.stderr
+
+
+@pytest.mark.slow
+def test_the_measure_step_hands_its_shard_to_a_running_service(tmp_path, monkeypatch):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from pipelines.profiling import launch
+    from pipelines.profiling.formats import BATCH_SCHEMA, RESULT_SCHEMA
+
+    queue = tmp_path / "queue"
+    monkeypatch.setenv(sq.ENV, str(queue))  # the step finds the service through its default queue
+    batch, out = tmp_path / "batch-gpu0.parquet", tmp_path / "results-gpu0.parquet"
+    pq.write_table(pa.Table.from_pylist([kernel("good_torch.py", "a"), kernel("raises.py", "b")], schema=BATCH_SCHEMA), batch)
+    proc = start_service(queue)
+    try:
+        assert launch.run_worker(batch, out, device="cpu", timeout_s=10, compile_workers=1) == 0
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        wait_exit(proc)
+    table = pq.read_table(out)
+    rows = {r["kernel_id"]: r for r in table.to_pylist()}
+    assert table.schema.equals(RESULT_SCHEMA) and sorted(rows) == ["a", "b"]
+    assert rows["a"]["status"] == "ok" and rows["b"]["failure_kind"] == "runtime_error"
+    assert len({r["batch_id"] for r in rows.values()}) == 1
