@@ -45,9 +45,9 @@ Pipeline (one parent, many children; the parent never runs kernel code):
   timing alternate), with the same repeatability (README, "Profiling benchmarks").
 * A child that crashes, hangs (no progress for --timeout-s) or hits a sticky CUDA error is
   killed and replaced; the kernel gets its failure kind and the batch goes on.
-* Kernels are measured grouped by task, torch.compile kernels last (queue_order.py, --order):
-  the input caches of the measuring child and the verifier then generate each task's inputs
-  once, not once per kernel.
+* Kernels are measured in runs of 64 of one task, tasks taking turns, torch.compile kernels last
+  (queue_order.py, --order): the input caches of the measuring child and the verifier then
+  generate a task's inputs once per run, not once per kernel.
 * Rows are appended to <out>.partial.jsonl as they finish; the final Parquet is written at the
   end, or at --time-budget-s, or on Ctrl-C/SIGTERM. Rerunning with the same --out resumes.
 * --device cpu: children run Triton's interpreter; correctness and timing (perf_counter, few
@@ -77,7 +77,7 @@ import pyarrow.parquet as pq
 from pipelines.profiling.audit import PhaseClock, ReferenceBook, audit_claims, timing_fields
 from pipelines.profiling.formats import FAILURE_KINDS, HARNESS_VERSION
 from pipelines.profiling.hardware import fingerprint_json
-from pipelines.profiling.queue_order import order_kernels, uses_torch_compile
+from pipelines.profiling.queue_order import TASK_CHUNK, order_kernels, uses_torch_compile
 from pipelines.profiling.refcache import RefCache, default_path
 from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
 from pipelines.profiling.sandbox import (
@@ -132,8 +132,8 @@ class WorkerConfig:
     ref_cache: str | None = None
     timed_variants: int | None = None  # input variants timed calls draw from (verify.timed_draws)
     timed_samples: int | None = None  # outputs of timed calls verified per case
-    # "task": kernels grouped by task, torch.compile ones last (queue_order.py: the input cache does
-    # not thrash); "given": the batch's order (a bench that interleaves tasks on purpose)
+    # "task": tasks take turns in runs of 64 kernels, torch.compile ones last (queue_order.py: the
+    # input caches do not thrash, a budget-stopped run still covers every task); "given": the batch's order
     order: str = "task"
     # the measuring child's input cache (GiB); None: 30% of the GPU's memory (at least 24 GiB), 24 on the CPU
     input_cache_gib: float | None = None
@@ -252,7 +252,7 @@ class _Run:
         todo = [k for k in kernels if k["kernel_id"] not in done]
         self.limited = cfg.limit is not None and len(todo) > cfg.limit
         todo = todo[: cfg.limit] if cfg.limit is not None else todo
-        self.queue = deque(order_kernels(todo) if cfg.order == "task" else todo)
+        self.queue = deque(order_kernels(todo, chunk=TASK_CHUNK) if cfg.order == "task" else todo)
         self.keep_warm = False  # the measuring service keeps its measuring child while the queue is empty
         self.last_task: str | None = None  # the task of the kernel measured last
         self.compiled: deque[tuple[dict, float]] = deque()  # (kernel, compile seconds)
@@ -752,7 +752,7 @@ def _parser() -> argparse.ArgumentParser:
                     help="input variants the timed calls draw from (default: 8 on cpu, 2 on cuda)")
     ap.add_argument("--timed-samples", type=int, default=None, help="outputs of timed calls verified per case (default 1)")
     ap.add_argument("--order", choices=("task", "given"), default=d.order,
-                    help="task (default): kernels grouped by task, torch.compile kernels last; given: the batch's order")
+                    help="task (default): tasks take turns in runs of 64 kernels, torch.compile kernels last; given: the batch's order")
     ap.add_argument("--input-cache-gib", type=float, default=None,
                     help="the measuring child's input cache (default: 30%% of the GPU's memory, at least 24 GiB)")
     return ap
