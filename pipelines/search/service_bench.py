@@ -2,7 +2,7 @@
 
     python3 -m pipelines.search.service_bench --out OUT [--tasks softmax,rms_norm,layer_norm]
         [--seeds 2] [--budget 12] [--forecaster-file F.pkl] [--identical-tasks ...]
-        [--protocols kernelcast,gpumode] [--compile-workers 12] [--deadline-s 330] [--device cuda|cpu]
+        [--protocols kernelcast,gpumode] [--compile-workers 12] [--deadline-s 270] [--device cuda|cpu]
 
 1. Starts the measuring service (pipelines/profiling/service.py, protocol kernelcast) on a
    queue of its own under OUT and waits until its measuring child is ready (start-up paid once).
@@ -174,10 +174,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--measurements", default=str(REPO / "data" / "measurements" / "h200"),
                     help="committed results the bin prior is made of")
     ap.add_argument("--identical-tasks", default="softmax,rms_norm,layer_norm,trimul")
-    ap.add_argument("--identical-copies", type=int, default=2)
+    ap.add_argument("--identical-copies", type=int, default=1)
     ap.add_argument("--protocols", default="kernelcast,gpumode", help="identical code under each (kernelcast first)")
     ap.add_argument("--compile-workers", type=int, default=max(1, min(12, (os.cpu_count() or 2) - 2)))
-    ap.add_argument("--deadline-s", type=float, default=330.0, help="start no new live-search round after this long")
+    ap.add_argument("--deadline-s", type=float, default=270.0,
+                    help="start no new live-search round this long after the start (the gpumode service follows)")
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     return ap
 
