@@ -16,7 +16,8 @@ def run_worker(batch: Path, out: Path, *, device: str = "cuda", timeout_s: float
 
     When a measuring service runs on this GPU's queue (`kernelcast serve-measure`), the batch
     goes to it instead (start-up and reference timings already paid); without one, or when it
-    refuses or goes away, the one-shot worker runs. The worker writes `out` incrementally and
+    goes away, the one-shot worker runs; when it refuses the batch or is too slow, the exit
+    code is 1 (a worker beside it would share the GPU). The worker writes `out` incrementally and
     resumes on a rerun, so a failed call loses at most the kernel in flight.
     """
     served = _via_service(Path(batch), Path(out), device, time_budget_s)
@@ -51,10 +52,14 @@ def _via_service(batch: Path, out: Path, device: str, time_budget_s: float | Non
         # No fixed limit from the caller: an hour, and 30 s a kernel beyond it (the worker's own timeouts apply).
         rows = sq.submit(todo, device=device, protocol="kernelcast",
                          timeout_s=time_budget_s or 3600.0 + 30.0 * len(todo)) if todo else []
-    except sq.ServiceError as e:
+    except sq.ServiceUnavailable as e:  # it went away: the GPU is free for a worker
         store.close()
         log.warning("%s; running the worker instead", e)
         return None
+    except sq.ServiceError as e:  # it holds the GPU (another protocol, slow): a worker beside it would share it
+        store.close()
+        log.error("the measuring service did not measure %s: %s", batch, e)
+        return 1
     for row in rows:
         store.append({**row, "batch_id": store.batch_id})
     store.finalize()
