@@ -109,10 +109,13 @@ class JobStore:
             self.finish(job)
 
     def finish(self, job: _Job, error: str | None = None) -> None:
-        sq.write_atomic(self.out_path / f"{job.job_id}.rows",
-                        {"format": sq.FORMAT, "job_id": job.job_id, "rows": job.rows, "error": error,
-                         "service_pid": os.getpid(), "harness_version": HARNESS_VERSION})
-        job.taken.unlink(missing_ok=True)
+        try:
+            sq.write_atomic(self.out_path / f"{job.job_id}.rows",
+                            {"format": sq.FORMAT, "job_id": job.job_id, "rows": job.rows, "error": error,
+                             "service_pid": os.getpid(), "harness_version": HARNESS_VERSION})
+            job.taken.unlink(missing_ok=True)
+        except OSError as e:  # a full disk, the folder removed: this job's client times out, the service goes on
+            log.error("measuring service: rows of job %s not written: %s", job.job_id, one_line(e))
         self.jobs.pop(job.job_id, None)
 
     def give_back(self) -> int:
@@ -167,7 +170,12 @@ class _ServiceRun(_Run):
             return
         self.last_poll = now
         added = False
-        for path in sorted((self.queue_dir / sq.JOBS).glob("*.job")):
+        try:
+            waiting = sorted((self.queue_dir / sq.JOBS).glob("*.job"))
+        except OSError as e:
+            log.error("measuring service: cannot list %s: %s", self.queue_dir / sq.JOBS, one_line(e))
+            waiting = []
+        for path in waiting:
             added |= self._take(path)
         if added:
             self.queue = deque(order_kernels(list(self.queue), first_task=self.last_task))
