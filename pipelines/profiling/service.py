@@ -83,6 +83,7 @@ class JobStore:
         self.jobs: dict[str, _Job] = {}
         self.owner: dict[str, tuple[str, str]] = {}  # internal id -> (job id, the client's kernel id)
         self.counts: Counter = Counter()  # rows by status over the service's life
+        self.on_finish = None  # called before a job's rows are written (the service's status first)
 
     def done_ids(self) -> set[str]:
         return set()
@@ -109,6 +110,8 @@ class JobStore:
             self.finish(job)
 
     def finish(self, job: _Job, error: str | None = None) -> None:
+        if self.on_finish is not None:
+            self.on_finish()
         try:
             sq.write_atomic(self.out_path / f"{job.job_id}.rows",
                             {"format": sq.FORMAT, "job_id": job.job_id, "rows": job.rows, "error": error,
@@ -150,6 +153,8 @@ class _ServiceRun(_Run):
         self.started_wall = time.time()
         self.ready_at: float | None = None
         self.pool_warmed = False
+        # status.json is current when a client reads its rows (a bench reads both in turn)
+        self.jobstore.on_finish = lambda: self.write_status("ready" if self.hardware is not None else "starting")
 
     # ---- the queue -------------------------------------------------------------------------
     def _intake(self) -> None:
@@ -262,9 +267,9 @@ class _ServiceRun(_Run):
             "state": state, "pid": os.getpid(), "device": self.cfg.device, "protocol": self.cfg.protocol,
             "harness_version": HARNESS_VERSION, "hardware_id": (self.hardware or {}).get("hardware_id"),
             "uptime_s": round(up, 1), "ready_after_s": round(self.ready_at - self.started_wall, 1) if self.ready_at else None,
-            "measured": self.measured_now, "ok": counts.get("ok", 0), "failed": counts.get("failed", 0),
+            "measured": sum(counts.values()), "ok": counts.get("ok", 0), "failed": counts.get("failed", 0),
             "open_jobs": len(self.jobstore.jobs), "queued": len(self.queue) + len(self.compiled),
-            "kernels_per_hour_since_ready": round(self.measured_now * 3600 / served, 1) if self.ready_at else None,
+            "kernels_per_hour_since_ready": round(sum(counts.values()) * 3600 / served, 1) if self.ready_at else None,
             "correct_per_hour_since_ready": round(counts.get("ok", 0) * 3600 / served, 1) if self.ready_at else None,
             "phases_s": {k: round(v, 3) for k, v in sorted(self.phases_s.items())},
             "ref_cache": {"path": str(self.refcache.path) if self.refcache.path else None,
