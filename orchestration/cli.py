@@ -687,6 +687,7 @@ from orchestration.cli_report import newest_table, table_lines  # noqa: E402
 from orchestration.cli_report import report as _report  # noqa: E402 - its own module
 from orchestration.cli_search import export_forecaster, search_headline, search_sim  # noqa: E402 - its own module
 from orchestration.measure_cli import measure as _measure  # noqa: E402 - its own module, registered here
+from orchestration.measure_cli import serve_measure as _serve_measure  # noqa: E402
 
 app.command("search-sim")(search_sim)
 app.command("export-forecaster")(export_forecaster)
@@ -697,6 +698,7 @@ for _command in _train_app.registered_commands:  # the same one-line errors as e
     _command.callback = one_line_errors(_command.callback)
 app.add_typer(_train_app, name="train")
 app.command("measure")(one_line_errors(_measure))
+app.command("serve-measure")(one_line_errors(_serve_measure))
 
 
 def main() -> None:  # pragma: no cover - console entry

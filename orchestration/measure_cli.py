@@ -7,6 +7,12 @@ for the partition of this host's GPU on the multiprocess executor: `plan_measure
 unmeasured kernels into N shards, N `measure_shard` steps run the profiling worker side by side
 (CUDA_VISIBLE_DEVICES=i each), `ingest_measurements` merges their results through the ingest.
 The run lands on the instance under $KERNELCAST_HOME/dagster like every other (`kernelcast ui`).
+While a measuring service runs on a GPU (`kernelcast serve-measure`), that GPU's step hands its
+shard to the service instead of starting a worker (pipelines/profiling/launch.py).
+
+    kernelcast serve-measure [--device cuda|cpu] [--queue Q] [--protocol P] [--status | --stop]
+
+runs that service (pipelines/profiling/service.py) in the foreground until SIGTERM or Ctrl-C.
 """
 
 from __future__ import annotations
@@ -112,3 +118,48 @@ def _report(instance, summary, folder: Path, n_gpus: int) -> dict:
             "gpus": n_gpus, "measuring_steps": len(shards), "rows_added": meta.get("rows_added", 0),
             "profiled_here": meta.get("profiled_here", 0), "seconds": round(summary.seconds, 1),
             "checks_failed": summary.checks_failed, "shards": shards}
+
+
+def serve_measure(
+    device: str = typer.Option("cuda", "--device", help="cuda, or cpu (Triton's interpreter: tests and CPU hosts)."),
+    queue: Path | None = typer.Option(None, "--queue", help="The queue folder (default: $KERNELCAST_MEASURE_QUEUE or "
+                                                             "~/.cache/kernelcast/measure/cuda-N), created 0700."),
+    protocol: str = typer.Option("kernelcast", "--protocol", help="kernelcast | paper | gpumode."),
+    compile_workers: int | None = typer.Option(None, "--compile-workers", min=1, help="Compile children (default: cores - 2)."),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", help="Per compile job / per measuring step."),
+    max_reps: int | None = typer.Option(None, "--max-reps", min=1, help="Cap on timed calls per case."),
+    ref_refresh_s: float = typer.Option(60.0, "--ref-refresh-s", help="Re-time a task's reference after this long."),
+    ref_cache: str | None = typer.Option(None, "--ref-cache", help="Reference timings across runs (a file, or off)."),
+    stop_grace_s: float = typer.Option(10.0, "--stop-grace-s", help="How long a kernel being measured may finish after a stop."),
+    log_dir: str | None = typer.Option(None, "--log-dir", help="Keep the children's logs here."),
+    status: bool = typer.Option(False, "--status", help="Print the running service's status JSON and exit."),
+    stop: bool = typer.Option(False, "--stop", help="Ask the running service to stop and wait for it."),
+) -> None:
+    """Run the warm measuring service of this GPU until SIGTERM, Ctrl-C or `--stop`.
+
+    It pays start-up and reference timing once and then measures every kernel dropped into its
+    queue, with the profiling worker's sandbox and harness; `kernelcast measure`, the live search
+    and `python3 -m pipelines.search.live` use it while it runs (else a one-shot worker).
+    """
+    from pipelines.profiling import service
+    from pipelines.profiling.worker import WorkerConfig
+
+    if device not in ("cuda", "cpu"):
+        raise ValueError(f"--device must be cuda or cpu, got {device!r}")
+    if status:
+        typer.echo(json.dumps(service.status(queue, device), indent=1))
+        return
+    if stop:
+        if not service.stop(queue, device):
+            raise RuntimeError("the measuring service is still running after 60 s")
+        typer.echo("stopped")
+        return
+    d = WorkerConfig()
+    cfg = WorkerConfig(device=device, protocol=protocol, compile_workers=compile_workers or d.compile_workers,
+                       timeout_s=timeout_s, max_reps=max_reps, ref_refresh_s=ref_refresh_s, ref_cache=ref_cache,
+                       log_dir=log_dir)
+    import logging
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    result = service.serve(queue, cfg, stop_grace_s)
+    typer.echo(f"measuring service stopped ({result['stopped']}): {result['measured']} kernels measured", err=True)

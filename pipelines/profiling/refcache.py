@@ -29,7 +29,9 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 ENV = "KERNELCAST_REF_CACHE"
-FORMAT = 1
+# 2: the reference is timed through the kernel's own feed (runner.Measurer.timed_case_steps); format-1
+# timings were taken on an input left in place, so they are not reused.
+FORMAT = 2
 KEEP = 5  # timings kept per key (audit.REF_KEEP: the book uses the middle of these)
 MAX_AGE_S = 24 * 3600.0
 TIMING_KEYS = ("median_ms", "mean_ms", "stderr_ms", "reps")
@@ -70,6 +72,8 @@ class RefCache:
             return []
         try:
             doc = json.loads(self.path.read_text(encoding="utf-8"))
+            if isinstance(doc, dict) and isinstance(doc.get("format"), int) and doc["format"] != FORMAT:
+                raise ValueError(f"format {doc['format']}, this harness writes {FORMAT}: timed again")
             entries = doc["entries"] if isinstance(doc, dict) and doc.get("format") == FORMAT else None
             if not isinstance(entries, list):
                 raise ValueError("not a reference-timing cache")

@@ -178,6 +178,12 @@ def start_watch() -> Watch:
     watch = Watch(tuple(dict.fromkeys(modules)))
     WATCH.watch = watch
     _STARTED.append(watch)
+    # The child's baseline heap (torch, triton, the tasks: ~180,000 objects) lives as long as the
+    # child; frozen, the full collection each unload_kernel makes scans only what came after it:
+    # 0.5 s a collection on a loaded CPU before, under a microsecond after (the H200's unload
+    # phase was 17 s of 183 kernels). Kernels' objects are collected as before.
+    gc.collect()
+    gc.freeze()
     return watch
 
 
@@ -322,6 +328,20 @@ class InputCache:
 
 
 _CACHE = InputCache()
+
+
+def input_cache_bytes(device: str, share: float, floor: int) -> int:
+    """An input cache's budget: `share` of the GPU's memory, at least `floor`; `floor` on the CPU.
+
+    With its re-check seed and two timed variants per case, every task's benchmark inputs take
+    about 41 GB (trimul 15, cross_entropy 14, gdn_chunk_fwd_o 5.4); a fixed 24 GiB held fewer
+    tasks than a mixed batch cycles through, so each task switch regenerated them (about a second
+    a case on the CPU). 30% of an H200 (43 GB) for the measuring child and 20% for the verifier
+    hold them all and leave about 70 GB for kernels and references.
+    """
+    if device == "cuda" and torch.cuda.is_available():
+        return max(int(floor), int(share * torch.cuda.get_device_properties(0).total_memory))
+    return int(floor)
 
 
 def release_cuda_memory(keep_bytes: int) -> bool:
@@ -706,6 +726,7 @@ class Measurer:
         # (task, case_id) -> the last REF_KEEP reference timings and when the newest was taken
         self.refs: dict[tuple[str, str], tuple[list[Timing], float]] = {}
         self.flags = snapshot_torch_flags()
+        _CACHE.max_bytes = int(config.get("input_cache_bytes") or input_cache_bytes(self.device, 0.30, 24 * 2**30))
 
     def cases(self, task) -> tuple:
         return timed_cases(task, self.device)
@@ -771,16 +792,15 @@ class Measurer:
             kept = self.refs.get(key, ([], 0.0))[0]
             try:
                 data = make_input(task, case)
-                if self.protocol == "gpumode":  # as the kernel gets: the warm-up run, one untimed call
-                    if not warmed:
-                        drive(task.ref_kernel, gpumode_warmup_steps(plain_feed(data), self.device))
-                        warmed = True
-                    task.ref_kernel(data)
-                    sync(self.device)
                 for _ in range(n):
-                    t = self.time_fn(task.ref_kernel, data)
+                    # The kernel's own feed and loop (timed_feed, timed_case_steps): the same value
+                    # copies before each call, the same output samples after it, the same warm-up.
+                    feed = self.timed_feed(task, case, data)
+                    t = drive(task.ref_kernel, self.timed_case_steps(feed, first=not warmed))
+                    warmed = True
                     kept.append(t)
                     new.append({"case_id": key[1], **t.as_dict()})
+                    del feed
                 del data
             except Exception as e:
                 failure = classify(e, self.device, f"reference on case {key[1]}")
@@ -828,6 +848,32 @@ class Measurer:
             phases["unload_s"] = time.perf_counter() - t
         return _checked_after_unload(result)
 
+    def timed_feed(self, task, case: dict, data: Any) -> Feed:
+        """The feed of one case's timed calls: new values from the timed variants before each
+        call, a sample of the outputs kept after it (for the verifier; the reference's are dropped)."""
+        if len(self.timed_salts) <= 8:  # the variants generated here (once per child), not between timed calls
+            for s in self.timed_salts:
+                _CACHE.peek(task, case, s)
+        sync(self.device)
+        return Feed(data, lambda s, case=case: _CACHE.peek(task, case, s), self.timed_salts, self.timed_samples,
+                    self.device)
+
+    def timed_case_steps(self, feed: Feed, first: bool) -> Steps:
+        """One case's timed calls as steps, for the kernel and the reference alike: under gpumode
+        the warm-up run (`first`: the first case of a measurement) and the obligatory untimed call
+        first. Identical code measured differently when the reference skipped what the kernel got
+        (GPU MODE's template TriMul, 0.86-0.88 under gpumode): its calls ran on one input left in
+        place, the kernel's on values copied in before each call, with output samples cloned after
+        it (allocations the reference's loop never made), so both now go through here."""
+        if self.protocol == "gpumode":
+            if first:
+                yield from gpumode_warmup_steps(feed, self.device)
+            out = yield feed.fill()  # GPU MODE's obligatory call before the timed loop of a case
+            feed.took(out)
+            del out
+            sync(self.device)
+        return (yield from self.time_steps(feed))
+
     def _judge_timed(self, task, case: dict, feed: Feed, cid: str) -> None:
         """The verifier's verdicts on the outputs the feed kept (drawn after the calls)."""
         kept, feed.kept = feed.kept, []
@@ -854,25 +900,12 @@ class Measurer:
             cid = task.case_id(case)
             t = time.perf_counter()
             data = make_input(task, case)
-            if len(self.timed_salts) <= 8:  # the variants generated here (once per child), not between timed calls
-                for s in self.timed_salts:
-                    _CACHE.peek(task, case, s)
-            sync(self.device)
+            feed = self.timed_feed(task, case, data)
             phases["inputs_s"] = phases.get("inputs_s", 0.0) + time.perf_counter() - t
-            feed = Feed(data, lambda s, case=case: _CACHE.peek(task, case, s), self.timed_salts,
-                        self.timed_samples, self.device)
             t = time.perf_counter()
             try:
-                if self.protocol == "gpumode":
-                    if i == 0:
-                        progress("warm-up")
-                        yield from gpumode_warmup_steps(feed, self.device)
-                    out = yield feed.fill()  # GPU MODE's obligatory call before the timed loop of a case
-                    feed.took(out)
-                    del out
-                    sync(self.device)
                 progress(f"timing {cid}")
-                timings.append((yield from self.time_steps(feed)))
+                timings.append((yield from self.timed_case_steps(feed, first=i == 0)))
             except KernelFailure:
                 raise
             except Exception as e:

@@ -234,13 +234,13 @@ class Verifier:
     """The verifier child's state: its own input cache and each job's progress through its plan."""
 
     def __init__(self, config: dict):
-        from pipelines.profiling.runner import InputCache
+        from pipelines.profiling.runner import InputCache, input_cache_bytes
 
         self.device = config.get("device", "cpu")
         self.protocol = config.get("protocol", "kernelcast")
         self.check_correctness_cases = bool(config.get("check_correctness_cases", False))
         self.timed_salts, self.samples = timed_draws(self.device, config)
-        self.cache = InputCache(max_bytes=int(config.get("cache_bytes", 8 * 2**30)))
+        self.cache = InputCache(max_bytes=int(config.get("cache_bytes") or input_cache_bytes(self.device, 0.20, 8 * 2**30)))
         self.jobs: dict[str, _Job] = {}
 
     def handle(self, msg: dict) -> dict:

@@ -3,7 +3,7 @@
     python3 -m pipelines.profiling.worker --batch B.parquet --out O.parquet [--device cuda|cpu]
         [--protocol kernelcast|paper|gpumode] [--compile-workers N] [--timeout-s S] [--max-reps R]
         [--time-budget-s T] [--limit K] [--log-dir D] [--summary-json S] [--no-phased]
-        [--compile-inputs meta|device]
+        [--compile-inputs meta|device] [--order task|given] [--input-cache-gib G]
 
 Pipeline (one parent, many children; the parent never runs kernel code):
 
@@ -45,6 +45,9 @@ Pipeline (one parent, many children; the parent never runs kernel code):
   timing alternate), with the same repeatability (README, "Profiling benchmarks").
 * A child that crashes, hangs (no progress for --timeout-s) or hits a sticky CUDA error is
   killed and replaced; the kernel gets its failure kind and the batch goes on.
+* Kernels are measured in runs of 64 of one task, tasks taking turns, torch.compile kernels last
+  (queue_order.py, --order): the input caches of the measuring child and the verifier then
+  generate a task's inputs once per run, not once per kernel.
 * Rows are appended to <out>.partial.jsonl as they finish; the final Parquet is written at the
   end, or at --time-budget-s, or on Ctrl-C/SIGTERM. Rerunning with the same --out resumes.
 * --device cpu: children run Triton's interpreter; correctness and timing (perf_counter, few
@@ -74,6 +77,7 @@ import pyarrow.parquet as pq
 from pipelines.profiling.audit import PhaseClock, ReferenceBook, audit_claims, timing_fields
 from pipelines.profiling.formats import FAILURE_KINDS, HARNESS_VERSION
 from pipelines.profiling.hardware import fingerprint_json
+from pipelines.profiling.queue_order import TASK_CHUNK, order_kernels, uses_torch_compile
 from pipelines.profiling.refcache import RefCache, default_path
 from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
 from pipelines.profiling.sandbox import (
@@ -128,6 +132,11 @@ class WorkerConfig:
     ref_cache: str | None = None
     timed_variants: int | None = None  # input variants timed calls draw from (verify.timed_draws)
     timed_samples: int | None = None  # outputs of timed calls verified per case
+    # "task": tasks take turns in runs of 64 kernels, torch.compile ones last (queue_order.py: the
+    # input caches do not thrash, a budget-stopped run still covers every task); "given": the batch's order
+    order: str = "task"
+    # the measuring child's input cache (GiB); None: 30% of the GPU's memory (at least 24 GiB), 24 on the CPU
+    input_cache_gib: float | None = None
 
     def validate(self) -> None:
         if self.device not in ("cuda", "cpu"):
@@ -136,6 +145,8 @@ class WorkerConfig:
             raise ValueError(f"--protocol must be one of {', '.join(PROTOCOLS)}, got {self.protocol!r}")
         if self.compile_inputs not in (None, "device", "meta"):
             raise ValueError(f"--compile-inputs must be device or meta, got {self.compile_inputs!r}")
+        if self.order not in ("task", "given"):
+            raise ValueError(f"--order must be task or given, got {self.order!r}")
         if self.compile_workers < 1 or self.timeout_s <= 0:
             raise ValueError("--compile-workers must be >= 1 and --timeout-s > 0")
 
@@ -240,7 +251,10 @@ class _Run:
         done = store.done_ids()
         todo = [k for k in kernels if k["kernel_id"] not in done]
         self.limited = cfg.limit is not None and len(todo) > cfg.limit
-        self.queue = deque(todo[: cfg.limit] if cfg.limit is not None else todo)
+        todo = todo[: cfg.limit] if cfg.limit is not None else todo
+        self.queue = deque(order_kernels(todo, chunk=TASK_CHUNK) if cfg.order == "task" else todo)
+        self.keep_warm = False  # the measuring service keeps its measuring child while the queue is empty
+        self.last_task: str | None = None  # the task of the kernel measured last
         self.compiled: deque[tuple[dict, float]] = deque()  # (kernel, compile seconds)
         self.pool: list[Sandbox | None] = [None] * cfg.compile_workers
         self.measurer: Sandbox | None = None
@@ -277,6 +291,7 @@ class _Run:
             "ref_refresh_s": cfg.ref_refresh_s, "parent_pid": os.getpid(),
             "min_reps": cfg.min_reps, "max_case_s": cfg.max_case_s, "compile_inputs": self.compile_inputs,
             "timed_variants": cfg.timed_variants, "timed_samples": cfg.timed_samples,
+            "input_cache_bytes": int(cfg.input_cache_gib * 2**30) if cfg.input_cache_gib else None,
         }
         (workdir / "kernels").mkdir(parents=True, exist_ok=True)
         make_traversable(workdir, workdir / "kernels")
@@ -296,10 +311,13 @@ class _Run:
     def _children(self) -> list[Sandbox]:
         return [s for s in self.pool + [self.measurer, self.spare] if s is not None]
 
-    def _kernel_path(self, kernel: dict) -> str:
+    def _kernel_file(self, kernel: dict) -> Path:
         import hashlib
 
-        path = self.workdir / "kernels" / f"k_{hashlib.sha256(kernel['kernel_id'].encode()).hexdigest()[:20]}.py"
+        return self.workdir / "kernels" / f"k_{hashlib.sha256(kernel['kernel_id'].encode()).hexdigest()[:20]}.py"
+
+    def _kernel_path(self, kernel: dict) -> str:
+        path = self._kernel_file(kernel)
         if not path.exists():
             path.write_text(kernel["source"], encoding="utf-8")
             os.chmod(path, 0o644)  # readable by the sandbox uids, writable by none of them
@@ -526,7 +544,7 @@ class _Run:
                 sb.send({"type": "job", "job": self._job(kernel)})
                 sb.job, sb.deadline = kernel, time.monotonic() + self.cfg.timeout_s
                 in_compile += 1
-        work_left = bool(self.compiled or self.queue or in_compile)
+        work_left = bool(self.compiled or self.queue or in_compile or self.keep_warm)
         if self.measurer is None and not stopping and work_left:
             # A crash or hang costs a restart; the spare has paid its start-up (imports, CUDA init) already.
             self.measurer, self.spare = (self.spare, None) if self.spare is not None else (self._spawn("measure"), None)
@@ -534,7 +552,7 @@ class _Run:
             self.spare = self._spawn("measure")
         m = self.measurer
         if m is not None and m.ready and m.job is None and self.compiled and not stopping and allow_measure:
-            kernel, compile_s = self.compiled.popleft()
+            kernel, compile_s = self._next_compiled()
             try:
                 m.send({"type": "job", "job": self._job(kernel)})
             except ChildDied as e:
@@ -547,6 +565,26 @@ class _Run:
             m.job_started = time.monotonic()
             m.deadline = m.job_started + self.cfg.timeout_s
             self.clock = PhaseClock()
+
+    def _next_compiled(self) -> tuple[dict, float]:
+        """The next compiled kernel for the timer: one of the task measured last if any waits
+        (compiles finish out of order; a task switch costs the input caches their inputs)."""
+        for i, (kernel, _) in enumerate(self.compiled):
+            if kernel["task"] == self.last_task and not uses_torch_compile(kernel.get("source")):
+                item = self.compiled[i]
+                del self.compiled[i]
+                break
+        else:
+            item = self.compiled.popleft()
+        self.last_task = item[0]["task"]
+        return item
+
+    def _intake(self) -> None:
+        """New kernels for the queue, once per loop: none in a batch run (the service's door)."""
+
+    def _serving(self) -> bool:
+        """Whether to go on while there is nothing to do: never in a batch run."""
+        return False
 
     def _busy(self) -> bool:
         return bool(self.queue or self.compiled or any(s.job is not None for s in self._children()))
@@ -576,8 +614,9 @@ class _Run:
             # Stop taking new kernels when the next one would likely not finish inside the budget.
             expected = 2.0 * (self.measure_s_ema or 1.0) + 2.0
             stopping = now + expected > hard_stop
+            self._intake()
             self._dispatch(stopping)
-            if not self._busy():
+            if not self._busy() and not self._serving():
                 break
             m = self.measurer
             if stopping and (m is None or m.job is None):
@@ -712,6 +751,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--timed-variants", type=int, default=None,
                     help="input variants the timed calls draw from (default: 8 on cpu, 2 on cuda)")
     ap.add_argument("--timed-samples", type=int, default=None, help="outputs of timed calls verified per case (default 1)")
+    ap.add_argument("--order", choices=("task", "given"), default=d.order,
+                    help="task (default): tasks take turns in runs of 64 kernels, torch.compile kernels last; given: the batch's order")
+    ap.add_argument("--input-cache-gib", type=float, default=None,
+                    help="the measuring child's input cache (default: 30%% of the GPU's memory, at least 24 GiB)")
     return ap
 
 
@@ -724,6 +767,7 @@ def main(argv: list[str] | None = None) -> int:
         recycle_after=args.recycle_after, log_dir=args.log_dir, progress_every_s=args.progress_every_s,
         phased=args.phased, lookahead=args.lookahead, compile_inputs=args.compile_inputs,
         ref_cache=args.ref_cache, timed_variants=args.timed_variants, timed_samples=args.timed_samples,
+        order=args.order, input_cache_gib=args.input_cache_gib,
     )
 
     def on_term(signum, frame):  # SIGTERM: finish like Ctrl-C, writing the final file

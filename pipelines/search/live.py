@@ -5,8 +5,8 @@
 
 Every run (task x mode x seed) keeps its event log in W/logs/<run>.jsonl; all runs advance in
 lockstep and each round's measurements (every run's requests together, a kernel asked for by
-two runs measured once) are one worker batch (W/worker/batch-NNN.parquet ->
-results-NNN.parquet). A run stopped by --deadline-s, a crash or Ctrl-C resumes with the same
+two runs measured once) are one batch (W/worker/batch-NNN.parquet -> results-NNN.parquet),
+measured by this GPU's measuring service when one runs (--service), else by a worker run. A run stopped by --deadline-s, a crash or Ctrl-C resumes with the same
 command: logs replay, measured kernels are read back, nothing is measured twice.
 
 Outputs in O (a folder):
@@ -61,6 +61,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--deadline-s", type=float, default=None, help="start no new round after this many seconds")
     ap.add_argument("--worker-timeout-s", type=float, default=600.0, help="wall limit of one worker run")
     ap.add_argument("--worker-arg", action="append", default=[], help="extra worker flag (repeatable), e.g. --worker-arg=--max-reps=50")
+    ap.add_argument("--service", default="auto", choices=("auto", "on", "off"),
+                    help="measure through this GPU's measuring service (kernelcast serve-measure): auto = when one "
+                         "runs, else one worker run per round; on = the service or stop; off = worker runs")
+    ap.add_argument("--queue", default=None, help="the measuring service's queue folder (default: this GPU's)")
     return ap
 
 
@@ -150,7 +154,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cpu" and not any(a.startswith("--max-reps") for a in worker_args):
         worker_args.append("--max-reps=3")
     measurer = LiveMeasurer(workdir / "worker", device=args.device, worker_args=worker_args,
-                            timeout_s=args.worker_timeout_s)
+                            timeout_s=args.worker_timeout_s, service=args.service, queue=args.queue)
     t0 = time.monotonic()
     deadline = t0 + args.deadline_s if args.deadline_s is not None else None
     stopped = None
@@ -186,6 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         "tasks": tasks, "modes": modes, "seeds": args.seeds, "budget": args.budget, "anchor": args.anchor,
         "forecaster": label, "hardware_id": hw, "wall_s": time.monotonic() - t0,
         "worker_wall_s": measurer.worker_wall_s, "worker_runs": len(measurer.result_files), "rounds": rounds,
+        "service_runs": measurer.service_runs,
         "kernels_measured": len(measurer.cache), "result_rows": n_results, "stopped": stopped,
         "unfinished_runs": len(unfinished), "comparison": compare(summaries),
         "runs": [{**s, "events": [to_json(e) for e in r.log.read()]} for s, r in zip(summaries, runs)],

@@ -5,9 +5,11 @@ an Outcome per kernel id. The driver gathers the requests of several searches in
 so a live round is one worker batch.
 
     SimulatedMeasurer  reads the table; a kernel it does not hold comes back "unmeasured"
-    LiveMeasurer       writes a kernel batch, runs `python3 -m pipelines.profiling.worker`,
-                       reads its result file; results are kept (and reused within the search)
-                       and every result file is listed for ingestion like any measurement batch
+    LiveMeasurer       writes a kernel batch and hands it to this GPU's measuring service when one
+                       runs (pipelines/profiling/service.py: start-up and reference timings paid
+                       once, not per round), else runs `python3 -m pipelines.profiling.worker` on
+                       it; writes the rows as a result file; results are kept (and reused within
+                       the search) and every result file is listed for ingestion like any batch
 
 This module imports only the standard library, numpy and pyarrow (the GPU host has no polars).
 """
@@ -26,7 +28,9 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.profiling import service_queue
 from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA
+from pipelines.profiling.results import rows_to_table
 from pipelines.search import space
 from pipelines.search.events import Child, Outcome
 from pipelines.search.table import MeasuredTable
@@ -93,7 +97,11 @@ class LiveMeasurer:
         workdir: where batch and result files go (batch-<n>.parquet, results-<n>.parquet).
         device: "cuda", or "cpu" (Triton interpreter: tests and dry runs).
         worker_args: extra worker flags (e.g. ["--compile-workers", "12"]).
-        timeout_s: wall limit of one worker run; past it the run is a MeasureError.
+        timeout_s: wall limit of one worker run (or one service job); past it the run is a MeasureError.
+        service: "auto" (the measuring service when one runs on this GPU's queue, else the
+            worker), "on" (the service or a MeasureError), "off" (always a worker run). The
+            service measures with its own settings: worker_args apply to worker runs only.
+        queue: the service's queue folder (default: service_queue.default_queue(device)).
     """
 
     workdir: Path
@@ -104,6 +112,9 @@ class LiveMeasurer:
     result_files: list[Path] = field(default_factory=list)
     records: dict[str, dict] = field(default_factory=dict)  # every kernel sent, with lineage
     worker_wall_s: float = 0.0
+    service: str = "auto"
+    queue: str | None = None
+    service_runs: int = 0  # rounds measured by the service (the rest by worker runs)
 
     def __post_init__(self) -> None:
         # A resumed search reads what earlier worker runs of it measured: no kernel twice.
@@ -129,10 +140,37 @@ class LiveMeasurer:
             raise MeasureError(f"the worker returned no result for {len(missing)} kernels, e.g. {missing[0]}")
         return {it.child.kernel_id: self.cache[it.child.kernel_id] for it in items}
 
+    def _use_service(self) -> bool:
+        if self.service == "off":
+            return False
+        up = service_queue.running(self.queue, self.device)
+        if not up and self.service == "on":
+            raise MeasureError(f"no measuring service on {service_queue.default_queue(self.device, self.queue)}")
+        return up
+
     def _run(self, records: list[dict]) -> None:
         n = len(self.result_files) + 1
         batch = write_kernel_batch(records, self.workdir / f"batch-{n:03d}.parquet")
         out = self.workdir / f"results-{n:03d}.parquet"
+        if self._use_service():
+            t0 = time.monotonic()
+            try:
+                rows = service_queue.submit(records, queue=self.queue, device=self.device, timeout_s=self.timeout_s)
+            except service_queue.ServiceUnavailable as e:
+                if self.service == "on":
+                    raise MeasureError(str(e)) from None
+                log.warning("%s; measuring %s with a worker run", e, batch.name)
+            except service_queue.ServiceError as e:
+                raise MeasureError(str(e)) from None
+            else:
+                tmp = out.with_name(out.name + ".partial")
+                pq.write_table(rows_to_table(rows), tmp, compression="zstd")
+                tmp.replace(out)
+                self.service_runs += 1
+                self._read_results(records, out)
+                return
+            finally:
+                self.worker_wall_s += time.monotonic() - t0
         cmd = [sys.executable, "-m", "pipelines.profiling.worker", "--batch", str(batch), "--out", str(out),
                "--device", self.device, *self.worker_args]
         t0 = time.monotonic()
@@ -146,6 +184,9 @@ class LiveMeasurer:
         if proc.returncode != 0 or not out.exists():
             tail = (proc.stderr or proc.stdout or "").strip().splitlines()[-1:] or ["no output"]
             raise MeasureError(f"worker exit {proc.returncode} on {batch.name}: {tail[0]}")
+        self._read_results(records, out)
+
+    def _read_results(self, records: list[dict], out: Path) -> None:
         for r in records:
             self.records[r["kernel_id"]] = r
         self.result_files.append(out)
