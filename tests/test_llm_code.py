@@ -140,3 +140,129 @@ def test_a_leaking_bundle_is_refused_before_training(tmp_path, monkeypatch, caps
     assert _train(tmp_path, "out") == 2
     assert "touch a scored split's lineage" in capsys.readouterr().err
     assert not (tmp_path / "out" / "forecasts.parquet").exists()
+
+
+def _frame(pairs: list[dict], role: str):
+    import polars as pl
+
+    rows = [{k: p[k] for k in ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin")}
+            | {"speedup": 2.0 ** (p["true_bin"] - 4.5), "pair_type": "reference", "split": "eval" if role in
+               ("eval", "external", "held_out_eval") else "train"} for p in pairs if role in p["roles"]]
+    return pl.DataFrame(rows)
+
+
+def test_the_bundle_build_refuses_a_scored_lineage_in_training():
+    """pipelines.training.code_bundle.check_no_leakage on the roles of a toy version: clean, then
+    with an eval candidate's child in fit, then with an external kernel's parent in held-out fit."""
+    import polars as pl
+
+    from pipelines.training.code_bundle import check_no_leakage
+    from pipelines.training.roles import Roles
+
+    pairs = [{"pair_id": f"p{i}", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": "ref",
+              "candidate_kernel_id": f"k{i}", "true_bin": 1 + i % 8,
+              "roles": ["fit", "held_out_fit"] if i < 8 else ["calibration", "held_out_calibration"] if i < 10
+              else ["eval"] if i < 12 else ["external"]} for i in range(14)]
+    lineage = pl.DataFrame({"kernel_id": ["ref"] + [f"k{i}" for i in range(14)],
+                            "parent_kernel_id": [None] + ["ref"] * 14,
+                            "generator": ["reference"] + ["kernelcast-space"] * 12 + ["rewrite:unroll"] * 2})
+    f = {r: _frame(pairs, r) for r in ("fit", "calibration", "eval", "external")}
+    roles = Roles(f["fit"], f["calibration"], f["eval"], f["fit"], f["calibration"], f["eval"].head(0), None, f["external"])
+    check_no_leakage(roles, lineage)
+    child_of_eval = lineage.with_columns(pl.when(pl.col("kernel_id") == "k3").then(pl.lit("k10"))
+                                         .otherwise(pl.col("parent_kernel_id")).alias("parent_kernel_id"))
+    with pytest.raises(ValueError, match="in distribution: 1 training pairs leak"):
+        check_no_leakage(roles, child_of_eval)
+    held = Roles(f["fit"].head(0), f["calibration"].head(0), f["eval"].head(0), f["fit"], f["calibration"],
+                 f["eval"], "gdn", f["external"])
+    parent_of_external = lineage.with_columns(pl.when(pl.col("kernel_id") == "k12").then(pl.lit("k5"))
+                                              .otherwise(pl.col("parent_kernel_id")).alias("parent_kernel_id"))
+    with pytest.raises(ValueError, match="held-out task: 1 training pairs leak"):
+        check_no_leakage(held, parent_of_external)
+
+
+def _host_output(folder: Path, bundle: Path) -> None:
+    """What a host run returns, written (not trained): two head variants, each role it forecasts."""
+    meta, _, pairs = read_bundle(bundle)
+    rng = random.Random(1)
+    rows = []
+    plan = {"code-head": ("calibration", "eval", "external"), "code-head-held-out": ("held_out_calibration", "held_out_eval")}
+    for variant, roles in plan.items():
+        for p in pairs:
+            for role in roles:
+                if role in p["roles"]:
+                    w = [rng.random() + (3.0 if b == p["true_bin"] else 0.0) for b in range(1, 9)]
+                    rows.append({"variant": variant, "role": role, "pair_id": p["pair_id"], "readout": "head",
+                                 "repeat": 0, **{f"p{b}": w[b - 1] / sum(w) for b in range(1, 9)}})
+    folder.mkdir()
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows), folder / "forecasts.parquet")
+    variants = {v: {"kind": "head", "setting": "held_out_task" if "held-out" in v else "in_distribution",
+                    "features": False, "style": "full", "best_epoch": 3, "fit_pairs": 20, "calibration_pairs": 6,
+                    "settings": {"hidden": 256}, "history": [{"epoch": e, "calibration_nll": 2.0 - e / 10} for e in (1, 2, 3)]}
+                for v in plan}
+    (folder / "metrics.json").write_text(json.dumps({"dataset_version": meta["dataset_version"], "variants": variants}))
+
+
+def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, monkeypatch):
+    import mlflow
+    import polars as pl
+
+    from pipelines.training.code_ingest import ingest, register_variants
+    from pipelines.training.committed import calibrated_variants
+    from pipelines.training.forecasting import registered_forecasts
+    from pipelines.training.roles import Roles
+    from warehouse.datasets import write_dataset
+    from warehouse.db import connect
+
+    toy_bundle(tmp_path / "b")
+    _host_output(tmp_path / "out", tmp_path / "b")
+    data_dir = tmp_path / "data"
+    run_dir = data_dir / "training" / "h200" / "run"
+    run_dir.mkdir(parents=True)
+    # An earlier variant of the committed run stays beside the ingested ones.
+    pl.DataFrame({"variant": ["old"], "role": ["eval"], "readout": ["logprob"], "repeat": [0], "pair_id": ["x"],
+                  "hardware_id": ["h"], "anchor_kernel_id": ["ref-softmax"], "candidate_kernel_id": ["k26"],
+                  "true_bin": [1], **{f"p{i}": [0.125] for i in range(1, 9)}}).write_parquet(run_dir / "forecasts.parquet")
+    (run_dir / "training.json").write_text(json.dumps({"dataset_version": "ds-old", "variants": {"old": {"settings": {}}}}))
+    summary = ingest(tmp_path / "out", tmp_path / "b", run_dir)
+    assert summary["variants"] == ["code-head", "code-head-held-out"] and not summary["adapter"]
+    training = json.loads((run_dir / "training.json").read_text())
+    assert set(training["variants"]) == {"old", "code-head", "code-head-held-out"}
+    assert training["dataset_version"] == "ds-old" and training["variants"]["code-head"]["dataset_version"] == "ds-toy"
+    frame = pl.read_parquet(run_dir / "forecasts.parquet")
+    assert set(frame["variant"]) == {"old", "code-head", "code-head-held-out"}
+    assert set(frame.filter(pl.col("variant") == "code-head")["role"]) == {"calibration", "eval"}  # external: eval role
+
+    _, _, pairs = read_bundle(tmp_path / "b")
+    f = {r: _frame(pairs, r) for r in ("fit", "calibration", "eval", "external", "held_out_fit",
+                                       "held_out_calibration", "held_out_eval")}
+    roles = Roles(f["fit"], f["calibration"], f["eval"], f["held_out_fit"], f["held_out_calibration"],
+                  f["held_out_eval"], "rms_norm", f["external"])
+    got = {v.name: v for v in calibrated_variants(run_dir, pl.concat([f["eval"], f["external"]]), f["held_out_eval"])}
+    assert got["code-head"].forecasts.height == 10 and got["code-head-held-out"].forecasts.height == 6
+    assert got["code-head"].calibrator.n_fit == 6
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    with connect(tmp_path / "wh.duckdb") as con:
+        all_pairs = pl.concat([f[r] for r in ("fit", "calibration", "eval", "external", "held_out_eval")]).unique("pair_id")
+        write_dataset(con, "ds-toy", "d", {}, [], all_pairs)
+        versions = register_variants(con, uri, data_dir, run_dir, tmp_path / "out", summary["variants"])
+        assert register_variants(con, uri, data_dir, run_dir, tmp_path / "out", summary["variants"]) == versions  # re-used
+        from warehouse.lineage import lineage_of
+
+        assert lineage_of(con, "kernelcast-surrogate", versions["code-head"])["dataset_version"] == "ds-toy"
+    records = {k: {"kernel_id": k, "task": "softmax", "source": "x"} for k in
+               set(all_pairs["anchor_kernel_id"].to_list()) | set(all_pairs["candidate_kernel_id"].to_list())}
+    rows, listed, jobs = registered_forecasts(uri, "ds-toy", roles, records, tmp_path / "home", run_dir,
+                                              lambda pairs, style: [], None)
+    ref = f"models:/kernelcast-surrogate/{versions['code-head']}"
+    splits = {(x.model_ref, x.split) for x in listed}
+    assert {(ref, "in_distribution"), (ref, "external"),
+            (f"models:/kernelcast-surrogate-held-out/{versions['code-head-held-out']}", "held_out_task")} <= splits
+    assert not jobs  # answered from the committed forecasts, nothing planned for the LLM steps
+    mine = rows.filter(pl.col("model_ref") == ref)
+    assert set(mine["pair_id"]) == set(f["eval"]["pair_id"]) | set(f["external"]["pair_id"])

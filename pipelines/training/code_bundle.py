@@ -2,8 +2,7 @@
 
     python -m pipelines.training.code_bundle build-bundle --out .gpu-batches/llm-bundle
     # on the GPU host: python3 -m models.remote.llm_code train --bundle ... --out OUT
-    python -m pipelines.training.code_bundle ingest OUT --bundle .gpu-batches/llm-bundle \
-        --into data/training/h200/<date>-code
+    python -m pipelines.training.code_bundle ingest OUT --bundle .gpu-batches/llm-bundle --register
 
 The pairs of every role are the evaluation's (pipelines.training.roles.forecasting_roles on the
 stored dataset version, the external split included), so what a variant is scored on is what
@@ -183,7 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     i = sub.add_parser("ingest", help="turn a host run's output into a committed run folder and register it")
     i.add_argument("results", type=Path, help="the OUT folder the host run wrote")
     i.add_argument("--bundle", required=True, type=Path)
-    i.add_argument("--into", required=True, type=Path, help="committed run folder, e.g. data/training/h200/<date>-code")
+    i.add_argument("--into", default=None, type=Path,
+                   help="committed run folder (default: the settings' surrogate.committed_run under the data folder)")
     i.add_argument("--register", action="store_true", help="also register every variant in MLflow (settings' home)")
     args = parser.parse_args(argv)
     from warehouse.db import connect
