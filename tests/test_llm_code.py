@@ -266,3 +266,18 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
     assert not jobs  # answered from the committed forecasts, nothing planned for the LLM steps
     mine = rows.filter(pl.col("model_ref") == ref)
     assert set(mine["pair_id"]) == set(f["eval"]["pair_id"]) | set(f["external"]["pair_id"])
+
+
+def test_fast_encode_gives_encode_rows_ids(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from models.base_model import resolve_base_model
+    from models.remote.llm_code import _rows, fast_encode
+    from models.supervised import encode_rows
+
+    toy_bundle(tmp_path / "b")
+    meta, kernels, pairs = read_bundle(tmp_path / "b")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(resolve_base_model("tiny", tmp_path / "home")))
+    for style in ("full", "compact+features"):
+        rows = _rows(meta, kernels, pairs, style)
+        assert fast_encode(tokenizer, rows, chunk=7) == encode_rows(tokenizer, rows)
