@@ -86,8 +86,9 @@ def _train(tmp_path: Path, out: str, *extra: str) -> int:
     from models.remote.llm_code import main
 
     return main(["train", "--bundle", str(tmp_path / "b"), "--out", str(tmp_path / out), "--work",
-                 str(tmp_path / f"work-{out}"), "--base-model", "tiny", "--time-budget-s", "240",
-                 "--layers", "1,-1", "--lora-epochs", "2", "--tokens-per-batch", "8192", *extra])
+                 str(tmp_path / f"work-{out}"), "--base-model", "tiny", "--time-budget-s", "400",
+                 "--layers", "1,-1", "--lora-epochs", "2", "--tokens-per-batch", "8192",
+                 "--head-grid", "2", "--head-epochs", "30", *extra])
 
 
 def test_train_on_cpu_forecasts_every_role_and_resumes(tmp_path, monkeypatch):
@@ -281,3 +282,20 @@ def test_fast_encode_gives_encode_rows_ids(tmp_path):
     for style in ("full", "compact+features"):
         rows = _rows(meta, kernels, pairs, style)
         assert fast_encode(tokenizer, rows, chunk=7) == encode_rows(tokenizer, rows)
+
+
+@pytest.mark.slow
+def test_grpo_runs_on_top_of_the_lora_variant_when_time_is_left(tmp_path, monkeypatch):
+    """(c) on the CPU: one GRPO step after the format warm-up, on code-lora's best epoch, then the
+    same readout on the scored roles; a run without time for it records why."""
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    toy_bundle(tmp_path / "b")
+    assert _train(tmp_path, "out", "--lora-epochs", "1", "--head-grid", "1", "--head-epochs", "5",
+                  "--grpo-steps", "1", "--grpo-warmup-steps", "2") == 0
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert "grpo" not in metrics["skipped"], metrics["skipped"]
+    grpo = metrics["variants"]["code-lora-grpo"]
+    assert grpo["finished"] and grpo["steps"] == 1 and grpo["from"] == "code-lora"
+    rows = [r for r in pq.read_table(tmp_path / "out" / "forecasts.parquet").to_pylist() if r["variant"] == "code-lora-grpo"]
+    assert sorted({r["role"] for r in rows}) == ["calibration", "eval", "external"] and len(rows) == 16
+    assert all(abs(sum(r[f"p{i}"] for i in range(1, 9)) - 1) < 1e-6 for r in rows)

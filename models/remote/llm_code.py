@@ -14,7 +14,8 @@ outputs are written before it ends):
 (a) `code-lora`: supervised LoRA fine-tuning of the label tokens (models.supervised), several
     epochs across runs: its checkpoint (adapter, optimizer, schedule, position in the epoch)
     leaves in OUT and `--resume` takes it back; the best epoch by calibration NLL forecasts.
-(c) GRPO on top of it is not run by this module (see docs/llm-surrogate.md).
+(c) `code-lora-grpo`: GRPO with the Brier reward on top of code-lora's best epoch, when the
+    budget leaves room after (a) (models/remote/code_grpo.py); not resumed across runs.
 
 OUT receives at most 8 files of at most 16 MiB: forecasts.parquet (variant, role, pair_id,
 readout, p1..p8: raw forecasts; the temperature is fitted where they are ingested), metrics.json
@@ -50,8 +51,19 @@ LORA_STATE = "lora-state.pt"  # written in parts lora-state.pt.0, .1, ...
 PART_BYTES = 15 * 1024 * 1024  # under the 16 MiB a returned file may weigh
 MAX_OUT_FILES = 8
 WRITE_RESERVE_S = 15.0  # the outputs are written in this last stretch of the budget
+GRPO_MIN_S = 60.0  # GRPO is not started with less than this left besides its forecasts
 HEAD_VARIANTS = {"code-head": False, "code-head-features": True}  # name -> reads the feature vector
 LORA_VARIANT = "code-lora"
+
+
+def head_grid(size: int = 3, epochs: int = 300):
+    """The head settings tried per variant (the first `size`): the default, then wider and more
+    regularised, then narrower and less; seconds each on a GPU."""
+    from models.training.head import HeadSettings
+
+    grid = (HeadSettings(epochs=epochs), HeadSettings(hidden=512, dropout=0.5, weight_decay=0.1, epochs=epochs),
+            HeadSettings(hidden=128, dropout=0.1, weight_decay=0.01, epochs=epochs))
+    return grid[:max(1, size)]
 # (setting, fit role, calibration role, roles forecast)
 SETTINGS = (("in_distribution", "fit", "calibration", ("calibration", "eval", "external")),
             ("held_out_task", "held_out_fit", "held_out_calibration", ("held_out_calibration", "held_out_eval")))
@@ -149,7 +161,7 @@ def _forecast_rows(variant: str, role: str, pair_ids: list[str], probs: Any, rea
 
 
 def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, tokens_per_batch: int,
-              style: str, device: str) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+              style: str, device: str, grid: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
     """(b): embed every pair's prompt once, fit the heads of both settings, forecast.
 
     Returns:
@@ -158,7 +170,10 @@ def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, toke
     import numpy as np
     import torch
 
-    from models.training.head import HeadSettings, embed_prompts, head_probs, head_state, train_head
+    from models.training.head import embed_prompts, head_probs, head_state, train_head
+
+    grid = grid or head_grid()
+
 
     t0 = time.time()
     ordered = sorted(pairs, key=lambda p: p["pair_id"])
@@ -198,9 +213,18 @@ def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, toke
             def x_of(ps, x=x_all):
                 return x[[index[p["pair_id"]] for p in ps]]
 
-            head, record = train_head(x_of(fit), np.array([p["true_bin"] for p in fit]), x_of(cal),
-                                      np.array([p["true_bin"] for p in cal]), HeadSettings(),
-                                      device=device, stop_at=clock.deadline - WRITE_RESERVE_S)
+            head, record = None, None
+            for settings in grid:  # the one of lowest calibration NLL is kept
+                if record is not None and clock.left() < 2 * WRITE_RESERVE_S:
+                    break
+                h, r = train_head(x_of(fit), np.array([p["true_bin"] for p in fit]), x_of(cal),
+                                  np.array([p["true_bin"] for p in cal]), settings,
+                                  device=device, stop_at=clock.deadline - WRITE_RESERVE_S)
+                r["grid"] = (record or {}).get("grid", []) + [{**settings.to_dict(), **r["best_calibration"]}]
+                if record is None or r["best_calibration"]["nll"] < record["best_calibration"]["nll"]:
+                    head, record = h, r
+                else:
+                    record["grid"] = r["grid"]
             for role in roles:
                 chosen = with_role(pairs, role)
                 if chosen:
@@ -270,6 +294,14 @@ def _restore_lora(resume: Path | None, work: Path) -> None:
                     (work / "sft" / BEST_DIR / m.name).write_bytes(tar.extractfile(m).read())
 
 
+def forecast_seconds(pairs: list[dict[str, Any]], tokens_per_s: float | None) -> float:
+    """What forecasting the calibration, eval and external pairs with a LoRA model takes: the
+    prefill rate of (b) when measured, halved for the adapter's extra matmuls, 4k tokens a
+    prompt at most, plus loading."""
+    n = sum(len(with_role(pairs, r)) for r in ("calibration", "eval", "external"))
+    return 10.0 + n * 4096 / ((tokens_per_s or 2000.0) / 2)
+
+
 def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s: float | None,
              device: str) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     """(a): resume or start the LoRA run, train until its epochs or the time end, forecast with
@@ -282,11 +314,10 @@ def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s:
     if not fit or not cal:
         return [], None
     scored = {r: with_role(pairs, r) for r in ("calibration", "eval", "external")}
-    n_scored = sum(len(v) for v in scored.values())
-    # What forecasting the scored pairs after training will take: the prefill rate of (b) when
-    # measured, with a margin for the adapter's extra matmuls; 4k tokens a prompt at most.
-    rate = (tokens_per_s or 2000.0) / 2
-    eval_s = 10.0 + n_scored * 4096 / rate
+    eval_s = forecast_seconds(pairs, tokens_per_s)
+    # Only what came back from the previous run is resumed, never a stale scratch folder.
+    for stale in ("ckpt", "sft", "merged", "grpo", "grpo-ckpt"):
+        shutil.rmtree(work / stale, ignore_errors=True)
     _restore_lora(args.resume, work)
     settings = _lora_settings(args)
     stop_at = clock.deadline - WRITE_RESERVE_S - eval_s
@@ -323,6 +354,40 @@ def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s:
         clock.mark("lora_forecast_s", t1)
         record["forecast_epoch"] = result.best_epoch
     return rows, record
+
+
+def _maybe_grpo(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s: float | None, device: str,
+                rows: list[dict[str, Any]], metrics: dict[str, Any]) -> None:
+    """(c) when the LoRA run has a best epoch and the budget leaves room; else why not."""
+    from models.base_model import resolve_base_model
+    from models.remote.code_grpo import GRPO_VARIANT, run_grpo
+    from models.supervised import BEST_DIR
+
+    best = work / "sft" / BEST_DIR
+    eval_s = forecast_seconds(pairs, tokens_per_s)
+    if args.grpo_steps <= 0:
+        metrics["skipped"]["grpo"] = "not asked for (--grpo-steps 0)"
+        return
+    if LORA_VARIANT not in metrics["variants"] or not (best / "adapter_config.json").is_file():
+        metrics["skipped"]["grpo"] = "code-lora has no best epoch yet"
+        return
+    if clock.left() < WRITE_RESERVE_S + eval_s + GRPO_MIN_S:
+        metrics["skipped"]["grpo"] = f"{clock.left():.0f} s left; GRPO and its forecasts need ~{GRPO_MIN_S + eval_s:.0f} s"
+        return
+    t0 = time.time()
+
+    def rows_of(role: str) -> list[dict[str, Any]]:
+        return _rows(meta, kernels, with_role(pairs, role), args.lora_style)
+
+    grpo_rows, record = run_grpo(rows_of, lambda role: with_role(pairs, role), resolve_base_model(args.base_model),
+                                 best, work, clock.deadline - WRITE_RESERVE_S - eval_s, args.grpo_steps,
+                                 args.grpo_warmup_steps, args.lora_style, device)
+    clock.mark("grpo_s", t0)
+    if grpo_rows:
+        rows += grpo_rows
+        metrics["variants"][GRPO_VARIANT] = record
+    else:
+        metrics["skipped"]["grpo"] = record
 
 
 def _carry_heads(resume: Path | None) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]] | None:
@@ -380,8 +445,7 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], metrics: dict[str, Any]
 
 
 def train(args: argparse.Namespace) -> int:
-    """The `train` command; 0 when something was forecast, 2 on a bad bundle."""
-
+    """The `train` command; 0 when something was forecast, 1 when nothing was."""
     clock = Clock(time.time(), float(args.time_budget_s))
     out, work = Path(args.out), Path(args.work)
     out.mkdir(parents=True, exist_ok=True)
@@ -424,7 +488,8 @@ def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int
         layers = tuple(int(x) for x in args.layers.split(","))
         try:
             head_rows, head_metrics, heads = run_heads(meta, kernels, pairs, model, tokenizer, clock, layers,
-                                                       args.tokens_per_batch, args.style, device)
+                                                       args.tokens_per_batch, args.style, device,
+                                                       head_grid(args.head_grid, args.head_epochs))
             rows += head_rows
             metrics["variants"].update(head_metrics)
             tokens_per_s = next((v["prefill"]["tokens_per_s"] for v in head_metrics.values()), None)
@@ -441,7 +506,7 @@ def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int
             metrics["variants"][LORA_VARIANT] = lora_metrics
         else:
             metrics["skipped"][LORA_VARIANT] = "too little time left or no fit/calibration pairs"
-    metrics["skipped"]["grpo"] = "GRPO on the best supervised variant is not run by this module"
+    _maybe_grpo(args, meta, kernels, pairs, clock, work, tokens_per_s, device, rows, metrics)
     metrics["seconds"] = {**clock.marks, "total": round(time.time() - clock.start, 1)}
     files = write_outputs(out, rows, metrics, heads, work, meta)
     log.info("wrote %s in %.1f s of a %.0f s budget", ", ".join(f.name for f in files), time.time() - clock.start,
@@ -466,6 +531,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--layers", default="10,20,-1", help="hidden-state layers the heads read")
     t.add_argument("--tokens-per-batch", type=int, default=65536)
     t.add_argument("--skip-heads", action="store_true")
+    t.add_argument("--head-grid", type=int, default=3, help="head settings tried per variant (1-3)")
+    t.add_argument("--head-epochs", type=int, default=300, help="most epochs of a head")
     t.add_argument("--redo-heads", action="store_true", help="fit the heads again on a resumed run")
     t.add_argument("--lora-epochs", type=int, default=4, help="0: no LoRA run")
     t.add_argument("--lora-rank", type=int, default=8, help="8 keeps the checkpoint at two 15 MiB parts")
@@ -473,11 +540,13 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lora-style", default="compact+features", help="prompt style of the LoRA variant")
     t.add_argument("--lora-lr", type=float, default=1e-3)
     t.add_argument("--lora-patience", type=int, default=2)
+    t.add_argument("--grpo-steps", type=int, default=10, help="GRPO steps on code-lora when time is left (0: none)")
+    t.add_argument("--grpo-warmup-steps", type=int, default=40, help="format warm-up steps before GRPO")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         return train(args)
-    except (BundleError, ValueError) as e:
+    except (BundleError, ValueError, FileNotFoundError) as e:  # a bad bundle, settings or base model: one line
         print(f"error: {e}", file=sys.stderr)
         return 2
 
