@@ -91,10 +91,10 @@ def variant_records(metrics: dict[str, Any], meta: dict[str, Any]) -> dict[str, 
     for name, m in metrics.get("variants", {}).items():
         held = m.get("setting") == "held_out_task"
         settings = {"name": name, "style": m.get("style"), "held_out": held, "kind": m.get("kind"),
-                    "finetune": "lora" if m.get("kind") == "lora" else "head",
+                    "finetune": {"lora": "lora", "grpo": "grpo"}.get(m.get("kind"), "head"),
                     **({"features": bool(m.get("features"))} if m.get("kind") == "head" else {}),
                     **{f"head_{k}": v for k, v in (m.get("settings") or {}).items() if m.get("kind") == "head"},
-                    **({"supervised": m.get("settings")} if m.get("kind") == "lora" else {})}
+                    **({"trained": m.get("settings")} if m.get("kind") in ("lora", "grpo") else {})}
         status = {"name": name, "best_epoch": m.get("best_epoch"), "finished": m.get("finished", True),
                   "split": "held_out_task" if held else "in_distribution", "evaluated": True,
                   **{k: m[k] for k in ("fit_pairs", "calibration_pairs", "rows_used", "epochs_run", "seconds",
@@ -212,16 +212,17 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
             version = register_surrogate(tracking_uri, run_id, adapter, name=model_name, base_model=base_model,
                                          dataset_version=trained, con=con, prompt_style=settings.get("style"),
                                          trained_dataset_version=trained, trained_dataset_held=is_held, tags=tags)
-        else:
+        else:  # a head (its weights an artifact of the run) or GRPO (its adapter stays on the host)
             heads = results / "heads.pt"
-            if heads.is_file():
+            if settings["finetune"] == "head" and heads.is_file():
                 client.log_artifact(run_id, str(heads), "head")
             client.set_terminated(run_id, "FINISHED")
             logged = mlflow.create_external_model(name=name, experiment_id=experiment, source_run_id=run_id)
             version = register_logged_model(tracking_uri, f"models:/{logged.model_id}", model_name, run_id=run_id,
                                             kind="llm", tags=tags,
-                                            description=f"head on {base_model}'s hidden states ({name}), "
-                                                        f"committed H200 forecasts, trained on {trained}")
+                                            description=(f"head on {base_model}'s hidden states" if settings["finetune"] == "head"
+                                                         else f"GRPO on code-lora ({base_model})")
+                                                        + f", committed H200 forecasts, trained on {trained}")
             record_model_lineage(con, model_name, version, trained, mlflow_run_id=run_id, base_model=base_model,
                                  require_held=is_held)
         out[name] = int(version)
