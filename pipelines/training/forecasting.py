@@ -100,7 +100,9 @@ def registered_forecasts(
     stripped = strip_metadata(records)
     committed = {}
     if committed_dir is not None and (committed_dir / "forecasts.parquet").is_file():
-        committed = {v.name: v for v in calibrated_variants(committed_dir, roles.eval, roles.held_out_eval)}
+        # The eval and the external pairs: a committed variant forecast both (an ingested host run does).
+        targets = pl.concat([roles.eval, external], how="diagonal_relaxed") if external.height else roles.eval
+        committed = {v.name: v for v in calibrated_variants(committed_dir, targets, roles.held_out_eval)}
     champion = alias_version(tracking_uri, "champion", SURROGATE)
     for name, split, pairs in ((SURROGATE, "in_distribution", roles.eval), (HELD_OUT_MODEL, "held_out_task", roles.held_out_eval)):
         if pairs.is_empty():
@@ -153,6 +155,8 @@ def registered_forecasts(
         listed.append(Forecaster(ref, "llm", variant.split, source))
         if variant.split == "in_distribution":
             listed.append(Forecaster(ref, "llm", "source_only", f"{source}; an LLM reads no metadata"))
+            if external.height and variant.forecasts["pair_id"].is_in(external["pair_id"].to_list()).any():
+                listed.append(Forecaster(ref, "llm", "external", source))
     frames = [f for f in frames if f.height]
     return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), listed, jobs
 

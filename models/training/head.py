@@ -1,0 +1,254 @@
+"""A small head on a frozen language model's hidden states: the LLM surrogate that reads code.
+
+The language model reads the prompt of a pair (both sources, as the logprob readout's prompt up
+to the answer prefix, models.supervised.encode_rows) in one prefill. Of each chosen layer it
+keeps the mean over the prompt's tokens and the hidden state of its last token (the position
+where the surrogate's answer would start), and of the last layer also the eight label logits of
+the zero-shot readout. A two-layer MLP on that vector (optionally with the pair's source-derived
+feature vector beside it) gives the eight bins.
+
+Why a head: supervised fine-tuning of the 135M model on the label tokens barely moved it off the
+uniform forecast in one epoch, while the hidden states of one prefill already separate kernels
+(which loads, which tiles, which ops); a head fitted on them trains in seconds, so many epochs,
+a best epoch by calibration NLL and several heads fit in one short GPU run.
+
+    emb = embed_prompts(model, tokenizer, encoded, label_ids, layers=(15, -1))
+    head, record = train_head(x_fit, y_fit, x_cal, y_cal, HeadSettings())
+    p = head_probs(head, x_eval)
+
+Only torch and numpy: this runs on a GPU host without the rest of the stack.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from models.bins import NUM_BINS
+
+
+@dataclass(frozen=True)
+class HeadSettings:
+    """How a head is fitted.
+
+    Attributes:
+        hidden: width of the MLP's hidden layer.
+        dropout: dropout on the input and the hidden layer (the inputs are thousands of
+            correlated numbers and the fit pairs a few thousand: it needs the regularisation).
+        learning_rate / weight_decay: AdamW.
+        epochs: most passes over the fit rows; patience: stop after this many epochs without a
+            lower calibration NLL (the best epoch's weights are kept).
+        batch_size: rows per step.
+        label_smoothing: mass moved from the true bin to its neighbours (ordinal).
+        seed: initialisation and batch order.
+    """
+
+    hidden: int = 256
+    dropout: float = 0.2
+    learning_rate: float = 1e-3
+    weight_decay: float = 0.05
+    epochs: int = 300
+    patience: int = 30
+    batch_size: int = 256
+    label_smoothing: float = 0.05
+    seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+def truncate_middle(ids: Sequence[int], limit: int) -> list[int]:
+    """The ids as they are when they fit `limit`, else their first and last halves (the task and
+    anchor start a prompt, the candidate and the answer prefix end it).
+
+    >>> truncate_middle([1, 2, 3, 4, 5], 4)
+    [1, 2, 4, 5]
+    >>> truncate_middle([1, 2], 4)
+    [1, 2]
+    """
+    ids = list(ids)
+    if len(ids) <= limit:
+        return ids
+    head = limit // 2
+    return ids[:head] + ids[len(ids) - (limit - head):]
+
+
+def resolve_layers(layers: Sequence[int], n_layers: int) -> list[int]:
+    """Indices into a model's hidden_states (0: embeddings, n_layers: the last block's output);
+    negative ones count from the end.
+
+    >>> resolve_layers((15, -1), 30)
+    [15, 30]
+    """
+    out = []
+    for layer in layers:
+        i = n_layers + 1 + layer if layer < 0 else layer
+        if not 0 <= i <= n_layers:
+            raise ValueError(f"layer {layer} is outside 0..{n_layers} (or -1..-{n_layers + 1})")
+        out.append(i)
+    return out
+
+
+@torch.no_grad()
+def embed_prompts(model: Any, tokenizer: Any, encoded: Sequence[Sequence[int]], label_ids: Sequence[int],
+                  layers: Sequence[int] = (-1,), tokens_per_batch: int = 65536, autocast: bool = False,
+                  stop_at: float | None = None) -> np.ndarray | None:
+    """(n, width) float32 embeddings of encoded prompts, in input order: per layer the mean
+    over real tokens and the last token's hidden state, then the eight label logits at the last
+    position. None when `stop_at` (time.time()) passes first.
+
+    The prompts are left-padded (models.backends.transformers_backend.left_pad), so the last
+    position is every prompt's own last token.
+    """
+    from models.backends.transformers_backend import left_pad
+    from models.supervised import _backbone_and_head, length_batches
+
+    model.eval()
+    backbone, out_emb = _backbone_and_head(model)
+    chosen = resolve_layers(layers, model.config.num_hidden_layers)
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    labels = out_emb[torch.tensor(list(label_ids), device=device)].float()  # (8, hidden)
+    width = 2 * len(chosen) * model.config.hidden_size + NUM_BINS
+    out = np.zeros((len(encoded), width), dtype=np.float32)
+    for batch in length_batches([len(e) for e in encoded], tokens_per_batch):
+        if stop_at is not None and time.time() > stop_at:
+            return None
+        ids, mask, pos = left_pad([list(encoded[i]) for i in batch], pad, device)
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
+            res = backbone(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=False,
+                           output_hidden_states=True)
+        m = mask.unsqueeze(-1).float()
+        parts = []
+        for i in chosen:
+            h = res.hidden_states[i].float()
+            parts += [(h * m).sum(1) / m.sum(1).clamp_min(1.0), h[:, -1, :]]
+        parts.append(res.last_hidden_state[:, -1, :].float() @ labels.T)  # the zero-shot label logits
+        out[batch] = torch.cat(parts, dim=1).cpu().numpy()
+    return out
+
+
+class BinHead(torch.nn.Module):
+    """Standardise, then Linear -> GELU -> Linear onto the eight bins (logits)."""
+
+    def __init__(self, width: int, hidden: int, dropout: float) -> None:
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(width))
+        self.register_buffer("scale", torch.ones(width))
+        self.net = torch.nn.Sequential(torch.nn.Dropout(dropout), torch.nn.Linear(width, hidden), torch.nn.GELU(),
+                                       torch.nn.Dropout(dropout), torch.nn.Linear(hidden, NUM_BINS))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = ((x - self.mean) / self.scale).nan_to_num(0.0).clamp(-10.0, 10.0)
+        return self.net(z)
+
+
+def _scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    from models.supervised import calibration_scores
+
+    return calibration_scores(torch.softmax(logits.float(), dim=-1).cpu(), y.cpu())
+
+
+def train_head(x_fit: np.ndarray, y_fit: np.ndarray, x_cal: np.ndarray, y_cal: np.ndarray,
+               settings: HeadSettings = HeadSettings(), device: str = "cpu",
+               stop_at: float | None = None) -> tuple[BinHead, dict[str, Any]]:
+    """Fit a head on (fit rows, bins 1..8); keep the epoch of lowest calibration NLL.
+
+    Returns:
+        (the head at its best epoch, in eval mode, on the CPU; its record: settings, per-epoch
+        history, best_epoch, best calibration scores, seconds).
+    Raises:
+        ValueError: no fit or calibration rows, or widths that differ (one line).
+    """
+    from models.supervised import ordinal_targets
+
+    if len(x_fit) == 0 or len(x_cal) == 0:
+        raise ValueError(f"a head needs fit and calibration rows (got {len(x_fit)} and {len(x_cal)})")
+    if x_fit.shape[1] != x_cal.shape[1]:
+        raise ValueError(f"fit rows are {x_fit.shape[1]} wide, calibration rows {x_cal.shape[1]}")
+    t0 = time.time()
+    torch.manual_seed(settings.seed)
+    head = BinHead(x_fit.shape[1], settings.hidden, settings.dropout)
+    ok = np.isfinite(x_fit)
+    count = ok.sum(axis=0)
+    x0 = np.where(ok, x_fit, 0.0).astype(np.float64)
+    mean = x0.sum(axis=0) / np.maximum(count, 1)  # a column never known stands at 0
+    scale = np.sqrt((np.where(ok, x0 - mean, 0.0) ** 2).sum(axis=0) / np.maximum(count, 1))
+    head.mean.copy_(torch.from_numpy(mean.astype(np.float32)))
+    head.scale.copy_(torch.from_numpy(np.where(scale > 1e-6, scale, 1.0).astype(np.float32)))
+    head.to(device)
+    xf = torch.from_numpy(x_fit.astype(np.float32)).to(device)
+    xc = torch.from_numpy(x_cal.astype(np.float32)).to(device)
+    yf = torch.from_numpy(np.asarray(y_fit, dtype=np.int64))
+    yc = torch.from_numpy(np.asarray(y_cal, dtype=np.int64))
+    targets = ordinal_targets(yf, settings.label_smoothing).to(device)
+    opt = torch.optim.AdamW(head.parameters(), lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    gen = torch.Generator().manual_seed(settings.seed)
+    history: list[dict[str, Any]] = []
+    best: dict[str, Any] = {"nll": math.inf}
+    best_state = None
+    stale = 0
+    for epoch in range(1, settings.epochs + 1):
+        if stop_at is not None and time.time() > stop_at:
+            break
+        head.train()
+        total = 0.0
+        for idx in torch.randperm(len(xf), generator=gen).split(settings.batch_size):
+            idx = idx.to(device)
+            logits = head(xf[idx])
+            loss = -(targets[idx] * torch.log_softmax(logits, dim=-1)).sum(-1).mean()
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach()) * len(idx)
+        head.eval()
+        with torch.no_grad():
+            cal = _scores(head(xc), yc)
+        record = {"epoch": epoch, "train_loss": total / len(xf), **{f"calibration_{k}": v for k, v in cal.items()}}
+        history.append(record)
+        if cal["nll"] < best["nll"] - 1e-5:
+            best, stale = {**cal, "epoch": epoch}, 0
+            best_state = {k: v.detach().cpu().clone() for k, v in head.state_dict().items()}
+        else:
+            stale += 1
+            if settings.patience and stale >= settings.patience:
+                break
+    if best_state is None:
+        raise ValueError("the head finished no epoch before its time ran out")
+    head = head.cpu()
+    head.load_state_dict(best_state)
+    head.eval()
+    return head, {"settings": settings.to_dict(), "history": history, "best_epoch": best["epoch"],
+                  "best_calibration": {k: v for k, v in best.items() if k != "epoch"},
+                  "seconds": round(time.time() - t0, 2), "width": int(x_fit.shape[1])}
+
+
+@torch.no_grad()
+def head_probs(head: BinHead, x: np.ndarray) -> np.ndarray:
+    """(n, 8) float64 probabilities of a head on rows x (rows sum to 1)."""
+    if len(x) == 0:
+        return np.zeros((0, NUM_BINS))
+    head.eval()
+    logits = head(torch.from_numpy(x.astype(np.float32)))
+    return torch.softmax(logits.double(), dim=-1).numpy()
+
+
+def head_state(head: BinHead, record: dict[str, Any]) -> dict[str, Any]:
+    """What is saved of a head (weights in float16, its settings and width): a few MB."""
+    return {"state": {k: v.to(torch.float16) if k not in ("mean", "scale") else v for k, v in head.state_dict().items()},
+            "settings": record["settings"], "width": record["width"]}
+
+
+def load_head(saved: dict[str, Any]) -> BinHead:
+    """A head from `head_state` output (weights back in float32)."""
+    s = saved["settings"]
+    head = BinHead(int(saved["width"]), int(s["hidden"]), float(s["dropout"]))
+    head.load_state_dict({k: v.float() for k, v in saved["state"].items()})
+    return head.eval()

@@ -1,0 +1,211 @@
+"""The code-reading LLM's bundle of a dataset version (models/remote/bundle.py), written here.
+
+    python -m pipelines.training.code_bundle build-bundle --out .gpu-batches/llm-bundle
+    # on the GPU host: python3 -m models.remote.llm_code train --bundle ... --out OUT
+    python -m pipelines.training.code_bundle ingest OUT --bundle .gpu-batches/llm-bundle --register
+
+The pairs of every role are the evaluation's (pipelines.training.roles.forecasting_roles on the
+stored dataset version, the external split included), so what a variant is scored on is what
+the report scores; the build refuses a bundle in which a training role touches an eval,
+external or held-out lineage (pipelines.curation.splits.find_leakage, then the bundle's own
+check models.remote.bundle.leaking_pairs). Each pair carries its source-derived feature vector:
+the numeric columns of the cost model's feature table (models.classical.features.FeatureSpace,
+fitted on the fit pairs) computed from records with the generator's metadata withheld, as the
+LLM itself never sees `algorithm` or `knobs_json`; signed log1p keeps byte counts and program
+counts in the range of the rest.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import polars as pl
+
+from models.remote.bundle import (
+    BUNDLE_FORMAT,
+    KERNELS_FILE,
+    META_FILE,
+    PAIRS_FILE,
+    kernel_schema,
+    leaking_pairs,
+    pair_schema,
+    write_parquet,
+)
+from pipelines.training.roles import DEFAULT_HELD_OUT_TASK, Roles, strip_metadata
+
+PAIR_FIELDS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin")
+
+
+def role_frames(roles: Roles) -> dict[str, pl.DataFrame]:
+    """Every role of the bundle, the external pairs included."""
+    return {**roles.by_name(), "external": roles.external_pairs()}
+
+
+def check_no_leakage(roles: Roles, lineage: pl.DataFrame) -> None:
+    """ValueError (one line) when a fit or calibration pair leaks an eval, external or held-out
+    lineage (pipelines.curation.splits.find_leakage, per setting)."""
+    from pipelines.curation.splits import find_leakage
+
+    def stack(*frames: pl.DataFrame) -> pl.DataFrame:
+        frames = tuple(f for f in frames if f.height)
+        return pl.concat(frames, how="diagonal_relaxed") if frames else roles.fit.head(0)
+
+    checks = [("in distribution", stack(roles.eval, roles.external_pairs()), stack(roles.fit, roles.calibration), ())]
+    if roles.held_out_task:
+        checks.append(("held-out task", stack(roles.held_out_eval, roles.external_pairs()),
+                       stack(roles.held_out_fit, roles.held_out_calibration), (roles.held_out_task,)))
+    for name, scored, train, held in checks:
+        if scored.is_empty() or train.is_empty():
+            continue
+        bad = find_leakage(scored, train, lineage, holdout_tasks=held)
+        if bad:
+            raise ValueError(f"{name}: {len(bad)} training pairs leak a scored lineage (first: {bad[0]})")
+
+
+def signed_log(x: float | None) -> float:
+    """sign(x) * log1p(|x|); NaN for a missing value.
+
+    >>> [round(signed_log(v), 3) for v in (0.0, 1.0, -1.0)]
+    [0.0, 0.693, -0.693]
+    """
+    if x is None or not math.isfinite(float(x)):
+        return float("nan")
+    return math.copysign(math.log1p(abs(float(x))), float(x))
+
+
+def feature_vectors(frames: Mapping[str, pl.DataFrame], records: dict[str, dict[str, Any]]) -> tuple[dict[str, list[float]], list[str]]:
+    """pair_id -> the pair's source-derived feature vector, and the names of its entries."""
+    from models.classical.features import FeatureSpace
+    from pipelines.training.classical import frame_of
+
+    fit = frames["fit"]
+    if fit.is_empty():
+        return {}, []
+    stripped = strip_metadata(records)
+    space = FeatureSpace().fit(frame_of(fit, stripped))
+    out: dict[str, list[float]] = {}
+    names: list[str] = []
+    for frame in frames.values():
+        frame = frame.filter(~pl.col("pair_id").is_in(list(out)))
+        if frame.is_empty():
+            continue
+        table = space.transform(frame_of(frame, stripped))
+        numeric = [c for c in table.columns if table[c].dtype.kind in "fiub"]
+        names = names or numeric
+        values = table[names].to_numpy(dtype=float)
+        for pid, row in zip(frame["pair_id"].to_list(), values, strict=True):
+            out[pid] = [signed_log(v) for v in row]
+    return out, names
+
+
+def build_bundle(con: duckdb.DuckDBPyConnection, out: str | Path, version: str | None = None,
+                 held_out_task: str | None = DEFAULT_HELD_OUT_TASK) -> dict[str, Any]:
+    """Write the bundle of a dataset version (default: the newest) into `out`; its meta.json.
+
+    Raises:
+        ValueError: no dataset version or eval pairs, or a training role leaks (one line).
+    """
+    from models.service import fingerprints_or_default
+    from pipelines.tasks import get_task
+    from pipelines.training.classical import ids_of, kernel_records
+    from pipelines.training.export import kernel_rows, latest_version, version_roles
+    from warehouse.kernels import read_kernels
+
+    version = version or latest_version(con)
+    roles = version_roles(con, version, held_out_task)
+    lineage = read_kernels(con, with_source=False).select("kernel_id", "parent_kernel_id", "generator")
+    check_no_leakage(roles, lineage)
+    frames = role_frames(roles)
+    ids = ids_of(frames.values())
+    records = kernel_records(con, ids)
+    vectors, names = feature_vectors(frames, records)
+    by_pair: dict[str, dict[str, Any]] = {}
+    for role, frame in frames.items():
+        for p in frame.select(PAIR_FIELDS).to_dicts():
+            row = by_pair.setdefault(p["pair_id"], {**p, "roles": [], "features": vectors.get(p["pair_id"], [])})
+            row["roles"].append(role)
+    pairs = sorted(by_pair.values(), key=lambda p: p["pair_id"])
+    parents = {k: p for k, p in lineage.select("kernel_id", "parent_kernel_id").rows()}
+    kernels = [{"kernel_id": k["kernel_id"], "task": k["task"], "parent_kernel_id": parents.get(k["kernel_id"]),
+                "prompt_source": k["prompt_source"],
+                "features_json": json.dumps(k["features"], sort_keys=True) if k["features"] else None}
+               for k in kernel_rows(con, ids)]
+    leaks = leaking_pairs(pairs, {k["kernel_id"]: k for k in kernels}, roles.held_out_task)
+    if leaks:
+        raise ValueError(f"{len(leaks)} training pairs of the bundle touch a scored lineage (first: {leaks[0]})")
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    write_parquet(folder / PAIRS_FILE, pairs, pair_schema())
+    write_parquet(folder / KERNELS_FILE, kernels, kernel_schema())
+    tasks = sorted({p["task"] for p in pairs})
+    meta = {
+        "format": BUNDLE_FORMAT,
+        "dataset_version": version,
+        "held_out_task": roles.held_out_task,
+        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "tasks": {t: {"description": get_task(t).description,
+                      "benchmark_cases": [dict(c) for c in get_task(t).benchmark_cases]} for t in tasks},
+        "hardware": fingerprints_or_default(con, sorted({p["hardware_id"] for p in pairs})),
+        "feature_names": names,
+        "counts": {role: frame.height for role, frame in frames.items()} | {"kernels": len(kernels)},
+    }
+    tmp = folder / (META_FILE + ".part")
+    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
+    tmp.replace(folder / META_FILE)
+    return meta
+
+
+def _warehouse(path: str | None) -> Path:
+    if path:
+        return Path(path)
+    from orchestration.settings import load_settings
+
+    return load_settings(None).warehouse_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipelines.training.code_bundle", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build-bundle", help="write the bundle of a dataset version")
+    b.add_argument("--out", required=True, type=Path)
+    b.add_argument("--warehouse", default=None, help="DuckDB file (default: the settings' warehouse)")
+    b.add_argument("--version", default=None, help="dataset version (default: the newest)")
+    b.add_argument("--held-out-task", default=DEFAULT_HELD_OUT_TASK)
+    i = sub.add_parser("ingest", help="turn a host run's output into a committed run folder and register it")
+    i.add_argument("results", type=Path, help="the OUT folder the host run wrote")
+    i.add_argument("--bundle", required=True, type=Path)
+    i.add_argument("--into", default=None, type=Path,
+                   help="committed run folder (default: the settings' surrogate.committed_run under the data folder)")
+    i.add_argument("--register", action="store_true", help="also register every variant in MLflow (settings' home)")
+    args = parser.parse_args(argv)
+    from warehouse.db import connect
+
+    try:
+        if args.command == "build-bundle":
+            path = _warehouse(args.warehouse)
+            if not path.exists():
+                raise ValueError(f"no warehouse at {path}: run `kernelcast run` first (or pass --warehouse)")
+            with connect(path, read_only=True) as con:
+                meta = build_bundle(con, args.out, args.version, args.held_out_task)
+            size = sum(f.stat().st_size for f in Path(args.out).iterdir()) / 2**20
+            print(f"bundle of {meta['dataset_version']} in {args.out} ({size:.1f} MiB): "
+                  + ", ".join(f"{k} {v}" for k, v in meta["counts"].items()))
+            return 0
+        from pipelines.training.code_ingest import ingest_cli
+
+        return ingest_cli(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,254 @@
+"""A host run of the code-reading LLM (models/remote/llm_code.py) brought back: committed, registered.
+
+    python -m pipelines.training.code_bundle ingest OUT --bundle BUNDLE [--into RUN_DIR] [--register]
+
+`ingest` merges the run's variants into a committed run folder (default: the one the settings'
+`surrogate.committed_run` names, so `kernelcast run` reads them) in its format
+(pipelines/training/remote_results.py): rows of forecasts.parquet keyed by (hardware, anchor,
+candidate) with the bundle's dataset version, the variants' records in training.json (each with
+the dataset version it was trained on), their fit pairs in code_training_pairs.parquet and the
+LoRA adapter (bfloat16) under adapters/code-lora/. A variant already there is replaced, the others
+are kept. The external pairs' forecasts are stored in the eval role: they are pairs of the eval
+split of the dataset version, told apart by their candidate's generator
+(pipelines.training.roles), and the report scores each split on its own pair ids.
+
+`--register` makes each variant a version of models:/kernelcast-surrogate (held-out variants:
+kernelcast-surrogate-held-out), tag kind=llm and committed_variant: the evaluation answers from
+its committed forecasts (pipelines.forecasting.committed) with a calibrator fitted on its
+calibration forecasts. Its MLflow run holds the training record (settings, per-epoch metrics),
+the dataset it learned from and that version's measurement ids; a model_lineage row names it.
+The LoRA variant is registered with its adapter (it can run here on the CPU); a head variant's
+weights are an artifact of its run (heads.pt), the version a committed-forecasts one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from models.bins import NUM_BINS
+from models.remote.bundle import BundleError, read_bundle
+from models.remote.jobfile import write_json
+
+P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
+FORECASTS_FILE = "forecasts.parquet"
+TRAINING_FILE = "training.json"
+CODE_PAIRS_FILE = "code_training_pairs.parquet"
+ROLE_IN_RUN = {"external": "eval"}  # the external pairs are eval-split pairs of the dataset version
+CODE_VERSION = "1"
+
+
+def read_run(results: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
+    """(forecasts, metrics.json) of a host run's output folder; BundleError when unreadable."""
+    root = Path(results)
+    try:
+        frame = pl.read_parquet(root / "forecasts.parquet")
+        metrics = json.loads((root / "metrics.json").read_text())
+    except FileNotFoundError as e:
+        raise BundleError(f"{root}: not a host run's output ({Path(e.filename).name} missing)") from None
+    except (OSError, ValueError, pl.exceptions.PolarsError) as e:
+        raise BundleError(f"{root}: unreadable ({type(e).__name__}: {e})") from None
+    return frame, metrics
+
+
+def committed_rows(frame: pl.DataFrame, meta: dict[str, Any], pairs: list[dict[str, Any]]) -> pl.DataFrame:
+    """The run's forecasts in the committed form (keys, true bin, dataset version per row).
+
+    Raises:
+        BundleError: a forecast of a pair the bundle lacks, in a role the pair does not serve,
+            or whose probabilities are not a distribution.
+    """
+    by_id = {p["pair_id"]: p for p in pairs}
+    unknown = sorted(set(frame["pair_id"].to_list()) - set(by_id))
+    if unknown:
+        raise BundleError(f"{len(unknown)} forecasts of pairs the bundle does not hold (first: {unknown[0]})")
+    wrong = [(r, pid) for r, pid in frame.select("role", "pair_id").rows() if r not in by_id[pid]["roles"]]
+    if wrong:
+        raise BundleError(f"{len(wrong)} forecasts in a role their pair does not serve (first: {wrong[0]})")
+    p = frame.select(P_COLS).to_numpy()
+    if len(p) and (abs(p.sum(axis=1) - 1).max() > 1e-4 or p.min() < 0):
+        raise BundleError("forecasts whose probabilities do not sum to 1")
+    keys = pl.DataFrame([{k: by_id[pid][k] for k in ("pair_id", "task", "hardware_id", "anchor_kernel_id",
+                                                       "candidate_kernel_id", "true_bin")} for pid in by_id])
+    out = frame.join(keys, on="pair_id", how="left").with_columns(
+        pl.col("role").replace(ROLE_IN_RUN), pl.lit(meta["dataset_version"]).alias("dataset_version"),
+        pl.lit(True).alias("parse_ok"), pl.lit(None, dtype=pl.Utf8).alias("parse_error"),
+        pl.col("true_bin").cast(pl.Int64), pl.col("repeat").cast(pl.Int64))
+    cols = ["variant", "role", "readout", "repeat", "dataset_version", "pair_id", "task", "hardware_id",
+            "anchor_kernel_id", "candidate_kernel_id", "true_bin", "parse_ok", "parse_error", *P_COLS]
+    return out.select(cols)
+
+
+def variant_records(metrics: dict[str, Any], meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """training.json records of the run's variants: settings (name, style, held_out, kind,
+    finetune), status, per-epoch history and the dataset version it was trained on."""
+    out = {}
+    for name, m in metrics.get("variants", {}).items():
+        held = m.get("setting") == "held_out_task"
+        settings = {"name": name, "style": m.get("style"), "held_out": held, "kind": m.get("kind"),
+                    "finetune": {"lora": "lora", "grpo": "grpo"}.get(m.get("kind"), "head"),
+                    **({"features": bool(m.get("features"))} if m.get("kind") == "head" else {}),
+                    **{f"head_{k}": v for k, v in (m.get("settings") or {}).items() if m.get("kind") == "head"},
+                    **({"trained": m.get("settings")} if m.get("kind") in ("lora", "grpo") else {})}
+        status = {"name": name, "best_epoch": m.get("best_epoch"), "finished": m.get("finished", True),
+                  "split": "held_out_task" if held else "in_distribution", "evaluated": True,
+                  **{k: m[k] for k in ("fit_pairs", "calibration_pairs", "rows_used", "epochs_run", "seconds",
+                                       "prefill", "width") if k in m}}
+        out[name] = {"settings": settings, "status": status, "history": {"history": m.get("history", [])},
+                     "dataset_version": meta["dataset_version"]}
+    return out
+
+
+def _write_parquet(frame: pl.DataFrame, path: Path) -> None:
+    tmp = path.with_name(path.name + ".part")
+    frame.write_parquet(tmp, compression="zstd")
+    tmp.replace(path)
+
+
+def _adapter_into(results: Path, target: Path) -> bool:
+    """The LoRA variant's best adapter (config + weights in bfloat16) into target; False if none."""
+    import torch
+    from safetensors.torch import load, save_file
+
+    tar_path = results / "lora-best.tar"
+    if not tar_path.is_file():
+        return False
+    with tarfile.open(tar_path) as tar:
+        files = {Path(m.name).name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+    if "adapter_model.safetensors" not in files or "adapter_config.json" not in files:
+        raise BundleError(f"{tar_path}: no adapter in it")
+    shutil.rmtree(target, ignore_errors=True)
+    target.mkdir(parents=True)
+    weights = load(files["adapter_model.safetensors"])
+    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, str(target / "adapter_model.safetensors"))
+    (target / "adapter_config.json").write_bytes(files["adapter_config.json"])
+    return True
+
+
+def ingest(results: str | Path, bundle: str | Path, into: str | Path) -> dict[str, Any]:
+    """Merge a host run's variants into the committed run folder `into`; a summary."""
+    from pipelines.training.remote_results import training_pairs_frame
+
+    results, into = Path(results), Path(into)
+    meta, _, pairs = read_bundle(bundle)
+    frame, metrics = read_run(results)
+    if metrics.get("dataset_version") != meta["dataset_version"]:
+        raise BundleError(f"{results} was trained on {metrics.get('dataset_version')}, the bundle is {meta['dataset_version']}")
+    rows = committed_rows(frame, meta, pairs)
+    records = variant_records(metrics, meta)
+    into.mkdir(parents=True, exist_ok=True)
+    new = set(records)
+    if (into / FORECASTS_FILE).is_file():
+        old = pl.read_parquet(into / FORECASTS_FILE).filter(~pl.col("variant").is_in(list(new)))
+        rows = pl.concat([old, rows], how="diagonal_relaxed")
+    training = json.loads((into / TRAINING_FILE).read_text()) if (into / TRAINING_FILE).is_file() else {
+        "dataset_version": meta["dataset_version"], "held_out_task": meta.get("held_out_task"), "variants": {}}
+    training["variants"] = {**training.get("variants", {}), **records}
+    _write_parquet(rows, into / FORECASTS_FILE)
+    _write_parquet(training_pairs_frame(pairs), into / CODE_PAIRS_FILE)
+    write_json(into / TRAINING_FILE, training)
+    adapter = "code-lora" in new and _adapter_into(results, into / "adapters" / "code-lora")
+    return {"variants": sorted(new), "forecasts": int(frame.height), "adapter": bool(adapter),
+            "dataset_version": meta["dataset_version"], "into": str(into)}
+
+
+def _history_metrics(client: Any, run_id: str, history: list[dict[str, Any]]) -> None:
+    for epoch in history:
+        for k, v in epoch.items():
+            if k != "epoch" and isinstance(v, (int, float)):
+                client.log_metric(run_id, k, float(v), step=int(epoch["epoch"]))
+
+
+def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, results: Path,
+                      variants: list[str], base_model: str = "smollm2") -> dict[str, int]:
+    """Register every ingested variant (re-used when an equal version exists); name -> version."""
+    import mlflow
+
+    from models.calibration import Calibrator, fit_calibrator
+    from models.registry import find_versions, register_logged_model, register_surrogate
+    from models.tracking import log_training_data, mlflow_experiment
+    from pipelines.training.classical import HELD_OUT_MODEL
+    from pipelines.training.llm import _held_measurements
+    from warehouse.lineage import record_model_lineage
+
+    training = json.loads((into / TRAINING_FILE).read_text())
+    frame = pl.read_parquet(into / FORECASTS_FILE)
+    fit_pairs = pl.read_parquet(into / CODE_PAIRS_FILE)
+    run = str(into.resolve().relative_to(data_dir.resolve())) if into.resolve().is_relative_to(data_dir.resolve()) else str(into)
+    client = mlflow.MlflowClient(tracking_uri)
+    experiment = mlflow_experiment(client, tracking_uri, "kernelcast-training")
+    out = {}
+    for name in variants:
+        record = training["variants"][name]
+        settings, held = record["settings"], bool(record["settings"].get("held_out"))
+        model_name = HELD_OUT_MODEL if held else "kernelcast-surrogate"
+        trained = record["dataset_version"]
+        key = {"kind": "llm", "committed_run": run.replace("/", "."), "committed_variant": name,
+               "dataset_version": trained, "code_version": CODE_VERSION}
+        found = find_versions(tracking_uri, model_name, **key)
+        if found:
+            out[name] = int(found[0]["version"])
+            continue
+        cal = frame.filter((pl.col("variant") == name) & (pl.col("role") == ("held_out_calibration" if held else "calibration")))
+        calibrator = fit_calibrator(cal.select(P_COLS).to_numpy(), cal["true_bin"].to_numpy()) if cal.height else Calibrator()
+        run_id = client.create_run(experiment, tags={**key, "trained_on": "nvidia-h200"}, run_name=f"committed-{name}").info.run_id
+        is_held, measurement_ids = _held_measurements(con, trained)
+        fit = fit_pairs.filter(pl.col("role") == ("held_out_fit" if held else "fit"))
+        log_training_data(tracking_uri, run_id, trained, measurement_ids,
+                          fit.select("pair_id", "true_bin").to_pandas() if fit.height else None, held=is_held)
+        client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500]) for k, v in settings.items()])
+        _history_metrics(client, run_id, record["history"]["history"])
+        client.log_text(run_id, json.dumps(record, indent=1, default=str), "training_record.json")
+        tags = {**key, "calibrator": json.dumps(calibrator.to_dict()), "finetune": settings["finetune"],
+                "prompt_style": str(settings.get("style")), "trained_dataset_version": trained}
+        adapter = into / "adapters" / name
+        if settings["finetune"] == "lora" and (adapter / "adapter_model.safetensors").is_file():
+            client.set_terminated(run_id, "FINISHED")
+            version = register_surrogate(tracking_uri, run_id, adapter, name=model_name, base_model=base_model,
+                                         dataset_version=trained, con=con, prompt_style=settings.get("style"),
+                                         trained_dataset_version=trained, trained_dataset_held=is_held, tags=tags)
+        else:  # a head (its weights an artifact of the run) or GRPO (its adapter stays on the host)
+            heads = results / "heads.pt"
+            if settings["finetune"] == "head" and heads.is_file():
+                client.log_artifact(run_id, str(heads), "head")
+            client.set_terminated(run_id, "FINISHED")
+            logged = mlflow.create_external_model(name=name, experiment_id=experiment, source_run_id=run_id)
+            version = register_logged_model(tracking_uri, f"models:/{logged.model_id}", model_name, run_id=run_id,
+                                            kind="llm", tags=tags,
+                                            description=(f"head on {base_model}'s hidden states" if settings["finetune"] == "head"
+                                                         else f"GRPO on code-lora ({base_model})")
+                                                        + f", committed H200 forecasts, trained on {trained}")
+            record_model_lineage(con, model_name, version, trained, mlflow_run_id=run_id, base_model=base_model,
+                                 require_held=is_held)
+        out[name] = int(version)
+    return out
+
+
+def ingest_cli(args: Any) -> int:
+    """The `ingest` command of pipelines.training.code_bundle."""
+    from orchestration.settings import load_settings
+
+    settings = load_settings(None)
+    into = Path(args.into) if args.into else settings.data_dir / settings.surrogate.committed_run
+    try:
+        summary = ingest(args.results, args.bundle, into)
+    except BundleError as e:
+        print(f"error: {e}")
+        return 2
+    print(f"{summary['forecasts']} forecasts of {', '.join(summary['variants'])} of {summary['dataset_version']} "
+          f"-> {summary['into']}" + ("; adapter adapters/code-lora" if summary["adapter"] else ""))
+    if args.register:
+        from models.tracking import prepare_store
+        from warehouse.db import connect
+
+        prepare_store(settings.mlflow_uri)
+        with connect(settings.warehouse_path) as con:
+            versions = register_variants(con, settings.mlflow_uri, settings.data_dir, into, Path(args.results),
+                                         summary["variants"], settings.surrogate.base_model)
+        print("registered: " + ", ".join(f"{k} v{v}" for k, v in versions.items()))
+    return 0

@@ -1,0 +1,301 @@
+"""The code-reading LLM surrogate's host run on the CPU with the tiny model: a bundle in the
+bundle format, the leakage check, the heads and the LoRA run within a time budget, what comes
+back, and a second run resumed from it."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from models.remote.bundle import (
+    BUNDLE_FORMAT,
+    KERNELS_FILE,
+    META_FILE,
+    PAIRS_FILE,
+    BundleError,
+    kernel_schema,
+    leaking_pairs,
+    pair_schema,
+    read_bundle,
+    write_parquet,
+)
+
+ROLE_PLAN = (["fit"] * 20 + ["calibration"] * 6 + ["eval"] * 6 + ["external"] * 4)
+
+
+def toy_bundle(folder: Path, n_features: int = 3) -> None:
+    """Two tasks; softmax pairs in the in-distribution roles, rms_norm the held-out task."""
+    rng = random.Random(0)
+    kernels = [{"kernel_id": f"ref-{t}", "task": t, "parent_kernel_id": None, "features_json": None,
+                "prompt_source": f"def ref_kernel(x): return x.{t}(-1)\n"} for t in ("softmax", "rms_norm")]
+    pairs = []
+    for i, role in enumerate(ROLE_PLAN + ["held_out_eval"] * 6):
+        task = "rms_norm" if role == "held_out_eval" else "softmax"
+        b = rng.randint(1, 8)
+        kernels.append({"kernel_id": f"k{i}", "task": task, "parent_kernel_id": f"ref-{task}",
+                        "features_json": json.dumps({"n_regs": 32 + b, "n_spills": 0, "shared_bytes": 0,
+                                                     "n_kernels": 1, "n_launches": 1}),
+                        "prompt_source": f"BLOCK_N = {2 ** (b + 3)}\n"})
+        roles = [role]
+        if role == "fit":
+            roles.append("held_out_fit")
+        elif role == "calibration":
+            roles.append("held_out_calibration")
+        pairs.append({"pair_id": f"p{i:02d}", "task": task, "hardware_id": "h", "anchor_kernel_id": f"ref-{task}",
+                      "candidate_kernel_id": f"k{i}", "true_bin": b, "roles": roles,
+                      "features": [float(b), rng.random(), float("nan")][:n_features]})
+    folder.mkdir(parents=True)
+    write_parquet(folder / PAIRS_FILE, pairs, pair_schema())
+    write_parquet(folder / KERNELS_FILE, kernels, kernel_schema())
+    tasks = {t: {"description": f"Row {t}.", "benchmark_cases": [{"M": 8, "N": 8}]} for t in ("softmax", "rms_norm")}
+    (folder / META_FILE).write_text(json.dumps({"format": BUNDLE_FORMAT, "dataset_version": "ds-toy",
+                                                "held_out_task": "rms_norm", "tasks": tasks,
+                                                "hardware": {"h": {"device_name": "NVIDIA H200"}},
+                                                "feature_names": ["a", "b", "c"][:n_features]}))
+
+
+def test_bundle_reads_back_and_a_leak_is_found(tmp_path):
+    toy_bundle(tmp_path / "b")
+    meta, kernels, pairs = read_bundle(tmp_path / "b")
+    assert meta["dataset_version"] == "ds-toy" and len(pairs) == 42 and kernels["k0"]["features"]["n_regs"] >= 33
+    assert leaking_pairs(pairs, kernels, "rms_norm") == []
+    # A fit candidate that is the child of an eval candidate: its lineage reaches training.
+    eval_kernel = next(p["candidate_kernel_id"] for p in pairs if p["roles"] == ["eval"])
+    kernels["k0"] = {**kernels["k0"], "parent_kernel_id": eval_kernel}
+    assert leaking_pairs(pairs, kernels, "rms_norm") == ["p00"]
+    # A pair of the held-out task in the held-out fit role, or an eval pair also in fit.
+    kernels["k0"]["parent_kernel_id"] = "ref-softmax"
+    moved = [{**p, "roles": [*p["roles"], "held_out_fit"]} if p["pair_id"] == "p40" else
+             {**p, "roles": [*p["roles"], "fit"]} if p["pair_id"] == "p26" else p for p in pairs]
+    assert leaking_pairs(moved, kernels, "rms_norm") == ["p26", "p40"]
+
+
+def test_a_bundle_that_is_not_one_is_one_line(tmp_path):
+    with pytest.raises(BundleError, match="not a bundle"):
+        read_bundle(tmp_path)
+    (tmp_path / META_FILE).write_text(json.dumps({"format": 99}))
+    with pytest.raises(BundleError, match="format 99"):
+        read_bundle(tmp_path)
+
+
+def _train(tmp_path: Path, out: str, *extra: str) -> int:
+    from models.remote.llm_code import main
+
+    return main(["train", "--bundle", str(tmp_path / "b"), "--out", str(tmp_path / out), "--work",
+                 str(tmp_path / f"work-{out}"), "--base-model", "tiny", "--time-budget-s", "400",
+                 "--layers", "1,-1", "--lora-epochs", "2", "--tokens-per-batch", "8192",
+                 "--head-grid", "2", "--head-epochs", "30", *extra])
+
+
+def test_train_on_cpu_forecasts_every_role_and_resumes(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    toy_bundle(tmp_path / "b")
+    assert _train(tmp_path, "out1") == 0
+    out = tmp_path / "out1"
+    names = sorted(p.name for p in out.iterdir())
+    assert names[:4] == ["forecasts.parquet", "heads.pt", "lora-best.tar", "lora-state.pt.0"]
+    assert "metrics.json" in names and "train.log" in names and len(names) <= 8
+    assert all(p.stat().st_size <= 16 * 2**20 for p in out.iterdir())
+    rows = pq.read_table(out / "forecasts.parquet").to_pylist()
+    by = {}
+    for r in rows:
+        by.setdefault((r["variant"], r["role"]), []).append(r)
+        p = [r[f"p{i}"] for i in range(1, 9)]
+        assert abs(sum(p) - 1) < 1e-6 and min(p) >= 0
+    for v in ("code-head", "code-head-features", "code-lora"):
+        assert {role: len(by[(v, role)]) for role in ("calibration", "eval", "external")} == \
+            {"calibration": 6, "eval": 6, "external": 4}
+    for v in ("code-head-held-out", "code-head-features-held-out"):
+        assert len(by[(v, "held_out_eval")]) == 6 and len(by[(v, "held_out_calibration")]) == 6
+        assert (v, "eval") not in by
+    metrics = json.loads((out / "metrics.json").read_text())
+    lora = metrics["variants"]["code-lora"]
+    assert lora["finished"] and lora["epochs_run"] == 2 and 1 <= lora["best_epoch"] <= 2
+    head = metrics["variants"]["code-head-features"]
+    assert head["width"] == metrics["variants"]["code-head"]["width"] + 3  # the feature vector beside
+    assert 1 <= head["best_epoch"] <= len(head["history"])
+    saved = torch.load(out / "heads.pt", weights_only=False)
+    assert set(saved) == {"code-head", "code-head-features", "code-head-held-out", "code-head-features-held-out"}
+    # Again from what came back: the heads are carried over and the LoRA run resumes from its
+    # checkpoint where it ended (same history, timings included: restored, not trained again).
+    assert _train(tmp_path, "out2", "--resume", str(out)) == 0
+    again = json.loads((tmp_path / "out2" / "metrics.json").read_text())
+    assert again["variants"]["code-lora"]["history"] == lora["history"]
+    assert again["variants"]["code-head"]["history"] == metrics["variants"]["code-head"]["history"]
+    assert "heads carried over" in (tmp_path / "out2" / "train.log").read_text()
+    assert len(pq.read_table(tmp_path / "out2" / "forecasts.parquet")) == len(rows)
+
+
+def test_a_leaking_bundle_is_refused_before_training(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    toy_bundle(tmp_path / "b")
+    table = pq.read_table(tmp_path / "b" / PAIRS_FILE).to_pylist()
+    table[26]["roles"].append("fit")  # an eval pair in training
+    write_parquet(tmp_path / "b" / PAIRS_FILE, table, pair_schema())
+    assert _train(tmp_path, "out") == 2
+    assert "touch a scored split's lineage" in capsys.readouterr().err
+    assert not (tmp_path / "out" / "forecasts.parquet").exists()
+
+
+def _frame(pairs: list[dict], role: str):
+    import polars as pl
+
+    rows = [{k: p[k] for k in ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin")}
+            | {"speedup": 2.0 ** (p["true_bin"] - 4.5), "pair_type": "reference", "split": "eval" if role in
+               ("eval", "external", "held_out_eval") else "train"} for p in pairs if role in p["roles"]]
+    return pl.DataFrame(rows)
+
+
+def test_the_bundle_build_refuses_a_scored_lineage_in_training():
+    """pipelines.training.code_bundle.check_no_leakage on the roles of a toy version: clean, then
+    with an eval candidate's child in fit, then with an external kernel's parent in held-out fit."""
+    import polars as pl
+
+    from pipelines.training.code_bundle import check_no_leakage
+    from pipelines.training.roles import Roles
+
+    pairs = [{"pair_id": f"p{i}", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": "ref",
+              "candidate_kernel_id": f"k{i}", "true_bin": 1 + i % 8,
+              "roles": ["fit", "held_out_fit"] if i < 8 else ["calibration", "held_out_calibration"] if i < 10
+              else ["eval"] if i < 12 else ["external"]} for i in range(14)]
+    lineage = pl.DataFrame({"kernel_id": ["ref"] + [f"k{i}" for i in range(14)],
+                            "parent_kernel_id": [None] + ["ref"] * 14,
+                            "generator": ["reference"] + ["kernelcast-space"] * 12 + ["rewrite:unroll"] * 2})
+    f = {r: _frame(pairs, r) for r in ("fit", "calibration", "eval", "external")}
+    roles = Roles(f["fit"], f["calibration"], f["eval"], f["fit"], f["calibration"], f["eval"].head(0), None, f["external"])
+    check_no_leakage(roles, lineage)
+    child_of_eval = lineage.with_columns(pl.when(pl.col("kernel_id") == "k3").then(pl.lit("k10"))
+                                         .otherwise(pl.col("parent_kernel_id")).alias("parent_kernel_id"))
+    with pytest.raises(ValueError, match="in distribution: 1 training pairs leak"):
+        check_no_leakage(roles, child_of_eval)
+    held = Roles(f["fit"].head(0), f["calibration"].head(0), f["eval"].head(0), f["fit"], f["calibration"],
+                 f["eval"], "gdn", f["external"])
+    parent_of_external = lineage.with_columns(pl.when(pl.col("kernel_id") == "k12").then(pl.lit("k5"))
+                                              .otherwise(pl.col("parent_kernel_id")).alias("parent_kernel_id"))
+    with pytest.raises(ValueError, match="held-out task: 1 training pairs leak"):
+        check_no_leakage(held, parent_of_external)
+
+
+def _host_output(folder: Path, bundle: Path) -> None:
+    """What a host run returns, written (not trained): two head variants, each role it forecasts."""
+    meta, _, pairs = read_bundle(bundle)
+    rng = random.Random(1)
+    rows = []
+    plan = {"code-head": ("calibration", "eval", "external"), "code-head-held-out": ("held_out_calibration", "held_out_eval")}
+    for variant, roles in plan.items():
+        for p in pairs:
+            for role in roles:
+                if role in p["roles"]:
+                    w = [rng.random() + (3.0 if b == p["true_bin"] else 0.0) for b in range(1, 9)]
+                    rows.append({"variant": variant, "role": role, "pair_id": p["pair_id"], "readout": "head",
+                                 "repeat": 0, **{f"p{b}": w[b - 1] / sum(w) for b in range(1, 9)}})
+    folder.mkdir()
+    import pyarrow as pa
+
+    pq.write_table(pa.Table.from_pylist(rows), folder / "forecasts.parquet")
+    variants = {v: {"kind": "head", "setting": "held_out_task" if "held-out" in v else "in_distribution",
+                    "features": False, "style": "full", "best_epoch": 3, "fit_pairs": 20, "calibration_pairs": 6,
+                    "settings": {"hidden": 256}, "history": [{"epoch": e, "calibration_nll": 2.0 - e / 10} for e in (1, 2, 3)]}
+                for v in plan}
+    (folder / "metrics.json").write_text(json.dumps({"dataset_version": meta["dataset_version"], "variants": variants}))
+
+
+def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, monkeypatch):
+    import mlflow
+    import polars as pl
+
+    from pipelines.training.code_ingest import ingest, register_variants
+    from pipelines.training.committed import calibrated_variants
+    from pipelines.training.forecasting import registered_forecasts
+    from pipelines.training.roles import Roles
+    from warehouse.datasets import write_dataset
+    from warehouse.db import connect
+
+    toy_bundle(tmp_path / "b")
+    _host_output(tmp_path / "out", tmp_path / "b")
+    data_dir = tmp_path / "data"
+    run_dir = data_dir / "training" / "h200" / "run"
+    run_dir.mkdir(parents=True)
+    # An earlier variant of the committed run stays beside the ingested ones.
+    pl.DataFrame({"variant": ["old"], "role": ["eval"], "readout": ["logprob"], "repeat": [0], "pair_id": ["x"],
+                  "hardware_id": ["h"], "anchor_kernel_id": ["ref-softmax"], "candidate_kernel_id": ["k26"],
+                  "true_bin": [1], **{f"p{i}": [0.125] for i in range(1, 9)}}).write_parquet(run_dir / "forecasts.parquet")
+    (run_dir / "training.json").write_text(json.dumps({"dataset_version": "ds-old", "variants": {"old": {"settings": {}}}}))
+    summary = ingest(tmp_path / "out", tmp_path / "b", run_dir)
+    assert summary["variants"] == ["code-head", "code-head-held-out"] and not summary["adapter"]
+    training = json.loads((run_dir / "training.json").read_text())
+    assert set(training["variants"]) == {"old", "code-head", "code-head-held-out"}
+    assert training["dataset_version"] == "ds-old" and training["variants"]["code-head"]["dataset_version"] == "ds-toy"
+    frame = pl.read_parquet(run_dir / "forecasts.parquet")
+    assert set(frame["variant"]) == {"old", "code-head", "code-head-held-out"}
+    assert set(frame.filter(pl.col("variant") == "code-head")["role"]) == {"calibration", "eval"}  # external: eval role
+
+    _, _, pairs = read_bundle(tmp_path / "b")
+    f = {r: _frame(pairs, r) for r in ("fit", "calibration", "eval", "external", "held_out_fit",
+                                       "held_out_calibration", "held_out_eval")}
+    roles = Roles(f["fit"], f["calibration"], f["eval"], f["held_out_fit"], f["held_out_calibration"],
+                  f["held_out_eval"], "rms_norm", f["external"])
+    got = {v.name: v for v in calibrated_variants(run_dir, pl.concat([f["eval"], f["external"]]), f["held_out_eval"])}
+    assert got["code-head"].forecasts.height == 10 and got["code-head-held-out"].forecasts.height == 6
+    assert got["code-head"].calibrator.n_fit == 6
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    with connect(tmp_path / "wh.duckdb") as con:
+        all_pairs = pl.concat([f[r] for r in ("fit", "calibration", "eval", "external", "held_out_eval")]).unique("pair_id")
+        write_dataset(con, "ds-toy", "d", {}, [], all_pairs)
+        versions = register_variants(con, uri, data_dir, run_dir, tmp_path / "out", summary["variants"])
+        assert register_variants(con, uri, data_dir, run_dir, tmp_path / "out", summary["variants"]) == versions  # re-used
+        from warehouse.lineage import lineage_of
+
+        assert lineage_of(con, "kernelcast-surrogate", versions["code-head"])["dataset_version"] == "ds-toy"
+    records = {k: {"kernel_id": k, "task": "softmax", "source": "x"} for k in
+               set(all_pairs["anchor_kernel_id"].to_list()) | set(all_pairs["candidate_kernel_id"].to_list())}
+    rows, listed, jobs = registered_forecasts(uri, "ds-toy", roles, records, tmp_path / "home", run_dir,
+                                              lambda pairs, style: [], None)
+    ref = f"models:/kernelcast-surrogate/{versions['code-head']}"
+    splits = {(x.model_ref, x.split) for x in listed}
+    assert {(ref, "in_distribution"), (ref, "external"),
+            (f"models:/kernelcast-surrogate-held-out/{versions['code-head-held-out']}", "held_out_task")} <= splits
+    assert not jobs  # answered from the committed forecasts, nothing planned for the LLM steps
+    mine = rows.filter(pl.col("model_ref") == ref)
+    assert set(mine["pair_id"]) == set(f["eval"]["pair_id"]) | set(f["external"]["pair_id"])
+
+
+def test_fast_encode_gives_encode_rows_ids(tmp_path):
+    from transformers import PreTrainedTokenizerFast
+
+    from models.base_model import resolve_base_model
+    from models.remote.llm_code import _rows, fast_encode
+    from models.supervised import encode_rows
+
+    toy_bundle(tmp_path / "b")
+    meta, kernels, pairs = read_bundle(tmp_path / "b")
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(resolve_base_model("tiny", tmp_path / "home")))
+    for style in ("full", "compact+features"):
+        rows = _rows(meta, kernels, pairs, style)
+        assert fast_encode(tokenizer, rows, chunk=7) == encode_rows(tokenizer, rows)
+
+
+@pytest.mark.slow
+def test_grpo_runs_on_top_of_the_lora_variant_when_time_is_left(tmp_path, monkeypatch):
+    """(c) on the CPU: one GRPO step after the format warm-up, on code-lora's best epoch, then the
+    same readout on the scored roles; a run without time for it records why."""
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    toy_bundle(tmp_path / "b")
+    assert _train(tmp_path, "out", "--lora-epochs", "1", "--head-grid", "1", "--head-epochs", "5",
+                  "--grpo-steps", "1", "--grpo-warmup-steps", "2") == 0
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert "grpo" not in metrics["skipped"], metrics["skipped"]
+    grpo = metrics["variants"]["code-lora-grpo"]
+    assert grpo["finished"] and grpo["steps"] == 1 and grpo["from"] == "code-lora"
+    rows = [r for r in pq.read_table(tmp_path / "out" / "forecasts.parquet").to_pylist() if r["variant"] == "code-lora-grpo"]
+    assert sorted({r["role"] for r in rows}) == ["calibration", "eval", "external"] and len(rows) == 16
+    assert all(abs(sum(r[f"p{i}"] for i in range(1, 9)) - 1) < 1e-6 for r in rows)
