@@ -88,7 +88,7 @@ def _train(tmp_path: Path, out: str, *extra: str) -> int:
     return main(["train", "--bundle", str(tmp_path / "b"), "--out", str(tmp_path / out), "--work",
                  str(tmp_path / f"work-{out}"), "--base-model", "tiny", "--time-budget-s", "400",
                  "--layers", "1,-1", "--lora-epochs", "2", "--tokens-per-batch", "8192",
-                 "--head-grid", "2", "--head-epochs", "30", *extra])
+                 "--head-grid", "2", "--head-epochs", "30", "--grpo-steps", "0", *extra])
 
 
 def test_train_on_cpu_forecasts_every_role_and_resumes(tmp_path, monkeypatch):
@@ -116,6 +116,7 @@ def test_train_on_cpu_forecasts_every_role_and_resumes(tmp_path, monkeypatch):
         assert (v, "eval") not in by
     metrics = json.loads((out / "metrics.json").read_text())
     lora = metrics["variants"]["code-lora"]
+    assert metrics["seconds"]["total"] <= 400 and metrics["skipped"]["grpo"] == "not asked for (--grpo-steps 0)"
     assert lora["finished"] and lora["epochs_run"] == 2 and 1 <= lora["best_epoch"] <= 2
     head = metrics["variants"]["code-head-features"]
     assert head["width"] == metrics["variants"]["code-head"]["width"] + 3  # the feature vector beside
@@ -203,6 +204,8 @@ def _host_output(folder: Path, bundle: Path) -> None:
                     "features": False, "style": "full", "best_epoch": 3, "fit_pairs": 20, "calibration_pairs": 6,
                     "settings": {"hidden": 256}, "history": [{"epoch": e, "calibration_nll": 2.0 - e / 10} for e in (1, 2, 3)]}
                 for v in plan}
+    # A LoRA run that has not finished an epoch: a record, no forecasts (not ingested).
+    variants["code-lora"] = {"kind": "lora", "setting": "in_distribution", "best_epoch": 0, "history": []}
     (folder / "metrics.json").write_text(json.dumps({"dataset_version": meta["dataset_version"], "variants": variants}))
 
 
@@ -291,10 +294,11 @@ def test_grpo_runs_on_top_of_the_lora_variant_when_time_is_left(tmp_path, monkey
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
     toy_bundle(tmp_path / "b")
     assert _train(tmp_path, "out", "--lora-epochs", "1", "--head-grid", "1", "--head-epochs", "5",
-                  "--grpo-steps", "1", "--grpo-warmup-steps", "2") == 0
+                  "--grpo-steps", "1", "--grpo-warmup-steps", "2", "--time-budget-s", "500") == 0
     metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
     assert "grpo" not in metrics["skipped"], metrics["skipped"]
     grpo = metrics["variants"]["code-lora-grpo"]
+    assert metrics["seconds"]["total"] <= 500
     assert grpo["finished"] and grpo["steps"] == 1 and grpo["from"] == "code-lora"
     rows = [r for r in pq.read_table(tmp_path / "out" / "forecasts.parquet").to_pylist() if r["variant"] == "code-lora-grpo"]
     assert sorted({r["role"] for r in rows}) == ["calibration", "eval", "external"] and len(rows) == 16

@@ -80,3 +80,70 @@ def run_grpo(rows_of: Any, pairs_of: Any, base_path: Path, best: Path, work: Pat
     record["seconds"] = round(time.time() - t0, 1)
     log.info("%s: finished=%s after %s steps (%.0f s)", GRPO_VARIANT, result.finished, result.steps, record["seconds"])
     return rows, record
+
+
+def run_grpo_bounded(bundle: Path, work: Path, base_model: str, style: str, steps: int, warmup_steps: int,
+                     stop_at: float, kill_at: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """`run_grpo` in a child process that is killed at `kill_at` (time.time()): the format
+    warm-up and a GRPO step cannot be interrupted from inside, and the trip's budget must hold.
+    Returns (rows, record); a killed or failed child gives no rows and says so in the record."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    result = work / "grpo-result.json"
+    result.unlink(missing_ok=True)
+    cmd = [sys.executable, "-m", "models.remote.code_grpo", "--bundle", str(bundle), "--work", str(work),
+           "--base-model", base_model, "--style", style, "--steps", str(steps), "--warmup-steps", str(warmup_steps),
+           "--stop-at", str(stop_at), "--result", str(result)]
+    timeout = max(1.0, kill_at - time.time())
+    with open(work / "grpo-child.log", "w") as logf:
+        proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=dict(os.environ), start_new_session=True)
+        try:
+            code = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            return [], {"kind": "grpo", "finished": False, "killed": f"still running at the deadline ({timeout:.0f} s)"}
+    if code != 0 or not result.is_file():
+        tail = (work / "grpo-child.log").read_text()[-400:]
+        return [], {"kind": "grpo", "finished": False, "failed": f"exit {code}: {tail}"}
+    saved = json.loads(result.read_text())
+    return saved["rows"], saved["record"]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The child of `run_grpo_bounded`."""
+    import argparse
+    import json
+
+    import torch
+
+    from models.base_model import resolve_base_model
+    from models.remote.bundle import read_bundle, with_role
+    from models.remote.llm_code import _rows
+    from models.supervised import BEST_DIR
+
+    parser = argparse.ArgumentParser(prog="python3 -m models.remote.code_grpo")
+    for name in ("--bundle", "--work", "--base-model", "--style", "--result"):
+        parser.add_argument(name, required=True)
+    parser.add_argument("--steps", type=int, required=True)
+    parser.add_argument("--warmup-steps", type=int, required=True)
+    parser.add_argument("--stop-at", type=float, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    meta, kernels, pairs = read_bundle(args.bundle)
+    work = Path(args.work)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    rows, record = run_grpo(lambda role: _rows(meta, kernels, with_role(pairs, role), args.style),
+                            lambda role: with_role(pairs, role), resolve_base_model(args.base_model),
+                            work / "sft" / BEST_DIR, work, args.stop_at, args.steps, args.warmup_steps, args.style, device)
+    Path(args.result).write_text(json.dumps({"rows": rows, "record": record}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    sys.exit(main())

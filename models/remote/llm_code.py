@@ -357,11 +357,10 @@ def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s:
     return rows, record
 
 
-def _maybe_grpo(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s: float | None, device: str,
+def _maybe_grpo(args, pairs, clock: Clock, work: Path, tokens_per_s: float | None,
                 rows: list[dict[str, Any]], metrics: dict[str, Any]) -> None:
     """(c) when the LoRA run has a best epoch and the budget leaves room; else why not."""
-    from models.base_model import resolve_base_model
-    from models.remote.code_grpo import GRPO_VARIANT, run_grpo
+    from models.remote.code_grpo import GRPO_VARIANT, run_grpo_bounded
     from models.supervised import BEST_DIR
 
     best = work / "sft" / BEST_DIR
@@ -376,13 +375,9 @@ def _maybe_grpo(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per
         metrics["skipped"]["grpo"] = f"{clock.left():.0f} s left; GRPO and its forecasts need ~{GRPO_MIN_S + eval_s:.0f} s"
         return
     t0 = time.time()
-
-    def rows_of(role: str) -> list[dict[str, Any]]:
-        return _rows(meta, kernels, with_role(pairs, role), args.lora_style)
-
-    grpo_rows, record = run_grpo(rows_of, lambda role: with_role(pairs, role), resolve_base_model(args.base_model),
-                                 best, work, clock.deadline - WRITE_RESERVE_S - eval_s, args.grpo_steps,
-                                 args.grpo_warmup_steps, args.lora_style, device)
+    grpo_rows, record = run_grpo_bounded(args.bundle, work, args.base_model, args.lora_style, args.grpo_steps,
+                                         args.grpo_warmup_steps, clock.deadline - WRITE_RESERVE_S - eval_s,
+                                         clock.deadline - WRITE_RESERVE_S)
     clock.mark("grpo_s", t0)
     if grpo_rows:
         rows += grpo_rows
@@ -507,7 +502,7 @@ def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int
             metrics["variants"][LORA_VARIANT] = lora_metrics
         else:
             metrics["skipped"][LORA_VARIANT] = "too little time left or no fit/calibration pairs"
-    _maybe_grpo(args, meta, kernels, pairs, clock, work, tokens_per_s, device, rows, metrics)
+    _maybe_grpo(args, pairs, clock, work, tokens_per_s, rows, metrics)
     metrics["seconds"] = {**clock.marks, "total": round(time.time() - clock.start, 1)}
     files = write_outputs(out, rows, metrics, heads, work, meta)
     log.info("wrote %s in %.1f s of a %.0f s budget", ", ".join(f.name for f in files), time.time() - clock.start,

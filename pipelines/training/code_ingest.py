@@ -140,7 +140,8 @@ def ingest(results: str | Path, bundle: str | Path, into: str | Path) -> dict[st
     if metrics.get("dataset_version") != meta["dataset_version"]:
         raise BundleError(f"{results} was trained on {metrics.get('dataset_version')}, the bundle is {meta['dataset_version']}")
     rows = committed_rows(frame, meta, pairs)
-    records = variant_records(metrics, meta)
+    # A variant without forecasts (a LoRA run that has not finished an epoch yet) waits for a later trip.
+    records = {k: v for k, v in variant_records(metrics, meta).items() if k in set(frame["variant"].to_list())}
     into.mkdir(parents=True, exist_ok=True)
     new = set(records)
     if (into / FORECASTS_FILE).is_file():
