@@ -201,6 +201,8 @@ def test_mlflow_opens_on_the_project_and_shows_the_aliases_and_runs(served, page
 
     page.goto(model_url(NAME, mport))
     text = _text_when(page, "challenger-external")
+    page.mouse.wheel(0, 600)  # to the versions table and its aliases column
+    page.wait_for_timeout(500)
     _shot(page, tmp_path, "mlflow-model-aliases")
     for alias in ("champion", "challenger", "champion-external", "challenger-external"):
         assert re.search(rf"@\s*{alias}(\s|$)", text), alias  # promotion set both pairs
