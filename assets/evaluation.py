@@ -288,6 +288,7 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
 
     import polars as pl
 
+    from orchestration.ui import dagster_run_url, live_ports
     from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
     from pipelines.evaluation.suite import (
         SPLITS,
@@ -320,7 +321,8 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
         raise dg.Failure(f"no in-distribution forecasts of dataset version {version}: materialise `forecasts`")
     kinds = {f["model_ref"]: f["kind"] for f in listing["forecasters"]}
     sources = {f["model_ref"]: f["source"] for f in listing["forecasters"]}
-    runs = {f["model_ref"]: (f["run_id"], mlflow.run_url(f["run_id"])) for f in listing["forecasters"] if f.get("run_id")}
+    runs = {f["model_ref"]: mlflow.run_links(f["run_id"]) for f in listing["forecasters"] if f.get("run_id")}
+    made_by = (context.run.run_id, dagster_run_url(context.run.run_id, live_ports(cfg.home)["dagster"]))
     empty = {s: why for s, why in listing.get("empty", {}).items() if s not in parts}
     empty.update({s: "no forecaster has forecasts on its pairs" for s in SPLITS if s not in parts and s not in empty})
     results = {}
@@ -328,7 +330,7 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
         results[split] = evaluate_models(part, n_boot=cfg.evaluation.n_boot,
                                          progress=lambda m, s=split: context.log.info(f"evaluating {m} ({s})"))
     coverage = selective_coverage(parts["external"]) if "external" in parts else None
-    pages = write_split_reports(results, out_dir, version, runs, empty)
+    pages = write_split_reports(results, out_dir, version, runs, empty, made_by)
     table_rows = []
     for split, res in results.items():
         (pages[split].parent / "metrics.json").write_text(json.dumps(res, indent=1, default=str))
@@ -339,6 +341,7 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
         "dataset_version": version, "held_out_task": listing.get("held_out_task"),
         "report": str(pages["in_distribution"]), "pages": {s: str(p) for s, p in pages.items()},
         "evaluation_run_id": run_id, "evaluation_run_url": mlflow.run_url(run_id), "empty_splits": empty,
+        "evaluation_dagster_run_id": made_by[0], "evaluation_dagster_run_url": made_by[1],
         "selective_external": {k: v for k, v in (coverage or {}).items() if k != "coverage"} or None,
         "forecasters": table_rows}, indent=1, default=str))
     html, main = pages["in_distribution"], results["in_distribution"]

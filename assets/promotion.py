@@ -5,11 +5,12 @@ The rule is `models.promotion` (read its docstring): every registered version of
 source_only, external: pipelines.training.forecasting.split_frames over the forecasts asset's
 listing), whatever its kind, is scored with the uniform forecaster on the pairs all of them
 forecast in each split (`pipelines.promotion.score_splits`), and `decide_over_splits` moves
-@champion and @champion-external. The @champion decision (promoted, kept, held back) is written
-to DuckDB `promotion_decisions` / `promotion_scores` (the in-distribution scores; the reason names
-the split that vetoed), to MLflow tags of each version weighed and of the registered model, and
-to the asset's metadata; the @champion-external decision to the registered model's tags and the
-metadata. Holding a challenger back is a normal decision:
+@champion and @champion-external, each with its challenger alias (@challenger,
+@challenger-external: the best eligible version that is not the champion). Both decisions
+(promoted, kept, held back) are written to DuckDB `promotion_decisions` / `promotion_scores`
+(column `alias`; @champion's with the in-distribution scores and the reason naming the split that
+vetoed, @champion-external's with the scores of the split it was decided on), to the registered
+model's tags and the asset's metadata; @champion's also to MLflow tags of each version weighed. Holding a challenger back is a normal decision:
 the gate checks report it as a warning and the run succeeds. A blocking check guards the data
 itself: forecasts of a registered version that are not probability distributions stop the run
 before any alias moves.
@@ -133,7 +134,7 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
         GATE_PARSE_RATE,
         decide_over_splits,
     )
-    from models.registry import alias_version, set_alias, set_model_tags, set_version_tag
+    from models.registry import alias_version, set_aliases, set_model_tags, set_version_tag
     from pipelines.promotion import ScoredVersions, score_splits
     from warehouse.promotions import record_promotion_decision
 
@@ -148,12 +149,9 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
                             rewards={v: t.get("reward", "") for v, t in tags.items()})
     splits = decide_over_splits(by_split.scores, champion, champion_ext, policy)
     decision, ext = splits.champion, splits.champion_external
-    if decision.promote is not None:
-        set_alias(uri, CHAMPION, decision.promote, MODEL_NAME)
-    if ext.promote is not None:
-        set_alias(uri, CHAMPION_EXTERNAL, ext.promote, MODEL_NAME)
-    after = decision.promote if decision.promote is not None else champion
-    ext_after = ext.promote if ext.promote is not None else champion_ext
+    set_aliases(uri, decision.promote, splits.challenger, MODEL_NAME, use=CHAMPION, clear_challenger=True)
+    set_aliases(uri, ext.promote, splits.challenger_external, MODEL_NAME, use=CHAMPION_EXTERNAL, clear_challenger=True)
+    after, ext_after = splits.champion_after, splits.champion_external_after
     context.log.info(f"promotion: {decision.outcome}: {decision.reason}")
     context.log.info(f"promotion ({CHAMPION_EXTERNAL}): {ext.outcome}: {ext.reason}")
     in_dist = by_split.scores.get("in_distribution", {})
@@ -163,12 +161,20 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
     rows = ([{**dataclasses.asdict(scored.champion), "role": "champion", "failed_gates": []}] if scored.champion else [])
     rows += [{**dataclasses.asdict(s), "role": "challenger", "failed_gates": decision.failures.get(s.version, [])}
              for s in scored.challengers]
+    ext_scores = by_split.scores.get(splits.external_split, {})
+    ext_rows = [{**dataclasses.asdict(s), "model_version": v, "role": "champion" if v == champion_ext else "challenger",
+                 "failed_gates": ext.failures.get(v, [])} for v, s in sorted(ext_scores.items())]
     with warehouse.connect() as con:
         decision_id = record_promotion_decision(
             con, MODEL_NAME, version, decision.outcome, decision.reason, len(scored.pairs),
             dataclasses.asdict(policy), [{**r, "model_version": r["version"]} for r in rows],
             champion_before=champion, champion_after=after, candidate=decision.candidate,
-            dagster_run_id=context.run.run_id)
+            dagster_run_id=context.run.run_id, challenger_after=splits.challenger)
+        ext_decision_id = record_promotion_decision(
+            con, MODEL_NAME, version, ext.outcome, ext.reason, len(by_split.pairs.get(splits.external_split, [])),
+            dataclasses.asdict(policy), ext_rows, champion_before=champion_ext, champion_after=ext_after,
+            candidate=ext.candidate, dagster_run_id=context.run.run_id, alias=CHAMPION_EXTERNAL,
+            split=splits.external_split, challenger_after=splits.challenger_external)
     for s in scored.challengers:
         failed = decision.failures.get(s.version, [])
         status = ("promoted" if s.version == decision.promote else
@@ -181,7 +187,8 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
                                          "last_promotion_reason": decision.reason[:500],
                                          "last_promotion_decision_id": decision_id,
                                          "last_champion_external_outcome": ext.outcome,
-                                         "last_champion_external_reason": ext.reason[:500]})
+                                         "last_champion_external_reason": ext.reason[:500],
+                                         "last_champion_external_decision_id": ext_decision_id})
 
     parse_ok = [s.version for s in scored.challengers if GATE_PARSE_RATE not in decision.failures.get(s.version, [])]
     eligible = [s.version for s in scored.challengers if not decision.failures.get(s.version)]
@@ -197,6 +204,10 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
                   "champion_external": ext_after if ext_after is not None else "none",
                   "champion_external_outcome": ext.outcome, "champion_external_reason": ext.reason,
                   "champion_external_split": splits.external_split,
+                  "champion_external_decision_id": ext_decision_id,
+                  "challenger": splits.challenger if splits.challenger is not None else "none",
+                  "challenger_external": (splits.challenger_external if splits.challenger_external is not None
+                                          else "none"),
                   "splits": dg.MetadataValue.md(_split_table(by_split, splits.splits))},
         check_results=[
             dg.AssetCheckResult(check_name=CHALLENGER_PARSE_RATE_ABOVE_FLOOR, passed=bool(parse_ok) or none,

@@ -29,6 +29,12 @@ was not weighed there). A split where the champion has no forecasts does not vet
 nothing to compare). The alias `champion-external` follows the same rule of its own on
 `external` (or `source_only` while `external` is empty): the one to trust on kernels from files.
 
+Challengers (architecture.md, "Aliases"): after each decision, `@challenger` names the best
+version of `in_distribution` that passes the gates and is not the champion (lowest Brier on the
+split's common pairs, ties: the newest); `@challenger-external` the same on the split
+`@champion-external` was decided on. No such version: the alias is removed, so it never names a
+version the last promotion did not weigh, nor the champion itself.
+
 Brier is the deciding score because it is the proper score GRPO's calibration reward
 optimises and it rewards calibrated distributions, not only right argmaxes (method.md).
 `model_promotion` applies this rule on every run and records the decision (held back, kept or
@@ -57,6 +63,8 @@ GATES = (GATE_PARSE_RATE, GATE_BRIER)
 __all__ = [
     "CHAMPION",
     "CHAMPION_EXTERNAL",
+    "CHALLENGER",
+    "CHALLENGER_EXTERNAL",
     "GATES",
     "GATE_BRIER",
     "GATE_PARSE_RATE",
@@ -65,6 +73,7 @@ __all__ = [
     "Decision",
     "PromotionPolicy",
     "SplitDecision",
+    "best_challenger",
     "decide_over_splits",
     "decide_promotion",
     "gate_failures",
@@ -72,6 +81,8 @@ __all__ = [
 
 CHAMPION = "champion"
 CHAMPION_EXTERNAL = "champion-external"  # the alias for kernels from files (kernelcast forecast, the hooks)
+CHALLENGER = "challenger"  # the best eligible version of the last promotion that is not @champion
+CHALLENGER_EXTERNAL = "challenger-external"  # the same beside @champion-external
 PROMOTION_SPLITS = ("in_distribution", "source_only", "external")
 
 
@@ -222,12 +233,45 @@ class SplitDecision:
         external_split: the split @champion-external was decided on (external, or source_only
             while external is empty).
         splits: split -> one line of how the candidate compared there (for the record).
+        challenger: the version @challenger names after the decision (None: remove it).
+        challenger_external: the version @challenger-external names (None: remove it).
     """
 
     champion: Decision
     champion_external: Decision
     external_split: str
     splits: dict[str, str] = field(default_factory=dict)
+    challenger: int | None = None
+    challenger_external: int | None = None
+
+    @property
+    def champion_after(self) -> int | None:
+        """@champion once the decision is applied."""
+        d = self.champion
+        return d.promote if d.promote is not None else d.champion_before
+
+    @property
+    def champion_external_after(self) -> int | None:
+        """@champion-external once the decision is applied."""
+        d = self.champion_external
+        return d.promote if d.promote is not None else d.champion_before
+
+
+def best_challenger(scores: dict[int, ChallengerScores], champion: int | None,
+                    policy: PromotionPolicy = PromotionPolicy()) -> int | None:
+    """The best version of one split that passes the gates and is not `champion` (None: none).
+
+    The scores are on the pairs every version of the split forecast, so Briers compare directly;
+    ties go to the newest version, as in `decide_promotion`.
+
+    >>> s = lambda v, b: ChallengerScores(v, 24, 1.0, b, 0.4375)
+    >>> best_challenger({1: s(1, 0.30), 2: s(2, 0.25), 3: s(3, 0.28), 4: s(4, 0.50)}, champion=2)
+    3
+    >>> best_challenger({2: s(2, 0.25), 4: s(4, 0.50)}, champion=2) is None
+    True
+    """
+    eligible = [s for v, s in scores.items() if v != champion and not gate_failures(s, policy)]
+    return min(eligible, key=lambda s: (s.brier, -s.version)).version if eligible else None
 
 
 def _against(scores: dict[int, ChallengerScores], reference: int | None) -> list[ChallengerScores]:
@@ -265,6 +309,8 @@ def decide_over_splits(
     ...                         "source_only": {1: s(1, 0.35), 2: s(2, 0.40)}}, champion=1, champion_external=1)
     >>> d.champion.promote, d.champion.outcome, d.champion_external.promote, d.external_split
     (None, 'kept', None, 'source_only')
+    >>> d.challenger, d.challenger_external
+    (2, 2)
     """
     split_scores = {k: dict(scores.get(k) or {}) for k in PROMOTION_SPLITS}
     base = decide_promotion(_against(split_scores["in_distribution"], champion), champion, policy)
@@ -293,4 +339,6 @@ def decide_over_splits(
     ext_split = "external" if _non_empty(split_scores["external"]) else "source_only"
     ext = decide_promotion(_against(split_scores[ext_split], champion_external), champion_external, policy)
     ext = replace(ext, reason=f"{ext_split}: {ext.reason}")
-    return SplitDecision(decision, ext, ext_split, notes)
+    out = SplitDecision(decision, ext, ext_split, notes)
+    return replace(out, challenger=best_challenger(split_scores["in_distribution"], out.champion_after, policy),
+                   challenger_external=best_challenger(split_scores[ext_split], out.champion_external_after, policy))

@@ -17,10 +17,11 @@ Versions carry the tags `kind` (llm, cost_model, text_model: every kind is a ver
 model and promotion weighs them alike), `dataset_version` (the dataset version of the run that
 registered it, whose eval pairs it is scored on), `trained_dataset_version` (the one its fit
 used: the same for a version trained here, an older one for an adapter trained on a GPU host;
-the warehouse's `model_lineage` row names the same) and base_model. Promotion moves two aliases,
-never stages (stack.md): `@champion` (the version forecasts are served from) and `@challenger`
-(the best candidate of the last promotion that is not the champion); `set_aliases` moves both
-at once, `aliases` reads both, `clear_alias` removes one. `register_logged_model` is the
+the warehouse's `model_lineage` row names the same) and base_model. Promotion moves aliases,
+never stages (stack.md), one pair per use: `@champion` (the version forecasts of the eval pairs
+are served from) and `@challenger` (the best candidate of the last promotion that is not the
+champion), `@champion-external` (kernels from files) and `@challenger-external` beside it;
+`set_aliases` moves a pair at once, `aliases` reads all four, `clear_alias` removes one. `register_logged_model` is the
 generic part any kind of model uses (e.g. a scikit-learn forecaster logged with
 `mlflow.sklearn.log_model`).
 
@@ -43,7 +44,9 @@ DEFAULT_NAME = "kernelcast-surrogate"
 MODEL_ARTIFACT = "surrogate"  # the logged model's name in its run
 ADAPTER_ARTIFACT = "adapter"  # a plain peft folder (trained elsewhere, before logging)
 BASE_MODEL_FILE = "base_model.json"
-ALIASES = ("champion", "challenger", "champion-external")  # champion-external: kernels from files
+ALIASES = ("champion", "challenger", "champion-external", "challenger-external")  # -external: kernels from files
+# Each champion alias and the challenger alias beside it (a promotion moves the pair together).
+CHALLENGER_OF = {"champion": "challenger", "champion-external": "challenger-external"}
 KINDS = ("llm", "cost_model", "text_model")
 # Requirements of the logged adapter, pinned as the project pins them (stack.md); stating them
 # spares MLflow from inferring them by loading the model in a subprocess.
@@ -256,29 +259,39 @@ def register_surrogate(
 
 
 def set_alias(tracking_uri: str, alias: str, version: int | str, name: str = DEFAULT_NAME) -> None:
-    """Point `alias` ("champion"/"challenger") at a version (promotion)."""
+    """Point `alias` (one of ALIASES) at a version (promotion)."""
     if alias not in ALIASES:
         raise ValueError(f"alias must be one of {ALIASES}, got {alias!r}")
     _client(tracking_uri).set_registered_model_alias(name, alias, str(version))
 
 
 def set_aliases(tracking_uri: str, champion: int | str | None = None, challenger: int | str | None = None,
-                name: str = DEFAULT_NAME) -> dict[str, int | None]:
-    """A promotion's outcome in the registry: `@champion` and `@challenger` where given (None
-    leaves an alias as it is); a challenger equal to the champion is not set (the challenger is
-    the best candidate that is *not* the champion) and an old one pointing there is removed.
+                name: str = DEFAULT_NAME, *, use: str = "champion", clear_challenger: bool = False,
+                ) -> dict[str, int | None]:
+    """A promotion's outcome in the registry for one use: the champion alias `use` ("champion" or
+    "champion-external") and its challenger alias (CHALLENGER_OF) where given (None leaves an
+    alias as it is, or removes the challenger with `clear_challenger`); a challenger equal to the
+    champion is not set (the challenger is the best candidate that is *not* the champion) and an
+    old one pointing there is removed.
 
     Returns:
-        Both aliases afterwards: {"champion": N or None, "challenger": N or None}.
+        The pair afterwards, e.g. {"champion": N or None, "challenger": N or None}.
+    Raises:
+        ValueError: `use` is not a champion alias.
     """
+    if use not in CHALLENGER_OF:
+        raise ValueError(f"use must be one of {tuple(CHALLENGER_OF)}, got {use!r}")
+    second = CHALLENGER_OF[use]
     if champion is not None:
-        set_alias(tracking_uri, "champion", champion, name)
-    current = alias_version(tracking_uri, "champion", name)
+        set_alias(tracking_uri, use, champion, name)
+    current = alias_version(tracking_uri, use, name)
     if challenger is not None and (current is None or int(challenger) != current):
-        set_alias(tracking_uri, "challenger", challenger, name)
-    if current is not None and alias_version(tracking_uri, "challenger", name) == current:
-        clear_alias(tracking_uri, "challenger", name)
-    return {alias: alias_version(tracking_uri, alias, name) for alias in ("champion", "challenger")}
+        set_alias(tracking_uri, second, challenger, name)
+    elif challenger is None and clear_challenger:
+        clear_alias(tracking_uri, second, name)
+    if current is not None and alias_version(tracking_uri, second, name) == current:
+        clear_alias(tracking_uri, second, name)
+    return {alias: alias_version(tracking_uri, alias, name) for alias in (use, second)}
 
 
 def aliases(tracking_uri: str, name: str = DEFAULT_NAME) -> dict[str, int | None]:

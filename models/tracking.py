@@ -139,21 +139,35 @@ def ui_base_url(port: int | None = None) -> str:
     return f"http://127.0.0.1:{port or mlflow_port()}"
 
 
+ML_VIEW = "?workflowType=machine_learning"
+
+
 def experiments_url(port: int | None = None) -> str:
     """The MLflow UI's experiment list in its classic-ML view (not the GenAI home page: the UI
-    reads the view from `workflowType` and keeps it for later visits)."""
-    return f"{ui_base_url(port)}/#/experiments?workflowType=machine_learning"
+    reads the view from the link's `workflowType`; a page opened without it shows the GenAI view
+    unless the user switched views by hand, which the browser then remembers)."""
+    return f"{ui_base_url(port)}/#/experiments{ML_VIEW}"
 
 
 def run_url(run_id: str, experiment_id: str | None = None, port: int | None = None) -> str:
-    """A link to a run in the MLflow UI on the port it serves on.
+    """A link to a run in the MLflow UI on the port it serves on, in the classic-ML view (the UI
+    reads the view from the link's `workflowType` on every page, else shows the GenAI one).
 
     >>> run_url("abc", "3", port=5123)
-    'http://127.0.0.1:5123/#/experiments/3/runs/abc'
+    'http://127.0.0.1:5123/#/experiments/3/runs/abc?workflowType=machine_learning'
     """
     if experiment_id is None:
-        return f"{ui_base_url(port)}/#/runs/{run_id}"
-    return f"{ui_base_url(port)}/#/experiments/{experiment_id}/runs/{run_id}"
+        return f"{ui_base_url(port)}/#/runs/{run_id}{ML_VIEW}"
+    return f"{ui_base_url(port)}/#/experiments/{experiment_id}/runs/{run_id}{ML_VIEW}"
+
+
+def model_url(name: str, port: int | None = None) -> str:
+    """A link to a registered model (its versions and aliases) in the classic-ML view.
+
+    >>> model_url("kernelcast-surrogate", port=5123)
+    'http://127.0.0.1:5123/#/models/kernelcast-surrogate?workflowType=machine_learning'
+    """
+    return f"{ui_base_url(port)}/#/models/{name}{ML_VIEW}"
 
 
 def step_metrics(logs: Mapping[str, Any], step: int) -> list[Any]:

@@ -643,7 +643,8 @@ def _print_forecast_table(rows: list[dict], meta: dict) -> None:
 @one_line_errors
 def promote(
     version: int = typer.Option(..., "--version", min=1, help="Registered version of kernelcast-surrogate."),
-    alias: str = typer.Option("champion", "--alias", help="champion | challenger."),
+    alias: str = typer.Option("champion", "--alias",
+                              help="champion | challenger | champion-external | challenger-external."),
     profile: str | None = ProfileOpt,
     as_json: bool = JsonOpt,
 ) -> None:

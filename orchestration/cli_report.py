@@ -2,9 +2,15 @@
 
     kernelcast report                 # text, 80 columns
     kernelcast report --json          # {"dataset_version", "held_out_task", "report", "pages",
-                                      #  "evaluation_run_id", "evaluation_run_url", "empty_splits",
-                                      #  "selective_external", "forecasters": [...]}
+                                      #  "evaluation_run_id", "evaluation_run_url",
+                                      #  "evaluation_dagster_run_id", "evaluation_dagster_run_url",
+                                      #  "empty_splits", "selective_external", "forecasters": [...]}
     kernelcast report --split external
+
+Each forecaster row of a registered version carries its MLflow run (run_id, mlflow_url) and the
+Dagster run that made it (dagster_run_id, dagster_url). Links are printed on the ports the UIs
+serve this home on now (`kernelcast ui` running: its ports, orchestration.ui.live_ports; else
+3000 and 5000), whatever ports served when the report was written.
 """
 
 from __future__ import annotations
@@ -36,6 +42,20 @@ def newest_table(settings) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+URL_KEYS = {"mlflow_url": "mlflow", "dagster_url": "dagster", "evaluation_run_url": "mlflow",
+            "evaluation_dagster_run_url": "dagster"}
+
+
+def relinked(table: dict, ports: dict[str, int]) -> dict:
+    """The table with every UI link on `ports` ({"dagster": N, "mlflow": M})."""
+    from orchestration.ui import relink
+
+    def move(d: dict) -> dict:
+        return {k: relink(v, ports[URL_KEYS[k]]) if k in URL_KEYS else v for k, v in d.items()}
+
+    return {**move(table), "forecasters": [move(r) for r in table.get("forecasters", [])]}
+
+
 def table_lines(table: dict) -> list[str]:
     """Every split as text under a title line (an empty split: its reason); then the report's
     paths and the MLflow runs of the registered forecasters."""
@@ -54,10 +74,19 @@ def table_lines(table: dict) -> list[str]:
             lines.append(f"{title}{extra}: empty ({empty[split]})")
     if table.get("report"):
         lines.append(f"report: {table['report']}")
+    lines += [f"  {split}: {path}" for split, path in (table.get("pages") or {}).items()
+              if path != table.get("report")]
     if table.get("evaluation_run_id"):
         lines.append(f"evaluation run: {table['evaluation_run_id']} {table.get('evaluation_run_url') or ''}".rstrip())
-    runs = sorted({(r["name"], r["run_id"], r.get("mlflow_url") or "") for r in table["forecasters"] if r.get("run_id")})
-    lines += [f"run {name}: {run_id} {url}".rstrip() for name, run_id, url in runs]
+    if table.get("evaluation_dagster_run_id"):
+        lines.append(f"  made by Dagster run {table['evaluation_dagster_run_id']} "
+                     f"{table.get('evaluation_dagster_run_url') or ''}".rstrip())
+    runs = sorted({(r["name"], r["run_id"], r.get("mlflow_url") or "", r.get("dagster_run_id") or "",
+                    r.get("dagster_url") or "") for r in table["forecasters"] if r.get("run_id")})
+    for name, run_id, url, dagster_run, dagster_url in runs:
+        lines.append(f"run {name}: {run_id} {url}".rstrip())
+        if dagster_run:
+            lines.append(f"  made by Dagster run {dagster_run} {dagster_url}".rstrip())
     return lines
 
 
@@ -72,9 +101,13 @@ def report(
 
     if split is not None and split not in SPLIT_TITLES:
         raise CliError(f"unknown split {split!r}; use one of {', '.join(SPLIT_TITLES)}")
-    table = newest_table(_settings(profile))
+    from orchestration.ui import live_ports
+
+    settings = _settings(profile)
+    table = newest_table(settings)
     if table is None:
         raise CliError("no evaluation report yet: run `kernelcast run` first")
+    table = relinked(table, live_ports(settings.home))
     if split:
         table = {**table, "forecasters": [r for r in table["forecasters"] if r["split"] == split]}
     if as_json:

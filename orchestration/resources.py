@@ -65,16 +65,27 @@ class MlflowResource(dg.ConfigurableResource):
         return mlflow_experiment(self.client(), self.tracking_uri, name)
 
     def run_url(self, run_id: str) -> str:
-        """The run in the MLflow UI, on the port `kernelcast ui` serves it ($KERNELCAST_MLFLOW_PORT)."""
+        """The run in the MLflow UI, on the port `kernelcast ui` serves it (orchestration.ui.live_ports)."""
+        return self.run_links(run_id)["mlflow_url"]
+
+    def run_links(self, run_id: str) -> dict[str, str | None]:
+        """{"run_id", "mlflow_url", "dagster_run_id", "dagster_url"} of an MLflow run: its link and
+        the Dagster run that made it (its tag `dagster_run_id`; None when it has none), on the
+        ports the UIs serve this home on."""
         from mlflow.exceptions import MlflowException
 
         from models.tracking import run_url
+        from orchestration.ui import dagster_run_url, live_ports
 
+        ports = live_ports(Path(self.artifact_root).parent)  # the home: artifact_root is <home>/mlartifacts
         try:
-            experiment_id = self.client().get_run(run_id).info.experiment_id
+            run = self.client().get_run(run_id)
+            experiment_id, dagster_run = run.info.experiment_id, run.data.tags.get("dagster_run_id")
         except MlflowException:  # a link without the experiment still opens the run
-            experiment_id = None
-        return run_url(run_id, experiment_id)
+            experiment_id = dagster_run = None
+        return {"run_id": run_id, "mlflow_url": run_url(run_id, experiment_id, port=ports["mlflow"]),
+                "dagster_run_id": dagster_run,
+                "dagster_url": dagster_run_url(dagster_run, ports["dagster"]) if dagster_run else None}
 
 
 class ProfilerResource(dg.ConfigurableResource):

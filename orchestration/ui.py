@@ -13,11 +13,15 @@ then SIGKILL after a grace period), so nothing is left listening.
 The MLflow link printed is its experiment list in the classic-ML view (the UI's own home page
 is a GenAI welcome page); the store is prepared first (the project's experiments, artifact
 locations of this home, no empty Default). The MLflow port reaches every child as
-$KERNELCAST_MLFLOW_PORT, so run links made by the Dagster code location point at this server.
+$KERNELCAST_MLFLOW_PORT (and Dagster's as $KERNELCAST_DAGSTER_PORT), so run links made by the
+Dagster code location point at these servers. While both serve, $KERNELCAST_HOME/ui.json names
+the ports and the serving process: a `kernelcast run` or `kernelcast report` started from
+another terminal builds its links from it (`live_ports`), not from the default ports.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import signal
@@ -31,6 +35,72 @@ from orchestration.settings import Settings
 
 GRACE_S = 10.0
 REPO = Path(__file__).resolve().parent.parent
+UI_STATE = "ui.json"
+DAGSTER_PORT_ENV = "KERNELCAST_DAGSTER_PORT"
+DEFAULT_DAGSTER_PORT = 3000
+
+
+def _port(value: object) -> int | None:
+    text = str(value or "")
+    return int(text) if text.isdigit() and 0 < int(text) < 65536 else None
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the process exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def served_ports(home: Path) -> dict[str, int] | None:
+    """{"dagster": port, "mlflow": port} of the `kernelcast ui` serving this home, or None (none
+    serving: no ui.json, an unreadable one, or one left by a process that is gone)."""
+    try:
+        state = json.loads((Path(home) / UI_STATE).read_text())
+    except (OSError, ValueError):
+        return None
+    ports = {k: _port(state.get(f"{k}_port")) for k in ("dagster", "mlflow")} if isinstance(state, dict) else {}
+    if not ports or None in ports.values() or not _alive(state.get("pid")):
+        return None
+    return ports  # type: ignore[return-value]
+
+
+def live_ports(home: Path | None = None) -> dict[str, int]:
+    """The ports links should name: those of this process's `kernelcast ui` ($KERNELCAST_*_PORT,
+    set for its children), else those of the ui serving `home` (ui.json), else 3000 and 5000."""
+    from models.tracking import DEFAULT_MLFLOW_PORT, MLFLOW_PORT_ENV
+
+    env = {"dagster": _port(os.environ.get(DAGSTER_PORT_ENV)), "mlflow": _port(os.environ.get(MLFLOW_PORT_ENV))}
+    served = (served_ports(home) if home is not None else None) or {}
+    return {"dagster": env["dagster"] or served.get("dagster") or DEFAULT_DAGSTER_PORT,
+            "mlflow": env["mlflow"] or served.get("mlflow") or DEFAULT_MLFLOW_PORT}
+
+
+def dagster_run_url(run_id: str, port: int | None = None) -> str:
+    """A link to a run in the Dagster UI.
+
+    >>> dagster_run_url("0b1c", port=3001)
+    'http://127.0.0.1:3001/runs/0b1c'
+    """
+    return f"http://127.0.0.1:{port or DEFAULT_DAGSTER_PORT}/runs/{run_id}"
+
+
+def relink(url: str | None, port: int) -> str | None:
+    """A stored 127.0.0.1 link moved onto `port` (a report written while the UI served elsewhere).
+
+    >>> relink("http://127.0.0.1:5000/#/experiments/1/runs/ab", 5123)
+    'http://127.0.0.1:5123/#/experiments/1/runs/ab'
+    """
+    if not url or not url.startswith("http://127.0.0.1:"):
+        return url
+    rest = url.removeprefix("http://127.0.0.1:")
+    path = rest[len(rest.split("/", 1)[0]):]
+    return f"http://127.0.0.1:{port}{path}"
 
 
 def _commands(settings: Settings, dagster_port: int, mlflow_port: int) -> dict[str, list[str]]:
@@ -78,6 +148,8 @@ def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000)
         logging.getLogger(name).setLevel(logging.WARNING)
     prepare_store(settings.mlflow_uri)
     os.environ[MLFLOW_PORT_ENV] = str(mlflow_port)  # run links of this process and its children
+    os.environ[DAGSTER_PORT_ENV] = str(dagster_port)
+    state_path = settings.home / UI_STATE
     log_path = settings.home / "logs" / f"ui-{time.strftime('%Y%m%d-%H%M%S')}.log"
     # The servers' Python warnings go to the log like the rest of their output.
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -96,6 +168,8 @@ def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000)
                 # start_new_session: the server and its own children form one group we can stop.
                 procs[name] = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True,
                                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+            state_path.write_text(json.dumps({"pid": os.getpid(), "dagster_port": dagster_port,
+                                              "mlflow_port": mlflow_port, "log": str(log_path)}))
             print(f"Dagster UI: http://127.0.0.1:{dagster_port}\nMLflow UI:  {experiments_url(mlflow_port)}\n"
                   f"log: {log_path}   (Ctrl-C stops both)", flush=True)
             while not stopping:
@@ -105,5 +179,6 @@ def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000)
                                        f"(see {log_path})")
                 time.sleep(0.5)
         finally:
+            state_path.unlink(missing_ok=True)
             stop(procs)
             print("stopped Dagster and MLflow UIs", flush=True)

@@ -92,7 +92,7 @@ def test_new_gpu_batch_is_ingested_once_and_backfilled_downstream(home):
     assert instance.get_dynamic_partitions("hardware") == [H200]
     assert [r.job_name for r in instance.get_runs()][::-1] == ["candidates_job", "measurement_ingest_job", "downstream_job"]
     first = _counts(settings)
-    assert first["dataset_versions"] == 1 and first["promotion_decisions"] == 1
+    assert first["dataset_versions"] == 1 and first["promotion_decisions"] == 2  # @champion, @champion-external
 
     # Nothing new: the sensor skips, automation requests nothing.
     tick = _tick_inbox(defs, instance, settings, None)
@@ -123,7 +123,7 @@ def test_new_gpu_batch_is_ingested_once_and_backfilled_downstream(home):
     # 4. Promotion decided on the new dataset version, which holds the H100 measurements.
     after = _counts(settings)
     assert after["measurements"] == first["measurements"] + pq.ParquetFile(batch).metadata.num_rows
-    assert after["dataset_versions"] == 2 and after["promotion_decisions"] == 2
+    assert after["dataset_versions"] == 2 and after["promotion_decisions"] == 4
     with connect(settings.warehouse_path, read_only=True) as con:
         newest = con.execute("SELECT dataset_version FROM dataset_versions ORDER BY created_at DESC LIMIT 1").fetchone()[0]
         hw = {r[0] for r in con.execute(

@@ -209,7 +209,8 @@ def test_champion_and_challenger_are_two_aliases_never_on_one_version(uri, tmp_p
     client.create_registered_model(name)
     for _ in range(3):
         client.create_model_version(name, source=(tmp_path / "m").as_uri())
-    assert aliases(uri, name) == {"champion": None, "challenger": None, "champion-external": None}
+    assert aliases(uri, name) == {"champion": None, "challenger": None, "champion-external": None,
+                                  "challenger-external": None}
     assert set_aliases(uri, champion=1, challenger=2, name=name) == {"champion": 1, "challenger": 2}
     # version 2 wins the next promotion: it leaves @challenger; 3 is the new best other candidate
     assert set_aliases(uri, champion=2, name=name) == {"champion": 2, "challenger": None}
@@ -217,6 +218,7 @@ def test_champion_and_challenger_are_two_aliases_never_on_one_version(uri, tmp_p
     assert set_aliases(uri, challenger=3, name=name) == {"champion": 2, "challenger": 3}
     clear_alias(uri, "challenger", name)
     clear_alias(uri, "challenger", name)  # not set: nothing to do, no error
-    assert aliases(uri, name) == {"champion": 2, "challenger": None, "champion-external": None}
+    assert aliases(uri, name) == {"champion": 2, "challenger": None, "champion-external": None,
+                                  "challenger-external": None}
     with pytest.raises(ValueError, match="alias must be one of"):
         clear_alias(uri, "production", name)

@@ -153,9 +153,9 @@ def test_run_links_follow_the_ui_port(monkeypatch):
     from models.tracking import MLFLOW_PORT_ENV, experiments_url, run_url
 
     monkeypatch.delenv(MLFLOW_PORT_ENV, raising=False)
-    assert run_url("r1") == "http://127.0.0.1:5000/#/runs/r1"
+    assert run_url("r1") == "http://127.0.0.1:5000/#/runs/r1?workflowType=machine_learning"
     monkeypatch.setenv(MLFLOW_PORT_ENV, "5123")
-    assert run_url("r1", "4") == "http://127.0.0.1:5123/#/experiments/4/runs/r1"
+    assert run_url("r1", "4") == "http://127.0.0.1:5123/#/experiments/4/runs/r1?workflowType=machine_learning"
     assert experiments_url() == "http://127.0.0.1:5123/#/experiments?workflowType=machine_learning"
     monkeypatch.setenv(MLFLOW_PORT_ENV, "not-a-port")
     assert run_url("r1").startswith("http://127.0.0.1:5000/")

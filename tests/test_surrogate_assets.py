@@ -346,7 +346,8 @@ def test_promotion_passes_then_holds_a_worse_challenger_then_a_failing_one(graph
     assert alias_version(uri, "champion") == 1
     assert client.get_model_version(NAME, str(v3)).tags["promotion_status"] == "held back: brier_not_worse_than_uniform"
     with connect(settings.warehouse_path, read_only=True) as con:
-        outcomes = [r[0] for r in con.execute("SELECT outcome FROM promotion_decisions ORDER BY decided_at").fetchall()]
+        outcomes = [r[0] for r in con.execute("SELECT outcome FROM promotion_decisions WHERE alias = 'champion' "
+                                              "ORDER BY decided_at").fetchall()]
     assert outcomes[-3:] == ["promoted", "kept", "held_back"]
 
 

@@ -1,4 +1,8 @@
-"""Promotion decisions: what model_promotion decided, on which pairs and scores (migration 002)."""
+"""Promotion decisions: what model_promotion decided, on which pairs and scores (migrations 002, 006).
+
+One row per champion alias and run: `alias` is "champion" (decided on in_distribution) or
+"champion-external" (on external, or source_only while external is empty: `decided_on_split`).
+"""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import polars as pl
 from warehouse.db import execute, query_frame, transaction
 
 OUTCOMES = ("promoted", "kept", "held_back", "no_candidates")
+DECISION_ALIASES = ("champion", "champion-external")
 
 
 def record_promotion_decision(
@@ -29,6 +34,9 @@ def record_promotion_decision(
     champion_after: int | None = None,
     candidate: int | None = None,
     dagster_run_id: str | None = None,
+    alias: str = "champion",
+    split: str = "in_distribution",
+    challenger_after: int | None = None,
 ) -> str:
     """Write one decision and the score row of every version it weighed, in one transaction.
 
@@ -44,15 +52,21 @@ def record_promotion_decision(
             "challenger"), n_pairs, parse_rate, brier, uniform_brier, failed_gates (list).
         champion_before, champion_after, candidate: versions, or None.
         dagster_run_id: the run that decided.
+        alias: the champion alias decided (DECISION_ALIASES).
+        split: the split it was decided on.
+        challenger_after: the version its challenger alias names afterwards, or None.
     Returns:
         The decision id.
     Raises:
-        ValueError: an unknown outcome (nothing is written).
+        ValueError: an unknown outcome or alias (nothing is written).
     """
     if outcome not in OUTCOMES:
         raise ValueError(f"outcome must be one of {OUTCOMES}, got {outcome!r}")
+    if alias not in DECISION_ALIASES:
+        raise ValueError(f"alias must be one of {DECISION_ALIASES}, got {alias!r}")
     now = datetime.now(UTC)
-    decision_id = hashlib.sha256(f"{model_name}:{dagster_run_id}:{now.isoformat()}".encode()).hexdigest()[:24]
+    # The alias is part of the id: one run decides both aliases within the same microsecond range.
+    decision_id = hashlib.sha256(f"{model_name}:{alias}:{dagster_run_id}:{now.isoformat()}".encode()).hexdigest()[:24]
 
     def text(v: int | None) -> str | None:
         return None if v is None else str(v)
@@ -61,10 +75,12 @@ def record_promotion_decision(
         execute(
             con,
             """INSERT INTO promotion_decisions (decision_id, model_name, dataset_version, outcome, champion_before,
-                   champion_after, candidate, reason, n_pairs, policy_json, dagster_run_id, decided_at)
-               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
+                   champion_after, candidate, reason, n_pairs, policy_json, dagster_run_id, decided_at, alias,
+                   decided_on_split, challenger_after)
+               VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)""",
             [decision_id, model_name, dataset_version, outcome, text(champion_before), text(champion_after),
-             text(candidate), reason, int(n_pairs), json.dumps(dict(policy), sort_keys=True), dagster_run_id, now],
+             text(candidate), reason, int(n_pairs), json.dumps(dict(policy), sort_keys=True), dagster_run_id, now,
+             alias, split, text(challenger_after)],
         )
         for s in scores:
             execute(
@@ -83,9 +99,12 @@ def _finite(value: Any) -> float | None:
     return None if value is None or value != value else float(value)
 
 
-def read_promotion_decisions(con: duckdb.DuckDBPyConnection, model_name: str | None = None) -> pl.DataFrame:
-    """Decisions, newest first (optionally of one model)."""
-    where, params = ("WHERE model_name = ?", [model_name]) if model_name else ("", None)
+def read_promotion_decisions(con: duckdb.DuckDBPyConnection, model_name: str | None = None,
+                             alias: str | None = "champion") -> pl.DataFrame:
+    """Decisions, newest first (optionally of one model), of one champion alias (None: both)."""
+    clauses = [c for c, v in (("model_name = ?", model_name), ("alias = ?", alias)) if v]
+    params = [v for v in (model_name, alias) if v] or None
+    where = f"WHERE {' AND '.join(clauses)}" if clauses else ""
     return query_frame(con, f"SELECT * FROM promotion_decisions {where} ORDER BY decided_at DESC", params)
 
 

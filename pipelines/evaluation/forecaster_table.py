@@ -5,7 +5,7 @@
 Each row: name, kind, split, source, n, brier (with its 95% bootstrap interval brier_lo /
 brier_hi), crps, ece, accuracy, recovered_mean (recovered_lo / recovered_hi), recovered_random,
 parse_rate, run_id and mlflow_url (the MLflow run that logged a registered version; null for
-the others), selective_coverage (external split: the coverage at which its max-prob-selected
+the others), dagster_run_id and dagster_url (the Dagster run that made that MLflow run), selective_coverage (external split: the coverage at which its max-prob-selected
 forecasts reach the best forecaster's full-coverage Brier; null on the other splits). Names are
 model refs; the held-out twins of the reference forecasters lose their "|held_out_task" suffix,
 since the split column says where they were scored.
@@ -20,6 +20,22 @@ HELD_OUT_SUFFIX = "|held_out_task"
 TABLE_FILE = "forecasters.table.json"
 
 
+RUN_FIELDS = ("run_id", "mlflow_url", "dagster_run_id", "dagster_url")
+
+
+def run_fields(value: Mapping[str, Any] | tuple | None) -> dict[str, Any]:
+    """A forecaster's run links as RUN_FIELDS, from `MlflowResource.run_links`' mapping or a
+    (run id, MLflow URL) pair.
+
+    >>> run_fields(("ab", "http://127.0.0.1:5000/#/runs/ab"))["dagster_run_id"] is None
+    True
+    """
+    if isinstance(value, Mapping):
+        return {k: value.get(k) for k in RUN_FIELDS}
+    pair = tuple(value or ())[:2]
+    return dict(zip(RUN_FIELDS, pair + (None,) * (4 - len(pair)), strict=True))
+
+
 def _kind_of(ref: str, kinds: Mapping[str, str]) -> str:
     if ref in kinds:
         return kinds[ref]
@@ -32,18 +48,18 @@ def _interval(result: Mapping[str, Any], key: str) -> tuple[float | None, float 
 
 
 def forecaster_rows(results: Mapping[str, Mapping[str, Any]], kinds: Mapping[str, str], split: str,
-                    sources: Mapping[str, str] | None = None, runs: Mapping[str, tuple[str, str]] | None = None,
+                    sources: Mapping[str, str] | None = None, runs: Mapping[str, Any] | None = None,
                     coverage: Mapping[str, float] | None = None) -> list[dict[str, Any]]:
     """Rows of one split's evaluation results (`pipelines.evaluation.suite.evaluate_models`).
 
     Args:
         results, kinds, split, sources: the split's results, model -> kind, the split, model -> source.
-        runs: model -> (MLflow run id, URL).
+        runs: model -> its run links (`run_fields`).
         coverage: model -> selective coverage (the external split's).
     """
     rows = []
     for ref, r in sorted(results.items()):
-        run_id, url = (runs or {}).get(ref, (None, None))
+        links = run_fields((runs or {}).get(ref))
         b_lo, b_hi = _interval(r, "brier")
         u_lo, u_hi = _interval(r, "recovered_mean")
         rows.append({
@@ -52,7 +68,7 @@ def forecaster_rows(results: Mapping[str, Mapping[str, Any]], kinds: Mapping[str
             "brier_hi": b_hi, "crps": r.get("crps"), "ece": r.get("ece"), "accuracy": r.get("accuracy"),
             "recovered_mean": r.get("recovered_mean"), "recovered_lo": u_lo, "recovered_hi": u_hi,
             "recovered_random": r.get("recovered_random_mean"), "parse_rate": r.get("parse_rate"),
-            "run_id": run_id, "mlflow_url": url, "selective_coverage": (coverage or {}).get(ref),
+            **links, "selective_coverage": (coverage or {}).get(ref),
         })
     return rows
 

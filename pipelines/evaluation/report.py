@@ -15,6 +15,7 @@ from typing import Any
 import jinja2
 
 from pipelines.evaluation import figures
+from pipelines.evaluation.forecaster_table import HELD_OUT_SUFFIX, run_fields
 
 log = logging.getLogger(__name__)
 
@@ -42,11 +43,11 @@ img{max-width:100%;margin:0.5em}
 <h1>{{ title }}</h1>
 {% if pages %}<nav>Splits: {% for label, href in pages %}{% if href %}<a href="{{ href }}">{{ label }}</a>{% else %}<b>{{ label }}</b>{% endif %}{% if not loop.last %} | {% endif %}{% endfor %}</nav>{% endif %}
 {% if empty %}<ul>{% for split, why in empty.items() %}<li>{{ split }}: empty ({{ why }})</li>{% endfor %}</ul>{% endif %}
-<p class="ci">This report: {{ path }}</p>
+<p class="ci">This report: {{ path }}{% if made_by %}; made by Dagster run <a href="{{ made_by[1] }}">{{ made_by[0] }}</a>{% endif %}</p>
 <h2>Headline metrics</h2>
-<table><tr><th>model</th>{% for _, label in headline %}<th>{{ label }}</th>{% endfor %}{% if runs %}<th>MLflow run</th>{% endif %}</tr>
+<table><tr><th>model</th>{% for _, label in headline %}<th>{{ label }}</th>{% endfor %}{% if runs %}<th>MLflow run</th><th>Dagster run</th>{% endif %}</tr>
 {% for name, res in results.items() %}<tr><td>{{ name }}</td>
-{% for key, _ in headline %}<td>{{ fmt(res.get(key)) }}{% if res.get("intervals") and res["intervals"].get(key) %}<br><span class="ci">[{{ fmt(res["intervals"][key][0]) }}, {{ fmt(res["intervals"][key][1]) }}]</span>{% endif %}</td>{% endfor %}{% if runs %}<td>{% if runs.get(name) %}<a href="{{ runs[name][1] }}">{{ runs[name][0] }}</a>{% else %}–{% endif %}</td>{% endif %}</tr>
+{% for key, _ in headline %}<td>{{ fmt(res.get(key)) }}{% if res.get("intervals") and res["intervals"].get(key) %}<br><span class="ci">[{{ fmt(res["intervals"][key][0]) }}, {{ fmt(res["intervals"][key][1]) }}]</span>{% endif %}</td>{% endfor %}{% if runs %}{% set r = runs.get(name) %}<td>{% if r and r.run_id %}<a href="{{ r.mlflow_url }}">{{ r.run_id }}</a>{% else %}–{% endif %}</td><td>{% if r and r.dagster_run_id %}<a href="{{ r.dagster_url }}">{{ r.dagster_run_id[:8] }}</a>{% else %}–{% endif %}</td>{% endif %}</tr>
 {% endfor %}</table>
 <p class="ci">Brackets: {{ level }} bootstrap intervals over pairs.{% for note in notes %} {{ note }}{% endfor %}</p>
 <h2>Figures</h2>
@@ -82,26 +83,54 @@ def _fmt(v: Any) -> str:
 ORACLE = "baseline:oracle"
 
 
+def _outside(results_by_model: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """"model: label" of every headline value the page shows outside its own bracket."""
+    out = []
+    for name, res in results_by_model.items():
+        for key, label in HEADLINE:
+            v, ci = res.get(key), (res.get("intervals") or {}).get(key)
+            if isinstance(v, (int, float)) and ci and None not in ci[:2] and not math.isnan(v) \
+                    and not ci[0] - 5e-5 <= v <= ci[1] + 5e-5:  # the page rounds to 4 decimals
+                out.append(f"{name}: {label}")
+    return out
+
+
 def footnotes(results_by_model: Mapping[str, Mapping[str, Any]]) -> list[str]:
     """The notes under the headline table, from the numbers in it (never a constant).
 
     >>> footnotes({"baseline:oracle": {"recovered_mean": 0.982, "brier": 0.0}})
     ['Oracle (knows the true bin) recovered = 0.982: below 1 where kernels of one bin tie, ranked in random order within the bin.']
-    >>> footnotes({"baseline:oracle": {"recovered_mean": 1.0}})
+    >>> footnotes({"baseline:oracle|held_out_task": {"recovered_mean": 1.0}})
     ['Oracle (knows the true bin) recovered = 1.000.']
+    >>> footnotes({"a": {"n": 788}, "b": {"n": 750}})[0]
+    'Rows score different pair sets (forecasts: 750 for b; 788 for a): each forecaster is scored on the pairs it forecast, so compare rows of equal n (promotion compares versions on the pairs all of them forecast).'
     """
-    oracle = results_by_model.get(ORACLE) or {}
+    notes = []
+    oracle = next((r for name, r in results_by_model.items() if name.removesuffix(HELD_OUT_SUFFIX) == ORACLE), {})
     rec = oracle.get("recovered_mean")
-    if not isinstance(rec, (int, float)) or math.isnan(rec):
-        return []
-    why = ": below 1 where kernels of one bin tie, ranked in random order within the bin" if rec < 1 - 5e-4 else ""
-    return [f"Oracle (knows the true bin) recovered = {rec:.3f}{why}."]
+    if isinstance(rec, (int, float)) and not math.isnan(rec):
+        why = ": below 1 where kernels of one bin tie, ranked in random order within the bin" if rec < 1 - 5e-4 else ""
+        notes.append(f"Oracle (knows the true bin) recovered = {rec:.3f}{why}.")
+    by_n: dict[int, list[str]] = {}
+    for name, res in results_by_model.items():
+        if isinstance(res.get("n"), int):
+            by_n.setdefault(res["n"], []).append(name)
+    if len(by_n) > 1:
+        groups = "; ".join(f"{n} for {', '.join(names)}" for n, names in sorted(by_n.items()))
+        notes.append(f"Rows score different pair sets (forecasts: {groups}): each forecaster is scored on the pairs "
+                     "it forecast, so compare rows of equal n (promotion compares versions on the pairs all of them "
+                     "forecast).")
+    outside = _outside(results_by_model)
+    if outside:
+        notes.append(f"Outside their bracket: {', '.join(outside)}. A percentile bootstrap interval of a metric "
+                     "averaged over ranking pools need not contain the full-sample value when pools are small.")
+    return notes
 
 
 def write_report(
     results_by_model: Mapping[str, Mapping[str, Any]], out_dir: str | Path, title: str = "kernelcast evaluation",
-    *, pages: list[tuple[str, str]] | None = None, runs: Mapping[str, tuple[str, str]] | None = None,
-    empty: Mapping[str, str] | None = None,
+    *, pages: list[tuple[str, str]] | None = None, runs: Mapping[str, Any] | None = None,
+    empty: Mapping[str, str] | None = None, made_by: tuple[str, str] | None = None,
 ) -> Path:
     """Write index.html (and the figure PNGs) for several forecasters' results.
 
@@ -110,8 +139,10 @@ def write_report(
         out_dir: created if missing.
         title: page title.
         pages: (label, relative href) of every page of the report, this one with href "".
-        runs: model name -> (MLflow run id, its URL).
+        runs: model name -> its run links (`forecaster_table.run_fields`: MLflow run and URL, the
+            Dagster run that made it and its URL).
         empty: split -> why it has no page.
+        made_by: (Dagster run id, its URL) of the run that wrote the report.
     Returns:
         Path of index.html.
     """
@@ -139,7 +170,8 @@ def write_report(
         conventions=first.get("conventions", []),
         notes=footnotes(results_by_model),
         pages=pages or [],
-        runs=dict(runs or {}),
+        runs={name: run_fields(v) for name, v in (runs or {}).items()},
+        made_by=made_by,
         empty=dict(empty or {}),
         path=str((out / "index.html").resolve()),
     )

@@ -81,8 +81,9 @@ def split_folder(out_dir: Path, split: str) -> Path:
 
 
 def write_split_reports(results: Mapping[str, Mapping[str, Any]], out_dir: Path, version: str,
-                        runs: Mapping[str, tuple[str, str]] | None = None,
-                        empty: Mapping[str, str] | None = None) -> dict[str, Path]:
+                        runs: Mapping[str, Any] | None = None,
+                        empty: Mapping[str, str] | None = None,
+                        made_by: tuple[str, str] | None = None) -> dict[str, Path]:
     """One page per split with results, each linking every other page; the empty splits named
     with their reason on every page.
 
@@ -90,8 +91,9 @@ def write_split_reports(results: Mapping[str, Mapping[str, Any]], out_dir: Path,
         results: split -> {model: `evaluate_forecasts` result}.
         out_dir: the version's report folder.
         version: the dataset version (titles).
-        runs: model -> (MLflow run id, URL).
+        runs: model -> its run links (`forecaster_table.run_fields`).
         empty: split -> why it has no results.
+        made_by: (Dagster run id, URL) of the run writing the report.
     Returns:
         split -> path of its index.html.
     """
@@ -102,7 +104,8 @@ def write_split_reports(results: Mapping[str, Mapping[str, Any]], out_dir: Path,
         here = pages[split].parent
         links = [(SPLIT_TITLES[s], "" if s == split else os.path.relpath(pages[s], here)) for s in present]
         out[split] = write_report(results[split], here, title=f"kernelcast evaluation, dataset {version}, "
-                                  f"{SPLIT_TITLES[split]}", pages=links, runs=runs, empty=empty)
+                                  f"{SPLIT_TITLES[split]}", pages=links, runs=runs, empty=empty,
+                                  made_by=made_by)
     return out
 
 
