@@ -1,5 +1,6 @@
 """Shared test setup: CPU hosts run Triton kernels through its interpreter; state goes to tmp;
-rendered kernels are imported from files."""
+rendered kernels are imported from files; each test process (pytest-xdist) keeps to its share of
+the cores."""
 
 import hashlib
 import os
@@ -14,6 +15,22 @@ if not torch.cuda.is_available():
     from pipelines.tasks.interpreter_fixes import patch_triton_interpreter
 
     patch_triton_interpreter()  # bf16 tl.dot is wrong in Triton 3.6's interpreter
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    # torch sizes its pool to every core; N test processes doing so each make N times too many
+    # threads and spend the cores switching between them.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_home(tmp_path_factory):
+    """A state folder of this test process, for the tests that do not make their own: nothing
+    lands in the checkout's .kernelcast or in a home named by the environment, and processes
+    running side by side do not share one."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KERNELCAST_HOME", str(tmp_path_factory.mktemp("kernelcast-home")))
+        yield
 
 
 @pytest.fixture(scope="session")
