@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from orchestration.cli import app
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 H200 = "nvidia-h200-sm90"
 runner = CliRunner()
 

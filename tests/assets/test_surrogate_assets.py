@@ -28,7 +28,7 @@ from models.promotion import (
     gate_failures,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 H200 = "nvidia-h200-sm90"
 NAME = "kernelcast-surrogate"
 

@@ -17,7 +17,7 @@ from models.classical import CostModel
 from models.classical.features import pair_frame
 from models.classical.portable import PortableCostModel
 from pipelines.search import space
-from tests.test_forecasting_models import toy_pairs
+from tests.forecasting.test_forecasting_models import toy_pairs
 
 
 def mixed_pairs(n: int, seed: int):

@@ -17,7 +17,7 @@ import pytest
 from pipelines.forecasting import source_features as sf
 from pipelines.generation import aot
 
-FIXTURES = Path(__file__).parent / "fixtures_kernels"
+FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
 TASKS = f"tiny_scale={FIXTURES / 'tiny_task.py'};huge_scale={FIXTURES / 'huge_task.py'}"
 
 # The generator's shape of code: UPPER_CASE knobs, one program per block.

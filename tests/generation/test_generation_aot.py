@@ -13,7 +13,7 @@ import pytest
 
 from pipelines.generation import aot
 
-TINY_TASK_FILE = Path(__file__).parent / "fixtures_kernels" / "tiny_task.py"
+TINY_TASK_FILE = Path(__file__).parent.parent / "fixtures_kernels" / "tiny_task.py"
 
 GOOD = """
 import torch

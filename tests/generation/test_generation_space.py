@@ -24,7 +24,7 @@ from pipelines.tasks import TASK_MODULES
 from warehouse.ids import kernel_id
 
 TOY = "tiny_scale"
-TINY_TASK_FILE = Path(__file__).parent / "fixtures_kernels" / "tiny_task.py"
+TINY_TASK_FILE = Path(__file__).parent.parent / "fixtures_kernels" / "tiny_task.py"
 
 _HEADER = '''"""tiny_scale: y = 2x + 1, family `{alg}`; knobs {knobs}."""
 import torch

@@ -8,7 +8,6 @@ import math
 
 import pytest
 import torch
-from test_warehouse_factory import kernel_row, kernel_table, result_row, results_table, write
 
 import warehouse
 from models.backends import ForecastRequest
@@ -25,6 +24,13 @@ from models.registry import (
 from models.tiny import build_tiny_model
 from models.tracking import mlflow_experiment
 from pipelines.profiling.formats import measurement_id
+from tests.warehouse.test_warehouse_factory import (
+    kernel_row,
+    kernel_table,
+    result_row,
+    results_table,
+    write,
+)
 from warehouse.db import connect
 
 NAME = "kernelcast-surrogate"

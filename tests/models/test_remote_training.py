@@ -26,7 +26,7 @@ from models.remote.jobfile import (
 )
 from models.remote.variants import Variant
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _job(folder: Path, variants: list[Variant]) -> None:

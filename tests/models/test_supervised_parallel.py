@@ -15,7 +15,7 @@ import pytest
 
 from models.remote.gpu_job import _free_port
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _launch(work: Path, home: Path, processes: int) -> subprocess.CompletedProcess:

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 H200_DIR = REPO / "data" / "measurements" / "h200"
 H200 = "nvidia-h200-sm90"
 H100 = "nvidia-h100-80gb-hbm3-sm90"

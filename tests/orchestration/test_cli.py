@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from orchestration.cli import app
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
@@ -176,7 +176,7 @@ def test_forecast_unknown_model_is_one_line_error(tmp_path):
 @pytest.mark.parametrize("mode, bin_", [("text", 6), ("tool", 2)])
 def test_forecast_through_an_openai_endpoint(tmp_path, monkeypatch, mode, bin_):
     """--endpoint: the chat-completions server answers (a real local HTTP server)."""
-    from test_models_openai_backend import FakeServer
+    from tests.models.test_models_openai_backend import FakeServer
 
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
     a = tmp_path / "a.py"

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import dagster as dg
 import pytest
-from test_warehouse_factory import (
+
+from tests.warehouse.test_warehouse_factory import (
     A100,
     A100_ID,
     kernel_row,
@@ -25,7 +26,7 @@ from test_warehouse_factory import (
     write,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 CPU_ROWS_FAIL = "speedup_requires_correctness"
 
 

@@ -17,7 +17,7 @@ from asset_runs import check_results, materialize
 from orchestration.definitions import build_defs
 from orchestration.settings import load_settings
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 H200 = "nvidia-h200-sm90"
 
 EXPECTED_ASSETS = {

@@ -10,10 +10,10 @@ import sqlite3
 
 import dagster as dg
 import pytest
-from test_forecasting_models import toy_pairs
 from typer.testing import CliRunner
 
 from models.tracking import reroot_artifacts
+from tests.forecasting.test_forecasting_models import toy_pairs
 
 NAME = "kernelcast-surrogate"
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
 # What library output looks like: Dagster's console log ("... - dagster - DEBUG - ..."), logging's
 # default "LEVEL:name:" and MLflow's "2026/12/01 10:00:00 INFO mlflow...", Python warnings.

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from pipelines.profiling import jail, sandbox
-from tests.test_sandbox_hostile import _jail
+from tests.profiling.test_sandbox_hostile import _jail
 
 # What the jailed program tries; each line it prints is "<what> ok" or "<what> <error name>".
 WRITER = """

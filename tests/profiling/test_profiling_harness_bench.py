@@ -16,7 +16,7 @@ from pipelines.profiling import harness_bench
 from pipelines.profiling import protocol_bench as bench
 from pipelines.profiling.formats import RESULT_SCHEMA
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "measurements" / "h200"
 
 
@@ -119,7 +119,7 @@ def test_parts_split_the_draw_and_only_the_first_carries_the_submissions(tmp_pat
 def _part_folder(path: Path, rows: dict[str, list[dict]], subs: dict[str, list[dict]], exit_code: int = 0) -> Path:
     import pyarrow as pa
 
-    from tests.test_warehouse_factory import result_row
+    from tests.warehouse.test_warehouse_factory import result_row
 
     path.mkdir()
     tables = {}

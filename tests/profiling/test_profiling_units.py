@@ -18,7 +18,7 @@ from pipelines.profiling.results import ResultStore, now_utc, partial_path
 from pipelines.profiling.sandbox import describe_exit, one_line
 from pipelines.profiling.worker import RunSummary, WorkerConfig
 
-FIXTURES = Path(__file__).parent / "fixtures_kernels"
+FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
 TINY = f"tiny_scale={FIXTURES / 'tiny_task.py'}"
 
 

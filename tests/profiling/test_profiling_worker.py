@@ -25,8 +25,8 @@ from pipelines.profiling.formats import BATCH_SCHEMA, RESULT_SCHEMA
 from pipelines.profiling.results import partial_path
 from pipelines.profiling.worker import WorkerConfig, run_batch
 
-FIXTURES = Path(__file__).parent / "fixtures_kernels"
-REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
+REPO = Path(__file__).resolve().parents[2]
 EXPECTED = taskload.module_from_file(FIXTURES / "tiny_task.py", "tiny_task_fixture").EXPECTED
 
 TIMEOUT_S = 5.0  # per kernel: hangs cost this much each

@@ -29,10 +29,10 @@ from pipelines.profiling import sandbox, shipping, taskload
 from pipelines.profiling.check import check_sources
 from pipelines.profiling.formats import BATCH_SCHEMA
 from pipelines.profiling.worker import WorkerConfig, run_batch
-from tests.test_sandbox_hostile import _jail
+from tests.profiling.test_sandbox_hostile import _jail
 
-FIXTURES = Path(__file__).parent / "fixtures_kernels"
-REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
+REPO = Path(__file__).resolve().parents[2]
 hostile = taskload.module_from_file(FIXTURES / "hostile.py", "hostile_kernels_escapes")
 POLICY = sandbox.SandboxPolicy(memory_bytes=3 * sandbox.GIB, processes=64, shm_bytes=256 * 2**20, private_files=500)
 WITNESS = "kc-argv-witness-" + os.urandom(4).hex()

@@ -28,8 +28,8 @@ from pipelines.profiling.check import check_sources
 from pipelines.profiling.formats import BATCH_SCHEMA
 from pipelines.profiling.worker import WorkerConfig, run_batch
 
-FIXTURES = Path(__file__).parent / "fixtures_kernels"
-REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
+REPO = Path(__file__).resolve().parents[2]
 hostile = taskload.module_from_file(FIXTURES / "hostile.py", "hostile_kernels")
 
 POLICY = sandbox.SandboxPolicy(memory_bytes=3 * sandbox.GIB, processes=64, shm_bytes=256 * 2**20,

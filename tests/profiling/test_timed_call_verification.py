@@ -20,7 +20,7 @@ from pipelines.profiling import audit, integrity, refcache, runner, taskload, ti
 from pipelines.profiling.formats import BATCH_SCHEMA, HARNESS_VERSION
 from pipelines.profiling.worker import WorkerConfig, run_batch
 
-FIXTURES = Path(__file__).parent / "fixtures_kernels"
+FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
 hostile = taskload.module_from_file(FIXTURES / "hostile.py", "hostile_kernels_timed")
 
 

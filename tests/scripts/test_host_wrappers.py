@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 WRAPPERS = {
     "bench_profiling.py": "pipelines.profiling.benchmarks",
     "commit_measurements.py": "warehouse.commit",

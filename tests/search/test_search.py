@@ -42,7 +42,7 @@ from pipelines.search.forecasters import (
 from pipelines.search.measure import SimulatedMeasurer
 from pipelines.search.simulate import SimulationPlan, simulate
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TASK = search_toy.TASK
 
 

@@ -16,7 +16,7 @@ from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
 from pipelines.search.live import main
 from warehouse import commit
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _args(work: Path, out: Path, *extra: str) -> list[str]:

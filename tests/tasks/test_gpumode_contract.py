@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from orchestration.cli import app
 from pipelines.tasks import get_task, gpumode, gpumode_utils
 
-SUBMISSIONS = Path(__file__).parent / "fixtures_kernels" / "gpumode"
+SUBMISSIONS = Path(__file__).parent.parent / "fixtures_kernels" / "gpumode"
 
 
 def test_task_module_names_and_utils_are_importable_as_a_submission_does():

@@ -168,7 +168,7 @@ def test_a_fresh_warehouse_gets_the_task_catalogue_before_measured_rows_are_chec
     from orchestration.cli_common import ensure_tasks
     from warehouse.ingest import ingest_path
 
-    data = Path(__file__).resolve().parents[1] / "data" / "measurements" / "h200"
+    data = Path(__file__).resolve().parents[2] / "data" / "measurements" / "h200"
     with connect(tmp_path / "w.duckdb") as con:
         ingest_path(con, data / "kernels-2026-11-29-run1.parquet")
         ingest_path(con, data / "results-2026-11-29-run1.parquet")

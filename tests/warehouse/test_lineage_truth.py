@@ -9,13 +9,13 @@ import json
 
 import polars as pl
 import pytest
-from test_forecasting_models import toy_pairs
 from test_warehouse_factory import kernel_row, kernel_table, result_row, results_table, write
 
 import warehouse
 from models.classical import CostModel, TextModel
 from models.tiny import build_tiny_model
 from pipelines.profiling.formats import measurement_id
+from tests.forecasting.test_forecasting_models import toy_pairs
 from warehouse.db import connect
 from warehouse.errors import WarehouseError
 from warehouse.lineage import (

@@ -12,7 +12,7 @@ import pytest
 
 from warehouse import commit
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 H200 = REPO / "data" / "measurements" / "h200"
 
 
