@@ -1,7 +1,7 @@
 """The language models' forecasts split over GPUs: the shard split and the merge, pure.
 
 The fan-out through Dagster (two shards on the multiprocess executor against one) is
-tests/test_surrogate_assets.py::test_forecasts_sharded_over_two_steps_equal_one_step, on the
+tests/assets/test_surrogate_assets.py::test_forecasts_sharded_over_two_steps_equal_one_step, on the
 tiny registered model of that module's graph.
 """
 

@@ -4,7 +4,7 @@ Slow: one engine start (~55-80 s on 2 cores with enforce_eager) for the whole mo
 one-off GGUF conversion of 1.5-4 minutes when $KERNELCAST_HOME has no converted checkpoint.
 The engine runs under $KERNELCAST_VLLM_PYTHON (`make test` sets it to .vllm-venv/bin/python);
 the module skips, with the reason, when that python does not exist or lacks `vllm`, as
-tests/test_vllm_serving.py does.
+tests/models/test_vllm_serving.py does.
 
 One module fixture starts one `VLLMEngine` and serves three forecasters through it: logprob
 readout (2 repeats), verbalized with structured outputs (greedy), verbalized sampling (2
@@ -352,7 +352,7 @@ def test_backend_doctests():
     import importlib
 
     # models.backends has examples; vllm_backend's answer schema (and its example) moved to
-    # models.parsing, whose doctests run in tests/test_models_doctests.py.
+    # models.parsing, whose doctests run in tests/models/test_models_doctests.py.
     for name, has_examples in (("models.backends", True), ("models.backends.vllm_backend", False)):
         result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
         assert result.failed == 0 and (result.attempted > 0 or not has_examples), name

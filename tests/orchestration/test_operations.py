@@ -1,7 +1,7 @@
 """Operations on real Dagster instances: sensor and schedule ticks, the automation conditions,
 the measuring fan-out (one step per GPU, faked as two on CPU where the real worker measures in
 Triton's interpreter) and the validation of both code locations (one host, Kubernetes). The
-forecasting fan-out is tested on the tiny registered model of tests/test_surrogate_assets.py.
+forecasting fan-out is tested on the tiny registered model of tests/assets/test_surrogate_assets.py.
 """
 
 from __future__ import annotations
