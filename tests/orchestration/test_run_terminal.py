@@ -102,11 +102,13 @@ def test_library_output_inside_the_live_display_stays_in_the_log(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_smoke_run_in_a_terminal_shows_its_lines_and_no_library_line(tmp_path):
+def test_smoke_run_in_a_terminal_shows_its_lines_and_no_library_line(tmp_path, small_data):
     """The whole smoke run in a pseudo-terminal: one line per asset, the promotion decision and
-    the table reach the screen; not one DEBUG, INFO or WARNING line of a library does."""
+    the table reach the screen; not one DEBUG, INFO or WARNING line of a library does. On two
+    committed files (conftest's small_data): what reaches the screen does not depend on the
+    size of the data, the run's time does."""
     home = tmp_path / "home"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "KERNELCAST_HOME": str(home)}
+    env = {**os.environ, "PYTHONPATH": str(REPO), "KERNELCAST_HOME": str(home), "KERNELCAST_DATA": str(small_data)}
     env.pop("KERNELCAST_PROFILE", None)
     code, raw = run_in_terminal([sys.executable, "-m", "orchestration.cli", "run", "--profile", "smoke"], env, 1400)
     lines = screen_lines(raw)
