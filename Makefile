@@ -38,8 +38,12 @@ run: $(STAMP)
 smoke: $(STAMP)
 	$(BIN)/kernelcast run --profile smoke
 
+# Tests run in TEST_WORKERS processes (pytest-xdist), a test file at a time on one process, so
+# module fixtures are built once; the 15 slowest tests are listed at the end.
+TEST_WORKERS ?= 2
 test: $(STAMP) $(VLLM_STAMP)
-	KERNELCAST_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 900
+	KERNELCAST_VLLM_PYTHON=$(CURDIR)/$(VLLM_VENV)/bin/python $(BIN)/python -m pytest -q -p no:cacheprovider --timeout 900 \
+		-n $(TEST_WORKERS) --dist loadfile --durations 15
 
 ui: $(STAMP)
 	$(BIN)/kernelcast ui

@@ -1,5 +1,6 @@
 """Shared test setup: CPU hosts run Triton kernels through its interpreter; state goes to tmp;
-rendered kernels are imported from files."""
+rendered kernels are imported from files; each test process (pytest-xdist) keeps to its share of
+the cores."""
 
 import hashlib
 import os
@@ -14,6 +15,32 @@ if not torch.cuda.is_available():
     from pipelines.tasks.interpreter_fixes import patch_triton_interpreter
 
     patch_triton_interpreter()  # bf16 tl.dot is wrong in Triton 3.6's interpreter
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    # torch sizes its pool to every core; N test processes doing so each make N times too many
+    # threads and spend the cores switching between them.
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Side by side (pytest-xdist hands out whole files in this order), the files that hold a
+    `slow` test go first and the quick ones fill in behind them: a long file handed out last
+    would leave the other processes idle while it runs. One process keeps the files' order."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in slow)  # stable: a file's tests keep their order
+
+
+@pytest.fixture(scope="session", autouse=True)
+def isolated_home(tmp_path_factory):
+    """A state folder of this test process, for the tests that do not make their own: nothing
+    lands in the checkout's .kernelcast or in a home named by the environment, and processes
+    running side by side do not share one."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("KERNELCAST_HOME", str(tmp_path_factory.mktemp("kernelcast-home")))
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -42,3 +69,19 @@ def toy():
     search_toy.install()
     yield search_toy.toy_table()
     search_toy.uninstall()
+
+
+@pytest.fixture()
+def small_data(tmp_path):
+    """A data folder with two of the committed H200 files (run B and its kernels): a whole run on
+    real measurements in a fraction of the time the full set takes, for the tests that need a
+    run but not the size of the committed data."""
+    import shutil
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parent.parent / "data" / "measurements" / "h200"
+    data = tmp_path / "data"
+    (data / "measurements" / "h200").mkdir(parents=True)
+    for name in ("kernels-2026-11-29.parquet", "results-2026-11-29-b.parquet"):
+        shutil.copy(source / name, data / "measurements" / "h200" / name)
+    return data

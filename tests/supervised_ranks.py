@@ -1,5 +1,5 @@
 """One process of a data-parallel supervised run on the tiny model, started N times by
-`accelerate launch` from tests/test_supervised_parallel.py.
+`accelerate launch` from tests/models/test_supervised_parallel.py.
 
     accelerate launch --config_file deploy/accelerate/multi_gpu.yaml --num_processes 2 \
         tests/supervised_ranks.py WORK

@@ -1,0 +1,339 @@
+"""Profiling building blocks, in-process and fast: timing maths, task loading, checks, result files."""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from pipelines.profiling import runner, taskload, timing
+from pipelines.profiling.formats import RESULT_SCHEMA
+from pipelines.profiling.hardware import cpu_fingerprint
+from pipelines.profiling.results import ResultStore, now_utc, partial_path
+from pipelines.profiling.sandbox import describe_exit, one_line
+from pipelines.profiling.worker import RunSummary, WorkerConfig
+
+FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
+TINY = f"tiny_scale={FIXTURES / 'tiny_task.py'}"
+
+
+@pytest.fixture
+def tiny_task(monkeypatch):
+    monkeypatch.setenv(taskload.ENV_VAR, TINY)
+    taskload._loaded.pop("tiny_scale", None)
+    return taskload.load_task("tiny_scale")
+
+
+# ---- timing ---------------------------------------------------------------------------
+def test_summarize_median_mean_stderr():
+    t = timing.summarize([1.0, 2.0, 3.0, 10.0])
+    assert t.median_ms == 2.5 and t.mean_ms == 4.0 and t.reps == 4
+    assert t.stderr_ms == pytest.approx(torch.tensor([1.0, 2.0, 3.0, 10.0]).std().item() / 2)
+    assert t.stat("kernelcast") == 2.5 and t.stat("paper") == 4.0
+
+
+def test_geomean_and_bad_values():
+    assert timing.geomean([0.5, 2.0]) == pytest.approx(1.0)
+    assert timing.geomean([4.0]) == pytest.approx(4.0)
+    for bad in ([], [1.0, 0.0], [1.0, math.inf], [-1.0]):
+        with pytest.raises(ValueError):
+            timing.geomean(bad)
+
+
+def test_adaptive_stop_rules():
+    s = timing.TimingSettings(min_reps=5, max_reps=8, max_case_s=1.0, rse_target=0.01)
+    steady = [1.0] * 4
+    assert not timing._should_stop(steady, 0.1, s)  # below min_reps
+    assert timing._should_stop(steady + [1.0], 0.1, s)  # min_reps reached, zero spread
+    noisy = [1.0, 3.0, 1.0, 3.0, 1.0]
+    assert not timing._should_stop(noisy, 0.1, s)  # spread too high, time left
+    assert timing._should_stop(noisy, 1.5, s)  # time cap
+    assert timing._should_stop(noisy + [3.0, 1.0, 3.0], 0.1, s)  # rep cap
+    assert not timing._should_stop([5.0, 5.0], 9.9, s)  # the time cap still wants 3 reps
+    many = timing.TimingSettings(min_reps=5, max_reps=100, max_case_s=1.0, rse_target=0.01)
+    outliers = [1.0] * 20 + [40.0, 60.0]  # the mean's error stays high, the median is settled
+    assert not timing._should_stop(outliers, 0.1, many) and timing._should_stop(outliers, 0.1, many, median=True)
+    assert not timing._should_stop([1.0, 1.5] * 11, 0.1, many, median=True)  # the median's interval is still wide
+
+
+def test_time_cpu_counts_reps_and_clones_for_paper():
+    seen = []
+    data = torch.zeros(4)
+    t = timing.time_cpu(lambda d: seen.append(d), data, timing.TimingSettings.for_cpu(4), protocol="paper")
+    assert t.reps >= 2 and all(x is not data for x in seen)  # paper: a fresh clone every call
+    seen.clear()
+    timing.time_cpu(lambda d: seen.append(d), data, timing.TimingSettings.for_cpu(4))
+    assert all(x is data for x in seen)  # kernelcast: the same input, no clone in the window
+
+
+def test_clone_data_is_deep_and_keeps_structure():
+    Pair = collections.namedtuple("Pair", "a b")
+    data = {"x": Pair(torch.ones(2), [torch.zeros(1), 3]), "k": "s"}
+    c = timing.clone_data(data)
+    assert isinstance(c["x"], Pair) and c["k"] == "s" and c["x"].b[1] == 3
+    c["x"].a.add_(1)
+    assert data["x"].a.tolist() == [1.0, 1.0]
+    assert timing.data_nbytes(data) == 2 * 4 + 4
+
+
+# ---- tasks and checks -------------------------------------------------------------------
+def test_task_override_from_file(tiny_task):
+    assert tiny_task.name == "tiny_scale"
+    assert taskload.extra_task_modules() == {"tiny_scale": str(FIXTURES / "tiny_task.py")}
+
+
+def test_task_override_rejects_bad_syntax(monkeypatch):
+    monkeypatch.setenv(taskload.ENV_VAR, "no_equals_sign")
+    with pytest.raises(ValueError, match="name=module"):
+        taskload.extra_task_modules()
+
+
+def _kernel(name: str):
+    return runner.load_kernel(str(FIXTURES / name))
+
+
+def test_check_case_accepts_good_and_names_the_wrong_case(tiny_task):
+    runner.check_all(tiny_task, _kernel("good_torch.py"), tiny_task.correctness_cases, "cpu")
+    with pytest.raises(runner.KernelFailure) as e:
+        runner.check_all(tiny_task, _kernel("wrong_result.py"), tiny_task.correctness_cases, "cpu")
+    assert e.value.kind == "incorrect" and "n=1000" in e.value.message
+
+
+def test_recheck_with_new_seed_catches_cached_results(tiny_task):
+    fn = _kernel("cache_by_shape.py")
+    case = tiny_task.correctness_cases[0]
+    runner.check_case(tiny_task, fn, case, "cpu")  # first sight of the shape: right
+    with pytest.raises(runner.KernelFailure) as e:
+        runner.check_case(tiny_task, fn, case, "cpu", salt=runner.RECHECK_SEED_SALT)
+    assert e.value.kind == "incorrect" and "recheck" in e.value.message
+
+
+@pytest.mark.parametrize(
+    "name,kind",
+    [("syntax_error.py", "compile_failed"), ("no_entry_point.py", "compile_failed"), ("raises.py", "runtime_error")],
+)
+def test_failure_kinds_in_process(tiny_task, name, kind):
+    with pytest.raises(runner.KernelFailure) as e:
+        runner.check_all(tiny_task, _kernel(name), tiny_task.correctness_cases, "cpu")
+    assert e.value.kind == kind and "\n" not in e.value.message
+
+
+def test_torch_flags_are_restored():
+    snap = runner.snapshot_torch_flags()
+    torch.set_float32_matmul_precision("medium")
+    torch.set_default_dtype(torch.float64)
+    runner.restore_torch_flags(snap)
+    assert torch.get_default_dtype() == snap["default_dtype"]
+    assert torch.get_float32_matmul_precision() == snap["matmul_precision"]
+
+
+# ---- results ---------------------------------------------------------------------------
+def _row(kid: str, status: str = "ok", kind: str | None = None, batch: str = "b1", protocol: str = "kernelcast") -> dict:
+    return {
+        "batch_id": batch, "kernel_id": kid, "task": "tiny_scale", "status": status, "failure_kind": kind,
+        "error": None, "case_ids": ["n=1"], "kernel_median_ms": [1.0], "kernel_mean_ms": [1.0],
+        "kernel_stderr_ms": [0.01], "kernel_reps": [10], "ref_median_ms": [2.0], "ref_mean_ms": [2.0],
+        "ref_stderr_ms": [0.01], "ref_reps": [10], "case_speedups": [2.0], "speedup": 2.0 if status == "ok" else None,
+        "needs_recheck": False, "protocol": protocol, "harness_version": "h", "hardware_id": "cpu",
+        "hardware_json": "{}", "measured_at": now_utc(), "compile_s": 0.1, "check_s": 0.1, "time_s": 0.1,
+    }
+
+
+def test_result_store_resumes_and_retries_infrastructure(tmp_path):
+    out = tmp_path / "r.parquet"
+    s = ResultStore(out, "kernelcast")
+    s.append(_row("a", batch=s.batch_id))
+    s.append(_row("b", "failed", "infrastructure", batch=s.batch_id))
+    s.close()
+    with open(partial_path(out), "a") as f:
+        f.write('{"kernel_id": "torn')  # a kill mid-write
+    s2 = ResultStore(out, "kernelcast")
+    assert s2.done_ids() == {"a"} and s2.batch_id == s.batch_id  # b is retried, the torn line skipped
+    s2.append(_row("c", batch=s2.batch_id))
+    s2.finalize()
+    table = pq.read_table(out)
+    assert table.schema.equals(RESULT_SCHEMA) and sorted(table.column("kernel_id").to_pylist()) == ["a", "c"]
+    assert not partial_path(out).exists()
+    assert ResultStore(out, "kernelcast").done_ids() == {"a", "c"}  # resumes from the final file too
+    with pytest.raises(ValueError, match="protocol"):
+        ResultStore(out, "paper")
+
+
+def test_summary_table_and_fingerprint():
+    rows = [_row("a"), _row("b"), _row("c", "failed", "timeout")]
+    rows[1]["speedup"] = 4.0
+    summary = RunSummary(out_path=Path("x.parquet"), batch_id="b", total=3, measured_now=3, rows=rows, hardware_id="cpu")
+    assert summary.by_task() == {"tiny_scale": {"ok": 2, "failed": {"timeout": 1}, "median_speedup": 3.0}}
+    assert "tiny_scale" in summary.table() and "3.000" in summary.table()
+    fp = cpu_fingerprint()
+    assert fp["hardware_id"] == "cpu" and json.dumps(fp)
+
+
+def test_small_helpers():
+    assert describe_exit(-11) == "signal SIGSEGV" and describe_exit(3) == "exit code 3"
+    assert one_line("a\n\n b \nc") == "a | b | c" and len(one_line("x" * 1000)) == 300
+    with pytest.raises(ValueError):
+        WorkerConfig(device="tpu").validate()
+
+
+# ---- the CUDA code paths, driven by fakes (no GPU here) -----------------------------------
+class _FakeEvent:
+    """Records host time; elapsed_time in ms like torch.cuda.Event."""
+
+    def __init__(self, enable_timing: bool = False):
+        self.t = None
+
+    def record(self, stream=None):
+        import time
+
+        self.t = time.perf_counter()
+
+    def elapsed_time(self, other: _FakeEvent) -> float:
+        return (other.t - self.t) * 1e3
+
+
+def test_time_cuda_control_flow_with_fake_events(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    flusher = timing.L2Flusher(l2_bytes=1 << 20, device="cpu", min_bytes=1 << 16)
+    assert flusher.nbytes == 2 << 20  # at least twice the L2
+    flushes, calls = [], []
+    monkeypatch.setattr(flusher, "flush", lambda: flushes.append(1))
+    data = torch.ones(8)
+    s = timing.TimingSettings(min_reps=5, max_reps=40, max_case_s=0.5, rse_target=0.5, warmup_ms=0.0)
+    t = timing.time_cuda(lambda d: calls.append(d), data, s, flusher=flusher)
+    assert 5 <= t.reps <= 40 and t.median_ms >= 0
+    # kernelcast: a flush before every call, warm-up included; then the wall-clock probe's calls
+    assert len(flushes) == len(calls) - timing.WALL_CHECK_CALLS
+    assert all(c is data for c in calls)
+    flushes.clear()
+    calls.clear()
+    t = timing.time_cuda(lambda d: calls.append(d), data, s, protocol="paper", flusher=flusher)
+    assert not flushes and all(c is not data for c in calls)  # paper: no flush, clone in the window
+
+
+def test_cuda_sticky_errors_ask_for_a_restart():
+    f = runner.classify(RuntimeError("CUDA error: an illegal memory access was encountered"), "cuda", "case n=1")
+    assert f.kind == "crashed" and f.restart and f.message.startswith("case n=1: RuntimeError")
+    f = runner.classify(ValueError("bad"), "cpu", "case n=1")
+    assert f.kind == "runtime_error" and not f.restart
+
+
+def test_launch_suppression_patches_and_restores_triton():
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import JITFunction
+
+    run, bench = JITFunction.run, Autotuner.__dict__["do_bench"]
+    with runner.triton_launches_suppressed():
+        assert JITFunction.run is not run and isinstance(Autotuner.__dict__["do_bench"], property)
+    assert JITFunction.run is run and Autotuner.__dict__["do_bench"] is bench
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_release_cuda_memory_returns_free_blocks_above_the_threshold():
+    x = torch.empty(512 * 2**20, dtype=torch.uint8, device="cuda")
+    del x  # freed, but still reserved by the caching allocator
+    reserved = torch.cuda.memory_reserved()
+    assert reserved >= 512 * 2**20
+    assert runner.release_cuda_memory(keep_bytes=reserved) is False  # at the threshold: kept
+    assert runner.release_cuda_memory(keep_bytes=0) is True
+    assert torch.cuda.memory_reserved() < reserved
+
+
+def test_release_cuda_memory_is_a_no_op_without_cuda(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert runner.release_cuda_memory(keep_bytes=0) is False
+
+
+def test_to_meta_keeps_shape_dtype_strides_and_storage_offset():
+    x = torch.arange(64, dtype=torch.float32).reshape(8, 8)
+    data = (x, [x[:, 1:].t(), x[2:]], {"scale": 0.5, "y": x.to(torch.bfloat16)})
+    meta = runner.to_meta(data)
+    pairs = [(data[0], meta[0]), (data[1][0], meta[1][0]), (data[1][1], meta[1][1]), (data[2]["y"], meta[2]["y"])]
+    for real, m in pairs:
+        assert m.device.type == "meta" and m.dtype == real.dtype
+        assert (m.shape, m.stride(), m.storage_offset()) == (real.shape, real.stride(), real.storage_offset())
+        assert m.data_ptr() % 16 == (real.data_ptr() - real.untyped_storage().data_ptr()) % 16
+    assert meta[2]["scale"] == 0.5
+
+
+def test_meta_input_is_built_on_the_cpu_once_and_restores_the_device_setting(monkeypatch):
+    task = taskload.load_task("softmax")
+    case = task.benchmark_cases[0]
+    monkeypatch.setenv("KERNELCAST_DEVICE", "cuda")  # as on a GPU host: tasks would place inputs there
+    runner._META_INPUTS.clear()
+    calls = []
+    real_generate = runner._generate
+
+    def counting(task_, case_, salt=0):
+        calls.append(__import__("os").environ["KERNELCAST_DEVICE"])
+        return real_generate(task_, case_, salt)
+
+    monkeypatch.setattr(runner, "_generate", counting)
+    first, second = runner.meta_input(task, case), runner.meta_input(task, case)
+    assert calls == ["cpu"]  # generated once, on the CPU
+    assert __import__("os").environ["KERNELCAST_DEVICE"] == "cuda"
+    flat = [t for t in (first if isinstance(first, (tuple, list)) else [first]) if isinstance(t, torch.Tensor)]
+    assert flat and all(t.device.type == "meta" for t in flat)
+    assert first is not second
+
+
+def test_compile_case_leaves_launchers_that_need_values_to_the_measuring_child(monkeypatch):
+    import triton
+
+    task = taskload.load_task("softmax")
+    case = task.benchmark_cases[0]
+    monkeypatch.setattr(runner, "COMPILE_INPUTS", "meta")
+    seen = []
+
+    def reads_values(data):
+        x = data[0] if isinstance(data, (tuple, list)) else data
+        seen.append(x.device.type)
+        return x.sum().item()  # cannot run on meta tensors
+
+    runner._compile_case(reads_values, task, case, {"kernel_id": "k"})  # logged, not a failure
+    assert seen == ["meta"]
+
+    def bad_triton(data):
+        raise triton.compiler.errors.CompilationError("k.py", None, "bad tl.dot shape")
+
+    with pytest.raises(runner.KernelFailure) as info:
+        runner._compile_case(bad_triton, task, case, {"kernel_id": "k"})
+    assert info.value.kind == "compile_failed"
+
+
+def test_meta_compile_inputs_are_the_gpu_default_and_unphase_the_worker(tmp_path, monkeypatch):
+    from pipelines.profiling.sandbox import SKIP_ENV, WANTED_LAYERS
+    from pipelines.profiling.worker import WorkerConfig, _parser, _Run
+
+    # A worker probes its sandbox as it starts; for CUDA on a host without a GPU the probe tries
+    # again without each layer in turn (over two minutes on 2 cores). No layer bears on what is
+    # asserted here, so none is asked for: one start per device.
+    monkeypatch.setenv(SKIP_ENV, ",".join(WANTED_LAYERS))
+
+    args = _parser().parse_args(["--batch", "b", "--out", "o", "--compile-inputs", "meta"])
+    assert args.compile_inputs == "meta"
+    with pytest.raises(ValueError, match="compile-inputs"):
+        WorkerConfig(compile_inputs="gpu").validate()
+
+    class NoRows:
+        def done_ids(self):
+            return set()
+
+    def run(**kw):
+        return _Run([], NoRows(), WorkerConfig(**kw), tmp_path, None)
+
+    # meta is the default on a GPU (measured faster on the H200s); device inputs phase the worker
+    assert run(device="cuda").compile_inputs == "meta"
+    assert run(device="cuda").phased is False
+    assert run(device="cpu").compile_inputs == "device"
+    assert run(device="cuda", compile_inputs="device").phased is True
+    assert run(device="cuda", compile_inputs="meta").phased is False
+    assert run(device="cuda", compile_inputs="meta", phased=True).phased is True
+    assert run(device="cuda", compile_inputs="meta").base_config["compile_inputs"] == "meta"

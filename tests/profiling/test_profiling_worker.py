@@ -1,0 +1,144 @@
+"""The profiling worker end to end on CPU (--device cpu, Triton interpreter), with real child processes.
+
+A batch of good and deliberately broken kernels (tests/fixtures_kernels) goes through the
+worker: every kernel gets the right failure kind within the timeout, good ones are measured,
+the output matches RESULT_SCHEMA, and a killed run resumes without duplicate rows. The
+test-only task `tiny_scale` reaches the children through KERNELCAST_TASK_MODULES.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipelines.profiling import taskload
+from pipelines.profiling.check import check_source, check_sources
+from pipelines.profiling.formats import BATCH_SCHEMA, RESULT_SCHEMA
+from pipelines.profiling.results import partial_path
+from pipelines.profiling.worker import WorkerConfig, run_batch
+
+FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
+REPO = Path(__file__).resolve().parents[2]
+EXPECTED = taskload.module_from_file(FIXTURES / "tiny_task.py", "tiny_task_fixture").EXPECTED
+
+TIMEOUT_S = 5.0  # per kernel: hangs cost this much each
+
+
+@pytest.fixture(autouse=True)
+def tiny_task_env(monkeypatch):
+    monkeypatch.setenv(taskload.ENV_VAR, f"tiny_scale={FIXTURES / 'tiny_task.py'}")
+
+
+def write_batch(path: Path, names: list[str], copies: int = 1) -> Path:
+    rows = []
+    for name in names:
+        source = (FIXTURES / name).read_text()
+        for i in range(copies):
+            kid = name.removesuffix(".py") + (f"-{i}" if copies > 1 else "")
+            rows.append({"kernel_id": kid, "task": "tiny_scale", "source": source + f"\n# variant {i}\n"})
+    pq.write_table(pa.Table.from_pylist(rows, schema=BATCH_SCHEMA), path)
+    return path
+
+
+def worker_cmd(batch: Path, out: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "pipelines.profiling.worker", "--batch", str(batch), "--out", str(out),
+            "--device", "cpu", "--compile-workers", "2", "--timeout-s", str(TIMEOUT_S), "--max-reps", "3", *extra]
+
+
+@pytest.mark.slow
+def test_worker_assigns_every_failure_kind(tmp_path):
+    names = ["good_triton.py", "good_torch.py", "wrong_result.py", "syntax_error.py", "raises.py", "exit_process.py",
+             "segfault.py", "hang_python.py", "cache_by_shape.py", "bad_triton.py"]
+    batch = write_batch(tmp_path / "batch.parquet", names)
+    t0 = time.monotonic()
+    cfg = WorkerConfig(device="cpu", compile_workers=2, timeout_s=TIMEOUT_S, max_reps=3, phased=True, lookahead=4)
+    summary = run_batch(batch, tmp_path / "out.parquet", cfg)  # phased, as on a GPU
+    assert time.monotonic() - t0 < 120
+    table = pq.read_table(tmp_path / "out.parquet")
+    assert table.schema.equals(RESULT_SCHEMA)
+    rows = {r["kernel_id"]: r for r in table.to_pylist()}
+    assert sorted(rows) == sorted(n.removesuffix(".py") for n in names)
+    for name in names:
+        r = rows[name.removesuffix(".py")]
+        accepted = EXPECTED[name][1]
+        got = None if r["status"] == "ok" else r["failure_kind"]
+        assert got in accepted, f"{name}: {r['status']} {r['failure_kind']} {r['error']}"
+        assert r["hardware_id"] == "cpu" and r["protocol"] == "kernelcast" and r["batch_id"] == summary.batch_id
+        if got is None:
+            assert math.isfinite(r["speedup"]) and r["speedup"] > 0
+            assert len(r["case_ids"]) == 2 and all(n >= 2 for n in r["kernel_reps"])
+            assert r["speedup"] == pytest.approx(math.exp(sum(math.log(s) for s in r["case_speedups"]) / 2))
+        else:
+            assert r["speedup"] is None and r["error"] and "\n" not in r["error"]
+    assert "worker died" in rows["segfault"]["error"] and "SIGSEGV" in rows["segfault"]["error"]
+    assert summary.by_task()["tiny_scale"]["ok"] == 2
+
+
+@pytest.mark.slow
+def test_killed_run_resumes_without_duplicates(tmp_path):
+    batch = write_batch(tmp_path / "batch.parquet", ["good_torch.py"], copies=6)
+    out = tmp_path / "out.parquet"
+    cfg = WorkerConfig(device="cpu", compile_workers=1, timeout_s=TIMEOUT_S, max_reps=3)
+    # 1) --limit: a clean partial run; the final file holds exactly those rows
+    first = run_batch(batch, out, WorkerConfig(**{**cfg.__dict__, "limit": 2}))
+    assert first.stopped == "limit" and pq.read_table(out).num_rows == 2
+    # 2) rerun from the command line and SIGKILL it as soon as one more kernel is on disk
+    proc = subprocess.Popen(worker_cmd(batch, out, "--compile-workers", "1"), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    end = time.monotonic() + 90
+    while time.monotonic() < end and proc.poll() is None:
+        if partial_path(out).exists() and partial_path(out).read_text().count("\n") >= 1:
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    # 3) a final run completes the batch; nothing is measured twice, earlier rows are kept
+    last = run_batch(batch, out, cfg)
+    table = pq.read_table(out)
+    ids = table.column("kernel_id").to_pylist()
+    assert sorted(ids) == sorted(f"good_torch-{i}" for i in range(6)) and len(set(ids)) == 6
+    assert set(table.column("status").to_pylist()) == {"ok"}
+    assert len(set(table.column("batch_id").to_pylist())) == 1 == len({first.batch_id, last.batch_id})
+    assert last.measured_now <= 4 and not partial_path(out).exists()
+
+
+def test_time_budget_stops_cleanly(tmp_path):
+    batch = write_batch(tmp_path / "batch.parquet", ["good_torch.py"], copies=3)
+    t0 = time.monotonic()
+    summary = run_batch(batch, tmp_path / "out.parquet", WorkerConfig(device="cpu", compile_workers=1, time_budget_s=4.0))
+    assert time.monotonic() - t0 < 10 and summary.stopped == "time budget"
+    assert pq.read_table(tmp_path / "out.parquet").schema.equals(RESULT_SCHEMA)  # a valid file, maybe empty
+
+
+def test_worker_cli_bad_input_is_one_line_error(tmp_path):
+    res = subprocess.run(worker_cmd(tmp_path / "missing.parquet", tmp_path / "o.parquet"), cwd=REPO,
+                         capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.strip().count("\n") == 0 and "batch file not found" in res.stderr
+
+
+@pytest.mark.slow
+def test_check_sources_maps_every_failure_kind():
+    names = ["good_triton.py", "syntax_error.py", "bad_triton.py", "wrong_result.py", "raises.py", "hang_triton.py",
+             "segfault.py"]
+    progress = []
+    outcomes = check_sources([("tiny_scale", (FIXTURES / n).read_text()) for n in names], n_workers=2,
+                             timeout_s=TIMEOUT_S, progress=lambda d, t: progress.append((d, t)))
+    assert progress[-1] == (len(names), len(names))
+    for name, o in zip(names, outcomes):
+        assert (None if o.ok else o.failure_kind) in EXPECTED[name][1], f"{name}: {o}"
+        assert o.seconds < TIMEOUT_S + 5 and "\n" not in o.message
+
+
+def test_check_source_single_and_unknown_task():
+    o = check_source("tiny_scale", (FIXTURES / "good_torch.py").read_text(), timeout_s=60)
+    assert o.ok and o.failure_kind is None and o.message == "ok"
+    with pytest.raises(ValueError, match="unknown task"):
+        check_source("no_such_task", "def custom_kernel(d): return d")
