@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 CHROMIUM = Path("/usr/bin/chromium")
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 NAME = "kernelcast-surrogate"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]

@@ -20,8 +20,8 @@ from pipelines.profiling import service_queue as sq
 from pipelines.profiling import taskload
 from pipelines.profiling.queue_order import order_kernels, uses_torch_compile
 
-FIXTURES = Path(__file__).parent / "fixtures_kernels"
-REPO = Path(__file__).resolve().parents[1]
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures_kernels"
+REPO = Path(__file__).resolve().parents[2]
 
 
 def kernel(name: str, kid: str | None = None) -> dict:
