@@ -6,7 +6,7 @@ The model answers it parses come from here too: `answers(n, seed)` yields (kind,
 what a sampled LM writes (an answer in prose, fenced, with braces and quotes in its reasoning),
 what goes wrong (truncation, corrupted characters, wrong types and ranges) and inputs built to
 make a naive scanner slow (`hostile`: nested unclosed objects, runs of braces, open strings),
-and noise. tests/test_parse_fuzz.py asserts on them.
+and noise. tests/models/test_parse_fuzz.py asserts on them.
 
 The benchmark parses `--n` answers, counts crashes (an exception, or a failure the parser reports
 as unexpected), prints the parse outcome by kind, the time per answer and per KB in length

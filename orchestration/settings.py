@@ -232,7 +232,7 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
             base,
             # No interpreter check: one kernel per task under Triton's interpreter was 5-6 s per
             # task, 50 of the 52 s kernel_candidates took (measured 2026-12-02, 2 loaded cores);
-            # the check path has tests of its own (tests/test_cli.py, tests/test_profiling_*).
+            # the check path has tests of its own (tests/orchestration/test_cli.py, tests/profiling/).
             generation=GenerationSettings(kernels_per_task=4, cpu_check_sample=0, workers=1, compile_features=False),
             profiling=ProfilingSettings(max_kernels=20, compile_workers=1),
             curation=CurationSettings(eval_per_bin=3, cross_pairs_per_task=20),

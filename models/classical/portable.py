@@ -6,7 +6,7 @@ scipy, so the cost model cannot be unpickled there. `PortableCostModel.from_cost
 what prediction needs: the feature space, the column encoding scikit-learn applies before its
 trees, every tree as flat arrays, the per-task Laplace spreads, the calibrator, and the compile
 features of the kernels the warehouse knows (the search's kernel records carry none). Its
-forecasts equal the fitted model's (tests/test_portable_cost_model.py compares them).
+forecasts equal the fitted model's (tests/forecasting/test_portable_cost_model.py compares them).
 
 Tree walk: HistGradientBoostingRegressor's own rule. A missing value follows the node's
 `missing_go_to_left`; a categorical split sends a category left when its bit is set in the

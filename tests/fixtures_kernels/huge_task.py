@@ -1,7 +1,7 @@
 """Test-only task `huge_scale`: y = 2x + 1 with benchmark inputs far bigger than any host's memory.
 
 Its benchmark cases are 1 TiB and 4 TiB float32 vectors: only a trace on fake tensors can call a
-kernel on them (tests/test_source_features.py), which is the point.
+kernel on them (tests/forecasting/test_source_features.py), which is the point.
 """
 
 from __future__ import annotations

@@ -68,7 +68,7 @@ def test_the_reference_gets_new_values_per_timed_call_like_the_kernel(tmp_path, 
     split = calls.index("kernel imported")
     reference_calls = calls[:split]
     # Every one of the reference's timings (3, or 1 under gpumode) drew from the timed variants.
-    # (The loop then stops by the same rule on a real clock; tests/test_timed_call_verification.py
+    # (The loop then stops by the same rule on a real clock; tests/profiling/test_timed_call_verification.py
     # holds reps and ratios equal on a clock only the reference's calls move.)
     assert len(set(reference_calls)) >= 2, reference_calls
 
