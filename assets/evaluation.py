@@ -288,10 +288,10 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
 
     import polars as pl
 
+    from pipelines.evaluation.batch import evaluate_splits
     from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
     from pipelines.evaluation.suite import (
         SPLITS,
-        evaluate_models,
         headline_markdown,
         selective_coverage,
         write_split_reports,
@@ -323,10 +323,11 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     runs = {f["model_ref"]: (f["run_id"], mlflow.run_url(f["run_id"])) for f in listing["forecasters"] if f.get("run_id")}
     empty = {s: why for s, why in listing.get("empty", {}).items() if s not in parts}
     empty.update({s: "no forecaster has forecasts on its pairs" for s in SPLITS if s not in parts and s not in empty})
-    results = {}
-    for split, part in parts.items():
-        results[split] = evaluate_models(part, n_boot=cfg.evaluation.n_boot,
-                                         progress=lambda m, s=split: context.log.info(f"evaluating {m} ({s})"))
+    try:
+        results = evaluate_splits(parts, n_boot=cfg.evaluation.n_boot, workers=cfg.evaluation.workers,
+                                  cache_dir=cfg.home / "cache" / "evaluation", progress=context.log.info)
+    except ValueError as exc:
+        raise dg.Failure(f"forecasts of dataset version {version} not evaluated: {str(exc).splitlines()[0]}") from None
     coverage = selective_coverage(parts["external"]) if "external" in parts else None
     pages = write_split_reports(results, out_dir, version, runs, empty)
     table_rows = []

@@ -56,6 +56,9 @@ class CurationSettings:
 class EvaluationSettings:
     n_boot: int = 1000
     repeats: int = 1
+    # Processes evaluating forecasters side by side (None: the usable cores). Results are kept
+    # under $KERNELCAST_HOME/cache/evaluation, keyed by rows, n_boot, seed and code.
+    workers: int | None = None
     # Language models forecast beside the reference forecasters ('smollm2' = the embedded base
     # model, or local checkpoint dirs). Off on CPU: a prompt pair of real kernels is ~3-4k tokens
     # and SmolLM2-135M took 30-50 s per pair on 2 loaded cores (measured 2026-11-29), so even a
@@ -236,7 +239,7 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
             generation=GenerationSettings(kernels_per_task=4, cpu_check_sample=0, workers=1, compile_features=False),
             profiling=ProfilingSettings(max_kernels=20, compile_workers=1),
             curation=CurationSettings(eval_per_bin=3, cross_pairs_per_task=20),
-            evaluation=EvaluationSettings(n_boot=50, repeats=1, lm_models=()),
+            evaluation=EvaluationSettings(n_boot=50, repeats=1, lm_models=(), workers=1),
             # The tiny in-process model (models/tiny.py): training and forecasts take seconds.
             # Real pairs' prompts in the compact style; 10 warm-up steps exercise the code (the
             # tiny model does not learn the format from real prompts in 120 steps either).
