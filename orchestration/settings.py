@@ -112,6 +112,8 @@ class SurrogateSettings:
     # pairs (None: all): the smoke profile trains them small, in seconds.
     classical_params: tuple[tuple[str, str, Any], ...] = ()
     classical_max_fit: int | None = None
+    # Processes fitting the classical forecasters side by side (None: the usable cores).
+    classical_workers: int | None = None
     held_out_task: str | None = "gdn_chunk_fwd_o"  # the held-out-task evaluation (paper's choice)
 
 
@@ -257,7 +259,7 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
                                                           ("text_model", "ngram_max", 1)),
                                         # 4 fits (2 kinds x 2 splits) on 1,500 pairs took 127 s
                                         # of a 664 s smoke run on 2 loaded cores; 500 exercise the same code.
-                                        classical_max_fit=500),
+                                        classical_max_fit=500, classical_workers=1),
             # The oracle: tests run the search without training a cost model first.
             search=SearchSettings(tasks=("softmax", "rms_norm"), seeds=3, forecaster="oracle"),
         )
