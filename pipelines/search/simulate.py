@@ -88,13 +88,18 @@ def simulate(
     measurer = SimulatedMeasurer(table)
     if forecaster is not None:  # runs of a task propose the same kernels: one forecast per pair
         forecaster = MemoForecaster(forecaster)
-    for task in plan.tasks:
-        batch = [SearchRun(c, forecaster=forecaster if c.forecasts else None, features=table.features)
-                 for c in configs if c.task == task]
-        drive(batch, measurer)
-        runs += batch
-        if progress:
-            progress(len(runs), len(configs))
+    from threadpoolctl import threadpool_limits
+
+    # One native thread: a forecast call is a few hundred rows, too small for OpenMP's threads to
+    # pay, and on a shared host a thread that loses its core stalls every parallel region.
+    with threadpool_limits(1):
+        for task in plan.tasks:
+            batch = [SearchRun(c, forecaster=forecaster if c.forecasts else None, features=table.features)
+                     for c in configs if c.task == task]
+            drive(batch, measurer)
+            runs += batch
+            if progress:
+                progress(len(runs), len(configs))
     return runs
 
 

@@ -119,12 +119,16 @@ def forecast_rows(model: Any, pairs: pl.DataFrame, records: Mapping[str, Mapping
     return pl.concat([base, pl.DataFrame({c: p[:, i] for i, c in enumerate(P_COLS)})], how="horizontal")
 
 
+FIT_THREADS = 1  # native threads (OpenMP, BLAS) per fit
+
+
 def _fit_job(kind: str, roles: Roles, split: str, records: Mapping[str, Mapping[str, Any]],
-             params: Mapping[str, Any], max_fit: int | None, threads: int | None) -> Fitted:
-    """One fit in a worker process, its native thread pools (OpenMP, BLAS) capped so that the
-    workers together use the cores once."""
-    if threads is None:
-        return fit_classical(kind, roles, split, records, params, max_fit)
+             params: Mapping[str, Any], max_fit: int | None, threads: int = FIT_THREADS) -> Fitted:
+    """One fit, its native thread pools capped. One thread per fit, fits side by side: the
+    boosted trees run thousands of short OpenMP regions, each waiting for all its threads, and
+    on a shared 2-core host a thread that loses its core stalls every region (measured
+    2026-12-02, load ~20: the smoke cost model's 500 pairs took 84 s with 2 threads, the
+    single-threaded text model 3.6 s)."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(threads):
@@ -136,9 +140,8 @@ def fit_many(jobs: Sequence[tuple[str, str, Mapping[str, Any]]], roles: Roles,
              workers: int | None = None, progress: Callable[[str], None] | None = None) -> list[Fitted]:
     """`fit_classical` of each (kind, split, params), side by side in worker processes.
 
-    The fits are independent and each is mostly one core's work (the text model's logistic
-    regression, the cost model's trees on small data), so on 2 cores two at a time take about
-    half as long. Workers are spawned, not forked: the caller may hold threads (Dagster's
+    The fits are independent and each is one core's work (`_fit_job`), so on 2 cores two at a
+    time take about half as long. Workers are spawned, not forked: the caller may hold threads (Dagster's
     in-process executor does). `workers` None: the usable cores; 1: this process.
 
     Returns:
@@ -160,16 +163,15 @@ def fit_many(jobs: Sequence[tuple[str, str, Mapping[str, Any]]], roles: Roles,
     if n <= 1:
         out = []
         for i, (kind, split, params) in enumerate(jobs):
-            out.append(fit_classical(kind, roles, split, records, params, max_fit))
+            out.append(_fit_job(kind, roles, split, records, params, max_fit))
             done(i, out[-1], i + 1)
         return out
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     results: dict[int, Fitted] = {}
-    threads = max(1, cores // n)
     with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = {pool.submit(_fit_job, kind, roles, split, records, params, max_fit, threads): i
+        futures = {pool.submit(_fit_job, kind, roles, split, records, params, max_fit): i
                    for i, (kind, split, params) in enumerate(jobs)}
         for fut in as_completed(futures):
             i = futures[fut]
