@@ -53,6 +53,10 @@ def test_identical_rows_are_evaluated_once_and_read_back(tmp_path):
                              .otherwise(pl.col("true_speedup")).alias("true_speedup"))
     batch.evaluate_splits({"in_distribution": changed}, n_boot=10, workers=1, cache_dir=tmp_path)
     assert len(list(tmp_path.glob("*.json"))) == 3
+    # A column the evaluation does not read (when the row was written) is not a new result.
+    stamped = a.with_columns(pl.lit("2026-12-02T05:00:00").alias("created_at"), pl.lit(0.5).alias("latency_s"))
+    batch.evaluate_splits({"in_distribution": stamped}, n_boot=10, workers=1, cache_dir=tmp_path)
+    assert len(list(tmp_path.glob("*.json"))) == 3
 
 
 def test_a_torn_cache_file_is_evaluated_again(tmp_path):

@@ -45,9 +45,16 @@ def code_digest() -> str:
     return h.hexdigest()[:16]
 
 
+# The columns `evaluate_forecasts` reads (evaluate.py's module docstring): only they enter the
+# digest, so a forecast written again (a new created_at, another latency) is the same result.
+EVALUATED_COLUMNS = ("pair_id", "task", "true_speedup", "speedup", *(f"p{i}" for i in range(1, 9)), "predicted_bin",
+                     "repeat", "parse_ok", "candidate_kernel_id", "kernel_id", "candidate", "anchor_kernel_id",
+                     "anchor", "hardware_id", "pair_type")
+
+
 def rows_digest(frame: pl.DataFrame) -> str:
-    """sha256 of a forecaster's rows, independent of row and column order."""
-    cols = sorted(frame.columns)
+    """sha256 of the evaluated columns of a forecaster's rows, independent of row and column order."""
+    cols = sorted(c for c in frame.columns if c in EVALUATED_COLUMNS)
     keys = [c for c in ("pair_id", "repeat") if c in cols]
     canonical = frame.select(cols).sort(keys or cols)
     # CSV text of the rows: floats are written in their shortest round-trip form, so equal
