@@ -28,8 +28,8 @@ class GenerationSettings:
     workers: int = 2  # child processes for checks and compiles
     # A kernel with a compile record for the target in the committed compile-features files
     # (data/features/sm_90) takes that record instead of compiling again: the measurement ingest
-    # writes those records over the warehouse's anyway. Of the default run's 81 candidates 79
-    # have one (2026-12-02), so this skips most of the 117 s the compiles took on 2 cores.
+    # writes those records over the warehouse's anyway. Of the default run's 81 candidates 39
+    # have one (2026-12-02; 42 are compiled here, 9 of them the PyTorch references, skipped).
     reuse_committed_features: bool = True
     timeout_s: float = 120.0  # per kernel, checks and compiles
 
