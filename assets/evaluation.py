@@ -289,10 +289,10 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     import polars as pl
 
     from orchestration.ui import dagster_run_url, live_ports
+    from pipelines.evaluation.batch import evaluate_splits
     from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
     from pipelines.evaluation.suite import (
         SPLITS,
-        evaluate_models,
         headline_markdown,
         selective_coverage,
         write_split_reports,
@@ -325,10 +325,11 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     made_by = (context.run.run_id, dagster_run_url(context.run.run_id, live_ports(cfg.home)["dagster"]))
     empty = {s: why for s, why in listing.get("empty", {}).items() if s not in parts}
     empty.update({s: "no forecaster has forecasts on its pairs" for s in SPLITS if s not in parts and s not in empty})
-    results = {}
-    for split, part in parts.items():
-        results[split] = evaluate_models(part, n_boot=cfg.evaluation.n_boot,
-                                         progress=lambda m, s=split: context.log.info(f"evaluating {m} ({s})"))
+    try:
+        results = evaluate_splits(parts, n_boot=cfg.evaluation.n_boot, workers=cfg.evaluation.workers,
+                                  cache_dir=cfg.home / "cache" / "evaluation", progress=context.log.info)
+    except ValueError as exc:
+        raise dg.Failure(f"forecasts of dataset version {version} not evaluated: {str(exc).splitlines()[0]}") from None
     coverage = selective_coverage(parts["external"]) if "external" in parts else None
     pages = write_split_reports(results, out_dir, version, runs, empty, made_by)
     table_rows = []

@@ -33,14 +33,19 @@ def kernel_candidates(
     import polars as pl
 
     from pipelines.generation import tables
-    from pipelines.generation.candidates import build_candidates, sample_records
+    from pipelines.generation.candidates import (
+        build_candidates_many,
+        committed_compile_features,
+        sample_records,
+    )
     from pipelines.tasks import task_names
     from warehouse import checks_generation as gchecks
     from warehouse.ids import kernel_id
     from warehouse.kernels import add_kernel_checks, add_kernel_features, add_kernels
 
-    g = settings.get().generation
-    frames, skipped = [], []
+    cfg = settings.get()
+    g = cfg.generation
+    todo, skipped = [], []
     for i, task in enumerate(task_names()):
         # Sampling is deterministic and cheap; compiling is not. A task whose sampled kernels are
         # all stored with their sm_90 features already is skipped (a rerun with nothing new).
@@ -51,14 +56,22 @@ def kernel_candidates(
                     skipped.append(task)
                     continue
         context.log.info(f"[{i + 1}/{len(task_names())}] {task}: {g.kernels_per_task} kernels")
-        frame = build_candidates(task, g.kernels_per_task, seed=g.seed, compile=g.compile_features,
-                                 n_workers=g.workers, compile_timeout_s=g.timeout_s)
-        if g.cpu_check_sample:
-            # Checks under the interpreter cost ~seconds per kernel: a deterministic sample (the
-            # reference row and the first kernels of the lineage walk) keeps `make run` bounded.
-            sample = build_candidates(task, g.cpu_check_sample, seed=g.seed, compile=False, check=True,
-                                      n_workers=g.workers, check_timeout_s=g.timeout_s)
-            frame = frame.update(sample.select("kernel_id", *[c for c in sample.columns if c.startswith("check_")]), on="kernel_id")
+        todo.append(task)
+    frames, compiled_here = [], 0
+    if todo:
+        known = committed_compile_features(cfg.data_dir / "features" / "sm_90") \
+            if g.compile_features and g.reuse_committed_features else {}
+
+        def progress(stage: str, done: int, total: int) -> None:
+            if done == total or done % 10 == 0:  # the live line follows [done/total]
+                context.log.info(f"{stage} [{done}/{total}]")
+
+        # Checks under the interpreter cost ~seconds per kernel: a deterministic sample (the
+        # reference row and the first kernels of the lineage walk) keeps `make run` bounded.
+        frame, compiled_here = build_candidates_many(
+            todo, g.kernels_per_task, seed=g.seed, check_count=g.cpu_check_sample, compile=g.compile_features,
+            known=known, progress=progress, n_workers=g.workers, compile_timeout_s=g.timeout_s,
+            check_timeout_s=g.timeout_s)
         frames.append(frame)
     if not frames:
         with warehouse.connect(read_only=True) as con:
@@ -87,6 +100,7 @@ def kernel_candidates(
             "tasks": frame["task"].n_unique(),
             "skipped_tasks": ", ".join(skipped) or "none",
             "compiled": int((frame["compile_status"] == "compiled").sum()),
+            "compiled_here": compiled_here,
             "cpu_checked": checked.height,
             "cpu_check_passed": int(checked["check_ok"].sum()),
             "preview": dg.MetadataValue.md(tables.summary_markdown(frame)),

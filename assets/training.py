@@ -140,7 +140,8 @@ def classical_forecasters(context: dg.AssetExecutionContext, settings: SettingsR
                                         context.run.run_id, "kernelcast-surrogate",
                                         measurement_ids=dataset_measurement_ids(con, version), tags=tags,
                                         params=_classical_params(cfg.surrogate.classical_params),
-                                        max_fit=cfg.surrogate.classical_max_fit)
+                                        max_fit=cfg.surrogate.classical_max_fit,
+                                        workers=cfg.surrogate.classical_workers, progress=context.log.info)
     table = markdown_table(["model", "version", "kind", "split", "trained", "calibration Brier"],
                            [(r.name, r.version, r.kind, r.split, "re-used" if r.reused else "trained",
                              r.metrics.get("calibration_brier_after", "")) for r in registered])

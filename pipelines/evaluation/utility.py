@@ -115,27 +115,22 @@ def tied_recovered_curve(speedup: np.ndarray, score: np.ndarray, parse_ok: np.nd
     ok = np.asarray(parse_ok, dtype=bool)
     key = np.where(ok, np.asarray(score, dtype=np.float64), -np.inf)
     order = np.lexsort((-s, -key, ~ok))  # groups in measuring order, each sorted descending by S
-    groups: list[np.ndarray] = []
-    start = 0
     ks, ss, oks = key[order], s[order], ok[order]
-    for i in range(1, len(order) + 1):
-        if i == len(order) or ks[i] != ks[start] or oks[i] != oks[start]:
-            groups.append(ss[start:i])
-            start = i
+    n = order.size
+    # Group boundaries in arrays, not a Python walk: this runs once per pool per bootstrap
+    # replicate (thousands of times per report). NaN scores compare unequal, one group each.
+    starts = np.flatnonzero(np.r_[True, (ks[1:] != ks[:-1]) | (oks[1:] != oks[:-1])])
+    ends = np.r_[starts[1:], n]
+    best_so_far = np.maximum.accumulate(ss)  # the best of whole groups taken so far
     best = s.max()
-    out = []
-    for k in budget_k(s.size, percents):
-        floor, taken = -np.inf, 0
-        for g in groups:
-            if taken + g.size <= k:
-                floor, taken = max(floor, float(g[0])), taken + g.size
-                if taken == k:
-                    break
-                continue
-            floor = _expected_max_with(floor, g, int(k - taken))
-            break
-        out.append(floor / best)
-    return np.asarray(out)
+    k = budget_k(n, percents)
+    cut = np.searchsorted(ends, k, side="left")  # the group holding the k-th measurement
+    out = best_so_far[k - 1] / best  # right wherever the budget ends on a group boundary
+    for i in np.flatnonzero(ends[cut] != k):  # a budget that cuts a group: its tie in expectation
+        start, end = starts[cut[i]], ends[cut[i]]
+        floor = float(best_so_far[start - 1]) if start else -np.inf
+        out[i] = _expected_max_with(floor, ss[start:end], int(k[i] - start)) / best
+    return out
 
 
 def random_recovered_curve(speedup: np.ndarray, percents: np.ndarray = BUDGET_PERCENTS) -> np.ndarray:

@@ -28,6 +28,7 @@ files or LLM mutations lack generator, algorithm and knobs_json: no forecaster m
 
 from __future__ import annotations
 
+import json
 import pickle
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -151,6 +152,43 @@ class OracleForecaster:
             out[i] = 0.0
             out[i, speedup_to_bin(outcome.speedup / base) - 1 if outcome.ok else 0] = 1.0
         return out
+
+
+class MemoForecaster:
+    """A forecaster whose answers are remembered per (hardware, anchor record, candidate record).
+
+    A simulation's runs (modes x seeds of a task) propose the same kernels again and again; a
+    forecast row depends on its anchor and candidate only (the protocol above), so asking once
+    per distinct pair gives every run the same rows, without a model call per repeat. Records
+    are compared whole (parent and mutation included), so a candidate proposed from another
+    parent is asked again."""
+
+    def __init__(self, inner: CandidateForecaster):
+        self.inner = inner
+        self.name = forecaster_name(inner)
+        self.memo: dict[tuple[str, str, str], np.ndarray] = {}
+        self.calls = 0  # calls that reached the inner forecaster
+
+    @staticmethod
+    def _key(record: Mapping[str, Any]) -> str:
+        return json.dumps(record, sort_keys=True, default=str)
+
+    def predict_kernels(self, anchor, candidates, hardware_id):
+        a = self._key(anchor)
+        keys = [(hardware_id, a, self._key(c)) for c in candidates]
+        todo: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+        for k, c in zip(keys, candidates):
+            if k not in self.memo:
+                todo.setdefault(k, c)
+        if todo:
+            self.calls += 1
+            rows = np.asarray(self.inner.predict_kernels(anchor, list(todo.values()), hardware_id), dtype=np.float64)
+            if rows.shape != (len(todo), NUM_BINS):
+                raise ValueError(f"forecaster returned shape {rows.shape}, expected ({len(todo)}, {NUM_BINS})")
+            # Kept as answered: the caller validates and normalises them (checked_probs), as it
+            # would the inner forecaster's own answer. An error above leaves nothing remembered.
+            self.memo.update(zip(todo, rows))
+        return np.stack([self.memo[k] for k in keys]) if keys else np.zeros((0, NUM_BINS))
 
 
 @dataclass

@@ -21,7 +21,7 @@ import numpy as np
 
 from pipelines.search.config import DEFAULT_HARDWARE, MODES, SearchConfig
 from pipelines.search.driver import SearchRun, drive
-from pipelines.search.forecasters import CandidateForecaster, forecaster_name
+from pipelines.search.forecasters import CandidateForecaster, MemoForecaster, forecaster_name
 from pipelines.search.measure import SimulatedMeasurer
 from pipelines.search.table import MeasuredTable
 
@@ -86,13 +86,20 @@ def simulate(
     configs = plan.configs(label)
     runs: list[SearchRun] = []
     measurer = SimulatedMeasurer(table)
-    for task in plan.tasks:
-        batch = [SearchRun(c, forecaster=forecaster if c.forecasts else None, features=table.features)
-                 for c in configs if c.task == task]
-        drive(batch, measurer)
-        runs += batch
-        if progress:
-            progress(len(runs), len(configs))
+    if forecaster is not None:  # runs of a task propose the same kernels: one forecast per pair
+        forecaster = MemoForecaster(forecaster)
+    from threadpoolctl import threadpool_limits
+
+    # One native thread: a forecast call is a few hundred rows, too small for OpenMP's threads to
+    # pay, and on a shared host a thread that loses its core stalls every parallel region.
+    with threadpool_limits(1):
+        for task in plan.tasks:
+            batch = [SearchRun(c, forecaster=forecaster if c.forecasts else None, features=table.features)
+                     for c in configs if c.task == task]
+            drive(batch, measurer)
+            runs += batch
+            if progress:
+                progress(len(runs), len(configs))
     return runs
 
 

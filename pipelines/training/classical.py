@@ -15,7 +15,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,6 +119,67 @@ def forecast_rows(model: Any, pairs: pl.DataFrame, records: Mapping[str, Mapping
     return pl.concat([base, pl.DataFrame({c: p[:, i] for i, c in enumerate(P_COLS)})], how="horizontal")
 
 
+FIT_THREADS = 1  # native threads (OpenMP, BLAS) per fit
+
+
+def _fit_job(kind: str, roles: Roles, split: str, records: Mapping[str, Mapping[str, Any]],
+             params: Mapping[str, Any], max_fit: int | None, threads: int = FIT_THREADS) -> Fitted:
+    """One fit, its native thread pools capped. One thread per fit, fits side by side: the
+    boosted trees run thousands of short OpenMP regions, each waiting for all its threads, and
+    on a shared 2-core host a thread that loses its core stalls every region (measured
+    2026-12-02, load ~20: the smoke cost model's 500 pairs took 84 s with 2 threads, the
+    single-threaded text model 3.6 s)."""
+    from threadpoolctl import threadpool_limits
+
+    with threadpool_limits(threads):
+        return fit_classical(kind, roles, split, records, params, max_fit)
+
+
+def fit_many(jobs: Sequence[tuple[str, str, Mapping[str, Any]]], roles: Roles,
+             records: Mapping[str, Mapping[str, Any]], max_fit: int | None = None, *,
+             workers: int | None = None, progress: Callable[[str], None] | None = None) -> list[Fitted]:
+    """`fit_classical` of each (kind, split, params), side by side in worker processes.
+
+    The fits are independent and each is one core's work (`_fit_job`), so on 2 cores two at a
+    time take about half as long. Workers are spawned, not forked: the caller may hold threads (Dagster's
+    in-process executor does). `workers` None: the usable cores; 1: this process.
+
+    Returns:
+        The fitted models in job order.
+    Raises:
+        ValueError: a split has no fit pairs (from the first job that fails).
+    """
+    import os
+
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    n = min(workers or cores, len(jobs))
+
+    def done(i: int, fitted: Fitted, finished: int) -> None:
+        kind, split, _ = jobs[i]
+        if progress:
+            progress(f"{kind} ({split}): fit on {int(fitted.metrics['fit_pairs'])} pairs in "
+                     f"{fitted.metrics['fit_seconds']:.1f} s [{finished}/{len(jobs)}]")
+
+    if n <= 1:
+        out = []
+        for i, (kind, split, params) in enumerate(jobs):
+            out.append(_fit_job(kind, roles, split, records, params, max_fit))
+            done(i, out[-1], i + 1)
+        return out
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    results: dict[int, Fitted] = {}
+    with ProcessPoolExecutor(max_workers=n, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(_fit_job, kind, roles, split, records, params, max_fit): i
+                   for i, (kind, split, params) in enumerate(jobs)}
+        for fut in as_completed(futures):
+            i = futures[fut]
+            results[i] = fut.result()
+            done(i, results[i], len(results))
+    return [results[i] for i in range(len(jobs))]
+
+
 HELD_OUT_MODEL = "kernelcast-surrogate-held-out"  # held-out-task versions: scored, never promoted
 CODE_VERSION = "2"  # bump when features or models change: a registered version is re-used only if equal
 
@@ -155,6 +216,8 @@ def train_and_register(
     force: bool = False,
     params: Mapping[str, Mapping[str, Any]] | None = None,
     max_fit: int | None = None,
+    workers: int | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[Registered]:
     """Fit, calibrate and register every kind for both splits (or re-use a registered version
     of the same kind, split, dataset version and code); tag them all with `batch` so they are
@@ -174,6 +237,8 @@ def train_and_register(
         force: train even when an equal version exists.
         params: kind -> hyper-parameter overrides.
         max_fit: cap on fit pairs (None: all).
+        workers: processes fitting side by side (`fit_many`).
+        progress: called with a line per finished fit.
     Returns:
         One Registered per (kind, split) trained or re-used.
     """
@@ -182,7 +247,8 @@ def train_and_register(
     from warehouse.lineage import record_model_lineage
 
     splits = ["in_distribution"] + (["held_out_task"] if roles.held_out_task else [])
-    out: list[Registered] = []
+    slots: list[Registered | None] = []  # plan order; None: fitted below
+    planned = []  # (slot, split, kind, registered model, its params, its registry key) to fit
     for split in splits:
         target = model_name_for(split, name)
         for kind in kinds:
@@ -194,18 +260,23 @@ def train_and_register(
             if found:
                 version, run_id = found[0]["version"], found[0]["run_id"]
                 set_version_tag(tracking_uri, version, "training_batch", batch, target)
-                out.append(Registered(target, version, kind, split, run_id, reused=True))
+                slots.append(Registered(target, version, kind, split, run_id, reused=True))
                 continue
-            fitted = fit_classical(kind, roles, split, records, kind_params, max_fit)
-            fit, _, _ = roles.for_split(split)
-            run_id, version = log_classical(
-                fitted.model, tracking_uri, frame_of(fit.head(8), records), target, dataset_version, split,
-                metrics=fitted.metrics, measurement_ids=measurement_ids,
-                tags={**dict(tags or {}), **key, "training_batch": batch,
-                      **({"held_out_task": roles.held_out_task} if split == "held_out_task" else {})},
-            )
-            record_model_lineage(con, target, version, dataset_version, mlflow_run_id=run_id,
-                                 base_model=kind, git_commit=(tags or {}).get("git_commit"),
-                                 dagster_run_id=(tags or {}).get("dagster_run_id"))
-            out.append(Registered(target, version, kind, split, run_id, reused=False, metrics=fitted.metrics))
-    return out
+            planned.append((len(slots), split, kind, target, kind_params, key))
+            slots.append(None)
+    fits = fit_many([(kind, split, kind_params) for _, split, kind, _, kind_params, _ in planned], roles, records,
+                    max_fit, workers=workers, progress=progress)
+    # Registered one at a time, in plan order: MLflow's store and DuckDB are written here.
+    for (slot, split, kind, target, _, key), fitted in zip(planned, fits, strict=True):
+        fit, _, _ = roles.for_split(split)
+        run_id, version = log_classical(
+            fitted.model, tracking_uri, frame_of(fit.head(8), records), target, dataset_version, split,
+            metrics=fitted.metrics, measurement_ids=measurement_ids,
+            tags={**dict(tags or {}), **key, "training_batch": batch,
+                  **({"held_out_task": roles.held_out_task} if split == "held_out_task" else {})},
+        )
+        record_model_lineage(con, target, version, dataset_version, mlflow_run_id=run_id,
+                             base_model=kind, git_commit=(tags or {}).get("git_commit"),
+                             dagster_run_id=(tags or {}).get("dagster_run_id"))
+        slots[slot] = Registered(target, version, kind, split, run_id, reused=False, metrics=fitted.metrics)
+    return [r for r in slots if r is not None]
