@@ -51,8 +51,8 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
     committed forecasts), one shard per GPU."""
     import polars as pl
 
-    from pipelines.profiling.hardware import forecast_gpus
     from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
+    from pipelines.profiling.hardware import forecast_gpus
     from pipelines.training.llm_shards import expected_pairs, split_jobs, write_shard
     from warehouse.datasets import current_dataset_version, read_pairs
 

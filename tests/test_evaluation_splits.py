@@ -256,7 +256,7 @@ def _write_folder(folder, n: int = 6):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
+    from warehouse.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
 
     folder.mkdir(parents=True)
     kernels, results = [], []

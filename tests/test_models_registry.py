@@ -24,8 +24,8 @@ from models.registry import (
 )
 from models.tiny import build_tiny_model
 from models.tracking import mlflow_experiment
-from pipelines.profiling.formats import measurement_id
 from warehouse.db import connect
+from warehouse.formats import measurement_id
 
 NAME = "kernelcast-surrogate"
 

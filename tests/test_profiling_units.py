@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from pipelines.profiling import inputs, runner, taskload, timing
-from pipelines.profiling.formats import RESULT_SCHEMA
 from pipelines.profiling.hardware import cpu_fingerprint
 from pipelines.profiling.results import ResultStore, now_utc, partial_path
 from pipelines.profiling.sandbox import describe_exit, one_line
 from pipelines.profiling.worker import RunSummary, WorkerConfig
+from warehouse.formats import RESULT_SCHEMA
 
 FIXTURES = Path(__file__).parent / "fixtures_kernels"
 TINY = f"tiny_scale={FIXTURES / 'tiny_task.py'}"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
 from pipelines.search.live import main
 from warehouse import commit
+from warehouse.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 
 A task's families are in `pipelines.generation.families.<task>` (FAMILIES, SEED). This module
 finds them, enumerates their valid points, renders a point into a kernel module and turns it
-into a row of the kernel batch (`pipelines.profiling.formats.KERNEL_BATCH_SCHEMA`).
+into a row of the kernel batch (`warehouse.formats.KERNEL_BATCH_SCHEMA`).
 
 `register_space` installs a space in-process (tests, experiments) without a families module.
 """

@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 from pipelines.profiling import launch
-from pipelines.profiling.formats import hardware_id
+from warehouse.formats import hardware_id
 
 _SMI_FIELDS = (
     "driver_version",

@@ -72,7 +72,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from pipelines.profiling.audit import PhaseClock, ReferenceBook, audit_claims, timing_fields
-from pipelines.profiling.formats import FAILURE_KINDS, HARNESS_VERSION
 from pipelines.profiling.hardware import fingerprint_json
 from pipelines.profiling.refcache import RefCache, default_path
 from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
@@ -89,6 +88,7 @@ from pipelines.profiling.sandbox import (
     scan_processes,
 )
 from pipelines.profiling.verify import VerifierLink, settle
+from warehouse.formats import FAILURE_KINDS, HARNESS_VERSION
 
 NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
 LIMIT_SCAN_S = 0.5  # how often the parent reads /proc for the children's memory and processes

@@ -26,10 +26,10 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA
 from pipelines.search import space
 from pipelines.search.events import Child, Outcome
 from pipelines.search.table import MeasuredTable
+from warehouse.formats import KERNEL_BATCH_SCHEMA
 
 log = logging.getLogger(__name__)
 
