@@ -6,10 +6,12 @@ a dropped row. Writing the same key again replaces the row (a re-run of the same
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 import polars as pl
 
-from warehouse.db import query_frame, transaction, where_clause
+from warehouse.db import execute, query_frame, transaction, where_clause
 from warehouse.errors import ValidationError
 from warehouse.frames import Frame, check_in, conform, dedupe_last, insert_frame, to_polars
 
@@ -118,3 +120,25 @@ def read_forecasts(
     where, params = where_clause({"f.model_ref = ?": model_ref, "p.dataset_version = ?": dataset_version})
     sql = f"SELECT f.*{pair_cols} FROM forecasts f{join}{where}"
     return query_frame(con, sql + " ORDER BY f.model_ref, f.pair_id, f.repeat", params)
+
+
+def write_forecast_listing(con: duckdb.DuckDBPyConnection, dataset_version: str, listing: dict) -> None:
+    """Store what the forecasts of `dataset_version` are (forecasters, pairs of each split, why a
+    split is empty), replacing an earlier listing of the version."""
+    if not isinstance(listing, dict) or "pairs" not in listing or "forecasters" not in listing:
+        raise ValidationError("a forecaster listing needs 'pairs' and 'forecasters'")
+    execute(con, "INSERT OR REPLACE INTO forecast_listings (dataset_version, listing, written_at) VALUES (?, ?, now())",
+            [dataset_version, json.dumps(listing)])
+
+
+def read_forecast_listing(con: duckdb.DuckDBPyConnection, dataset_version: str) -> dict:
+    """The listing the forecasts asset stored for `dataset_version`.
+
+    Raises:
+        ValidationError: none is stored for the version (one line: materialise `forecasts`).
+    """
+    rows = execute(con, "SELECT listing FROM forecast_listings WHERE dataset_version = ?", [dataset_version])
+    if not rows:
+        raise ValidationError(f"no forecaster listing of dataset version {dataset_version} in the warehouse: "
+                              "materialise `forecasts`")
+    return json.loads(rows[0][0])
