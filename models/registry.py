@@ -18,7 +18,7 @@ model and promotion weighs them alike), `dataset_version` (the dataset version o
 registered it, whose eval pairs it is scored on), `trained_dataset_version` (the one its fit
 used: the same for a version trained here, an older one for an adapter trained on a GPU host;
 the warehouse's `model_lineage` row names the same) and base_model. Promotion moves two aliases,
-never stages (stack.md): `@champion` (the version forecasts are served from) and `@challenger`
+never stages (deprecated in MLflow): `@champion` (the version forecasts are served from) and `@challenger`
 (the best candidate of the last promotion that is not the champion); `set_aliases` moves both
 at once, `aliases` reads both, `clear_alias` removes one. `register_logged_model` is the
 generic part any kind of model uses (e.g. a scikit-learn forecaster logged with
@@ -45,7 +45,7 @@ ADAPTER_ARTIFACT = "adapter"  # a plain peft folder (trained elsewhere, before l
 BASE_MODEL_FILE = "base_model.json"
 ALIASES = ("champion", "challenger", "champion-external")  # champion-external: kernels from files
 KINDS = ("llm", "cost_model", "text_model")
-# Requirements of the logged adapter, pinned as the project pins them (stack.md); stating them
+# Requirements of the logged adapter, pinned as the project pins them (pyproject.toml); stating them
 # spares MLflow from inferring them by loading the model in a subprocess.
 ADAPTER_REQUIREMENTS = ("torch==2.13.0", "transformers==5.17.0", "peft==0.21.2", "accelerate==1.15.0")
 # models:/<name>@<alias> or models:/<name>/<version>

@@ -8,7 +8,7 @@
 #
 # Needs dagster, duckdb and polars beside torch/triton (a lent GPU host: scripts/gpu_fanout_check.sh
 # stages them from carried wheels). A bare host with torch only runs the worker directly:
-# python3 -m pipelines.profiling.worker --batch B --out O (README, "Measuring on a GPU host").
+# python3 -m pipelines.profiling.worker --batch B --out O (docs/operating.md, "Measuring on a GPU host").
 set -eu
 exec python3 -m orchestration.cli measure --profile gpu --batch "$1" ${2:+--gpus "$2"} ${3:+--limit "$3"} \
   --out "${OUT:?set OUT to the output folder}"

@@ -93,13 +93,6 @@ def _check_space(task: str, families: tuple[Family, ...], seed: tuple[str, dict]
         raise ValueError(f"{task}: SEED algorithm {seed[0]!r} is not a family")
 
 
-def has_families(task: str) -> bool:
-    """Whether `task` has a kernel space (registered or a families module)."""
-    if task in _REGISTERED:
-        return True
-    return importlib.util.find_spec(f"{FAMILIES_PACKAGE}.{task}") is not None
-
-
 def families_for(task: str) -> tuple[Family, ...]:
     """The task's families, in declaration order.
 

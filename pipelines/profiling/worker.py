@@ -42,7 +42,7 @@ Pipeline (one parent, many children; the parent never runs kernel code):
   compiled by the measuring child in its warm-up calls instead. Side by side on four H200s
   (H200s, 2026-11-29) it gave 29% more correct kernels per GPU-hour on the light tasks and
   7% more on the heavy ones than --compile-inputs device (real GPU inputs, phased: compiles and
-  timing alternate), with the same repeatability (README, "Profiling benchmarks").
+  timing alternate), with the same repeatability (docs/operating.md, "Measuring on a GPU host").
 * A child that crashes, hangs (no progress for --timeout-s) or hits a sticky CUDA error is
   killed and replaced; the kernel gets its failure kind and the batch goes on.
 * Rows are appended to <out>.partial.jsonl as they finish; the final Parquet is written at the
