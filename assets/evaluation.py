@@ -132,8 +132,10 @@ def store_forecasts(context: dg.OpExecutionContext, warehouse: WarehouseResource
     frames = [pl.read_parquet(p) for p in plan["single_step"]] + ([llm] if llm.height else [])
     with warehouse.connect() as con:
         try:  # every frame checked before any row is written, all in one transaction
-            written = write_forecasts(con, *frames) if frames else 0
-            write_forecast_listing(con, plan["dataset_version"], plan["listing"])
+            listing = (plan["dataset_version"], plan["listing"])
+            written = write_forecasts(con, *frames, listing=listing) if frames else 0
+            if not frames:
+                write_forecast_listing(con, *listing)
         except ValidationError as exc:
             raise dg.Failure(f"forecasts not stored, none of them: {exc}") from None
     others = sorted({m for f in frames[1:] for m in f["model_ref"].unique().to_list()})
