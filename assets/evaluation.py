@@ -51,8 +51,8 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
     committed forecasts), one shard per GPU."""
     import polars as pl
 
-    from assets.profiling import forecast_gpus
     from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
+    from pipelines.profiling.hardware import forecast_gpus
     from pipelines.training.llm_shards import expected_pairs, split_jobs, write_shard
     from warehouse.datasets import current_dataset_version, read_pairs
 
@@ -63,7 +63,7 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
             raise dg.Failure("no dataset version yet: materialise curated_pairs first")
         evals = pl.concat([read_pairs(con, version, "eval"), read_pairs(con, version, "discovery")], how="diagonal_relaxed")
         reference = reference_forecasts(evals, read_pairs(con, version, "train"))
-    registered, jobs = _registered_forecasts(context, cfg, warehouse, mlflow, version)
+    registered, jobs, listing = _registered_forecasts(context, cfg, warehouse, mlflow, version)
     jobs = _base_model_jobs(cfg, warehouse, read_pairs, version) + jobs
     try:  # one shard per GPU, counted as for measuring (one on a host without CUDA)
         shards = split_jobs(jobs, forecast_gpus(cfg.profiling))
@@ -80,7 +80,7 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
         "reference_models": sorted(per_model["model_ref"].to_list()),
         "missing_reference": [m for m in REFERENCE_FORECASTERS
                               if per_model.filter(pl.col("model_ref") == m)["len"].sum() != evals.height],
-        "expected": expected_pairs(jobs),
+        "expected": expected_pairs(jobs), "listing": listing,
     }, "plan")
     for i, shard in enumerate(shards):
         pairs = sum(len(job.requests) for job in shard)
@@ -121,7 +121,7 @@ def store_forecasts(context: dg.OpExecutionContext, warehouse: WarehouseResource
 
     from pipelines.training.llm_shards import ShardCoverageError, merge_shards
     from warehouse.errors import ValidationError
-    from warehouse.forecasts import write_forecasts
+    from warehouse.forecasts import write_forecast_listing, write_forecasts
 
     try:
         llm = merge_shards(plan["expected"], [pl.read_parquet(s["rows"]) for s in shards])
@@ -132,7 +132,10 @@ def store_forecasts(context: dg.OpExecutionContext, warehouse: WarehouseResource
     frames = [pl.read_parquet(p) for p in plan["single_step"]] + ([llm] if llm.height else [])
     with warehouse.connect() as con:
         try:  # every frame checked before any row is written, all in one transaction
-            written = write_forecasts(con, *frames) if frames else 0
+            listing = (plan["dataset_version"], plan["listing"])
+            written = write_forecasts(con, *frames, listing=listing) if frames else 0
+            if not frames:
+                write_forecast_listing(con, *listing)
         except ValidationError as exc:
             raise dg.Failure(f"forecasts not stored, none of them: {exc}") from None
     others = sorted({m for f in frames[1:] for m in f["model_ref"].unique().to_list()})
@@ -188,10 +191,9 @@ def _base_model_jobs(cfg, warehouse, read_pairs, version) -> list:
 def _registered_forecasts(context, cfg, warehouse, mlflow, version):
     """Forecasts of every registered forecaster of the version (all kinds, every report split),
     the committed H200 variants and the held-out reference forecasters, and the jobs of the LLM
-    versions forecast here; the list of them, the pairs of each split and why a split is empty
-    go to <reports>/<version>/forecasters.json."""
+    versions forecast here; and the listing of them (the pairs of each split, why a split is
+    empty), which the store step writes to the warehouse beside the forecasts."""
     import dataclasses
-    import json
 
     import polars as pl
 
@@ -224,12 +226,11 @@ def _registered_forecasts(context, cfg, warehouse, mlflow, version):
         empty.pop("external", None)
     elif fetched_note and "external" in empty:
         empty["external"] += f" ({fetched_note})"
-    (out_dir / "forecasters.json").write_text(json.dumps(
-        {"held_out_task": roles.held_out_task, "pairs": pairs, "empty": empty, "external_dir": fetched_note,
-         "forecasters": [dataclasses.asdict(f) for f in reference_listing(roles) + listed + held_listed
-                         + fetched_listed]}, indent=1))
+    listing = {"held_out_task": roles.held_out_task, "pairs": pairs, "empty": empty, "external_dir": fetched_note,
+               "forecasters": [dataclasses.asdict(f) for f in reference_listing(roles) + listed + held_listed
+                               + fetched_listed]}
     frames = [f for f in (rows, held_rows) if f.height]
-    return (pl.concat(frames, how="diagonal_relaxed") if frames else None), jobs
+    return (pl.concat(frames, how="diagonal_relaxed") if frames else None), jobs, listing
 
 
 EXTERNAL_DIR_ROWS = "external-dir.parquet"  # forecasts of the fetched kernels, beside the report
@@ -309,14 +310,11 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     if (out_dir / EXTERNAL_DIR_ROWS).is_file():  # the fetched external kernels' forecasts of this version
         frame = pl.concat([frame, pl.read_parquet(out_dir / EXTERNAL_DIR_ROWS)], how="diagonal_relaxed")
     frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame
-    listing_path = out_dir / "forecasters.json"
-    if not listing_path.is_file():
-        raise dg.Failure(f"no forecaster listing {listing_path}: materialise `forecasts` for dataset version {version}")
+    listing = _listing(warehouse, version)
     try:
-        listing = json.loads(listing_path.read_text())
         parts = split_frames(frame, listing)
-    except (ValueError, KeyError) as exc:  # json.JSONDecodeError is a ValueError
-        raise dg.Failure(f"forecaster listing {listing_path} unreadable: {str(exc).splitlines()[0]}") from None
+    except (ValueError, KeyError) as exc:
+        raise dg.Failure(f"forecaster listing of dataset version {version} unusable: {str(exc).splitlines()[0]}") from None
     if "in_distribution" not in parts:
         raise dg.Failure(f"no in-distribution forecasts of dataset version {version}: materialise `forecasts`")
     kinds = {f["model_ref"]: f["kind"] for f in listing["forecasters"]}
@@ -360,6 +358,20 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     yield dg.AssetCheckResult(asset_key="calibration_report", check_name=ORACLE_IS_PERFECT, passed=bool(ok),
                               severity=dg.AssetCheckSeverity.ERROR,
                               metadata={"oracle_brier": oracle.get("brier"), "oracle_accuracy": oracle.get("accuracy")})
+
+
+def _listing(warehouse: WarehouseResource, version: str | None) -> dict:
+    """The forecasts asset's listing of `version` from the warehouse; missing: a one-line failure."""
+    from warehouse.errors import ValidationError
+    from warehouse.forecasts import read_forecast_listing
+
+    if version is None:
+        raise dg.Failure("no dataset version yet: materialise curated_pairs first")
+    with warehouse.connect(read_only=True) as con:
+        try:
+            return read_forecast_listing(con, version)
+        except ValidationError as exc:
+            raise dg.Failure(str(exc)) from None
 
 
 def _log_evaluation(context, mlflow: MlflowResource, results: dict, version: str, frame, out_dir) -> str:

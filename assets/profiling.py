@@ -27,6 +27,7 @@ from assets._checks import offending_ids_result
 from assets._metadata import markdown_table
 from orchestration.partitions import HARDWARE_PARTITIONS, hardware_of_file, result_files
 from orchestration.resources import ProfilerResource, SettingsResource, WarehouseResource
+from pipelines.profiling.hardware import gpu_count, host_hardware_id
 
 GROUP = "profiling"
 SPEEDUP_REQUIRES_CORRECTNESS = "speedup_requires_correctness"
@@ -47,30 +48,6 @@ def _partition_files(files: list[Path], hardware: str) -> tuple[list[Path], list
         elif hw == hardware:
             results.append(f)
     return kernels, results
-
-
-def host_hardware_id(measure_device: str) -> str | None:
-    """The partition this host can measure: its CUDA GPU's type, 'cpu' for interpreter runs."""
-    from pipelines.profiling import launch
-
-    return "cpu" if measure_device == "cpu" else launch.cuda_hardware_id()
-
-
-def gpu_count(configured: int | None, measure_device: str) -> int:
-    """Measuring steps to fan out to: the configured count, else every CUDA device (1 on CPU)."""
-    if configured is not None:
-        return max(1, configured)
-    if measure_device == "cpu":
-        return 1
-    import torch
-
-    return max(1, torch.cuda.device_count())
-
-
-def forecast_gpus(profiling) -> int:
-    """Forecasting steps of the downstream run (one per GPU, as for measuring; 1 without CUDA):
-    the plan's shard count and the run's process count, from one place."""
-    return gpu_count(profiling.gpus, "cuda")
 
 
 @contextlib.contextmanager

@@ -36,24 +36,24 @@ def _split_forecasts(settings: SettingsResource, warehouse: WarehouseResource):
     Raises:
         dg.Failure: the forecasts asset's listing of the version is missing or unreadable.
     """
-    import json
-
     from pipelines.training.forecasting import split_frames
     from warehouse.datasets import current_dataset_version
-    from warehouse.forecasts import read_forecasts
+    from warehouse.errors import ValidationError
+    from warehouse.forecasts import read_forecast_listing, read_forecasts
 
     with warehouse.connect(read_only=True) as con:
         version = current_dataset_version(con)
         frame = read_forecasts(con, dataset_version=version, with_pairs=True) if version else None
-    if frame is None or frame.is_empty():
-        return version, {}
-    path = settings.get().reports_dir / version / "forecasters.json"
-    if not path.is_file():
-        raise dg.Failure(f"no forecaster listing {path}: materialise `forecasts` for dataset version {version}")
+        if frame is None or frame.is_empty():
+            return version, {}
+        try:
+            listing = read_forecast_listing(con, version)
+        except ValidationError as exc:
+            raise dg.Failure(str(exc)) from None
     try:
-        return version, split_frames(frame, json.loads(path.read_text()))
+        return version, split_frames(frame, listing)
     except (ValueError, KeyError) as exc:
-        raise dg.Failure(f"forecaster listing {path} unreadable: {str(exc).splitlines()[0]}") from None
+        raise dg.Failure(f"forecaster listing of dataset version {version} unusable: {str(exc).splitlines()[0]}") from None
 
 
 def _version_tags(tracking_uri: str) -> dict[int, dict[str, str]]:

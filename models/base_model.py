@@ -5,7 +5,7 @@ with --no-deps; the package's own module imports `llm`, which is not installed, 
 located with `importlib.util.find_spec`, never imported). transformers loads the GGUF
 (`gguf_file=...`) by dequantizing it, but cannot `save_pretrained` a GGUF-loaded model, so
 the conversion rebuilds a plain LlamaForCausalLM from the config without its
-quantization_config, loads the state dict and saves that (stack.md).
+quantization_config, loads the state dict and saves that.
 
 Saved in float32, on purpose: the Q4_1 values (4-bit codes times an fp16 scale plus an fp16
 minimum) are exact in fp32 but not in bf16 (8-bit mantissa), so fp32 keeps the converted

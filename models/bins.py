@@ -1,4 +1,4 @@
-"""The eight speedup bins of the forecasting method: the one place their edges live.
+"""The eight speedup bins of the forecasting method (their edges: warehouse/bin_edges.py).
 
 S is the speedup of a candidate over an anchor (S > 1: the candidate is faster).
 Bins are right-closed, as the table the surrogate is shown:
@@ -29,11 +29,9 @@ from typing import Literal
 
 import numpy as np
 
-NUM_BINS = 8
-Scheme = Literal["table", "paper-formula"]
+from warehouse.bin_edges import BIN_UPPER_EDGES, NUM_BINS, checked_speedups, table_bins
 
-# Upper edges of bins 1..7 (bin 8 is open above). Right-closed: S == edge falls in the lower bin.
-BIN_UPPER_EDGES: tuple[float, ...] = (0.25, 0.5, 2**-0.5, 1.0, 2**0.5, 2.0, 4.0)
+Scheme = Literal["table", "paper-formula"]
 
 BIN_NAMES: tuple[str, ...] = (
     "severe slowdown",
@@ -95,13 +93,9 @@ def speedup_to_bin(s: float, scheme: Scheme = "table") -> int:
 
 def speedups_to_bins(s: Sequence[float] | np.ndarray, scheme: Scheme = "table") -> np.ndarray:
     """Vectorised `speedup_to_bin`; raises on any invalid value."""
-    arr = np.asarray(s, dtype=np.float64)
-    if arr.size and (not np.all(np.isfinite(arr)) or np.any(arr <= 0)):
-        bad = arr[~np.isfinite(arr) | (arr <= 0)][0]
-        raise ValueError(f"speedup must be finite and positive, got {bad}")
+    arr = checked_speedups(s)
     if scheme == "table":
-        # searchsorted(side="left") gives the count of edges strictly below s: right-closed bins.
-        return np.searchsorted(np.asarray(BIN_UPPER_EDGES), arr, side="left").astype(np.int64) + 1
+        return table_bins(arr)
     if scheme == "paper-formula":
         return np.clip(np.floor(2 * np.log2(arr)) + 4, 1, NUM_BINS).astype(np.int64)
     raise ValueError(f"unknown bin scheme {scheme!r}; use 'table' or 'paper-formula'")

@@ -2,7 +2,7 @@
 
 Reads a fingerprint as the profiling worker writes it (torch device properties plus a nested
 `nvidia_smi` block) or a row of the warehouse `hardware` table; several key spellings are
-accepted for each field (listed in `_KEYS`). Only the whitelisted fields below reach the
+accepted for each field (warehouse/fingerprint.py, the one reader). Only the whitelisted fields below reach the
 prompt, so a fingerprint carrying anything else (timings included) cannot leak into it.
 
 Memory bandwidth is rarely in a fingerprint (torch does not report it), so a small table of
@@ -22,7 +22,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-_GIB = 1024**3
+from warehouse import fingerprint as fingerprint_reader
+
 _MIB = 1024**2
 
 # Datasheet peak DRAM bandwidth, GB/s; first matching pattern wins, so variants come first.
@@ -43,31 +44,6 @@ KNOWN_BANDWIDTH_GBPS: tuple[tuple[str, float], ...] = (
     (r"\bT4\b", 320.0),
     (r"\bRTX 4090\b", 1008.0),
 )
-
-# Field -> keys that may hold it, first present wins (fingerprint and warehouse spellings).
-_KEYS: dict[str, tuple[str, ...]] = {
-    "device": ("device_name", "name"),
-    "capability": ("capability", "compute_capability"),
-    "sm_count": ("sm_count", "multi_processor_count"),
-    "bandwidth_gbps": ("memory_bandwidth_gbps",),
-    "l2_bytes": ("l2_bytes", "l2_cache_bytes", "l2_cache_size"),
-    "sm_clock_mhz": ("sm_clock_mhz", "clock_mhz", "clocks_max_sm", "clocks_sm"),
-    "mem_clock_mhz": ("mem_clock_mhz", "memory_clock_mhz", "clocks_max_mem", "clocks_mem"),
-}
-
-
-def _flat(fp: dict[str, Any]) -> dict[str, Any]:
-    """The fingerprint with its nested nvidia_smi block merged in (top level wins)."""
-    smi = fp.get("nvidia_smi") if isinstance(fp.get("nvidia_smi"), dict) else {}
-    return {**smi, **fp}
-
-
-def _first(fp: dict[str, Any], keys: tuple[str, ...]) -> Any:
-    for key in keys:
-        if fp.get(key) not in (None, "", 0):
-            return fp[key]
-    return None
-
 
 def _float(value: Any) -> float | None:
     try:
@@ -109,16 +85,6 @@ def datasheet_bandwidth_gbps(device_name: str | None) -> float | None:
     return None
 
 
-def _memory_gib(fp: dict[str, Any]) -> float | None:
-    if fp.get("memory_gb") is not None:
-        return _float(fp["memory_gb"])
-    for key in ("total_memory_bytes", "total_memory"):
-        if fp.get(key):
-            value = _float(fp[key])
-            return None if value is None else value / _GIB
-    return None
-
-
 def hardware_fields(fingerprint: dict[str, Any]) -> list[tuple[str, str]]:
     """(property, value) rows of the hardware table, absent fields left out.
 
@@ -128,31 +94,31 @@ def hardware_fields(fingerprint: dict[str, Any]) -> list[tuple[str, str]]:
         Rows in a fixed order: device (always), compute capability, SM count, memory, memory
         bandwidth, L2 cache, SM clock, memory clock.
     """
-    fp = _flat(fingerprint or {})
+    fp = fingerprint_reader.flat(fingerprint or {})
     rows: list[tuple[str, str]] = []
-    device = _first(fp, _KEYS["device"])
+    device = fingerprint_reader.field(fp, "device_name")
     rows.append(("device", str(device) if device is not None else "unknown"))
-    capability = capability_text(_first(fp, _KEYS["capability"]))
+    capability = capability_text(fingerprint_reader.field(fp, "capability"))
     if capability:
         rows.append(("compute capability", capability))
-    sms = _float(_first(fp, _KEYS["sm_count"]))
+    sms = _float(fingerprint_reader.field(fp, "sm_count"))
     if sms:
         rows.append(("SM count", str(int(sms))))
-    mem = _memory_gib(fp)
+    mem = fingerprint_reader.memory_gib(fp)
     if mem:
         rows.append(("memory", f"{mem:.1f} GiB"))
-    bandwidth = _float(_first(fp, _KEYS["bandwidth_gbps"]))
+    bandwidth = _float(fingerprint_reader.field(fp, "memory_bandwidth_gbps"))
     source = "reported"
     if bandwidth is None:
         bandwidth, source = datasheet_bandwidth_gbps(str(device) if device else None), "datasheet"
     rows.append(
         ("memory bandwidth", f"{bandwidth / 1000:.3g} TB/s ({source})" if bandwidth else "unknown")
     )
-    l2 = _float(_first(fp, _KEYS["l2_bytes"]))
+    l2 = _float(fingerprint_reader.field(fp, "l2_bytes"))
     if l2:
         rows.append(("L2 cache", f"{l2 / _MIB:.0f} MiB"))
     for label, key in (("SM clock", "sm_clock_mhz"), ("memory clock", "mem_clock_mhz")):
-        mhz = _float(_first(fp, _KEYS[key]))
+        mhz = _float(fingerprint_reader.field(fp, key))
         if mhz:
             rows.append((label, f"{mhz:.0f} MHz"))
     return rows

@@ -18,7 +18,7 @@ model and promotion weighs them alike), `dataset_version` (the dataset version o
 registered it, whose eval pairs it is scored on), `trained_dataset_version` (the one its fit
 used: the same for a version trained here, an older one for an adapter trained on a GPU host;
 the warehouse's `model_lineage` row names the same) and base_model. Promotion moves aliases,
-never stages (stack.md), one pair per use: `@champion` (the version forecasts of the eval pairs
+never stages (deprecated in MLflow), one pair per use: `@champion` (the version forecasts of the eval pairs
 are served from) and `@challenger` (the best candidate of the last promotion that is not the
 champion), `@champion-external` (kernels from files) and `@challenger-external` beside it;
 `set_aliases` moves a pair at once, `aliases` reads all four, `clear_alias` removes one. `register_logged_model` is the
@@ -48,7 +48,7 @@ ALIASES = ("champion", "challenger", "champion-external", "challenger-external")
 # Each champion alias and the challenger alias beside it (a promotion moves the pair together).
 CHALLENGER_OF = {"champion": "challenger", "champion-external": "challenger-external"}
 KINDS = ("llm", "cost_model", "text_model")
-# Requirements of the logged adapter, pinned as the project pins them (stack.md); stating them
+# Requirements of the logged adapter, pinned as the project pins them (pyproject.toml); stating them
 # spares MLflow from inferring them by loading the model in a subprocess.
 ADAPTER_REQUIREMENTS = ("torch==2.13.0", "transformers==5.17.0", "peft==0.21.2", "accelerate==1.15.0")
 # models:/<name>@<alias> or models:/<name>/<version>

@@ -2,7 +2,7 @@
 
 Why: zero-shot, a small base model (SmolLM2-135M, or the tiny test model) almost never writes
 a parseable 8-probability JSON answer, so every GRPO group gets the same reward 0
-(frac_reward_zero_std = 1) and nothing is learned (stack.md). A few supervised steps on
+(frac_reward_zero_std = 1) and nothing is learned. A few supervised steps on
 answers of the right shape fix that.
 
 The target completion of a training row is one JSON object

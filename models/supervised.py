@@ -67,6 +67,7 @@ from models.data_parallel import (
     sum_over_processes,
 )
 from models.prompts import ANSWER_PREFIX
+from models.training.settings import PAPER_LORA_RANK
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +103,7 @@ class SupervisedSettings:
 
     base_model: str = "smollm2"
     finetune: str = "full"
-    lora_rank: int = 32
+    lora_rank: int = PAPER_LORA_RANK
     learning_rate: float = 1e-4
     epochs: int = 6
     patience: int = 1

@@ -7,7 +7,7 @@ model is a randomly initialised LlamaForCausalLM; its answers are noise, which i
 tests see the plumbing (batching, readouts, parse failures recorded), not skill.
 
 Same seed and settings -> byte-identical files (tested). A LlamaConfig is used on purpose:
-with other configs AutoTokenizer may swap in a different tokenizer class (stack.md); load
+with other configs AutoTokenizer may swap in a different tokenizer class; load
 the tokenizer with PreTrainedTokenizerFast.
 
 >>> TINY_SPECIAL_TOKENS

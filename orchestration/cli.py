@@ -1,4 +1,4 @@
-"""The `kernelcast` command line. Stable contracts: see README "Command line".
+"""The `kernelcast` command line. Stable contracts: see docs/architecture.md, "Command line".
 
 Every command prints a clear one-line error and exits non-zero on bad input; reporting commands
 take --json. Heavy imports happen inside commands so `--help` stays fast.

@@ -14,7 +14,7 @@ instance side: K8sRunLauncher, Postgres storage, the duckdb_writer pool limited 
 - `forecasts.forecast_llm_shard[gpu_i]` steps (the language models' forward passes over one
   shard of pairs) request one GPU each the same way; the plan and store steps around them need none.
 - `surrogate_model` requests one GPU (`per_step_k8s_config` below); training across several
-  GPUs goes through accelerate (README, "Scaling").
+  GPUs goes through accelerate (docs/architecture.md, "Scale beyond one machine").
 - $KERNELCAST_HOME (the DuckDB file, MLflow's store, reports) is a ReadWriteMany volume mounted in
   every pod; DuckDB's one-writer rule holds through the pool, as on one host.
 """

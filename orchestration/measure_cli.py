@@ -37,13 +37,13 @@ def measure(
     """Measure this host's unmeasured kernels: one Dagster step per GPU, merged by the ingest."""
     import dagster as dg
 
-    from assets.profiling import gpu_count, host_hardware_id
     from orchestration.cli_common import ensure_tasks
     from orchestration.definitions import build_defs
     from orchestration.partitions import HARDWARE_PARTITIONS
     from orchestration.run_display import output_to
     from orchestration.runner import execute_code_location_job, prepare_home
     from orchestration.settings import load_settings
+    from pipelines.profiling.hardware import gpu_count, host_hardware_id
     from warehouse.db import connect
     from warehouse.ingest import ingest_path
 

@@ -40,7 +40,7 @@ def discover_hardware_partitions(settings: Settings) -> list[str]:
         import torch
 
         if torch.cuda.is_available() and settings.profiling.measure_on_cuda:
-            from pipelines.profiling.formats import hardware_id
+            from warehouse.formats import hardware_id
 
             keys.add(hardware_id(torch.cuda.get_device_name(), torch.cuda.get_device_capability()))
     except Exception:

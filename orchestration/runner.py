@@ -285,8 +285,8 @@ def run_graph(settings: Settings, defs: dg.Definitions | None = None,
     Returns:
         One RunSummary per run executed.
     """
-    from assets.profiling import host_hardware_id
     from orchestration.definitions import build_defs
+    from pipelines.profiling.hardware import host_hardware_id
 
     prepare_home(settings)
     defs = defs or build_defs(settings)
@@ -312,7 +312,7 @@ def _processes(settings: Settings, job: str, partition: str | None, host: str | 
     """Processes a run needs: steps side by side need one each. The measuring steps of this
     host's partition and the forecasting steps of the downstream run fan out one per GPU;
     everything else runs here."""
-    from assets.profiling import forecast_gpus, gpu_count
+    from pipelines.profiling.hardware import forecast_gpus, gpu_count
 
     if partition is not None and partition == host:
         return gpu_count(settings.profiling.gpus, settings.profiling.measure_device)

@@ -128,7 +128,7 @@ class SearchSettings:
     seeds: int = 16
     # GPU measurements per run. 12 (the seed kernel's expansion, then two of its children's) is
     # what the measured space can carry: the complete neighbourhoods those runs visit are 670
-    # kernels over nine tasks; 16 would need 2,217 and 24 over 4,400 (README, "Budgeted search").
+    # kernels over nine tasks; 16 would need 2,217 and 24 over 4,400 (docs/search.md).
     budget: int = 12
     # Forecaster of the filtered and selective runs (pipelines.search.forecasters,
     # pipelines.training.search_hook): the newest registered cost model; "oracle" is the ceiling

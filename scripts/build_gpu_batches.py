@@ -6,7 +6,7 @@ bin the space can reach). Kernels are interleaved across tasks so that a run cut
 time budget still covers every task. Writes:
 
     <out>/kernels.parquet      every kernel (+ the task references), KERNEL_BATCH_SCHEMA: goes to data/
-    <out>/part-<i>.parquet     the worker's input, split into parts (one per GPU call)
+    <out>/part-<i>.parquet     the worker's input, split into parts (one per worker run)
 
 Usage:
     python scripts/build_gpu_batches.py --out .gpu-batches --parts 2 \

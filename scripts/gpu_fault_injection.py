@@ -3,7 +3,7 @@
 The same as `python3 -m pipelines.profiling.fault_injection`, whose docstring has the options; this
 file keeps the commands written with the script's name working:
 
-    python3 scripts/gpu_fault_injection.py --out-dir $OUT/fault            # on the H200
+    python3 scripts/gpu_fault_injection.py --out-dir DIR/fault              # on the H200
     python3 scripts/gpu_fault_injection.py --device cpu --out-dir /tmp/fi  # anywhere (interpreter)
 """
 

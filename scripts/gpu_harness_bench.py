@@ -3,7 +3,7 @@
 The same as `python3 -m pipelines.profiling.harness_bench`, whose docstring has the options; this
 file keeps the commands written with the script's name working:
 
-    python3 scripts/gpu_harness_bench.py --out $OUT                       # on the H200 host, ~5 min
+    python3 scripts/gpu_harness_bench.py --out DIR                        # on the H200 host, ~5 min
     python3 scripts/gpu_harness_bench.py --out /tmp/b --device cpu --n 4 --no-fault   # CPU dry run
 """
 

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# One measuring call on the GPU host: measure a batch under a time budget, optionally re-measure
-# a subset in a second worker run (repeatability), print the benchmarks. Results land in $OUT.
+# One measuring round on a GPU host: measure a batch under a time budget, optionally re-measure
+# a subset in a second worker run (repeatability), print the benchmarks. Results land in DIR.
 #
-#   bash scripts/gpu_measure_round.sh BATCH.parquet NAME [BUDGET_S=380] [REPEAT_N=0] [REPEAT_BUDGET_S=130]
+#   bash scripts/gpu_measure_round.sh --out DIR BATCH.parquet NAME [BUDGET_S=380] [REPEAT_N=0] [REPEAT_BUDGET_S=130]
 #
 # On a host of several GPUs, KC_GPU=i measures on GPU i and KC_CPUS=a-b keeps the worker and all
 # its children on those cores (scripts/gpu_measure_parallel.sh runs one such worker per GPU).
 # KC_WORKER_ARGS adds worker flags to both worker runs (e.g. "--compile-inputs meta").
-# KC_KEEP=DIR also copies the result files there (a folder under /root outlives the run on
-# the host, so a later run can measure `bench_profiling.py remaining` of the same batch).
+# KC_KEEP=DIR also copies the result files there (a folder that outlives DIR, so a later run
+# can measure `bench_profiling.py remaining` of the same batch).
 set -u
+if [ "${1:-}" != --out ] || [ -z "${2:-}" ]; then echo "usage: $0 --out DIR BATCH.parquet NAME [BUDGET_S] [REPEAT_N] [REPEAT_BUDGET_S]" >&2; exit 2; fi
+out=$2; shift 2
 batch=$1 name=$2 budget=${3:-380} repeat_n=${4:-0} repeat_budget=${5:-130}
-out=${OUT:?set OUT to the output folder}
 pin=()
 if [ -n "${KC_CPUS:-}" ]; then
   if command -v taskset > /dev/null; then pin=(taskset -c "$KC_CPUS"); else echo "warning: no taskset, cores not pinned"; fi

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The search round on one GPU host (about 6 minutes wall on an H200), results into $OUT:
+# The search round on one GPU host (about 6 minutes wall on an H200), results into DIR:
 #   (a) measure the search simulation's neighbourhood batch (scripts/build_search_batch.py) under a
 #       time budget, in its priority order;
 #   (b) a live search on two light tasks, standard vs surrogate-filtered at the same measurement
@@ -7,7 +7,7 @@
 #   (c) the autotune hook on softmax: pruned by each forecaster, then exhaustive
 #       (python3 -m pipelines.search.autotune_demo).
 #
-#   bash scripts/gpu_search_round.sh [PREP=.gpu-search]
+#   bash scripts/gpu_search_round.sh --out DIR [PREP=.gpu-search]
 #
 # PREP (carried to the host) holds neighbourhood.parquet and, optionally, forecaster.pkl: a pickled
 # object with predict_kernels(anchor, candidates, hardware_id) -> (n, 8). Without it, (b) and (c)
@@ -16,11 +16,12 @@
 #      KC_LIVE_SEEDS (2), KC_LIVE_BUDGET (16), KC_AUTOTUNE_TOPK (0.25), KC_COMPILE_WORKERS (12);
 #      KC_DEVICE=cpu runs every stage on the Triton interpreter (tests; KC_AUTOTUNE_GRID then
 #      keeps the autotune grid small, e.g. "BLOCK_N=256+512;NUM_WARPS=1+2;NUM_STAGES=1").
-# Files in $OUT (7): gpu.txt, results-neighbourhood.parquet, summary-neighbourhood.json,
+# Files in DIR (7): gpu.txt, results-neighbourhood.parquet, summary-neighbourhood.json,
 #   results-live.parquet, kernels-live.parquet, live-search.json, autotune.json.
 set -u
+if [ "${1:-}" != --out ] || [ -z "${2:-}" ]; then echo "usage: $0 --out DIR [PREP]" >&2; exit 2; fi
+out=$2; shift 2
 prep=${1:-.gpu-search}
-out=${OUT:?set OUT to the output folder}
 nb_s=${KC_NEIGHBOURHOOD_S:-190}
 live_s=${KC_LIVE_DEADLINE_S:-90}
 workers=${KC_COMPILE_WORKERS:-12}

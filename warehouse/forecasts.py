@@ -6,10 +6,12 @@ a dropped row. Writing the same key again replaces the row (a re-run of the same
 
 from __future__ import annotations
 
+import json
+
 import duckdb
 import polars as pl
 
-from warehouse.db import query_frame, transaction, where_clause
+from warehouse.db import execute, query_frame, transaction, where_clause
 from warehouse.errors import ValidationError
 from warehouse.frames import Frame, check_in, conform, dedupe_last, insert_frame, to_polars
 
@@ -49,9 +51,11 @@ def _expand_p(rows: pl.DataFrame) -> pl.DataFrame:
     ).drop("p")
 
 
-def write_forecasts(con: duckdb.DuckDBPyConnection, frame: Frame, *more: Frame) -> int:
+def write_forecasts(con: duckdb.DuckDBPyConnection, frame: Frame, *more: Frame,
+                    listing: tuple[str, dict] | None = None) -> int:
     """Insert or replace forecasts: every frame is validated before any row is written, and all
-    are written in one transaction (forecasts of several models land together or not at all).
+    are written in one transaction (forecasts of several models land together or not at all),
+    with `listing` = (dataset version, its forecaster listing) when given (`write_forecast_listing`).
 
     Args:
         con: a writable connection.
@@ -65,8 +69,13 @@ def write_forecasts(con: duckdb.DuckDBPyConnection, frame: Frame, *more: Frame) 
             eight probabilities or with one outside [0, 1]; nothing is written.
     """
     rows = dedupe_last(pl.concat([_validated(f) for f in (frame, *more)], how="vertical_relaxed"), _KEY)
+    if listing is not None:
+        _check_listing(listing[1])
     with transaction(con):
-        return insert_frame(con, "forecasts", rows, _KEY, "update", touch="created_at")
+        written = insert_frame(con, "forecasts", rows, _KEY, "update", touch="created_at")
+        if listing is not None:
+            _insert_listing(con, *listing)
+        return written
 
 
 def _validated(frame: Frame) -> pl.DataFrame:
@@ -118,3 +127,33 @@ def read_forecasts(
     where, params = where_clause({"f.model_ref = ?": model_ref, "p.dataset_version = ?": dataset_version})
     sql = f"SELECT f.*{pair_cols} FROM forecasts f{join}{where}"
     return query_frame(con, sql + " ORDER BY f.model_ref, f.pair_id, f.repeat", params)
+
+
+def write_forecast_listing(con: duckdb.DuckDBPyConnection, dataset_version: str, listing: dict) -> None:
+    """Store what the forecasts of `dataset_version` are (forecasters, pairs of each split, why a
+    split is empty), replacing an earlier listing of the version."""
+    _check_listing(listing)
+    _insert_listing(con, dataset_version, listing)
+
+
+def _check_listing(listing: dict) -> None:
+    if not isinstance(listing, dict) or "pairs" not in listing or "forecasters" not in listing:
+        raise ValidationError("a forecaster listing needs 'pairs' and 'forecasters'")
+
+
+def _insert_listing(con: duckdb.DuckDBPyConnection, dataset_version: str, listing: dict) -> None:
+    execute(con, "INSERT OR REPLACE INTO forecast_listings (dataset_version, listing, written_at) VALUES (?, ?, now())",
+            [dataset_version, json.dumps(listing)])
+
+
+def read_forecast_listing(con: duckdb.DuckDBPyConnection, dataset_version: str) -> dict:
+    """The listing the forecasts asset stored for `dataset_version`.
+
+    Raises:
+        ValidationError: none is stored for the version (one line: materialise `forecasts`).
+    """
+    rows = execute(con, "SELECT listing FROM forecast_listings WHERE dataset_version = ?", [dataset_version])
+    if not rows:
+        raise ValidationError(f"no forecaster listing of dataset version {dataset_version} in the warehouse: "
+                              "materialise `forecasts`")
+    return json.loads(rows[0][0])

@@ -1,7 +1,7 @@
 """Hardware rows from the fingerprint JSON that every result row carries.
 
 The profiling worker (pipelines/profiling/hardware.py) writes the fingerprint; we read the keys
-below and keep the whole JSON. A nested "nvidia_smi" object is merged in (top level wins).
+below (through warehouse/fingerprint.py, the one reader) and keep the whole JSON. A nested "nvidia_smi" object is merged in (top level wins).
 Aliases cover the worker's names, ours and torch's `get_device_properties` names; the first
 present, non-empty, non-zero value wins. Absent keys leave the column NULL.
 
@@ -26,33 +26,11 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from warehouse import fingerprint as fingerprint_reader
 from warehouse.db import execute, query_frame
 
-_ALIASES: dict[str, tuple[str, ...]] = {
-    "device_name": ("device_name", "name"),
-    "capability": ("capability", "compute_capability"),
-    "sm_count": ("sm_count", "multi_processor_count"),
-    "l2_bytes": ("l2_bytes", "l2_cache_bytes", "l2_cache_size"),
-    "memory_bandwidth_gbps": ("memory_bandwidth_gbps",),
-    # Max clocks describe the device; current ones depend on load at the time of the query.
-    "sm_clock_mhz": ("sm_clock_mhz", "clock_mhz", "clocks_max_sm", "clocks_sm"),
-    "mem_clock_mhz": ("mem_clock_mhz", "memory_clock_mhz", "clocks_max_mem", "clocks_mem"),
-    "driver_version": ("driver_version", "driver"),
-    "cuda_version": ("cuda_version", "cuda"),
-    "torch_version": ("torch_version", "torch"),
-    "triton_version": ("triton_version", "triton"),
-}
 _INT_COLUMNS = ("sm_count", "l2_bytes")
 _FLOAT_COLUMNS = ("memory_bandwidth_gbps", "sm_clock_mhz", "mem_clock_mhz")
-_GIB = 1024**3
-
-
-def _first(fp: dict[str, Any], keys: tuple[str, ...]) -> Any:
-    # 0 and "" mean "unknown" in torch properties (e.g. L2_cache_size on some builds).
-    for key in keys:
-        if fp.get(key) not in (None, "", 0):
-            return fp[key]
-    return None
 
 
 def _capability(value: Any) -> str | None:
@@ -83,11 +61,10 @@ def hardware_row(hardware_id: str, fingerprint: dict[str, Any]) -> dict[str, Any
     Returns:
         A dict with every hardware column except first_seen.
     """
-    smi = fingerprint.get("nvidia_smi")
-    flat = {**smi, **fingerprint} if isinstance(smi, dict) else fingerprint
+    fp = fingerprint_reader.flat(fingerprint)
     row: dict[str, Any] = {"hardware_id": hardware_id}
-    for column, keys in _ALIASES.items():
-        row[column] = _first(flat, keys)
+    for column in fingerprint_reader.ALIASES:
+        row[column] = fingerprint_reader.field(fp, column)
     row["capability"] = _capability(row["capability"])
     for column in _INT_COLUMNS:
         row[column] = _number(row[column], int)
@@ -101,11 +78,7 @@ def hardware_row(hardware_id: str, fingerprint: dict[str, Any]) -> dict[str, Any
         "triton_version",
     ):
         row[column] = None if row[column] is None else str(row[column])
-    if flat.get("memory_gb") is not None:
-        row["memory_gb"] = _number(flat["memory_gb"], float)
-    else:
-        total = _number(_first(flat, ("total_memory_bytes", "total_memory")), float)
-        row["memory_gb"] = None if total is None else total / _GIB
+    row["memory_gb"] = fingerprint_reader.memory_gib(fp)
     row["fingerprint_json"] = json.dumps(fingerprint, sort_keys=True)
     return row
 

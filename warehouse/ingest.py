@@ -3,7 +3,7 @@
 Guarantees, per file: the whole file is validated before anything is written and then written in
 one transaction, so a file is either fully in or not at all; a file seen before (same sha256,
 any name) adds nothing; rows seen before (same measurement_id / kernel_id, same values) add
-nothing. Schemas come from `pipelines.profiling.formats`, the one definition both machines share.
+nothing. Schemas come from `warehouse.formats`, the one definition both machines share.
 
 A results file is refused (one line naming the file, the row and the rule) when a row breaks a
 rule the warehouse's own checks apply later (warehouse/checks.py): a task the `tasks` table does
@@ -31,15 +31,15 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.profiling.formats import (
+from warehouse.db import execute, registered, transaction
+from warehouse.errors import IngestError, ValidationError, one_line
+from warehouse.formats import (
     BATCH_SCHEMA,
     FAILURE_KINDS,
     KERNEL_BATCH_SCHEMA,
     RESULT_SCHEMA,
     measurement_id,
 )
-from warehouse.db import execute, registered, transaction
-from warehouse.errors import IngestError, ValidationError, one_line
 from warehouse.frames import insert_frame
 from warehouse.hardware import register_hardware
 from warehouse.kernels import validate_kernels

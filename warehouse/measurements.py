@@ -1,6 +1,6 @@
 """Reads over measurements: the joined frame curation works from, and the counts users see.
 
-Bins are not computed here (their edges live in `models.bins`, a layer above); functions that
+Bins are not computed here (the bin scheme is `models.bins`, a layer above); functions that
 report bins take the bin function as an argument.
 """
 

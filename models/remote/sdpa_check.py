@@ -4,7 +4,7 @@ GRPO trains on left-padded prompt + completion batches with an explicit attentio
 query rows of the padding are fully masked. On torch 2.11 with H100/H200, cuDNN's SDPA backward
 is reported to return NaN in the query gradient when a mask is given, the sequence length is 64
 mod 128 and a row's logsumexp is very low (pytorch/pytorch#196678). Three SmolLM2 GRPO runs on
-the H200 logged NaN gradient norms at their first step (data/training/h200/2026-11-29-s4/), and
+the H200 logged NaN gradient norms at their first step (data/training/h200/2026-11-29-grpo-bf16-nan/), and
 training (models.training.grpo, models.supervised) turns cuDNN attention off. This checks the
 premise on the host: per backend and length, the count of non-finite query-gradient entries
 (torch only).

@@ -20,6 +20,8 @@ from typing import Any
 
 from models.supervised import SupervisedSettings
 
+_SUPERVISED = SupervisedSettings()
+
 
 @dataclass(frozen=True)
 class Variant:
@@ -45,13 +47,15 @@ class Variant:
     name: str
     style: str = "full"
     held_out: bool = False
-    finetune: str = "full"
-    learning_rate: float = 1e-4
-    epochs: int = 6
-    patience: int = 1
-    lora_rank: int = 16
-    label_smoothing: float = 0.1
-    tokens_per_batch: int = 32768
+    # The supervised fields default to SupervisedSettings' own (one default each); the job's
+    # choices that differ are JOB_SUPERVISED, given where DEFAULT_VARIANTS are built.
+    finetune: str = _SUPERVISED.finetune
+    learning_rate: float = _SUPERVISED.learning_rate
+    epochs: int = _SUPERVISED.epochs
+    patience: int = _SUPERVISED.patience
+    lora_rank: int = _SUPERVISED.lora_rank
+    label_smoothing: float = _SUPERVISED.label_smoothing
+    tokens_per_batch: int = _SUPERVISED.tokens_per_batch
     grpo_from: str = ""
     reward: str = "correctness+brier"
     grpo_steps: int = 20
@@ -102,13 +106,18 @@ class Variant:
 # LoRA adapter small enough to commit), the prompt option and the compact style measured
 # against the full style, the held-out-task run, and GRPO with the Brier reward on top of the
 # LoRA surrogate.
+# The job's supervised choices over SupervisedSettings' defaults: rank 16 keeps the adapter small
+# enough to commit, half the default padded tokens per step; the supervised runs take 8 epochs
+# with patience 2.
+JOB_SUPERVISED: dict[str, Any] = dict(lora_rank=16, tokens_per_batch=32768)
+JOB_EPOCHS: dict[str, Any] = dict(epochs=8, patience=2)
 DEFAULT_VARIANTS: tuple[Variant, ...] = (
-    Variant("sft-full", style="full", epochs=8, patience=2, train_budget_s=840),
-    Variant("sft-lora", style="full", finetune="lora", learning_rate=1e-3, epochs=8, patience=2, train_budget_s=420),
-    Variant("sft-full-features", style="full+features", epochs=8, patience=2, train_budget_s=840),
-    Variant("sft-compact-features", style="compact+features", learning_rate=2e-4, epochs=8, patience=2,
-            train_budget_s=600),
-    Variant("sft-full-held-out", style="full", held_out=True, epochs=8, patience=2, train_budget_s=840),
+    Variant("sft-full", style="full", **JOB_SUPERVISED, **JOB_EPOCHS, train_budget_s=840),
+    Variant("sft-lora", style="full", finetune="lora", learning_rate=1e-3, **JOB_SUPERVISED, **JOB_EPOCHS, train_budget_s=420),
+    Variant("sft-full-features", style="full+features", **JOB_SUPERVISED, **JOB_EPOCHS, train_budget_s=840),
+    Variant("sft-compact-features", style="compact+features", learning_rate=2e-4, **JOB_SUPERVISED,
+            **JOB_EPOCHS, train_budget_s=600),
+    Variant("sft-full-held-out", style="full", held_out=True, **JOB_SUPERVISED, **JOB_EPOCHS, train_budget_s=840),
     Variant("grpo-brier", style="full", grpo_from="sft-lora", reward="correctness+brier", grpo_steps=10,
-            grpo_sft_steps=40),
+            grpo_sft_steps=40, **JOB_SUPERVISED),
 )

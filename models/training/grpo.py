@@ -249,7 +249,7 @@ def _grpo_config(settings: TrainingSettings, out_dir: Path, weights: list[float]
     return GRPOConfig(
         **saving,
         use_cpu=not cuda,
-        bf16=precision in ("bf16", "bf16-autocast"),  # never on CPU (stack.md): resolve_precision
+        bf16=precision in ("bf16", "bf16-autocast"),  # never on CPU: resolve_precision
         # float32 weights (fp32, and bf16-autocast outside autocast: rollouts) use TF32 matmuls
         tf32=True if cuda and precision in ("fp32", "bf16-autocast") else None,
         use_vllm=False,

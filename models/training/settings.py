@@ -16,6 +16,7 @@ RewardSpec = Literal["correctness", "correctness+brier", "correctness+crps"]
 REWARDS: tuple[str, ...] = ("correctness", "correctness+brier", "correctness+crps")
 PRECISIONS = ("auto", "fp32", "bf16-autocast", "bf16")
 SMALL_MODEL_BYTES = 4 * 2**30  # checkpoints under this train in float32 on a GPU
+PAPER_LORA_RANK = 32  # the paper's LoRA r (section 5): the default of every LoRA this project trains
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class TrainingSettings:
     base_model: str = "smollm2"
     reward: RewardSpec = "correctness+brier"
     reward_weight: float = 1.0
-    lora_rank: int = 32
+    lora_rank: int = PAPER_LORA_RANK
     lora_targets: tuple[str, ...] | str = ("q_proj", "k_proj", "v_proj", "o_proj")
     lora_modules_to_save: tuple[str, ...] = ()
     learning_rate: float = 4e-5
@@ -186,7 +187,7 @@ PROFILES: dict[str, dict[str, Any]] = {
 def resolve_precision(precision: str, cuda: bool, checkpoint_bytes: int) -> str:
     """The precision a run uses: `precision` unless "auto".
 
-    auto: fp32 on CPU (stack.md: bf16 on CPU is slow and unsupported by some ops); on a GPU,
+    auto: fp32 on CPU (bf16 on CPU is slow and unsupported by some ops); on a GPU,
     fp32 for a small checkpoint and bf16 for a big one. SmolLM2's GRPO runs on the H200 logged
     NaN gradient norms in bf16 (after 11 steps with bf16 weights; at step 1 with float32 weights
     under bf16 autocast; data/training/h200/). The cause is cuDNN's attention backward (see

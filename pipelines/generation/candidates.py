@@ -25,8 +25,8 @@ import pyarrow.parquet as pq
 
 from pipelines.generation import aot, sampler
 from pipelines.generation.reference import reference_record
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA
 from pipelines.tasks import TASK_MODULES
+from warehouse.formats import KERNEL_BATCH_SCHEMA
 
 log = logging.getLogger(__name__)
 

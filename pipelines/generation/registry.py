@@ -2,7 +2,7 @@
 
 A task's families are in `pipelines.generation.families.<task>` (FAMILIES, SEED). This module
 finds them, enumerates their valid points, renders a point into a kernel module and turns it
-into a row of the kernel batch (`pipelines.profiling.formats.KERNEL_BATCH_SCHEMA`).
+into a row of the kernel batch (`warehouse.formats.KERNEL_BATCH_SCHEMA`).
 
 `register_space` installs a space in-process (tests, experiments) without a families module.
 """
@@ -91,13 +91,6 @@ def _check_space(task: str, families: tuple[Family, ...], seed: tuple[str, dict]
         raise ValueError(f"{task}: a family declares another task")
     if seed[0] not in algorithms:
         raise ValueError(f"{task}: SEED algorithm {seed[0]!r} is not a family")
-
-
-def has_families(task: str) -> bool:
-    """Whether `task` has a kernel space (registered or a families module)."""
-    if task in _REGISTERED:
-        return True
-    return importlib.util.find_spec(f"{FAMILIES_PACKAGE}.{task}") is not None
 
 
 def families_for(task: str) -> tuple[Family, ...]:

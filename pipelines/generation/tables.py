@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA
+from warehouse.formats import KERNEL_BATCH_SCHEMA
 
 CPU_CHECK = "cpu_interpreter"
 

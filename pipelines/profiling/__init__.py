@@ -1,20 +1,23 @@
 """GPU profiling: measure kernels against their task's reference, safely, on a bare host.
 
-Imports only the standard library, numpy, torch, triton, pyarrow and `pipelines.tasks`, so
+Imports only the standard library, numpy, torch, triton, pyarrow, `pipelines.tasks` and the
+definitions it shares with the warehouse (`warehouse.ids`, `warehouse.formats`,
+`warehouse.bin_edges`: stdlib, numpy and pyarrow only), so
 `python3 -m pipelines.profiling.worker --batch B.parquet --out O.parquet` runs on a GPU host
-with nothing else installed. This package file imports nothing, so `formats` stays cheap.
+with nothing else installed. This package file imports nothing, so its modules stay cheap.
 
 Public API
     worker.run_batch(batch, out, WorkerConfig(...), progress=cb) -> RunSummary   measure a batch
     check.check_source(task, source, timeout_s=, device=) -> CheckOutcome        screen one kernel
     check.check_sources(items, n_workers, timeout_s, progress=cb) -> [CheckOutcome]
-    formats.BATCH_SCHEMA / RESULT_SCHEMA / FAILURE_KINDS                         file contracts
+    warehouse.formats.BATCH_SCHEMA / RESULT_SCHEMA / FAILURE_KINDS               file contracts
     results.read_results(path) -> list[dict]
 
 Modules: worker (parent event loop, CLI), sandbox (child processes and their channel),
 jail (the sandbox layers, applied before a child starts), child (a child's entry point), runner
-(compile/check/time inside a child), verify (verdicts from a process the kernel never ran in),
-shipping (a kernel's output as a file), integrity (identities a kernel must not change), audit
+(compile/check/time inside a child), inputs (task inputs and torch's switches, shared by runner
+and verify), verify (verdicts from a process the kernel never ran in), shipping (a kernel's
+output as a file or CUDA IPC handles: ipc_handles), cuda_ipc (the self-test of both ways), integrity (identities a kernel must not change), audit
 (the parent's own account: wall-clock windows, reference timings, speedups), timing (L2 flush,
 CUDA events, adaptive reps, protocols: docs/protocols.md), hardware (fingerprint), results (JSONL
 + Parquet, resume), taskload (task registry + KERNELCAST_TASK_MODULES overrides), check,

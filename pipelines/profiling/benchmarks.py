@@ -14,9 +14,9 @@
 
 `compare` joins two result files on kernel_id (both ok) and reports, over the common
 kernels, the median and 95th percentile of |log2(speedup_a / speedup_b)|, the share within
-5% and 10%, Spearman's rank correlation, the share landing in the same speedup bin (when
-models.bins imports), and each file's median relative stderr per case (the spread). Runs on
-the GPU host too (numpy + pyarrow only; bins optional). Add --json for machine-readable output.
+5% and 10%, Spearman's rank correlation, the share landing in the same speedup bin, and each
+file's median relative stderr per case (the spread). Runs on the GPU host too (numpy + pyarrow
+only; the bin edges come from warehouse/bin_edges.py). Add --json for machine-readable output.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.profiling.results import RETRIED_KINDS
+from warehouse.bin_edges import checked_speedups, table_bins
 
 
 def _ok_rows(path: str) -> dict[str, dict]:
@@ -77,12 +78,8 @@ def compare(path_a: str, path_b: str) -> dict:
         median_speedup_a=float(np.median(sa)), median_speedup_b=float(np.median(sb)),
         worst=[{"kernel_id": k, "a": float(x), "b": float(y)} for k, x, y, _ in sorted(zip(common, sa, sb, d), key=lambda t: -t[3])[:5]],
     )
-    try:  # pairs against the shared anchor (the reference): same bin under both measurements?
-        from models.bins import speedups_to_bins
-
-        out["same_bin_share"] = float(np.mean(speedups_to_bins(sa) == speedups_to_bins(sb)))
-    except ImportError:
-        pass
+    # pairs against the shared anchor (the reference): same bin under both measurements?
+    out["same_bin_share"] = float(np.mean(table_bins(checked_speedups(sa)) == table_bins(checked_speedups(sb))))
     return out
 
 

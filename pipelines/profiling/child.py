@@ -127,14 +127,14 @@ def main(argv: list[str] | None = None) -> int:
             from pipelines.tasks.interpreter_fixes import patch_triton_interpreter
 
             patch_triton_interpreter()  # bf16 tl.dot is wrong in Triton 3.6's interpreter
-        from pipelines.profiling import runner
+        from pipelines.profiling import inputs, runner
 
         runner.COMPILE_INPUTS = config.get("compile_inputs", "device")
         if args.role != "measure":
             # Compile children only need each shape once; keep their cached inputs small, since
             # a dozen of them share the GPU's memory with the measuring child (runner.run_compile
             # also returns their allocator's free blocks after each kernel).
-            runner._CACHE.max_bytes = 2 * 2**30
+            inputs.CACHE.max_bytes = 2 * 2**30
         if args.role == "measure":
             measurer = runner.Measurer(config)
             info = {"hardware": measurer.hardware, "pid": os.getpid()}

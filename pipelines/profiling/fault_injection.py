@@ -38,9 +38,9 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.profiling.formats import BATCH_SCHEMA, RESULT_SCHEMA
 from pipelines.profiling.sandbox import REPO_ROOT
 from pipelines.profiling.taskload import module_from_file
+from warehouse.formats import BATCH_SCHEMA, RESULT_SCHEMA
 
 # The battery's kernels are the worker tests' fixtures: one set of broken and hostile kernels,
 # whose expected outcomes the tests hold too.

@@ -12,7 +12,8 @@ import platform
 import subprocess
 import sys
 
-from pipelines.profiling.formats import hardware_id
+from pipelines.profiling import launch
+from warehouse.formats import hardware_id
 
 _SMI_FIELDS = (
     "driver_version",
@@ -107,3 +108,25 @@ def cpu_fingerprint() -> dict:
 
 def fingerprint_json(fp: dict) -> str:
     return json.dumps(fp, sort_keys=True)
+
+
+def host_hardware_id(measure_device: str) -> str | None:
+    """The partition this host can measure: its CUDA GPU's type, 'cpu' for interpreter runs."""
+    return "cpu" if measure_device == "cpu" else launch.cuda_hardware_id()
+
+
+def gpu_count(configured: int | None, measure_device: str) -> int:
+    """Measuring steps to fan out to: the configured count, else every CUDA device (1 on CPU)."""
+    if configured is not None:
+        return max(1, configured)
+    if measure_device == "cpu":
+        return 1
+    import torch  # here only: the worker's parent imports this module and stays torch-free
+
+    return max(1, torch.cuda.device_count())
+
+
+def forecast_gpus(profiling) -> int:
+    """Forecasting steps of the downstream run (one per GPU, as for measuring; 1 without CUDA):
+    the plan's shard count and the run's process count, from one place."""
+    return gpu_count(profiling.gpus, "cuda")

@@ -48,8 +48,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.profiling import protocol_bench as bench
-from pipelines.profiling.formats import RESULT_SCHEMA
 from pipelines.profiling.sandbox import REPO_ROOT
+from warehouse.formats import RESULT_SCHEMA
 
 FAULT_RESERVE_S = 75.0  # the fault battery: hangs time out at 15 s, in parallel compile children
 PROTOCOLS = ("kernelcast", "gpumode")

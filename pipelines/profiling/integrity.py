@@ -42,7 +42,7 @@ WATCHED_MODULES = (
 )
 HARNESS_MODULES = (
     "pipelines.profiling.runner", "pipelines.profiling.timing", "pipelines.profiling.verify",
-    "pipelines.profiling.shipping", "pipelines.profiling.cuda_ipc", "pipelines.profiling.integrity", "pipelines.profiling.child",
+    "pipelines.profiling.shipping", "pipelines.profiling.ipc_handles", "pipelines.profiling.inputs", "pipelines.profiling.integrity", "pipelines.profiling.child",
     "pipelines.tasks.contract", "pipelines.tasks.gpumode_utils", "pipelines.tasks.gpumode",
 )
 WATCHED_CLASSES = ("torch.Tensor", "torch._C.TensorBase", "torch.cuda.Event", "torch.cuda.Stream", "torch.Generator")

@@ -74,7 +74,7 @@ def cuda_hardware_id() -> str | None:
 
         if not torch.cuda.is_available():
             return None
-        from pipelines.profiling.formats import hardware_id
+        from warehouse.formats import hardware_id
 
         return hardware_id(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
     except Exception:  # no driver, broken install: no local measuring, not a crash

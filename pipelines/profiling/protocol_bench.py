@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from pipelines.profiling.formats import BATCH_SCHEMA
+from warehouse.formats import BATCH_SCHEMA
 
 SUBMISSION_PREFIX = "gpumode-submission:"
 DEFAULT_QUOTAS = {"trimul": 2}  # a trimul kernel takes ~17 s under gpumode (100 calls of each case); the rest share the draw

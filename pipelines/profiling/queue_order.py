@@ -1,7 +1,7 @@
 """The order a worker (or the measuring service) measures kernels in.
 
 The measuring child and the verifier keep each task's benchmark inputs in an input cache
-(runner.InputCache): per case the input itself, its re-check seed and the timed variants. The
+(inputs.InputCache): per case the input itself, its re-check seed and the timed variants. The
 cache evicts by task, so a queue that alternates tasks regenerates every input of each kernel's
 task on the CPU (about a second a case, in both processes): on one H200 (2026-12-02) a batch of
 nine tasks taken one kernel each in turn measured 231 kernels per hour, the same harness on

@@ -20,7 +20,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.profiling.formats import RESULT_SCHEMA
+from warehouse.formats import RESULT_SCHEMA
 
 log = logging.getLogger(__name__)
 

@@ -41,7 +41,17 @@ from typing import Any
 
 import torch
 
-from pipelines.profiling import verify
+from pipelines.profiling import inputs, verify
+from pipelines.profiling.inputs import (
+    CACHE,
+    clone_data,
+    input_cache_bytes,
+    make_input,
+    map_tensors,
+    restore_torch_flags,
+    snapshot_torch_flags,
+    sync,
+)
 from pipelines.profiling.integrity import Watch
 from pipelines.profiling.sandbox import one_line
 from pipelines.profiling.shipping import ShippingError
@@ -57,7 +67,6 @@ from pipelines.profiling.timing import (
     TimingTampered,
     cpu_steps,
     cuda_steps,
-    data_nbytes,
     drive,
     gpumode_warmup_steps,
     plain_feed,
@@ -265,85 +274,6 @@ def classify(e: BaseException, device: str, what: str) -> KernelFailure:
 
 
 # ---- inputs and checks -----------------------------------------------------------------
-def _generate(task, case: dict, salt: int = 0) -> Any:
-    kw = dict(case)
-    seed = int(kw.pop("seed", 0)) + salt
-    return task.generate_input(seed=seed, **kw)
-
-
-def map_tensors(data: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
-    """A task input (tensors inside tuples, lists and dicts) with `fn` applied to every tensor."""
-    if isinstance(data, torch.Tensor):
-        return fn(data)
-    if isinstance(data, tuple):
-        return tuple(map_tensors(x, fn) for x in data)
-    if isinstance(data, list):
-        return [map_tensors(x, fn) for x in data]
-    if isinstance(data, dict):
-        return {k: map_tensors(v, fn) for k, v in data.items()}
-    return data
-
-
-def clone_data(data: Any) -> Any:
-    """A deep copy of a task input: every tensor cloned (same values, fresh buffers)."""
-    return map_tensors(data, torch.Tensor.clone)
-
-
-class InputCache:
-    """Task inputs generated once per (task, case, salt) and handed out as fresh clones.
-
-    Tasks build inputs on the CPU with a seeded generator (so CPU and GPU see the same data);
-    for benchmark shapes that costs ~1 s a case, far more than checking or timing a kernel.
-    A clone is a new buffer with the same values: no kernel ever sees a buffer another kernel
-    (or the reference) has touched. Inputs of the least recently used task are dropped once
-    the cache holds more than `max_bytes`.
-    """
-
-    def __init__(self, max_bytes: int = 24 * 2**30):
-        self.max_bytes = max_bytes
-        self.items: dict[tuple[str, str, int], tuple[Any, int]] = {}
-
-    def get(self, task, case: dict, salt: int = 0) -> Any:
-        return clone_data(self.peek(task, case, salt))
-
-    def peek(self, task, case: dict, salt: int = 0) -> Any:
-        """The cached input itself, not a clone: for reading only (values copied into buffers)."""
-        key = (task.name, task.case_id(case), salt)
-        if key not in self.items:
-            data = _generate(task, case, salt)
-            self.items[key] = (data, data_nbytes(data))
-            self._evict(keep=task.name)
-        else:
-            self.items[key] = self.items.pop(key)  # most recently used last
-        return self.items[key][0]
-
-    def _evict(self, keep: str) -> None:
-        while sum(n for _, n in self.items.values()) > self.max_bytes:
-            victim = next((k for k in self.items if k[0] != keep), None)
-            if victim is None:
-                break
-            del self.items[victim]
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-
-
-_CACHE = InputCache()
-
-
-def input_cache_bytes(device: str, share: float, floor: int) -> int:
-    """An input cache's budget: `share` of the GPU's memory, at least `floor`; `floor` on the CPU.
-
-    With its re-check seed and two timed variants per case, every task's benchmark inputs take
-    about 41 GB (trimul 15, cross_entropy 14, gdn_chunk_fwd_o 5.4); a fixed 24 GiB held fewer
-    tasks than a mixed batch cycles through, so each task switch regenerated them (about a second
-    a case on the CPU). 30% of an H200 (43 GB) for the measuring child and 20% for the verifier
-    hold them all and leave about 70 GB for kernels and references.
-    """
-    if device == "cuda" and torch.cuda.is_available():
-        return max(int(floor), int(share * torch.cuda.get_device_properties(0).total_memory))
-    return int(floor)
-
-
 def release_cuda_memory(keep_bytes: int) -> bool:
     """Give the caching allocator's free blocks back to the device once this process reserves
     more than `keep_bytes`; True if it did. A compile child runs each kernel's launcher on the
@@ -355,16 +285,6 @@ def release_cuda_memory(keep_bytes: int) -> bool:
         return False
     torch.cuda.empty_cache()
     return True
-
-
-def make_input(task, case: dict, salt: int = 0) -> Any:
-    """The task's input for `case`, deterministic by the case's seed (+ salt): a fresh clone."""
-    return _CACHE.get(task, case, salt)
-
-
-def sync(device: str) -> None:
-    if device == "cuda":
-        torch.cuda.synchronize()  # device-wide: every stream the kernel may have used
 
 
 def poison_free_memory(device: str, data: Any) -> None:
@@ -466,44 +386,6 @@ def check_all(task, fn: Callable, cases, device: str, progress: Callable[[str], 
     return first
 
 
-# ---- torch global state ----------------------------------------------------------------
-_FLAG_ATTRS = (
-    ("torch.backends.cuda.matmul", "allow_tf32"),
-    ("torch.backends.cudnn", "allow_tf32"),
-    ("torch.backends.cuda.matmul", "allow_fp16_reduced_precision_reduction"),
-    ("torch.backends.cuda.matmul", "allow_bf16_reduced_precision_reduction"),
-    ("torch.backends.cudnn", "benchmark"),
-)
-
-
-def snapshot_torch_flags() -> dict:
-    """Global torch switches a kernel module might flip (TF32, default dtype, ...)."""
-    import warnings
-
-    snap: dict = {"default_dtype": torch.get_default_dtype(), "matmul_precision": torch.get_float32_matmul_precision()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for mod, attr in _FLAG_ATTRS:
-            with contextlib.suppress(Exception):
-                snap[f"{mod}.{attr}"] = getattr(eval(mod), attr)
-    return snap
-
-
-def restore_torch_flags(snap: dict) -> None:
-    """Undo what a kernel changed, so the next reference timing runs as the first did."""
-    import warnings
-
-    torch.set_default_dtype(snap["default_dtype"])
-    torch.set_float32_matmul_precision(snap["matmul_precision"])
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        for mod, attr in _FLAG_ATTRS:
-            key = f"{mod}.{attr}"
-            if key in snap:
-                with contextlib.suppress(Exception):
-                    setattr(eval(mod), attr, snap[key])
-
-
 # ---- the three roles -------------------------------------------------------------------
 @contextlib.contextmanager
 def triton_launches_suppressed():
@@ -571,7 +453,7 @@ def meta_input(task, case: dict) -> Any:
         forced = os.environ.get("KERNELCAST_DEVICE")
         os.environ["KERNELCAST_DEVICE"] = "cpu"  # tasks place inputs on default_device()
         try:
-            _META_INPUTS[key] = to_meta(_generate(task, case))
+            _META_INPUTS[key] = to_meta(inputs.generate(task, case))
         finally:
             if forced is None:
                 os.environ.pop("KERNELCAST_DEVICE", None)
@@ -643,7 +525,7 @@ def run_compile(job: dict, device: str) -> dict:
     finally:
         unload_kernel(path)
         if device == "cuda" and COMPILE_INPUTS != "meta":
-            release_cuda_memory(keep_bytes=_CACHE.max_bytes + 2**30)
+            release_cuda_memory(keep_bytes=CACHE.max_bytes + 2**30)
     return _checked_after_unload(result)
 
 
@@ -726,7 +608,7 @@ class Measurer:
         # (task, case_id) -> the last REF_KEEP reference timings and when the newest was taken
         self.refs: dict[tuple[str, str], tuple[list[Timing], float]] = {}
         self.flags = snapshot_torch_flags()
-        _CACHE.max_bytes = int(config.get("input_cache_bytes") or input_cache_bytes(self.device, 0.30, 24 * 2**30))
+        CACHE.max_bytes = int(config.get("input_cache_bytes") or input_cache_bytes(self.device, 0.30, 24 * 2**30))
 
     def cases(self, task) -> tuple:
         return timed_cases(task, self.device)
@@ -853,9 +735,9 @@ class Measurer:
         call, a sample of the outputs kept after it (for the verifier; the reference's are dropped)."""
         if len(self.timed_salts) <= 8:  # the variants generated here (once per child), not between timed calls
             for s in self.timed_salts:
-                _CACHE.peek(task, case, s)
+                CACHE.peek(task, case, s)
         sync(self.device)
-        return Feed(data, lambda s, case=case: _CACHE.peek(task, case, s), self.timed_salts, self.timed_samples,
+        return Feed(data, lambda s, case=case: CACHE.peek(task, case, s), self.timed_salts, self.timed_samples,
                     self.device)
 
     def timed_case_steps(self, feed: Feed, first: bool) -> Steps:

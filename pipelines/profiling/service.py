@@ -49,11 +49,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from pipelines.profiling import service_queue as sq
-from pipelines.profiling.formats import HARNESS_VERSION
 from pipelines.profiling.queue_order import order_kernels
 from pipelines.profiling.results import PROTOCOLS
 from pipelines.profiling.sandbox import one_line
 from pipelines.profiling.worker import WorkerConfig, WorkerError, _Run
+from warehouse.formats import HARNESS_VERSION
 
 log = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ header = {"tree": node, "tensors": [{"dtype", "shape", "offset", "nbytes"}]}, wh
 allow-list, sizes and offsets must fit the file, nesting and counts are bounded.
 
 On a GPU the bytes need not leave the device: `write_handles` writes the same header with
-b"KCIPC001" and, per tensor, a CUDA IPC handle of its allocation (cuda_ipc.py) instead of its
+b"KCIPC001" and, per tensor, a CUDA IPC handle of its allocation (ipc_handles.py) instead of its
 bytes; the reader maps each handle, copies the bytes into its own memory and checks offsets and
 sizes against the mapped block. A reader that cannot map them raises `NeedsFile`, and the
 kernel's process ships the same output as a file.
@@ -34,7 +34,7 @@ import torch
 
 # Imported here, not where it is used: the integrity watch checks the harness modules loaded
 # before the kernel runs, and a module first imported after it would go unwatched.
-from pipelines.profiling import cuda_ipc
+from pipelines.profiling import ipc_handles
 from pipelines.profiling.sandbox import RefusedJSON, loads_bounded
 
 MAGIC = b"KCOUT001"
@@ -143,7 +143,7 @@ def write_handles(path: str | Path, output: Any) -> list[torch.Tensor] | None:
     try:
         entries = [{"dtype": _NAMES[t.dtype], "shape": list(t.shape), "nbytes": t.numel() * t.element_size(),
                     **_handle_entry(t)} for t in keep]
-    except cuda_ipc.IpcUnavailable as e:
+    except ipc_handles.IpcUnavailable as e:
         raise NeedsFile(str(e)) from None
     header = json.dumps({"tree": tree, "tensors": entries}).encode()
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -155,15 +155,15 @@ def write_handles(path: str | Path, output: Any) -> list[torch.Tensor] | None:
 def _handle_entry(t: torch.Tensor) -> dict:
     """An empty tensor has no memory to hand over (its pointer is 0): it travels as its shape."""
     if t.numel() == 0:
-        return {"handle": None, "offset": 0, "device": cuda_ipc.device_uuid(t.device.index or 0)}
-    return cuda_ipc.export(t)
+        return {"handle": None, "offset": 0, "device": ipc_handles.device_uuid(t.device.index or 0)}
+    return ipc_handles.export(t)
 
 
 def _valid_handle(e: dict, nbytes: int) -> bool:
     h = e.get("handle")
     if h is None:
         return nbytes == 0
-    return isinstance(h, str) and len(h) == 2 * cuda_ipc.HANDLE_BYTES and all(c in "0123456789abcdef" for c in h)
+    return isinstance(h, str) and len(h) == 2 * ipc_handles.HANDLE_BYTES and all(c in "0123456789abcdef" for c in h)
 
 
 def _decode(node: Any, tensors: list[torch.Tensor], depth: int = 0) -> Any:
@@ -286,21 +286,21 @@ def _mapped_tensors(entries: list, device: str) -> list[torch.Tensor]:
     if not device.startswith("cuda"):
         raise NeedsFile("this verifier has no GPU to map CUDA IPC handles on")
     try:
-        here = cuda_ipc.device_uuid(torch.device(device).index or 0)
+        here = ipc_handles.device_uuid(torch.device(device).index or 0)
         if any(e.get("device") != here for e in entries):
             raise NeedsFile("the output lies on another GPU")
         out: list[torch.Tensor | None] = [None if e["handle"] else torch.empty(layouts[i][1], dtype=layouts[i][0], device=device)
                                           for i, e in enumerate(entries)]
         for handle in dict.fromkeys(e["handle"] for e in entries if e["handle"]):
-            with cuda_ipc.opened(handle, device) as (ptr, size):
+            with ipc_handles.opened(handle, device) as (ptr, size):
                 for i, e in enumerate(entries):
                     if e["handle"] != handle:
                         continue
                     dtype, shape, nbytes, offset = layouts[i]
                     if offset + nbytes > size:
                         raise ShippingError("output tensor does not fit its memory block")
-                    out[i] = cuda_ipc.copy_out(ptr + offset, nbytes, device).view(dtype).reshape(shape)
-    except (cuda_ipc.IpcUnavailable, ValueError) as e:
+                    out[i] = ipc_handles.copy_out(ptr + offset, nbytes, device).view(dtype).reshape(shape)
+    except (ipc_handles.IpcUnavailable, ValueError) as e:
         if isinstance(e, ShippingError):
             raise
         raise NeedsFile(str(e)) from None

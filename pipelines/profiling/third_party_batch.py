@@ -24,8 +24,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA
 from pipelines.tasks import TASK_MODULES
+from warehouse.formats import KERNEL_BATCH_SCHEMA
 from warehouse.ids import kernel_id
 
 EXTERNAL_PREFIX = "external:"

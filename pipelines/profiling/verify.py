@@ -105,12 +105,14 @@ def verification_plan(task, kind: str, device: str, protocol: str = "kernelcast"
     return steps
 
 
+# inputs.py (and torch) are imported inside the functions that use them: the worker's parent imports
+# this module for VerifierLink and stays torch-free.
 # ---- the kernel's side ------------------------------------------------------------------------
 class LocalJudge:
     """Checks in this process: for in-process tests of the runner only (no kernel isolation)."""
 
     def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
-        from pipelines.profiling.runner import make_input
+        from pipelines.profiling.inputs import make_input
 
         ok, message = task.check_implementation(make_input(task, case, salt), output)
         return bool(ok), str(message)
@@ -215,7 +217,7 @@ def global_flags(flags: dict):
     """The kernel process's TF32 / reduced-precision switches, for the reference inside."""
     import torch
 
-    from pipelines.profiling.runner import restore_torch_flags, snapshot_torch_flags
+    from pipelines.profiling.inputs import restore_torch_flags, snapshot_torch_flags
 
     saved = snapshot_torch_flags()
     try:
@@ -234,7 +236,7 @@ class Verifier:
     """The verifier child's state: its own input cache and each job's progress through its plan."""
 
     def __init__(self, config: dict):
-        from pipelines.profiling.runner import InputCache, input_cache_bytes
+        from pipelines.profiling.inputs import InputCache, input_cache_bytes
 
         self.device = config.get("device", "cpu")
         self.protocol = config.get("protocol", "kernelcast")
@@ -293,7 +295,7 @@ class Verifier:
 
     def _check(self, task, case: dict, salt: int, msg: dict, output: Any, error: str | None,
                timed: bool = False) -> tuple[bool, str]:
-        from pipelines.profiling.runner import sync
+        from pipelines.profiling.inputs import sync
         from pipelines.profiling.sandbox import one_line
 
         cid = task.case_id(case) + (" (a timed call)" if timed else f" (re-check, seed +{salt})" if salt else "")
@@ -491,5 +493,5 @@ def settle(result: dict, v: JobVerdicts) -> dict:
 
 
 def flags_json(snapshot: dict) -> dict:
-    """The FLAG_KEYS part of runner.snapshot_torch_flags(), as plain JSON values."""
+    """The FLAG_KEYS part of inputs.snapshot_torch_flags(), as plain JSON values."""
     return clean_flags(json.loads(json.dumps({k: v for k, v in snapshot.items() if k in FLAG_KEYS})))

@@ -42,7 +42,7 @@ Pipeline (one parent, many children; the parent never runs kernel code):
   compiled by the measuring child in its warm-up calls instead. Side by side on four H200s
   (H200s, 2026-11-29) it gave 29% more correct kernels per GPU-hour on the light tasks and
   7% more on the heavy ones than --compile-inputs device (real GPU inputs, phased: compiles and
-  timing alternate), with the same repeatability (README, "Profiling benchmarks").
+  timing alternate), with the same repeatability (docs/operating.md, "Measuring on a GPU host").
 * A child that crashes, hangs (no progress for --timeout-s) or hits a sticky CUDA error is
   killed and replaced; the kernel gets its failure kind and the batch goes on.
 * Kernels are measured in runs of 64 of one task, tasks taking turns, torch.compile kernels last
@@ -75,7 +75,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from pipelines.profiling.audit import PhaseClock, ReferenceBook, audit_claims, timing_fields
-from pipelines.profiling.formats import FAILURE_KINDS, HARNESS_VERSION
 from pipelines.profiling.hardware import fingerprint_json
 from pipelines.profiling.queue_order import TASK_CHUNK, order_kernels, uses_torch_compile
 from pipelines.profiling.refcache import RefCache, default_path
@@ -93,6 +92,7 @@ from pipelines.profiling.sandbox import (
     scan_processes,
 )
 from pipelines.profiling.verify import VerifierLink, settle
+from warehouse.formats import FAILURE_KINDS, HARNESS_VERSION
 
 NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
 LIMIT_SCAN_S = 0.5  # how often the parent reads /proc for the children's memory and processes

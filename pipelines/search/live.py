@@ -73,7 +73,7 @@ def _hardware_id(device: str) -> str:
         return "cpu"
     import torch
 
-    from pipelines.profiling.formats import hardware_id
+    from warehouse.formats import hardware_id
 
     if not torch.cuda.is_available():
         raise SystemExit("error: --device cuda but no CUDA device here (use --device cpu for a dry run)")

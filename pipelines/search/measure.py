@@ -29,11 +29,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.profiling import service_queue
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA
 from pipelines.profiling.results import rows_to_table
 from pipelines.search import space
 from pipelines.search.events import Child, Outcome
 from pipelines.search.table import MeasuredTable
+from warehouse.formats import KERNEL_BATCH_SCHEMA
 
 log = logging.getLogger(__name__)
 

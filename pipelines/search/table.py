@@ -98,7 +98,7 @@ def load_table_parquet(folder: str | Path, hardware_id: str) -> MeasuredTable:
     import polars as pl
 
     from pipelines.curation.pairs import labels
-    from pipelines.profiling.formats import measurement_id
+    from warehouse.formats import measurement_id
 
     folder = Path(folder)
     results = sorted(folder.rglob("results-*.parquet"))

@@ -175,7 +175,7 @@ def reference_listing(roles: Roles) -> list[Forecaster]:
 
 
 def split_pairs(roles: Roles) -> dict[str, list[str]]:
-    """The pair ids each split is scored on (what forecasters.json records)."""
+    """The pair ids each split is scored on (what the forecaster listing records)."""
     return {"in_distribution": roles.eval["pair_id"].to_list(), "source_only": roles.eval["pair_id"].to_list(),
             "held_out_task": roles.held_out_eval["pair_id"].to_list(),
             "external": roles.external_pairs()["pair_id"].to_list()}
@@ -218,8 +218,8 @@ def split_frames(frame: pl.DataFrame, listing: dict[str, Any]) -> dict[str, pl.D
 
     Args:
         frame: forecasts of the version joined with their pairs (with `split`, the pair's split).
-        listing: the forecasters.json the forecasts asset wrote (`pairs` of each split,
-            `forecasters` with model_ref and split).
+        listing: the forecaster listing the forecasts asset stored (`pairs` of each split,
+            `forecasters` with model_ref and split; warehouse.forecasts.read_forecast_listing).
     Returns:
         {split: rows}: `in_distribution`, rows of the eval pairs (and discovery pairs) of every
         forecaster not listed only for another split; `source_only`, the eval pairs' rows of the

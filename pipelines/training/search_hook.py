@@ -78,8 +78,10 @@ def portable_forecaster(name: str, tracking_uri: str, home: Path, compile_worker
     """
     from models.classical.cost_model import CostModel
     from models.classical.portable import PortableCostModel
+    from pipelines.forecasting.source_features import source_features_many
 
     found = search_forecaster(name, tracking_uri, home)
     if not isinstance(found.model, CostModel):
         raise ValueError(f"{found.name} is not a cost model: only cost models export (the text model needs scikit-learn)")
-    return PortableCostModel.from_cost_model(found.model, found.known_features, found.name, compile_workers)
+    return PortableCostModel.from_cost_model(found.model, found.known_features, found.name, compile_workers,
+                                             source_features_many)

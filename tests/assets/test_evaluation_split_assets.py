@@ -34,7 +34,7 @@ def test_reports_and_promotion_over_the_splits(tmp_path, monkeypatch):
     from orchestration.settings import load_settings
     from warehouse.datasets import write_dataset
     from warehouse.db import connect
-    from warehouse.forecasts import write_forecasts
+    from warehouse.forecasts import write_forecast_listing, write_forecasts
 
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("KERNELCAST_EXTERNAL_DIR", raising=False)
@@ -71,7 +71,8 @@ def test_reports_and_promotion_over_the_splits(tmp_path, monkeypatch):
                "empty": {"held_out_task": "no held-out task", "external": "no kernel outside the templates"},
                "forecasters": [{"model_ref": r, "kind": "baseline", "split": s, "source": "reference", "run_id": ""}
                                for r in ("baseline:uniform", "baseline:oracle") for s in ("in_distribution", "source_only")]}
-    (folder / "forecasters.json").write_text(json.dumps(listing))
+    with connect(settings.warehouse_path) as con:
+        write_forecast_listing(con, "ds-t", listing)
 
     defs = build_defs(settings)
     instance = dg.DagsterInstance.ephemeral()

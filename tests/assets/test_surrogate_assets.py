@@ -179,7 +179,9 @@ def _forecasts_run(settings, defs, tmp_path, gpus: int) -> tuple[pl.DataFrame, d
 
     from dagster._core.definitions.reconstruct import ReconstructableRepository
 
+    from warehouse.datasets import current_dataset_version
     from warehouse.db import connect
+    from warehouse.forecasts import read_forecast_listing
 
     shutil.rmtree(settings.home / "forecast-cache", ignore_errors=True)
     with connect(settings.warehouse_path) as con:
@@ -196,9 +198,9 @@ def _forecasts_run(settings, defs, tmp_path, gpus: int) -> tuple[pl.DataFrame, d
                              asset_selection=[dg.AssetKey("forecasts")], raise_on_error=False)
     mat = next(e for e in run.get_asset_materialization_events() if e.asset_key.to_user_string() == "forecasts")
     meta = {k: getattr(v, "value", v) for k, v in mat.step_materialization_data.materialization.metadata.items()}
-    listing = json.loads(next(settings.reports_dir.rglob("forecasters.json")).read_text())
-    here = [f["model_ref"] for f in listing["forecasters"] if f["source"] == "forecast here"]
     with connect(settings.warehouse_path, read_only=True) as con:
+        listing = read_forecast_listing(con, current_dataset_version(con))
+        here = [f["model_ref"] for f in listing["forecasters"] if f["source"] == "forecast here"]
         rows = con.sql("SELECT * FROM forecasts WHERE list_contains(?, model_ref) ORDER BY model_ref, pair_id",
                        params=[here]).pl()
     return rows, meta, (run, instance)

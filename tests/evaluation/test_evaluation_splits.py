@@ -133,7 +133,7 @@ def test_a_listing_without_its_pairs_is_refused_in_one_line():
 
 
 def test_the_evaluation_refuses_a_missing_listing(tmp_path):
-    """No forecasters.json: calibration_report fails in one line naming the file (no silent {})."""
+    """No forecaster listing in the warehouse: calibration_report fails in one line (no silent {})."""
     import dagster as dg
 
     from assets.evaluation import evaluation_reports
@@ -150,7 +150,7 @@ def test_the_evaluation_refuses_a_missing_listing(tmp_path):
                                 settings=SettingsResource(profile="smoke", home=str(tmp_path / "home")),
                                 warehouse=WarehouseResource(path=str(db)),
                                 mlflow=MlflowResource(tracking_uri=f"sqlite:///{tmp_path}/m.db", artifact_root=str(tmp_path / "a"))))
-    assert "forecasters.json" in str(err.value)
+    assert "dataset version ds-1" in str(err.value) and "\n" not in str(err.value)
 
 
 def _toy_forecasts(seed: int, n: int = 40) -> pl.DataFrame:
@@ -256,7 +256,7 @@ def _write_folder(folder, n: int = 6):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
+    from warehouse.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
 
     folder.mkdir(parents=True)
     kernels, results = [], []

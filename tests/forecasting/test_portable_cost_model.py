@@ -118,7 +118,9 @@ def test_a_forecaster_file_loads_and_forecasts_without_scikit_learn_or_scipy(fit
 
 
 def test_unknown_triton_candidates_are_compiled_once_for_their_features(fitted):
-    portable = PortableCostModel.from_cost_model(fitted, compile_workers=1)
+    from pipelines.forecasting.source_features import source_features_many
+
+    portable = PortableCostModel.from_cost_model(fitted, compile_workers=1, compiler=source_features_many)
     seed = space.kernel_record("softmax", space.root_child("softmax"))
     assert portable.compile_missing([seed, space.reference_kernel("softmax")]) == 1  # the reference is not Triton
     feats = portable.features[seed["kernel_id"]]

@@ -9,8 +9,8 @@ import sys
 import pytest
 
 from pipelines.generation import handwritten
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA
 from pipelines.tasks import TASK_MODULES, get_task
+from warehouse.formats import KERNEL_BATCH_SCHEMA
 from warehouse.ids import kernel_id
 
 ROWWISE = ("softmax", "rms_norm", "layer_norm")

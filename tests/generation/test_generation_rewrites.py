@@ -9,7 +9,7 @@ import polars as pl
 import pytest
 
 from pipelines.generation import external_batch, handwritten, rewrites, sampler
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA
+from warehouse.formats import KERNEL_BATCH_SCHEMA
 from warehouse.ids import kernel_id
 
 TASKS = ("softmax", "rms_norm", "matmul_bias_gelu", "gdn_chunk_fwd_o")

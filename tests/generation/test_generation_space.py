@@ -19,8 +19,8 @@ import pytest
 from pipelines.generation import candidates, mutations, reference, registry, sampler
 from pipelines.generation.registry import KernelPoint
 from pipelines.generation.space import Family, Knob
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA
 from pipelines.tasks import TASK_MODULES
+from warehouse.formats import KERNEL_BATCH_SCHEMA
 from warehouse.ids import kernel_id
 
 TOY = "tiny_scale"

@@ -23,7 +23,6 @@ from models.registry import (
 )
 from models.tiny import build_tiny_model
 from models.tracking import mlflow_experiment
-from pipelines.profiling.formats import measurement_id
 from tests.warehouse.test_warehouse_factory import (
     kernel_row,
     kernel_table,
@@ -32,6 +31,7 @@ from tests.warehouse.test_warehouse_factory import (
     write,
 )
 from warehouse.db import connect
+from warehouse.formats import measurement_id
 
 NAME = "kernelcast-surrogate"
 

@@ -321,7 +321,7 @@ def test_rows_with_prompts_over_the_limit_are_left_out(tmp_path):
 
 def test_a_run_stopped_by_the_clock_resumes_from_its_checkpoint(tmp_path, one_thread):
     """stop_at ends GRPO at a whole step (checkpointed); the next call resumes there without
-    repeating the warm-up and finishes the run: how training spans several GPU calls."""
+    repeating the warm-up and finishes the run: how training spans several runs on a GPU host."""
     import json
 
     from models.training import WARMUP_RECORD, last_checkpoint

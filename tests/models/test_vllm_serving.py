@@ -93,7 +93,7 @@ def test_llm_mutator_against_vllm(vllm_server):
     from pipelines.generation.llm_mutator import LLMEndpoint, LLMMutator
     from pipelines.generation.registry import make_record, seed_point
     from pipelines.profiling.check import check_source
-    from pipelines.profiling.formats import FAILURE_KINDS
+    from warehouse.formats import FAILURE_KINDS
 
     parent = make_record(seed_point("softmax"))
     endpoint = LLMEndpoint(

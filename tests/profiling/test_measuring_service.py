@@ -214,8 +214,8 @@ def test_the_queue_is_one_per_gpu(monkeypatch, tmp_path):
 def test_the_live_search_measures_through_the_service_and_falls_back_without_one(tmp_path):
     import pyarrow.parquet as pq
 
-    from pipelines.profiling.formats import RESULT_SCHEMA
     from pipelines.search.live import main
+    from warehouse.formats import RESULT_SCHEMA
 
     def args(work: Path, out: Path, *extra: str) -> list[str]:
         return ["--tasks", "softmax", "--modes", "standard,filtered", "--seeds", "1", "--budget", "3",
@@ -268,7 +268,7 @@ def test_the_measure_step_hands_its_shard_to_a_running_service(tmp_path, monkeyp
     import pyarrow.parquet as pq
 
     from pipelines.profiling import launch
-    from pipelines.profiling.formats import BATCH_SCHEMA, RESULT_SCHEMA
+    from warehouse.formats import BATCH_SCHEMA, RESULT_SCHEMA
 
     queue = tmp_path / "queue"
     monkeypatch.setenv(sq.ENV, str(queue))  # the step finds the service through its default queue

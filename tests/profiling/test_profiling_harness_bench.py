@@ -14,7 +14,7 @@ import pytest
 
 from pipelines.profiling import harness_bench
 from pipelines.profiling import protocol_bench as bench
-from pipelines.profiling.formats import RESULT_SCHEMA
+from warehouse.formats import RESULT_SCHEMA
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "data" / "measurements" / "h200"

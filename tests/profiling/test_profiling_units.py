@@ -11,12 +11,12 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines.profiling import runner, taskload, timing
-from pipelines.profiling.formats import RESULT_SCHEMA
+from pipelines.profiling import inputs, runner, taskload, timing
 from pipelines.profiling.hardware import cpu_fingerprint
 from pipelines.profiling.results import ResultStore, now_utc, partial_path
 from pipelines.profiling.sandbox import describe_exit, one_line
 from pipelines.profiling.worker import RunSummary, WorkerConfig
+from warehouse.formats import RESULT_SCHEMA
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
 TINY = f"tiny_scale={FIXTURES / 'tiny_task.py'}"
@@ -269,13 +269,13 @@ def test_meta_input_is_built_on_the_cpu_once_and_restores_the_device_setting(mon
     monkeypatch.setenv("KERNELCAST_DEVICE", "cuda")  # as on a GPU host: tasks would place inputs there
     runner._META_INPUTS.clear()
     calls = []
-    real_generate = runner._generate
+    real_generate = inputs.generate
 
     def counting(task_, case_, salt=0):
         calls.append(__import__("os").environ["KERNELCAST_DEVICE"])
         return real_generate(task_, case_, salt)
 
-    monkeypatch.setattr(runner, "_generate", counting)
+    monkeypatch.setattr(inputs, "generate", counting)
     first, second = runner.meta_input(task, case), runner.meta_input(task, case)
     assert calls == ["cpu"]  # generated once, on the CPU
     assert __import__("os").environ["KERNELCAST_DEVICE"] == "cuda"

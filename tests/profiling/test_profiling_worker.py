@@ -21,9 +21,9 @@ import pytest
 
 from pipelines.profiling import taskload
 from pipelines.profiling.check import check_source, check_sources
-from pipelines.profiling.formats import BATCH_SCHEMA, RESULT_SCHEMA
 from pipelines.profiling.results import partial_path
 from pipelines.profiling.worker import WorkerConfig, run_batch
+from warehouse.formats import BATCH_SCHEMA, RESULT_SCHEMA
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
 REPO = Path(__file__).resolve().parents[2]

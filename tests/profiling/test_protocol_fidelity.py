@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from pipelines.profiling import refcache, runner, taskload
+from pipelines.profiling import inputs, refcache, runner, taskload
 
 RECORDED_TASK = '''
 import torch
@@ -81,8 +81,8 @@ def test_reference_timings_of_the_earlier_format_are_timed_again(tmp_path, caplo
 
 
 def test_input_cache_budget_follows_the_device():
-    assert runner.input_cache_bytes("cpu", 0.3, 24 * 2**30) == 24 * 2**30
+    assert inputs.input_cache_bytes("cpu", 0.3, 24 * 2**30) == 24 * 2**30
     m = runner.Measurer({"device": "cpu", "input_cache_bytes": 2**30})
-    assert runner._CACHE.max_bytes == 2**30
+    assert inputs.CACHE.max_bytes == 2**30
     runner.Measurer({"device": "cpu"})
-    assert runner._CACHE.max_bytes == 24 * 2**30 and m.device == "cpu"
+    assert inputs.CACHE.max_bytes == 24 * 2**30 and m.device == "cpu"

@@ -27,9 +27,9 @@ import pytest
 
 from pipelines.profiling import sandbox, shipping, taskload
 from pipelines.profiling.check import check_sources
-from pipelines.profiling.formats import BATCH_SCHEMA
 from pipelines.profiling.worker import WorkerConfig, run_batch
 from tests.profiling.test_sandbox_hostile import _jail
+from warehouse.formats import BATCH_SCHEMA
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
 REPO = Path(__file__).resolve().parents[2]

@@ -25,8 +25,8 @@ import pytest
 
 from pipelines.profiling import fault_injection, jail, sandbox, taskload
 from pipelines.profiling.check import check_sources
-from pipelines.profiling.formats import BATCH_SCHEMA
 from pipelines.profiling.worker import WorkerConfig, run_batch
+from warehouse.formats import BATCH_SCHEMA
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
 REPO = Path(__file__).resolve().parents[2]

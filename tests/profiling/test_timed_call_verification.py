@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from pipelines.profiling import audit, integrity, refcache, runner, taskload, timing, verify
-from pipelines.profiling.formats import BATCH_SCHEMA, HARNESS_VERSION
 from pipelines.profiling.worker import WorkerConfig, run_batch
+from warehouse.formats import BATCH_SCHEMA, HARNESS_VERSION
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
 hostile = taskload.module_from_file(FIXTURES / "hostile.py", "hostile_kernels_timed")

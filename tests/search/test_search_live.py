@@ -12,9 +12,9 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
 from pipelines.search.live import main
 from warehouse import commit
+from warehouse.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,7 @@ def test_live_search_refuses_filtering_without_a_forecaster(tmp_path, capsys):
 @pytest.mark.slow
 def test_gpu_search_round_script_runs_every_stage_on_cpu(tmp_path):
     """scripts/gpu_search_round.sh end to end with KC_DEVICE=cpu: a 2-kernel neighbourhood batch,
-    a budget-4 live search, a 4-config autotune; its files are what the GPU call returns."""
+    a budget-4 live search, a 4-config autotune; its files are what the round writes to --out."""
     import os
 
     from pipelines.search import space
@@ -82,11 +82,11 @@ def test_gpu_search_round_script_runs_every_stage_on_cpu(tmp_path):
     prep, out = tmp_path / "prep", tmp_path / "out"
     out.mkdir()
     write_kernel_batch([space.kernel_record("softmax", c, root.kernel_id) for c in kids], prep / "neighbourhood.parquet")
-    env = {**os.environ, "OUT": str(out), "KC_DEVICE": "cpu", "KC_LIVE_TASKS": "softmax", "KC_LIVE_SEEDS": "1",
+    env = {**os.environ, "KC_DEVICE": "cpu", "KC_LIVE_TASKS": "softmax", "KC_LIVE_SEEDS": "1",
            "KC_LIVE_BUDGET": "4", "KC_LIVE_WORKDIR": str(tmp_path / "live"), "KC_COMPILE_WORKERS": "2",
            "KC_AUTOTUNE_GRID": "BLOCK_N=256+512;NUM_WARPS=1+2;NUM_STAGES=1",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHONPATH": str(REPO)}
-    proc = subprocess.run(["bash", "scripts/gpu_search_round.sh", str(prep)], cwd=REPO, env=env,
+    proc = subprocess.run(["bash", "scripts/gpu_search_round.sh", "--out", str(out), str(prep)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.count("exit 0") == 3, proc.stdout

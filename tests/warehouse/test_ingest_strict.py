@@ -13,10 +13,10 @@ from typer.testing import CliRunner
 
 import warehouse
 from orchestration.cli import app
-from pipelines.profiling.formats import RESULT_SCHEMA
 from warehouse import checks
 from warehouse.db import connect, execute
 from warehouse.errors import IngestError
+from warehouse.formats import RESULT_SCHEMA
 from warehouse.ingest import ingest_all
 
 TASKS = [  # two benchmark cases (the factory's "n=1", "n=2"), three correctness cases

@@ -14,10 +14,10 @@ from test_warehouse_factory import kernel_row, kernel_table, result_row, results
 import warehouse
 from models.classical import CostModel, TextModel
 from models.tiny import build_tiny_model
-from pipelines.profiling.formats import measurement_id
 from tests.forecasting.test_forecasting_models import toy_pairs
 from warehouse.db import connect
 from warehouse.errors import WarehouseError
+from warehouse.formats import measurement_id
 from warehouse.lineage import (
     kernels_for_model,
     lineage_of,

@@ -27,6 +27,7 @@ TABLES = {
     "dataset_versions",
     "dataset_measurements",
     "forecasts",
+    "forecast_listings",
     "model_lineage",
     "promotion_decisions",
     "promotion_scores",

@@ -23,9 +23,9 @@ from test_warehouse_factory import (
 
 import warehouse
 from models.bins import speedups_to_bins
-from pipelines.profiling.formats import measurement_id
 from warehouse.db import connect, execute
 from warehouse.errors import ValidationError, WarehouseError
+from warehouse.formats import measurement_id
 
 SPEEDUPS = [0.2, 1.0, 1.2, 3.0, 5.0]  # bins 1, 4, 5, 7, 8
 

@@ -11,7 +11,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.profiling.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA, hardware_id
+from warehouse.formats import KERNEL_BATCH_SCHEMA, RESULT_SCHEMA, hardware_id
 from warehouse.ids import kernel_id
 
 H200 = {

@@ -23,9 +23,9 @@ from test_warehouse_factory import (
 )
 
 import warehouse
-from pipelines.profiling.formats import RESULT_SCHEMA, measurement_id
 from warehouse.db import connect, execute
 from warehouse.errors import IngestError
+from warehouse.formats import RESULT_SCHEMA, measurement_id
 
 WRITTEN_TABLES = ("measurements", "ingested_files", "hardware", "batches", "kernels")
 

@@ -1,7 +1,9 @@
 """File formats that travel between machines: kernel batches in, measurement results out.
 
 Both are Parquet (zstd). Only pyarrow is needed, so the GPU worker can use this module on a
-bare host. The warehouse ingests result files written in RESULT_SCHEMA and refuses others.
+bare host. The warehouse ingests result files written in RESULT_SCHEMA and refuses others. It
+lives on the bottom floor, beside the kernel ids (warehouse/ids.py), so the worker that writes
+these files and the ingest that reads them both import it downwards.
 """
 
 from __future__ import annotations

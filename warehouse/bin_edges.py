@@ -1,0 +1,34 @@
+"""The edges of the eight speedup bins, on the bottom floor: `models.bins` (the bin scheme every
+forecaster, curation step and report uses) and the GPU worker's benchmarks
+(pipelines/profiling/benchmarks.py, numpy only) both read them from here, so there is one
+definition and the worker needs no model code. Import bins from `models.bins` elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+NUM_BINS = 8
+
+# Upper edges of bins 1..7 (bin 8 is open above). Right-closed: S == edge falls in the lower bin.
+BIN_UPPER_EDGES: tuple[float, ...] = (0.25, 0.5, 2**-0.5, 1.0, 2**0.5, 2.0, 4.0)
+
+
+def checked_speedups(s: Sequence[float] | np.ndarray) -> np.ndarray:
+    """The speedups as a float64 array; raises ValueError on any value that is not finite and > 0."""
+    arr = np.asarray(s, dtype=np.float64)
+    if arr.size and (not np.all(np.isfinite(arr)) or np.any(arr <= 0)):
+        bad = arr[~np.isfinite(arr) | (arr <= 0)][0]
+        raise ValueError(f"speedup must be finite and positive, got {bad}")
+    return arr
+
+
+def table_bins(arr: np.ndarray) -> np.ndarray:
+    """Bins 1..8 of checked speedups under the right-closed table.
+
+    >>> table_bins(np.array([0.25, 1.0, 1.0000001, 4.0, 4.01])).tolist()
+    [1, 4, 5, 7, 8]
+    """
+    # searchsorted(side="left") gives the count of edges strictly below s: right-closed bins.
+    return np.searchsorted(np.asarray(BIN_UPPER_EDGES), arr, side="left").astype(np.int64) + 1
