@@ -289,7 +289,7 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
 
     import polars as pl
 
-    from orchestration.ui import dagster_run_url, live_ports
+    from orchestration.links import dagster_run_url, live_ports
     from pipelines.evaluation.batch import evaluate_splits
     from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
     from pipelines.evaluation.suite import (

@@ -48,7 +48,7 @@ URL_KEYS = {"mlflow_url": "mlflow", "dagster_url": "dagster", "evaluation_run_ur
 
 def relinked(table: dict, ports: dict[str, int]) -> dict:
     """The table with every UI link on `ports` ({"dagster": N, "mlflow": M})."""
-    from orchestration.ui import relink
+    from orchestration.links import relink
 
     def move(d: dict) -> dict:
         return {k: relink(v, ports[URL_KEYS[k]]) if k in URL_KEYS else v for k, v in d.items()}
@@ -101,7 +101,7 @@ def report(
 
     if split is not None and split not in SPLIT_TITLES:
         raise CliError(f"unknown split {split!r}; use one of {', '.join(SPLIT_TITLES)}")
-    from orchestration.ui import live_ports
+    from orchestration.links import live_ports
 
     settings = _settings(profile)
     table = newest_table(settings)

@@ -75,7 +75,7 @@ class MlflowResource(dg.ConfigurableResource):
         from mlflow.exceptions import MlflowException
 
         from models.tracking import run_url
-        from orchestration.ui import dagster_run_url, live_ports
+        from orchestration.links import dagster_run_url, live_ports
 
         ports = live_ports(Path(self.artifact_root).parent)  # the home: artifact_root is <home>/mlartifacts
         try:

@@ -145,3 +145,12 @@ def leaking_pairs(pairs: Iterable[Mapping[str, Any]], kernels: Mapping[str, Mapp
             bad.append(p["pair_id"])
     return sorted(set(bad))
 
+
+def code_rows(meta: dict[str, Any], kernels: dict[str, dict[str, Any]], pairs: list[dict[str, Any]],
+              style: str) -> list[dict[str, Any]]:
+    """The training rows (prompt, label) of `pairs`, from the bundle's kernels and tables."""
+    from models.training.rows import build_training_rows
+
+    sources = {k: v["prompt_source"] for k, v in kernels.items()}
+    feats = {k: v["features"] for k, v in kernels.items() if v.get("features")}
+    return build_training_rows(pairs, sources, meta["tasks"], meta["hardware"], style=style, features=feats)

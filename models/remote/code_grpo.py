@@ -121,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from models.base_model import resolve_base_model
-    from models.remote.bundle import read_bundle, with_role
-    from models.remote.llm_code import _rows
+    from models.remote.bundle import code_rows, read_bundle, with_role
     from models.supervised import BEST_DIR
 
     parser = argparse.ArgumentParser(prog="python3 -m models.remote.code_grpo")
@@ -136,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     meta, kernels, pairs = read_bundle(args.bundle)
     work = Path(args.work)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows, record = run_grpo(lambda role: _rows(meta, kernels, with_role(pairs, role), args.style),
+    rows, record = run_grpo(lambda role: code_rows(meta, kernels, with_role(pairs, role), args.style),
                             lambda role: with_role(pairs, role), resolve_base_model(args.base_model),
                             work / "sft" / BEST_DIR, work, args.stop_at, args.steps, args.warmup_steps, args.style, device)
     Path(args.result).write_text(json.dumps({"rows": rows, "record": record}, default=str))

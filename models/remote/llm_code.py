@@ -38,7 +38,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.remote.bundle import BundleError, leaking_pairs, read_bundle, with_role, write_parquet
+from models.remote.bundle import (
+    BundleError,
+    code_rows,
+    leaking_pairs,
+    read_bundle,
+    with_role,
+    write_parquet,
+)
 
 log = logging.getLogger("kernelcast.llm_code")
 
@@ -88,14 +95,6 @@ class Clock:
     def mark(self, step: str, since: float) -> None:
         self.marks[step] = round(time.time() - since, 2)
 
-
-def _rows(meta: dict[str, Any], kernels: dict[str, dict[str, Any]], pairs: list[dict[str, Any]],
-          style: str) -> list[dict[str, Any]]:
-    from models.training.rows import build_training_rows
-
-    sources = {k: v["prompt_source"] for k, v in kernels.items()}
-    feats = {k: v["features"] for k, v in kernels.items() if v.get("features")}
-    return build_training_rows(pairs, sources, meta["tasks"], meta["hardware"], style=style, features=feats)
 
 
 def _load_base(base_model: str):
@@ -179,7 +178,7 @@ def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, toke
     t0 = time.time()
     ordered = sorted(pairs, key=lambda p: p["pair_id"])
     index = {p["pair_id"]: i for i, p in enumerate(ordered)}
-    rows = _rows(meta, kernels, ordered, style)
+    rows = code_rows(meta, kernels, ordered, style)
     limit = int(getattr(model.config, "max_position_embeddings", 8192) or 8192) - 1
     ids, labels, cut = _encode_all(tokenizer, rows, limit)
     clock.mark("head_tokenize_s", t0)
@@ -326,7 +325,7 @@ def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s:
         log.info("code-lora: %.0f s left, forecasting needs ~%.0f s: not training", clock.left(), eval_s)
         return [], None
     t0 = time.time()
-    train_rows, cal_rows = _rows(meta, kernels, fit, args.lora_style), _rows(meta, kernels, cal, args.lora_style)
+    train_rows, cal_rows = code_rows(meta, kernels, fit, args.lora_style), code_rows(meta, kernels, cal, args.lora_style)
     result = train_supervised(settings, train_rows, cal_rows, work / "sft", work / "ckpt", stop_at=stop_at,
                               on_epoch=lambda r: log.info("code-lora %s", json.dumps(r)))
     clock.mark("lora_train_s", t0)
@@ -349,7 +348,7 @@ def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s:
         for role, chosen in scored.items():
             if not chosen or clock.left() < WRITE_RESERVE_S:
                 continue
-            enc, labels = encode_rows(tokenizer, _rows(meta, kernels, chosen, args.lora_style))
+            enc, labels = encode_rows(tokenizer, code_rows(meta, kernels, chosen, args.lora_style))
             probs = readout_probs(model, tokenizer, enc, labels, args.tokens_per_batch, autocast=device == "cuda")
             rows += _forecast_rows(LORA_VARIANT, role, [p["pair_id"] for p in chosen], probs.double().numpy(), "logprob")
         clock.mark("lora_forecast_s", t1)

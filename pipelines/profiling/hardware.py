@@ -12,7 +12,6 @@ import platform
 import subprocess
 import sys
 
-from pipelines.profiling import launch
 from warehouse.formats import hardware_id
 
 _SMI_FIELDS = (
@@ -112,7 +111,7 @@ def fingerprint_json(fp: dict) -> str:
 
 def host_hardware_id(measure_device: str) -> str | None:
     """The partition this host can measure: its CUDA GPU's type, 'cpu' for interpreter runs."""
-    return "cpu" if measure_device == "cpu" else launch.cuda_hardware_id()
+    return "cpu" if measure_device == "cpu" else cuda_hardware_id()
 
 
 def gpu_count(configured: int | None, measure_device: str) -> int:
@@ -130,3 +129,17 @@ def forecast_gpus(profiling) -> int:
     """Forecasting steps of the downstream run (one per GPU, as for measuring; 1 without CUDA):
     the plan's shard count and the run's process count, from one place."""
     return gpu_count(profiling.gpus, "cuda")
+
+
+def cuda_hardware_id() -> str | None:
+    """The hardware id of this host's GPU, or None without CUDA."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        from warehouse.formats import hardware_id
+
+        return hardware_id(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
+    except Exception:  # no driver, broken install: no local measuring, not a crash
+        return None

@@ -65,17 +65,3 @@ def _via_service(batch: Path, out: Path, device: str, time_budget_s: float | Non
     store.finalize()
     log.info("measured %d kernels of %s through the measuring service", len(rows), batch)
     return 0
-
-
-def cuda_hardware_id() -> str | None:
-    """The hardware id of this host's GPU, or None without CUDA."""
-    try:
-        import torch
-
-        if not torch.cuda.is_available():
-            return None
-        from warehouse.formats import hardware_id
-
-        return hardware_id(torch.cuda.get_device_name(), torch.cuda.get_device_capability())
-    except Exception:  # no driver, broken install: no local measuring, not a crash
-        return None

@@ -1,8 +1,8 @@
 """The code-reading LLM's bundle of a dataset version (models/remote/bundle.py), written here.
 
-    python -m pipelines.training.code_bundle build-bundle --out .gpu-batches/llm-bundle
+    python -m orchestration.code_bundle_cli build-bundle --out .gpu-batches/llm-bundle
     # on the GPU host: python3 -m models.remote.llm_code train --bundle ... --out OUT
-    python -m pipelines.training.code_bundle ingest OUT --bundle .gpu-batches/llm-bundle --register
+    python -m orchestration.code_bundle_cli ingest OUT --bundle .gpu-batches/llm-bundle --register
 
 The pairs of every role are the evaluation's (pipelines.training.roles.forecasting_roles on the
 stored dataset version, the external split included), so what a variant is scored on is what
@@ -17,10 +17,8 @@ counts in the range of the rest.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -161,51 +159,3 @@ def build_bundle(con: duckdb.DuckDBPyConnection, out: str | Path, version: str |
     tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
     tmp.replace(folder / META_FILE)
     return meta
-
-
-def _warehouse(path: str | None) -> Path:
-    if path:
-        return Path(path)
-    from orchestration.settings import load_settings
-
-    return load_settings(None).warehouse_path
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.training.code_bundle", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build-bundle", help="write the bundle of a dataset version")
-    b.add_argument("--out", required=True, type=Path)
-    b.add_argument("--warehouse", default=None, help="DuckDB file (default: the settings' warehouse)")
-    b.add_argument("--version", default=None, help="dataset version (default: the newest)")
-    b.add_argument("--held-out-task", default=DEFAULT_HELD_OUT_TASK)
-    i = sub.add_parser("ingest", help="turn a host run's output into a committed run folder and register it")
-    i.add_argument("results", type=Path, help="the OUT folder the host run wrote")
-    i.add_argument("--bundle", required=True, type=Path)
-    i.add_argument("--into", default=None, type=Path,
-                   help="committed run folder (default: the settings' surrogate.committed_run under the data folder)")
-    i.add_argument("--register", action="store_true", help="also register every variant in MLflow (settings' home)")
-    args = parser.parse_args(argv)
-    from warehouse.db import connect
-
-    try:
-        if args.command == "build-bundle":
-            path = _warehouse(args.warehouse)
-            if not path.exists():
-                raise ValueError(f"no warehouse at {path}: run `kernelcast run` first (or pass --warehouse)")
-            with connect(path, read_only=True) as con:
-                meta = build_bundle(con, args.out, args.version, args.held_out_task)
-            size = sum(f.stat().st_size for f in Path(args.out).iterdir()) / 2**20
-            print(f"bundle of {meta['dataset_version']} in {args.out} ({size:.1f} MiB): "
-                  + ", ".join(f"{k} {v}" for k, v in meta["counts"].items()))
-            return 0
-        from pipelines.training.code_ingest import ingest_cli
-
-        return ingest_cli(args)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())

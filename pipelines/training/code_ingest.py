@@ -1,6 +1,6 @@
 """A host run of the code-reading LLM (models/remote/llm_code.py) brought back: committed, registered.
 
-    python -m pipelines.training.code_bundle ingest OUT --bundle BUNDLE [--into RUN_DIR] [--register]
+    python -m orchestration.code_bundle_cli ingest OUT --bundle BUNDLE [--into RUN_DIR] [--register]
 
 `ingest` merges the run's variants into a committed run folder (default: the one the settings'
 `surrogate.committed_run` names, so `kernelcast run` reads them) in its format
@@ -228,28 +228,3 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
                                  require_held=is_held)
         out[name] = int(version)
     return out
-
-
-def ingest_cli(args: Any) -> int:
-    """The `ingest` command of pipelines.training.code_bundle."""
-    from orchestration.settings import load_settings
-
-    settings = load_settings(None)
-    into = Path(args.into) if args.into else settings.data_dir / settings.surrogate.committed_run
-    try:
-        summary = ingest(args.results, args.bundle, into)
-    except BundleError as e:
-        print(f"error: {e}")
-        return 2
-    print(f"{summary['forecasts']} forecasts of {', '.join(summary['variants'])} of {summary['dataset_version']} "
-          f"-> {summary['into']}" + ("; adapter adapters/code-lora" if summary["adapter"] else ""))
-    if args.register:
-        from models.tracking import prepare_store
-        from warehouse.db import connect
-
-        prepare_store(settings.mlflow_uri)
-        with connect(settings.warehouse_path) as con:
-            versions = register_variants(con, settings.mlflow_uri, settings.data_dir, into, Path(args.results),
-                                         summary["variants"], settings.surrogate.base_model)
-        print("registered: " + ", ".join(f"{k} v{v}" for k, v in versions.items()))
-    return 0

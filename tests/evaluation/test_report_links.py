@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 from orchestration.cli_report import relinked, table_lines
-from orchestration.ui import UI_STATE, dagster_run_url, live_ports, served_ports
+from orchestration.links import UI_STATE, dagster_run_url, live_ports, served_ports
 from pipelines.evaluation.report import footnotes, write_report
 
 

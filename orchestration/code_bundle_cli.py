@@ -1,0 +1,88 @@
+"""The command line of the code-reading LLM's bundle: build it from the warehouse, ingest what a GPU
+host's run sent back (docs/llm-surrogate.md).
+
+    python -m orchestration.code_bundle_cli build-bundle --out .gpu-batches/llm-bundle [--warehouse P]
+    python -m orchestration.code_bundle_cli ingest OUT --bundle B [--into RUN_DIR] [--register]
+
+The domain code is pipelines.training.code_bundle / code_ingest; this module adds the settings'
+defaults (warehouse, data folder, MLflow store), which live on the orchestration floor.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from orchestration.settings import load_settings
+from pipelines.training.code_bundle import build_bundle
+from pipelines.training.code_ingest import BundleError, ingest, register_variants
+from pipelines.training.roles import DEFAULT_HELD_OUT_TASK
+
+
+def ingest_cli(args: Any) -> int:
+    """The `ingest` command."""
+    settings = load_settings(None)
+    into = Path(args.into) if args.into else settings.data_dir / settings.surrogate.committed_run
+    try:
+        summary = ingest(args.results, args.bundle, into)
+    except BundleError as e:
+        print(f"error: {e}")
+        return 2
+    print(f"{summary['forecasts']} forecasts of {', '.join(summary['variants'])} of {summary['dataset_version']} "
+          f"-> {summary['into']}" + ("; adapter adapters/code-lora" if summary["adapter"] else ""))
+    if args.register:
+        from models.tracking import prepare_store
+        from warehouse.db import connect
+
+        prepare_store(settings.mlflow_uri)
+        with connect(settings.warehouse_path) as con:
+            versions = register_variants(con, settings.mlflow_uri, settings.data_dir, into, Path(args.results),
+                                         summary["variants"], settings.surrogate.base_model)
+        print("registered: " + ", ".join(f"{k} v{v}" for k, v in versions.items()))
+    return 0
+
+
+def _warehouse(path: str | None) -> Path:
+    if path:
+        return Path(path)
+    return load_settings(None).warehouse_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestration.code_bundle_cli", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    b = sub.add_parser("build-bundle", help="write the bundle of a dataset version")
+    b.add_argument("--out", required=True, type=Path)
+    b.add_argument("--warehouse", default=None, help="DuckDB file (default: the settings' warehouse)")
+    b.add_argument("--version", default=None, help="dataset version (default: the newest)")
+    b.add_argument("--held-out-task", default=DEFAULT_HELD_OUT_TASK)
+    i = sub.add_parser("ingest", help="turn a host run's output into a committed run folder and register it")
+    i.add_argument("results", type=Path, help="the OUT folder the host run wrote")
+    i.add_argument("--bundle", required=True, type=Path)
+    i.add_argument("--into", default=None, type=Path,
+                   help="committed run folder (default: the settings' surrogate.committed_run under the data folder)")
+    i.add_argument("--register", action="store_true", help="also register every variant in MLflow (settings' home)")
+    args = parser.parse_args(argv)
+    from warehouse.db import connect
+
+    try:
+        if args.command == "build-bundle":
+            path = _warehouse(args.warehouse)
+            if not path.exists():
+                raise ValueError(f"no warehouse at {path}: run `kernelcast run` first (or pass --warehouse)")
+            with connect(path, read_only=True) as con:
+                meta = build_bundle(con, args.out, args.version, args.held_out_task)
+            size = sum(f.stat().st_size for f in Path(args.out).iterdir()) / 2**20
+            print(f"bundle of {meta['dataset_version']} in {args.out} ({size:.1f} MiB): "
+                  + ", ".join(f"{k} {v}" for k, v in meta["counts"].items()))
+            return 0
+        return ingest_cli(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
