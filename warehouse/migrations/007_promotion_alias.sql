@@ -1,4 +1,4 @@
--- kernelcast warehouse, version 6: a decision per champion alias. model_promotion decides
+-- kernelcast warehouse, version 7: a decision per champion alias. model_promotion decides
 -- @champion (on in_distribution, vetoed by the other splits) and @champion-external (on external,
 -- or source_only while external is empty) on every run; both are recorded, told apart by `alias`,
 -- with the split they were decided on and the challenger alias each left behind.
