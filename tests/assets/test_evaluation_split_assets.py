@@ -82,7 +82,7 @@ def test_reports_and_promotion_over_the_splits(tmp_path, monkeypatch):
     table = json.loads((folder / "forecasters.table.json").read_text())
     assert set(table["pages"]) == {"in_distribution", "source_only"} and table["report"] == str(folder / "index.html")
     assert table["empty_splits"] == {"held_out_task": "no held-out task", "external": "no kernel outside the templates"}
-    assert table["evaluation_run_id"] and table["evaluation_run_url"].endswith(table["evaluation_run_id"])
+    assert table["evaluation_run_id"] and f"/runs/{table['evaluation_run_id']}" in table["evaluation_run_url"]
     by = {(r["split"], r["name"]): r for r in table["forecasters"]}
     assert by[("source_only", f"models:/{NAME}/{v2}")]["brier"] > by[("source_only", f"models:/{NAME}/{v1}")]["brier"]
     assert "source_only/index.html" in (folder / "index.html").read_text()
