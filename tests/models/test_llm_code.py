@@ -276,14 +276,15 @@ def test_fast_encode_gives_encode_rows_ids(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
     from models.base_model import resolve_base_model
-    from models.remote.llm_code import _rows, fast_encode
+    from models.remote.bundle import code_rows
+    from models.remote.llm_code import fast_encode
     from models.supervised import encode_rows
 
     toy_bundle(tmp_path / "b")
     meta, kernels, pairs = read_bundle(tmp_path / "b")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(resolve_base_model("tiny", tmp_path / "home")))
     for style in ("full", "compact+features"):
-        rows = _rows(meta, kernels, pairs, style)
+        rows = code_rows(meta, kernels, pairs, style)
         assert fast_encode(tokenizer, rows, chunk=7) == encode_rows(tokenizer, rows)
 
 
