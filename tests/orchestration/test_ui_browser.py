@@ -69,7 +69,7 @@ def _fill_home(settings) -> None:
     from orchestration.definitions import build_defs
     from warehouse.datasets import write_dataset
     from warehouse.db import connect
-    from warehouse.forecasts import write_forecasts
+    from warehouse.forecasts import write_forecast_listing, write_forecasts
 
     uri = settings.mlflow_uri
     mlflow.set_tracking_uri(uri)
@@ -100,8 +100,6 @@ def _fill_home(settings) -> None:
     with connect(settings.warehouse_path) as con:
         write_dataset(con, "ds-ui", "d", {}, [], pairs)
         write_forecasts(con, pl.DataFrame(rows))
-    folder = settings.reports_dir / "ds-ui"
-    folder.mkdir(parents=True, exist_ok=True)
     ids = pairs["pair_id"].to_list()
     listing = {"held_out_task": None,
                "pairs": {"in_distribution": ids, "source_only": ids, "held_out_task": [], "external": []},
@@ -111,7 +109,8 @@ def _fill_home(settings) -> None:
                + [{"model_ref": f"models:/{NAME}/{v}", "kind": k, "split": "in_distribution", "source": "registry",
                    "run_id": mlflow.MlflowClient(uri).get_model_version(NAME, str(v)).run_id}
                   for v, k in zip(versions, ("cost_model", "text_model"), strict=True)]}
-    (folder / "forecasters.json").write_text(json.dumps(listing))
+    with connect(settings.warehouse_path) as con:
+        write_forecast_listing(con, "ds-ui", listing)
     run = materialize(build_defs(settings),
                       dg.AssetSelection.assets("calibration_report", "utility_report", "model_promotion"),
                       dg.DagsterInstance.get())

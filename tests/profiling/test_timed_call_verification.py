@@ -147,11 +147,14 @@ def test_the_verifier_accepts_a_timed_output_only_on_a_timed_salt(tiny_task, tmp
 
 
 def test_recorded_cpu_times_are_held_to_a_second_clock():
-    timing.check_recorded_cpu((1.0, 1.0), 0.002)
+    timing.check_recorded_cpu((1.0, 1.0), (1.001, 1.002))
+    timing.check_recorded_cpu((0.01, 0.01, 0.01), (0.011, 12.3, 0.012))  # descheduled once, outside a record
     with pytest.raises(timing.TimingTampered, match="recorded"):
-        timing.check_recorded_cpu((0.2, 0.2), 0.010)  # rewritten to a fifth
-    with pytest.raises(timing.TimingTampered):
-        timing.check_recorded_cpu((10.0, 10.0), 0.002)  # a clock that runs fast
+        timing.check_recorded_cpu((0.2, 0.2, 0.2), (1.0, 1.0, 1.0))  # rewritten to a fifth
+    with pytest.raises(timing.TimingTampered, match="long"):
+        timing.check_recorded_cpu((10.0, 10.0), (1.0, 1.0))  # a clock that runs fast
+    with pytest.raises(timing.TimingTampered, match="timed calls"):
+        timing.check_recorded_cpu((1.0,), (1.0, 1.0))  # a record removed
 
 
 # ---- the integrity baseline --------------------------------------------------------------------

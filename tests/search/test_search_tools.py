@@ -89,7 +89,8 @@ class PreferBigBlocks:
         for i, c in enumerate(candidates):
             assert c["task"] == "softmax" and c["source"] and anchor["generator"] == "reference"
             knobs = json.loads(c["knobs_json"])
-            out[i, min(7, int(math.log2(knobs["BLOCK_N"])) - 6 + (knobs["NUM_WARPS"] == 2))] = 1.0
+            # two bins per doubling of BLOCK_N, so the top two configs share the biggest block (no tie)
+            out[i, max(0, min(7, 2 * (int(math.log2(knobs["BLOCK_N"])) - 8) + (knobs["NUM_WARPS"] == 2)))] = 1.0
         return out
 
 
