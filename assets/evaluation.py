@@ -52,8 +52,8 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
     import polars as pl
 
     from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
+    from pipelines.forecasting.llm_shards import expected_pairs, split_jobs, write_shard
     from pipelines.profiling.hardware import forecast_gpus
-    from pipelines.training.llm_shards import expected_pairs, split_jobs, write_shard
     from warehouse.datasets import current_dataset_version, read_pairs
 
     cfg = settings.get()
@@ -93,7 +93,7 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
 def forecast_llm_shard(context: dg.OpExecutionContext, settings: SettingsResource, mlflow: MlflowResource,
                        profiler: ProfilerResource, shard: dict) -> dict:
     """The forward passes of one shard of pairs, every language model of it, pinned to its GPU."""
-    from pipelines.training.llm_shards import forecast_device, forecast_shard_file
+    from pipelines.forecasting.llm_shards import forecast_device, forecast_shard_file
 
     cfg = settings.get()
     mlflow.client()
@@ -119,7 +119,7 @@ def store_forecasts(context: dg.OpExecutionContext, warehouse: WarehouseResource
     in one transaction."""
     import polars as pl
 
-    from pipelines.training.llm_shards import ShardCoverageError, merge_shards
+    from pipelines.forecasting.llm_shards import ShardCoverageError, merge_shards
     from warehouse.errors import ValidationError
     from warehouse.forecasts import write_forecast_listing, write_forecasts
 
@@ -181,7 +181,7 @@ def _base_model_jobs(cfg, warehouse, read_pairs, version) -> list:
     if not cfg.evaluation.lm_models:
         return []
     from pipelines.evaluation.lm_forecasts import sample_pairs
-    from pipelines.training.llm_shards import plan_base_job
+    from pipelines.forecasting.llm_shards import plan_base_job
 
     with warehouse.connect(read_only=True) as con:
         evals = sample_pairs(read_pairs(con, version, "eval"), cfg.evaluation.lm_pairs_per_task)
@@ -197,15 +197,15 @@ def _registered_forecasts(context, cfg, warehouse, mlflow, version):
 
     import polars as pl
 
-    from pipelines.training.classical import ids_of, kernel_records
-    from pipelines.training.export import row_builder, version_roles
-    from pipelines.training.forecasting import (
+    from pipelines.forecasting.registered import (
         empty_reasons,
         held_out_reference_forecasts,
         reference_listing,
         registered_forecasts,
         split_pairs,
     )
+    from pipelines.surrogates.classical import ids_of, kernel_records
+    from pipelines.surrogates.export import row_builder, version_roles
 
     mlflow.client()
     with warehouse.connect(read_only=True) as con:
@@ -245,7 +245,7 @@ def _fetched_external(context, cfg, warehouse, mlflow, version, roles, records, 
     import polars as pl
 
     from pipelines.evaluation.external_dir import ENV, read_external_dir
-    from pipelines.training.forecasting import folder_forecasts
+    from pipelines.forecasting.registered import folder_forecasts
     from warehouse.datasets import read_pairs
 
     rows_path = out_dir / EXTERNAL_DIR_ROWS
@@ -298,7 +298,7 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
         selective_coverage,
         write_split_reports,
     )
-    from pipelines.training.forecasting import split_frames
+    from pipelines.forecasting.registered import split_frames
     from warehouse.datasets import current_dataset_version
     from warehouse.forecasts import read_forecasts
 
@@ -378,9 +378,9 @@ def _log_evaluation(context, mlflow: MlflowResource, results: dict, version: str
     """The evaluation run: each forecaster's scores logged against its model and the eval pairs."""
     import polars as pl
 
-    from models.registry import model_id_of
-    from models.tracking import log_evaluation
-    from pipelines.promotion import registered_version
+    from models.registry.tracking import log_evaluation
+    from models.registry.versions import model_id_of
+    from pipelines.promotion.scores import registered_version
 
     mlflow.client()
     pairs = frame.filter(pl.col("split") == "eval").unique("pair_id").sort("pair_id")

@@ -1,10 +1,10 @@
 """model_promotion: the promotion rule applied on every run, and its decision recorded.
 
-The rule is `models.promotion` (read its docstring): every registered version of
+The rule is `pipelines.promotion.rule` (read its docstring): every registered version of
 `kernelcast-surrogate` with forecasts on the current version's report splits (in_distribution,
-source_only, external: pipelines.training.forecasting.split_frames over the forecasts asset's
+source_only, external: pipelines.forecasting.registered.split_frames over the forecasts asset's
 listing), whatever its kind, is scored with the uniform forecaster on the pairs all of them
-forecast in each split (`pipelines.promotion.score_splits`), and `decide_over_splits` moves
+forecast in each split (`pipelines.promotion.scores.score_splits`), and `decide_over_splits` moves
 @champion and @champion-external, each with its challenger alias (@challenger,
 @challenger-external: the best eligible version that is not the champion). Both decisions
 (promoted, kept, held back) are written to DuckDB `promotion_decisions` / `promotion_scores`
@@ -36,7 +36,7 @@ def _split_forecasts(settings: SettingsResource, warehouse: WarehouseResource):
     Raises:
         dg.Failure: the forecasts asset's listing of the version is missing or unreadable.
     """
-    from pipelines.training.forecasting import split_frames
+    from pipelines.forecasting.registered import split_frames
     from warehouse.datasets import current_dataset_version
     from warehouse.errors import ValidationError
     from warehouse.forecasts import read_forecast_listing, read_forecasts
@@ -57,13 +57,13 @@ def _split_forecasts(settings: SettingsResource, warehouse: WarehouseResource):
 
 
 def _version_tags(tracking_uri: str) -> dict[int, dict[str, str]]:
-    from models.registry import find_versions
+    from models.registry.versions import find_versions
 
     return {v["version"]: v["tags"] for v in find_versions(tracking_uri, MODEL_NAME)}
 
 
 def _policy(settings: SettingsResource):
-    from models.promotion import PromotionPolicy
+    from pipelines.promotion.rule import PromotionPolicy
 
     sur = settings.get().surrogate
     return PromotionPolicy(parse_rate_floor=sur.parse_rate_floor, min_brier_gain=sur.min_brier_gain)
@@ -93,7 +93,7 @@ def _split_table(by_split, notes) -> str:
                             "(wrong data stops promotion; a weak model does not).")
 def registered_forecasts_are_distributions(settings: SettingsResource, warehouse: WarehouseResource,
                                            mlflow: MlflowResource) -> dg.AssetCheckResult:
-    from pipelines.promotion import score_splits
+    from pipelines.promotion.scores import score_splits
 
     mlflow.client()
     _, parts = _split_forecasts(settings, warehouse)
@@ -124,18 +124,18 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
     """The promotion decision of this run (DuckDB `promotion_decisions`, MLflow tags): @champion moves
     to the best challenger that passes the gates, beats the champion on the same eval pairs and is
     no worse on source_only and external; @champion-external to the best on external (source_only
-    while external is empty). The decision is `models.promotion.decide_over_splits`."""
+    while external is empty). The decision is `pipelines.promotion.rule.decide_over_splits`."""
     import dataclasses
 
-    from models.promotion import (
+    from models.registry.versions import alias_version, set_aliases, set_model_tags, set_version_tag
+    from pipelines.promotion.rule import (
         CHAMPION,
         CHAMPION_EXTERNAL,
         GATE_BRIER,
         GATE_PARSE_RATE,
         decide_over_splits,
     )
-    from models.registry import alias_version, set_aliases, set_model_tags, set_version_tag
-    from pipelines.promotion import ScoredVersions, score_splits
+    from pipelines.promotion.scores import ScoredVersions, score_splits
     from warehouse.promotions import record_promotion_decision
 
     policy = _policy(settings)

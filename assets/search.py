@@ -26,11 +26,11 @@ def search_simulation(context: dg.AssetExecutionContext, settings: SettingsResou
     import mlflow as mlf
 
     from pipelines.search.forecasters import ForecasterContext
+    from pipelines.search.registered import register_search_forecasters
     from pipelines.search.report import curves_figure, markdown_table, search_report
     from pipelines.search.simulate import SimulationPlan
     from pipelines.search.table import load_table_warehouse
     from pipelines.tasks import task_names
-    from pipelines.training.search_hook import register_search_forecasters
 
     register_search_forecasters()
     cfg = settings.get()

@@ -80,8 +80,8 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
     if cfg.surrogate.llm == "grpo":
         return _grpo_surrogates(context, cfg, warehouse, mlflow)
     from models.base_model import resolve_base_model
-    from pipelines.training import llm
-    from pipelines.training.export import row_builder
+    from pipelines.surrogates import llm
+    from pipelines.surrogates.export import row_builder
     from warehouse.lineage import lineage_of, read_model_lineage
 
     sur = cfg.surrogate
@@ -127,7 +127,7 @@ def classical_forecasters(context: dg.AssetExecutionContext, settings: SettingsR
     trained on the current dataset version's fit pairs, calibrated on its calibration split, and
     registered as versions of models:/kernelcast-surrogate (tag kind); their held-out-task twins
     go to models:/kernelcast-surrogate-held-out."""
-    from pipelines.training.classical import ids_of, kernel_records, train_and_register
+    from pipelines.surrogates.classical import ids_of, kernel_records, train_and_register
     from warehouse.datasets import dataset_measurement_ids
 
     cfg = settings.get()
@@ -151,14 +151,13 @@ def classical_forecasters(context: dg.AssetExecutionContext, settings: SettingsR
 
 def _run_tags(context) -> dict[str, str]:
     """Tags of what this run trains or registers: the Dagster run and the code's commit."""
-    from models.training import git_commit
-
+    from models.training.tracking import git_commit
     return {"dagster_run_id": context.run.run_id, **({"git_commit": c} if (c := git_commit()) else {})}
 
 
 def _version_roles(con, held_out_task: str | None):
     """(newest dataset version, its roles); a Failure naming the asset to run when there is none."""
-    from pipelines.training.export import latest_version, version_roles
+    from pipelines.surrogates.export import latest_version, version_roles
 
     try:
         version = latest_version(con)
@@ -178,9 +177,10 @@ def _classical_params(entries) -> dict[str, dict]:
 def _grpo_surrogates(context, cfg, warehouse, mlflow) -> dg.MaterializeResult:
     """GRPO reward variants (format warm-up + TRL GRPO, models.training), one version each."""
     from models.base_model import resolve_base_model
+    from models.registry.lifecycle import base_model_identity, train_or_reuse
     from models.service import fingerprints_or_default
-    from models.surrogate import base_model_identity, train_or_reuse
-    from models.training import TrainingSettings, build_training_rows
+    from models.training.rows import build_training_rows
+    from models.training.settings import TrainingSettings
     from warehouse.datasets import current_dataset_version, dataset_measurement_ids
     from warehouse.lineage import read_model_lineage
 

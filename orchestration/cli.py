@@ -452,7 +452,7 @@ def _registered_champion(settings) -> int | None:
     """The @champion version of the local registry, or None (no registry, nothing promoted)."""
     if not (settings.home / "mlflow.db").is_file():
         return None  # do not create an MLflow store just to find it empty
-    from models.registry import alias_version
+    from models.registry.versions import alias_version
 
     return alias_version(settings.mlflow_uri, "champion")
 
@@ -652,7 +652,13 @@ def promote(
 
     The automatic rule (model_promotion asset) is bypassed: use this to roll back or to
     promote a version you have evaluated yourself."""
-    from models.registry import ALIASES, DEFAULT_NAME, alias_version, set_alias, version_info
+    from models.registry.versions import (
+        ALIASES,
+        DEFAULT_NAME,
+        alias_version,
+        set_alias,
+        version_info,
+    )
 
     settings = _settings(profile)
     if alias not in ALIASES:

@@ -83,7 +83,7 @@ def search_sim(
     plan = SimulationPlan(tasks=tuple(names), seeds=seeds or sc.seeds, budget=budget or sc.budget,
                           anchor=anchor or sc.anchor, hardware_id=hw)
     name = forecaster or sc.forecaster
-    from pipelines.training.search_hook import register_search_forecasters
+    from pipelines.search.registered import register_search_forecasters
 
     register_search_forecasters()
     ctx = ForecasterContext(tracking_uri=settings.mlflow_uri, home=settings.home)
@@ -117,7 +117,7 @@ def export_forecaster(
     for `python3 -m pipelines.search.live --forecaster-file` and the autotune hook on a GPU host."""
     import pickle
 
-    from pipelines.training.search_hook import portable_forecaster
+    from pipelines.search.registered import portable_forecaster
 
     settings = _settings(profile)
     try:

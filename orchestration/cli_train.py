@@ -2,7 +2,7 @@
 
     kernelcast train export --out .gpu-job            # the job of the newest dataset version
     # on the GPU host (torch, transformers, peft; trl + datasets for GRPO variants):
-    python3 -m models.remote.gpu_job run --job .gpu-job --run run --out OUT --deadline-s 540
+    python3 -m models.training.gpu_host.gpu_job run --job .gpu-job --run run --out OUT --deadline-s 540
     #   --gpus-per-variant N: each supervised variant data-parallel on N GPUs (accelerate launch)
     kernelcast train collect <files>... --job .gpu-job --out data/training/h200/<date>
     kernelcast run                                    # registers the committed adapter, scores it
@@ -30,7 +30,7 @@ def export(
 ) -> None:
     """Write the training job (pairs by role, kernel sources and compile features, variants)."""
     from orchestration.cli_common import CliError, _settings
-    from pipelines.training.export import export_job
+    from pipelines.surrogates.export import export_job
     from warehouse.db import connect
 
     settings = _settings(profile)
@@ -53,9 +53,9 @@ def collect(
     out: Path = typer.Option(..., "--out", help="Committed run folder, e.g. data/training/h200/2026-12-01."),
 ) -> None:
     """Turn what the GPU host sent back into the committed run folder."""
-    from models.remote.jobfile import JobError
+    from models.training.gpu_host.jobfile import JobError
     from orchestration.cli_common import CliError
-    from pipelines.training.remote_results import collect as collect_results
+    from pipelines.surrogates.remote_results import collect as collect_results
 
     try:
         summary = collect_results(files, job, out)

@@ -4,7 +4,7 @@ host's run sent back (docs/llm-surrogate.md).
     python -m orchestration.code_bundle_cli build-bundle --out .gpu-batches/llm-bundle [--warehouse P]
     python -m orchestration.code_bundle_cli ingest OUT --bundle B [--into RUN_DIR] [--register]
 
-The domain code is pipelines.training.code_bundle / code_ingest; this module adds the settings'
+The domain code is pipelines.surrogates.code_bundle / code_ingest; this module adds the settings'
 defaults (warehouse, data folder, MLflow store), which live on the orchestration floor.
 """
 
@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestration.settings import load_settings
-from pipelines.training.code_bundle import build_bundle
-from pipelines.training.code_ingest import BundleError, ingest, register_variants
-from pipelines.training.roles import DEFAULT_HELD_OUT_TASK
+from pipelines.surrogates.code_bundle import build_bundle
+from pipelines.surrogates.code_ingest import BundleError, ingest, register_variants
+from pipelines.surrogates.roles import DEFAULT_HELD_OUT_TASK
 
 
 def ingest_cli(args: Any) -> int:
@@ -33,7 +33,7 @@ def ingest_cli(args: Any) -> int:
     print(f"{summary['forecasts']} forecasts of {', '.join(summary['variants'])} of {summary['dataset_version']} "
           f"-> {summary['into']}" + ("; adapter adapters/code-lora" if summary["adapter"] else ""))
     if args.register:
-        from models.tracking import prepare_store
+        from models.registry.tracking import prepare_store
         from warehouse.db import connect
 
         prepare_store(settings.mlflow_uri)

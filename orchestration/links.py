@@ -47,7 +47,7 @@ def served_ports(home: Path) -> dict[str, int] | None:
 def live_ports(home: Path | None = None) -> dict[str, int]:
     """The ports links should name: those of this process's `kernelcast ui` ($KERNELCAST_*_PORT,
     set for its children), else those of the ui serving `home` (ui.json), else 3000 and 5000."""
-    from models.tracking import DEFAULT_MLFLOW_PORT, MLFLOW_PORT_ENV
+    from models.registry.tracking import DEFAULT_MLFLOW_PORT, MLFLOW_PORT_ENV
 
     env = {"dagster": _port(os.environ.get(DAGSTER_PORT_ENV)), "mlflow": _port(os.environ.get(MLFLOW_PORT_ENV))}
     served = (served_ports(home) if home is not None else None) or {}

@@ -41,7 +41,7 @@ class MlflowResource(dg.ConfigurableResource):
     """A thin handle on MLflow's tracking store and model registry (sqlite under KERNELCAST_HOME).
 
     Opening it re-roots artifact locations left by a home this one was copied or moved from
-    (models.tracking.open_store); links to runs follow the MLflow UI's actual port."""
+    (models.registry.tracking.open_store); links to runs follow the MLflow UI's actual port."""
 
     tracking_uri: str
     artifact_root: str
@@ -50,7 +50,7 @@ class MlflowResource(dg.ConfigurableResource):
         import mlflow
         from mlflow import MlflowClient
 
-        from models.tracking import open_store
+        from models.registry.tracking import open_store
 
         open_store(self.tracking_uri)
         mlflow.set_tracking_uri(self.tracking_uri)
@@ -59,7 +59,7 @@ class MlflowResource(dg.ConfigurableResource):
 
     def experiment_id(self, name: str) -> str:
         """Id of experiment `name`, created with artifacts under artifact_root if missing."""
-        from models.tracking import mlflow_experiment
+        from models.registry.tracking import mlflow_experiment
 
         Path(self.artifact_root).mkdir(parents=True, exist_ok=True)
         return mlflow_experiment(self.client(), self.tracking_uri, name)
@@ -74,7 +74,7 @@ class MlflowResource(dg.ConfigurableResource):
         ports the UIs serve this home on."""
         from mlflow.exceptions import MlflowException
 
-        from models.tracking import run_url
+        from models.registry.tracking import run_url
         from orchestration.links import dagster_run_url, live_ports
 
         ports = live_ports(Path(self.artifact_root).parent)  # the home: artifact_root is <home>/mlartifacts

@@ -91,14 +91,14 @@ class SurrogateSettings:
     # Brier: the promotion rule compares versions on the same pairs, and the gpu profile
     # forecasts every eval pair (None).
     eval_pairs: int | None = 16
-    parse_rate_floor: float = 0.8  # promotion gate (models.promotion)
+    parse_rate_floor: float = 0.8  # promotion gate (pipelines.promotion.rule)
     min_brier_gain: float = 0.0  # a challenger must beat the champion's Brier by more than this
     # How the LLM surrogate version of a run comes to be:
     #   "committed"   register the LoRA adapter trained on the H200 and committed under data/
     #                 (committed_run), with its H200 forecasts of every eval pair standing in for
     #                 CPU forecasts: on 2 cores a forward pass over one real prompt takes seconds,
     #                 and training at useful scale takes GPU-hours (docs/results/surrogate.md);
-    #   "supervised"  train it here with the supervised distributional loss (models.supervised);
+    #   "supervised"  train it here with the supervised distributional loss (models.training.supervised);
     #   "grpo"        the format warm-up + GRPO of models.training (the paper's RL stage).
     llm: str = "committed"
     committed_run: str = "training/h200/2026-12-01"  # under the data folder
@@ -131,7 +131,7 @@ class SearchSettings:
     # kernels over nine tasks; 16 would need 2,217 and 24 over 4,400 (docs/search.md).
     budget: int = 12
     # Forecaster of the filtered and selective runs (pipelines.search.forecasters,
-    # pipelines.training.search_hook): the newest registered cost model; "oracle" is the ceiling
+    # pipelines.search.registered): the newest registered cost model; "oracle" is the ceiling
     # a bin forecaster can reach, "uniform" a random choice.
     forecaster: str = "kind:cost_model"
     anchor: str = "reference"  # forecast anchor: "reference" (task reference) or "parent"

@@ -82,7 +82,7 @@ def stop(procs: dict[str, subprocess.Popen]) -> None:
 
 
 def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000) -> None:
-    from models.tracking import MLFLOW_PORT_ENV, experiments_url, prepare_store
+    from models.registry.tracking import MLFLOW_PORT_ENV, experiments_url, prepare_store
 
     prepare_home(settings)
     import mlflow  # noqa: F401 - configures its loggers on import; quieted right after

@@ -37,10 +37,10 @@ from pipelines.search.forecasters import (
     UniformForecaster,
     resolve_forecaster,
 )
+from pipelines.search.registered import register_search_forecasters
 from pipelines.search.simulate import SimulationPlan, simulate
 from pipelines.search.table import load_table_parquet
 from pipelines.tasks import task_names
-from pipelines.training.search_hook import register_search_forecasters
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from supervised_toy import parallel_case
 
-import models.supervised as supervised
+import models.training.supervised as supervised
 
 
 def row_digest(tokens: list[int]) -> str:
@@ -28,7 +28,7 @@ def row_digest(tokens: list[int]) -> str:
 
 
 def main(work: Path) -> None:
-    from models.data_parallel import make_accelerator
+    from models.training.data_parallel import make_accelerator
 
     rank = make_accelerator().process_index
     fed: list[str] = []

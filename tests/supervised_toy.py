@@ -25,7 +25,7 @@ def toy_rows(n: int, seed: int, numbered: bool = False) -> list[dict]:
 def parallel_case():
     """(settings, training rows, calibration rows) of the data-parallel test: distinct prompts,
     batches of many rows (every process gets a share of each), three epochs, no early stop."""
-    from models.supervised import SupervisedSettings
+    from models.training.supervised import SupervisedSettings
 
     settings = SupervisedSettings(base_model="tiny", learning_rate=3e-3, epochs=3, patience=0,
                                   tokens_per_batch=768, warmup_steps=2)

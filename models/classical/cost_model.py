@@ -22,7 +22,7 @@ Generator metadata (algorithm, knobs, generator) is an optional extra: with `met
 learn to forecast from the source-derived features alone as well as with it, and calibration
 sees every calibration pair twice, with and without it, fitting a spread per task for each
 (`task` and `task|bare`: a forecast from the source alone is less sharp). f = 1 ignores the
-metadata altogether. Why 1 by default: measured by pipelines.training.classical on the
+metadata altogether. Why 1 by default: measured by pipelines.surrogates.classical on the
 committed H200 data (default profile, 788 eval pairs), a fit without dropout scores eval Brier
 0.259 with metadata but 0.386 when refit without it (0.694 when it is merely withheld at
 forecast time); with the source constants and jit-function names of models.classical.features

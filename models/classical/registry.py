@@ -5,7 +5,7 @@ A classical model is logged as an MLflow sklearn model with a signature (pair fr
 version of the surrogate's registered model with the tags `kind` (cost_model / text_model),
 `split`, `dataset_version` and `trained_dataset_version` (the same: it is fitted here), and a
 `model_lineage` row, like the LLM. Its run holds what it learned from, as every training run
-does (`models.tracking.log_training_data`): the dataset as an input and `measurement_ids.txt`. Loading it back is
+does (`models.registry.tracking.log_training_data`): the dataset as an input and `measurement_ids.txt`. Loading it back is
 `mlflow.sklearn.load_model("models:/<name>/<version>")` (or `mlflow.pyfunc.load_model`, whose
 predict gives the bin probabilities).
 """
@@ -62,7 +62,12 @@ def log_classical(
     import sklearn
     from mlflow.models import infer_signature
 
-    from models.tracking import TRAINED_TAG, log_training_data, mlflow_experiment, open_store
+    from models.registry.tracking import (
+        TRAINED_TAG,
+        log_training_data,
+        mlflow_experiment,
+        open_store,
+    )
 
     open_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
@@ -91,7 +96,7 @@ def log_classical(
             pyfunc_predict_fn="predict_proba", skops_trusted_types=trusted,
         )
         run_id = run.info.run_id
-    from models.registry import register_logged_model
+    from models.registry.versions import register_logged_model
 
     t0 = time.perf_counter()
     version = register_logged_model(tracking_uri, info.model_uri, name, run_id=run_id, kind=model.kind,
@@ -106,7 +111,7 @@ def load_classical(tracking_uri: str, name: str, version: int | str) -> BinForec
     """The registered classical forecaster `name`/`version` (sklearn flavour)."""
     import mlflow
 
-    from models.tracking import open_store
+    from models.registry.tracking import open_store
 
     open_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)

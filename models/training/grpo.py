@@ -3,7 +3,7 @@ warm-up, TRL's GRPOTrainer with the calibration-shaped rewards, the saved adapte
 
 One LoRA adapter (peft) is trained twice: first the short supervised warm-up on the answer
 format (models.training.warmup), then GRPO. The adapter (relative to the untouched base model)
-and the tokenizer are saved to `out_dir`; `models.registry` registers them.
+and the tokenizer are saved to `out_dir`; `models.registry.versions` registers them.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def train_grpo(
     checkpoint resumes from it (the warm-up is not repeated: its record is kept beside the
     checkpoints); with `stop_at` (a time.time() value), GRPO stops cleanly after the first
     step that ends past it and the result says `finished=False`. Together they let a run
-    longer than one GPU job go on in the next (models/remote/gpu_job.py).
+    longer than one GPU job go on in the next (models/training/gpu_host/gpu_job.py).
 
     Args:
         settings: the resolved training settings.
@@ -92,7 +92,7 @@ def _train_grpo(settings: TrainingSettings, rows: Sequence[dict[str, Any]], out:
     from datasets import Dataset
     from trl import GRPOTrainer
 
-    from models.callbacks import NonFiniteGradGuard, StopAt
+    from models.training.callbacks import NonFiniteGradGuard, StopAt
 
     if len(rows) < settings.prompts_per_step:
         raise ValueError(
@@ -192,7 +192,7 @@ def _load_base(settings: TrainingSettings):
         # cuDNN's SDPA backward (a default backend on Hopper for bf16/fp16 with a mask in torch
         # 2.11) returns NaN in grad_q when the sequence length is 64 mod 128 and a query row is
         # fully masked, which left-padded GRPO batches hold (pytorch/pytorch#196678,
-        # huggingface/trl#7181). Seen on our H200 host: `python3 -m models.remote.sdpa_check`
+        # huggingface/trl#7181). Seen on our H200 host: `python3 -m models.training.gpu_host.sdpa_check`
         # finds NaN in grad_q at every length 64 mod 128 (704 ... 6,592) with cuDNN and none
         # with the memory-efficient or math backends, which compute the same attention. Our
         # GRPO runs there logged NaN gradient norms (step 12 of one run, step 1 of three others).

@@ -1,7 +1,7 @@
 """A small head on a frozen language model's hidden states: the LLM surrogate that reads code.
 
 The language model reads the prompt of a pair (both sources, as the logprob readout's prompt up
-to the answer prefix, models.supervised.encode_rows) in one prefill. Of each chosen layer it
+to the answer prefix, models.training.supervised.encode_rows) in one prefill. Of each chosen layer it
 keeps the mean over the prompt's tokens and the hidden state of its last token (the position
 where the surrogate's answer would start), and of the last layer also the eight label logits of
 the zero-shot readout. A two-layer MLP on that vector (optionally with the pair's source-derived
@@ -108,7 +108,7 @@ def embed_prompts(model: Any, tokenizer: Any, encoded: Sequence[Sequence[int]], 
     position is every prompt's own last token.
     """
     from models.backends.transformers_backend import left_pad
-    from models.supervised import _backbone_and_head, length_batches
+    from models.training.supervised import _backbone_and_head, length_batches
 
     model.eval()
     backbone, out_emb = _backbone_and_head(model)
@@ -151,7 +151,7 @@ class BinHead(torch.nn.Module):
 
 
 def _scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    from models.supervised import calibration_scores
+    from models.training.supervised import calibration_scores
 
     return calibration_scores(torch.softmax(logits.float(), dim=-1).cpu(), y.cpu())
 
@@ -167,7 +167,7 @@ def train_head(x_fit: np.ndarray, y_fit: np.ndarray, x_cal: np.ndarray, y_cal: n
     Raises:
         ValueError: no fit or calibration rows, or widths that differ (one line).
     """
-    from models.supervised import ordinal_targets
+    from models.training.supervised import ordinal_targets
 
     if len(x_fit) == 0 or len(x_cal) == 0:
         raise ValueError(f"a head needs fit and calibration rows (got {len(x_fit)} and {len(x_cal)})")

@@ -63,7 +63,7 @@ class TrainingSettings:
             the metrics); None = the base model's context minus max_completion_length, so
             prompt and rollout always fit the positions the model was built for.
         max_nonfinite_steps: GRPO stops (with an error) after this many optimizer steps in a
-            row had non-finite gradients; single ones are skipped (models/callbacks.py).
+            row had non-finite gradients; single ones are skipped (models/training/callbacks.py).
     """
 
     base_model: str = "smollm2"
@@ -114,7 +114,7 @@ class TrainingSettings:
 
     def reward_parts(self) -> tuple[list[Any], list[float]]:
         """(reward functions, weights) for GRPOTrainer: one curve per part in TRL's logs."""
-        from models.rewards import brier_reward, correctness_reward, crps_reward
+        from models.training.rewards import brier_reward, correctness_reward, crps_reward
 
         if self.reward == "correctness":
             return [correctness_reward], [1.0]

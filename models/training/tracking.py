@@ -1,6 +1,6 @@
 """The MLflow run of a training call: where it is logged (`RunTracking`), its params and tags,
 and its lifecycle (`TrainingRun`: opened before the warm-up, streamed into during GRPO, closed
-at the end). The MLflow calls themselves are models.tracking's.
+at the end). The MLflow calls themselves are models.registry.tracking's.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def git_commit() -> str | None:
 
 class TrainingRun:
     """The MLflow run of one train_grpo call: opened before the warm-up, streamed into during
-    GRPO (models.tracking.MlflowMetricsCallback), closed at the end. Inert without tracking."""
+    GRPO (models.registry.tracking.MlflowMetricsCallback), closed at the end. Inert without tracking."""
 
     def __init__(self, tracking: RunTracking | None, settings: TrainingSettings) -> None:
         self.tracking, self.settings = tracking, settings
@@ -55,11 +55,11 @@ class TrainingRun:
         self.closed_run_id: str | None = None
 
     def open(self, rows: Sequence[dict[str, Any]]) -> None:
-        from models.data_parallel import is_main_process
+        from models.training.data_parallel import is_main_process
 
         if self.tracking is None or not self.tracking.tracking_uri or not is_main_process():
             return  # under `accelerate launch` one process logs the run, not one per GPU
-        from models.tracking import start_training_run
+        from models.registry.tracking import start_training_run
 
         t = self.tracking
         self.run_id = start_training_run(t.tracking_uri, t.experiment, self.params(rows), self.tags(), rows,
@@ -79,20 +79,20 @@ class TrainingRun:
     def callbacks(self) -> list[Any]:
         if self.run_id is None:
             return []
-        from models.tracking import MlflowMetricsCallback
+        from models.registry.tracking import MlflowMetricsCallback
 
         return [MlflowMetricsCallback(self.tracking.tracking_uri, self.run_id)]
 
     def log_sft(self, losses: Sequence[float]) -> None:
         if self.run_id is not None:
-            from models.tracking import log_sft_losses
+            from models.registry.tracking import log_sft_losses
 
             log_sft_losses(self.tracking.tracking_uri, self.run_id, losses)
 
     def close(self, status: str, metrics: Mapping[str, float] | None = None) -> None:
         if self.run_id is None:
             return
-        from models.tracking import finish_training_run
+        from models.registry.tracking import finish_training_run
 
         run_id, self.run_id = self.run_id, None
         finish_training_run(self.tracking.tracking_uri, run_id, metrics or {}, self.tracking.measurement_ids, status)

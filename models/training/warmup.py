@@ -1,6 +1,6 @@
 """The supervised format warm-up before GRPO, and its record beside the GRPO checkpoints.
 
-The warm-up itself is models.sft's (`run_sft`, `parse_rate`); here it is measured (greedy parse
+The warm-up itself is models.training.sft's (`run_sft`, `parse_rate`); here it is measured (greedy parse
 rate of a few probe rows before and after), logged, and kept, so that a run resumed from a GRPO
 checkpoint reports the warm-up it had instead of running it again.
 """
@@ -52,7 +52,7 @@ def warm_up(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], settings
             run: TrainingRun) -> WarmUp:
     """`settings.sft_steps` supervised steps on the answer format (the adapter trains in place),
     with the greedy parse rate of the first `parse_probe_rows` rows before and after."""
-    from models.sft import parse_rate, run_sft
+    from models.training.sft import parse_rate, run_sft
 
     probe = list(rows[: settings.parse_probe_rows])
     probe_tokens = settings.max_completion_length

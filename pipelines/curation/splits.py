@@ -22,7 +22,7 @@
   `lineage_k` neighbourhood) are kept out of the training pool, on every hardware. The pairs
   table knows three splits (train/eval/discovery), so the external pairs are stored under
   'eval'; `is_external_generator` on the candidate's generator tells the two eval parts apart
-  (pipelines.training.roles).
+  (pipelines.surrogates.roles).
 """
 
 from __future__ import annotations

@@ -48,12 +48,12 @@ def read_external_dir(folder: str | Path, reference_ids: dict[str, str]) -> tupl
     Returns:
         Pairs (pair_id "external:<hash>", task, hardware_id, anchor_kernel_id,
         candidate_kernel_id, speedup, true_bin, pair_type 'reference', split 'external') and the
-        candidates' records (RECORD_FIELDS of pipelines.training.classical).
+        candidates' records (RECORD_FIELDS of pipelines.surrogates.classical).
     Raises:
         ValueError: one line, on a missing folder, no files, an unreadable file or missing columns.
     """
     from pipelines.curation.pairs import labels, pair_id
-    from pipelines.training.classical import RECORD_FIELDS
+    from pipelines.surrogates.classical import RECORD_FIELDS
 
     root = Path(folder)
     if not root.is_dir():

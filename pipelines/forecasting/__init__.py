@@ -27,7 +27,7 @@ adapter requires generator metadata). Language-model adapters also give `forecas
 (one `models.forecast.Forecast` per pair, unparsed answers kept with their error) and
 `requests(pairs, kernels)` (the prompts, for the sharded GPU run of llm_shards).
 
-How the evaluation calls it (pipelines.training.forecasting): per registered version of the
+How the evaluation calls it (pipelines.forecasting.registered): per registered version of the
 dataset version, `f = load_forecaster(models:/name/N, tracking_uri=..., home=..., committed_dir=...)`;
 for a `CommittedForecaster`, `f.forecast_rows(eval_pairs)`; for a `LanguageForecaster` forecast
 here, `f.requests(eval_subset, records)` are the prompts of its LlmJob (or `f.forecast_rows` in

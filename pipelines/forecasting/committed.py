@@ -1,11 +1,11 @@
-"""Committed H200 forecasts of an LLM variant (pipelines.training.committed) as an adapter.
+"""Committed H200 forecasts of an LLM variant (pipelines.surrogates.committed) as an adapter.
 
 The variant's weights stay on the GPU host; what is committed are its raw logprob forecasts of
 the calibration and eval pairs of its run, keyed by (hardware, anchor, candidate). So it answers
 only the pairs it holds: `covers(pairs)` says which, `forecast_pairs` refuses a frame with a
 pair it lacks (one line), and `forecast_rows` gives rows for the pairs it holds, every repeat,
 as the evaluation stores them. Its calibrator is fitted on its own calibration forecasts, as
-`pipelines.training.committed.calibrated_variants` does (the numbers are that function's).
+`pipelines.surrogates.committed.calibrated_variants` does (the numbers are that function's).
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class CommittedForecaster(PairForecaster):
 
     def _variant_rows(self, pairs: pl.DataFrame) -> pl.DataFrame:
         """Its calibrated rows on the pairs it holds (pair_id of `pairs`, every repeat)."""
-        from pipelines.training.committed import calibrated_variants
+        from pipelines.surrogates.committed import calibrated_variants
 
         target = pairs.select("pair_id", *KEYS)
         for v in calibrated_variants(self.committed_dir, target, target):

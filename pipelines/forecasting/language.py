@@ -1,7 +1,7 @@
 """Language-model forecasters as adapters: a registered surrogate version (its calibrator
 applied), a base model or local checkpoint, an OpenAI-compatible endpoint.
 
-The prompt of a pair is the one the surrogate was trained on (pipelines.training.export's
+The prompt of a pair is the one the surrogate was trained on (pipelines.surrogates.export's
 row builder): task description, the two sources (the task reference shown as its PyTorch
 body), the device's fingerprint, and with "+features" styles the benchmark shapes and each
 side's compile features; a record without compile features shows n/a, one without generator
@@ -27,7 +27,7 @@ from pipelines.forecasting.base import PairForecaster, check_pairs, rows_of
 
 def record_features(record: Mapping[str, Any]) -> dict[str, Any] | None:
     """The compile features a "+features" prompt shows for a record (None: never compiled)."""
-    from pipelines.training.export import FEATURE_FIELDS
+    from pipelines.surrogates.export import FEATURE_FIELDS
 
     if all(record.get(f) is None for f in FEATURE_FIELDS):
         return None
@@ -90,7 +90,7 @@ class LanguageForecaster(PairForecaster):
         self.hardware = hardware or HardwareTable()
 
     def requests(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
-        """{"pair_id", "prompt"} per pair: what a sharded run (pipelines.training.llm_shards) carries."""
+        """{"pair_id", "prompt"} per pair: what a sharded run (pipelines.forecasting.llm_shards) carries."""
         check_pairs(pairs, kernels)
         return [{"pair_id": r["pair_id"], "prompt": pair_prompt(r, kernels, self.hardware(r["hardware_id"]), self.style)}
                 for r in pairs.iter_rows(named=True)]

@@ -28,7 +28,7 @@ def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE) -> str | 
     else None (nothing registered, or no tracking URI)."""
     if not tracking_uri:
         return None
-    from models.registry import alias_version
+    from models.registry.versions import alias_version
 
     for alias in (CHAMPION_EXTERNAL, CHAMPION):
         if alias_version(tracking_uri, alias, name) is not None:
@@ -43,7 +43,7 @@ def resolve_version(tracking_uri: str, ref: str) -> tuple[str, int, dict[str, An
     Raises:
         ValueError: a malformed reference, or one that points at no version (one line).
     """
-    from models.registry import alias_version, find_versions, parse_model_uri, version_info
+    from models.registry.versions import alias_version, find_versions, parse_model_uri, version_info
 
     if ref.startswith("kind:"):
         kind = ref.removeprefix("kind:")
@@ -171,9 +171,9 @@ def _fits(backend: Any, readout: str):
 
 
 def _registered_llm(tracking_uri, name, version, tags, home, readout, style, device, cache_dir, table, stored, ref):
-    from models.surrogate import registered_forecaster
+    from models.registry.lifecycle import registered_forecaster
     from pipelines.forecasting.language import LanguageForecaster
-    from pipelines.training.llm_shards import version_calibrator
+    from pipelines.forecasting.llm_shards import version_calibrator
 
     try:
         backend, info = registered_forecaster(tracking_uri, version, home, cache_dir=cache_dir, readout=readout,

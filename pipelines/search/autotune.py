@@ -131,7 +131,7 @@ def registered_autotune_forecaster(tracking_uri: str, home: Any, ref: str | None
     from pathlib import Path
 
     from pipelines.forecasting import file_champion_uri, load_forecaster
-    from pipelines.training.search_hook import warehouse_compile_features
+    from pipelines.search.registered import warehouse_compile_features
 
     ref = ref or file_champion_uri(tracking_uri)
     if ref is None:

@@ -20,7 +20,7 @@ Reference forecasters (here, for tests and as floors and ceilings):
 
 `resolve_forecaster(name, context)` builds one by name: the three above, "file:PATH" (a pickled
 object with `predict_kernels`, as the GPU host gets it) and any prefix registered with
-`register_forecaster`: pipelines.training.search_hook registers "models:/", "kind:" and
+`register_forecaster`: pipelines.search.registered registers "models:/", "kind:" and
 "champion" (the version for kernels from files), each an adapter of the one forecasting
 interface (pipelines.forecasting), whose `predict_kernels` is this protocol. Kernel records of
 files or LLM mutations lack generator, algorithm and knobs_json: no forecaster may need them.

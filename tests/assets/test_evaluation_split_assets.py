@@ -28,8 +28,8 @@ def _peaked(y: int, peak: float) -> list[float]:
 def test_reports_and_promotion_over_the_splits(tmp_path, monkeypatch):
     import mlflow
 
-    from models.registry import alias_version, register_logged_model
-    from models.tracking import mlflow_experiment
+    from models.registry.tracking import mlflow_experiment
+    from models.registry.versions import alias_version, register_logged_model
     from orchestration.definitions import build_defs
     from orchestration.settings import load_settings
     from warehouse.datasets import write_dataset

@@ -19,7 +19,7 @@ import pytest
 from asset_runs import check_results, materialize, materialized
 from typer.testing import CliRunner
 
-from models.promotion import (
+from pipelines.promotion.rule import (
     GATE_BRIER,
     GATE_PARSE_RATE,
     ChallengerScores,
@@ -237,8 +237,8 @@ def test_forecasts_sharded_over_two_steps_equal_one_step(graph, tmp_path, monkey
 
 @pytest.mark.slow
 def test_gates_and_promotion_agree_with_the_rule(graph):
-    """Whatever the tiny model scored, the checks and model_promotion follow models.promotion."""
-    from models.registry import alias_version
+    """Whatever the tiny model scored, the checks and model_promotion follow pipelines.promotion.rule."""
+    from models.registry.versions import alias_version
 
     settings, _, _, result = graph
     checks = check_results(result)
@@ -287,7 +287,7 @@ def _register_challenger(settings, batch: str) -> int:
     """A new version from version 1's adapter, as the next training batch's challenger."""
     from mlflow import MlflowClient
 
-    from models.registry import register_surrogate, resolve_surrogate
+    from models.registry.versions import register_surrogate, resolve_surrogate
 
     client = MlflowClient(settings.mlflow_uri, registry_uri=settings.mlflow_uri)
     v1 = client.get_model_version(NAME, "1")
@@ -305,7 +305,7 @@ def _promote_again(defs, instance):
 
 @pytest.mark.slow
 def test_promotion_passes_then_holds_a_worse_challenger_then_a_failing_one(graph):
-    from models.registry import alias_version, set_alias
+    from models.registry.versions import alias_version, set_alias
 
     settings, defs, instance, _ = graph
     uri = settings.mlflow_uri
@@ -357,7 +357,7 @@ def test_promotion_passes_then_holds_a_worse_challenger_then_a_failing_one(graph
 def test_versions_of_any_kind_compete_on_the_same_pairs(graph):
     """A version of another kind (a cost model forecasting every eval pair) is weighed like the
     LLM versions: on the pairs every version forecast, by the same gates and rule, on every split."""
-    from models.registry import alias_version, register_logged_model
+    from models.registry.versions import alias_version, register_logged_model
     from warehouse.db import connect
     from warehouse.forecasts import write_forecasts
 
@@ -395,7 +395,7 @@ def _store_experiment(uri: str) -> str:
     """An experiment whose artifacts live beside the store (the default one's go to ./mlruns)."""
     from mlflow import MlflowClient
 
-    from models.tracking import mlflow_experiment
+    from models.registry.tracking import mlflow_experiment
 
     return mlflow_experiment(MlflowClient(uri), uri, "kernelcast-training")
 
@@ -406,7 +406,7 @@ def test_wrong_forecasts_block_promotion(graph):
     stops the run before model_promotion moves any alias."""
     import mlflow
 
-    from models.registry import alias_version, register_logged_model, set_alias
+    from models.registry.versions import alias_version, register_logged_model, set_alias
     from warehouse.db import connect
 
     settings, defs, instance, _ = graph
@@ -427,7 +427,7 @@ def test_wrong_forecasts_block_promotion(graph):
 # ---- the CLI around the registry -------------------------------------------------------------
 @pytest.mark.slow
 def test_forecast_cli_answers_from_the_champion(graph, tmp_path, monkeypatch):
-    from models.registry import alias_version, clear_alias, set_alias
+    from models.registry.versions import alias_version, clear_alias, set_alias
     from orchestration.cli import app
 
     settings, _, _, _ = graph

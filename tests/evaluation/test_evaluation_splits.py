@@ -12,8 +12,8 @@ import polars as pl
 import pytest
 
 from models.bins import speedup_to_bin
-from pipelines.training.forecasting import SOURCE_ONLY_SUFFIX, split_frames
-from pipelines.training.roles import Roles, strip_metadata
+from pipelines.forecasting.registered import SOURCE_ONLY_SUFFIX, split_frames
+from pipelines.surrogates.roles import Roles, strip_metadata
 
 P = [f"p{i}" for i in range(1, 9)]
 BLOCKS = (64, 128, 256, 512, 1024, 2048)
@@ -45,13 +45,13 @@ def test_every_split_is_forecast_and_source_only_from_stripped_records(tmp_path)
     generator's metadata (other numbers: the knob is withheld), and the external pairs."""
     from models.classical import CostModel
     from models.classical.registry import log_classical
-    from pipelines.training.classical import frame_of
-    from pipelines.training.forecasting import (
+    from pipelines.forecasting.registered import (
         empty_reasons,
         reference_listing,
         registered_forecasts,
         split_pairs,
     )
+    from pipelines.surrogates.classical import frame_of
 
     fit_records, fit = _records_and_pairs(240, 0, "f")
     model = CostModel(max_iter=40, metadata_dropout=0.0).fit(frame_of(fit, fit_records), fit["true_bin"].to_numpy(), np.log2(fit["speedup"].to_numpy()))
@@ -275,7 +275,7 @@ def _write_folder(folder, n: int = 6):
 
 def test_a_folder_of_fetched_kernels_becomes_external_pairs_scored_by_the_references(tmp_path):
     from pipelines.evaluation.external_dir import read_external_dir
-    from pipelines.training.forecasting import folder_forecasts
+    from pipelines.forecasting.registered import folder_forecasts
 
     _write_folder(tmp_path / "fetched")
     pairs, records = read_external_dir(tmp_path / "fetched", {"softmax": "ref"})

@@ -11,8 +11,8 @@ import polars as pl
 import pytest
 
 from models.bins import speedup_to_bin
-from pipelines.training.classical import fit_many, frame_of
-from pipelines.training.roles import Roles
+from pipelines.surrogates.classical import fit_many, frame_of
+from pipelines.surrogates.roles import Roles
 
 BLOCKS = (64, 128, 256, 512, 1024)
 

@@ -12,8 +12,7 @@ import hashlib
 import polars as pl
 import pytest
 
-from pipelines.sharding import balanced_shards
-from pipelines.training.llm_shards import (
+from pipelines.forecasting.llm_shards import (
     LlmJob,
     ShardCoverageError,
     expected_pairs,
@@ -23,6 +22,7 @@ from pipelines.training.llm_shards import (
     split_jobs,
     write_shard,
 )
+from pipelines.sharding import balanced_shards
 
 
 def _job(ref: str, n: int, seed: str = "") -> LlmJob:
@@ -113,8 +113,8 @@ def test_a_base_model_forecasts_the_same_in_two_shards_as_in_one(tmp_path):
     from models.base_model import resolve_base_model
     from models.service import DEFAULT_HARDWARE
     from pipelines.evaluation.lm_forecasts import forecast_pairs, pair_sources
+    from pipelines.forecasting.llm_shards import forecast_shard, plan_base_job
     from pipelines.generation.candidates import build_candidates, write_batch
-    from pipelines.training.llm_shards import forecast_shard, plan_base_job
     from warehouse.db import connect
     from warehouse.ingest import ingest_path
 
@@ -147,7 +147,7 @@ def test_a_base_model_forecasts_the_same_in_two_shards_as_in_one(tmp_path):
 
 
 def test_an_unreadable_shard_plan_is_one_line_and_writes_no_rows(tmp_path):
-    from pipelines.training.llm_shards import forecast_shard_file
+    from pipelines.forecasting.llm_shards import forecast_shard_file
 
     rows = tmp_path / "rows-gpu0.parquet"
     for plan, content in ((tmp_path / "missing.json", None), (tmp_path / "broken.json", "[{"),

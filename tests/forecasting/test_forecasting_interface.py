@@ -52,7 +52,7 @@ def classical(uri):
 @pytest.mark.parametrize("kind", ["cost_model", "text_model"])
 def test_a_classical_version_forecasts_as_its_model_does(uri, classical, kind):
     from models.classical.registry import load_classical
-    from pipelines.training.classical import forecast_rows
+    from pipelines.surrogates.classical import forecast_rows
 
     version, model = classical[kind]
     pairs, kernels, frame, _ = _pairs_and_kernels(30, 3)
@@ -131,8 +131,8 @@ def _committed_run(folder, pairs: pl.DataFrame, y: np.ndarray) -> None:
 
 
 def test_committed_forecasts_answer_the_pairs_they_hold(tmp_path, uri):
-    from models.registry import set_version_tag
-    from pipelines.training.committed import calibrated_variants
+    from models.registry.versions import set_version_tag
+    from pipelines.surrogates.committed import calibrated_variants
 
     pairs, kernels, _, y = _pairs_and_kernels(10, 7)
     _committed_run(tmp_path / "run", pairs.head(8), y[:8])
@@ -163,9 +163,9 @@ def _register_llm_version(uri: str, tmp_path, calibrator: dict | None = None) ->
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
-    from models.registry import register_surrogate
+    from models.registry.tracking import mlflow_experiment
+    from models.registry.versions import register_surrogate
     from models.tiny import build_tiny_model
-    from models.tracking import mlflow_experiment
 
     tiny = build_tiny_model(tmp_path / "tiny")
     model = get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny)),
@@ -188,7 +188,7 @@ def _register_llm_version(uri: str, tmp_path, calibrator: dict | None = None) ->
 def test_file_champion_prefers_the_external_alias(uri, classical):
     from mlflow import MlflowClient
 
-    from models.registry import set_alias
+    from models.registry.versions import set_alias
 
     cost, text = classical["cost_model"][0], classical["text_model"][0]
     set_alias(uri, "champion", cost)
@@ -204,11 +204,11 @@ def test_a_registered_llm_forecasts_as_the_evaluation_and_the_old_command_did(tm
     """Same prompts (the training row builder's), same calibrator, same numbers."""
     from models.backends import ForecastRequest
     from models.calibration import Calibrator
-    from models.surrogate import registered_forecaster
-    from models.training import build_training_rows
+    from models.registry.lifecycle import registered_forecaster
+    from models.training.rows import build_training_rows
     from pipelines.evaluation.lm_forecasts import prompt_source
+    from pipelines.forecasting.llm_shards import LlmJob, _calibrated_rows
     from pipelines.tasks import get_task
-    from pipelines.training.llm_shards import LlmJob, _calibrated_rows
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cal = {"temperature": 1.7, "bias": [0.3, -0.2, 0.0, 0.1, 0.0, 0.0, -0.1, 0.2], "objective": "nll", "n_fit": 9}
@@ -300,7 +300,7 @@ def test_several_candidates_and_a_folder_one_row_each_with_the_registered_cost_m
     """A folder of five files against one anchor: three rows refused with their reason, two
     forecast by @champion (a cost model) from the files' own records, exit 1 at the end."""
     from models.classical.registry import log_classical
-    from models.registry import set_alias
+    from models.registry.versions import set_alias
     from orchestration.settings import load_settings
     from pipelines.forecasting.files import read_kernel_files
 
@@ -346,10 +346,10 @@ def test_the_search_and_autotune_hooks_answer_from_the_file_champion(tmp_path):
     from mlflow import MlflowClient
 
     from models.classical.registry import log_classical
-    from models.registry import set_alias
+    from models.registry.versions import set_alias
     from pipelines.search.autotune import registered_autotune_forecaster
     from pipelines.search.forecasters import ForecasterContext, resolve_forecaster
-    from pipelines.training.search_hook import register_search_forecasters
+    from pipelines.search.registered import register_search_forecasters
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     register_search_forecasters()

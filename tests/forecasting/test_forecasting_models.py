@@ -15,7 +15,7 @@ from models.bins import speedup_to_bin
 from models.calibration import Calibrator, fit_calibrator
 from models.classical import CostModel, TextModel
 from models.classical.features import FeatureSpace, kernel_features, pair_frame
-from models.supervised import length_batches, ordinal_targets
+from models.training.supervised import length_batches, ordinal_targets
 
 
 def _brier(p: np.ndarray, y: np.ndarray) -> float:
@@ -89,7 +89,7 @@ def test_supervised_loss_lowers_held_out_loss_and_a_resumed_run_ends_the_same(tm
 
     from safetensors.torch import load_file
 
-    from models.supervised import SupervisedSettings, train_supervised
+    from models.training.supervised import SupervisedSettings, train_supervised
 
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
     train, held = toy_rows(192, 0), toy_rows(64, 1)
@@ -154,7 +154,7 @@ def test_cost_model_needs_log2_speedup():
 @pytest.mark.slow
 def test_a_registered_classical_model_loads_back_and_forecasts_identically(tmp_path):
     from models.classical.registry import load_classical, log_classical
-    from models.registry import version_info
+    from models.registry.versions import version_info
 
     fit, y, l2 = toy_pairs(200, 0)
     cal, y_cal, _ = toy_pairs(60, 1)
@@ -178,7 +178,7 @@ def test_a_registered_classical_model_loads_back_and_forecasts_identically(tmp_p
 def test_the_search_resolves_a_registered_cost_model_and_fills_compile_features(tmp_path):
     from models.classical.registry import log_classical
     from pipelines.search.forecasters import ForecasterContext, resolve_forecaster
-    from pipelines.training.search_hook import register_search_forecasters
+    from pipelines.search.registered import register_search_forecasters
 
     fit, y, l2 = toy_pairs(200, 0)
     model = CostModel(max_iter=30).fit(fit, y, l2)

@@ -8,7 +8,7 @@ import polars as pl
 
 from pipelines.curation.splits import lineage_map, lineage_neighbourhood, make_splits
 from pipelines.evaluation.utility import random_recovered_curve, tied_recovered_curve
-from pipelines.training.roles import forecasting_roles
+from pipelines.surrogates.roles import forecasting_roles
 
 
 def _toy_dataset(seed: int = 0):

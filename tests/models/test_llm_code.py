@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from models.remote.bundle import (
+from models.training.gpu_host.bundle import (
     BUNDLE_FORMAT,
     KERNELS_FILE,
     META_FILE,
@@ -83,7 +83,7 @@ def test_a_bundle_that_is_not_one_is_one_line(tmp_path):
 
 
 def _train(tmp_path: Path, out: str, *extra: str) -> int:
-    from models.remote.llm_code import main
+    from models.training.gpu_host.llm_code import main
 
     return main(["train", "--bundle", str(tmp_path / "b"), "--out", str(tmp_path / out), "--work",
                  str(tmp_path / f"work-{out}"), "--base-model", "tiny", "--time-budget-s", "400",
@@ -154,12 +154,12 @@ def _frame(pairs: list[dict], role: str):
 
 
 def test_the_bundle_build_refuses_a_scored_lineage_in_training():
-    """pipelines.training.code_bundle.check_no_leakage on the roles of a toy version: clean, then
+    """pipelines.surrogates.code_bundle.check_no_leakage on the roles of a toy version: clean, then
     with an eval candidate's child in fit, then with an external kernel's parent in held-out fit."""
     import polars as pl
 
-    from pipelines.training.code_bundle import check_no_leakage
-    from pipelines.training.roles import Roles
+    from pipelines.surrogates.code_bundle import check_no_leakage
+    from pipelines.surrogates.roles import Roles
 
     pairs = [{"pair_id": f"p{i}", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": "ref",
               "candidate_kernel_id": f"k{i}", "true_bin": 1 + i % 8,
@@ -213,10 +213,10 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
     import mlflow
     import polars as pl
 
-    from pipelines.training.code_ingest import ingest, register_variants
-    from pipelines.training.committed import calibrated_variants
-    from pipelines.training.forecasting import registered_forecasts
-    from pipelines.training.roles import Roles
+    from pipelines.forecasting.registered import registered_forecasts
+    from pipelines.surrogates.code_ingest import ingest, register_variants
+    from pipelines.surrogates.committed import calibrated_variants
+    from pipelines.surrogates.roles import Roles
     from warehouse.datasets import write_dataset
     from warehouse.db import connect
 
@@ -276,9 +276,9 @@ def test_fast_encode_gives_encode_rows_ids(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
     from models.base_model import resolve_base_model
-    from models.remote.bundle import code_rows
-    from models.remote.llm_code import fast_encode
-    from models.supervised import encode_rows
+    from models.training.gpu_host.bundle import code_rows
+    from models.training.gpu_host.llm_code import fast_encode
+    from models.training.supervised import encode_rows
 
     toy_bundle(tmp_path / "b")
     meta, kernels, pairs = read_bundle(tmp_path / "b")

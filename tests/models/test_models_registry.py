@@ -13,7 +13,8 @@ import warehouse
 from models.backends import ForecastRequest
 from models.backends.transformers_backend import TransformersForecaster
 from models.prompts import build_prompt
-from models.registry import (
+from models.registry.tracking import mlflow_experiment
+from models.registry.versions import (
     load_surrogate,
     parse_model_uri,
     read_base_model_ref,
@@ -22,7 +23,6 @@ from models.registry import (
     set_alias,
 )
 from models.tiny import build_tiny_model
-from models.tracking import mlflow_experiment
 from tests.warehouse.test_warehouse_factory import (
     kernel_row,
     kernel_table,
@@ -172,7 +172,7 @@ def test_a_version_loads_as_mlflow_users_expect(uri, adapter, tiny, tmp_path):
     from mlflow import MlflowClient
     from peft import PeftModel
 
-    from models.registry import model_id_of
+    from models.registry.versions import model_id_of
 
     name = "load-check"
     run_id = new_run(uri)
@@ -208,7 +208,7 @@ def test_champion_and_challenger_are_two_aliases_never_on_one_version(uri, tmp_p
     not the champion, so it is never set to the champion's version (and leaves when it becomes one)."""
     from mlflow import MlflowClient
 
-    from models.registry import aliases, clear_alias, set_aliases
+    from models.registry.versions import aliases, clear_alias, set_aliases
 
     name = "alias-check"
     client = MlflowClient(uri, registry_uri=uri)

@@ -6,7 +6,7 @@ import pickle
 import numpy as np
 import pytest
 
-from models.rewards import (
+from models.training.rewards import (
     CalibratedReward,
     brier_reward,
     brier_score,

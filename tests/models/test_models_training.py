@@ -11,16 +11,13 @@ import pytest
 import torch
 
 from models.parsing import parse_forecast
-from models.rewards import brier_reward, correctness_reward, crps_reward
-from models.sft import format_target, smoothed_one_hot
 from models.tiny import build_tiny_model
-from models.training import (
-    PROFILES,
-    RunTracking,
-    TrainingSettings,
-    build_training_rows,
-    train_grpo,
-)
+from models.training.grpo import train_grpo
+from models.training.rewards import brier_reward, correctness_reward, crps_reward
+from models.training.rows import build_training_rows
+from models.training.settings import PROFILES, TrainingSettings
+from models.training.sft import format_target, smoothed_one_hot
+from models.training.tracking import RunTracking
 
 ANCHOR = "import triton\n\n\ndef kernel(x):\n    return x * 2\n"
 KERNELS = {f"k{i}": ANCHOR.replace("x * 2", f"x * {i + 2}") for i in range(5)}
@@ -119,7 +116,7 @@ def trained(tmp_path_factory, one_thread):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     from mlflow import MlflowClient
 
-    from models.tracking import MlflowMetricsCallback
+    from models.registry.tracking import MlflowMetricsCallback
 
     seen_live = []  # (run status, loss points stored) as each trainer log line is sent
     original = MlflowMetricsCallback.on_log
@@ -213,7 +210,7 @@ def test_training_metrics_are_streamed_while_the_run_is_running(trained):
 def test_grad_guard_drops_a_non_finite_step_and_gives_up_after_too_many():
     from transformers import TrainerControl, TrainerState
 
-    from models.callbacks import NonFiniteGradGuard
+    from models.training.callbacks import NonFiniteGradGuard
 
     p = torch.nn.Parameter(torch.zeros(3))
     opt = torch.optim.AdamW([p], lr=0.1)
@@ -303,8 +300,7 @@ def test_gradients_that_stay_non_finite_stop_training_with_one_clear_error(tmp_p
 def test_rows_with_prompts_over_the_limit_are_left_out(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
-    from models.training import fitting_rows, prompt_tokens
-
+    from models.training.rows import fitting_rows, prompt_tokens
     tiny = build_tiny_model(tmp_path / "tiny")
     tok = PreTrainedTokenizerFast.from_pretrained(str(tiny))
     rows = build_training_rows(make_pairs(), KERNELS, TASKS, HARDWARE, style="diff")
@@ -324,8 +320,7 @@ def test_a_run_stopped_by_the_clock_resumes_from_its_checkpoint(tmp_path, one_th
     repeating the warm-up and finishes the run: how training spans several runs on a GPU host."""
     import json
 
-    from models.training import WARMUP_RECORD, last_checkpoint
-
+    from models.training.warmup import WARMUP_RECORD, last_checkpoint
     tiny = build_tiny_model(tmp_path / "tiny")
     settings = TrainingSettings.profile("smoke", base_model=str(tiny), sft_steps=3, parse_probe_rows=1)
     rows = build_training_rows(make_pairs(), KERNELS, TASKS, HARDWARE, style=settings.prompt_style)

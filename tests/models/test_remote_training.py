@@ -14,7 +14,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from models.remote.jobfile import (
+from models.training.gpu_host.jobfile import (
     JOB_FILE,
     JOB_FORMAT,
     KERNELS_FILE,
@@ -24,7 +24,7 @@ from models.remote.jobfile import (
     write_json,
     write_jsonl_gz,
 )
-from models.remote.variants import Variant
+from models.training.gpu_host.variants import Variant
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -60,8 +60,8 @@ def test_a_job_that_is_not_one_is_one_line(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_job_runs_collects_and_reads_back_calibrated(tmp_path, monkeypatch):
-    from pipelines.training.committed import calibrated_variants
-    from pipelines.training.remote_results import collect
+    from pipelines.surrogates.committed import calibrated_variants
+    from pipelines.surrogates.remote_results import collect
 
     variants = [Variant("full", style="compact+features", epochs=2, tokens_per_batch=4096, learning_rate=1e-3),
                 Variant("lora", style="compact", finetune="lora", epochs=1, tokens_per_batch=4096, learning_rate=1e-3),
@@ -69,7 +69,7 @@ def test_gpu_job_runs_collects_and_reads_back_calibrated(tmp_path, monkeypatch):
     _job(tmp_path / "job", variants)
     env = {"KERNELCAST_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-m", "models.remote.gpu_job", "run", "--job", str(tmp_path / "job"),
+    res = subprocess.run([sys.executable, "-m", "models.training.gpu_host.gpu_job", "run", "--job", str(tmp_path / "job"),
                           "--run", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--base-model", "tiny",
                           "--deadline-s", "600"], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
     assert res.returncode == 0, res.stderr[-2000:]
@@ -78,7 +78,7 @@ def test_gpu_job_runs_collects_and_reads_back_calibrated(tmp_path, monkeypatch):
     with tarfile.open(tmp_path / "out" / "adapter-lora.tar") as tar:
         assert sorted(tar.getnames()) == ["adapter/adapter_config.json", "adapter/adapter_model.safetensors"]
     # The same command again finds everything done and trains nothing.
-    again = subprocess.run([sys.executable, "-m", "models.remote.gpu_job", "run", "--job", str(tmp_path / "job"),
+    again = subprocess.run([sys.executable, "-m", "models.training.gpu_host.gpu_job", "run", "--job", str(tmp_path / "job"),
                             "--run", str(tmp_path / "run"), "--out", str(tmp_path / "out2"), "--base-model", "tiny"],
                            capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert again.returncode == 0 and "started" not in again.stderr
@@ -112,7 +112,7 @@ def test_gpu_job_trains_a_supervised_variant_on_two_processes(tmp_path):
                                     tokens_per_batch=4096, learning_rate=1e-3)])
     env = {"KERNELCAST_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
            "PYTHONPATH": str(REPO)}
-    res = subprocess.run([sys.executable, "-m", "models.remote.gpu_job", "run", "--job", str(tmp_path / "job"),
+    res = subprocess.run([sys.executable, "-m", "models.training.gpu_host.gpu_job", "run", "--job", str(tmp_path / "job"),
                           "--run", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--base-model", "tiny",
                           "--gpus-per-variant", "2", "--deadline-s", "400"],
                          capture_output=True, text=True, env=env, cwd=REPO, timeout=420)
@@ -130,7 +130,7 @@ def test_gpu_job_trains_a_supervised_variant_on_two_processes(tmp_path):
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-GPU path")
 def test_gpu_check_sdpa_without_a_gpu_is_one_line(capsys):
-    from models.remote import sdpa_check
+    from models.training.gpu_host import sdpa_check
 
     assert sdpa_check.main([]) == 2
     assert capsys.readouterr().err.strip() == "error: no CUDA GPU here"

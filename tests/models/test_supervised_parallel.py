@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from models.remote.gpu_job import _free_port
+from models.training.gpu_host.gpu_job import _free_port
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,7 +39,7 @@ def test_two_processes_train_disjoint_shares_in_sync_as_one_process_would(tmp_pa
     from supervised_toy import parallel_case
     from transformers import PreTrainedTokenizerFast
 
-    from models.supervised import encode_rows, train_supervised
+    from models.training.supervised import encode_rows, train_supervised
 
     home = tmp_path / "home"
     monkeypatch.setenv("KERNELCAST_HOME", str(home))

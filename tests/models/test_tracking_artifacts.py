@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from models.tracking import log_evaluation, mlflow_experiment
+from models.registry.tracking import log_evaluation, mlflow_experiment
 
 
 def test_an_evaluation_run_writes_nothing_into_the_working_directory(tmp_path, monkeypatch):

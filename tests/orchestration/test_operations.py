@@ -290,7 +290,7 @@ def test_runs_left_started_by_a_dead_process_free_their_pool_slot(settings):
     assert storage.claim_concurrency_slot("duckdb_writer", alive.run_id, "kernel_tasks").is_claimed
 
 
-@pytest.mark.parametrize("name", ["orchestration.run_display", "pipelines.sharding", "pipelines.promotion"])
+@pytest.mark.parametrize("name", ["orchestration.run_display", "pipelines.sharding", "pipelines.promotion.scores"])
 def test_doctests(name):
     import doctest
     import importlib

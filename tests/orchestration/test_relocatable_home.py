@@ -12,7 +12,7 @@ import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
-from models.tracking import reroot_artifacts
+from models.registry.tracking import reroot_artifacts
 from tests.forecasting.test_forecasting_models import toy_pairs
 
 NAME = "kernelcast-surrogate"
@@ -99,7 +99,7 @@ def test_a_copied_home_forecasts_reports_and_promotes_with_the_original_gone(tmp
     assert not old.exists()
     from mlflow import MlflowClient
 
-    from models.tracking import log_training_data, mlflow_experiment
+    from models.registry.tracking import log_training_data, mlflow_experiment
 
     client = MlflowClient(settings.mlflow_uri)
     run = client.create_run(mlflow_experiment(client, settings.mlflow_uri, "kernelcast-training"))
@@ -115,7 +115,7 @@ def test_a_copied_home_forecasts_reports_and_promotes_with_the_original_gone(tmp
 def test_reroot_rewrites_only_locations_inside_another_mlartifacts(tmp_path):
     from mlflow import MlflowClient
 
-    from models.tracking import mlflow_experiment
+    from models.registry.tracking import mlflow_experiment
 
     store = tmp_path / "a"
     store.mkdir()
@@ -139,7 +139,7 @@ def test_reroot_rewrites_only_locations_inside_another_mlartifacts(tmp_path):
 def test_the_default_experiment_is_retired_once_ours_exists(tmp_path):
     from mlflow import MlflowClient
 
-    from models.tracking import mlflow_experiment, prepare_store
+    from models.registry.tracking import mlflow_experiment, prepare_store
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     ids = prepare_store(uri)
@@ -150,7 +150,7 @@ def test_the_default_experiment_is_retired_once_ours_exists(tmp_path):
 
 
 def test_run_links_follow_the_ui_port(monkeypatch):
-    from models.tracking import MLFLOW_PORT_ENV, experiments_url, run_url
+    from models.registry.tracking import MLFLOW_PORT_ENV, experiments_url, run_url
 
     monkeypatch.delenv(MLFLOW_PORT_ENV, raising=False)
     assert run_url("r1") == "http://127.0.0.1:5000/#/runs/r1?workflowType=machine_learning"

@@ -64,8 +64,8 @@ def _fill_home(settings) -> None:
     from asset_runs import materialize
 
     from models.bins import speedup_to_bin
-    from models.registry import register_logged_model
-    from models.tracking import mlflow_experiment
+    from models.registry.tracking import mlflow_experiment
+    from models.registry.versions import register_logged_model
     from orchestration.definitions import build_defs
     from warehouse.datasets import write_dataset
     from warehouse.db import connect
@@ -187,7 +187,7 @@ def _text_when(page, needle: str, timeout_s: float = 30) -> str:
 
 
 def test_mlflow_opens_on_the_project_and_shows_the_aliases_and_runs(served, page, tmp_path):
-    from models.tracking import experiments_url, model_url
+    from models.registry.tracking import experiments_url, model_url
 
     settings, dport, mport = served
     page.goto(experiments_url(mport))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from models.promotion import ChallengerScores, decide_over_splits
+from pipelines.promotion.rule import ChallengerScores, decide_over_splits
 from warehouse.db import connect
 from warehouse.promotions import read_promotion_decisions, record_promotion_decision
 
@@ -62,7 +62,7 @@ def test_both_decisions_are_recorded_and_read_per_alias(tmp_path):
 def test_set_aliases_moves_the_external_pair_and_clears_a_challenger_on_request(tmp_path):
     from mlflow import MlflowClient
 
-    from models.registry import aliases, set_aliases
+    from models.registry.versions import aliases, set_aliases
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     client = MlflowClient(uri, registry_uri=uri)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from models.promotion import decide_promotion
-from pipelines.promotion import score_versions
+from pipelines.promotion.rule import decide_promotion
+from pipelines.promotion.scores import score_versions
 from warehouse.db import connect
 from warehouse.promotions import (
     read_promotion_decisions,

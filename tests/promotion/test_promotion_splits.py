@@ -7,7 +7,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from models.promotion import ChallengerScores, PromotionPolicy, decide_over_splits
+from pipelines.promotion.rule import ChallengerScores, PromotionPolicy, decide_over_splits
 
 
 def s(version: int, brier: float, n: int = 24, parse_rate: float = 1.0) -> ChallengerScores:
@@ -67,7 +67,7 @@ def test_the_external_alias_needs_the_gain_the_policy_asks_for():
 
 def test_scores_of_each_split_are_on_its_common_pairs():
     from models.bins import speedup_to_bin
-    from pipelines.promotion import score_splits
+    from pipelines.promotion.scores import score_splits
 
     def rows(ref, pids, peak, pair_type="reference"):
         out = []

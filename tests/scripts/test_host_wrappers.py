@@ -15,13 +15,13 @@ REPO = Path(__file__).resolve().parents[2]
 WRAPPERS = {
     "bench_profiling.py": "pipelines.profiling.benchmarks",
     "commit_measurements.py": "warehouse.commit",
-    "gpu_check_sdpa.py": "models.remote.sdpa_check",
+    "gpu_check_sdpa.py": "models.training.gpu_host.sdpa_check",
     "gpu_fault_injection.py": "pipelines.profiling.fault_injection",
     "gpu_harness_bench.py": "pipelines.profiling.harness_bench",
     "parse_fuzz_bench.py": "models.parse_fuzz",
 }
 GPU_HOST_MODULES = ("pipelines.profiling.worker", "pipelines.profiling.benchmarks", "pipelines.profiling.fault_injection",
-                    "pipelines.profiling.harness_bench", "models.remote.sdpa_check")
+                    "pipelines.profiling.harness_bench", "models.training.gpu_host.sdpa_check")
 
 
 @pytest.mark.parametrize(("script", "module"), sorted(WRAPPERS.items()))

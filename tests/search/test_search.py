@@ -239,7 +239,7 @@ def test_resolver_names_hooks_and_files(toy, tmp_path):
     assert prior.shape == (1, 8) and prior.sum() == pytest.approx(1.0)
     with pytest.raises(ValueError, match="unknown forecaster"):
         resolve_forecaster("crystal-ball")
-    unregister_forecaster("models:/")  # a hook another module registered (pipelines.training.search_hook)
+    unregister_forecaster("models:/")  # a hook another module registered (pipelines.search.registered)
     with pytest.raises(ValueError, match="no loader registered"):
         resolve_forecaster("models:/kernelcast-surrogate@champion")
     register_forecaster("models:/", lambda name, c: UniformForecaster())

@@ -60,7 +60,7 @@ def _run_record(uri: str, run_id: str) -> tuple[dict, list, list[str]]:
 @pytest.mark.parametrize("kind", ["cost_model", "text_model"])
 def test_a_classical_version_traces_back_to_exactly_its_training_kernels(store, kind):
     from models.classical.registry import log_classical
-    from models.registry import version_info
+    from models.registry.versions import version_info
     from warehouse.datasets import current_dataset_version, dataset_measurement_ids
 
     con, uri = store["con"], store["uri"]
@@ -95,8 +95,8 @@ def _committed_run(root, tiny, trained_on: str, pairs: list[dict] | None) -> Non
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from pipelines.training.committed import P_COLS
-    from pipelines.training.remote_results import TRAINING_PAIRS_FILE, training_pairs_frame
+    from pipelines.surrogates.committed import P_COLS
+    from pipelines.surrogates.remote_results import TRAINING_PAIRS_FILE, training_pairs_frame
 
     adapter = root / "adapters" / "lora"
     get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny)),
@@ -113,7 +113,7 @@ def _committed_run(root, tiny, trained_on: str, pairs: list[dict] | None) -> Non
 
 
 def _register(store, tmp_path, tiny, trained_on: str, pairs: list[dict] | None = None):
-    from pipelines.training.llm import register_committed
+    from pipelines.surrogates.llm import register_committed
 
     data = tmp_path / "data"
     _committed_run(data / "training" / "h200" / "day", tiny, trained_on, pairs)
@@ -125,7 +125,7 @@ def _register(store, tmp_path, tiny, trained_on: str, pairs: list[dict] | None =
 
 @pytest.mark.slow
 def test_a_committed_llm_version_names_the_dataset_it_was_trained_on(store, tmp_path, tiny):
-    from models.registry import version_info
+    from models.registry.versions import version_info
     from warehouse.datasets import dataset_measurement_ids
 
     con, uri = store["con"], store["uri"]
@@ -150,7 +150,7 @@ def test_a_committed_llm_version_names_the_dataset_it_was_trained_on(store, tmp_
 def test_a_version_trained_on_a_dataset_no_longer_held_says_so(store, tmp_path, tiny):
     from mlflow import MlflowClient
 
-    from models.registry import version_info
+    from models.registry.versions import version_info
 
     con, uri = store["con"], store["uri"]
     out = _register(store, tmp_path, tiny, "ds-gone")
@@ -183,7 +183,7 @@ def test_lineage_of_a_dataset_not_held_is_refused_unless_asked_for(store):
 
 
 def test_collect_keeps_the_fit_pairs_of_every_role():
-    from pipelines.training.remote_results import training_pairs_frame
+    from pipelines.surrogates.remote_results import training_pairs_frame
 
     pairs = [{"pair_id": "a", "task": "t", "hardware_id": "h", "anchor_kernel_id": "k0", "candidate_kernel_id": "k1",
               "true_bin": 2, "roles": ["fit", "held_out_fit"]},

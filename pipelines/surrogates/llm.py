@@ -4,8 +4,8 @@
   adapters/<variant>) is logged as an MLflow transformers model with its training record
   (settings, per-epoch history) and registered with its calibrator, fitted on the variant's
   committed calibration forecasts; its committed eval forecasts are what it is scored by
-  (pipelines.training.committed).
-- `train_and_register`: the supervised distributional stage (models.supervised) run here, a
+  (pipelines.surrogates.committed).
+- `train_and_register`: the supervised distributional stage (models.training.supervised) run here, a
   LoRA adapter on the base model, calibrated on the calibration split and registered.
 Both re-use an equal registered version (same source or settings, dataset version, code).
 
@@ -30,9 +30,9 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from pipelines.training.committed import calibrated_variants, read_committed
-from pipelines.training.remote_results import TRAINING_PAIRS_FILE
-from pipelines.training.roles import Roles
+from pipelines.surrogates.committed import calibrated_variants, read_committed
+from pipelines.surrogates.remote_results import TRAINING_PAIRS_FILE
+from pipelines.surrogates.roles import Roles
 
 log = logging.getLogger(__name__)
 
@@ -56,7 +56,7 @@ class LlmVersion:
 def _new_run(tracking_uri: str, name: str, tags: Mapping[str, str]) -> str:
     import mlflow
 
-    from models.tracking import mlflow_experiment
+    from models.registry.tracking import mlflow_experiment
 
     client = mlflow.MlflowClient(tracking_uri)
     exp = mlflow_experiment(client, tracking_uri, "kernelcast-training")
@@ -79,7 +79,7 @@ def register_committed(
     """Register the committed adapter of `variant` in `run` (re-used when already registered)."""
     import mlflow
 
-    from models.registry import find_versions, register_surrogate
+    from models.registry.versions import find_versions, register_surrogate
 
     root = data_dir / run
     adapter = root / "adapters" / variant
@@ -98,7 +98,7 @@ def register_committed(
     trained = training.get("dataset_version") or dataset_version
     held, measurement_ids = _held_measurements(con, trained)
     run_id = _new_run(tracking_uri, f"committed-{variant}", {**dict(tags or {}), **key, "trained_on": "nvidia-h200"})
-    from models.tracking import log_training_data
+    from models.registry.tracking import log_training_data
 
     log_training_data(tracking_uri, run_id, trained, measurement_ids,
                       _committed_training_pairs(root, bool(settings.get("held_out"))), held=held)
@@ -161,8 +161,8 @@ def train_and_register(
             `models.training.build_training_rows` with the warehouse's sources and features.
     """
     from models.calibration import fit_calibrator
-    from models.registry import find_versions, register_surrogate
-    from models.supervised import (
+    from models.registry.versions import find_versions, register_surrogate
+    from models.training.supervised import (
         SupervisedSettings,
         encode_rows,
         readout_probs,
@@ -198,7 +198,7 @@ def train_and_register(
     run_id = _new_run(tracking_uri, "supervised", {**dict(tags or {}), **key})
     import mlflow
 
-    from models.tracking import log_training_data
+    from models.registry.tracking import log_training_data
     from warehouse.datasets import dataset_measurement_ids
 
     log_training_data(tracking_uri, run_id, dataset_version, dataset_measurement_ids(con, dataset_version),

@@ -1,7 +1,7 @@
 """Scores for the promotion rule: every registered version on the same eval pairs.
 
 The versions of a registered model may be of different kinds (an LLM surrogate forecasting a
-capped subset, a cost model forecasting every pair); the rule of `models.promotion` compares
+capped subset, a cost model forecasting every pair); the rule of `pipelines.promotion.rule` compares
 them like with like, so each one, the champion and the uniform forecaster are scored on the
 pairs all of them forecast.
 
@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from models.promotion import ChallengerScores
+from pipelines.promotion.rule import ChallengerScores
 
 UNIFORM = "baseline:uniform"
 
@@ -115,7 +115,7 @@ def score_versions(
 
 @dataclass(frozen=True)
 class ScoredSplits:
-    """Every version's scores on each split's common pairs (`models.promotion.decide_over_splits`'s input).
+    """Every version's scores on each split's common pairs (`pipelines.promotion.rule.decide_over_splits`'s input).
 
     Attributes:
         scores: split -> version -> scores (no comparison filled in).
@@ -134,7 +134,7 @@ def score_splits(
     kinds: Mapping[int, str] | None = None,
     rewards: Mapping[int, str] | None = None,
 ) -> ScoredSplits:
-    """`score_versions` on each split of `parts` (pipelines.training.forecasting.split_frames),
+    """`score_versions` on each split of `parts` (pipelines.forecasting.registered.split_frames),
     every version of a split on the pairs all of them forecast there."""
     scores: dict[str, dict[int, ChallengerScores]] = {}
     pairs: dict[str, list[str]] = {}

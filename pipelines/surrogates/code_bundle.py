@@ -1,14 +1,14 @@
-"""The code-reading LLM's bundle of a dataset version (models/remote/bundle.py), written here.
+"""The code-reading LLM's bundle of a dataset version (models/training/gpu_host/bundle.py), written here.
 
     python -m orchestration.code_bundle_cli build-bundle --out .gpu-batches/llm-bundle
-    # on the GPU host: python3 -m models.remote.llm_code train --bundle ... --out OUT
+    # on the GPU host: python3 -m models.training.gpu_host.llm_code train --bundle ... --out OUT
     python -m orchestration.code_bundle_cli ingest OUT --bundle .gpu-batches/llm-bundle --register
 
-The pairs of every role are the evaluation's (pipelines.training.roles.forecasting_roles on the
+The pairs of every role are the evaluation's (pipelines.surrogates.roles.forecasting_roles on the
 stored dataset version, the external split included), so what a variant is scored on is what
 the report scores; the build refuses a bundle in which a training role touches an eval,
 external or held-out lineage (pipelines.curation.splits.find_leakage, then the bundle's own
-check models.remote.bundle.leaking_pairs). Each pair carries its source-derived feature vector:
+check models.training.gpu_host.bundle.leaking_pairs). Each pair carries its source-derived feature vector:
 the numeric columns of the cost model's feature table (models.classical.features.FeatureSpace,
 fitted on the fit pairs) computed from records with the generator's metadata withheld, as the
 LLM itself never sees `algorithm` or `knobs_json`; signed log1p keeps byte counts and program
@@ -27,7 +27,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from models.remote.bundle import (
+from models.training.gpu_host.bundle import (
     BUNDLE_FORMAT,
     KERNELS_FILE,
     META_FILE,
@@ -37,7 +37,7 @@ from models.remote.bundle import (
     pair_schema,
     write_parquet,
 )
-from pipelines.training.roles import DEFAULT_HELD_OUT_TASK, Roles, strip_metadata
+from pipelines.surrogates.roles import DEFAULT_HELD_OUT_TASK, Roles, strip_metadata
 
 PAIR_FIELDS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin")
 
@@ -82,7 +82,7 @@ def signed_log(x: float | None) -> float:
 def feature_vectors(frames: Mapping[str, pl.DataFrame], records: dict[str, dict[str, Any]]) -> tuple[dict[str, list[float]], list[str]]:
     """pair_id -> the pair's source-derived feature vector, and the names of its entries."""
     from models.classical.features import FeatureSpace
-    from pipelines.training.classical import frame_of
+    from pipelines.surrogates.classical import frame_of
 
     fit = frames["fit"]
     if fit.is_empty():
@@ -112,9 +112,9 @@ def build_bundle(con: duckdb.DuckDBPyConnection, out: str | Path, version: str |
         ValueError: no dataset version or eval pairs, or a training role leaks (one line).
     """
     from models.service import fingerprints_or_default
+    from pipelines.surrogates.classical import ids_of, kernel_records
+    from pipelines.surrogates.export import kernel_rows, latest_version, version_roles
     from pipelines.tasks import get_task
-    from pipelines.training.classical import ids_of, kernel_records
-    from pipelines.training.export import kernel_rows, latest_version, version_roles
     from warehouse.kernels import read_kernels
 
     version = version or latest_version(con)

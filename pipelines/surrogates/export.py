@@ -1,6 +1,6 @@
 """Export a dataset version as a training job for a GPU host (`kernelcast train export`).
 
-The job (models/remote/jobfile.py) holds the pairs of every role (pipelines.training.roles),
+The job (models/training/gpu_host/jobfile.py) holds the pairs of every role (pipelines.surrogates.roles),
 the prompt source and compile features of each kernel they use, the task descriptions and
 benchmark cases, the hardware fingerprints and the variants to train; the host builds the
 prompts itself. Nothing about a pair's measured runtime travels but its true bin (the label).
@@ -16,7 +16,8 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from models.remote.jobfile import (
+from models.service import fingerprints_or_default
+from models.training.gpu_host.jobfile import (
     JOB_FILE,
     JOB_FORMAT,
     KERNELS_FILE,
@@ -24,11 +25,10 @@ from models.remote.jobfile import (
     write_json,
     write_jsonl_gz,
 )
-from models.remote.variants import DEFAULT_VARIANTS, Variant
-from models.service import fingerprints_or_default
+from models.training.gpu_host.variants import DEFAULT_VARIANTS, Variant
 from pipelines.evaluation.lm_forecasts import prompt_source
+from pipelines.surrogates.roles import DEFAULT_HELD_OUT_TASK, forecasting_roles
 from pipelines.tasks import get_task
-from pipelines.training.roles import DEFAULT_HELD_OUT_TASK, forecasting_roles
 from warehouse.datasets import current_dataset_version, read_pairs
 from warehouse.kernels import read_kernel_features, read_kernels
 
@@ -114,8 +114,7 @@ def role_frame(meta: dict[str, Any], pairs: list[dict[str, Any]]) -> pl.DataFram
 def row_builder(con: duckdb.DuckDBPyConnection):
     """A function (pairs frame, style) -> training rows, reading sources, compile features,
     tasks and hardware from the warehouse once per call (what the GPU job builds on its host)."""
-    from models.training import build_training_rows
-
+    from models.training.rows import build_training_rows
     def rows(pairs: pl.DataFrame, style: str) -> list[dict[str, Any]]:
         if pairs.is_empty():
             return []

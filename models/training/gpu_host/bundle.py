@@ -7,7 +7,7 @@
     kernels.parquet  kernel_id, task, parent_kernel_id, prompt_source, features_json (the
                      compile features the "+features" prompt styles show, or null)
 
-A pair's roles are those of pipelines.training.roles: `fit` and `calibration` (the training pool
+A pair's roles are those of pipelines.surrogates.roles: `fit` and `calibration` (the training pool
 and the calibration split carved from its lineages), `eval` (the in-distribution report split),
 `external` (kernels the template generator did not write), and `held_out_fit`,
 `held_out_calibration`, `held_out_eval` (the held-out-task setting: no pair of that task in the
@@ -31,7 +31,7 @@ BUNDLE_FORMAT = 1
 ROLES = ("fit", "calibration", "eval", "external", "held_out_fit", "held_out_calibration", "held_out_eval")
 TRAIN_ROLES = ("fit", "calibration", "held_out_fit", "held_out_calibration")
 SCORED_ROLES = ("eval", "external", "held_out_eval")
-# The report split a forecast of each scored role belongs to (pipelines.training.roles.SPLITS).
+# The report split a forecast of each scored role belongs to (pipelines.surrogates.roles.SPLITS).
 SPLIT_OF_ROLE = {"eval": "in_distribution", "external": "external", "held_out_eval": "held_out_task"}
 
 

@@ -30,7 +30,7 @@ How it runs:
   epoch, history) and is rewritten when `stop_at` is reached and at every epoch end; a later call
   with the same settings and rows resumes from it and ends exactly as one uninterrupted run
   would (the batch order of an epoch depends only on the seed and the epoch).
-- Data-parallel through accelerate (models.data_parallel): the same call runs as one process or
+- Data-parallel through accelerate (models.training.data_parallel): the same call runs as one process or
   as each of N processes of
   `accelerate launch --config_file deploy/accelerate/multi_gpu.yaml --num_processes N -m ...`.
   Each batch is split over the processes and the gradients are averaged, so N processes train
@@ -58,7 +58,8 @@ import torch
 
 from models.backends.transformers_backend import left_pad
 from models.bins import NUM_BINS
-from models.data_parallel import (
+from models.prompts import ANSWER_PREFIX
+from models.training.data_parallel import (
     any_process,
     gather_rows,
     make_accelerator,
@@ -66,7 +67,6 @@ from models.data_parallel import (
     share_weight,
     sum_over_processes,
 )
-from models.prompts import ANSWER_PREFIX
 from models.training.settings import PAPER_LORA_RANK
 
 log = logging.getLogger(__name__)
@@ -563,7 +563,7 @@ def train_supervised(
 ) -> SupervisedResult:
     """Train the eight-label readout with (smoothed) cross-entropy; keep the best epoch.
 
-    Runs as one process or as every process of an `accelerate launch` (models.data_parallel):
+    Runs as one process or as every process of an `accelerate launch` (models.training.data_parallel):
     each call in each process, with the same arguments; the main process alone writes.
 
     Args:

@@ -68,7 +68,7 @@ def plan_llm_job(tracking_uri: str, name: str, version: int, info: dict[str, Any
                  rows_for: Callable[[pl.DataFrame, str], list[dict[str, Any]]], downloads: Path,
                  model_ref: str) -> LlmJob:
     """The job of one registered LLM version on `pairs`: its prompts, in the style it was trained on."""
-    from models.surrogate import registered_prompt_style
+    from models.registry.lifecycle import registered_prompt_style
 
     style = registered_prompt_style(tracking_uri, version, downloads, name)
     requests = tuple({"pair_id": r["pair_id"], "prompt": r["prompt"]} for r in rows_for(pairs, style))
@@ -171,7 +171,7 @@ def forecast_shard(tracking_uri: str, job: LlmJob, home: Path, device: str,
         frame = pl.DataFrame([{"pair_id": pid, "model_ref": job.model_ref, **a.to_row()}
                               for pid, a in zip(job.pair_ids(), answers, strict=True)], infer_schema_length=None)
         return frame, sum(not a.cached for a in answers)
-    from models.surrogate import registered_forecaster
+    from models.registry.lifecycle import registered_forecaster
 
     forecaster, described = registered_forecaster(tracking_uri, job.version, home, cache_dir=home / "forecast-cache",
                                                   name=job.name, device=device, downloads=downloads)

@@ -4,7 +4,7 @@ Every registered version is weighed the same way, whatever its kind (version tag
 LLM surrogate, a cost model, a text model): the challengers are the versions with forecasts
 on the eval pairs of the current dataset version, other than the champion, and all of them and
 the champion are scored on the same pairs, those every one of them forecast
-(`pipelines.promotion.score_versions`). From those scores alone the rule below decides whether
+(`pipelines.promotion.scores.score_versions`). From those scores alone the rule below decides whether
 one of them becomes "champion":
 
 1. Gates (each must hold for a challenger to be eligible):

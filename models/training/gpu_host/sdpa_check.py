@@ -5,11 +5,11 @@ query rows of the padding are fully masked. On torch 2.11 with H100/H200, cuDNN'
 is reported to return NaN in the query gradient when a mask is given, the sequence length is 64
 mod 128 and a row's logsumexp is very low (pytorch/pytorch#196678). Three SmolLM2 GRPO runs on
 the H200 logged NaN gradient norms at their first step (data/training/h200/2026-11-29-grpo-bf16-nan/), and
-training (models.training.grpo, models.supervised) turns cuDNN attention off. This checks the
+training (models.training.grpo, models.training.supervised) turns cuDNN attention off. This checks the
 premise on the host: per backend and length, the count of non-finite query-gradient entries
 (torch only).
 
-    python3 -m models.remote.sdpa_check [--lengths 704,768,3136,3200] [--pad 1000]
+    python3 -m models.training.gpu_host.sdpa_check [--lengths 704,768,3136,3200] [--pad 1000]
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ A job folder holds everything a GPU host needs to train and evaluate LLM surroga
 dataset version, and nothing it does not (no warehouse, no MLflow):
 
     job.json            dataset version, held-out task, tasks (description, benchmark cases),
-                        hardware fingerprints, variants (what to train, models/remote/variants.py)
+                        hardware fingerprints, variants (what to train, models/training/gpu_host/variants.py)
     kernels.jsonl.gz    kernel_id, task, prompt source, compile features (or null)
     pairs.jsonl.gz      pair_id, task, hardware_id, anchor/candidate kernel ids, true_bin, roles
 

@@ -49,10 +49,10 @@ def run_grpo(rows_of: Any, pairs_of: Any, base_path: Path, best: Path, work: Pat
     Returns:
         (forecast rows (empty unless finished), its record).
     """
-    from models.remote.gpu_job import _load_for_eval
-    from models.supervised import encode_rows, readout_probs
-    from models.training import TrainingSettings, train_grpo
-
+    from models.training.gpu_host.gpu_job import _load_for_eval
+    from models.training.grpo import train_grpo
+    from models.training.settings import TrainingSettings
+    from models.training.supervised import encode_rows, readout_probs
     t0 = time.time()
     merged = merged_lora(base_path, best, work / "merged")
     profile = "gpu" if device == "cuda" else "smoke"
@@ -94,7 +94,7 @@ def run_grpo_bounded(bundle: Path, work: Path, base_model: str, style: str, step
 
     result = work / "grpo-result.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "models.remote.code_grpo", "--bundle", str(bundle), "--work", str(work),
+    cmd = [sys.executable, "-m", "models.training.gpu_host.code_grpo", "--bundle", str(bundle), "--work", str(work),
            "--base-model", base_model, "--style", style, "--steps", str(steps), "--warmup-steps", str(warmup_steps),
            "--stop-at", str(stop_at), "--result", str(result)]
     timeout = max(1.0, kill_at - time.time())
@@ -121,10 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from models.base_model import resolve_base_model
-    from models.remote.bundle import code_rows, read_bundle, with_role
-    from models.supervised import BEST_DIR
+    from models.training.gpu_host.bundle import code_rows, read_bundle, with_role
+    from models.training.supervised import BEST_DIR
 
-    parser = argparse.ArgumentParser(prog="python3 -m models.remote.code_grpo")
+    parser = argparse.ArgumentParser(prog="python3 -m models.training.gpu_host.code_grpo")
     for name in ("--bundle", "--work", "--base-model", "--style", "--result"):
         parser.add_argument(name, required=True)
     parser.add_argument("--steps", type=int, required=True)

@@ -1,4 +1,4 @@
-"""Data-parallel plumbing of the supervised trainer (models.supervised), through accelerate.
+"""Data-parallel plumbing of the supervised trainer (models.training.supervised), through accelerate.
 
 One process, or N under `accelerate launch --config_file deploy/accelerate/multi_gpu.yaml
 --num_processes N`: the same calls. Each optimizer step is one length-bucketed batch; every

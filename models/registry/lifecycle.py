@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from models.registry import (
+from models.registry.versions import (
     DEFAULT_NAME,
     alias_version,
     find_versions,
@@ -38,8 +38,7 @@ from models.registry import (
 if TYPE_CHECKING:
     import polars as pl
 
-    from models.training import TrainingSettings
-
+    from models.training.settings import TrainingSettings
 log = logging.getLogger(__name__)
 
 CHALLENGER = "challenger"
@@ -95,7 +94,7 @@ def training_key(settings: TrainingSettings, dataset_version: str, base_identity
     """A 16-hex digest of the resolved training settings, the dataset version and the base
     model's identity: equal keys mean the same training would run again.
 
-    >>> from models.training import TrainingSettings
+    >>> from models.training.settings import TrainingSettings
     >>> len(training_key(TrainingSettings(), "ds-1", "x")), training_key(TrainingSettings(), "ds-1", "x") == training_key(TrainingSettings(), "ds-2", "x")
     (16, False)
     """
@@ -142,8 +141,8 @@ def train_or_reuse(
     """
     import time
 
-    from models.training import RunTracking, train_grpo
-
+    from models.training.grpo import train_grpo
+    from models.training.tracking import RunTracking
     key = training_key(settings, dataset_version, base_identity)
     existing = [] if force else find_versions(tracking_uri, name, training_key=key)
     if existing:
@@ -224,7 +223,7 @@ def registered_forecaster(
     from models.backends.transformers_backend import TransformersForecaster
     from models.base_model import resolve_base_model
     from models.cache import ForecastCache
-    from models.registry import load_surrogate
+    from models.registry.versions import load_surrogate
 
     info, local, ref = _resolved_version(tracking_uri, version, Path(downloads or Path(home) / "surrogates"), name)
     model, tokenizer = load_surrogate(local, resolve_base_model(ref["base_model"], home), device=device)
@@ -259,7 +258,7 @@ def registered_prompt_style(tracking_uri: str, version: int, downloads: str | Pa
 
 def _resolved_version(tracking_uri: str, version: int, downloads: Path, name: str) -> tuple[dict, Path, dict]:
     """(version info, downloaded model folder, its base model reference)."""
-    from models.registry import read_base_model_ref, resolve_surrogate
+    from models.registry.versions import read_base_model_ref, resolve_surrogate
 
     info = version_info(tracking_uri, version, name)
     local = resolve_surrogate(tracking_uri, f"models:/{name}/{int(version)}", downloads)

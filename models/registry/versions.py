@@ -59,7 +59,7 @@ def _client(tracking_uri: str):
     import mlflow
     from mlflow import MlflowClient
 
-    from models.tracking import open_store
+    from models.registry.tracking import open_store
 
     open_store(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)

@@ -1,16 +1,16 @@
-"""A host run of the code-reading LLM (models/remote/llm_code.py) brought back: committed, registered.
+"""A host run of the code-reading LLM (models/training/gpu_host/llm_code.py) brought back: committed, registered.
 
     python -m orchestration.code_bundle_cli ingest OUT --bundle BUNDLE [--into RUN_DIR] [--register]
 
 `ingest` merges the run's variants into a committed run folder (default: the one the settings'
 `surrogate.committed_run` names, so `kernelcast run` reads them) in its format
-(pipelines/training/remote_results.py): rows of forecasts.parquet keyed by (hardware, anchor,
+(pipelines/surrogates/remote_results.py): rows of forecasts.parquet keyed by (hardware, anchor,
 candidate) with the bundle's dataset version, the variants' records in training.json (each with
 the dataset version it was trained on), their fit pairs in code_training_pairs.parquet and the
 LoRA adapter (bfloat16) under adapters/code-lora/. A variant already there is replaced, the others
 are kept. The external pairs' forecasts are stored in the eval role: they are pairs of the eval
 split of the dataset version, told apart by their candidate's generator
-(pipelines.training.roles), and the report scores each split on its own pair ids.
+(pipelines.surrogates.roles), and the report scores each split on its own pair ids.
 
 `--register` makes each variant a version of models:/kernelcast-surrogate (held-out variants:
 kernelcast-surrogate-held-out), tag kind=llm and committed_variant: the evaluation answers from
@@ -32,8 +32,8 @@ from typing import Any
 import polars as pl
 
 from models.bins import NUM_BINS
-from models.remote.bundle import BundleError, read_bundle
-from models.remote.jobfile import write_json
+from models.training.gpu_host.bundle import BundleError, read_bundle
+from models.training.gpu_host.jobfile import write_json
 
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 FORECASTS_FILE = "forecasts.parquet"
@@ -132,7 +132,7 @@ def _adapter_into(results: Path, target: Path) -> bool:
 
 def ingest(results: str | Path, bundle: str | Path, into: str | Path) -> dict[str, Any]:
     """Merge a host run's variants into the committed run folder `into`; a summary."""
-    from pipelines.training.remote_results import training_pairs_frame
+    from pipelines.surrogates.remote_results import training_pairs_frame
 
     results, into = Path(results), Path(into)
     meta, _, pairs = read_bundle(bundle)
@@ -171,10 +171,10 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
     import mlflow
 
     from models.calibration import Calibrator, fit_calibrator
-    from models.registry import find_versions, register_logged_model, register_surrogate
-    from models.tracking import log_training_data, mlflow_experiment
-    from pipelines.training.classical import HELD_OUT_MODEL
-    from pipelines.training.llm import _held_measurements
+    from models.registry.tracking import log_training_data, mlflow_experiment
+    from models.registry.versions import find_versions, register_logged_model, register_surrogate
+    from pipelines.surrogates.classical import HELD_OUT_MODEL
+    from pipelines.surrogates.llm import _held_measurements
     from warehouse.lineage import record_model_lineage
 
     training = json.loads((into / TRAINING_FILE).read_text())

@@ -1,6 +1,6 @@
 """Train the code-reading LLM surrogate variants of a bundle on a GPU host, within a time budget.
 
-    python3 -m models.remote.llm_code train --bundle BUNDLE --out OUT --time-budget-s 420 \
+    python3 -m models.training.gpu_host.llm_code train --bundle BUNDLE --out OUT --time-budget-s 420 \
         [--resume PREVIOUS_OUT]
 
 In order, while the budget lasts (the clock is checked between and inside the steps, and the
@@ -11,11 +11,11 @@ outputs are written before it ends):
     each fitted on `fit` with the best epoch by calibration NLL, and their held-out-task twins
     fitted on `held_out_fit`. On a resumed run whose previous output holds them they are carried
     over, not fitted again.
-(a) `code-lora`: supervised LoRA fine-tuning of the label tokens (models.supervised), several
+(a) `code-lora`: supervised LoRA fine-tuning of the label tokens (models.training.supervised), several
     epochs across runs: its checkpoint (adapter, optimizer, schedule, position in the epoch)
     leaves in OUT and `--resume` takes it back; the best epoch by calibration NLL forecasts.
 (c) `code-lora-grpo`: GRPO with the Brier reward on top of code-lora's best epoch, when the
-    budget leaves room after (a) (models/remote/code_grpo.py); not resumed across runs.
+    budget leaves room after (a) (models/training/gpu_host/code_grpo.py); not resumed across runs.
 
 OUT receives at most 8 files of at most 16 MiB: forecasts.parquet (variant, role, pair_id,
 readout, p1..p8: raw forecasts; the temperature is fitted where they are ingested), metrics.json
@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.remote.bundle import (
+from models.training.gpu_host.bundle import (
     BundleError,
     code_rows,
     leaking_pairs,
@@ -106,7 +106,7 @@ def _load_base(base_model: str):
     path = resolve_base_model(base_model)
     cuda = torch.cuda.is_available()
     if cuda:
-        torch.backends.cuda.enable_cudnn_sdp(False)  # as models.supervised: NaN backward at some lengths
+        torch.backends.cuda.enable_cudnn_sdp(False)  # as models.training.supervised: NaN backward at some lengths
         torch.backends.cuda.matmul.allow_tf32 = True
     model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16 if cuda else torch.float32)
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
@@ -116,7 +116,7 @@ def _load_base(base_model: str):
 
 
 def fast_encode(tokenizer: Any, rows: list[dict[str, Any]], chunk: int = 512) -> tuple[list[list[int]], list[int]]:
-    """What models.supervised.encode_rows gives, with one tokenization per row instead of eight.
+    """What models.training.supervised.encode_rows gives, with one tokenization per row instead of eight.
 
     The label ids are read off the first row by `label_split`; every row is then tokenized with
     the first label appended, in batches the fast tokenizer spreads over the cores, and its ids
@@ -243,7 +243,7 @@ def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, toke
 
 
 def _lora_settings(args: argparse.Namespace):
-    from models.supervised import SupervisedSettings
+    from models.training.supervised import SupervisedSettings
 
     return SupervisedSettings(base_model=args.base_model, finetune="lora", lora_rank=args.lora_rank,
                               learning_rate=args.lora_lr, epochs=args.lora_epochs, patience=args.lora_patience,
@@ -279,7 +279,7 @@ def join_parts(folder: Path, name: str, target: Path) -> bool:
 
 def _restore_lora(resume: Path | None, work: Path) -> None:
     """The previous run's LoRA checkpoint and best adapter into the work folder."""
-    from models.supervised import BEST_DIR, STATE_FILE
+    from models.training.supervised import BEST_DIR, STATE_FILE
 
     if resume is None:
         return
@@ -308,7 +308,7 @@ def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s:
     its best epoch. Returns (forecast rows, its metrics) ((rows, None) when nothing ran)."""
     import torch
 
-    from models.supervised import BEST_DIR, encode_rows, readout_probs, train_supervised
+    from models.training.supervised import BEST_DIR, encode_rows, readout_probs, train_supervised
 
     fit, cal = with_role(pairs, "fit"), with_role(pairs, "calibration")
     if not fit or not cal:
@@ -359,8 +359,8 @@ def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s:
 def _maybe_grpo(args, pairs, clock: Clock, work: Path, tokens_per_s: float | None,
                 rows: list[dict[str, Any]], metrics: dict[str, Any]) -> None:
     """(c) when the LoRA run has a best epoch and the budget leaves room; else why not."""
-    from models.remote.code_grpo import GRPO_VARIANT, run_grpo_bounded
-    from models.supervised import BEST_DIR
+    from models.training.gpu_host.code_grpo import GRPO_VARIANT, run_grpo_bounded
+    from models.training.supervised import BEST_DIR
 
     best = work / "sft" / BEST_DIR
     eval_s = forecast_seconds(pairs, tokens_per_s)
@@ -406,7 +406,7 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], metrics: dict[str, Any]
     import pyarrow as pa
     import torch
 
-    from models.supervised import BEST_DIR, STATE_FILE
+    from models.training.supervised import BEST_DIR, STATE_FILE
 
     out.mkdir(parents=True, exist_ok=True)
     schema = pa.schema([("variant", pa.string()), ("role", pa.string()), ("pair_id", pa.string()),
@@ -513,7 +513,7 @@ def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m models.remote.llm_code", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python3 -m models.training.gpu_host.llm_code", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="fit the heads, then LoRA epochs while the budget lasts")
     t.add_argument("--bundle", required=True, type=Path)

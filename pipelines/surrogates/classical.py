@@ -1,6 +1,6 @@
 """Train, calibrate and apply the classical forecasters on a dataset version's roles.
 
-    roles = version_roles(con, version)                       # pipelines.training.export
+    roles = version_roles(con, version)                       # pipelines.surrogates.export
     records = kernel_records(con, ids_of(roles))
     fitted = fit_classical("cost_model", roles, "in_distribution", records)
     frame = forecast_rows(fitted.model, roles.eval, records, model_ref)
@@ -26,7 +26,7 @@ import polars as pl
 from models.bins import NUM_BINS
 from models.classical import BinForecaster, make_classical
 from models.classical.features import COMPILE_FIELDS, pair_frame
-from pipelines.training.roles import Roles
+from pipelines.surrogates.roles import Roles
 from warehouse.kernels import forecast_features, read_kernels
 
 log = logging.getLogger(__name__)
@@ -243,7 +243,7 @@ def train_and_register(
         One Registered per (kind, split) trained or re-used.
     """
     from models.classical.registry import log_classical
-    from models.registry import find_versions, set_version_tag
+    from models.registry.versions import find_versions, set_version_tag
     from warehouse.lineage import record_model_lineage
 
     splits = ["in_distribution"] + (["held_out_task"] if roles.held_out_task else [])

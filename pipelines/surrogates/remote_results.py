@@ -1,7 +1,7 @@
 """What a GPU training job sent back, as frames: forecasts per variant, training records.
 
 `kernelcast train collect RESULTS... --job JOB --out DIR` turns the files of one or more calls
-(results.tar, adapter-<variant>.tar; models/remote/gpu_job.py) into what is committed under
+(results.tar, adapter-<variant>.tar; models/training/gpu_host/gpu_job.py) into what is committed under
 data/training/<hardware>/<date>/: `forecasts.parquet` (one row per variant, role, pair and
 readout, keyed by the pair's hardware, anchor and candidate so any later dataset version
 holding the same pair can use it), `training.json` (status and history of every variant, and
@@ -25,7 +25,7 @@ from typing import Any
 import polars as pl
 
 from models.bins import NUM_BINS
-from models.remote.jobfile import JobError, read_job, write_json
+from models.training.gpu_host.jobfile import JobError, read_job, write_json
 
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 FORECASTS_FILE = "forecasts.parquet"

@@ -1,6 +1,6 @@
 """Train and evaluate the LLM surrogate variants of a job on a GPU host.
 
-    python3 -m models.remote.gpu_job run --job JOB --run RUN --out OUT --deadline-s 540
+    python3 -m models.training.gpu_host.gpu_job run --job JOB --run RUN --out OUT --deadline-s 540
 
 `run` starts one child process per supervised variant of the job (side by side on the GPUs it
 sees: a 135M model leaves an H200 mostly idle, so several runs share one), starts each GRPO
@@ -8,7 +8,7 @@ variant once the variant it builds on has finished, and, before the deadline, pa
 done into OUT: `results.tar` (per variant its status, training history and forecasts, and the
 logs) and `adapter-<variant>.tar` for every finished LoRA variant (bfloat16 weights, a few MB).
 RUN keeps the checkpoints: the same command again on the same host resumes every unfinished
-variant where it stopped (models.supervised, models.training) and skips finished ones, so a
+variant where it stopped (models.training.supervised, models.training) and skips finished ones, so a
 training longer than one invocation goes on across invocations.
 
 Each variant, when its training finishes, forecasts with its best weights (logprob readout) on
@@ -25,7 +25,7 @@ starts each supervised child under `accelerate launch` (deploy/accelerate/multi_
 GPUs of its own, and one variant can be launched by hand the same way:
 
     accelerate launch --config_file deploy/accelerate/multi_gpu.yaml --num_processes N \
-        -m models.remote.gpu_job variant --job JOB --run RUN --name sft-compact-full
+        -m models.training.gpu_host.gpu_job variant --job JOB --run RUN --name sft-compact-full
 
 Every process trains; the main process alone forecasts and writes the variant's files.
 """
@@ -46,8 +46,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.remote.jobfile import JobError, pairs_with_role, read_job, write_json, write_jsonl_gz
-from models.remote.variants import Variant
+from models.training.gpu_host.jobfile import (
+    JobError,
+    pairs_with_role,
+    read_job,
+    write_json,
+    write_jsonl_gz,
+)
+from models.training.gpu_host.variants import Variant
 
 log = logging.getLogger("kernelcast.gpu_job")
 
@@ -75,8 +81,7 @@ def variants_of(meta: dict[str, Any], names: str | None) -> list[Variant]:
 def rows_for(meta: dict[str, Any], kernels: dict[str, dict[str, Any]], pairs: list[dict[str, Any]],
              role: str, style: str) -> list[dict[str, Any]]:
     """Training rows (prompt, true_bin, pair_id) of the pairs serving `role`, in `style`."""
-    from models.training import build_training_rows
-
+    from models.training.rows import build_training_rows
     chosen = pairs_with_role(pairs, role)
     sources = {k: v["prompt_source"] for k, v in kernels.items()}
     features = {k: v["features"] for k, v in kernels.items() if v.get("features")}
@@ -98,7 +103,7 @@ def _forecast_rows(rows: list[dict[str, Any]], probs: Any, role: str, readout: s
 def _evaluate_logprob(model: Any, tokenizer: Any, rows_by_role: dict[str, list[dict[str, Any]]]) -> list[dict[str, Any]]:
     import torch
 
-    from models.supervised import encode_rows, readout_probs
+    from models.training.supervised import encode_rows, readout_probs
 
     out: list[dict[str, Any]] = []
     autocast = torch.cuda.is_available()
@@ -160,8 +165,8 @@ def run_supervised_variant(job: Path, run: Path, variant: Variant, stop_at: floa
     Under `accelerate launch` every process trains; the main process alone then forecasts and
     writes the status (the others return the training's status)."""
     from models.base_model import resolve_base_model
-    from models.data_parallel import is_main_process
-    from models.supervised import train_supervised
+    from models.training.data_parallel import is_main_process
+    from models.training.supervised import train_supervised
 
     meta, kernels, pairs, folder, status = _open_variant(job, run, variant)
     if status.get("evaluated"):
@@ -197,8 +202,8 @@ def run_supervised_variant(job: Path, run: Path, variant: Variant, stop_at: floa
 def run_grpo_variant(job: Path, run: Path, variant: Variant, stop_at: float, base_model: str) -> dict[str, Any]:
     """GRPO on top of a finished supervised variant's weights, then both readouts."""
     from models.base_model import resolve_base_model
-    from models.training import TrainingSettings, train_grpo
-
+    from models.training.grpo import train_grpo
+    from models.training.settings import TrainingSettings
     meta, kernels, pairs, folder, status = _open_variant(job, run, variant)
     if status.get("evaluated"):
         return status
@@ -255,7 +260,7 @@ def _child(args: argparse.Namespace) -> int:
     variant = variants_of(meta, args.name)[0]
     fn = run_grpo_variant if variant.grpo_from else run_supervised_variant
     status = fn(Path(args.job), Path(args.run), variant, args.stop_at, args.base_model)
-    from models.data_parallel import is_main_process
+    from models.training.data_parallel import is_main_process
 
     if is_main_process():  # one status line per variant, not one per process
         print(json.dumps(status))
@@ -275,7 +280,7 @@ def child_command(job: Path, run: Path, variant: Variant, stop_at: float, base_m
                   processes: int) -> list[str]:
     """The command of one variant's child: under `accelerate launch` on `processes` GPUs for a
     supervised variant when processes > 1 (GRPO variants run as one process)."""
-    cmd = ["-m", "models.remote.gpu_job", "variant", "--job", str(job), "--run", str(run),
+    cmd = ["-m", "models.training.gpu_host.gpu_job", "variant", "--job", str(job), "--run", str(run),
            "--name", variant.name, "--stop-at", str(stop_at), "--base-model", base_model]
     if processes <= 1 or variant.grpo_from:
         return [sys.executable, *cmd]
@@ -375,7 +380,7 @@ def fill_features(job: Path, features: Path, out_job: Path) -> int:
     of status 'compiled'); the kernels count that gained features."""
     import pyarrow.parquet as pq
 
-    from models.remote.jobfile import JOB_FILE, KERNELS_FILE, PAIRS_FILE, read_jsonl_gz
+    from models.training.gpu_host.jobfile import JOB_FILE, KERNELS_FILE, PAIRS_FILE, read_jsonl_gz
 
     rows = {r["kernel_id"]: r for r in pq.read_table(features).to_pylist() if r["status"] == "compiled"}
     keys = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
@@ -393,7 +398,7 @@ def fill_features(job: Path, features: Path, out_job: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python3 -m models.remote.gpu_job", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python3 -m models.training.gpu_host.gpu_job", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run", help="train and evaluate the job's variants (resumes)")
     r.add_argument("--job", required=True)

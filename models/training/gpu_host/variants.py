@@ -9,7 +9,7 @@ settings, and optionally a GRPO stage on top of another variant's supervised mod
     Variant("sft-full-held-out", style="full", held_out=True)
     Variant("grpo-brier", grpo_from="sft-lora", reward="correctness+brier")
 
-Only the standard library and models.supervised's settings: the GPU host reads this.
+Only the standard library and models.training.supervised's settings: the GPU host reads this.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from models.supervised import SupervisedSettings
+from models.training.supervised import SupervisedSettings
 
 _SUPERVISED = SupervisedSettings()
 
@@ -33,7 +33,7 @@ class Variant:
         held_out: learn from held_out_fit (no held-out task) and evaluate on held_out_eval;
             else fit -> eval.
         finetune / learning_rate / epochs / patience / lora_rank / label_smoothing /
-            tokens_per_batch: the supervised settings (models.supervised.SupervisedSettings).
+            tokens_per_batch: the supervised settings (models.training.supervised.SupervisedSettings).
         grpo_from: GRPO on top of this variant's best supervised weights ("" = supervised only;
             "base" = GRPO on the base model itself, the paper's setting).
         reward: the GRPO reward (models.training.REWARDS).
@@ -41,7 +41,7 @@ class Variant:
         grpo_sft_steps: format warm-up steps before GRPO (the supervised stage teaches the label
             token only, not the JSON answer GRPO rolls out).
         train_budget_s: wall seconds of supervised training over all calls (0 = no budget): no
-            epoch starts that would end past it (models.supervised, finish_by).
+            epoch starts that would end past it (models.training.supervised, finish_by).
     """
 
     name: str

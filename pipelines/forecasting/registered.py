@@ -2,13 +2,13 @@
 
 For the in-distribution report: every version of the surrogate's registered model tagged with
 the current dataset version, and the champion. Classical versions forecast every eval pair; an
-LLM version with committed H200 forecasts uses them (pipelines.training.committed); an LLM
+LLM version with committed H200 forecasts uses them (pipelines.surrogates.committed); an LLM
 version without them is planned to forecast a capped subset here (CPU budgets), shard by
-shard (pipelines.training.llm_shards). Every LLM forecast goes through the version's
+shard (pipelines.forecasting.llm_shards). Every LLM forecast goes through the version's
 calibrator (tag `calibrator`).
 
 The source-only and external splits: the same in-distribution versions, on the eval pairs from
-records stripped of the generator's metadata, and on the external pairs (pipelines.training.roles).
+records stripped of the generator's metadata, and on the external pairs (pipelines.surrogates.roles).
 
 For the held-out-task report: the held-out versions of the dataset version on every reference
 pair of the held-out task, the reference forecasters there (the bin prior of the training pool
@@ -26,9 +26,9 @@ from typing import Any
 import polars as pl
 
 from models.bins import NUM_BINS
-from pipelines.training.classical import HELD_OUT_MODEL
-from pipelines.training.llm_shards import LlmJob, plan_llm_job
-from pipelines.training.roles import Roles, strip_metadata
+from pipelines.forecasting.llm_shards import LlmJob, plan_llm_job
+from pipelines.surrogates.classical import HELD_OUT_MODEL
+from pipelines.surrogates.roles import Roles, strip_metadata
 
 log = logging.getLogger(__name__)
 
@@ -72,9 +72,9 @@ def registered_forecasts(
 ) -> tuple[pl.DataFrame, list[Forecaster], list[LlmJob]]:
     """Forecast rows of every registered and committed forecaster of the version, every split,
     and the LLM versions to forecast here, planned but not run: their forward passes are what
-    a host spreads over its GPUs (pipelines.training.llm_shards).
+    a host spreads over its GPUs (pipelines.forecasting.llm_shards).
 
-    Splits (pipelines.training.roles.SPLITS): an in-distribution version forecasts the eval
+    Splits (pipelines.surrogates.roles.SPLITS): an in-distribution version forecasts the eval
     pairs (`in_distribution`), the same pairs again from records stripped of the generator's
     metadata (`source_only`, stored as `<ref>|source_only`) and the external pairs (`external`,
     same ref: other pair ids); a held-out version forecasts the held-out pairs. Every version is
@@ -87,10 +87,10 @@ def registered_forecasts(
         (rows for the warehouse `forecasts` table, the forecasters they and the jobs belong to,
         the LLM jobs).
     """
-    from models.registry import alias_version, find_versions
-    from models.surrogate import eval_subset
+    from models.registry.lifecycle import eval_subset
+    from models.registry.versions import alias_version, find_versions
     from pipelines.forecasting import load_forecaster
-    from pipelines.training.committed import calibrated_variants
+    from pipelines.surrogates.committed import calibrated_variants
 
     frames: list[pl.DataFrame] = []
     listed: list[Forecaster] = []

@@ -1,0 +1,6 @@
+"""The surrogates of a dataset version, from pairs to registered versions: which pairs each
+forecaster learns from, is calibrated on and is scored on (`roles`), the classical forecasters
+fitted and registered (`classical`), and both ends of an LLM surrogate trained on a GPU host
+(`export`, `code_bundle` out; `remote_results`, `code_ingest`, `committed`, `llm` back in).
+The training itself lives in models.training; the forecasts of every registered version in
+pipelines.forecasting."""
