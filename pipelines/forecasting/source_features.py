@@ -37,7 +37,6 @@ them failed; the other's features are kept), `failed` (neither: import error, no
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
 import shutil
@@ -458,34 +457,10 @@ class _NoEntry(Exception):
 
 
 def _child_main() -> None:
-    """Worker loop: one JSON request per stdin line; answers on the original stdout only."""
-    out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # whatever kernels print goes to stderr, never into the protocol
-    sys.stdout = sys.stderr
+    """The compile child's loop (pipelines.generation.aot.serve_compile_jobs) answering feature jobs."""
+    from pipelines.generation.aot import serve_compile_jobs
 
-    import torch  # noqa: F401  (before user code: the first request need not pay for it)
-    import triton  # noqa: F401
-
-    from pipelines.generation.aot import _ChildState, _fake_device_properties
-
-    workdir = tempfile.mkdtemp(prefix="worker-", dir=os.environ.get("KERNELCAST_AOT_WORKDIR"))
-    state = _ChildState(workdir)
-    faked: set[int] = set()
-
-    def send(msg: dict) -> None:
-        out.write(json.dumps(msg) + "\n")
-        out.flush()
-
-    send({"phase": "ready"})
-    try:
-        for line in sys.stdin:
-            job = json.loads(line)
-            if job["target"][0] not in faked:
-                _fake_device_properties(job["target"][0])
-                faked.add(job["target"][0])
-            _features_job(state, job, send)
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
+    serve_compile_jobs(_features_job)
 
 
 # =============================================================================================

@@ -707,10 +707,12 @@ class _ChildState:
             sys.modules.pop(name, None)
 
 
-def _child_main() -> None:
-    """Worker loop: one JSON request per stdin line; answers on the original stdout only."""
+def serve_compile_jobs(handle: Callable[[_ChildState, dict, Callable[[dict], None]], None]) -> None:
+    """A compile child's loop: one JSON job per stdin line, `handle(state, job, send)` answers it
+    on the original stdout only (whatever kernels or Triton print goes to stderr, never into the
+    protocol). The device properties of each job's target are faked once, before its first job."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
-    os.dup2(2, 1)  # anything the kernels or Triton print goes to stderr, not into the protocol
+    os.dup2(2, 1)
     sys.stdout = sys.stderr
 
     import torch  # noqa: F401  (imported before user code; the first request need not pay it)
@@ -728,27 +730,24 @@ def _child_main() -> None:
     try:
         for line in sys.stdin:
             job = json.loads(line)
-            capability, warp_size = job["target"]
-            if capability not in faked:
-                _fake_device_properties(capability)
-                faked.add(capability)
-            try:
-                data = state.task_input(job["task"], job.get("case", "benchmark"))
-            except BaseException as exc:  # noqa: BLE001
-                send(
-                    {
-                        "phase": "done",
-                        "status": "error",
-                        "error": _one_line(f"task input: {type(exc).__name__}: {exc}"),
-                    }
-                )
-                continue
-            send({"phase": "input"})
-            msg = state.compile(job["source"], data, capability, warp_size)
-            send({"phase": "done", **msg})
+            if job["target"][0] not in faked:
+                _fake_device_properties(job["target"][0])
+                faked.add(job["target"][0])
+            handle(state, job, send)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _compile_job(state: _ChildState, job: dict, send: Callable[[dict], None]) -> None:
+    capability, warp_size = job["target"]
+    try:
+        data = state.task_input(job["task"], job.get("case", "benchmark"))
+    except BaseException as exc:  # noqa: BLE001
+        send({"phase": "done", "status": "error", "error": _one_line(f"task input: {type(exc).__name__}: {exc}")})
+        return
+    send({"phase": "input"})
+    send({"phase": "done", **state.compile(job["source"], data, capability, warp_size)})
+
+
 if __name__ == "__main__":
-    _child_main()
+    serve_compile_jobs(_compile_job)
