@@ -104,7 +104,7 @@ class SurrogateSettings:
     committed_run: str = "training/h200/2026-12-01"  # under the data folder
     committed_adapter: str = "sft-compact-lora"  # the variant whose adapter is registered
     supervised_epochs: int = 6
-    supervised_rows: int | None = None  # cap on training rows (None: every fit pair)
+    supervised_rows: int | None = None  # cap on training and calibration rows (None: every fit and calibration pair)
     supervised_style: str = "compact+features"
     # Classical forecasters trained and registered beside the LLM (models.classical).
     classical: tuple[str, ...] = ("cost_model", "text_model")
@@ -246,7 +246,7 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
             generation=GenerationSettings(kernels_per_task=4, cpu_check_sample=0, workers=1, compile_features=False),
             profiling=ProfilingSettings(max_kernels=20, compile_workers=1),
             curation=CurationSettings(eval_per_bin=3, cross_pairs_per_task=20),
-            evaluation=EvaluationSettings(n_boot=50, repeats=1, lm_models=(), workers=1),
+            evaluation=EvaluationSettings(n_boot=20, repeats=1, lm_models=(), workers=1),
             # The tiny in-process model (models/tiny.py): training and forecasts take seconds.
             # Real pairs' prompts in the compact style; 10 warm-up steps exercise the code (the
             # tiny model does not learn the format from real prompts in 120 steps either).

@@ -178,8 +178,10 @@ def train_and_register(
     if found:
         return LlmVersion(found[0]["version"], found[0]["run_id"], True, "supervised")
     fit = roles.fit.sort("pair_id")
-    fit = fit if max_rows is None else fit.head(max_rows)
-    train_rows, cal_rows = rows_for(fit, style), rows_for(roles.calibration, style)
+    calibration = roles.calibration
+    if max_rows is not None:  # a cap on the rows the model is trained and calibrated on
+        fit, calibration = fit.head(max_rows), calibration.sort("pair_id").head(max_rows)
+    train_rows, cal_rows = rows_for(fit, style), rows_for(calibration, style)
     t0 = time.perf_counter()
     result = train_supervised(settings, train_rows, cal_rows, work_dir / "sft")
     from models.backends.transformers_backend import load_model_and_tokenizer

@@ -1,4 +1,5 @@
-"""End to end on real Dagster, DuckDB and MLflow files: empty state -> `kernelcast run` -> a batch of
+"""End to end on real Dagster, DuckDB and MLflow files: empty state -> `kernelcast run` (in a
+pseudo-terminal, read as a user's screen) -> a batch of
 a new GPU type dropped into the inbox -> ingested once, its partition created, the downstream
 assets requested by the automation condition and run -> promotion decides -> a second drop of
 the same batch changes nothing.
@@ -14,7 +15,9 @@ timings. Data: two committed H200 files (run B and its kernels) to keep the run 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import sys
 import uuid
 from pathlib import Path
 
@@ -22,6 +25,7 @@ import dagster as dg
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_run_terminal import LIBRARY_LINE, run_in_terminal, screen_lines
 
 REPO = Path(__file__).resolve().parents[2]
 H200_DIR = REPO / "data" / "measurements" / "h200"
@@ -75,22 +79,40 @@ def _counts(settings) -> dict[str, int]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_new_gpu_batch_is_ingested_once_and_backfilled_downstream(home):
     from orchestration.automation import REACTING
     from orchestration.definitions import build_defs
-    from orchestration.runner import execute_code_location_job, run_graph
+    from orchestration.runner import execute_code_location_job
     from warehouse.db import connect
     from warehouse.promotions import read_promotion_decisions
 
     settings = home
-    # 1. Empty state -> the main job: every run succeeds, one hardware partition.
-    runs = run_graph(settings)
-    assert [(r.job, r.partition, r.success) for r in runs] == [
-        ("candidates_job", None, True), ("measurement_ingest_job", H200, True), ("downstream_job", None, True)]
+    # 1. Empty state -> `kernelcast run` in a pseudo-terminal, as a user starts it: one line per
+    #    asset, the promotion decision and the table reach the screen, not one DEBUG, INFO or
+    #    WARNING line of a library does; every run succeeds, one hardware partition.
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    env.pop("KERNELCAST_PROFILE", None)
+    code, raw = run_in_terminal([sys.executable, "-m", "orchestration.cli", "run", "--profile", "smoke"], env, 1400)
+    lines = screen_lines(raw)
+    assert not [line for line in lines if LIBRARY_LINE.search(line)], "\n".join(lines)
+    assert code is not None, "ran past 1400 s; on screen until then:\n" + "\n".join(lines[-30:])
+    assert code == 0, "\n".join(lines[-30:])
+    for start in ("ok kernel_tasks", "ok model_promotion", "promotion: ", "dataset ds-"):
+        assert any(line.startswith(start) for line in lines), (start, lines)
+    # the terminal wraps a long path: the log line goes on until the file name ends
+    at = next(i for i, line in enumerate(lines) if line.startswith("log:"))
+    log = lines[at].removeprefix("log:").strip()
+    while not log.endswith(".log") and at + 1 < len(lines):
+        at += 1
+        log += lines[at].strip()
+    assert Path(log).parent == settings.home / "logs" and "STEP_OUTPUT" in Path(log).read_text()
     defs = build_defs(settings)
     instance = dg.DagsterInstance.get()
     assert instance.get_dynamic_partitions("hardware") == [H200]
-    assert [r.job_name for r in instance.get_runs()][::-1] == ["candidates_job", "measurement_ingest_job", "downstream_job"]
+    runs = instance.get_runs()[::-1]
+    assert [(r.job_name, r.tags.get("dagster/partition"), r.is_success) for r in runs] == [
+        ("candidates_job", None, True), ("measurement_ingest_job", H200, True), ("downstream_job", None, True)]
     first = _counts(settings)
     assert first["dataset_versions"] == 1 and first["promotion_decisions"] == 2  # @champion, @champion-external
 

@@ -2,7 +2,8 @@
 
 Captured output cannot show the bug this guards against: rich's live display hands
 sys.stdout / sys.stderr back to the terminal only when its console is a terminal, so these tests
-run the code in a pseudo-terminal (the stdlib `pty`) and read what a user would see.
+run the code in a pseudo-terminal (the stdlib `pty`) and read what a user would see. The whole
+smoke run in a terminal is the first step of tests/orchestration/test_backfill_e2e.py.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ import sys
 import textwrap
 import time
 from pathlib import Path
-
-import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07]*\x07")
@@ -99,30 +98,3 @@ def test_library_output_inside_the_live_display_stays_in_the_log(tmp_path):
     for text in ("STEP_OUTPUT - Yielded output", "a library's print", "UserWarning", "WARNING from a child"):
         assert text in written
 
-
-@pytest.mark.slow
-@pytest.mark.timeout(1500)
-def test_smoke_run_in_a_terminal_shows_its_lines_and_no_library_line(tmp_path, small_data):
-    """The whole smoke run in a pseudo-terminal: one line per asset, the promotion decision and
-    the table reach the screen; not one DEBUG, INFO or WARNING line of a library does. On two
-    committed files (conftest's small_data): what reaches the screen does not depend on the
-    size of the data, the run's time does."""
-    home = tmp_path / "home"
-    env = {**os.environ, "PYTHONPATH": str(REPO), "KERNELCAST_HOME": str(home), "KERNELCAST_DATA": str(small_data)}
-    env.pop("KERNELCAST_PROFILE", None)
-    code, raw = run_in_terminal([sys.executable, "-m", "orchestration.cli", "run", "--profile", "smoke"], env, 1400)
-    lines = screen_lines(raw)
-    assert not [line for line in lines if LIBRARY_LINE.search(line)], "\n".join(lines)
-    assert code is not None, "ran past 1400 s; on screen until then:\n" + "\n".join(lines[-30:])
-    assert code == 0, "\n".join(lines[-30:])
-    assert any(line.startswith("ok kernel_tasks") for line in lines)
-    assert any(line.startswith("ok model_promotion") for line in lines)
-    assert any(line.startswith("promotion: ") for line in lines)
-    assert any(line.startswith("dataset ds-") for line in lines)
-    # the terminal wraps a long path: the log line goes on until the file name ends
-    at = next(i for i, line in enumerate(lines) if line.startswith("log:"))
-    log = lines[at].removeprefix("log:").strip()
-    while not log.endswith(".log") and at + 1 < len(lines):
-        at += 1
-        log += lines[at].strip()
-    assert Path(log).parent == home / "logs" and "STEP_OUTPUT" in Path(log).read_text()
