@@ -159,11 +159,38 @@ class ProfilerResource(dg.ConfigurableResource):
         return rc, f"worker exit code {rc}"
 
 
+class LlmBackendResource(dg.ConfigurableResource):
+    """Which backend answers the LLM forecasts made here, and its settings (defaults: Settings.llm_backend).
+
+    kind: "transformers" (the model in the step's process), "vllm" (vLLM's offline engine in a
+    child process under `vllm_python`), "openai" (an OpenAI-compatible server at `base_url`;
+    `model` names the served model, default the forecast's model ref; `api_key` its bearer
+    token, best an EnvVar) or "committed" (the committed GPU forecasts alone: no forward pass
+    here). Whatever the kind, a version with committed GPU forecasts answers from them
+    (pipelines.forecasting.llm_backend).
+    """
+
+    kind: str = "transformers"
+    base_url: str = ""
+    model: str = ""
+    api_key: str = ""
+    vllm_python: str = ""
+
+    def backend(self) -> LlmBackend:  # noqa: F821 - imported when called: no torch at import time
+        """The plain value the pipelines take (one-line ValueError on a bad kind or a missing base_url)."""
+        from pipelines.forecasting.llm_backend import LlmBackend
+
+        return LlmBackend(self.kind, self.base_url, self.model, self.api_key, self.vllm_python)
+
+
 def build_resources(settings: Settings, pin_gpu_per_step: bool = True) -> dict[str, dg.ConfigurableResource]:
     """All resources for one profile (a test or a host swaps one through `build_defs(resources=)`
     or a run's config)."""
     return {
         "profiler": ProfilerResource(pin_gpu_per_step=pin_gpu_per_step),
+        "llm_backend": LlmBackendResource(kind=settings.llm_backend.kind, base_url=settings.llm_backend.base_url,
+                                          model=settings.llm_backend.model,
+                                          vllm_python=settings.llm_backend.vllm_python),
         "settings": SettingsResource(profile=settings.profile, home=str(settings.home)),
         "warehouse": WarehouseResource(path=str(settings.warehouse_path)),
         "mlflow": MlflowResource(
