@@ -198,8 +198,9 @@ def _base_model_jobs(cfg, warehouse, read_pairs, version) -> list:
 def _registered_forecasts(context, cfg, warehouse, mlflow, version, forecast_here: bool):
     """Forecasts of every registered forecaster of the version (all kinds, every report split),
     the committed H200 variants and the held-out reference forecasters, and the jobs of the LLM
-    versions forecast here (none when the LLM backend makes no forward pass); and the listing of them (the pairs of each split, why a split is
-    empty), which the store step writes to the warehouse beside the forecasts."""
+    versions forecast here (none when the LLM backend makes no forward pass); and the listing of
+    them (the pairs of each split, why a split is empty), which the store step writes to the
+    warehouse beside the forecasts."""
     import dataclasses
 
     import polars as pl
