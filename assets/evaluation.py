@@ -23,6 +23,7 @@ import dagster as dg
 from assets._metadata import markdown_table
 from assets.profiling import GPU_STEP_TAGS, pinned_gpu
 from orchestration.resources import (
+    LlmBackendResource,
     MlflowResource,
     ProfilerResource,
     SettingsResource,
@@ -45,10 +46,10 @@ PAIR_COLUMNS = ("task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id"
 @dg.op(ins={name: dg.In(dg.Nothing) for name in FORECAST_DEPS},
        out={"plan": dg.Out(dict), "shards": dg.DynamicOut(dict)}, pool="duckdb_writer")
 def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
-                   mlflow: MlflowResource):
+                   mlflow: MlflowResource, llm_backend: LlmBackendResource):
     """The forecasts made in one step (reference, classical, committed), set aside for the store
     step; the pairs of the language models forecast here (base models, LLM versions without
-    committed forecasts), one shard per GPU."""
+    committed forecasts), one shard per GPU: none with the committed LLM backend."""
     import polars as pl
 
     from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
@@ -57,14 +58,18 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
     from warehouse.datasets import current_dataset_version, read_pairs
 
     cfg = settings.get()
+    try:
+        backend = llm_backend.backend()
+    except ValueError as exc:
+        raise dg.Failure(str(exc)) from None
     with warehouse.connect(read_only=True) as con:
         version = current_dataset_version(con)
         if version is None:
             raise dg.Failure("no dataset version yet: materialise curated_pairs first")
         evals = pl.concat([read_pairs(con, version, "eval"), read_pairs(con, version, "discovery")], how="diagonal_relaxed")
         reference = reference_forecasts(evals, read_pairs(con, version, "train"))
-    registered, jobs, listing = _registered_forecasts(context, cfg, warehouse, mlflow, version)
-    jobs = _base_model_jobs(cfg, warehouse, read_pairs, version) + jobs
+    registered, jobs, listing = _registered_forecasts(context, cfg, warehouse, mlflow, version, backend.forecasts_here)
+    jobs = (_base_model_jobs(cfg, warehouse, read_pairs, version) if backend.forecasts_here else []) + jobs
     try:  # one shard per GPU, counted as for measuring (one on a host without CUDA)
         shards = split_jobs(jobs, forecast_gpus(cfg.profiling))
     except ValueError as exc:
@@ -91,8 +96,9 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
 
 @dg.op(tags=GPU_STEP_TAGS)
 def forecast_llm_shard(context: dg.OpExecutionContext, settings: SettingsResource, mlflow: MlflowResource,
-                       profiler: ProfilerResource, shard: dict) -> dict:
-    """The forward passes of one shard of pairs, every language model of it, pinned to its GPU."""
+                       profiler: ProfilerResource, llm_backend: LlmBackendResource, shard: dict) -> dict:
+    """The forward passes of one shard of pairs, every language model of it, pinned to its GPU,
+    made by the configured LLM backend."""
     from pipelines.forecasting.llm_shards import forecast_device, forecast_shard_file
 
     cfg = settings.get()
@@ -106,7 +112,8 @@ def forecast_llm_shard(context: dg.OpExecutionContext, settings: SettingsResourc
         try:
             passes = forecast_shard_file(Path(shard["shard"]), rows, mlflow.tracking_uri, cfg.home, device,
                                          cfg.home / "surrogates" / f"gpu{i}",
-                                         log=lambda line: context.log.info(f"GPU {i} ({device}): {line}"))
+                                         log=lambda line: context.log.info(f"GPU {i} ({device}): {line}"),
+                                         backend=llm_backend.backend())
         except ValueError as exc:
             raise dg.Failure(f"forecasting shard {i}: {exc}") from None
     return {**shard, "rows": str(rows), "forward_passes": passes, "device": device,
@@ -188,11 +195,12 @@ def _base_model_jobs(cfg, warehouse, read_pairs, version) -> list:
         return [plan_base_job(con, spec, evals, cfg.evaluation.lm_prompt_style) for spec in cfg.evaluation.lm_models]
 
 
-def _registered_forecasts(context, cfg, warehouse, mlflow, version):
+def _registered_forecasts(context, cfg, warehouse, mlflow, version, forecast_here: bool):
     """Forecasts of every registered forecaster of the version (all kinds, every report split),
     the committed H200 variants and the held-out reference forecasters, and the jobs of the LLM
-    versions forecast here; and the listing of them (the pairs of each split, why a split is
-    empty), which the store step writes to the warehouse beside the forecasts."""
+    versions forecast here (none when the LLM backend makes no forward pass); and the listing of
+    them (the pairs of each split, why a split is empty), which the store step writes to the
+    warehouse beside the forecasts."""
     import dataclasses
 
     import polars as pl
@@ -214,7 +222,8 @@ def _registered_forecasts(context, cfg, warehouse, mlflow, version):
         committed = cfg.data_dir / cfg.surrogate.committed_run
         rows, listed, jobs = registered_forecasts(mlflow.tracking_uri, version, roles, records, cfg.home,
                                             committed if committed.is_dir() else None, row_builder(con),
-                                            cfg.surrogate.eval_pairs, progress=context.log.info)
+                                            cfg.surrogate.eval_pairs, progress=context.log.info,
+                                            forecast_here=forecast_here)
     held_rows, held_listed = held_out_reference_forecasts(roles)
     out_dir = cfg.reports_dir / version
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -237,11 +246,10 @@ EXTERNAL_DIR_ROWS = "external-dir.parquet"  # forecasts of the fetched kernels, 
 
 
 def _fetched_external(context, cfg, warehouse, mlflow, version, roles, records, listed, committed, out_dir):
-    """The fetched external kernels of KERNELCAST_EXTERNAL_DIR, when set: forecast by every
-    forecaster that answers here, rows written beside the report (they are not warehouse pairs).
-    Returns (their pair ids, their forecasters, a one-line note: the folder and what came of it)."""
-    import os
-
+    """The fetched external kernels of settings.evaluation.external_dir (KERNELCAST_EXTERNAL_DIR),
+    when set: forecast by every forecaster that answers here, rows written beside the report (they
+    are not warehouse pairs). Returns (their pair ids, their forecasters, a one-line note: the
+    folder and what came of it)."""
     import polars as pl
 
     from pipelines.evaluation.external_dir import ENV, read_external_dir
@@ -250,7 +258,7 @@ def _fetched_external(context, cfg, warehouse, mlflow, version, roles, records, 
 
     rows_path = out_dir / EXTERNAL_DIR_ROWS
     rows_path.unlink(missing_ok=True)  # never score an earlier run's folder
-    folder = os.environ.get(ENV, "").strip()
+    folder = cfg.evaluation.external_dir
     if not folder:
         return [], [], None
     refs = dict(roles.eval.select("task", "anchor_kernel_id").unique("task").rows()) if roles.eval.height else {}

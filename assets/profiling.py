@@ -2,12 +2,17 @@
 
 A graph of three steps, so measuring fans out over the GPUs of a host through Dagster:
 
-    plan_measurements            reads the kernels not yet measured on this hardware (only on a
-        |  one output per GPU    host whose GPU is of this type) and splits them, one shard per GPU
-    measure_shard[gpu_i]         the profiling worker on shard i, pinned to GPU i
-        |  collect               (CUDA_VISIBLE_DEVICES=i); side by side on the multiprocess executor
+    plan_measurements            reads the kernels not yet measured on this hardware (where the
+        |  one output per step   profiler measures it) and splits them, one shard per GPU
+    measure_shard[gpu_i]         the profiler on shard i: the GPU worker pinned to GPU i
+        |  collect               (CUDA_VISIBLE_DEVICES=i), side by side on the multiprocess executor
     ingest_measurements          the shipped data/ files, the inbox and every shard's results go
                                  through the same idempotent ingest
+
+How a shard is measured is the `profiler` resource's kind (orchestration.resources.ProfilerResource):
+`cuda` (the worker on this host's GPUs, the default), `recorded` (results already measured, from
+a folder) or `batch_file` (the batch written for an outside job runner; its results come back
+through the inbox sensor).
 
 Only the first and last steps touch DuckDB (pool `duckdb_writer`); the measuring steps hold no
 connection, so N of them run at once. Under Kubernetes (orchestration/k8s.py) each
@@ -27,7 +32,6 @@ from assets._checks import offending_ids_result
 from assets._metadata import markdown_table
 from orchestration.partitions import HARDWARE_PARTITIONS, hardware_of_file, result_files
 from orchestration.resources import ProfilerResource, SettingsResource, WarehouseResource
-from pipelines.profiling.hardware import gpu_count, host_hardware_id
 
 GROUP = "profiling"
 SPEEDUP_REQUIRES_CORRECTNESS = "speedup_requires_correctness"
@@ -68,14 +72,20 @@ def pinned_gpu(index: int | None) -> Iterator[None]:
 
 
 @dg.op(ins={"after": dg.In(dg.Nothing)}, out=dg.DynamicOut(dict), pool="duckdb_writer")
-def plan_measurements(context: dg.OpExecutionContext, settings: SettingsResource, warehouse: WarehouseResource):
-    """Unmeasured candidates of this hardware, one shard per GPU of the host (none elsewhere)."""
+def plan_measurements(context: dg.OpExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
+                      profiler: ProfilerResource):
+    """Unmeasured candidates of this hardware, one shard per measuring step of the profiler (none
+    where it measures nothing here)."""
     from pipelines.sharding import split_batch
     from warehouse.queue import unmeasured_kernels
 
     cfg = settings.get()
     hardware = context.partition_key
-    if not cfg.profiling.measure_on_cuda or host_hardware_id(cfg.profiling.measure_device) != hardware:
+    try:
+        steps = profiler.steps(cfg.profiling, hardware)
+    except ValueError as exc:
+        raise dg.Failure(str(exc)) from None
+    if not steps:
         context.log.info(f"this host does not measure {hardware}: ingest only")
         return
     with warehouse.connect(read_only=True) as con:
@@ -83,13 +93,14 @@ def plan_measurements(context: dg.OpExecutionContext, settings: SettingsResource
     if todo.is_empty():
         context.log.info(f"every candidate is measured on {hardware}")
         return
-    shards = split_batch(todo, gpu_count(cfg.profiling.gpus, cfg.profiling.measure_device))
+    shards = split_batch(todo, steps)
     folder = cfg.home / "measured" / context.run.run_id[:8]
     folder.mkdir(parents=True, exist_ok=True)
     for i, shard in enumerate(shards):
         batch = folder / f"batch-gpu{i}.parquet"
         shard.write_parquet(batch, compression="zstd")
-        context.log.info(f"shard {i}: {shard.height} kernels -> GPU {i}")
+        target = f"GPU {i}" if profiler.kind == "cuda" else f"the {profiler.kind} profiler"
+        context.log.info(f"shard {i}: {shard.height} kernels -> {target}")
         yield dg.DynamicOutput({"gpu": i, "batch": str(batch), "kernels": shard.height,
                                 "workers": max(1, cfg.profiling.compile_workers // len(shards))},
                                mapping_key=f"gpu_{i}")
@@ -98,19 +109,21 @@ def plan_measurements(context: dg.OpExecutionContext, settings: SettingsResource
 @dg.op(tags=GPU_STEP_TAGS)
 def measure_shard(context: dg.OpExecutionContext, settings: SettingsResource, profiler: ProfilerResource,
                   shard: dict) -> dict:
-    """The profiling worker on one shard, pinned to its GPU; returns where its results are."""
-    from pipelines.profiling import launch
-
+    """One shard measured by the profiler (on its own GPU for the cuda kind); returns where its
+    results are (absent when nothing was measured here)."""
     cfg = settings.get()
+    hardware = context.partition_key
     batch = Path(shard["batch"])
     out = batch.with_name(batch.name.replace("batch-", "results-"))
-    gpu = shard["gpu"] if profiler.pin_gpu_per_step else None
+    gpu = profiler.pinned_gpu(shard["gpu"])
     t0 = time.perf_counter()
     with pinned_gpu(gpu):
-        rc = launch.run_worker(batch, out, device=cfg.profiling.measure_device, timeout_s=cfg.profiling.timeout_s,
-                               compile_workers=shard["workers"])
+        try:
+            rc, note = profiler.measure(batch, out, hardware, cfg.home, cfg.profiling, shard["workers"])
+        except FileNotFoundError as exc:
+            raise dg.Failure(f"{profiler.kind} profiler: {exc}") from None
     seconds = time.perf_counter() - t0
-    context.log.info(f"GPU {shard['gpu']}: worker exit code {rc}, {shard['kernels']} kernels in {seconds:.0f} s")
+    context.log.info(f"step {shard['gpu']} ({profiler.kind}): {note}, {shard['kernels']} kernels in {seconds:.0f} s")
     if rc != 0 and not out.exists():
         raise dg.Failure(f"profiling worker on GPU {shard['gpu']} exited {rc} without results ({batch})")
     return {**shard, "results": str(out), "exit_code": rc, "seconds": round(seconds, 1),

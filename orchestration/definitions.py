@@ -21,7 +21,8 @@ def stage_defs() -> list[dg.Definitions]:
 
 
 def build_defs(settings: Settings | None = None, executor: dg.ExecutorDefinition | None = None,
-               pin_gpu_per_step: bool = True) -> dg.Definitions:
+               pin_gpu_per_step: bool = True,
+               resources: dict[str, dg.ConfigurableResource] | None = None) -> dg.Definitions:
     """The code location for one profile.
 
     Args:
@@ -29,6 +30,8 @@ def build_defs(settings: Settings | None = None, executor: dg.ExecutorDefinition
         executor: the executor of every job (default: Dagster's multiprocess-or-in-process).
         pin_gpu_per_step: measuring steps pin their GPU (one host); False where each step's
             pod holds its own GPU (Kubernetes).
+        resources: resources that replace the profile's by key (a test's `recorded` profiler,
+            a GPU host's LLM backend).
     Returns:
         The Definitions: assets, checks, jobs, the nightly schedule, the inbox sensor and the
         automation sensor.
@@ -37,7 +40,8 @@ def build_defs(settings: Settings | None = None, executor: dg.ExecutorDefinition
     from orchestration.automation import with_automation
 
     settings = settings or load_settings()
-    resources = dg.Definitions(resources=build_resources(settings, pin_gpu_per_step=pin_gpu_per_step))
+    resources = dg.Definitions(resources={**build_resources(settings, pin_gpu_per_step=pin_gpu_per_step),
+                                          **(resources or {})})
     # Conditions go on the asset specs before any job is built over them (selecting assets
     # resolves the definitions, which needs their resources).
     assets = with_automation(dg.Definitions.merge(*stage_defs(), resources))

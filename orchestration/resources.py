@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import dagster as dg
 
-from orchestration.settings import Settings, load_settings
+from orchestration.settings import ProfilingSettings, Settings, load_settings
 
 
 class SettingsResource(dg.ConfigurableResource):
@@ -88,21 +89,108 @@ class MlflowResource(dg.ConfigurableResource):
                 "dagster_url": dagster_run_url(dagster_run, ports["dagster"]) if dagster_run else None}
 
 
-class ProfilerResource(dg.ConfigurableResource):
-    """How measuring steps get their GPU: pinned per step on one host, or one pod per step.
+PROFILER_KINDS = ("cuda", "recorded", "batch_file")
 
-    On a host of N GPUs the fan-out runs N steps side by side (multiprocess executor) and step i
-    sees only GPU i (CUDA_VISIBLE_DEVICES=i). Under Kubernetes each step runs in its own pod
-    holding one GPU, which the pod sees as device 0: nothing is pinned there.
+
+class ProfilerResource(dg.ConfigurableResource):
+    """Where the measuring steps' measurements come from, and how a step gets its GPU.
+
+    kind:
+        cuda        the project's GPU worker (pipelines/profiling) on this host's GPUs, one step per
+                    GPU, where the host's GPU type is the partition's (settings.profiling; the
+                    interpreter on partition 'cpu' with measure_device="cpu"); elsewhere nothing
+                    is measured.
+        recorded    results already measured, served from the result files under `folder` (the
+                    committed data/measurements/<hw>/ files, a test's): the ingest stores them as
+                    if measured here; kernels without a recorded row stay unmeasured.
+        batch_file  the batch of kernels to measure written to `folder` (default
+                    $KERNELCAST_HOME/outbox) for an outside job runner; nothing is measured here,
+                    its results come back through the inbox sensor.
+
+    On a host of N GPUs the cuda fan-out runs N steps side by side (multiprocess executor) and
+    step i sees only GPU i (CUDA_VISIBLE_DEVICES=i). Under Kubernetes each step runs in its own
+    pod holding one GPU, which the pod sees as device 0: nothing is pinned there.
     """
 
+    kind: str = "cuda"
+    folder: str = ""
     pin_gpu_per_step: bool = True
+
+    def steps(self, profiling: ProfilingSettings, hardware: str) -> int:
+        """Measuring steps of partition `hardware` on this host (0: nothing is measured here)."""
+        from pipelines.profiling.hardware import gpu_count, host_hardware_id
+
+        if self.kind not in PROFILER_KINDS:
+            raise ValueError(f"unknown profiler kind {self.kind!r}; one of {', '.join(PROFILER_KINDS)}")
+        if self.kind == "recorded" and not self.folder:
+            raise ValueError("the recorded profiler needs the folder of its result files")
+        if self.kind != "cuda":
+            return 1
+        if not profiling.measure_on_cuda or host_hardware_id(profiling.measure_device) != hardware:
+            return 0
+        return gpu_count(profiling.gpus, profiling.measure_device)
+
+    def pinned_gpu(self, gpu: int) -> int | None:
+        """The GPU a measuring step pins (CUDA_VISIBLE_DEVICES), None where nothing runs on one."""
+        return gpu if self.kind == "cuda" and self.pin_gpu_per_step else None
+
+    def measure(self, batch: Path, out: Path, hardware: str, home: Path, profiling: ProfilingSettings,
+                compile_workers: int) -> tuple[int, str]:
+        """Measure the kernels of `batch` into the result file `out`, by kind.
+
+        Returns:
+            (exit code, a one-line note of what was done); `out` exists only where results came.
+        """
+        if self.kind == "recorded":
+            from pipelines.profiling.recorded import recorded_results
+
+            covered = recorded_results(batch, Path(self.folder), hardware, out)
+            return 0, f"{covered} kernels recorded in {self.folder}"
+        if self.kind == "batch_file":
+            folder = Path(self.folder) if self.folder else home / "outbox"
+            target = folder / hardware / f"{batch.parent.name}-{batch.name}"
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(batch, target)
+            return 0, f"batch written to {target} for a job runner"
+        from pipelines.profiling import launch
+
+        rc = launch.run_worker(batch, out, device=profiling.measure_device, timeout_s=profiling.timeout_s,
+                               compile_workers=compile_workers)
+        return rc, f"worker exit code {rc}"
+
+
+class LlmBackendResource(dg.ConfigurableResource):
+    """Which backend answers the LLM forecasts made here, and its settings (defaults: Settings.llm_backend).
+
+    kind: "transformers" (the model in the step's process), "vllm" (vLLM's offline engine in a
+    child process under `vllm_python`), "openai" (an OpenAI-compatible server at `base_url`;
+    `model` names the served model, default the forecast's model ref; `api_key` its bearer
+    token, best an EnvVar) or "committed" (the committed GPU forecasts alone: no forward pass
+    here). Whatever the kind, a version with committed GPU forecasts answers from them
+    (pipelines.forecasting.llm_backend).
+    """
+
+    kind: str = "transformers"
+    base_url: str = ""
+    model: str = ""
+    api_key: str = ""
+    vllm_python: str = ""
+
+    def backend(self) -> LlmBackend:  # noqa: F821 - imported when called: no torch at import time
+        """The plain value the pipelines take (one-line ValueError on a bad kind or a missing base_url)."""
+        from pipelines.forecasting.llm_backend import LlmBackend
+
+        return LlmBackend(self.kind, self.base_url, self.model, self.api_key, self.vllm_python)
 
 
 def build_resources(settings: Settings, pin_gpu_per_step: bool = True) -> dict[str, dg.ConfigurableResource]:
-    """All resources for one profile."""
+    """All resources for one profile (a test or a host swaps one through `build_defs(resources=)`
+    or a run's config)."""
     return {
         "profiler": ProfilerResource(pin_gpu_per_step=pin_gpu_per_step),
+        "llm_backend": LlmBackendResource(kind=settings.llm_backend.kind, base_url=settings.llm_backend.base_url,
+                                          model=settings.llm_backend.model,
+                                          vllm_python=settings.llm_backend.vllm_python),
         "settings": SettingsResource(profile=settings.profile, home=str(settings.home)),
         "warehouse": WarehouseResource(path=str(settings.warehouse_path)),
         "mlflow": MlflowResource(

@@ -71,6 +71,24 @@ class EvaluationSettings:
     lm_models: tuple[str, ...] = ()
     lm_pairs_per_task: int | None = 2  # None: every eval pair
     lm_prompt_style: str = "full"
+    # A folder of fetched third-party results scored as part of the external split
+    # (pipelines.evaluation.external_dir; $KERNELCAST_EXTERNAL_DIR); None: none.
+    external_dir: str | None = None
+
+
+@dataclass(frozen=True)
+class LlmBackendSettings:
+    """Which backend answers the LLM forecasts made here, the defaults of the `llm_backend`
+    resource (orchestration.resources.LlmBackendResource; kinds in pipelines.forecasting.llm_backend):
+    "transformers" (in process), "vllm" (vLLM's offline engine in a child), "openai" (an
+    OpenAI-compatible server at base_url serving `model`) or "committed" (the committed GPU
+    forecasts alone, no forward pass here). The API key is no setting: a run's config gives it
+    (an EnvVar)."""
+
+    kind: str = "transformers"
+    base_url: str = ""
+    model: str = ""
+    vllm_python: str = ""  # the vLLM venv's python; empty: models.backends.vllm_backend finds one
 
 
 @dataclass(frozen=True)
@@ -147,6 +165,7 @@ class Settings:
     profiling: ProfilingSettings = field(default_factory=ProfilingSettings)
     curation: CurationSettings = field(default_factory=CurationSettings)
     evaluation: EvaluationSettings = field(default_factory=EvaluationSettings)
+    llm_backend: LlmBackendSettings = field(default_factory=LlmBackendSettings)
     surrogate: SurrogateSettings = field(default_factory=SurrogateSettings)
     search: SearchSettings = field(default_factory=SearchSettings)
 
@@ -222,10 +241,20 @@ def _with_llm_env(settings: Settings) -> Settings:
     return replace(settings, surrogate=replace(settings.surrogate, llm=mode))
 
 
+def _with_external_dir_env(settings: Settings) -> Settings:
+    """KERNELCAST_EXTERNAL_DIR (a folder of fetched third-party results, docs/method.md) on top of
+    the profile (EvaluationSettings.external_dir)."""
+    folder = os.environ.get("KERNELCAST_EXTERNAL_DIR", "").strip()
+    if not folder:
+        return settings
+    return replace(settings, evaluation=replace(settings.evaluation, external_dir=folder))
+
+
 def load_settings(profile: str | None = None, home: str | Path | None = None) -> Settings:
     """Resolve the profile (argument, then KERNELCAST_PROFILE, then 'default') into Settings,
-    with the environment overrides of the fan-out and the LLM mode on top."""
-    return _with_llm_env(_with_fanout_env(_profile_settings(profile, home)))
+    with the environment overrides of the fan-out, the LLM mode and the external folder on top
+    (the one place the documented KERNELCAST_* variables are read)."""
+    return _with_external_dir_env(_with_llm_env(_with_fanout_env(_profile_settings(profile, home))))
 
 
 def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:

@@ -28,6 +28,7 @@ import polars as pl
 
 from models.bins import NUM_BINS
 from models.calibration import Calibrator
+from pipelines.forecasting.llm_backend import LlmBackend
 from pipelines.sharding import balanced_shards
 
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
@@ -147,7 +148,7 @@ def forecast_device(gpu: int | None) -> str:
 
 
 def forecast_shard(tracking_uri: str, job: LlmJob, home: Path, device: str,
-                   downloads: Path) -> tuple[pl.DataFrame, int]:
+                   downloads: Path, backend: LlmBackend = LlmBackend()) -> tuple[pl.DataFrame, int]:
     """Logprob forecasts of one job's pairs on `device`: a registered version's calibrated, a
     base model's as they come.
 
@@ -157,34 +158,36 @@ def forecast_shard(tracking_uri: str, job: LlmJob, home: Path, device: str,
         home: KERNELCAST_HOME (base models, the forecast cache).
         device: "cpu", "cuda:0", ...
         downloads: this process's own folder for the adapter download.
+        backend: which backend answers (pipelines.forecasting.llm_backend; default in process).
     Returns:
         (rows for the warehouse `forecasts` table, forward passes made: answers not from the cache).
     Raises:
         FileNotFoundError: the registered version does not exist.
-        ValueError: the version reads another prompt style than the one its prompts were built in.
+        ValueError: the version reads another prompt style than the one its prompts were built
+            in, or the backend makes no forward pass (committed).
     """
     from models.backends import ForecastRequest
+    from models.cache import ForecastCache
 
     requests = [ForecastRequest(r["prompt"], r["pair_id"]) for r in job.requests]
+    cache = ForecastCache(home / "forecast-cache")
     if job.base_model is not None:
-        answers = _base_forecaster(job.base_model, home, device).forecast(requests)
+        answers = backend.base_forecaster(job.base_model, home, device, cache).forecast(requests)
         frame = pl.DataFrame([{"pair_id": pid, "model_ref": job.model_ref, **a.to_row()}
                               for pid, a in zip(job.pair_ids(), answers, strict=True)], infer_schema_length=None)
         return frame, sum(not a.cached for a in answers)
-    from models.registry.lifecycle import registered_forecaster
-
-    forecaster, described = registered_forecaster(tracking_uri, job.version, home, cache_dir=home / "forecast-cache",
-                                                  name=job.name, device=device, downloads=downloads)
-    if described["prompt_style"] != job.style:
-        raise ValueError(f"{job.model_ref} reads {described['prompt_style']!r} prompts, the shard holds {job.style!r}")
+    forecaster, style = backend.registered_forecaster(tracking_uri, job.name, job.version, job.model_ref, home, device,
+                                                      downloads, cache)
+    if style != job.style:
+        raise ValueError(f"{job.model_ref} reads {style!r} prompts, the shard holds {job.style!r}")
     answers = forecaster.forecast(requests)
     return _calibrated_rows(job, answers), sum(not a.cached for a in answers)
 
 
 def forecast_shard_file(plan: Path, rows: Path, tracking_uri: str, home: Path, device: str, downloads: Path,
-                        log: Callable[[str], None] | None = None) -> int:
-    """Every job of one shard plan (`write_shard`) forecast on `device`, the rows written to `rows`
-    (Parquet) for the merge; returns the forward passes made.
+                        log: Callable[[str], None] | None = None, backend: LlmBackend = LlmBackend()) -> int:
+    """Every job of one shard plan (`write_shard`) forecast on `device` by `backend`, the rows
+    written to `rows` (Parquet) for the merge; returns the forward passes made.
 
     Raises:
         ValueError: the plan cannot be read, a version does not exist or reads another prompt
@@ -197,24 +200,15 @@ def forecast_shard_file(plan: Path, rows: Path, tracking_uri: str, home: Path, d
     frames, passes = [], 0
     for job in jobs:
         if log is not None:
-            log(f"{job.model_ref} on {len(job.requests)} pairs")
+            log(f"{job.model_ref} on {len(job.requests)} pairs ({backend.kind})")
         try:
-            frame, made = forecast_shard(tracking_uri, job, home, device, downloads)
+            frame, made = forecast_shard(tracking_uri, job, home, device, downloads, backend)
         except (FileNotFoundError, ValueError) as exc:
             raise ValueError(f"{job.model_ref}: {exc}") from None
         frames.append(frame)
         passes += made
     pl.concat(frames, how="diagonal_relaxed").write_parquet(rows)
     return passes
-
-
-def _base_forecaster(spec: str, home: Path, device: str):
-    from models.backends.transformers_backend import TransformersForecaster
-    from models.base_model import resolve_base_model
-    from models.cache import ForecastCache
-
-    return TransformersForecaster(str(resolve_base_model(spec, home)), readout="logprob", batch_size=1, device=device,
-                                  cache=ForecastCache(home / "forecast-cache"))
 
 
 def _calibrated_rows(job: LlmJob, answers: Sequence[Any]) -> pl.DataFrame:

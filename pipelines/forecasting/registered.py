@@ -69,6 +69,7 @@ def registered_forecasts(
     rows_for: Callable[[pl.DataFrame, str], list[dict[str, Any]]],
     llm_cap: int | None,
     progress: Callable[[str], None] = lambda m: None,
+    forecast_here: bool = True,
 ) -> tuple[pl.DataFrame, list[Forecaster], list[LlmJob]]:
     """Forecast rows of every registered and committed forecaster of the version, every split,
     and the LLM versions to forecast here, planned but not run: their forward passes are what
@@ -82,6 +83,8 @@ def registered_forecasts(
     them, except an LLM version forecast here, whose prompts are planned for the GPU steps
     without loading its weights: its prompts are the two sources and their compile features,
     never `algorithm`/`knobs_json`, so its source-only forecasts are its in-distribution rows.
+    With `forecast_here` False (the committed LLM backend: no forward pass here) such a version
+    is left out, neither planned nor listed.
 
     Returns:
         (rows for the warehouse `forecasts` table, the forecasters they and the jobs belong to,
@@ -113,9 +116,13 @@ def registered_forecasts(
         in_dist = split == "in_distribution"
         for version, info in sorted(versions.items()):
             kind, ref = info["tags"].get("kind", "llm"), model_ref(name, version)
+            needs_passes = _forecast_here(info, committed)
+            if needs_passes and not forecast_here:
+                progress(f"{ref} ({kind}) left out: no committed forecasts, and the LLM backend makes no forward pass")
+                continue
             progress(f"forecasting with {ref} ({kind})")
             run_id = str(info.get("run_id") or "")
-            adapter = None if _forecast_here(info, committed) else load_forecaster(
+            adapter = None if needs_passes else load_forecaster(
                 ref, tracking_uri=tracking_uri, home=home, committed_dir=committed_dir)
             if adapter is None:  # an LLM whose forward passes the GPU steps make: planned, weights not loaded
                 subset = eval_subset(pairs, llm_cap)
