@@ -53,6 +53,28 @@ def _none(value):
     return value if value is not None else "none"
 
 
+def _gate_checks(p) -> list[dg.AssetCheckResult]:
+    """The two gates over the challengers of a promotion (pipelines.promotion.apply.Promotion):
+    warnings, and passing when there is no challenger to hold back."""
+    from pipelines.promotion.rule import GATE_BRIER
+
+    scored, failures, none = p.scored, p.splits.champion.failures, not p.scored.challengers
+    return [
+        dg.AssetCheckResult(check_name=CHALLENGER_PARSE_RATE_ABOVE_FLOOR, passed=bool(p.parse_ok) or none,
+                            severity=dg.AssetCheckSeverity.WARN,
+                            metadata={"threshold": p.policy.parse_rate_floor,
+                                      "value": max((s.parse_rate for s in scored.challengers), default=None),
+                                      "passing": ", ".join(map(str, p.parse_ok)) or "none"}),
+        dg.AssetCheckResult(check_name=CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM, passed=bool(p.eligible) or none,
+                            severity=dg.AssetCheckSeverity.WARN,
+                            metadata={"threshold": "uniform Brier on the same pairs",
+                                      "value": min((s.brier for s in scored.challengers if s.n_pairs), default=None),
+                                      "passing": ", ".join(map(str, p.eligible)) or "none",
+                                      "offending": ", ".join(str(s.version) for s in scored.challengers
+                                                             if GATE_BRIER in failures.get(s.version, [])) or "none"}),
+    ]
+
+
 @dg.asset_check(asset="forecasts", name=REGISTERED_FORECASTS_ARE_DISTRIBUTIONS, blocking=True, pool="duckdb_writer",
                 description="Every registered version's eval forecasts are valid distributions over the 8 bins "
                             "(wrong data stops promotion; a weak model does not).")
@@ -93,7 +115,7 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
     no worse on source_only and external; @champion-external to the best on external (source_only
     while external is empty). The decision is `pipelines.promotion.rule.decide_over_splits`."""
     from pipelines.promotion.apply import MODEL_NAME, ForecastListingError, apply_promotion
-    from pipelines.promotion.rule import CHAMPION_EXTERNAL, GATE_BRIER, PromotionPolicy
+    from pipelines.promotion.rule import CHAMPION_EXTERNAL, PromotionPolicy
 
     sur = settings.get().surrogate
     policy = PromotionPolicy(parse_rate_floor=sur.parse_rate_floor, min_brier_gain=sur.min_brier_gain)
@@ -106,7 +128,6 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
     decision, ext = splits.champion, splits.champion_external
     context.log.info(f"promotion: {decision.outcome}: {decision.reason}")
     context.log.info(f"promotion ({CHAMPION_EXTERNAL}): {ext.outcome}: {ext.reason}")
-    none = not scored.challengers  # nothing to hold back
     table = (_scores_table(scored, decision.failures) if scored.champion or scored.challengers
              else "(no registered version has eval forecasts)")
     return dg.MaterializeResult(
@@ -121,21 +142,8 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
                   "champion_external_decision_id": p.external_decision_id,
                   "challenger": _none(splits.challenger), "challenger_external": _none(splits.challenger_external),
                   "splits": dg.MetadataValue.md(_split_table(p.by_split, splits.splits))},
-        check_results=[
-            dg.AssetCheckResult(check_name=CHALLENGER_PARSE_RATE_ABOVE_FLOOR, passed=bool(p.parse_ok) or none,
-                                severity=dg.AssetCheckSeverity.WARN,
-                                metadata={"threshold": policy.parse_rate_floor,
-                                          "value": max((s.parse_rate for s in scored.challengers), default=None),
-                                          "passing": ", ".join(map(str, p.parse_ok)) or "none"}),
-            dg.AssetCheckResult(check_name=CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM, passed=bool(p.eligible) or none,
-                                severity=dg.AssetCheckSeverity.WARN,
-                                metadata={"threshold": "uniform Brier on the same pairs",
-                                          "value": min((s.brier for s in scored.challengers if s.n_pairs), default=None),
-                                          "passing": ", ".join(map(str, p.eligible)) or "none",
-                                          "offending": ", ".join(str(s.version) for s in scored.challengers
-                                                                 if GATE_BRIER in decision.failures.get(s.version, []))
-                                                       or "none"}),
-        ],
+        check_results=_gate_checks(p),
     )
+
 
 defs = dg.Definitions(assets=[model_promotion], asset_checks=[registered_forecasts_are_distributions])
