@@ -40,52 +40,45 @@ CURATION_OUTPUTS = {
 )
 def curated_pairs(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource):
     """Pairs from the measurements of every hardware, split without leakage and versioned."""
-    import polars as pl
-
-    from pipelines.curation.dataset import curate, warehouse_pairs
-    from warehouse import checks_curation
-    from warehouse.datasets import make_pair_id, write_dataset
-    from warehouse.measurements import measurements_frame
+    from pipelines.curation.stored import REPORT_SPLITS, curate_and_store
 
     cur = settings.get().curation
-    with warehouse.connect() as con:
-        frame = measurements_frame(con)
-        refs = checks_curation.reference_kernel_ids(con)
-    ds = curate(frame, refs, per_bin=cur.eval_per_bin, lineage_k=cur.lineage_k, holdout_tasks=cur.holdout_tasks,
-                cross_per_task=cur.cross_pairs_per_task, seed=cur.seed)
-    rows = warehouse_pairs(ds, make_pair_id)
-    with warehouse.connect() as con:
-        added = write_dataset(con, ds.version.version, ds.version.digest, ds.version.counts, ds.measurement_ids, rows)
-        unsupported = checks_curation.pairs_without_two_correct_measurements(con, ds.version.version)
-    version = ds.version.version
-    by_split = {s: rows.filter(pl.col("split") == s) for s in ("eval", "train", "discovery")}
-    short = ds.splits.shortfall.filter(pl.col("shortfall") > 0)
-
-    def _md(df: pl.DataFrame) -> dg.MetadataValue:
-        if df.is_empty():
-            return dg.MetadataValue.md("(empty)")
-        t = df.group_by("task").agg(pl.len().alias("pairs"), pl.col("true_bin").n_unique().alias("bins")).sort("task")
-        return dg.MetadataValue.md(markdown_table(["task", "pairs", "bins"], t.iter_rows()))
-
-    common = {"table": "pairs", "dataset_version": version}
-    yield dg.MaterializeResult(asset_key="curated_pairs", metadata={**common, "rows": rows.height, "rows_added": added,
+    stored = curate_and_store(warehouse.path, cur)
+    ds, rows, short = stored.dataset, stored.rows, stored.shortfall
+    by_split = {s: stored.split_rows(s) for s in REPORT_SPLITS}
+    common = {"table": "pairs", "dataset_version": stored.version}
+    yield dg.MaterializeResult(asset_key="curated_pairs", metadata={**common, "rows": rows.height, "rows_added": stored.rows_added,
                                "measurements": len(ds.measurement_ids), "digest": ds.version.digest, "preview": _md(rows)})
-    yield dg.MaterializeResult(asset_key="eval_set", metadata={**common, "rows": by_split["eval"].height, "preview": _md(by_split["eval"])})
-    yield dg.MaterializeResult(asset_key="rl_training_pool", metadata={**common, "rows": by_split["train"].height, "preview": _md(by_split["train"])})
-    yield dg.MaterializeResult(asset_key="discovery_pairs", metadata={**common, "rows": by_split["discovery"].height, "preview": _md(by_split["discovery"])})
+    for asset_key, split in (("eval_set", "eval"), ("rl_training_pool", "train"), ("discovery_pairs", "discovery")):
+        yield dg.MaterializeResult(asset_key=asset_key, metadata={**common, "rows": by_split[split].height,
+                                                                  "preview": _md(by_split[split])})
     yield offending_ids_result(NO_EVAL_TRAIN_LEAKAGE, ds.leakage, asset_key="rl_training_pool")
-    yield dg.AssetCheckResult(
-        asset_key="eval_set", check_name=EVERY_BIN_POPULATED, passed=short.is_empty() and by_split["eval"].height > 0,
+    yield _every_bin_populated(short, cur.eval_per_bin, by_split["eval"].height)
+    yield offending_ids_result(PAIRS_NEED_TWO_CORRECT_MEASUREMENTS, stored.unsupported, asset_key="curated_pairs")
+
+
+def _md(df) -> dg.MetadataValue:
+    """Pairs and bins per task of `df` (polars), the preview each curation output shows."""
+    import polars as pl
+
+    if df.is_empty():
+        return dg.MetadataValue.md("(empty)")
+    t = df.group_by("task").agg(pl.len().alias("pairs"), pl.col("true_bin").n_unique().alias("bins")).sort("task")
+    return dg.MetadataValue.md(markdown_table(["task", "pairs", "bins"], t.iter_rows()))
+
+
+def _every_bin_populated(short, per_bin: int, eval_rows: int) -> dg.AssetCheckResult:
+    """The warning that names the eval set's short (task, bin) cells, from the shortfall frame."""
+    return dg.AssetCheckResult(
+        asset_key="eval_set", check_name=EVERY_BIN_POPULATED, passed=short.is_empty() and eval_rows > 0,
         severity=dg.AssetCheckSeverity.WARN,
-        description=bins_short_text(short.iter_rows(named=True), cur.eval_per_bin, by_split["eval"].height),
-        metadata={"cells_short": short.height, "target_per_bin": cur.eval_per_bin, "data_limitation": not short.is_empty(),
-                  "bins_short_by_task": bins_short_text(short.iter_rows(named=True), cur.eval_per_bin,
-                                                        by_split["eval"].height, brief=True),
+        description=bins_short_text(short.iter_rows(named=True), per_bin, eval_rows),
+        metadata={"cells_short": short.height, "target_per_bin": per_bin, "data_limitation": not short.is_empty(),
+                  "bins_short_by_task": bins_short_text(short.iter_rows(named=True), per_bin, eval_rows, brief=True),
                   "shortfall": dg.MetadataValue.md(markdown_table(
                       ["task", "hardware", "bin", "available", "shortfall"],
                       short.head(40).select("task", "hardware_id", "bin", "available", "shortfall").iter_rows()))},
     )
-    yield offending_ids_result(PAIRS_NEED_TWO_CORRECT_MEASUREMENTS, unsupported, asset_key="curated_pairs")
 
 
 def bins_short_text(short_rows, per_bin: int, eval_rows: int, brief: bool = False) -> str:

@@ -1,6 +1,6 @@
 """base_model -> surrogate_model: the base checkpoint, then GRPO-trained versions in the MLflow registry."""
 
-import shutil
+import contextlib
 
 import dagster as dg
 
@@ -48,21 +48,6 @@ def base_model(settings: SettingsResource) -> dg.MaterializeResult:
     )
 
 
-def _training_inputs(con, version: str):
-    """(training pairs, kernel id -> prompt source, task -> description) of `version`."""
-    from pipelines.evaluation.lm_forecasts import prompt_source
-    from pipelines.tasks import get_task
-    from warehouse.datasets import read_pairs
-    from warehouse.kernels import read_kernels
-
-    train = read_pairs(con, version, "train")
-    ids = sorted(set(train["anchor_kernel_id"]) | set(train["candidate_kernel_id"]))
-    kernels = read_kernels(con, kernel_ids=ids)
-    sources = {r["kernel_id"]: prompt_source(r["task"], r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}
-    tasks = {t: get_task(t).description for t in train["task"].unique().to_list()}
-    return train, sources, tasks
-
-
 @dg.asset(
     group_name=GROUP,
     kinds={"torch", "mlflow"},
@@ -76,42 +61,27 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
     """The LLM surrogate of the current dataset version as a version of models:/kernelcast-surrogate
     (tag kind=llm): the committed H200 adapter, a supervised LoRA trained here, or GRPO variants
     (settings.surrogate.llm); lineage in DuckDB `model_lineage`."""
-    cfg = settings.get()
-    if cfg.surrogate.llm == "grpo":
-        return _grpo_surrogates(context, cfg, warehouse, mlflow)
-    from models.base_model import resolve_base_model
-    from pipelines.surrogates import llm
-    from pipelines.surrogates.export import row_builder
-    from warehouse.lineage import lineage_of, read_model_lineage
+    from pipelines.surrogates.grpo import train_grpo_surrogates
+    from pipelines.surrogates.llm import produce_llm_surrogate
 
-    sur = cfg.surrogate
-    base_path = resolve_base_model(sur.base_model, cfg.home)
-    mlflow.client()
-    tags = _run_tags(context)
-    with warehouse.connect() as con:
-        version, roles = _version_roles(con, sur.held_out_task)
-        if sur.llm == "committed":
-            out = llm.register_committed(con, mlflow.tracking_uri, cfg.data_dir, sur.committed_run, sur.committed_adapter,
-                                         version, sur.base_model, base_path, roles.eval, roles.held_out_eval, tags)
-        elif sur.llm == "supervised":
-            out = llm.train_and_register(con, mlflow.tracking_uri, roles, row_builder(con), version, sur.base_model,
-                                         base_path, sur.supervised_epochs, sur.supervised_style, sur.supervised_rows,
-                                         cfg.home / "training" / context.run.run_id, tags)
-        else:
-            raise dg.Failure(f"unknown surrogate.llm setting {sur.llm!r}: committed, supervised or grpo")
-        lineage = read_model_lineage(con, "kernelcast-surrogate")
-        trained = lineage_of(con, "kernelcast-surrogate", out.version)  # the fit's dataset, held or not
-    recorded = set(lineage["model_version"].to_list()) if lineage.height else set()
-    missing = [] if str(out.version) in recorded else [str(out.version)]
+    cfg = settings.get()
+    mlflow.client()  # sets the tracking and registry URIs of this process
+    run_id = context.run.run_id
+    with _dataset_failures():
+        if cfg.surrogate.llm == "grpo":
+            return _grpo_result(train_grpo_surrogates(warehouse.path, mlflow.tracking_uri, cfg.home, cfg.surrogate,
+                                                      run_id, log=context.log.info), cfg.surrogate, mlflow)
+        llm = produce_llm_surrogate(warehouse.path, mlflow.tracking_uri, cfg.home, cfg.data_dir, cfg.surrogate,
+                                    cfg.home / "training" / run_id, _run_tags(context))
+    out, trained = llm.registered, llm.trained
     context.log.info(f"LLM surrogate: version {out.version} ({out.source}, {'re-used' if out.reused else 'registered'})")
     return dg.MaterializeResult(
-        metadata={"dataset_version": version, "registered_model": "kernelcast-surrogate", "versions": str(out.version),
-                  "source": out.source, "reused": out.reused, **{k: float(v) for k, v in out.metrics.items()},
+        metadata={"dataset_version": llm.dataset_version, "registered_model": "kernelcast-surrogate",
+                  "versions": str(out.version), "source": out.source, "reused": out.reused,
+                  **{k: float(v) for k, v in out.metrics.items()},
                   **({"trained_dataset_version": trained["dataset_version"], "lineage": trained["note"]} if trained else {}),
                   **({"mlflow_run_id": out.run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(out.run_id))} if out.run_id else {})},
-        check_results=[dg.AssetCheckResult(check_name=SURROGATE_REGISTERED_WITH_LINEAGE, passed=not missing,
-                                           severity=dg.AssetCheckSeverity.ERROR,
-                                           metadata={"value": len(missing), "threshold": 0, "offending": ", ".join(missing) or "none"})],
+        check_results=[_lineage_check(llm.missing_lineage)],
     )
 
 
@@ -127,26 +97,18 @@ def classical_forecasters(context: dg.AssetExecutionContext, settings: SettingsR
     trained on the current dataset version's fit pairs, calibrated on its calibration split, and
     registered as versions of models:/kernelcast-surrogate (tag kind); their held-out-task twins
     go to models:/kernelcast-surrogate-held-out."""
-    from pipelines.surrogates.classical import ids_of, kernel_records, train_and_register
-    from warehouse.datasets import dataset_measurement_ids
+    from pipelines.surrogates.classical import train_classical_surrogates
 
     cfg = settings.get()
     mlflow.client()
-    tags = _run_tags(context)
-    with warehouse.connect() as con:
-        version, roles = _version_roles(con, cfg.surrogate.held_out_task)
-        records = kernel_records(con, ids_of(roles.by_name().values()))
-        registered = train_and_register(con, roles, records, cfg.surrogate.classical, mlflow.tracking_uri, version,
-                                        context.run.run_id, "kernelcast-surrogate",
-                                        measurement_ids=dataset_measurement_ids(con, version), tags=tags,
-                                        params=_classical_params(cfg.surrogate.classical_params),
-                                        max_fit=cfg.surrogate.classical_max_fit,
-                                        workers=cfg.surrogate.classical_workers, progress=context.log.info)
+    with _dataset_failures():
+        out = train_classical_surrogates(warehouse.path, mlflow.tracking_uri, cfg.surrogate, context.run.run_id,
+                                         "kernelcast-surrogate", _run_tags(context), progress=context.log.info)
     table = markdown_table(["model", "version", "kind", "split", "trained", "calibration Brier"],
                            [(r.name, r.version, r.kind, r.split, "re-used" if r.reused else "trained",
-                             r.metrics.get("calibration_brier_after", "")) for r in registered])
-    return dg.MaterializeResult(metadata={"dataset_version": version, "versions": dg.MetadataValue.md(table),
-                                          "fit_pairs": roles.fit.height, "calibration_pairs": roles.calibration.height})
+                             r.metrics.get("calibration_brier_after", "")) for r in out.registered])
+    return dg.MaterializeResult(metadata={"dataset_version": out.dataset_version, "versions": dg.MetadataValue.md(table),
+                                          "fit_pairs": out.fit_pairs, "calibration_pairs": out.calibration_pairs})
 
 
 def _run_tags(context) -> dict[str, str]:
@@ -155,79 +117,41 @@ def _run_tags(context) -> dict[str, str]:
     return {"dagster_run_id": context.run.run_id, **({"git_commit": c} if (c := git_commit()) else {})}
 
 
-def _version_roles(con, held_out_task: str | None):
-    """(newest dataset version, its roles); a Failure naming the asset to run when there is none."""
-    from pipelines.surrogates.export import latest_version, version_roles
+@contextlib.contextmanager
+def _dataset_failures():
+    """The training pipelines' refusals as Dagster failures; no dataset yet names the asset to run."""
+    from pipelines.surrogates.export import NoDatasetVersion
+    from pipelines.surrogates.llm import UnknownLlmSource
 
     try:
-        version = latest_version(con)
-    except ValueError:
+        yield
+    except NoDatasetVersion:
         raise dg.Failure("no dataset version yet: materialise curated_pairs first") from None
-    return version, version_roles(con, version, held_out_task)
+    except UnknownLlmSource as exc:
+        raise dg.Failure(str(exc)) from None
 
 
-def _classical_params(entries) -> dict[str, dict]:
-    """(kind, parameter, value) settings as {kind: {parameter: value}}."""
-    out: dict[str, dict] = {}
-    for kind, name, value in entries:
-        out.setdefault(kind, {})[name] = value
-    return out
+def _lineage_check(missing: list[str]) -> dg.AssetCheckResult:
+    return dg.AssetCheckResult(check_name=SURROGATE_REGISTERED_WITH_LINEAGE, passed=not missing,
+                               severity=dg.AssetCheckSeverity.ERROR,
+                               metadata={"value": len(missing), "threshold": 0, "offending": ", ".join(missing) or "none"})
 
 
-def _grpo_surrogates(context, cfg, warehouse, mlflow) -> dg.MaterializeResult:
-    """GRPO reward variants (format warm-up + TRL GRPO, models.training), one version each."""
-    from models.base_model import resolve_base_model
-    from models.registry.lifecycle import base_model_identity, train_or_reuse
-    from models.service import fingerprints_or_default
-    from models.training.rows import build_training_rows
-    from models.training.settings import TrainingSettings
-    from warehouse.datasets import current_dataset_version, dataset_measurement_ids
-    from warehouse.lineage import read_model_lineage
-
-    sur = cfg.surrogate
-    with warehouse.connect(read_only=True) as con:
-        version = current_dataset_version(con)
-        if version is None:
-            raise dg.Failure("no dataset version yet: materialise curated_pairs first")
-        measurement_ids = dataset_measurement_ids(con, version)
-        train, sources, tasks = _training_inputs(con, version)
-        by_hw = fingerprints_or_default(con, train["hardware_id"].unique().to_list())
-    base_path = resolve_base_model(sur.base_model, cfg.home)
-    identity = base_model_identity(base_path)
-    mlflow.client()  # sets the tracking and registry URIs of this process
-    produced, rows_md = [], []
-    for variant in sur.variants:
-        ts = TrainingSettings.profile(sur.training_profile, **{**dict(sur.training_overrides),
-                                                               "base_model": sur.base_model, "reward": variant})
-        rows = build_training_rows(train, sources, tasks, by_hw, style=ts.prompt_style)
-        context.log.info(f"{variant}: {len(rows)} training rows, profile {sur.training_profile}")
-        work = cfg.home / "training" / context.run.run_id / variant.replace("+", "_")
-        with warehouse.connect() as con:  # the lineage row is written at registration
-            out = train_or_reuse(ts, rows, work, mlflow.tracking_uri, version, identity, batch=context.run.run_id,
-                                 measurement_ids=measurement_ids, con=con, dagster_run_id=context.run.run_id,
-                                 force=sur.force_retrain)
-        shutil.rmtree(work, ignore_errors=True)  # the adapter now lives in MLflow's artifacts
-        produced.append(out)
-        m = out.metrics
-        rows_md.append((variant, out.version, "re-used" if out.reused else "trained", f"{out.seconds:.0f}",
-                        f"{m.get('parse_rate_before_sft', '')} -> {m.get('parse_rate_after_sft', '')}",
-                        m.get("frac_reward_zero_std_avg", ""), out.run_id))
-    with warehouse.connect(read_only=True) as con:
-        lineage = read_model_lineage(con, "kernelcast-surrogate")
-    recorded = set(lineage["model_version"].to_list()) if lineage.height else set()
-    missing = [str(p.version) for p in produced if str(p.version) not in recorded]
+def _grpo_result(grpo, sur, mlflow) -> dg.MaterializeResult:
+    """The GRPO variants' versions (pipelines.surrogates.grpo) as the asset's metadata."""
+    rows_md = [(variant, out.version, "re-used" if out.reused else "trained", f"{out.seconds:.0f}",
+                f"{out.metrics.get('parse_rate_before_sft', '')} -> {out.metrics.get('parse_rate_after_sft', '')}",
+                out.metrics.get("frac_reward_zero_std_avg", ""), out.run_id) for variant, out in grpo.produced]
     table = markdown_table(["reward", "version", "trained", "seconds", "parse rate before -> after warm-up",
                             "frac_reward_zero_std", "mlflow run"], rows_md) if rows_md else "(no variants configured)"
-    first_run = next((p.run_id for p in produced if p.run_id), None)
+    first_run = next((out.run_id for _, out in grpo.produced if out.run_id), None)
     return dg.MaterializeResult(
-        metadata={"dataset_version": version, "registered_model": "kernelcast-surrogate",
-                  "versions": ", ".join(str(p.version) for p in produced) or "none",
-                  "train_rows": train.height, "training_profile": sur.training_profile,
+        metadata={"dataset_version": grpo.dataset_version, "registered_model": "kernelcast-surrogate",
+                  "versions": ", ".join(str(out.version) for _, out in grpo.produced) or "none",
+                  "train_rows": grpo.train_rows, "training_profile": sur.training_profile,
                   "variants": dg.MetadataValue.md(table),
                   **({"mlflow_run_id": first_run, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(first_run))} if first_run else {})},
-        check_results=[dg.AssetCheckResult(check_name=SURROGATE_REGISTERED_WITH_LINEAGE, passed=not missing,
-                                           severity=dg.AssetCheckSeverity.ERROR,
-                                           metadata={"value": len(missing), "threshold": 0, "offending": ", ".join(missing) or "none"})],
+        check_results=[_lineage_check(grpo.missing_lineage)],
     )
 
 

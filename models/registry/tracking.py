@@ -490,3 +490,48 @@ def _external_model(experiment_id: str, model_ref: str) -> str:
     # directory the process runs from
     return mlflow.create_external_model(name=name, model_type="reference-forecaster", tags={"model_ref": model_ref},
                                         experiment_id=experiment_id).model_id
+
+
+_SEARCH_RUN_METRICS = ("final_best_mean", "candidates_considered", "forecasts", "improved_share")
+
+
+def log_search_simulation(
+    tracking_uri: str,
+    experiment_id: str,
+    report: Mapping[str, Any],
+    params: Mapping[str, Any],
+    tags: Mapping[str, str],
+    report_dir: str | Path,
+    run_name: str,
+) -> str:
+    """One run of the search simulation: its plan as params, every task and mode's numbers as
+    `<task>.<mode>.<metric>`, the filtered-vs-controls counts and the coverage, the report folder
+    as the artifact `search`.
+
+    Args:
+        tracking_uri: MLflow tracking URI.
+        experiment_id: the search experiment (kernelcast-search).
+        report: `pipelines.search.report.search_report`'s answer.
+        params: the plan (seeds, budget, anchor, tasks).
+        tags: run tags (dagster_run_id, kind, forecaster, hardware_id).
+        report_dir: the folder of search.json and curves.png.
+        run_name: the run's name.
+    Returns:
+        The run id.
+    """
+    import mlflow
+
+    _client(tracking_uri)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
+        mlflow.set_tags(dict(tags))
+        mlflow.log_params(dict(params))
+        for task, modes in report["tasks"].items():
+            for mode, r in modes.items():
+                for key in _SEARCH_RUN_METRICS:
+                    if r.get(key) is not None:
+                        mlflow.log_metric(f"{task}.{mode}.{key}", float(r[key]))
+        for key in ("filtered_beats_standard", "filtered_beats_random", "n_tasks"):
+            mlflow.log_metric(key, float(report["summary"][key]))
+        mlflow.log_metric("coverage", float(report["coverage"]["coverage"]))
+        mlflow.log_artifacts(str(report_dir), artifact_path="search")
+    return run.info.run_id

@@ -1,6 +1,7 @@
 """Dataset curation: measurements -> labelled kernels -> pairs -> splits -> versions.
 
-Pure functions over polars frames; the warehouse reads and writes the tables.
+Pure functions over polars frames; the warehouse reads and writes the tables, and
+`stored.curate_and_store` (what the `curated_pairs` asset calls) reads and writes them in one call.
 """
 
 from pipelines.curation.pairs import build_pairs, labels, pair_id

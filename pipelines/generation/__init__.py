@@ -8,6 +8,7 @@
     reference.py    the task's PyTorch reference as a kernel record
     aot.py          compile features for sm_90 without a GPU (registers, spills, shared memory)
     candidates.py   build_candidates (the kernel_candidates asset / `kernelcast generate`), write_batch
+    stored.py       generate_and_store: the kernel_candidates asset's build and write, in one call
     llm_mutator.py  an LLM behind the mutation interface (OpenAI-compatible endpoint)
 
 No Dagster here; submodules are imported explicitly (nothing heavy at package import).

@@ -13,6 +13,7 @@ reaches the GPU (docs/method.md section 6).
     simulate.py      every mode x seed x task on the measured table; summaries and intervals
     coverage.py      coverage of proposals, the reachable frontier, the neighbourhood batch
     report.py        search_report (asset and CLI), curves figure, tables, the CLI's JSON
+    simulation_run.py  the asset's simulation: report and curves written, one MLflow run logged
     live.py          python3 -m pipelines.search.live: live search on a GPU host
     autotune.py      prune_configs_by hook for @triton.autotune backed by a forecaster
     autotune_demo.py python3 -m pipelines.search.autotune_demo: pruned vs exhaustive autotuning

@@ -280,3 +280,58 @@ def train_and_register(
                              dagster_run_id=(tags or {}).get("dagster_run_id"))
         slots[slot] = Registered(target, version, kind, split, run_id, reused=False, metrics=fitted.metrics)
     return [r for r in slots if r is not None]
+
+
+@dataclass(frozen=True)
+class ClassicalSurrogates:
+    """The classical versions of a dataset version, and the sizes of the pairs behind them."""
+
+    dataset_version: str
+    registered: list[Registered]
+    fit_pairs: int
+    calibration_pairs: int
+
+
+def classical_params(entries: Iterable[tuple[str, str, Any]]) -> dict[str, dict[str, Any]]:
+    """(kind, parameter, value) settings as {kind: {parameter: value}}.
+
+    >>> classical_params([("cost_model", "max_iter", 50), ("cost_model", "max_depth", 4)])
+    {'cost_model': {'max_iter': 50, 'max_depth': 4}}
+    """
+    out: dict[str, dict[str, Any]] = {}
+    for kind, name, value in entries:
+        out.setdefault(kind, {})[name] = value
+    return out
+
+
+def train_classical_surrogates(warehouse_path: Any, tracking_uri: str, surrogate: Any, batch: str, name: str,
+                               tags: Mapping[str, str], progress: Callable[[str], None] | None = None
+                               ) -> ClassicalSurrogates:
+    """`train_and_register` on the newest dataset version of the warehouse, as the settings ask.
+
+    Args:
+        warehouse_path: the DuckDB file (written: `model_lineage`).
+        tracking_uri: MLflow URI.
+        surrogate: the surrogate settings (held_out_task, classical, classical_params,
+            classical_max_fit, classical_workers).
+        batch: the training batch (the orchestrating run id).
+        name: the registered model of in-distribution versions.
+        tags: extra tags (dagster_run_id, git_commit).
+        progress: called with a line per finished fit.
+    Raises:
+        NoDatasetVersion: nothing curated yet.
+    """
+    from pipelines.surrogates.export import latest_version, version_roles
+    from warehouse.datasets import dataset_measurement_ids
+    from warehouse.db import connect
+
+    with connect(warehouse_path) as con:
+        version = latest_version(con)
+        roles = version_roles(con, version, surrogate.held_out_task)
+        records = kernel_records(con, ids_of(roles.by_name().values()))
+        registered = train_and_register(con, roles, records, surrogate.classical, tracking_uri, version, batch, name,
+                                        measurement_ids=dataset_measurement_ids(con, version), tags=tags,
+                                        params=classical_params(surrogate.classical_params),
+                                        max_fit=surrogate.classical_max_fit, workers=surrogate.classical_workers,
+                                        progress=progress)
+    return ClassicalSurrogates(version, registered, roles.fit.height, roles.calibration.height)

@@ -36,11 +36,15 @@ PAIR_FIELDS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_
 FEATURE_FIELDS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
 
 
+class NoDatasetVersion(ValueError):
+    """The warehouse holds no dataset version yet (curation has not run)."""
+
+
 def latest_version(con: duckdb.DuckDBPyConnection) -> str:
     """The newest dataset version; ValueError (one line) when there is none."""
     version = current_dataset_version(con)
     if version is None:
-        raise ValueError("no dataset version in the warehouse: run `kernelcast run` first")
+        raise NoDatasetVersion("no dataset version in the warehouse: run `kernelcast run` first")
     return version
 
 

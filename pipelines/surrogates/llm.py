@@ -218,3 +218,62 @@ def train_and_register(
         tags={**key, "calibrator": json.dumps(calibrator.to_dict() if calibrator else {}), "finetune": "lora"},
     )
     return LlmVersion(version, run_id, False, "supervised", metrics)
+
+
+SURROGATE_MODEL = "kernelcast-surrogate"
+LLM_SOURCES = ("committed", "supervised")  # surrogate.llm settings served here (grpo: pipelines.surrogates.grpo)
+
+
+class UnknownLlmSource(ValueError):
+    """surrogate.llm names no way of producing the LLM surrogate."""
+
+
+@dataclass(frozen=True)
+class LlmSurrogate:
+    """The LLM surrogate of a dataset version as registered, and what the lineage check reads."""
+
+    dataset_version: str
+    registered: LlmVersion
+    trained: dict | None  # the version's model_lineage row (the fit's dataset, held or not)
+    missing_lineage: list[str]  # versions registered without a model_lineage row
+
+
+def produce_llm_surrogate(warehouse_path: str | Path, tracking_uri: str, home: Path, data_dir: Path,
+                          surrogate: Any, work_dir: Path, tags: Mapping[str, str]) -> LlmSurrogate:
+    """Register the committed adapter or train one here (`surrogate.llm`, one of LLM_SOURCES) for
+    the newest dataset version of the warehouse.
+
+    Args:
+        warehouse_path: the DuckDB file (written: `model_lineage`).
+        tracking_uri: MLflow tracking and registry URI.
+        home: the state folder (the converted base model).
+        data_dir: the shipped data (the committed training runs).
+        surrogate: the surrogate settings.
+        work_dir: where a supervised adapter is trained before registration.
+        tags: tags of the registered run (dagster_run_id, git_commit).
+    Raises:
+        NoDatasetVersion: nothing curated yet.
+        UnknownLlmSource: `surrogate.llm` is none of LLM_SOURCES.
+    """
+    from models.base_model import resolve_base_model
+    from pipelines.surrogates.export import latest_version, row_builder, version_roles
+    from warehouse.db import connect
+    from warehouse.lineage import lineage_of, read_model_lineage
+
+    sur = surrogate
+    if sur.llm not in LLM_SOURCES:
+        raise UnknownLlmSource(f"unknown surrogate.llm setting {sur.llm!r}: committed, supervised or grpo")
+    base_path = resolve_base_model(sur.base_model, home)
+    with connect(warehouse_path) as con:
+        version = latest_version(con)
+        roles = version_roles(con, version, sur.held_out_task)
+        if sur.llm == "committed":
+            out = register_committed(con, tracking_uri, data_dir, sur.committed_run, sur.committed_adapter, version,
+                                     sur.base_model, base_path, roles.eval, roles.held_out_eval, tags)
+        else:
+            out = train_and_register(con, tracking_uri, roles, row_builder(con), version, sur.base_model, base_path,
+                                     sur.supervised_epochs, sur.supervised_style, sur.supervised_rows, work_dir, tags)
+        lineage = read_model_lineage(con, SURROGATE_MODEL)
+        trained = lineage_of(con, SURROGATE_MODEL, out.version)
+    recorded = set(lineage["model_version"].to_list()) if lineage.height else set()
+    return LlmSurrogate(version, out, trained, [] if str(out.version) in recorded else [str(out.version)])

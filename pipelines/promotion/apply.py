@@ -1,0 +1,181 @@
+"""The promotion as the `model_promotion` asset applies it: every registered version's forecasts
+of the current dataset version scored per split, `rule.decide_over_splits` decided, both alias
+pairs moved in the registry, both decisions recorded in DuckDB and on the registered model."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+from pipelines.promotion.rule import GATE_PARSE_RATE, PromotionPolicy, SplitDecision
+from pipelines.promotion.scores import ScoredSplits, ScoredVersions
+
+MODEL_NAME = "kernelcast-surrogate"
+LEGACY_KIND = "llm"  # versions registered before the `kind` tag existed are LLM adapters
+
+
+class ForecastListingError(ValueError):
+    """The forecasts asset's listing of the current dataset version is missing or unusable."""
+
+
+def split_forecasts(warehouse_path: str | Path) -> tuple[str | None, dict[str, pl.DataFrame]]:
+    """(dataset version, {split: forecasts of it joined with their pairs}) of the current version.
+
+    Raises:
+        ForecastListingError: the forecasts asset's listing of the version is missing or unreadable.
+    """
+    from pipelines.forecasting.registered import split_frames
+    from warehouse.datasets import current_dataset_version
+    from warehouse.db import connect
+    from warehouse.errors import ValidationError
+    from warehouse.forecasts import read_forecast_listing, read_forecasts
+
+    with connect(warehouse_path, read_only=True) as con:
+        version = current_dataset_version(con)
+        frame = read_forecasts(con, dataset_version=version, with_pairs=True) if version else None
+        if frame is None or frame.is_empty():
+            return version, {}
+        try:
+            listing = read_forecast_listing(con, version)
+        except ValidationError as exc:
+            raise ForecastListingError(str(exc)) from None
+    try:
+        return version, split_frames(frame, listing)
+    except (ValueError, KeyError) as exc:
+        raise ForecastListingError(
+            f"forecaster listing of dataset version {version} unusable: {str(exc).splitlines()[0]}") from None
+
+
+def forecast_errors(warehouse_path: str | Path) -> dict[int, str]:
+    """version -> why its forecasts of the current version are not distributions (none: {})."""
+    from pipelines.promotion.scores import score_splits
+
+    return score_splits(split_forecasts(warehouse_path)[1], MODEL_NAME).errors
+
+
+@dataclass(frozen=True)
+class Promotion:
+    """One applied promotion: what was weighed, decided and recorded.
+
+    Attributes:
+        dataset_version: the version whose forecasts were scored (None: no dataset yet).
+        policy: the thresholds the rule applied.
+        champion_before: @champion before the decision.
+        by_split: every version's scores on each split's common pairs.
+        splits: the decisions (`rule.SplitDecision`).
+        scored: the in-distribution scores, the champion apart from its challengers.
+        decision_id, external_decision_id: the recorded @champion and @champion-external decisions.
+    """
+
+    dataset_version: str | None
+    policy: PromotionPolicy
+    champion_before: int | None
+    by_split: ScoredSplits
+    splits: SplitDecision
+    scored: ScoredVersions
+    decision_id: str
+    external_decision_id: str
+
+    @property
+    def parse_ok(self) -> list[int]:
+        """Challengers whose parse rate reaches the floor."""
+        failures = self.splits.champion.failures
+        return [s.version for s in self.scored.challengers if GATE_PARSE_RATE not in failures.get(s.version, [])]
+
+    @property
+    def eligible(self) -> list[int]:
+        """Challengers that pass every gate."""
+        return [s.version for s in self.scored.challengers if not self.splits.champion.failures.get(s.version)]
+
+
+def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: PromotionPolicy,
+                    dagster_run_id: str | None) -> Promotion:
+    """Decide and apply this run's promotion of `MODEL_NAME`'s versions (module docstring).
+
+    Args:
+        warehouse_path: the DuckDB file (read: forecasts and their listing; written:
+            `promotion_decisions`, `promotion_scores`).
+        tracking_uri: the MLflow registry (aliases and tags moved there).
+        policy: the rule's thresholds.
+        dagster_run_id: the run recorded with both decisions.
+    Raises:
+        ForecastListingError: the forecasts asset's listing is missing or unusable.
+    """
+    from models.registry.versions import alias_version, find_versions, set_aliases
+    from pipelines.promotion.rule import CHAMPION, CHAMPION_EXTERNAL, decide_over_splits
+    from pipelines.promotion.scores import score_splits
+
+    champion = alias_version(tracking_uri, CHAMPION, MODEL_NAME)
+    champion_ext = alias_version(tracking_uri, CHAMPION_EXTERNAL, MODEL_NAME)
+    tags = {v["version"]: v["tags"] for v in find_versions(tracking_uri, MODEL_NAME)}
+    version, parts = split_forecasts(warehouse_path)
+    by_split = score_splits(parts, MODEL_NAME, kinds={v: t.get("kind", LEGACY_KIND) for v, t in tags.items()},
+                            rewards={v: t.get("reward", "") for v, t in tags.items()})
+    splits = decide_over_splits(by_split.scores, champion, champion_ext, policy)
+    set_aliases(tracking_uri, splits.champion.promote, splits.challenger, MODEL_NAME, use=CHAMPION,
+                clear_challenger=True)
+    set_aliases(tracking_uri, splits.champion_external.promote, splits.challenger_external, MODEL_NAME,
+                use=CHAMPION_EXTERNAL, clear_challenger=True)
+    in_dist = by_split.scores.get("in_distribution", {})
+    scored = ScoredVersions([s for v, s in sorted(in_dist.items()) if v != champion], in_dist.get(champion),
+                            by_split.pairs.get("in_distribution", []))
+    decision_id, ext_decision_id = _record(warehouse_path, version, policy, champion, champion_ext, by_split,
+                                           splits, scored, dagster_run_id)
+    _tag_registry(tracking_uri, version, champion, splits, scored, decision_id, ext_decision_id)
+    return Promotion(version, policy, champion, by_split, splits, scored, decision_id, ext_decision_id)
+
+
+def _record(warehouse_path: str | Path, version: str | None, policy: PromotionPolicy, champion: int | None,
+            champion_ext: int | None, by_split: ScoredSplits, splits: SplitDecision, scored: ScoredVersions,
+            dagster_run_id: str | None) -> tuple[str, str]:
+    """Both decisions and the scores behind them in DuckDB; their ids."""
+    from pipelines.promotion.rule import CHAMPION_EXTERNAL
+    from warehouse.db import connect
+    from warehouse.promotions import record_promotion_decision
+
+    decision, ext = splits.champion, splits.champion_external
+    rows: list[dict[str, Any]] = (
+        [{**dataclasses.asdict(scored.champion), "role": "champion", "failed_gates": []}] if scored.champion else [])
+    rows += [{**dataclasses.asdict(s), "role": "challenger", "failed_gates": decision.failures.get(s.version, [])}
+             for s in scored.challengers]
+    ext_scores = by_split.scores.get(splits.external_split, {})
+    ext_rows = [{**dataclasses.asdict(s), "model_version": v, "role": "champion" if v == champion_ext else "challenger",
+                 "failed_gates": ext.failures.get(v, [])} for v, s in sorted(ext_scores.items())]
+    with connect(warehouse_path) as con:
+        decision_id = record_promotion_decision(
+            con, MODEL_NAME, version, decision.outcome, decision.reason, len(scored.pairs),
+            dataclasses.asdict(policy), [{**r, "model_version": r["version"]} for r in rows],
+            champion_before=champion, champion_after=splits.champion_after, candidate=decision.candidate,
+            dagster_run_id=dagster_run_id, challenger_after=splits.challenger)
+        ext_decision_id = record_promotion_decision(
+            con, MODEL_NAME, version, ext.outcome, ext.reason, len(by_split.pairs.get(splits.external_split, [])),
+            dataclasses.asdict(policy), ext_rows, champion_before=champion_ext,
+            champion_after=splits.champion_external_after, candidate=ext.candidate, dagster_run_id=dagster_run_id,
+            alias=CHAMPION_EXTERNAL, split=splits.external_split, challenger_after=splits.challenger_external)
+    return decision_id, ext_decision_id
+
+
+def _tag_registry(tracking_uri: str, version: str | None, champion: int | None, splits: SplitDecision,
+                  scored: ScoredVersions, decision_id: str, ext_decision_id: str) -> None:
+    """Each challenger's status on its version, the last decisions on the registered model."""
+    from models.registry.versions import set_model_tags, set_version_tag
+
+    decision, ext = splits.champion, splits.champion_external
+    for s in scored.challengers:
+        failed = decision.failures.get(s.version, [])
+        status = ("promoted" if s.version == decision.promote else
+                  f"held back: {', '.join(failed)}" if failed else "eligible, not promoted")
+        for key, value in {"promotion_status": status, "promotion_decision_id": decision_id,
+                           "promotion_dataset_version": version or ""}.items():
+            set_version_tag(tracking_uri, s.version, key, value, MODEL_NAME)
+    if scored.challengers or champion is not None or splits.champion_external_after is not None:
+        set_model_tags(tracking_uri, MODEL_NAME, {"last_promotion_outcome": decision.outcome,
+                                                  "last_promotion_reason": decision.reason[:500],
+                                                  "last_promotion_decision_id": decision_id,
+                                                  "last_champion_external_outcome": ext.outcome,
+                                                  "last_champion_external_reason": ext.reason[:500],
+                                                  "last_champion_external_decision_id": ext_decision_id})

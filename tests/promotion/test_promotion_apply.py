@@ -1,0 +1,94 @@
+"""`apply_promotion` without Dagster on a warehouse written by hand (as the forecasts asset would):
+a real DuckDB file, a real sqlite MLflow store and registry."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from models.bins import speedup_to_bin
+from pipelines.promotion.apply import (
+    MODEL_NAME,
+    ForecastListingError,
+    apply_promotion,
+    forecast_errors,
+)
+from pipelines.promotion.rule import PromotionPolicy
+from warehouse.datasets import write_dataset
+from warehouse.db import connect
+from warehouse.forecasts import write_forecast_listing, write_forecasts
+from warehouse.promotions import read_promotion_decisions
+
+
+def _peaked(y: int, peak: float) -> list[float]:
+    p = [(1 - peak) / 7] * 8
+    p[y - 1] = peak
+    return p
+
+
+def _warehouse(db, versions: list[int], listed: bool = True) -> None:
+    """32 eval pairs; version i forecasts them peaked at 0.5 + 0.2 i in distribution and
+    0.4 - 0.2 i from source alone (the later the version, the better in, the worse out)."""
+    pairs = pl.DataFrame([{"pair_id": f"p{i:02d}", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": "ref",
+                           "candidate_kernel_id": f"k{i}", "speedup": 2.0 ** ((i % 8) - 3.5),
+                           "true_bin": speedup_to_bin(2.0 ** ((i % 8) - 3.5)), "pair_type": "reference",
+                           "split": "eval"} for i in range(32)])
+    refs = [("baseline:uniform", lambda y: [1 / 8] * 8)]
+    for i, v in enumerate(versions):
+        refs += [(f"models:/{MODEL_NAME}/{v}", lambda y, i=i: _peaked(y, 0.5 + 0.2 * i)),
+                 (f"models:/{MODEL_NAME}/{v}|source_only", lambda y, i=i: _peaked(y, 0.4 - 0.2 * i))]
+    rows = [{"pair_id": pid, "model_ref": ref, "parse_ok": True, "predicted_bin": y, "p": p(y), "raw_sum": 1.0}
+            for pid, y in pairs.select("pair_id", "true_bin").rows() for ref, p in refs]
+    ids = pairs["pair_id"].to_list()
+    with connect(db) as con:
+        write_dataset(con, "ds-t", "d", {}, [], pairs)
+        write_forecasts(con, pl.DataFrame(rows))
+        if listed:
+            write_forecast_listing(con, "ds-t", {
+                "held_out_task": None,
+                "pairs": {"in_distribution": ids, "source_only": ids, "held_out_task": [], "external": []},
+                "empty": {"held_out_task": "no held-out task", "external": "no kernel outside the templates"},
+                "forecasters": [{"model_ref": "baseline:uniform", "kind": "baseline", "split": s, "source": "reference",
+                                 "run_id": ""} for s in ("in_distribution", "source_only")]})
+
+
+def _register(uri: str, n: int) -> list[int]:
+    import mlflow
+
+    from models.registry.tracking import prepare_store
+    from models.registry.versions import register_logged_model
+
+    (experiment,) = prepare_store(uri, ["kernelcast-training"])
+    mlflow.set_tracking_uri(uri)
+    return [register_logged_model(uri, f"models:/{mlflow.create_external_model(name=f'm{i}', experiment_id=experiment).model_id}",
+                                  MODEL_NAME, kind="cost_model") for i in range(n)]
+
+
+def test_both_aliases_move_and_both_decisions_are_recorded(tmp_path):
+    from models.registry.versions import aliases, find_versions
+
+    db, uri = tmp_path / "warehouse.duckdb", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    v1, v2 = _register(uri, 2)
+    _warehouse(db, [v1, v2])
+    assert forecast_errors(db) == {}
+    p = apply_promotion(db, uri, PromotionPolicy(), "dagster-run-1")
+    assert p.dataset_version == "ds-t" and p.champion_before is None and len(p.scored.pairs) == 32
+    assert p.splits.champion.promote == v2 and p.splits.champion_after == v2  # better in distribution
+    assert p.splits.external_split == "source_only" and p.splits.champion_external_after == v1  # better from source
+    assert p.parse_ok == p.eligible == [v1, v2]
+    got = aliases(uri, MODEL_NAME)
+    assert got["champion"] == v2 and got["champion-external"] == v1
+    with connect(db, read_only=True) as con:
+        decisions = read_promotion_decisions(con, MODEL_NAME, alias=None)
+    assert set(decisions["decision_id"]) == {p.decision_id, p.external_decision_id}
+    assert set(decisions["dagster_run_id"]) == {"dagster-run-1"}
+    tags = {v["version"]: v["tags"] for v in find_versions(uri, MODEL_NAME)}
+    assert tags[v2]["promotion_status"] == "promoted" and tags[v1]["promotion_decision_id"] == p.decision_id
+
+
+def test_a_missing_listing_is_refused(tmp_path):
+    db, uri = tmp_path / "warehouse.duckdb", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (v1,) = _register(uri, 1)
+    _warehouse(db, [v1], listed=False)
+    with pytest.raises(ForecastListingError, match="no forecaster listing"):
+        apply_promotion(db, uri, PromotionPolicy(), None)
