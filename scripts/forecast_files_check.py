@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     answered: dict[str, list[float]] = {}
     env = {**os.environ, "KERNELCAST_HOME": str(args.home)}
     for (task, hardware, anchor_id), group in pairs.group_by(["task", "hardware_id", "anchor_kernel_id"], maintain_order=True):
-        folder = out / task
+        folder = out / task / anchor_id[:12]
         folder.mkdir(parents=True, exist_ok=True)
         anchor = folder / "anchor.py"
         anchor.write_text(group["anchor_source"][0])
