@@ -5,12 +5,13 @@ A file is forecast only if it is a kernel of the task: it parses and defines `cu
 child (pipelines.profiling.check, the check of `kernelcast check`: an import error, an exception
 on the task's input, a crash or a wrong answer is a refusal; a check that runs out of time is
 not, and says so), and a Triton file compiles for sm_90 on the task's first benchmark case
-(pipelines.generation.aot, the generator's compile, so a file's compile features are the ones
-its measured twin has in the warehouse).
+(pipelines.generation.aot, the generator's compile). Its features are then the ones its measured
+twin has in the warehouse: the compile's, overlaid with the source features of
+pipelines.forecasting.source_features (PTX instruction mix, the trace of one call per case).
 
 The record leaves generator, algorithm and knobs_json empty: the platform did not write the
 file, and no forecaster needs them. It carries every compile feature the compile returns
-(`Features.to_row()` less its bookkeeping), whatever the feature set.
+(`Features.to_row()` less its bookkeeping) and every source feature, whatever the feature set.
 """
 
 from __future__ import annotations
@@ -134,4 +135,27 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, c
                 files[i].refused = (f"does not fit sm_90: {f.error}" if f.status == "rejected"
                                     else f"the sm_90 compile on the task's benchmark input failed: {f.error}")
                 files[i].record = None
+    if compile:
+        _add_source_features(task, [f for f in files if f.record is not None], n_workers)
     return files
+
+
+# source_features rows' columns that are bookkeeping, not features of the kernel
+_SOURCE_BOOKKEEPING = ("kernel_id", "task", "target", "status", "compile_status", "error", "seconds")
+
+
+def _add_source_features(task: str, files: list[KernelFile], n_workers: int) -> None:
+    """Overlay each record with its source features (the sm_90 compile's PTX mix, the trace of one
+    call per benchmark case; pipelines.forecasting.source_features) the way the warehouse
+    overlays a measured kernel's (warehouse.kernels.forecast_features): an ok or partial row's
+    known values replace the compile's, a failed row adds nothing but a note."""
+    if not files:
+        return
+    from pipelines.forecasting.source_features import source_features_many
+
+    rows = source_features_many([f.record for f in files], n_workers=min(n_workers, len(files)))
+    for f, row in zip(files, rows, strict=True):
+        if row["status"] in ("ok", "partial"):
+            f.record.update({k: v for k, v in row.items() if k not in _SOURCE_BOOKKEEPING})
+        else:
+            f.notes.append(f"no source features: {row['error']}")
