@@ -125,7 +125,8 @@ def test_automation_waits_for_measurements_on_an_empty_instance(settings):
 
 
 def test_fanout_helpers():
-    from assets.profiling import gpu_count, pinned_gpu
+    from assets.profiling import pinned_gpu
+    from pipelines.profiling.hardware import gpu_count
 
     assert gpu_count(3, "cuda") == 3 and gpu_count(None, "cpu") == 1 and gpu_count(0, "cuda") == 1
     before = os.environ.get("CUDA_VISIBLE_DEVICES")

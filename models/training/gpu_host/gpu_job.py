@@ -60,7 +60,7 @@ log = logging.getLogger("kernelcast.gpu_job")
 BASE = "base"  # grpo_from value: GRPO straight on the base model
 STATUS_FILE = "status.json"
 FORECASTS_FILE = "forecasts.jsonl.gz"
-ACCELERATE_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "accelerate" / "multi_gpu.yaml"
+ACCELERATE_CONFIG = Path(__file__).resolve().parents[3] / "deploy" / "accelerate" / "multi_gpu.yaml"
 STOP_MARGIN_S = 75.0  # a child stops this long before the deadline: evaluation and packing follow
 EVAL_RESERVE_S = 45.0  # and does not start training if less than this is left
 
