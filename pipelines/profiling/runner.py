@@ -667,11 +667,12 @@ class Measurer:
             return new
         restore_torch_flags(self.flags)
         warmed = False
+        before = {k: self.refs[k] for k in keys if k in self.refs}
         for key, case, n in zip(keys, cases, counts):
             if not n:
                 continue
             progress(f"timing reference {key[1]}")
-            kept = self.refs.get(key, ([], 0.0))[0]
+            kept = list(self.refs.get(key, ([], 0.0))[0])
             try:
                 data = make_input(task, case)
                 for _ in range(n):
@@ -685,6 +686,14 @@ class Measurer:
                     del feed
                 del data
             except Exception as e:
+                # The job fails, so the parent never sees this call's timings: forget them here
+                # too, or the next job would skip cases the parent's book does not hold and its
+                # row would read as a forged reference (`tampered`) on a good kernel.
+                for k in keys:
+                    if k in before:
+                        self.refs[k] = before[k]
+                    else:
+                        self.refs.pop(k, None)
                 failure = classify(e, self.device, f"reference on case {key[1]}")
                 raise KernelFailure("infrastructure", failure.message, restart=failure.restart) from e
             self.refs[key] = (kept[-REF_KEEP:], time.monotonic())

@@ -345,3 +345,54 @@ def test_the_cache_file_is_per_host_unless_given_or_off(monkeypatch, tmp_path):
     assert refcache.default_path("off") is None
     monkeypatch.setenv(refcache.ENV, "off")
     assert refcache.default_path() is None
+
+
+FLAKY_REFERENCE_TASK = '''
+import torch
+
+from pipelines.tasks.contract import Task, allclose_check, default_device
+
+FAIL_ON = {"n": 32}  # the reference raises once on the case of this size
+
+
+def generate_input(seed, n):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    return torch.randn(n, generator=g).to(default_device())
+
+
+def ref_kernel(data):
+    if FAIL_ON.get("n") == data.numel():
+        del FAIL_ON["n"]
+        raise RuntimeError("the GPU is shared (simulated)")
+    return data * 2.0 + 1.0
+
+
+def check_implementation(data, output):
+    return allclose_check(output, data * 2.0 + 1.0, rtol=1e-5, atol=1e-5)
+
+
+TASK = Task(name="flaky_ref", description="y = 2x + 1; the reference fails once.", generate_input=generate_input,
+            ref_kernel=ref_kernel, check_implementation=check_implementation,
+            correctness_cases=({"n": 64, "seed": 1}, {"n": 32, "seed": 2}),
+            benchmark_cases=({"n": 64, "seed": 3}, {"n": 32, "seed": 4}), tolerances={"rtol": 1e-5, "atol": 1e-5})
+'''
+
+
+def test_reference_timings_of_a_failed_job_are_forgotten_by_the_child_too(tmp_path, monkeypatch):
+    """Seen on the H200: the reference failed on a job's second case, the parent never got the
+    first case's timing, the child kept it and skipped it on the next job, whose good kernel then
+    read as a forged reference (`tampered`). The failed call leaves the child's record as it was."""
+    task_file = tmp_path / "flaky_ref.py"
+    task_file.write_text(FLAKY_REFERENCE_TASK)
+    monkeypatch.setenv(taskload.ENV_VAR, f"flaky_ref={task_file}")
+    taskload._loaded.pop("flaky_ref", None)
+    task = taskload.load_task("flaky_ref")
+    m = runner.Measurer({"device": "cpu", "protocol": "kernelcast", "max_reps": 3})
+    with pytest.raises(runner.KernelFailure) as failed:
+        m.reference_timings(task, lambda phase: None)
+    assert failed.value.kind == "infrastructure" and not any(k[0] == "flaky_ref" for k in m.refs)
+    again = m.reference_timings(task, lambda phase: None)
+    assert {t["case_id"] for t in again} == {task.case_id(c) for c in m.cases(task)}
+    book = audit.ReferenceBook()
+    book.add("flaky_ref", again)
+    assert all(book.middle("flaky_ref", task.case_id(c)) is not None for c in m.cases(task))
