@@ -15,10 +15,12 @@ and the timed-call cheats: a frame-walking idler, the clock patched and the watc
 watch switched off, Measurer.time_fn and Timing.as_dict patched at class level, the timing list
 rewritten, a content-keyed memo, a saboteur that leaves a slow clock for the next kernel).
 Runs the worker as a separate process (`python3 -m pipelines.profiling.worker`) with a secret in
-its environment, a listener on the loopback and files to aim at, then asserts: the worker exited 0
-and wrote its file, every kernel got an expected failure kind, good kernels are ok with finite
-speedups, and nothing reached outside (target files absent, warehouse file unchanged, nothing
-heard on the loopback, no escaped process left). Prints a table and the sandbox layers; writes
+its environment, a listener on the loopback, a Unix socket file (in the temporary directory) and an
+abstract name, a host process with a marker in its argv, a 0600 key in the worker's HOME and files
+to aim at, then asserts: the worker exited 0 and wrote its file, every kernel got an expected
+failure kind, good kernels are ok with finite speedups, and nothing reached outside (target files
+absent, warehouse file unchanged, nothing heard on the loopback or the Unix socket, no escaped
+process left). Prints a table and the sandbox layers; writes
 <out-dir>/fault.json; exits 1 on any mismatch. Worker logs and the result file stay in --out-dir.
 Needs only what the worker needs (torch, triton, numpy, pyarrow).
 """
@@ -30,7 +32,9 @@ import json
 import math
 import os
 import subprocess
+import shutil
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -50,7 +54,9 @@ hostile = module_from_file(FIXTURES / "hostile.py", "kernelcast_fixture_hostile"
 
 GOOD = ("good_triton.py", "good_torch.py")
 SECRET = "kc-fault-secret-" + os.urandom(4).hex()
+KEY_SECRET = "kc-fault-key-" + os.urandom(4).hex()
 MARKER = "kc-fault-escapee-" + os.urandom(4).hex()
+WITNESS = "kc-fault-witness-" + os.urandom(4).hex()  # in the argv of a host process
 
 
 def build_batch(path: Path, good_copies: int, skip: set[str], params: dict, with_hostile: bool, cuda: bool
@@ -131,8 +137,19 @@ def _stage(out_dir: Path) -> dict:
     os.chmod(open_dir, 0o777)
     token = os.urandom(4).hex()
     targets = [str(open_dir / f"escaped-{token}"), str(REPO_ROOT / f"ESCAPED-{token}"), f"/tmp/kc-escaped-{token}"]
+    # the caller's home as the worker sees it (HOME): a 0700 folder with a 0600 key in it
+    caller_home = out_dir / "caller-home"
+    (caller_home / ".ssh").mkdir(parents=True, exist_ok=True)
+    key = caller_home / ".ssh" / "id_rsa"
+    key.write_text(KEY_SECRET)
+    os.chmod(key, 0o600)
+    os.chmod(caller_home, 0o700)
+    # a Unix socket file anyone may connect to, in a folder of the temporary directory (where
+    # ssh-agent and tmux keep theirs), and an abstract name
+    unix_dir = Path(tempfile.mkdtemp(prefix="kc-fault-unix-"))
+    os.chmod(unix_dir, 0o755)
     return {"batch": batch, "out": out, "home": home, "warehouse": warehouse, "before": warehouse.read_bytes(),
-            "targets": targets}
+            "targets": targets, "caller_home": caller_home, "key": key, "unix_dir": unix_dir}
 
 
 def _judge_rows(rows: dict[str, dict], origin: dict[str, tuple[str, tuple]], problems: list[str]) -> list[dict]:
@@ -160,13 +177,14 @@ def _judge_rows(rows: dict[str, dict], origin: dict[str, tuple[str, tuple]], pro
     return report_rows
 
 
-def _outside(stage: dict, listener, layers: set[str], hostile_run: bool, problems: list[str]) -> dict:
+def _outside(stage: dict, listener, unix, layers: set[str], hostile_run: bool, problems: list[str]) -> dict:
     """What reached outside the sandbox; a problem only where a layer the host gave should have
     stopped it (escaped processes: always). Removes the files that got written."""
     outside = {
         "files_written_outside": [t for t in stage["targets"] if Path(t).exists()],
         "warehouse_changed": stage["warehouse"].read_bytes() != stage["before"],
         "heard_on_loopback": listener.got,
+        "heard_on_unix_socket": unix.got,
         "escaped_processes": hostile.escapees(MARKER),
     }
     for t in outside["files_written_outside"]:
@@ -178,6 +196,8 @@ def _outside(stage: dict, listener, layers: set[str], hostile_run: bool, problem
             problems.append("the warehouse file changed")
         if outside["heard_on_loopback"] and "netns" in layers:
             problems.append(f"the loopback listener heard {outside['heard_on_loopback']}")
+        if outside["heard_on_unix_socket"] and ({"nounix", "sockets"} & layers):
+            problems.append(f"the Unix socket listener heard {outside['heard_on_unix_socket']}")
         if outside["escaped_processes"]:
             problems.append(f"escaped processes still running: {outside['escaped_processes']}")
     return outside
@@ -195,13 +215,17 @@ def main(argv: list[str] | None = None) -> int:
     stage = _stage(out_dir)
     batch, out = stage["batch"], stage["out"]
     listener = hostile.Listener()
+    unix = hostile.UnixListener(str(stage["unix_dir"]))
+    witness = hostile.ArgvWitness(WITNESS)
     params = {"targets": stage["targets"], "port": listener.port, "secret": SECRET, "marker": MARKER,
-              "warehouse": str(stage["warehouse"]), "chunks": int(2 * memory_gb * 4), "forks": 2000}
+              "warehouse": str(stage["warehouse"]), "chunks": int(2 * memory_gb * 4), "forks": 2000,
+              "unix_path": unix.path, "unix_abstract": unix.abstract, "proc_marker": WITNESS,
+              "secret_files": [str(stage["key"]), "/etc/shadow"]}
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     origin = build_batch(batch, copies, skip, params, not args.no_hostile, cuda)
 
     env = dict(os.environ, KERNELCAST_TASK_MODULES=f"tiny_scale={FIXTURES / 'tiny_task.py'}",
-               KERNELCAST_TEST_SECRET=SECRET, KERNELCAST_HOME=str(stage["home"]),
+               KERNELCAST_TEST_SECRET=SECRET, KERNELCAST_HOME=str(stage["home"]), HOME=str(stage["caller_home"]),
                KERNELCAST_SANDBOX_MEMORY_GB=str(memory_gb), KERNELCAST_SANDBOX_PROCESSES=str(args.process_limit))
     cmd = [sys.executable, "-m", "pipelines.profiling.worker", "--batch", str(batch), "--out", str(out),
            "--device", args.device, "--protocol", args.protocol, "--compile-workers", str(workers),
@@ -215,6 +239,9 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.monotonic() - t0
     time.sleep(0.5)
     listener.close()
+    unix.close()
+    witness.close()
+    shutil.rmtree(stage["unix_dir"], ignore_errors=True)
     print(proc.stdout)
     layers_line = next((ln for ln in proc.stderr.splitlines() if ln.startswith("sandbox: ")), "sandbox: (not reported)")
 
@@ -230,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = {r["kernel_id"]: r for r in table.to_pylist()}
     report_rows = _judge_rows(rows, origin, problems)
     layers = set((next(iter(rows.values()), {}).get("sandbox") or "").split(","))
-    outside = _outside(stage, listener, layers, not args.no_hostile, problems)
+    outside = _outside(stage, listener, unix, layers, not args.no_hostile, problems)
     hw = next(iter(rows.values()))["hardware_id"] if rows else "?"
     print(f"\n{len(rows)}/{len(origin)} rows, hardware {hw}, worker wall {wall:.1f} s, exit {proc.returncode}")
     print(layers_line)

@@ -41,6 +41,13 @@ Layers (names as recorded in the measurement row's `sandbox` column):
     shm        (inside mountns) /dev/shm is a tmpfs of the child's own, of at most
                spec["shm_bytes"] (the private directory bound back when it lies there), so
                shared memory counts against a limit and reaches no other process
+    sockets    (inside mountns) no Unix socket file of the host by path, for hosts where `nounix`
+               stops the CUDA driver: /run (and /var/run) an empty tmpfs but for the paths the
+               child needs, and every socket file found at the child's start in the temporary
+               folders (/tmp, /var/tmp, /dev/shm, TMPDIR; three levels deep) covered by /dev/null,
+               so a connect is refused (ssh-agent, tmux, X11, a database, a container daemon).
+               Abstract names are the network namespace's (`netns`); a socket made after the
+               child started, or kept elsewhere, is not covered
     proc       (inside mountns) a procfs of the child's own on /proc with hidepid=invisible: in
                its PID namespace it shows only the namespace; without one (pidns dropped) only
                the processes the child may ptrace, so no other command line or environment
@@ -62,6 +69,7 @@ import json
 import os
 import resource
 import signal
+import stat
 import sys
 from typing import Any
 
@@ -410,6 +418,66 @@ def hide_paths(hidden_dirs: list[str], hidden_files: list[str], visible: list[st
     return done
 
 
+# Where a host's daemons keep their socket files, and where users' programs do (ssh-agent, tmux,
+# X11 in /tmp): the `sockets` layer empties the first and covers every socket file of the second.
+SOCKET_RUN_DIRS = ("/run", "/var/run")
+SOCKET_SCAN_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+SOCKET_SCAN_DEPTH = 3
+SOCKET_SCAN_LIMIT = 20_000  # entries looked at, at most: a child's start must stay fast
+
+
+def socket_files(tops: list[str], skip: list[str], depth: int = SOCKET_SCAN_DEPTH,
+                 limit: int = SOCKET_SCAN_LIMIT) -> list[str]:
+    """Unix socket files at most `depth` levels beneath each of `tops`, not beneath `skip`
+    (the child's own folders: nothing of the host's is there); symlinks are not followed."""
+    found, seen = [], 0
+    stack = [(t, 0) for t in _outermost([t for t in tops if os.path.isdir(t)])]
+    while stack and seen < limit:
+        folder, level = stack.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            continue
+        for entry in entries:
+            seen += 1
+            path = entry.path
+            if any(_is_beneath(path, k) for k in skip):
+                continue
+            try:
+                mode = entry.stat(follow_symlinks=False).st_mode
+            except OSError:
+                continue
+            if stat.S_ISSOCK(mode):
+                found.append(path)
+            elif stat.S_ISDIR(mode) and level + 1 < depth:
+                stack.append((path, level + 1))
+    return found
+
+
+def hide_unix_sockets(visible: list[str], own: list[str], scan: list[str] = ()) -> list[str]:
+    """The `sockets` layer: /run and /var/run become an empty tmpfs but for the `visible` and
+    `own` paths beneath them, and each socket file in the temporary folders (and `scan`), outside
+    the child's `own` folders (private directory, shared caches), reads as /dev/null, so
+    connecting to it is refused. Returns what was hidden.
+
+    The AF_UNIX refusal of `nounix` is the complete answer; this is what holds where the CUDA
+    driver will not start under it: the host's well-known socket files are out of reach.
+    """
+    keep = _outermost(list(visible) + list(own))
+    done = []
+    for top in _outermost([d for d in SOCKET_RUN_DIRS if os.path.isdir(d)]):
+        if top == "/" or top in keep:
+            continue
+        cover_with_tmpfs(top, keep, "mode=0755,size=1m")
+        done.append(top)
+    tops = list(SOCKET_SCAN_DIRS) + [os.environ.get("TMPDIR", "")] + list(scan)
+    own_real = [os.path.realpath(d) for d in own if d]
+    for path in socket_files([t for t in tops if t], skip=done + own_real):
+        _mount("/dev/null", path, MS_BIND)
+        done.append(path)
+    return done
+
+
 SHM = "/dev/shm"
 
 
@@ -653,7 +721,7 @@ def _supervise(child: int) -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 1)
 
 
-MOUNT_SUBLAYERS = ("masks", "shm", "proc")  # applied inside the mount namespace only
+MOUNT_SUBLAYERS = ("masks", "sockets", "shm", "proc")  # applied inside the mount namespace only
 
 
 def _mountns_layer(spec: dict, root: bool, in_user_ns: bool, notes: dict[str, str]) -> tuple[list[str], bool]:
@@ -676,6 +744,12 @@ def _mountns_layer(spec: dict, root: bool, in_user_ns: bool, notes: dict[str, st
                 entered.append("masks")
             except OSError as e:
                 notes["masks"] = str(e)
+        if "sockets" in want:
+            try:
+                hide_unix_sockets(list(spec.get("visible_paths", ())), writable, list(spec.get("socket_scan_dirs", ())))
+                entered.append("sockets")
+            except OSError as e:
+                notes["sockets"] = str(e)
         if "shm" in want:
             try:
                 private_shm(int(spec.get("shm_bytes") or 2**30), writable)

@@ -70,7 +70,8 @@ ALLOWED_ENV = (
     "CUBLAS_WORKSPACE_CONFIG", "TORCH_CUDA_ARCH_LIST", "CC", "CXX", "KERNELCAST_TASK_MODULES", "KERNELCAST_DEVICE",
     "KERNELCAST_SHIP",
 )
-WANTED_LAYERS = ("uid", "netns", "pidns", "mountns", "masks", "shm", "proc", "rlimits", "seccomp", "nounix", "landlock")
+WANTED_LAYERS = ("uid", "netns", "pidns", "mountns", "masks", "sockets", "shm", "proc", "rlimits", "seccomp", "nounix",
+                 "landlock")
 ROOT_FALLBACK = "nocaps"  # as root without a sandbox uid: root's uid, no capabilities
 
 
@@ -488,7 +489,7 @@ sys.stdout.write(os.environ.get("KERNELCAST_SANDBOX_LAYERS", ""))
 
 # Dropped in this order when CUDA will not start; `mountns` last: where Landlock has to go, it is
 # what still keeps a kernel from writing outside its private directory.
-CUDA_FRAGILE_LAYERS = ("nounix", "proc", "shm", "masks", "landlock", "netns", "pidns", "seccomp", "mountns")
+CUDA_FRAGILE_LAYERS = ("nounix", "proc", "sockets", "shm", "masks", "landlock", "netns", "pidns", "seccomp", "mountns")
 
 
 def _probe_once(policy: SandboxPolicy, device: str, uid: int | None) -> tuple[list[str] | None, dict[str, str], str]:

@@ -207,6 +207,58 @@ def _mount_want() -> list[str]:
     return ["mountns", "nocaps"] if os.geteuid() == 0 else ["mountns"]
 
 
+def test_the_sockets_layer_hides_the_hosts_socket_files_where_nounix_is_not_applied(open_dir):
+    """A host whose CUDA driver refuses `nounix` (the H200's) still keeps the socket files of
+    /tmp and /run out of reach: the child sees /dev/null there and its connect is refused,
+    while its own folder and socket pairs work as before."""
+    own = open_dir / "own"
+    own.mkdir()
+    os.chmod(own, 0o777)
+    servers, paths = [], {"tmp": str(open_dir / "host.sock")}
+    run_dir = Path("/run") / f"kc-test-{os.getpid()}"
+    if os.access("/run", os.W_OK):
+        run_dir.mkdir(exist_ok=True)
+        paths["run"] = str(run_dir / "daemon.sock")
+    try:
+        for path in paths.values():
+            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            server.bind(path)
+            server.listen()
+            os.chmod(path, 0o777)
+            servers.append(server)
+        code = ("import socket, os, sys, json\n"
+                "a, b = socket.socketpair(); a.sendall(b'x'); assert b.recv(1) == b'x'\n"
+                "own = sys.argv[2] + '/mine.sock'; s = socket.socket(socket.AF_UNIX); s.bind(own); s.listen()\n"
+                "socket.socket(socket.AF_UNIX).connect(own)\n"
+                "got = {}\n"
+                "for name, path in json.loads(sys.argv[1]).items():\n"
+                "    try:\n"
+                "        socket.socket(socket.AF_UNIX).connect(path); got[name] = 'connected'\n"
+                "    except OSError as e:\n"
+                "        got[name] = type(e).__name__\n"
+                "print(json.dumps(got)); print(os.environ['KERNELCAST_SANDBOX_LAYERS'])\n")
+        spec = {"private_dir": str(own), "want": [*_mount_want(), "sockets"], "limits": {},
+                "mount_writable_dirs": [str(own)], "visible_paths": [sys.prefix, sys.base_prefix, str(REPO)]}
+        res = _jail(spec, [sys.executable, "-I", "-c", code, json.dumps(paths), str(own)])
+    finally:
+        for server in servers:
+            server.close()
+        shutil.rmtree(run_dir, ignore_errors=True)
+    if "mountns" not in res.stdout:
+        pytest.skip(f"no mount namespace on this host: {res.stderr.strip()[-200:]}")
+    assert res.returncode == 0, res.stderr
+    got, layers = res.stdout.strip().splitlines()
+    assert "sockets" in layers.split(","), res.stderr
+    # /tmp's socket reads as /dev/null (refused), /run is an empty tmpfs (no such file)
+    want = {"tmp": "ConnectionRefusedError", "run": "FileNotFoundError"}
+    assert json.loads(got) == {name: want[name] for name in paths}
+    # the host still reaches its own socket: nothing was changed outside the child
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe, socket.socket(socket.AF_UNIX) as again:
+        again.bind(paths["tmp"] + ".2")
+        again.listen()
+        probe.connect(paths["tmp"] + ".2")
+
+
 def test_the_proc_and_shm_layers_give_a_private_proc_and_a_bounded_dev_shm(open_dir):
     code = ("import os\n"
             f"print('parent-visible', os.path.exists('/proc/{os.getpid()}'))\n"
