@@ -510,11 +510,12 @@ def extract_to_file(records: list[dict], out: Path, workers: int, chunk: int = 2
     import pyarrow.parquet as pq
 
     schema = _schema()
-    done: list[dict] = pq.read_table(out).to_pylist() if out.is_file() else []
+    earlier: list[dict] = pq.read_table(out).to_pylist() if out.is_file() else []
     # our side's failures (a worker that did not start) are tried again, and with compile so are
-    # the rows of an earlier trace-only run
-    done = [r for r in done if r.get("status") != "error" and not (compile and r.get("compile_status") == "not_run")]
-    seen = {r["kernel_id"] for r in done}
+    # the rows of an earlier trace-only run: those stay in the file until their new row replaces
+    # them, so a run cut short loses nothing it had
+    done = {r["kernel_id"]: r for r in earlier if r.get("status") != "error"}
+    seen = {k for k, r in done.items() if not (compile and r.get("compile_status") == "not_run")}
     # in kernel-id order (a hash: every task in proportion), so a run cut short covers them all
     todo = sorted((r for r in records if r["kernel_id"] not in seen), key=lambda r: str(r["kernel_id"]))
     log(f"{len(todo)} kernels to do ({len(seen)} already in {out})")
@@ -522,9 +523,9 @@ def extract_to_file(records: list[dict], out: Path, workers: int, chunk: int = 2
     for start in range(0, len(todo), chunk):
         part = todo[start:start + chunk]
         rows = source_features_many(part, n_workers=workers, timeout_s=timeout_s, target=target, compile=compile)
-        done += [{c: r.get(c) for c in schema.names} for r in rows]
+        done.update({r["kernel_id"]: {c: r.get(c) for c in schema.names} for r in rows})
         tmp = out.with_name(out.name + ".part")
-        pq.write_table(pa.Table.from_pylist(done, schema=schema), tmp, compression="zstd")
+        pq.write_table(pa.Table.from_pylist(list(done.values()), schema=schema), tmp, compression="zstd")
         tmp.replace(out)
         n = min(start + chunk, len(todo))
         log(f"{n}/{len(todo)} done, {time.time() - t0:.0f} s ({(time.time() - t0) / n:.2f} s per kernel)")

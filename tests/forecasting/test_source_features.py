@@ -215,6 +215,33 @@ def test_the_command_writes_a_resumable_zstd_file(tmp_path, monkeypatch):
     assert sf.main(["--kernels", str(tmp_path / "missing.parquet"), "--out", str(out)]) == 2
 
 
+def test_a_compile_run_cut_short_keeps_the_trace_rows_it_has_not_redone(tmp_path, monkeypatch):
+    """Rows of an earlier trace-only run are compiled again, one chunk at a time; a run stopped
+    after the first chunk leaves the other kernels' trace rows in the file, not nothing."""
+    import pyarrow as pa
+
+    names = sf._schema().names
+    out = tmp_path / "features.parquet"
+    earlier = [{**dict.fromkeys(names), "kernel_id": k, "task": "tiny_scale", "target": "sm_90", "status": "ok",
+                "compile_status": "not_run", "seconds": 0.1} for k in ("a", "b")]
+    pq.write_table(pa.Table.from_pylist(earlier, schema=sf._schema()), out)
+    calls = []
+
+    def one_chunk_then_stopped(part, **kw):
+        calls.append([r["kernel_id"] for r in part])
+        if len(calls) > 1:
+            raise KeyboardInterrupt  # the run's time is up
+        return [{"kernel_id": r["kernel_id"], "task": r["task"], "target": "sm_90", "status": "ok",
+                 "compile_status": "compiled", "seconds": 0.2} for r in part]
+
+    monkeypatch.setattr(sf, "source_features_many", one_chunk_then_stopped)
+    records = [{"kernel_id": k, "task": "tiny_scale", "source": PYTORCH, "language": "pytorch"} for k in ("a", "b")]
+    with pytest.raises(KeyboardInterrupt):
+        sf.extract_to_file(records, out, workers=1, chunk=1, log=lambda m: None)
+    got = {r["kernel_id"]: r["compile_status"] for r in pq.read_table(out).to_pylist()}
+    assert calls == [["a"], ["b"]] and got == {"a": "compiled", "b": "not_run"}
+
+
 def test_doctests():
     for module in (sf, aot):
         result = doctest.testmod(module)

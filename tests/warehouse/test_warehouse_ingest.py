@@ -67,6 +67,26 @@ def _assert_refused(con, path, match: str) -> None:
     assert _counts(con) == before
 
 
+def _with_readings(row: dict, **smi: str) -> None:
+    fp = json.loads(row["hardware_json"])
+    fp["nvidia_smi"] = {"driver_version": "580.159.04", "clocks_max_sm": "1980", **smi}
+    row["hardware_json"] = json.dumps(fp)
+
+
+def test_a_resumed_run_whose_gpu_warmed_up_is_one_device(con, tmp_path):
+    """A worker run resumed on the same file and GPU reads another temperature and clock: the
+    batch is still one device; another driver is not."""
+    rows = _results(_kernels(6))
+    for i, row in enumerate(rows):
+        _with_readings(row, temperature_gpu="37" if i < 3 else "43", clocks_sm="1980" if i < 3 else "1755")
+    report = warehouse.ingest_results(con, write(results_table(rows), tmp_path / "resumed.parquet"))
+    assert report.added == 6 and _counts(con)["measurements"] == 6
+    rows = _results(_kernels(6), batch_id="batch-2")
+    for i, row in enumerate(rows):
+        _with_readings(row, temperature_gpu="37", **({"driver_version": "999"} if i >= 3 else {}))
+    _assert_refused(con, write(results_table(rows), tmp_path / "two-drivers.parquet"), "mixes hardware fingerprints")
+
+
 def test_valid_results_file_adds_rows_then_nothing(con, tmp_path):
     kernels = _kernels()
     path = write(results_table(_results(kernels)), tmp_path / "results.parquet")
