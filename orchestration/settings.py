@@ -124,8 +124,9 @@ class SurrogateSettings:
     supervised_epochs: int = 6
     supervised_rows: int | None = None  # cap on training and calibration rows (None: every fit and calibration pair)
     supervised_style: str = "compact+features"
-    # Classical forecasters trained and registered beside the LLM (models.classical).
-    classical: tuple[str, ...] = ("cost_model", "text_model")
+    # Classical forecasters trained and registered beside the LLM (models.classical); "ensemble"
+    # is the mean of the others and the bin prior, composed after their fits (no fit of its own).
+    classical: tuple[str, ...] = ("cost_model", "text_model", "ensemble")
     # (kind, parameter, value) overrides of the classical models' defaults, and a cap on fit
     # pairs (None: all): the smoke profile trains them small, in seconds.
     classical_params: tuple[tuple[str, str, Any], ...] = ()

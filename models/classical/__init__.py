@@ -3,7 +3,9 @@
 - `cost_model` (models.classical.cost_model.CostModel): gradient-boosted regression over
   kernel features (task, family, knobs, sm_90 compile features, source counts);
 - `text_model` (models.classical.text_model.TextModel): token n-grams of both sources and a
-  multinomial logistic regression; reads any kernel, LLM-written ones included.
+  multinomial logistic regression; reads any kernel, LLM-written ones included;
+- `ensemble` (models.classical.ensemble.EnsembleModel): the equal-weight mean of the fitted
+  cost and text models and the bin prior, composed after they are fitted (never fitted itself).
 
 Both train in seconds on a CPU, are calibrated on the calibration split, are logged to MLflow
 with the sklearn flavour (models.classical.registry) and are references the LLM must beat;
@@ -18,7 +20,7 @@ from typing import Any
 # Imported on first use (PEP 562): models.classical.features, .spread and .portable must load on
 # a GPU host that has numpy and pandas but no scikit-learn or scipy.
 _LAZY = {"BinForecaster": "models.classical.base", "CostModel": "models.classical.cost_model",
-         "TextModel": "models.classical.text_model"}
+         "TextModel": "models.classical.text_model", "EnsembleModel": "models.classical.ensemble"}
 
 
 def __getattr__(name: str) -> Any:
@@ -37,4 +39,7 @@ def make_classical(kind: str, **params: Any) -> Any:
     return kinds[kind](**params)
 
 
-__all__ = ["KINDS", "BinForecaster", "CostModel", "TextModel", "make_classical"]
+# Kinds composed from fitted members rather than fitted (pipelines.surrogates.classical).
+COMPOSED_KINDS = ("ensemble",)
+
+__all__ = ["COMPOSED_KINDS", "KINDS", "BinForecaster", "CostModel", "EnsembleModel", "TextModel", "make_classical"]

@@ -47,7 +47,7 @@ BASE_MODEL_FILE = "base_model.json"
 ALIASES = ("champion", "challenger", "champion-external", "challenger-external")  # -external: kernels from files
 # Each champion alias and the challenger alias beside it (a promotion moves the pair together).
 CHALLENGER_OF = {"champion": "challenger", "champion-external": "challenger-external"}
-KINDS = ("llm", "cost_model", "text_model")
+KINDS = ("llm", "cost_model", "text_model", "ensemble")
 # Requirements of the logged adapter, pinned as the project pins them (pyproject.toml); stating them
 # spares MLflow from inferring them by loading the model in a subprocess.
 ADAPTER_REQUIREMENTS = ("torch==2.13.0", "transformers==5.17.0", "peft==0.21.2", "accelerate==1.15.0")

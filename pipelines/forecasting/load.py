@@ -16,7 +16,7 @@ CHAMPION = "champion"
 # apart from the in-distribution @champion; `kernelcast forecast` on files, the search hook and
 # the autotune hook prefer it.
 CHAMPION_EXTERNAL = "champion-external"
-CLASSICAL_KINDS = ("cost_model", "text_model")
+CLASSICAL_KINDS = ("cost_model", "text_model", "ensemble")
 
 
 class WrongKind(ValueError):

@@ -35,7 +35,7 @@ log = logging.getLogger(__name__)
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 SURROGATE = "kernelcast-surrogate"
 HELD_OUT_SUFFIX = "|held_out_task"  # the held-out twins of the reference forecasters
-CLASSICAL_KINDS = ("cost_model", "text_model")
+CLASSICAL_KINDS = ("cost_model", "text_model", "ensemble")
 SOURCE_ONLY_SUFFIX = "|source_only"  # a version's forecasts from records without generator metadata
 
 

@@ -227,7 +227,8 @@ def train_and_register(
         con: a writable warehouse connection (lineage rows).
         roles: the dataset version's roles.
         records: kernel records of every pair's kernels (`kernel_records`).
-        kinds: classical kinds to train ("cost_model", "text_model").
+        kinds: classical kinds to train ("cost_model", "text_model"), and "ensemble" (the mean of
+            the split's fitted kinds and the bin prior, composed after them).
         tracking_uri: MLflow URI.
         dataset_version: the version the roles come from.
         batch: the training batch (the orchestrating run id).
@@ -242,17 +243,22 @@ def train_and_register(
     Returns:
         One Registered per (kind, split) trained or re-used.
     """
-    from models.classical.registry import log_classical
     from models.registry.versions import find_versions, set_version_tag
-    from warehouse.lineage import record_model_lineage
 
+    from models.classical import COMPOSED_KINDS
+
+    kinds = list(kinds)
+    fitted_kinds = [k for k in kinds if k not in COMPOSED_KINDS]
     splits = ["in_distribution"] + (["held_out_task"] if roles.held_out_task else [])
-    slots: list[Registered | None] = []  # plan order; None: fitted below
+    slots: list[Registered | None] = []  # plan order; None: fitted or composed below
     planned = []  # (slot, split, kind, registered model, its params, its registry key) to fit
+    composed = []  # the same, for kinds composed from this split's fitted members
     for split in splits:
         target = model_name_for(split, name)
         for kind in kinds:
             kind_params = dict((params or {}).get(kind, {}))
+            if kind in COMPOSED_KINDS:  # its version depends on its members' settings
+                kind_params = {"members": {k: dict((params or {}).get(k, {})) for k in fitted_kinds}, **kind_params}
             digest = hashlib.sha256(json.dumps([kind_params, max_fit], sort_keys=True).encode()).hexdigest()[:12]
             key = {"kind": kind, "split": split, "dataset_version": dataset_version,
                    "code_version": f"{CODE_VERSION}-{digest}"}
@@ -262,24 +268,80 @@ def train_and_register(
                 set_version_tag(tracking_uri, version, "training_batch", batch, target)
                 slots.append(Registered(target, version, kind, split, run_id, reused=True))
                 continue
-            planned.append((len(slots), split, kind, target, kind_params, key))
+            (composed if kind in COMPOSED_KINDS else planned).append((len(slots), split, kind, target, kind_params, key))
             slots.append(None)
     fits = fit_many([(kind, split, kind_params) for _, split, kind, _, kind_params, _ in planned], roles, records,
                     max_fit, workers=workers, progress=progress)
+    members: dict[tuple[str, str], BinForecaster] = {}  # (split, kind) -> fitted model
     # Registered one at a time, in plan order: MLflow's store and DuckDB are written here.
     for (slot, split, kind, target, _, key), fitted in zip(planned, fits, strict=True):
-        fit, _, _ = roles.for_split(split)
-        run_id, version = log_classical(
-            fitted.model, tracking_uri, frame_of(fit.head(8), records), target, dataset_version, split,
-            metrics=fitted.metrics, measurement_ids=measurement_ids,
-            tags={**dict(tags or {}), **key, "training_batch": batch,
-                  **({"held_out_task": roles.held_out_task} if split == "held_out_task" else {})},
-        )
-        record_model_lineage(con, target, version, dataset_version, mlflow_run_id=run_id,
-                             base_model=kind, git_commit=(tags or {}).get("git_commit"),
-                             dagster_run_id=(tags or {}).get("dagster_run_id"))
-        slots[slot] = Registered(target, version, kind, split, run_id, reused=False, metrics=fitted.metrics)
+        members[(split, kind)] = fitted.model
+        slots[slot] = _register(con, fitted, roles, records, tracking_uri, target, dataset_version, batch, key,
+                                measurement_ids, tags)
+    for slot, split, kind, target, _, key in composed:
+        models = [members.get((split, k)) or _load_member(tracking_uri, slots, split, k) for k in fitted_kinds]
+        fitted = compose(kind, [m for m in models if m is not None], roles, split, records, max_fit)
+        if progress:
+            progress(f"{kind} ({split}): the mean of {', '.join(fitted.model.member_kinds())}")
+        slots[slot] = _register(con, fitted, roles, records, tracking_uri, target, dataset_version, batch, key,
+                                measurement_ids, tags)
     return [r for r in slots if r is not None]
+
+
+def _register(con, fitted: Fitted, roles: Roles, records, tracking_uri: str, target: str, dataset_version: str,
+              batch: str, key: Mapping[str, str], measurement_ids, tags) -> Registered:
+    """Log and register one fitted (or composed) model and record its lineage row."""
+    from models.classical.registry import log_classical
+    from warehouse.lineage import record_model_lineage
+
+    split, kind = fitted.split, fitted.kind
+    fit, _, _ = roles.for_split(split)
+    run_id, version = log_classical(
+        fitted.model, tracking_uri, frame_of(fit.head(8), records), target, dataset_version, split,
+        metrics=fitted.metrics, measurement_ids=measurement_ids,
+        tags={**dict(tags or {}), **key, "training_batch": batch,
+              **({"held_out_task": roles.held_out_task} if split == "held_out_task" else {})},
+    )
+    record_model_lineage(con, target, version, dataset_version, mlflow_run_id=run_id,
+                         base_model=kind, git_commit=(tags or {}).get("git_commit"),
+                         dagster_run_id=(tags or {}).get("dagster_run_id"))
+    return Registered(target, version, kind, split, run_id, reused=False, metrics=fitted.metrics)
+
+
+def _load_member(tracking_uri: str, slots: Sequence[Registered | None], split: str, kind: str) -> BinForecaster | None:
+    """A member this run re-used from the registry instead of fitting it."""
+    from models.classical.registry import load_classical
+
+    for r in slots:
+        if r is not None and r.split == split and r.kind == kind:
+            return load_classical(tracking_uri, r.name, r.version)
+    return None
+
+
+def compose(kind: str, members: Sequence[BinForecaster], roles: Roles, split: str,
+            records: Mapping[str, Mapping[str, Any]], max_fit: int | None = None) -> Fitted:
+    """The `kind` (models.classical.COMPOSED_KINDS) of fitted members: its bin prior counted on
+    the split's fit pairs (the ones the members were fitted on), its calibration Brier reported.
+
+    Raises:
+        ValueError: no member, or the split has no fit pairs.
+    """
+    from models.classical.ensemble import EnsembleModel
+
+    if kind != "ensemble":
+        raise ValueError(f"unknown composed kind {kind!r}")
+    fit, calibration, _ = roles.for_split(split)
+    if max_fit is not None:
+        fit = fit.sort("pair_id").head(max_fit)
+    if fit.is_empty():
+        raise ValueError(f"no fit pairs for split {split!r}")
+    model = EnsembleModel.from_members(members, fit["task"].to_list(), fit["true_bin"].to_list())
+    metrics = {"fit_pairs": float(fit.height), "calibration_pairs": float(calibration.height), "fit_seconds": 0.0,
+               "members": float(len(members))}
+    if calibration.height:
+        metrics["calibration_brier_after"] = _brier(model.predict_proba(frame_of(calibration, records)),
+                                                    calibration["true_bin"].to_numpy())
+    return Fitted(model, kind, split, metrics)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,27 @@ def test_a_classical_version_forecasts_as_its_model_does(uri, classical, kind):
     assert new["predicted_bin"].to_list() == old["predicted_bin"].to_list()
 
 
+def test_the_ensemble_is_the_mean_of_its_members_and_the_prior_and_loads_as_a_classical_version(uri, classical):
+    from models.classical.ensemble import EnsembleModel
+    from models.classical.registry import log_classical
+
+    fit, y, _ = toy_pairs(200, 0)
+    members = [classical["cost_model"][1], classical["text_model"][1]]
+    model = EnsembleModel.from_members(members, fit["task"].astype(str).tolist(), y)
+    pairs, kernels, frame, _ = _pairs_and_kernels(30, 3)
+    prior = (np.bincount(y - 1, minlength=8) + 1.0) / (len(y) + 8)
+    want = (members[0].predict_proba(frame) + members[1].predict_proba(frame) + prior) / 3
+    assert np.allclose(model.predict_proba(frame), want)
+    unseen = frame.assign(task="a_task_never_seen")  # the pooled prior stands in for its own
+    assert np.allclose(model.prior_rows(unseen["task"]), prior) and model.member_kinds() == [
+        "cost_model", "text_model", "bin_prior"]
+    with pytest.raises(TypeError, match="composed"):
+        EnsembleModel().fit(fit, y)
+    _, version = log_classical(model, uri, fit.head(4), "kernelcast-surrogate", "ds-test", "in_distribution")
+    f = load_forecaster(f"models:/kernelcast-surrogate/{version}", tracking_uri=uri)
+    assert f.kind == "ensemble" and np.allclose(f.forecast_pairs(pairs, kernels), want)
+
+
 def test_records_without_generator_metadata_are_forecast(uri, classical):
     pairs, kernels, _, _ = _pairs_and_kernels(10, 4)
     bare = {k: {f: v for f, v in r.items() if f not in ("algorithm", "knobs_json", "generator")} for k, r in kernels.items()}
