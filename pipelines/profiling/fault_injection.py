@@ -31,8 +31,8 @@ import argparse
 import json
 import math
 import os
-import subprocess
 import shutil
+import subprocess
 import sys
 import tempfile
 import threading

@@ -243,9 +243,8 @@ def train_and_register(
     Returns:
         One Registered per (kind, split) trained or re-used.
     """
-    from models.registry.versions import find_versions, set_version_tag
-
     from models.classical import COMPOSED_KINDS
+    from models.registry.versions import find_versions, set_version_tag
 
     kinds = list(kinds)
     fitted_kinds = [k for k in kinds if k not in COMPOSED_KINDS]
