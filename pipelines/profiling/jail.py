@@ -71,6 +71,7 @@ import resource
 import signal
 import stat
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 LAYERS_ENV = "KERNELCAST_SANDBOX_LAYERS"
@@ -392,6 +393,19 @@ def cover_with_tmpfs(top: str, keep: list[str], data: str) -> list[str]:
     return [p for p, _, _ in held]
 
 
+def empty_dirs(dirs: Sequence[str], visible: Sequence[str]) -> list[str]:
+    """Each existing folder of `dirs` (outermost ones; never / or a visible path itself) becomes
+    an empty tmpfs but for the `visible` paths beneath it, bound back. Returns the folders emptied."""
+    keep = _outermost(list(visible))
+    done = []
+    for top in _outermost([d for d in dirs if os.path.isdir(d)]):
+        if top == "/" or top in keep:
+            continue
+        cover_with_tmpfs(top, keep, "mode=0755,size=1m")
+        done.append(top)
+    return done
+
+
 def hide_paths(hidden_dirs: list[str], hidden_files: list[str], visible: list[str]) -> list[str]:
     """The `masks` layer: each of `hidden_dirs` becomes an empty folder but for the `visible`
     paths beneath it (the interpreter, the libraries, the repository, the private directory),
@@ -403,13 +417,7 @@ def hide_paths(hidden_dirs: list[str], hidden_files: list[str], visible: list[st
     caller's keys, tokens and password hashes, and the folders leading to the interpreter are
     traversable by a sandbox uid even where the caller's home is 0700.
     """
-    keep = _outermost(visible)
-    done = []
-    for top in _outermost([d for d in hidden_dirs if os.path.isdir(d)]):
-        if top == "/" or top in keep:
-            continue
-        cover_with_tmpfs(top, keep, "mode=0755,size=1m")
-        done.append(top)
+    done = empty_dirs(hidden_dirs, visible)
     for f in hidden_files:
         real = os.path.realpath(f)
         if os.path.isfile(real) and not any(_is_beneath(real, d) for d in done):
@@ -463,13 +471,7 @@ def hide_unix_sockets(visible: list[str], own: list[str], scan: list[str] = ()) 
     The AF_UNIX refusal of `nounix` is the complete answer; this is what holds where the CUDA
     driver will not start under it: the host's well-known socket files are out of reach.
     """
-    keep = _outermost(list(visible) + list(own))
-    done = []
-    for top in _outermost([d for d in SOCKET_RUN_DIRS if os.path.isdir(d)]):
-        if top == "/" or top in keep:
-            continue
-        cover_with_tmpfs(top, keep, "mode=0755,size=1m")
-        done.append(top)
+    done = empty_dirs(SOCKET_RUN_DIRS, list(visible) + list(own))
     tops = list(SOCKET_SCAN_DIRS) + [os.environ.get("TMPDIR", "")] + list(scan)
     own_real = [os.path.realpath(d) for d in own if d]
     for path in socket_files([t for t in tops if t], skip=done + own_real):
