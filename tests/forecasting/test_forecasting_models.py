@@ -219,3 +219,23 @@ def test_export_forecaster_writes_the_registered_cost_model_as_a_portable_file(t
     assert np.abs(portable.predict_proba(test) - model.predict_proba(test)).max() < 1e-9
     bad = CliRunner().invoke(app, ["export-forecaster", "kind:text_model", "--out", str(out)])
     assert bad.exit_code == 2 and "no registered version" in bad.output and "Traceback" not in bad.output
+
+
+def test_the_text_model_stores_its_vocabularies_as_strings_and_loads_back_the_same():
+    """skops (MLflow's format for these models) writes a dict entry by entry: the text model's
+    state holds each vocabulary as one string, and a round trip forecasts exactly the same."""
+    import pickle
+
+    import skops.io
+
+    fit, y, l2 = toy_pairs(120, 0)
+    model = TextModel().fit(fit, y, l2)
+    state = model.__getstate__()
+    assert isinstance(state["candidate_vec_terms"], str) and not hasattr(state["candidate_vec_"], "vocabulary_")
+    assert len(model.candidate_vec_.vocabulary_) > 10  # the model itself keeps its dicts
+    blob = skops.io.dumps(model)
+    again = skops.io.loads(blob, trusted=skops.io.get_untrusted_types(data=blob))
+    test, _, _ = toy_pairs(40, 5)
+    assert again.candidate_vec_.vocabulary_ == model.candidate_vec_.vocabulary_
+    assert np.array_equal(again.predict_proba(test), model.predict_proba(test))
+    assert np.array_equal(pickle.loads(pickle.dumps(model)).predict_proba(test), model.predict_proba(test))
