@@ -475,9 +475,21 @@ def hide_unix_sockets(visible: list[str], own: list[str], scan: list[str] = ()) 
     tops = list(SOCKET_SCAN_DIRS) + [os.environ.get("TMPDIR", "")] + list(scan)
     own_real = [os.path.realpath(d) for d in own if d]
     for path in socket_files([t for t in tops if t], skip=done + own_real):
-        _mount("/dev/null", path, MS_BIND)
+        try:
+            _mount("/dev/null", path, MS_BIND)
+        except OSError:
+            if _is_socket(path):
+                raise
+            continue  # removed (or replaced) since the scan: nothing left to hide
         done.append(path)
     return done
+
+
+def _is_socket(path: str) -> bool:
+    try:
+        return stat.S_ISSOCK(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 SHM = "/dev/shm"
