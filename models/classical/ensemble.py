@@ -14,12 +14,13 @@ them: logged, registered and loaded as a classical version of kind `ensemble`.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import pandas as pd
+import polars as pl
 
-from models.bins import NUM_BINS
+from models.baselines import bin_prior
 from models.calibration import Calibrator
 from models.classical.base import CLASSES, BinForecaster
 
@@ -58,13 +59,9 @@ class EnsembleModel(BinForecaster):
     def _set_prior(self, tasks: np.ndarray, y: np.ndarray) -> None:
         if len(tasks) != len(y) or len(y) == 0:
             raise ValueError(f"the prior needs fit pairs: {len(tasks)} tasks, {len(y)} bins")
-
-        def smoothed(sel: np.ndarray) -> list[float]:
-            counts = np.bincount(y[sel] - 1, minlength=NUM_BINS).astype(np.float64) + self.prior_alpha
-            return (counts / counts.sum()).tolist()
-
-        self.prior_ = {str(t): smoothed(tasks == t) for t in sorted(set(tasks.tolist()))}
-        self.pooled_prior_ = smoothed(np.ones(len(y), dtype=bool))
+        prior = bin_prior(pl.DataFrame({"task": [str(t) for t in tasks], "true_bin": y.tolist()}), self.prior_alpha)
+        self.prior_ = {t: p.tolist() for t, p in prior.items() if t is not None}
+        self.pooled_prior_ = prior[None].tolist()
         self.classes_ = CLASSES
         self.calibrator_ = Calibrator()  # identity: the members are calibrated, the mean is not fitted
 
@@ -87,6 +84,3 @@ class EnsembleModel(BinForecaster):
 
     def member_kinds(self) -> list[str]:
         return [m.kind for m in self.members_] + (["bin_prior"] if self.with_prior else [])
-
-    def describe(self) -> Mapping[str, object]:
-        return {"members": ",".join(self.member_kinds()), "weights": "equal"}

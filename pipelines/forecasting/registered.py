@@ -27,6 +27,7 @@ import polars as pl
 
 from models.bins import NUM_BINS
 from pipelines.forecasting.llm_shards import LlmJob, plan_llm_job
+from pipelines.forecasting.load import CLASSICAL_KINDS
 from pipelines.surrogates.classical import HELD_OUT_MODEL
 from pipelines.surrogates.roles import Roles, strip_metadata
 
@@ -35,7 +36,6 @@ log = logging.getLogger(__name__)
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 SURROGATE = "kernelcast-surrogate"
 HELD_OUT_SUFFIX = "|held_out_task"  # the held-out twins of the reference forecasters
-CLASSICAL_KINDS = ("cost_model", "text_model", "ensemble")
 SOURCE_ONLY_SUFFIX = "|source_only"  # a version's forecasts from records without generator metadata
 
 
