@@ -214,6 +214,7 @@ def test_the_queue_is_one_per_gpu(monkeypatch, tmp_path):
 
 @pytest.mark.slow
 def test_the_live_search_measures_through_the_service_and_falls_back_without_one(tmp_path):
+    import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
     from pipelines.search.live import main
@@ -229,7 +230,9 @@ def test_the_live_search_measures_through_the_service_and_falls_back_without_one
     assert main(args(tmp_path / "w0", tmp_path / "o0", "--service", "on")) == 3
     stopped = json.loads((tmp_path / "o0" / "live-search.json").read_text())["stopped"]
     assert "no measuring service" in stopped
-    proc = start_service(queue)
+    # A softmax kernel in the interpreter on a loaded 2-core machine can take longer than the
+    # 10 s the tiny-task tests allow; a root that times out would end both runs after one round.
+    proc = start_service(queue, "--timeout-s", "180")
     try:
         assert main(args(tmp_path / "w1", tmp_path / "o1", "--service", "on")) == 0
     finally:
@@ -237,7 +240,8 @@ def test_the_live_search_measures_through_the_service_and_falls_back_without_one
         wait_exit(proc)
     rep = json.loads((tmp_path / "o1" / "live-search.json").read_text())
     assert rep["stopped"] is None and rep["unfinished_runs"] == 0
-    assert rep["service_runs"] == rep["worker_runs"] >= 2
+    failed = pq.read_table(tmp_path / "o1" / "results-live.parquet").filter(pc.field("status") != "ok")
+    assert rep["service_runs"] == rep["worker_runs"] >= 2, failed.select(["kernel_id", "failure_kind", "error"]).to_pylist()
     assert all(r["measurements"] == 3 and r["finished"] == "budget spent" for r in rep["runs"])
     results = pq.read_table(tmp_path / "o1" / "results-live.parquet")
     assert results.schema.equals(RESULT_SCHEMA) and results.num_rows == rep["kernels_measured"]
