@@ -54,6 +54,7 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
 
     from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
     from pipelines.forecasting.llm_shards import expected_pairs, split_jobs, write_shard
+    from pipelines.forecasting.plan import plan_version_forecasts
     from pipelines.profiling.hardware import forecast_gpus
     from warehouse.datasets import current_dataset_version, read_pairs
 
@@ -68,8 +69,13 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
             raise dg.Failure("no dataset version yet: materialise curated_pairs first")
         evals = pl.concat([read_pairs(con, version, "eval"), read_pairs(con, version, "discovery")], how="diagonal_relaxed")
         reference = reference_forecasts(evals, read_pairs(con, version, "train"))
-    registered, jobs, listing = _registered_forecasts(context, cfg, warehouse, mlflow, version, backend.forecasts_here)
-    jobs = (_base_model_jobs(cfg, warehouse, read_pairs, version) if backend.forecasts_here else []) + jobs
+    mlflow.client()
+    try:
+        planned = plan_version_forecasts(warehouse.path, mlflow.tracking_uri, cfg, version, backend.forecasts_here,
+                                         log=context.log.info, warn=context.log.warning)
+    except ValueError as exc:
+        raise dg.Failure(f"forecasts not planned: {str(exc).splitlines()[0]}") from None
+    registered, jobs, listing = planned.rows, planned.jobs, planned.listing
     try:  # one shard per GPU, counted as for measuring (one on a host without CUDA)
         shards = split_jobs(jobs, forecast_gpus(cfg.profiling))
     except ValueError as exc:
@@ -183,102 +189,6 @@ def _write_rows(frame, path) -> str:
     return str(path)
 
 
-def _base_model_jobs(cfg, warehouse, read_pairs, version) -> list:
-    """The jobs of each configured base language model on a deterministic sample of eval pairs."""
-    if not cfg.evaluation.lm_models:
-        return []
-    from pipelines.evaluation.lm_forecasts import sample_pairs
-    from pipelines.forecasting.llm_shards import plan_base_job
-
-    with warehouse.connect(read_only=True) as con:
-        evals = sample_pairs(read_pairs(con, version, "eval"), cfg.evaluation.lm_pairs_per_task)
-        return [plan_base_job(con, spec, evals, cfg.evaluation.lm_prompt_style) for spec in cfg.evaluation.lm_models]
-
-
-def _registered_forecasts(context, cfg, warehouse, mlflow, version, forecast_here: bool):
-    """Forecasts of every registered forecaster of the version (all kinds, every report split),
-    the committed H200 variants and the held-out reference forecasters, and the jobs of the LLM
-    versions forecast here (none when the LLM backend makes no forward pass); and the listing of
-    them (the pairs of each split, why a split is empty), which the store step writes to the
-    warehouse beside the forecasts."""
-    import dataclasses
-
-    import polars as pl
-
-    from pipelines.forecasting.registered import (
-        empty_reasons,
-        held_out_reference_forecasts,
-        reference_listing,
-        registered_forecasts,
-        split_pairs,
-    )
-    from pipelines.surrogates.classical import ids_of, kernel_records
-    from pipelines.surrogates.export import row_builder, version_roles
-
-    mlflow.client()
-    with warehouse.connect(read_only=True) as con:
-        roles = version_roles(con, version, cfg.surrogate.held_out_task)
-        records = kernel_records(con, ids_of([roles.eval, roles.held_out_eval, roles.external_pairs()]))
-        committed = cfg.data_dir / cfg.surrogate.committed_run
-        rows, listed, jobs = registered_forecasts(mlflow.tracking_uri, version, roles, records, cfg.home,
-                                            committed if committed.is_dir() else None, row_builder(con),
-                                            cfg.surrogate.eval_pairs, progress=context.log.info,
-                                            forecast_here=forecast_here)
-    held_rows, held_listed = held_out_reference_forecasts(roles)
-    out_dir = cfg.reports_dir / version
-    out_dir.mkdir(parents=True, exist_ok=True)
-    pairs, empty = split_pairs(roles), empty_reasons(roles, version)
-    fetched, fetched_listed, fetched_note = _fetched_external(context, cfg, warehouse, mlflow, version, roles, records,
-                                                              listed, committed, out_dir)
-    if fetched:
-        pairs["external"] += fetched
-        empty.pop("external", None)
-    elif fetched_note and "external" in empty:
-        empty["external"] += f" ({fetched_note})"
-    listing = {"held_out_task": roles.held_out_task, "pairs": pairs, "empty": empty, "external_dir": fetched_note,
-               "forecasters": [dataclasses.asdict(f) for f in reference_listing(roles) + listed + held_listed
-                               + fetched_listed]}
-    frames = [f for f in (rows, held_rows) if f.height]
-    return (pl.concat(frames, how="diagonal_relaxed") if frames else None), jobs, listing
-
-
-EXTERNAL_DIR_ROWS = "external-dir.parquet"  # forecasts of the fetched kernels, beside the report
-
-
-def _fetched_external(context, cfg, warehouse, mlflow, version, roles, records, listed, committed, out_dir):
-    """The fetched external kernels of settings.evaluation.external_dir (KERNELCAST_EXTERNAL_DIR),
-    when set: forecast by every forecaster that answers here, rows written beside the report (they
-    are not warehouse pairs). Returns (their pair ids, their forecasters, a one-line note: the
-    folder and what came of it)."""
-    import polars as pl
-
-    from pipelines.evaluation.external_dir import ENV, read_external_dir
-    from pipelines.forecasting.registered import folder_forecasts
-    from warehouse.datasets import read_pairs
-
-    rows_path = out_dir / EXTERNAL_DIR_ROWS
-    rows_path.unlink(missing_ok=True)  # never score an earlier run's folder
-    folder = cfg.evaluation.external_dir
-    if not folder:
-        return [], [], None
-    refs = dict(roles.eval.select("task", "anchor_kernel_id").unique("task").rows()) if roles.eval.height else {}
-    try:
-        pairs, fetched_records = read_external_dir(folder, refs)
-        with warehouse.connect(read_only=True) as con:
-            train = read_pairs(con, version, "train")
-        rows, fetched_listed = folder_forecasts(listed, pairs, {**records, **fetched_records}, mlflow.tracking_uri,
-                                                cfg.home, committed if committed.is_dir() else None, train)
-    except ValueError as exc:  # a bad folder is the report's note, not a failed run
-        note = f"{ENV}={folder}: {str(exc).splitlines()[0]}"
-        context.log.warning(note)
-        return [], [], note
-    if rows.height:
-        rows.join(pairs.drop("split"), on="pair_id").with_columns(pl.lit("external").alias("split")).write_parquet(rows_path)
-    note = f"{ENV}={folder}: {pairs.height} pairs of fetched kernels"
-    context.log.info(note)
-    return (pairs["pair_id"].to_list() if rows.height else []), fetched_listed, note
-
-
 @dg.multi_asset(
     specs=[
         dg.AssetSpec("calibration_report", group_name=GROUP, kinds={"mlflow", "html"}, deps=["forecasts"],
@@ -293,71 +203,31 @@ def _fetched_external(context, cfg, warehouse, mlflow, version, roles, records, 
 def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsResource,
                        warehouse: WarehouseResource, mlflow: MlflowResource):
     """Evaluate every forecaster of the current dataset version and log the report to MLflow."""
-    import json
-
-    import polars as pl
-
     from orchestration.links import dagster_run_url, live_ports
-    from pipelines.evaluation.batch import evaluate_splits
-    from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
-    from pipelines.evaluation.suite import (
-        SPLITS,
-        headline_markdown,
-        selective_coverage,
-        write_split_reports,
+    from pipelines.evaluation.suite import headline_markdown
+    from pipelines.evaluation.version_report import (
+        EvaluationError,
+        evaluate_version,
+        read_version_forecasts,
     )
-    from pipelines.forecasting.registered import split_frames
-    from warehouse.datasets import current_dataset_version
-    from warehouse.forecasts import read_forecasts
 
     cfg = settings.get()
-    with warehouse.connect(read_only=True) as con:
-        version = current_dataset_version(con)
-        frame = read_forecasts(con, dataset_version=version, with_pairs=True)
-    out_dir = cfg.reports_dir / version
-    if (out_dir / EXTERNAL_DIR_ROWS).is_file():  # the fetched external kernels' forecasts of this version
-        frame = pl.concat([frame, pl.read_parquet(out_dir / EXTERNAL_DIR_ROWS)], how="diagonal_relaxed")
-    frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame
-    listing = _listing(warehouse, version)
+    mlflow.client()
     try:
-        parts = split_frames(frame, listing)
-    except (ValueError, KeyError) as exc:
-        raise dg.Failure(f"forecaster listing of dataset version {version} unusable: {str(exc).splitlines()[0]}") from None
-    if "in_distribution" not in parts:
-        raise dg.Failure(f"no in-distribution forecasts of dataset version {version}: materialise `forecasts`")
-    kinds = {f["model_ref"]: f["kind"] for f in listing["forecasters"]}
-    sources = {f["model_ref"]: f["source"] for f in listing["forecasters"]}
-    runs = {f["model_ref"]: mlflow.run_links(f["run_id"]) for f in listing["forecasters"] if f.get("run_id")}
-    made_by = (context.run.run_id, dagster_run_url(context.run.run_id, live_ports(cfg.home)["dagster"]))
-    empty = {s: why for s, why in listing.get("empty", {}).items() if s not in parts}
-    empty.update({s: "no forecaster has forecasts on its pairs" for s in SPLITS if s not in parts and s not in empty})
-    try:
-        results = evaluate_splits(parts, n_boot=cfg.evaluation.n_boot, workers=cfg.evaluation.workers,
-                                  cache_dir=cfg.home / "cache" / "evaluation", progress=context.log.info)
-    except ValueError as exc:
-        raise dg.Failure(f"forecasts of dataset version {version} not evaluated: {str(exc).splitlines()[0]}") from None
-    coverage = selective_coverage(parts["external"]) if "external" in parts else None
-    pages = write_split_reports(results, out_dir, version, runs, empty, made_by)
-    table_rows = []
-    for split, res in results.items():
-        (pages[split].parent / "metrics.json").write_text(json.dumps(res, indent=1, default=str))
-        table_rows += forecaster_rows(res, kinds, split, sources, runs,
-                                      coverage["coverage"] if coverage and split == "external" else None)
-    run_id = _log_evaluation(context, mlflow, results["in_distribution"], version, parts["in_distribution"], out_dir)
-    (out_dir / TABLE_FILE).write_text(json.dumps({
-        "dataset_version": version, "held_out_task": listing.get("held_out_task"),
-        "report": str(pages["in_distribution"]), "pages": {s: str(p) for s, p in pages.items()},
-        "evaluation_run_id": run_id, "evaluation_run_url": mlflow.run_url(run_id), "empty_splits": empty,
-        "evaluation_dagster_run_id": made_by[0], "evaluation_dagster_run_url": made_by[1],
-        "selective_external": {k: v for k, v in (coverage or {}).items() if k != "coverage"} or None,
-        "forecasters": table_rows}, indent=1, default=str))
-    html, main = pages["in_distribution"], results["in_distribution"]
-    oracle = main.get("baseline:oracle", {})
-    table = headline_markdown(main)
-    common = {"dataset_version": version, "mlflow_run_id": run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(run_id)),
-              "splits": ", ".join(results), "empty_splits": "; ".join(f"{s}: {w}" for s, w in empty.items()) or "none"}
-    yield dg.MaterializeResult(asset_key="calibration_report", metadata={**common, "report": dg.MetadataValue.path(str(html)),
-                                                                         "headline": dg.MetadataValue.md(table)})
+        forecasts = read_version_forecasts(warehouse.path, cfg.reports_dir)
+        made_by = (context.run.run_id, dagster_run_url(context.run.run_id, live_ports(cfg.home)["dagster"]))
+        ev = evaluate_version(forecasts, mlflow.tracking_uri, mlflow.experiment_id("kernelcast-evaluation"),
+                              cfg.evaluation, cfg.reports_dir, cfg.home / "cache" / "evaluation", made_by,
+                              mlflow.run_links, mlflow.run_url, progress=context.log.info)
+    except EvaluationError as exc:
+        raise dg.Failure(str(exc)) from None
+    main, oracle = ev.main, ev.main.get("baseline:oracle", {})
+    common = {"dataset_version": ev.version, "mlflow_run_id": ev.run_id,
+              "mlflow_url": dg.MetadataValue.url(mlflow.run_url(ev.run_id)), "splits": ", ".join(ev.results),
+              "empty_splits": "; ".join(f"{s}: {w}" for s, w in ev.empty.items()) or "none"}
+    yield dg.MaterializeResult(asset_key="calibration_report", metadata={
+        **common, "report": dg.MetadataValue.path(str(ev.pages["in_distribution"])),
+        "headline": dg.MetadataValue.md(headline_markdown(main))})
     util = markdown_table(["model", "recovered_mean", "recovered_at_10", "within_20", "random", "discovery F1"],
                           [(m, r.get("recovered_mean"), r.get("recovered_at_10"), r.get("within_20"),
                             r.get("recovered_random_mean"), (r.get("discovery") or {}).get("f1")) for m, r in main.items()])
@@ -366,39 +236,6 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
     yield dg.AssetCheckResult(asset_key="calibration_report", check_name=ORACLE_IS_PERFECT, passed=bool(ok),
                               severity=dg.AssetCheckSeverity.ERROR,
                               metadata={"oracle_brier": oracle.get("brier"), "oracle_accuracy": oracle.get("accuracy")})
-
-
-def _listing(warehouse: WarehouseResource, version: str | None) -> dict:
-    """The forecasts asset's listing of `version` from the warehouse; missing: a one-line failure."""
-    from warehouse.errors import ValidationError
-    from warehouse.forecasts import read_forecast_listing
-
-    if version is None:
-        raise dg.Failure("no dataset version yet: materialise curated_pairs first")
-    with warehouse.connect(read_only=True) as con:
-        try:
-            return read_forecast_listing(con, version)
-        except ValidationError as exc:
-            raise dg.Failure(str(exc)) from None
-
-
-def _log_evaluation(context, mlflow: MlflowResource, results: dict, version: str, frame, out_dir) -> str:
-    """The evaluation run: each forecaster's scores logged against its model and the eval pairs."""
-    import polars as pl
-
-    from models.registry.tracking import log_evaluation
-    from models.registry.versions import model_id_of
-    from pipelines.promotion.scores import registered_version
-
-    mlflow.client()
-    pairs = frame.filter(pl.col("split") == "eval").unique("pair_id").sort("pair_id")
-    model_ids = {ref: mid for ref in results
-                 if (v := registered_version(ref, "kernelcast-surrogate")) is not None
-                 and (mid := model_id_of(mlflow.tracking_uri, v))}
-    return log_evaluation(mlflow.tracking_uri, mlflow.experiment_id("kernelcast-evaluation"), results, version,
-                          pairs["pair_id"].to_list(), pairs["true_bin"].to_list(), model_ids,
-                          {"dagster_run_id": context.run.run_id, "dataset_version": version, "kind": "evaluation"},
-                          report_dir=out_dir)
 
 
 defs = dg.Definitions(assets=[forecasts, evaluation_reports])

@@ -1,0 +1,155 @@
+"""The evaluation of one dataset version: every forecaster's stored forecasts scored on each report
+split, the pages written, the forecaster table beside them and the MLflow evaluation run.
+
+Reads the `forecasts` of the version (and the fetched external kernels' rows beside the report,
+pipelines.forecasting.plan) with the forecasts asset's listing; writes under
+<reports_dir>/<version>/: one page and `metrics.json` per split and `forecasters.table.json`
+(the table `kernelcast report` prints).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+
+class EvaluationError(ValueError):
+    """The version cannot be evaluated (no forecasts, an unusable listing): one line."""
+
+
+@dataclass(frozen=True)
+class VersionEvaluation:
+    """version; results: split -> model_ref -> scores; pages: split -> HTML page; empty: split ->
+    why it has no forecasts; run_id: the MLflow evaluation run."""
+
+    version: str
+    results: dict[str, dict[str, Any]]
+    pages: dict[str, Path]
+    empty: dict[str, str]
+    run_id: str
+
+    @property
+    def main(self) -> dict[str, Any]:
+        return self.results["in_distribution"]
+
+
+@dataclass(frozen=True)
+class VersionForecasts:
+    """The stored forecasts of a dataset version split by report split, and their listing."""
+
+    version: str
+    parts: dict[str, pl.DataFrame]
+    listing: dict[str, Any]
+
+
+def read_version_forecasts(warehouse_path: str | Path, reports_dir: Path) -> VersionForecasts:
+    """The current dataset version's forecasts (with the fetched external kernels' rows beside its
+    report) split by report split.
+
+    Raises:
+        EvaluationError: no dataset version, no listing or no in-distribution forecasts of it.
+    """
+    from pipelines.forecasting.plan import EXTERNAL_DIR_ROWS
+    from pipelines.forecasting.registered import split_frames
+    from warehouse.datasets import current_dataset_version
+    from warehouse.db import connect
+    from warehouse.errors import ValidationError
+    from warehouse.forecasts import read_forecast_listing, read_forecasts
+
+    with connect(warehouse_path, read_only=True) as con:
+        version = current_dataset_version(con)
+        if version is None:
+            raise EvaluationError("no dataset version yet: materialise curated_pairs first")
+        frame = read_forecasts(con, dataset_version=version, with_pairs=True)
+        try:
+            listing = read_forecast_listing(con, version)
+        except ValidationError as exc:
+            raise EvaluationError(str(exc)) from None
+    rows = reports_dir / version / EXTERNAL_DIR_ROWS
+    if rows.is_file():
+        frame = pl.concat([frame, pl.read_parquet(rows)], how="diagonal_relaxed")
+    frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame
+    try:
+        parts = split_frames(frame, listing)
+    except (ValueError, KeyError) as exc:
+        raise EvaluationError(f"forecaster listing of dataset version {version} unusable: "
+                              f"{str(exc).splitlines()[0]}") from None
+    if "in_distribution" not in parts:
+        raise EvaluationError(f"no in-distribution forecasts of dataset version {version}: materialise `forecasts`")
+    return VersionForecasts(version, parts, listing)
+
+
+def evaluate_version(forecasts: VersionForecasts, tracking_uri: str, experiment_id: str, evaluation: Any,
+                     reports_dir: Path, cache_dir: Path, made_by: tuple[str, str],
+                     run_links: Callable[[str], Mapping[str, Any]], run_url: Callable[[str], str],
+                     progress: Callable[[str], None] = print) -> VersionEvaluation:
+    """Score, write and log the evaluation of a dataset version's forecasts.
+
+    Args:
+        forecasts: read_version_forecasts' answer.
+        tracking_uri, experiment_id: where the evaluation run is logged.
+        evaluation: the settings (n_boot, workers).
+        reports_dir: the reports' root; cache_dir: the bootstrap cache.
+        made_by: (Dagster run id, its URL), written on the pages and in the table.
+        run_links: an MLflow run id -> its links (run_id, mlflow_url, dagster_run_id, dagster_url).
+        run_url: an MLflow run id -> its URL in the MLflow UI.
+    Raises:
+        EvaluationError: forecasts the scoring refuses.
+    """
+    from pipelines.evaluation.batch import evaluate_splits
+    from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
+    from pipelines.evaluation.suite import SPLITS, selective_coverage, write_split_reports
+
+    version, parts, listing = forecasts.version, forecasts.parts, forecasts.listing
+    out_dir = reports_dir / version
+    kinds = {f["model_ref"]: f["kind"] for f in listing["forecasters"]}
+    sources = {f["model_ref"]: f["source"] for f in listing["forecasters"]}
+    runs = {f["model_ref"]: run_links(f["run_id"]) for f in listing["forecasters"] if f.get("run_id")}
+    empty = {s: why for s, why in listing.get("empty", {}).items() if s not in parts}
+    empty.update({s: "no forecaster has forecasts on its pairs" for s in SPLITS if s not in parts and s not in empty})
+    try:
+        results = evaluate_splits(parts, n_boot=evaluation.n_boot, workers=evaluation.workers, cache_dir=cache_dir,
+                                  progress=progress)
+    except ValueError as exc:
+        raise EvaluationError(f"forecasts of dataset version {version} not evaluated: "
+                              f"{str(exc).splitlines()[0]}") from None
+    coverage = selective_coverage(parts["external"]) if "external" in parts else None
+    pages = write_split_reports(results, out_dir, version, runs, empty, made_by)
+    table_rows = []
+    for split, res in results.items():
+        (pages[split].parent / "metrics.json").write_text(json.dumps(res, indent=1, default=str))
+        table_rows += forecaster_rows(res, kinds, split, sources, runs,
+                                      coverage["coverage"] if coverage and split == "external" else None)
+    run_id = log_version_evaluation(tracking_uri, experiment_id, results["in_distribution"], version,
+                                    parts["in_distribution"], out_dir, made_by[0])
+    (out_dir / TABLE_FILE).write_text(json.dumps({
+        "dataset_version": version, "held_out_task": listing.get("held_out_task"),
+        "report": str(pages["in_distribution"]), "pages": {s: str(p) for s, p in pages.items()},
+        "evaluation_run_id": run_id, "evaluation_run_url": run_url(run_id), "empty_splits": empty,
+        "evaluation_dagster_run_id": made_by[0], "evaluation_dagster_run_url": made_by[1],
+        "selective_external": {k: v for k, v in (coverage or {}).items() if k != "coverage"} or None,
+        "forecasters": table_rows}, indent=1, default=str))
+    return VersionEvaluation(version, results, pages, empty, run_id)
+
+
+def log_version_evaluation(tracking_uri: str, experiment_id: str, results: dict, version: str,
+                           frame: pl.DataFrame, out_dir: Path, dagster_run_id: str) -> str:
+    """The evaluation run: each forecaster's scores logged against its registered model (when it
+    is one) and the eval pairs; returns the run id."""
+    from models.registry.tracking import log_evaluation
+    from models.registry.versions import model_id_of
+    from pipelines.promotion.scores import registered_version
+
+    pairs = frame.filter(pl.col("split") == "eval").unique("pair_id").sort("pair_id")
+    model_ids = {ref: mid for ref in results
+                 if (v := registered_version(ref, "kernelcast-surrogate")) is not None
+                 and (mid := model_id_of(tracking_uri, v))}
+    return log_evaluation(tracking_uri, experiment_id, results, version, pairs["pair_id"].to_list(),
+                          pairs["true_bin"].to_list(), model_ids,
+                          {"dagster_run_id": dagster_run_id, "dataset_version": version, "kind": "evaluation"},
+                          report_dir=out_dir)

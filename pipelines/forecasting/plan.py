@@ -1,0 +1,135 @@
+"""What the forecasts asset forecasts in its first step, for one dataset version.
+
+Every registered forecaster of the version on each report split (pipelines.forecasting.registered),
+the held-out reference forecasters, the fetched external kernels when a folder of them is set
+(pipelines.evaluation.external_dir; their rows go beside the report, they are not warehouse
+pairs), and the jobs of the language models forecast here: the configured base models on a
+sample of eval pairs and the LLM versions without committed forecasts. With them, the listing
+the store step writes to the warehouse beside the forecasts (who forecast which pairs of which
+split, and why a split is empty).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+EXTERNAL_DIR_ROWS = "external-dir.parquet"  # forecasts of the fetched kernels, beside the report
+
+
+@dataclass(frozen=True)
+class VersionPlan:
+    """rows: the forecasts made here and now (None when there are none); jobs: the language
+    models' forecasts left to the GPU steps; listing: what the store step records."""
+
+    rows: pl.DataFrame | None
+    jobs: list
+    listing: dict[str, Any]
+
+
+def plan_version_forecasts(warehouse_path: str | Path, tracking_uri: str, cfg: Any, version: str,
+                           forecast_here: bool, log: Callable[[str], None] = print,
+                           warn: Callable[[str], None] | None = None) -> VersionPlan:
+    """The registered, held-out and fetched forecasts of `version` and the language-model jobs.
+
+    Args:
+        warehouse_path: the DuckDB file (read only).
+        tracking_uri: the MLflow registry the versions are read from.
+        cfg: the settings (surrogate: held_out_task, committed_run, eval_pairs; evaluation:
+            lm_models, lm_pairs_per_task, lm_prompt_style, external_dir; home, data_dir, reports_dir).
+        version: the dataset version.
+        forecast_here: whether the LLM backend makes forward passes (else no LLM job is planned).
+        log: where progress lines go; warn: where a warning goes (default: log).
+    Raises:
+        ValueError: a language model's jobs cannot be planned.
+    """
+    from pipelines.forecasting.registered import (
+        empty_reasons,
+        held_out_reference_forecasts,
+        reference_listing,
+        registered_forecasts,
+        split_pairs,
+    )
+    from pipelines.surrogates.classical import ids_of, kernel_records
+    from pipelines.surrogates.export import row_builder, version_roles
+    from warehouse.db import connect
+
+    committed = cfg.data_dir / cfg.surrogate.committed_run
+    committed = committed if committed.is_dir() else None
+    with connect(warehouse_path, read_only=True) as con:
+        roles = version_roles(con, version, cfg.surrogate.held_out_task)
+        records = kernel_records(con, ids_of([roles.eval, roles.held_out_eval, roles.external_pairs()]))
+        rows, listed, jobs = registered_forecasts(tracking_uri, version, roles, records, cfg.home, committed,
+                                                  row_builder(con), cfg.surrogate.eval_pairs, progress=log,
+                                                  forecast_here=forecast_here)
+    held_rows, held_listed = held_out_reference_forecasts(roles)
+    out_dir = cfg.reports_dir / version
+    out_dir.mkdir(parents=True, exist_ok=True)
+    pairs, empty = split_pairs(roles), empty_reasons(roles, version)
+    fetched, fetched_listed, fetched_note = _fetched_external(warehouse_path, tracking_uri, cfg, version, roles,
+                                                              records, listed, committed, out_dir, log,
+                                                              warn or log)
+    if fetched:
+        pairs["external"] += fetched
+        empty.pop("external", None)
+    elif fetched_note and "external" in empty:
+        empty["external"] += f" ({fetched_note})"
+    listing = {"held_out_task": roles.held_out_task, "pairs": pairs, "empty": empty, "external_dir": fetched_note,
+               "forecasters": [dataclasses.asdict(f) for f in reference_listing(roles) + listed + held_listed
+                               + fetched_listed]}
+    frames = [f for f in (rows, held_rows) if f.height]
+    base_jobs = base_model_jobs(warehouse_path, cfg.evaluation, version) if forecast_here else []
+    return VersionPlan(pl.concat(frames, how="diagonal_relaxed") if frames else None, base_jobs + jobs, listing)
+
+
+def base_model_jobs(warehouse_path: str | Path, evaluation: Any, version: str) -> list:
+    """The jobs of each configured base language model on a deterministic sample of eval pairs."""
+    if not evaluation.lm_models:
+        return []
+    from pipelines.evaluation.lm_forecasts import sample_pairs
+    from pipelines.forecasting.llm_shards import plan_base_job
+    from warehouse.datasets import read_pairs
+    from warehouse.db import connect
+
+    with connect(warehouse_path, read_only=True) as con:
+        evals = sample_pairs(read_pairs(con, version, "eval"), evaluation.lm_pairs_per_task)
+        return [plan_base_job(con, spec, evals, evaluation.lm_prompt_style) for spec in evaluation.lm_models]
+
+
+def _fetched_external(warehouse_path, tracking_uri, cfg, version, roles, records, listed, committed, out_dir, log,
+                      warn):
+    """The fetched external kernels of settings.evaluation.external_dir (KERNELCAST_EXTERNAL_DIR),
+    when set: forecast by every forecaster that answers here, rows written beside the report.
+    Returns (their pair ids, their forecasters, a one-line note: the folder and what came of it);
+    a bad folder is the report's note, not a failed run."""
+    from pipelines.evaluation.external_dir import ENV, read_external_dir
+    from pipelines.forecasting.registered import folder_forecasts
+    from warehouse.datasets import read_pairs
+    from warehouse.db import connect
+
+    rows_path = out_dir / EXTERNAL_DIR_ROWS
+    rows_path.unlink(missing_ok=True)  # never score an earlier run's folder
+    folder = cfg.evaluation.external_dir
+    if not folder:
+        return [], [], None
+    refs = dict(roles.eval.select("task", "anchor_kernel_id").unique("task").rows()) if roles.eval.height else {}
+    try:
+        pairs, fetched_records = read_external_dir(folder, refs)
+        with connect(warehouse_path, read_only=True) as con:
+            train = read_pairs(con, version, "train")
+        rows, fetched_listed = folder_forecasts(listed, pairs, {**records, **fetched_records}, tracking_uri,
+                                                cfg.home, committed, train)
+    except ValueError as exc:
+        note = f"{ENV}={folder}: {str(exc).splitlines()[0]}"
+        warn(note)
+        return [], [], note
+    if rows.height:
+        rows.join(pairs.drop("split"), on="pair_id").with_columns(pl.lit("external").alias("split")).write_parquet(rows_path)
+    note = f"{ENV}={folder}: {pairs.height} pairs of fetched kernels"
+    log(note)
+    return (pairs["pair_id"].to_list() if rows.height else []), fetched_listed, note
