@@ -285,6 +285,8 @@ def _per_repeat(a: ForecastArrays) -> list[dict[str, float]]:
 def headline(a: ForecastArrays) -> dict[str, float]:
     """Flat metrics averaged over repeats (each repeat scored on its own)."""
     per = _per_repeat(a)
+    if len(per) == 1:  # the common case, once per bootstrap replicate: the mean of one value is itself
+        return {k: float(v) if math.isfinite(v) else math.nan for k, v in per[0].items()}
     keys = per[0].keys()
     return {k: _nanmean([m[k] for m in per]) for k in keys}
 

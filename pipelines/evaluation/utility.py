@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 import numpy as np
 
@@ -86,15 +87,21 @@ def recovered_curve(speedup_in_order: np.ndarray, percents: np.ndarray = BUDGET_
     return best_so_far[k - 1] / best_so_far[-1]
 
 
-def _expected_max_with(floor: float, values_desc: np.ndarray, j: int) -> float:
-    """E[max(floor, max of a uniformly random j-subset of `values`)], values sorted descending."""
-    g = values_desc.size
-    # P(the subset's max is the i-th largest) = C(g - i, j - 1) / C(g, j), i = 1..g.
+@lru_cache(maxsize=4096)
+def _subset_max_weights(g: int, j: int) -> np.ndarray:
+    """P(the max of a uniformly random j-subset of g values is the i-th largest), i = 1..g:
+    C(g - i, j - 1) / C(g, j). The same for every pool of a size, so kept (read only)."""
     w = np.zeros(g)
     w[0] = j / g
     for i in range(1, g - j + 1):
         w[i] = w[i - 1] * (g - i - j + 1) / (g - i)
-    return float(w @ np.maximum(values_desc, floor))
+    w.flags.writeable = False
+    return w
+
+
+def _expected_max_with(floor: float, values_desc: np.ndarray, j: int) -> float:
+    """E[max(floor, max of a uniformly random j-subset of `values`)], values sorted descending."""
+    return float(_subset_max_weights(values_desc.size, j) @ np.maximum(values_desc, floor))
 
 
 def tied_recovered_curve(speedup: np.ndarray, score: np.ndarray, parse_ok: np.ndarray,
@@ -119,11 +126,11 @@ def tied_recovered_curve(speedup: np.ndarray, score: np.ndarray, parse_ok: np.nd
     n = order.size
     # Group boundaries in arrays, not a Python walk: this runs once per pool per bootstrap
     # replicate (thousands of times per report). NaN scores compare unequal, one group each.
-    starts = np.flatnonzero(np.r_[True, (ks[1:] != ks[:-1]) | (oks[1:] != oks[:-1])])
-    ends = np.r_[starts[1:], n]
+    starts = np.flatnonzero(np.concatenate(([True], (ks[1:] != ks[:-1]) | (oks[1:] != oks[:-1]))))
+    ends = np.append(starts[1:], n)
     best_so_far = np.maximum.accumulate(ss)  # the best of whole groups taken so far
     best = s.max()
-    k = budget_k(n, percents)
+    k = _budgets(n, percents)
     cut = np.searchsorted(ends, k, side="left")  # the group holding the k-th measurement
     out = best_so_far[k - 1] / best  # right wherever the budget ends on a group boundary
     for i in np.flatnonzero(ends[cut] != k):  # a budget that cuts a group: its tie in expectation
@@ -145,15 +152,38 @@ def random_recovered_curve(speedup: np.ndarray, percents: np.ndarray = BUDGET_PE
     [0.75, 1.0]
     """
     s_desc = np.sort(np.asarray(speedup, dtype=np.float64))[::-1]
-    n = s_desc.size
-    k = budget_k(n, percents).astype(np.float64)[:, None]  # (budgets, 1)
+    return _order_statistic_weights(s_desc.size, _percents_key(percents)) @ s_desc / s_desc[0]
+
+
+def _percents_key(percents: np.ndarray) -> tuple[int, ...]:
+    return tuple(np.asarray(percents, dtype=np.int64).tolist())
+
+
+def _budgets(n: int, percents: np.ndarray) -> np.ndarray:
+    return _budgets_cached(n, _percents_key(percents))
+
+
+@lru_cache(maxsize=1024)
+def _budgets_cached(n: int, percents: tuple[int, ...]) -> np.ndarray:
+    k = budget_k(n, np.asarray(percents))
+    k.flags.writeable = False
+    return k
+
+
+@lru_cache(maxsize=1024)
+def _order_statistic_weights(n: int, percents: tuple[int, ...]) -> np.ndarray:
+    """|w| of random_recovered_curve for a pool of n: they depend on n and the budgets only, and
+    a bootstrap replicate keeps every pool's size, so they are computed once per size."""
+    k = budget_k(n, np.asarray(percents)).astype(np.float64)[:, None]  # (budgets, 1)
     # Weights w_i = C(i-1, k-1) / C(n, k) of S_(n), S_(n-1), ..., S_(1): w_n = k / n and
     # w_{i-1} / w_i = (i - k) / (i - 1). The ratio is 0 at i = k, so every weight below S_(k)
     # is 0; the running product never forms a huge binomial.
     i = np.arange(n, 1, -1, dtype=np.float64)[None, :]  # n .. 2, (1, n-1)
     ratios = (i - k) / (i - 1.0)
     w = (k / n) * np.concatenate([np.ones_like(k), np.cumprod(ratios, axis=1)], axis=1)  # (budgets, n)
-    return np.abs(w) @ s_desc / s_desc[0]  # abs(): 0 * negative ratio leaves -0.0, harmless
+    w = np.abs(w)  # 0 * a negative ratio leaves -0.0, harmless
+    w.flags.writeable = False
+    return w
 
 
 @dataclass
@@ -218,8 +248,11 @@ def utility(
     out = UtilityResult(percents=np.asarray(percents))
     per_task_model: dict[str, list[np.ndarray]] = {}
     per_task_random: dict[str, list[np.ndarray]] = {}
-    for key in np.unique(pool):
-        idx = np.nonzero(pool == key)[0]
+    # Each pool's rows in ascending order, as np.nonzero(pool == key) gives them, found with one
+    # stable sort instead of a scan of every row per pool (this runs per bootstrap replicate).
+    order = np.argsort(pool, kind="stable")
+    bounds = np.flatnonzero(pool[order][1:] != pool[order][:-1]) + 1
+    for idx in np.split(order, bounds) if order.size else []:
         t = str(task[idx[0]])
         per_task_model.setdefault(t, []).append(tied_recovered_curve(speedup[idx], score[idx], parse_ok[idx], percents))
         per_task_random.setdefault(t, []).append(random_recovered_curve(speedup[idx], percents))
