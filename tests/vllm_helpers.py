@@ -31,9 +31,29 @@ def vllm_python() -> str:
     return python
 
 
-def smollm2_dir(tmp_path_factory) -> Path:
-    """The converted SmolLM2 checkpoint ($KERNELCAST_HOME's when set, else a temp home)."""
-    from models.base_model import resolve_base_model
+def smollm2_dir(tmp_path_factory, home: str | Path | None = None) -> Path:
+    """The converted SmolLM2 checkpoint of `home` (default $KERNELCAST_HOME when set, else a temp
+    home), linked to the one conversion of this test run (`shared_smollm2`)."""
+    from models.base_model import SMOLLM2_DIRNAME, resolve_base_model
 
-    home = os.environ.get("KERNELCAST_HOME") or tmp_path_factory.mktemp("kc-home")
+    home = Path(home or os.environ.get("KERNELCAST_HOME") or tmp_path_factory.mktemp("kc-home"))
+    link = home / "models" / SMOLLM2_DIRNAME
+    if not link.exists():
+        link.parent.mkdir(parents=True, exist_ok=True)
+        link.symlink_to(shared_smollm2(tmp_path_factory), target_is_directory=True)
     return resolve_base_model("smollm2", home)
+
+
+def shared_smollm2(tmp_path_factory) -> Path:
+    """SmolLM2 converted once per test run: the test processes of pytest-xdist share the parent
+    of their temp folders, and the first to get the lock converts (about 30 s on 2 cores); the
+    conversion itself is tested in tests/models/test_models_base_model.py."""
+    import fcntl
+
+    from models.base_model import SMOLLM2_DIRNAME, convert_smollm2_gguf
+
+    base = Path(tmp_path_factory.getbasetemp())
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    with open(shared / "smollm2.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return convert_smollm2_gguf(shared / SMOLLM2_DIRNAME)

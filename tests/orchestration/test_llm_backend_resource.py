@@ -138,15 +138,16 @@ def test_the_documented_external_folder_variable_is_read_in_the_settings(tmp_pat
 
 
 @pytest.mark.slow
-def test_the_vllm_kind_reads_the_same_distribution_as_transformers(tmp_path, settings):
+def test_the_vllm_kind_reads_the_same_distribution_as_transformers(tmp_path, tmp_path_factory, settings):
     """SmolLM2's shard through vLLM's offline engine in a child process: the same prompts as
     token ids, the same eight label log-probabilities as the in-process model. (The tiny model's
     head size of 16 is one vLLM's CPU attention refuses.)"""
-    from vllm_helpers import vllm_python
+    from vllm_helpers import smollm2_dir, vllm_python
 
     from pipelines.forecasting.llm_shards import forecast_shard, read_shard
 
     python = vllm_python()
+    smollm2_dir(tmp_path_factory, settings.home)  # this run's one conversion, not another
     shard, pairs = _tiny_shard(tmp_path, settings, "smollm2")
     (job,) = read_shard(shard["shard"])
     p_cols = [f"p{i}" for i in range(1, 9)]
