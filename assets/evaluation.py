@@ -39,8 +39,6 @@ FORECAST_DEPS = ("eval_set", "rl_training_pool", "discovery_pairs", "surrogate_m
 REFERENCE_CHECK = dg.AssetCheckSpec(REFERENCE_FORECASTERS_PRESENT, asset="forecasts", blocking=True,
                                     description="Uniform, bin prior and oracle forecast every eval pair.")
 CHECK_OUTPUT = REFERENCE_CHECK.get_python_identifier()  # the graph output that carries the check
-# Columns of a reference forecast that describe its pair, not the forecast (the table joins pairs).
-PAIR_COLUMNS = ("task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "pair_type", "true_speedup", "model")
 
 
 @dg.op(ins={name: dg.In(dg.Nothing) for name in FORECAST_DEPS},
@@ -50,54 +48,24 @@ def plan_forecasts(context: dg.OpExecutionContext, settings: SettingsResource, w
     """The forecasts made in one step (reference, classical, committed), set aside for the store
     step; the pairs of the language models forecast here (base models, LLM versions without
     committed forecasts), one shard per GPU: none with the committed LLM backend."""
-    import polars as pl
-
-    from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
-    from pipelines.forecasting.llm_shards import expected_pairs, split_jobs, write_shard
-    from pipelines.forecasting.plan import plan_version_forecasts
+    from pipelines.forecasting.plan import plan_forecast_step
     from pipelines.profiling.hardware import forecast_gpus
-    from warehouse.datasets import current_dataset_version, read_pairs
 
     cfg = settings.get()
-    try:
-        backend = llm_backend.backend()
-    except ValueError as exc:
-        raise dg.Failure(str(exc)) from None
-    with warehouse.connect(read_only=True) as con:
-        version = current_dataset_version(con)
-        if version is None:
-            raise dg.Failure("no dataset version yet: materialise curated_pairs first")
-        evals = pl.concat([read_pairs(con, version, "eval"), read_pairs(con, version, "discovery")], how="diagonal_relaxed")
-        reference = reference_forecasts(evals, read_pairs(con, version, "train"))
     mlflow.client()
     try:
-        planned = plan_version_forecasts(warehouse.path, mlflow.tracking_uri, cfg, version, backend.forecasts_here,
-                                         log=context.log.info, warn=context.log.warning)
+        backend = llm_backend.backend()
+        plan, shards = plan_forecast_step(warehouse.path, mlflow.tracking_uri, cfg, backend.forecasts_here,
+                                          forecast_gpus(cfg.profiling),
+                                          cfg.home / "forecast-shards" / context.run.run_id[:8],
+                                          log=context.log.info, warn=context.log.warning)
     except ValueError as exc:
-        raise dg.Failure(f"forecasts not planned: {str(exc).splitlines()[0]}") from None
-    registered, jobs, listing = planned.rows, planned.jobs, planned.listing
-    try:  # one shard per GPU, counted as for measuring (one on a host without CUDA)
-        shards = split_jobs(jobs, forecast_gpus(cfg.profiling))
-    except ValueError as exc:
-        raise dg.Failure(f"forecasts not planned: {exc}") from None
-    folder = cfg.home / "forecast-shards" / context.run.run_id[:8]
-    folder.mkdir(parents=True, exist_ok=True)
-    frames = [reference.drop([c for c in PAIR_COLUMNS if c in reference.columns])]
-    frames += [registered] if registered is not None and registered.height else []
-    per_model = reference.group_by("model_ref").len()
-    yield dg.Output({
-        "dataset_version": version, "eval_pairs": evals.height,
-        "single_step": [_write_rows(f, folder / f"single-step-{i}.parquet") for i, f in enumerate(frames)],
-        "reference_models": sorted(per_model["model_ref"].to_list()),
-        "missing_reference": [m for m in REFERENCE_FORECASTERS
-                              if per_model.filter(pl.col("model_ref") == m)["len"].sum() != evals.height],
-        "expected": expected_pairs(jobs), "listing": listing,
-    }, "plan")
-    for i, shard in enumerate(shards):
-        pairs = sum(len(job.requests) for job in shard)
-        context.log.info(f"shard {i}: {pairs} forecasts of {len(shard)} language model(s) -> GPU {i}")
-        yield dg.DynamicOutput({"gpu": i, "shard": str(write_shard(folder / f"shard-gpu{i}.json", shard)),
-                                "pairs": pairs}, mapping_key=f"gpu_{i}", output_name="shards")
+        raise dg.Failure(str(exc).splitlines()[0]) from None
+    yield dg.Output(plan, "plan")
+    for shard in shards:
+        context.log.info(f"shard {shard['gpu']}: {shard['pairs']} forecasts of {shard['models']} language model(s) "
+                         f"-> GPU {shard['gpu']}")
+        yield dg.DynamicOutput(shard, mapping_key=f"gpu_{shard['gpu']}", output_name="shards")
 
 
 @dg.op(tags=GPU_STEP_TAGS)
@@ -182,11 +150,6 @@ def forecasts(eval_set, rl_training_pool, discovery_pairs, surrogate_model, clas
                                   surrogate_model=surrogate_model, classical_forecasters=classical_forecasters)
     result, check = store_forecasts(plan, shards.map(forecast_llm_shard).collect())
     return {"result": result, CHECK_OUTPUT: check}
-
-
-def _write_rows(frame, path) -> str:
-    frame.write_parquet(path)
-    return str(path)
 
 
 @dg.multi_asset(

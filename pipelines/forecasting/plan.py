@@ -133,3 +133,60 @@ def _fetched_external(warehouse_path, tracking_uri, cfg, version, roles, records
     note = f"{ENV}={folder}: {pairs.height} pairs of fetched kernels"
     log(note)
     return (pairs["pair_id"].to_list() if rows.height else []), fetched_listed, note
+
+
+# Columns of a reference forecast that describe its pair, not the forecast (the table joins pairs).
+REFERENCE_PAIR_COLUMNS = ("task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "pair_type", "true_speedup",
+                          "model")
+
+
+def plan_forecast_step(warehouse_path: str | Path, tracking_uri: str, cfg: Any, forecast_here: bool, n_gpus: int,
+                       folder: Path, log: Callable[[str], None] = print,
+                       warn: Callable[[str], None] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """The first step of the forecasts asset: the reference forecasters on every eval and
+    discovery pair and `plan_version_forecasts`' rows written to `folder` for the store step,
+    and the language models' jobs dealt into at most `n_gpus` shard files there.
+
+    Returns:
+        (plan, shards). plan: dataset_version, eval_pairs, single_step (the row files),
+        reference_models, missing_reference (reference forecasters short of a pair), expected
+        (model_ref -> the pair ids its rows must cover), listing. shards: one {"gpu", "shard"
+        (its file), "pairs", "models"} per GPU with work.
+    Raises:
+        ValueError: no dataset version, or jobs that cannot be planned or dealt (one line).
+    """
+    from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
+    from pipelines.forecasting.llm_shards import expected_pairs, split_jobs, write_shard
+    from warehouse.datasets import current_dataset_version, read_pairs
+    from warehouse.db import connect
+
+    with connect(warehouse_path, read_only=True) as con:
+        version = current_dataset_version(con)
+        if version is None:
+            raise ValueError("no dataset version yet: materialise curated_pairs first")
+        evals = pl.concat([read_pairs(con, version, "eval"), read_pairs(con, version, "discovery")],
+                          how="diagonal_relaxed")
+        reference = reference_forecasts(evals, read_pairs(con, version, "train"))
+    try:
+        planned = plan_version_forecasts(warehouse_path, tracking_uri, cfg, version, forecast_here, log=log, warn=warn)
+        shards = split_jobs(planned.jobs, n_gpus)  # one shard per GPU with work
+    except ValueError as exc:
+        raise ValueError(f"forecasts not planned: {str(exc).splitlines()[0]}") from None
+    folder.mkdir(parents=True, exist_ok=True)
+    frames = [reference.drop([c for c in REFERENCE_PAIR_COLUMNS if c in reference.columns])]
+    frames += [planned.rows] if planned.rows is not None and planned.rows.height else []
+    single_step = []
+    for i, frame in enumerate(frames):
+        frame.write_parquet(folder / f"single-step-{i}.parquet")
+        single_step.append(str(folder / f"single-step-{i}.parquet"))
+    per_model = reference.group_by("model_ref").len()
+    plan = {
+        "dataset_version": version, "eval_pairs": evals.height, "single_step": single_step,
+        "reference_models": sorted(per_model["model_ref"].to_list()),
+        "missing_reference": [m for m in REFERENCE_FORECASTERS
+                              if per_model.filter(pl.col("model_ref") == m)["len"].sum() != evals.height],
+        "expected": expected_pairs(planned.jobs), "listing": planned.listing,
+    }
+    return plan, [{"gpu": i, "shard": str(write_shard(folder / f"shard-gpu{i}.json", shard)),
+                   "pairs": sum(len(job.requests) for job in shard), "models": len(shard)}
+                  for i, shard in enumerate(shards)]
