@@ -366,7 +366,8 @@ def check(
     GPU MODE submissions (`from task import ...`, `from utils import ...`) run unmodified.
     Exit 0 if correct, 1 if not."""
     from pipelines.profiling.check import check_source
-    from pipelines.profiling.sandbox import policy_from_env, probe
+    from pipelines.profiling.layer_probe import probe
+    from pipelines.profiling.sandbox_policy import policy_from_env
     from pipelines.tasks import get_task
 
     get_task(task)

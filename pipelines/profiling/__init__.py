@@ -14,6 +14,8 @@ Public API
     results.read_results(path) -> list[dict]
 
 Modules: worker (parent event loop, CLI), sandbox (child processes and their channel),
+sandbox_policy (what a child may use: layers, limits, environment, visible paths, uid),
+layer_probe (which layers this host provides), processes (/proc reads and kills),
 jail (the sandbox layers, applied before a child starts), child (a child's entry point), runner
 (compile/check/time inside a child), inputs (task inputs and torch's switches, shared by runner
 and verify), verify (verdicts from a process the kernel never ran in), shipping (a kernel's

@@ -30,15 +30,9 @@ from dataclasses import dataclass
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from pipelines.profiling.sandbox import (
-    ChildDied,
-    Sandbox,
-    SandboxPolicy,
-    deliver,
-    make_traversable,
-    one_line,
-    scan_processes,
-)
+from pipelines.profiling.processes import scan_processes
+from pipelines.profiling.sandbox import ChildDied, Sandbox, deliver
+from pipelines.profiling.sandbox_policy import SandboxPolicy, make_traversable, one_line
 from pipelines.profiling.taskload import extra_task_modules
 from pipelines.profiling.verify import VerifierLink, settle
 

@@ -64,7 +64,7 @@ def _start_thread_pools(device: str) -> None:
 
 def _serve_verifier(config: dict, send, rx: Connection) -> int:
     """The verifier's loop: one verdict per request, until the parent goes away."""
-    from pipelines.profiling.sandbox import hide_from_children
+    from pipelines.profiling.processes import hide_from_children
     from pipelines.profiling.verify import Verifier
 
     hide_from_children()

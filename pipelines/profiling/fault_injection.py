@@ -42,7 +42,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.profiling.sandbox import REPO_ROOT
+from pipelines.profiling.sandbox_policy import REPO_ROOT
 from pipelines.profiling.taskload import module_from_file
 from warehouse.formats import BATCH_SCHEMA, RESULT_SCHEMA
 

@@ -48,7 +48,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipelines.profiling import protocol_bench as bench
-from pipelines.profiling.sandbox import REPO_ROOT
+from pipelines.profiling.sandbox_policy import REPO_ROOT
 from warehouse.formats import RESULT_SCHEMA
 
 FAULT_RESERVE_S = 75.0  # the fault battery: hangs time out at 15 s, in parallel compile children

@@ -53,7 +53,7 @@ from pipelines.profiling.inputs import (
     sync,
 )
 from pipelines.profiling.integrity import Watch
-from pipelines.profiling.sandbox import one_line
+from pipelines.profiling.sandbox_policy import one_line
 from pipelines.profiling.shipping import ShippingError
 from pipelines.profiling.taskload import extra_task_modules, load_task
 from pipelines.profiling.timing import (

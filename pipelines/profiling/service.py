@@ -51,7 +51,7 @@ from pathlib import Path
 from pipelines.profiling import service_queue as sq
 from pipelines.profiling.queue_order import order_kernels
 from pipelines.profiling.results import PROTOCOLS
-from pipelines.profiling.sandbox import one_line
+from pipelines.profiling.sandbox_policy import one_line
 from pipelines.profiling.worker import WorkerConfig, WorkerError, _Run
 from warehouse.formats import HARNESS_VERSION
 

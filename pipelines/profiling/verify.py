@@ -296,7 +296,7 @@ class Verifier:
     def _check(self, task, case: dict, salt: int, msg: dict, output: Any, error: str | None,
                timed: bool = False) -> tuple[bool, str]:
         from pipelines.profiling.inputs import sync
-        from pipelines.profiling.sandbox import one_line
+        from pipelines.profiling.sandbox_policy import one_line
 
         cid = task.case_id(case) + (" (a timed call)" if timed else f" (re-check, seed +{salt})" if salt else "")
         if error is not None:

@@ -76,20 +76,18 @@ import pyarrow.parquet as pq
 
 from pipelines.profiling.audit import PhaseClock, ReferenceBook, audit_claims, timing_fields
 from pipelines.profiling.hardware import fingerprint_json
+from pipelines.profiling.layer_probe import probe
+from pipelines.profiling.processes import scan_processes
 from pipelines.profiling.queue_order import TASK_CHUNK, order_kernels, uses_torch_compile
 from pipelines.profiling.refcache import RefCache, default_path
 from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
-from pipelines.profiling.sandbox import (
-    ChildDied,
-    Sandbox,
-    deliver,
+from pipelines.profiling.sandbox import ChildDied, Sandbox, deliver
+from pipelines.profiling.sandbox_policy import (
     make_traversable,
     one_line,
     policy_from_env,
     prepare_shared_dir,
-    probe,
     read_only_triton_cache,
-    scan_processes,
 )
 from pipelines.profiling.verify import VerifierLink, settle
 from warehouse.formats import FAILURE_KINDS, HARNESS_VERSION

@@ -284,22 +284,22 @@ def test_layers_that_keep_cuda_from_starting_are_dropped_with_their_reason(monke
     """On a GPU host (an H200 VM) Landlock and the network and PID namespaces kept the CUDA
     driver from starting; the probe drops such layers one by one and says why. There is no GPU
     here, so the jailed probe is replaced by one that fails while any of them is on."""
-    from pipelines.profiling import sandbox
+    from pipelines.profiling import layer_probe, sandbox_policy
 
     def fake_probe(policy, device, uid):
-        fragile = [x for x in sandbox.CUDA_FRAGILE_LAYERS if x in policy.layers]
+        fragile = [x for x in layer_probe.CUDA_FRAGILE_LAYERS if x in policy.layers]
         if fragile:
             return None, {}, "cuInit: error 304"
         return [x for x in policy.layers if x != "uid"], {}, ""
 
-    monkeypatch.setattr(sandbox, "_probe_once", fake_probe)
-    monkeypatch.setattr(sandbox, "_PROBES", {})
-    monkeypatch.setenv(sandbox.MEMO_ENV, "off")
-    report = sandbox.probe(sandbox.SandboxPolicy(), "cuda")
-    assert not set(sandbox.CUDA_FRAGILE_LAYERS) & set(report.layers)
-    for layer in sandbox.CUDA_FRAGILE_LAYERS:
+    monkeypatch.setattr(layer_probe, "_probe_once", fake_probe)
+    monkeypatch.setattr(layer_probe, "_PROBES", {})
+    monkeypatch.setenv(layer_probe.MEMO_ENV, "off")
+    report = layer_probe.probe(sandbox_policy.SandboxPolicy(), "cuda")
+    assert not set(layer_probe.CUDA_FRAGILE_LAYERS) & set(report.layers)
+    for layer in layer_probe.CUDA_FRAGILE_LAYERS:
         assert "breaks CUDA initialisation" in report.notes[layer]
-    cpu = sandbox.probe(sandbox.SandboxPolicy(), "cpu")  # on the CPU nothing is dropped for CUDA
+    cpu = layer_probe.probe(sandbox_policy.SandboxPolicy(), "cpu")  # on the CPU nothing is dropped for CUDA
     assert all("CUDA" not in v for v in cpu.notes.values())
 
 
@@ -307,9 +307,9 @@ def test_a_remembered_probe_confirms_in_one_attempt_and_a_stale_memo_probes_agai
     """Each attempt starts CUDA (seconds on a GPU host): the next worker on the same host starts
     from the layers the last probe had to drop, and falls back to the full probe if the memo no
     longer holds."""
-    from pipelines.profiling import sandbox
+    from pipelines.profiling import layer_probe, sandbox_policy
 
-    broken = set(sandbox.CUDA_FRAGILE_LAYERS)
+    broken = set(layer_probe.CUDA_FRAGILE_LAYERS)
     attempts: list[tuple[str, ...]] = []
 
     def fake_probe(policy, device, uid):
@@ -318,31 +318,31 @@ def test_a_remembered_probe_confirms_in_one_attempt_and_a_stale_memo_probes_agai
             return None, {}, "cuInit: error 304"
         return [x for x in policy.layers if x != "uid"], {}, ""
 
-    monkeypatch.setattr(sandbox, "_probe_once", fake_probe)
-    monkeypatch.setenv(sandbox.MEMO_ENV, str(tmp_path / "memo.json"))
-    policy = sandbox.SandboxPolicy()
+    monkeypatch.setattr(layer_probe, "_probe_once", fake_probe)
+    monkeypatch.setenv(layer_probe.MEMO_ENV, str(tmp_path / "memo.json"))
+    policy = sandbox_policy.SandboxPolicy()
 
-    monkeypatch.setattr(sandbox, "_PROBES", {})
-    first = sandbox.probe(policy, "cuda")
+    monkeypatch.setattr(layer_probe, "_PROBES", {})
+    first = layer_probe.probe(policy, "cuda")
     n_first = len(attempts)
     assert n_first >= 1 + len(broken) and (tmp_path / "memo.json").is_file()
 
-    monkeypatch.setattr(sandbox, "_PROBES", {})  # a new worker process
-    second = sandbox.probe(policy, "cuda")
+    monkeypatch.setattr(layer_probe, "_PROBES", {})  # a new worker process
+    second = layer_probe.probe(policy, "cuda")
     assert len(attempts) == n_first + 1 and second == first  # one attempt, the same report
 
     broken.add("rlimits")  # the memo no longer holds: its one attempt fails, everything is probed again
-    monkeypatch.setattr(sandbox, "_PROBES", {})
-    third = sandbox.probe(policy, "cuda")
+    monkeypatch.setattr(layer_probe, "_PROBES", {})
+    third = layer_probe.probe(policy, "cuda")
     # the memo's one attempt, then a whole probe again (its retries of dropped layers included)
     assert len(attempts) > n_first + 2 and third.layers == ("env", "tmpdir", "pgkill")
     broken.discard("rlimits")
 
-    monkeypatch.setattr(sandbox, "_host_key", lambda p, d: "another driver")  # another host: not used
-    monkeypatch.setattr(sandbox, "_PROBES", {})
+    monkeypatch.setattr(layer_probe, "_host_key", lambda p, d: "another driver")  # another host: not used
+    monkeypatch.setattr(layer_probe, "_PROBES", {})
     before = len(attempts)
-    assert sandbox.probe(policy, "cuda") == first and len(attempts) - before == n_first
+    assert layer_probe.probe(policy, "cuda") == first and len(attempts) - before == n_first
 
     (tmp_path / "memo.json").write_text("{not json")  # a corrupt memo is ignored
-    monkeypatch.setattr(sandbox, "_PROBES", {})
-    assert sandbox.probe(policy, "cuda") == first
+    monkeypatch.setattr(layer_probe, "_PROBES", {})
+    assert layer_probe.probe(policy, "cuda") == first

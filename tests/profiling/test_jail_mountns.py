@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.profiling import jail, sandbox
+from pipelines.profiling import jail, layer_probe, sandbox_policy
 from tests.profiling.test_sandbox_hostile import _jail
 
 # What the jailed program tries; each line it prints is "<what> ok" or "<what> <error name>".
@@ -44,7 +44,7 @@ def _mount_table() -> str:
 def dirs():
     """A private directory on the host's private root (/dev/shm where it has room), a shared
     cache, and a folder anyone may write: the worst case for a write outside."""
-    made = {"private": Path(tempfile.mkdtemp(prefix="kc-mountns-test-", dir=sandbox.private_root())),
+    made = {"private": Path(tempfile.mkdtemp(prefix="kc-mountns-test-", dir=sandbox_policy.private_root())),
             "top": Path(tempfile.mkdtemp(prefix="kc-mountns-test-"))}
     made["cache"] = made["top"] / "triton-cache"
     made["outside"] = made["top"] / "world-writable"
@@ -63,7 +63,7 @@ def _want() -> list[str]:
 
 
 def test_a_child_under_mountns_writes_only_its_private_dir_and_the_cache(dirs):
-    sibling = sandbox.private_root() / f"{dirs['private'].name}-sibling"
+    sibling = sandbox_policy.private_root() / f"{dirs['private'].name}-sibling"
     spec = {"private_dir": str(dirs["private"]), "want": _want(), "limits": {},
             "mount_writable_dirs": [str(dirs["private"]), str(dirs["cache"])]}
     targets = {"private": dirs["private"] / "out.bin", "cache": dirs["cache"] / "entry", "outside": dirs["outside"] / "f",
@@ -71,7 +71,7 @@ def test_a_child_under_mountns_writes_only_its_private_dir_and_the_cache(dirs):
     before = _mount_table()
     res = _jail(spec, [sys.executable, "-I", "-c", WRITER, *(f"{k}={v}" for k, v in targets.items())])
     assert _mount_table() == before  # nothing of it reached this process's mounts
-    notes = sandbox._read_notes(res.stderr)
+    notes = layer_probe.read_notes(res.stderr)
     got = dict(line.split(" ", 1) for line in res.stdout.splitlines())
     print(got, notes)
     if os.geteuid() != 0 and "mountns" in notes:
@@ -89,7 +89,7 @@ def test_a_root_child_keeping_its_capabilities_gets_no_mountns_and_the_reason(di
     spec = {"private_dir": str(dirs["private"]), "want": ["mountns"], "limits": {},
             "mount_writable_dirs": [str(dirs["private"])]}
     res = _jail(spec, [sys.executable, "-I", "-c", WRITER, f"outside={dirs['outside'] / 'f'}"])
-    notes = sandbox._read_notes(res.stderr)
+    notes = layer_probe.read_notes(res.stderr)
     assert res.returncode == 0, res.stderr
     assert "mountns" not in res.stdout.split("layers ", 1)[1].split(",")
     assert "could remount" in notes["mountns"] and "\n" not in notes["mountns"]
@@ -98,7 +98,7 @@ def test_a_root_child_keeping_its_capabilities_gets_no_mountns_and_the_reason(di
 def test_the_root_directory_is_never_a_writable_directory(dirs):
     spec = {"private_dir": str(dirs["private"]), "want": _want(), "limits": {}, "mount_writable_dirs": ["/"]}
     res = _jail(spec, [sys.executable, "-I", "-c", WRITER, f"outside={dirs['outside'] / 'f'}"])
-    notes = sandbox._read_notes(res.stderr)
+    notes = layer_probe.read_notes(res.stderr)
     assert res.returncode == 0, res.stderr
     assert "mountns" in notes and "mountns" not in res.stdout.split("layers ", 1)[1].split(",")
     if os.geteuid() == 0:
@@ -125,13 +125,13 @@ def test_mountinfo_paths_with_escaped_spaces_and_shared_fields_are_read():
 
 
 def test_the_probe_gives_mountns_and_the_skip_switch_turns_it_off(monkeypatch):
-    monkeypatch.setattr(sandbox, "_PROBES", {})
-    report = sandbox.probe(sandbox.SandboxPolicy(), "cpu")
+    monkeypatch.setattr(layer_probe, "_PROBES", {})
+    report = layer_probe.probe(sandbox_policy.SandboxPolicy(), "cpu")
     print(report.line())
     if os.geteuid() == 0:
         assert "mountns" in report.layers
     else:
         assert "mountns" in report.layers or "mountns" in report.notes  # entered, or why not
-    monkeypatch.setenv(sandbox.SKIP_ENV, "mountns")
-    off = sandbox.probe(sandbox.policy_from_env(), "cpu")
+    monkeypatch.setenv(sandbox_policy.SKIP_ENV, "mountns")
+    off = layer_probe.probe(sandbox_policy.policy_from_env(), "cpu")
     assert "mountns" not in off.layers and "turned off" in off.notes["mountns"]

@@ -14,7 +14,7 @@ import torch
 from pipelines.profiling import inputs, runner, taskload, timing
 from pipelines.profiling.hardware import cpu_fingerprint
 from pipelines.profiling.results import ResultStore, now_utc, partial_path
-from pipelines.profiling.sandbox import describe_exit, one_line
+from pipelines.profiling.sandbox_policy import describe_exit, one_line
 from pipelines.profiling.worker import RunSummary, WorkerConfig
 from warehouse.formats import RESULT_SCHEMA
 
@@ -309,7 +309,7 @@ def test_compile_case_leaves_launchers_that_need_values_to_the_measuring_child(m
 
 
 def test_meta_compile_inputs_are_the_gpu_default_and_unphase_the_worker(tmp_path, monkeypatch):
-    from pipelines.profiling.sandbox import SKIP_ENV, WANTED_LAYERS
+    from pipelines.profiling.sandbox_policy import SKIP_ENV, WANTED_LAYERS
     from pipelines.profiling.worker import WorkerConfig, _parser, _Run
 
     # A worker probes its sandbox as it starts; for CUDA on a host without a GPU the probe tries

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.profiling import sandbox, shipping, taskload
+from pipelines.profiling import layer_probe, sandbox, sandbox_policy, shipping, taskload
 from pipelines.profiling.check import check_sources
 from pipelines.profiling.worker import WorkerConfig, run_batch
 from tests.profiling.test_sandbox_hostile import _jail
@@ -34,7 +34,7 @@ from warehouse.formats import BATCH_SCHEMA
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
 REPO = Path(__file__).resolve().parents[2]
 hostile = taskload.module_from_file(FIXTURES / "hostile.py", "hostile_kernels_escapes")
-POLICY = sandbox.SandboxPolicy(memory_bytes=3 * sandbox.GIB, processes=64, shm_bytes=256 * 2**20, private_files=500)
+POLICY = sandbox_policy.SandboxPolicy(memory_bytes=3 * sandbox_policy.GIB, processes=64, shm_bytes=256 * 2**20, private_files=500)
 WITNESS = "kc-argv-witness-" + os.urandom(4).hex()
 SECRET = "kc-private-key-" + os.urandom(4).hex()
 
@@ -108,8 +108,8 @@ def test_the_listener_and_the_witness_are_reachable_from_the_host(targets):
 def test_without_a_sandbox_uid_or_a_pid_namespace_the_files_and_proc_stay_hidden(targets, monkeypatch, skip):
     """Where CUDA stops a layer (the H200 host: no uid, no PID namespace), the masks and a
     hidepid /proc still hold."""
-    monkeypatch.setenv(sandbox.SKIP_ENV, skip)
-    got = _check(["caller_secrets", "proc_snoop"], targets["params"], sandbox.policy_from_env(POLICY))
+    monkeypatch.setenv(sandbox_policy.SKIP_ENV, skip)
+    got = _check(["caller_secrets", "proc_snoop"], targets["params"], sandbox_policy.policy_from_env(POLICY))
     layers = set(got["caller_secrets"][2].split(","))
     assert skip not in layers
     if "masks" in layers:
@@ -150,9 +150,9 @@ def test_the_triton_cache_dev_shm_and_the_private_folder(targets, monkeypatch, o
     shared.mkdir()
     os.chmod(shared, 0o777)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(shared))  # the caller's own cache: no check child may write it
-    monkeypatch.setenv(sandbox.SKIP_ENV, "landlock")  # else Landlock alone refuses /dev/shm
+    monkeypatch.setenv(sandbox_policy.SKIP_ENV, "landlock")  # else Landlock alone refuses /dev/shm
     before = set(os.listdir("/dev/shm"))
-    got = _check(["triton_cache_write", "shm_hoard", "private_hoard"], targets["params"], sandbox.policy_from_env(POLICY))
+    got = _check(["triton_cache_write", "shm_hoard", "private_hoard"], targets["params"], sandbox_policy.policy_from_env(POLICY))
     assert got["triton_cache_write"][0] == "runtime_error" and list(shared.iterdir()) == []
     assert got["private_hoard"][0] == "crashed" and "files in its private folder" in got["private_hoard"][1]
     if "shm" in got["shm_hoard"][2].split(","):
@@ -268,7 +268,7 @@ def test_the_proc_and_shm_layers_give_a_private_proc_and_a_bounded_dev_shm(open_
     spec = {"private_dir": str(open_dir), "want": [*_mount_want(), "proc", "shm"], "limits": {},
             "mount_writable_dirs": [str(open_dir)], "shm_bytes": 64 * 2**20}
     res = _jail(spec, [sys.executable, "-I", "-c", code])
-    notes = sandbox._read_notes(res.stderr)
+    notes = layer_probe.read_notes(res.stderr)
     got = dict(line.split(" ", 1) for line in res.stdout.splitlines())
     print(got, notes)
     if os.geteuid() != 0 and "mountns" in notes:
@@ -316,9 +316,9 @@ def test_the_probe_retries_a_layer_dropped_before_the_one_that_was_at_fault(monk
             return None, {}, "Error 304"
         return [x for x in policy.layers if x != "uid" or uid is not None], {}, ""
 
-    monkeypatch.setattr(sandbox, "_probe_once", fake_once)
-    monkeypatch.setattr(sandbox, "is_root", lambda: True)
-    report, dropped = sandbox._probe_all(sandbox.SandboxPolicy(), "cuda")
+    monkeypatch.setattr(layer_probe, "_probe_once", fake_once)
+    monkeypatch.setattr(layer_probe, "is_root", lambda: True)
+    report, dropped = layer_probe._probe_all(sandbox_policy.SandboxPolicy(), "cuda")
     print(report.line(), dropped)
     assert set(dropped) == {"netns"} and "uid" in report.layers and "nounix" in report.layers
     assert "breaks CUDA" in report.notes["netns"] and "uid" not in report.notes

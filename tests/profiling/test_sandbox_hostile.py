@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.profiling import fault_injection, jail, sandbox, taskload
+from pipelines.profiling import fault_injection, jail, layer_probe, sandbox_policy, taskload
 from pipelines.profiling.check import check_sources
 from pipelines.profiling.worker import WorkerConfig, run_batch
 from warehouse.formats import BATCH_SCHEMA
@@ -32,7 +32,7 @@ FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
 REPO = Path(__file__).resolve().parents[2]
 hostile = taskload.module_from_file(FIXTURES / "hostile.py", "hostile_kernels")
 
-POLICY = sandbox.SandboxPolicy(memory_bytes=3 * sandbox.GIB, processes=64, shm_bytes=256 * 2**20,
+POLICY = sandbox_policy.SandboxPolicy(memory_bytes=3 * sandbox_policy.GIB, processes=64, shm_bytes=256 * 2**20,
                                private_files=500)  # small: a bomb stays cheap here
 SECRET = "kc-test-secret-7f3a9c"
 MARKER = "kc-escapee-marker-5d21"
@@ -72,16 +72,16 @@ NEEDS = {"write_outside": {"landlock", "mountns"}, "warehouse_tampering": {"land
 
 
 def _report(outcomes: dict[str, tuple[str | None, str]]) -> None:
-    print(sandbox.probe(POLICY, "cpu").line())
+    print(layer_probe.probe(POLICY, "cpu").line())
     for name, (kind, msg) in outcomes.items():
         print(f"  {name:28s} {kind!s:14s} {msg[:100]}")
 
 
 def test_probe_names_every_layer_it_lacks():
-    report = sandbox.probe(POLICY, "cpu")
+    report = layer_probe.probe(POLICY, "cpu")
     print(report.line())
     assert {"env", "tmpdir"} <= set(report.layers)
-    for layer in sandbox.WANTED_LAYERS:
+    for layer in sandbox_policy.WANTED_LAYERS:
         assert layer in report.layers or layer in report.notes, f"{layer}: neither active nor explained"
     assert report.line().count("\n") == 0
 
@@ -157,9 +157,9 @@ def test_hostile_kernels_on_the_worker_path(battery_env, tmp_path):
 
 @pytest.mark.slow
 def test_without_namespaces_escapees_still_end_and_the_row_says_so(battery_env, monkeypatch):
-    monkeypatch.setenv(sandbox.SKIP_ENV, "pidns,netns")
-    policy = sandbox.policy_from_env(POLICY)
-    report = sandbox.probe(policy, "cpu")
+    monkeypatch.setenv(sandbox_policy.SKIP_ENV, "pidns,netns")
+    policy = sandbox_policy.policy_from_env(POLICY)
+    report = layer_probe.probe(policy, "cpu")
     assert "pidns" in report.notes and "netns" in report.notes and "turned off" in report.line()
     names = ["setsid_escape", "fork_bomb"]
     outcomes = check_sources([("tiny_scale", hostile.render(n, marker=MARKER, forks=600)) for n in names],
@@ -175,7 +175,7 @@ def test_without_namespaces_escapees_still_end_and_the_row_says_so(battery_env, 
 @pytest.mark.slow
 def test_where_namespaces_and_landlock_are_off_seccomp_still_keeps_the_network_out(battery_env, monkeypatch):
     """The H200 host's situation: the namespaces and Landlock keep CUDA from starting there."""
-    monkeypatch.setenv(sandbox.SKIP_ENV, "netns,pidns,landlock")
+    monkeypatch.setenv(sandbox_policy.SKIP_ENV, "netns,pidns,landlock")
     listener = battery_env["listener"]
     outcome = check_sources([("tiny_scale", hostile.render("network", port=battery_env["params"]["port"]))],
                             n_workers=1, timeout_s=30, policy=POLICY)[0]
@@ -194,7 +194,7 @@ def test_where_namespaces_landlock_and_the_uid_are_off_the_mount_namespace_keeps
     """The H200 host's situation for files: a read-only mount namespace is what stops writes
     outside the private folder, the warehouse under KERNELCAST_HOME included; a normal kernel
     (which ships its output through the private folder) still passes."""
-    monkeypatch.setenv(sandbox.SKIP_ENV, GPU_HOST_SKIP)
+    monkeypatch.setenv(sandbox_policy.SKIP_ENV, GPU_HOST_SKIP)
     params = battery_env["params"]
     names = ["write_outside", "warehouse_tampering"]
     sources = [("tiny_scale", hostile.render(n, **params)) for n in names]
@@ -215,7 +215,7 @@ def test_where_namespaces_landlock_and_the_uid_are_off_the_mount_namespace_keeps
 @pytest.mark.slow
 def test_the_measurement_row_names_mountns_and_a_normal_kernel_is_measured_under_it(battery_env, tmp_path,
                                                                                       monkeypatch):
-    monkeypatch.setenv(sandbox.SKIP_ENV, GPU_HOST_SKIP)
+    monkeypatch.setenv(sandbox_policy.SKIP_ENV, GPU_HOST_SKIP)
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton-cache"))  # shared, bound writable
     params = battery_env["params"]
     rows = [{"kernel_id": "good", "task": "tiny_scale", "source": (FIXTURES / "good_torch.py").read_text()},
@@ -282,7 +282,7 @@ def test_jail_as_an_unprivileged_user_enters_its_own_namespaces(open_dir):
     if res.returncode != 0 and "Permission denied" in res.stderr:
         pytest.skip(f"this host's interpreter is not usable by an unprivileged user: {res.stderr.strip()[:120]}")
     layers = res.stdout.split()[0].split(",")
-    notes = sandbox._read_notes(res.stderr)
+    notes = layer_probe.read_notes(res.stderr)
     print(layers, notes)
     for layer in ("netns", "pidns"):
         assert layer in layers or layer in notes  # entered, or the one-line reason it was not
@@ -308,17 +308,17 @@ def test_the_fault_battery_passes_on_the_cpu(tmp_path, capsys):
 
 def test_two_workers_on_one_host_never_share_a_sandbox_uid():
     """Each uid is claimed with a file lock, so one worker's sweep cannot end another's children."""
-    pool = sandbox._UidPool()
+    pool = sandbox_policy.UidPool()
     mine = [pool.take(61700), pool.take(61700)]
-    other = subprocess.run([sys.executable, "-c", "from pipelines.profiling.sandbox import _UidPool; "
-                            "print(_UidPool().take(61700))"], capture_output=True, text=True, cwd=REPO,
+    other = subprocess.run([sys.executable, "-c", "from pipelines.profiling.sandbox_policy import UidPool; "
+                            "print(UidPool().take(61700))"], capture_output=True, text=True, cwd=REPO,
                            env={**os.environ, "PYTHONPATH": str(REPO)})
     # the pool is host-wide: uids another worker on this host holds are skipped, so compare
     # with each other rather than with fixed numbers
     theirs = int(other.stdout)
     assert len({*mine, theirs}) == 3 and all(u >= 61700 for u in (*mine, theirs)) and mine[0] < mine[1]
     pool.give_back(mine[0])
-    assert sandbox._UidPool().take(61700) == mine[0]  # given back: the lowest free one again
+    assert sandbox_policy.UidPool().take(61700) == mine[0]  # given back: the lowest free one again
 
 
 def test_the_seccomp_layer_alone_refuses_network_sockets_and_keeps_unix_ones(open_dir):
