@@ -6,7 +6,7 @@
 #
 # WHEELS: the folder of scripts/gpu_fanout_wheels.sh, for a host without Dagster, DuckDB and
 # polars; they are installed into a site folder of this run only. It measures N_KERNELS of
-# data/measurements/h200/kernels-2026-11-29.parquet (runs B and C measured them with harness 1;
+# data/measurements/h200/kernels-2026-11-29-harness1.parquet (runs B and C measured them with harness 1;
 # here the current harness measures them again) in a fresh home whose data folder is empty, so
 # nothing counts as measured already. DIR gets results-gpu<i>.parquet, summary.json (steps,
 # processes, counts, seconds) and the run's log.
@@ -25,7 +25,7 @@ fi
 export PYTHONPATH=${wheels:+$work/site:}$PWD KERNELCAST_HOME=$work/home KERNELCAST_DATA=$work/data PYTHONUNBUFFERED=1
 python3 -c "import dagster, duckdb, polars, torch; print('dagster', dagster.__version__, 'duckdb', duckdb.__version__, 'polars', polars.__version__, 'GPUs', torch.cuda.device_count())" || exit 1
 set -o pipefail
-python3 -m orchestration.cli measure --profile gpu --batch data/measurements/h200/kernels-2026-11-29.parquet \
+python3 -m orchestration.cli measure --profile gpu --batch data/measurements/h200/kernels-2026-11-29-harness1.parquet \
   --limit "$n" ${gpus:+--gpus "$gpus"} --out "$out" 2>&1 | tee "$out/measure.txt"
 rc=$?
 cp "$work"/home/logs/measure-*.log "$out/" 2>/dev/null

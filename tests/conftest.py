@@ -82,6 +82,6 @@ def small_data(tmp_path):
     source = Path(__file__).resolve().parent.parent / "data" / "measurements" / "h200"
     data = tmp_path / "data"
     (data / "measurements" / "h200").mkdir(parents=True)
-    for name in ("kernels-2026-11-29.parquet", "results-2026-11-29-b.parquet"):
+    for name in ("kernels-2026-11-29-harness1.parquet", "results-2026-11-29-harness1-run-b.parquet"):
         shutil.copy(source / name, data / "measurements" / "h200" / name)
     return data

@@ -15,7 +15,7 @@ H200 = Path(__file__).resolve().parents[2] / "data" / "measurements" / "h200"
 def test_the_dataset_is_written_once_under_its_version(tmp_path):
     db = tmp_path / "warehouse.duckdb"
     with connect(db) as con:
-        ingest_paths(con, [H200 / "kernels-2026-11-29.parquet", H200 / "results-2026-11-29-b.parquet"])
+        ingest_paths(con, [H200 / "kernels-2026-11-29-harness1.parquet", H200 / "results-2026-11-29-harness1-run-b.parquet"])
     first = curate_and_store(db, CurationSettings(eval_per_bin=4))
     assert first.rows.height > 0 and first.rows_added == first.rows.height
     assert first.unsupported == [] and first.dataset.leakage == []

@@ -28,7 +28,7 @@ def curated(tmp_path_factory):
     home = tmp_path_factory.mktemp("home")
     settings = load_settings("smoke", home)
     with connect(settings.warehouse_path) as con:
-        ingest_paths(con, [H200 / "kernels-2026-11-29.parquet", H200 / "results-2026-11-29-b.parquet"])
+        ingest_paths(con, [H200 / "kernels-2026-11-29-harness1.parquet", H200 / "results-2026-11-29-harness1-run-b.parquet"])
     stored = curate_and_store(settings.warehouse_path, settings.curation)
     return settings.warehouse_path, settings.mlflow_uri, settings, stored.version
 

@@ -35,7 +35,7 @@ H100 = "nvidia-h100-80gb-hbm3-sm90"
 
 def h100_batch(dst: Path) -> Path:
     """Run C's H200 rows as one H100 batch: new batch id, H100 fingerprint, same kernels."""
-    table = pq.read_table(H200_DIR / "results-2026-11-29-c.parquet")
+    table = pq.read_table(H200_DIR / "results-2026-11-29-harness1-run-c.parquet")
     fp = json.loads(table["hardware_json"][0].as_py())
     fp.update(name="NVIDIA H100 80GB HBM3", hardware_id=H100)
     n = table.num_rows
@@ -50,7 +50,7 @@ def h100_batch(dst: Path) -> Path:
 def home(tmp_path, monkeypatch):
     data = tmp_path / "data" / "measurements" / "h200"
     data.mkdir(parents=True)
-    for name in ("kernels-2026-11-29.parquet", "results-2026-11-29-b.parquet"):
+    for name in ("kernels-2026-11-29-harness1.parquet", "results-2026-11-29-harness1-run-b.parquet"):
         shutil.copy(H200_DIR / name, data / name)
     for key, value in (("KERNELCAST_HOME", tmp_path / "home"), ("KERNELCAST_DATA", tmp_path / "data"),
                        ("DAGSTER_HOME", tmp_path / "home" / "dagster"), ("KERNELCAST_PROFILE", "smoke")):

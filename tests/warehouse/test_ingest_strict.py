@@ -170,8 +170,8 @@ def test_a_fresh_warehouse_gets_the_task_catalogue_before_measured_rows_are_chec
 
     data = Path(__file__).resolve().parents[2] / "data" / "measurements" / "h200"
     with connect(tmp_path / "w.duckdb") as con:
-        ingest_path(con, data / "kernels-2026-11-29-run1.parquet")
-        ingest_path(con, data / "results-2026-11-29-run1.parquet")
+        ingest_path(con, data / "kernels-2026-11-29-harness2.parquet")
+        ingest_path(con, data / "results-2026-11-29-harness2-run-1.parquet")
         assert checks.ok_without_every_case(con, H200_ID)  # rows whose task is unknown here
         ensure_tasks(con)
         calls = []

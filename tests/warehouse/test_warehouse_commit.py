@@ -26,14 +26,14 @@ def committed_run(tmp_path):
     (their kernels, with lineage, in the run1 kernel file) as a new run's results."""
     dest = tmp_path / "data" / "h200"
     dest.mkdir(parents=True)
-    shutil.copy(H200 / "kernels-2026-11-29.parquet", dest)
-    results = pl.read_parquet(H200 / "results-2026-11-29-run2.parquet")
-    pool = pl.read_parquet(H200 / "kernels-2026-11-29-run1.parquet")
+    shutil.copy(H200 / "kernels-2026-11-29-harness1.parquet", dest)
+    results = pl.read_parquet(H200 / "results-2026-11-29-harness2-run-2.parquet")
+    pool = pl.read_parquet(H200 / "kernels-2026-11-29-harness2.parquet")
     lineage = set(pool.filter(pl.col("parent_kernel_id").is_not_null())["kernel_id"].to_list())
     picked = results.filter(pl.col("kernel_id").is_in(sorted(lineage))).head(30)
     run = tmp_path / "results-x1.parquet"
     picked.write_parquet(run)
-    return dest, run, H200 / "kernels-2026-11-29-run1.parquet", picked
+    return dest, run, H200 / "kernels-2026-11-29-harness2.parquet", picked
 
 
 def test_results_land_with_every_ancestor_the_committed_data_lacks(committed_run):
@@ -41,7 +41,7 @@ def test_results_land_with_every_ancestor_the_committed_data_lacks(committed_run
     argv = [str(run), "--name", "s9", "--kernels", str(pool_path), "--dest", str(dest)]
     assert commit.main(argv) == 0
     kernels = pl.read_parquet(dest / "kernels-s9.parquet")
-    committed = set(pl.read_parquet(dest / "kernels-2026-11-29.parquet")["kernel_id"])
+    committed = set(pl.read_parquet(dest / "kernels-2026-11-29-harness1.parquet")["kernel_id"])
     ids = set(kernels["kernel_id"])
     assert set(picked["kernel_id"]) <= ids and not ids & committed
     parents = {p for p in kernels["parent_kernel_id"].to_list() if p}
