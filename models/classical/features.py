@@ -266,16 +266,26 @@ def side_records(frame: pd.DataFrame, side: str) -> list[dict[str, Any]]:
     return part.to_dict("records")
 
 
+# kernel_features of the records this process has seen, by a digest of the record: a fit's
+# calibration, its evaluation and the next split's fit read the same kernels again, and the
+# source counts (some 35 regular expressions a kernel) were most of a fit's feature time.
+_FEATURES: dict[bytes, dict[str, Any]] = {}
+_FEATURES_MAX = 100_000
+
+
 def _features_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """kernel_features of each record, computed once per distinct record (an anchor recurs in
-    thousands of pairs; NaN values are made comparable by their text)."""
-    cache: dict[tuple, dict[str, Any]] = {}
+    thousands of pairs; NaN values are made comparable by their text). The dicts are shared:
+    callers read them, never change them."""
     out = []
     for r in records:
-        key = tuple(sorted((k, repr(v)) for k, v in r.items()))
-        if key not in cache:
-            cache[key] = kernel_features(r)
-        out.append(cache[key])
+        key = hashlib.blake2b(repr(sorted((k, repr(v)) for k, v in r.items())).encode(), digest_size=16).digest()
+        found = _FEATURES.get(key)
+        if found is None:
+            if len(_FEATURES) >= _FEATURES_MAX:
+                _FEATURES.clear()
+            found = _FEATURES[key] = kernel_features(r)
+        out.append(found)
     return out
 
 
