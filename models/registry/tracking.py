@@ -1,7 +1,7 @@
 """MLflow tracking of training and evaluation, as MLflow users expect it.
 
 Training: the run is opened before the first step (params, tags, the dataset as an input), the
-trainer's logs are streamed into it step by step (`MlflowMetricsCallback`: live curves in the
+trainer's logs are streamed into it step by step (`models.training.callbacks.MlflowMetricsCallback`: live curves in the
 UI while GRPO runs), and it is closed with the final metrics and the measurement ids. TRL's own
 MLflow callback is not used (report_to="none"): it logs to whatever run is active in the
 process, while here every call names its run and tracking URI.
@@ -32,8 +32,6 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from transformers import TrainerCallback
-
 log = logging.getLogger(__name__)
 
 EVAL_METRICS = ("brier", "crps", "nll", "accuracy", "ece", "aurc", "recovered_mean", "recovered_at_10",
@@ -54,7 +52,7 @@ _opened: set[str] = set()
 _open_lock = threading.Lock()
 
 
-def _client(tracking_uri: str):
+def tracking_client(tracking_uri: str):
     import mlflow
     from mlflow import MlflowClient
 
@@ -185,22 +183,6 @@ def step_metrics(logs: Mapping[str, Any], step: int) -> list[Any]:
             if k not in _SKIP_KEYS and isinstance(v, (int, float)) and math.isfinite(float(v))]
 
 
-class MlflowMetricsCallback(TrainerCallback):
-    """Streams every trainer log line (loss, rewards, frac_reward_zero_std, ...) into one run."""
-
-    def __init__(self, tracking_uri: str, run_id: str) -> None:
-        self.tracking_uri = tracking_uri
-        self.run_id = run_id
-        self.logged = 0  # log lines sent, for tests and reports
-
-    def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
-        metrics = step_metrics(logs or {}, state.global_step)
-        if metrics:
-            _client(self.tracking_uri).log_batch(self.run_id, metrics=metrics)
-            self.logged += 1
-        return control
-
-
 def mlflow_experiment(client: Any, tracking_uri: str, name: str) -> str:
     """The experiment id of `name`, created if missing. For a sqlite store its artifacts go
     beside the database file (not ./mlruns in whatever directory the process runs from); the
@@ -225,7 +207,7 @@ def prepare_store(tracking_uri: str, experiments: Sequence[str] = PROJECT_EXPERI
     Returns:
         The experiments' ids, in order.
     """
-    client = _client(tracking_uri)
+    client = tracking_client(tracking_uri)
     ids = [mlflow_experiment(client, tracking_uri, name) for name in experiments]
     retire_default_experiment(client)
     return ids
@@ -347,7 +329,7 @@ def log_training_data(
     """
     from mlflow.entities import DatasetInput, InputTag, RunTag
 
-    client = _client(tracking_uri)
+    client = tracking_client(tracking_uri)
     if pairs is not None and len(pairs):
         dataset = pairs_dataset(list(pairs["pair_id"]), [int(b) for b in pairs["true_bin"]], dataset_version, "train")
     else:
@@ -383,7 +365,7 @@ def start_training_run(
     """
     from mlflow.entities import DatasetInput, InputTag, Param, RunTag
 
-    client = _client(tracking_uri)
+    client = tracking_client(tracking_uri)
     run = client.create_run(mlflow_experiment(client, tracking_uri, experiment), tags=dict(tags), run_name=run_name)
     run_id = run.info.run_id
     try:
@@ -408,7 +390,7 @@ def log_sft_losses(tracking_uri: str, run_id: str, sft_losses: Sequence[float]) 
 
     batch = [Metric("sft/loss", float(v), 0, i) for i, v in enumerate(sft_losses) if math.isfinite(v)]
     for start in range(0, len(batch), 900):  # MLflow accepts at most 1000 metrics per batch
-        _client(tracking_uri).log_batch(run_id, metrics=batch[start : start + 900])
+        tracking_client(tracking_uri).log_batch(run_id, metrics=batch[start : start + 900])
 
 
 def finish_training_run(
@@ -421,7 +403,7 @@ def finish_training_run(
     """Close the run: final metrics (at step 0), the measurement ids artifact, the status."""
     from mlflow.entities import Metric
 
-    client = _client(tracking_uri)
+    client = tracking_client(tracking_uri)
     final = [Metric(k, float(v), 0, 0) for k, v in metrics.items() if math.isfinite(float(v))]
     if final:
         client.log_batch(run_id, metrics=final)
@@ -460,7 +442,7 @@ def log_evaluation(
     """
     import mlflow
 
-    _client(tracking_uri)
+    tracking_client(tracking_uri)
     dataset = pairs_dataset(eval_pairs, eval_bins, dataset_version, "eval")
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"evaluation-{dataset_version}") as run:
         mlflow.set_tags(dict(tags))
@@ -521,7 +503,7 @@ def log_search_simulation(
     """
     import mlflow
 
-    _client(tracking_uri)
+    tracking_client(tracking_uri)
     with mlflow.start_run(experiment_id=experiment_id, run_name=run_name) as run:
         mlflow.set_tags(dict(tags))
         mlflow.log_params(dict(params))

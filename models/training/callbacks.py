@@ -1,5 +1,8 @@
 """Trainer callbacks of surrogate training (models.training).
 
+MlflowMetricsCallback: every trainer log line (loss, rewards, ...) streamed into the run's MLflow
+run as it is written (live curves in the UI).
+
 NonFiniteGradGuard: skip optimizer steps whose gradients are not finite, instead of writing
 NaN into the weights.
 
@@ -22,9 +25,12 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from transformers import TrainerCallback
+
+from models.registry.tracking import step_metrics, tracking_client
 
 log = logging.getLogger(__name__)
 
@@ -91,4 +97,20 @@ class StopAt(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> Any:
         if time.time() >= self.stop_at:
             control.should_training_stop = True
+        return control
+
+
+class MlflowMetricsCallback(TrainerCallback):
+    """Streams every trainer log line (loss, rewards, frac_reward_zero_std, ...) into one run."""
+
+    def __init__(self, tracking_uri: str, run_id: str) -> None:
+        self.tracking_uri = tracking_uri
+        self.run_id = run_id
+        self.logged = 0  # log lines sent, for tests and reports
+
+    def on_log(self, args: Any, state: Any, control: Any, logs: Mapping[str, Any] | None = None, **kwargs: Any) -> Any:
+        metrics = step_metrics(logs or {}, state.global_step)
+        if metrics:
+            tracking_client(self.tracking_uri).log_batch(self.run_id, metrics=metrics)
+            self.logged += 1
         return control

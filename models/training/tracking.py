@@ -47,7 +47,7 @@ def git_commit() -> str | None:
 
 class TrainingRun:
     """The MLflow run of one train_grpo call: opened before the warm-up, streamed into during
-    GRPO (models.registry.tracking.MlflowMetricsCallback), closed at the end. Inert without tracking."""
+    GRPO (models.training.callbacks.MlflowMetricsCallback), closed at the end. Inert without tracking."""
 
     def __init__(self, tracking: RunTracking | None, settings: TrainingSettings) -> None:
         self.tracking, self.settings = tracking, settings
@@ -79,7 +79,7 @@ class TrainingRun:
     def callbacks(self) -> list[Any]:
         if self.run_id is None:
             return []
-        from models.registry.tracking import MlflowMetricsCallback
+        from models.training.callbacks import MlflowMetricsCallback
 
         return [MlflowMetricsCallback(self.tracking.tracking_uri, self.run_id)]
 

@@ -116,7 +116,7 @@ def trained(tmp_path_factory, one_thread):
     uri = f"sqlite:///{root / 'mlflow.db'}"
     from mlflow import MlflowClient
 
-    from models.registry.tracking import MlflowMetricsCallback
+    from models.training.callbacks import MlflowMetricsCallback
 
     seen_live = []  # (run status, loss points stored) as each trainer log line is sent
     original = MlflowMetricsCallback.on_log
