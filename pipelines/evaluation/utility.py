@@ -87,7 +87,9 @@ def recovered_curve(speedup_in_order: np.ndarray, percents: np.ndarray = BUDGET_
     return best_so_far[k - 1] / best_so_far[-1]
 
 
-@lru_cache(maxsize=4096)
+# Kept per (group size, subset size) and per pool size: a report meets a few dozen of each, and
+# the bounds keep a process's worst case to tens of MB.
+@lru_cache(maxsize=1024)
 def _subset_max_weights(g: int, j: int) -> np.ndarray:
     """P(the max of a uniformly random j-subset of g values is the i-th largest), i = 1..g:
     C(g - i, j - 1) / C(g, j). The same for every pool of a size, so kept (read only)."""
@@ -163,18 +165,18 @@ def _budgets(n: int, percents: np.ndarray) -> np.ndarray:
     return _budgets_cached(n, _percents_key(percents))
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=256)
 def _budgets_cached(n: int, percents: tuple[int, ...]) -> np.ndarray:
     k = budget_k(n, np.asarray(percents))
     k.flags.writeable = False
     return k
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=64)
 def _order_statistic_weights(n: int, percents: tuple[int, ...]) -> np.ndarray:
     """|w| of random_recovered_curve for a pool of n: they depend on n and the budgets only, and
     a bootstrap replicate keeps every pool's size, so they are computed once per size."""
-    k = budget_k(n, np.asarray(percents)).astype(np.float64)[:, None]  # (budgets, 1)
+    k = _budgets_cached(n, percents).astype(np.float64)[:, None]  # (budgets, 1)
     # Weights w_i = C(i-1, k-1) / C(n, k) of S_(n), S_(n-1), ..., S_(1): w_n = k / n and
     # w_{i-1} / w_i = (i - k) / (i - 1). The ratio is 0 at i = k, so every weight below S_(k)
     # is 0; the running product never forms a huge binomial.
