@@ -175,13 +175,12 @@ def plan_forecast_step(warehouse_path: str | Path, tracking_uri: str, cfg: Any, 
     folder.mkdir(parents=True, exist_ok=True)
     frames = [reference.drop([c for c in REFERENCE_PAIR_COLUMNS if c in reference.columns])]
     frames += [planned.rows] if planned.rows is not None and planned.rows.height else []
-    single_step = []
-    for i, frame in enumerate(frames):
-        frame.write_parquet(folder / f"single-step-{i}.parquet")
-        single_step.append(str(folder / f"single-step-{i}.parquet"))
+    single_step = [folder / f"single-step-{i}.parquet" for i in range(len(frames))]
+    for frame, path in zip(frames, single_step):
+        frame.write_parquet(path)
     per_model = reference.group_by("model_ref").len()
     plan = {
-        "dataset_version": version, "eval_pairs": evals.height, "single_step": single_step,
+        "dataset_version": version, "eval_pairs": evals.height, "single_step": [str(p) for p in single_step],
         "reference_models": sorted(per_model["model_ref"].to_list()),
         "missing_reference": [m for m in REFERENCE_FORECASTERS
                               if per_model.filter(pl.col("model_ref") == m)["len"].sum() != evals.height],
