@@ -7,6 +7,7 @@ on a GPU host builds prompts without duckdb or polars.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 GIB = 1024**3
@@ -28,6 +29,29 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "triton_version": ("triton_version", "triton"),
 }
 TOTAL_MEMORY_KEYS = ("total_memory_bytes", "total_memory")
+# Readings of the moment, not of the device: a GPU that warms up during a batch is still one device.
+VOLATILE_READINGS = ("temperature_gpu", "clocks_sm", "clocks_mem", "pstate", "power_draw")
+
+
+def device_identity(text: str | None) -> str:
+    """A fingerprint without its volatile readings (VOLATILE_READINGS), as canonical JSON: equal
+    for two rows of one device, different for two GPUs (their uuids differ). Text that is not a
+    JSON object is returned as it is (the ingest refuses it with its reason).
+
+    >>> a = '{"uuid": "u1", "nvidia_smi": {"temperature_gpu": "33", "driver_version": "580"}}'
+    >>> device_identity(a) == device_identity(a.replace('"33"', '"41"')), device_identity(a) == device_identity(a.replace("u1", "u2"))
+    (True, False)
+    """
+    try:
+        value = json.loads(text) if text else None
+    except ValueError:
+        return str(text)
+    if not isinstance(value, dict):
+        return str(text)
+    smi = value.get("nvidia_smi")
+    if isinstance(smi, dict):
+        value = {**value, "nvidia_smi": {k: v for k, v in smi.items() if k not in VOLATILE_READINGS}}
+    return json.dumps(value, sort_keys=True)
 
 
 def flat(fingerprint: dict[str, Any]) -> dict[str, Any]:

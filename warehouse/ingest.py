@@ -33,6 +33,7 @@ import pyarrow.parquet as pq
 
 from warehouse.db import execute, registered, transaction
 from warehouse.errors import IngestError, ValidationError, one_line
+from warehouse.fingerprint import device_identity
 from warehouse.formats import (
     BATCH_SCHEMA,
     FAILURE_KINDS,
@@ -346,7 +347,7 @@ def _validate_results(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame, path:
         raise _fail_row(path, row, f"appears twice in batch {row['batch_id']}")
     _validate_values(frame, path)
 
-    identity = pl.col("hardware_json").map_elements(_device_identity, return_dtype=pl.String)
+    identity = pl.col("hardware_json").map_elements(device_identity, return_dtype=pl.String)
     per_batch = frame.group_by("batch_id").agg(
         identity.n_unique().alias("n_fp"),
         pl.col("hardware_id").n_unique().alias("n_hw"),
@@ -450,24 +451,6 @@ def _conflicts(con: duckdb.DuckDBPyConnection, rows: pl.DataFrame, path: Path) -
 
 # Readings of the device that change from minute to minute (a resumed run on the same GPU is a
 # degree warmer): not part of which device it is.
-VOLATILE_READINGS = ("temperature_gpu", "clocks_sm", "clocks_mem", "pstate", "power_draw")
-
-
-def _device_identity(text: str | None) -> str:
-    """A fingerprint without its volatile readings (VOLATILE_READINGS), as canonical JSON; text
-    that is not a JSON object is returned as it is (_fingerprint refuses it with its reason)."""
-    try:
-        value = json.loads(text) if text else None
-    except ValueError:
-        return str(text)
-    if not isinstance(value, dict):
-        return str(text)
-    smi = value.get("nvidia_smi")
-    if isinstance(smi, dict):
-        value = {**value, "nvidia_smi": {k: v for k, v in smi.items() if k not in VOLATILE_READINGS}}
-    return json.dumps(value, sort_keys=True)
-
-
 def _fingerprint(text: str, path: Path) -> dict:
     try:
         value = json.loads(text)

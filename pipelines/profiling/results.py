@@ -100,6 +100,18 @@ class ResultStore:
     def hardware_ids(self) -> set[str]:
         return {r["hardware_id"] for r in self.rows.values()}
 
+    def continue_on(self, fingerprint: str) -> bool:
+        """Keep the batch id of the rows found when they were measured on this device; else (a
+        resumed run on another GPU of the same kind) start a new batch, since one batch is one
+        device at ingest. True when a new batch was started."""
+        from warehouse.fingerprint import device_identity
+
+        mine = device_identity(fingerprint)
+        if all(device_identity(r.get("hardware_json")) == mine for r in self.rows.values() if r["batch_id"] == self.batch_id):
+            return False
+        self.batch_id = uuid.uuid4().hex
+        return True
+
     def append(self, row: dict) -> None:
         self.rows[row["kernel_id"]] = row
         self._fh.write(json.dumps(_to_jsonable(row)) + "\n")

@@ -64,12 +64,19 @@ class TimingSettings:
     min_reps: int = 8  # never stop before this many timed calls (unless the time cap hits)
     max_reps: int = 1000  # hard cap on timed calls per case
     max_case_s: float = 0.3  # wall-clock cap per case for the timed loop, seconds
-    rse_target: float = 0.005  # stop once stderr(mean)/mean is below this (0.5%)
-    warmup_ms: float = 10.0  # untimed calls until this much GPU time has passed (and >= 2 calls)
+    # Stop once the median's 95% interval is within this fraction of it (kernelcast; the mean's
+    # standard error for paper), or within `floor_ms` in absolute terms: CUDA events resolve
+    # about half a microsecond, so 0.5% of a 15 us kernel is a width no number of reps reaches.
+    rse_target: float = 0.005
+    floor_ms: float = 0.0005
+    # Untimed calls until this much wall time has passed (at least 2 calls: the enqueue time of
+    # the second sizes the launch cover). The kernel was already run by its checks, so this
+    # only settles clocks and caches; 10 ms before harness 5.
+    warmup_ms: float = 5.0
 
     @staticmethod
     def for_cpu(max_reps: int = 5) -> TimingSettings:
-        return TimingSettings(min_reps=2, max_reps=max_reps, max_case_s=2.0, rse_target=0.05, warmup_ms=0.0)
+        return TimingSettings(min_reps=2, max_reps=max_reps, max_case_s=2.0, rse_target=0.05, floor_ms=0.0, warmup_ms=0.0)
 
 
 @dataclass(frozen=True)
@@ -101,6 +108,7 @@ class GpuShared(Exception):
 # Wall-clock cross-checks (seconds / factors): a synchronised call may take longer than its
 # events by the host's enqueue and the synchronisation, never by more than this.
 WALL_CHECK_CALLS = 5
+FIRST_CHUNK = 16  # timed calls in the first chunk of a case (at least min_reps)
 WALL_SLACK_S = 200e-6
 WALL_FACTOR = 2.0
 
@@ -288,7 +296,8 @@ def median_ci_relative(times_ms: list[float], z: float = 1.96) -> float:
 def _should_stop(times: list[float], elapsed_s: float, s: TimingSettings, median: bool = False) -> bool:
     """Whether a timed loop has enough calls. With `median` (the protocol's statistic is the
     median) it stops once the median's confidence interval is tight (median_ci_relative below
-    rse_target), so a few outliers, which keep the mean's error high, do not hold it to the caps."""
+    rse_target, or its half-width below floor_ms), so a few outliers, which keep the mean's error
+    high, do not hold it to the caps."""
     n = len(times)
     if n >= s.max_reps:
         return True
@@ -296,7 +305,10 @@ def _should_stop(times: list[float], elapsed_s: float, s: TimingSettings, median
         return True  # time cap beats min_reps, so one slow kernel cannot stall the batch
     if n < s.min_reps:
         return False
-    return (median_ci_relative(times) if median else relative_stderr(times)) < s.rse_target
+    if not median:
+        return relative_stderr(times) < s.rse_target
+    rel = median_ci_relative(times)
+    return rel < s.rse_target or rel * float(np.median(times)) < s.floor_ms
 
 
 Steps = Generator[Any, Any, Any]  # yields a call's input, receives its output, returns a result
@@ -432,7 +444,7 @@ def cuda_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelc
     t0 = time.perf_counter()
     n_warm = 0
     enqueue_s: list[float] = []  # host time to enqueue one call (the GPU may still be running it)
-    while n_warm < 3 or ((time.perf_counter() - t0) * 1e3 < settings.warmup_ms and n_warm < 100):
+    while n_warm < 2 or ((time.perf_counter() - t0) * 1e3 < settings.warmup_ms and n_warm < 100):
         data = feed.fill()
         if flush:
             flush()
@@ -448,9 +460,13 @@ def cuda_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelc
 
     times: tuple[float, ...] = ()  # a tuple: what was recorded cannot be rewritten in place
     start = time.perf_counter()
+    size = max(settings.min_reps, FIRST_CHUNK)
     while True:
-        # Chunks of ~50 ms keep the host ahead of the GPU while stop checks stay frequent.
-        chunk = int(min(max(1, 0.05 / per_call_s), settings.max_reps - len(times), 100))
+        # Chunks of at most ~50 ms keep the host ahead of the GPU while stop checks stay
+        # frequent; the first is small and each next one twice as large, so a case whose
+        # median is tight after a few dozen calls stops there instead of after 100.
+        chunk = int(min(max(1, 0.05 / per_call_s), settings.max_reps - len(times), size, 100))
+        size *= 2
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(chunk)]
         t_chunk = time.perf_counter()
         for ev_start, ev_end in events:

@@ -409,6 +409,9 @@ class _Run:
         if earlier and earlier != {hw["hardware_id"]}:
             raise WorkerError(f"{self.store.out_path} holds results from {', '.join(sorted(earlier))}, "
                               f"this device is {hw['hardware_id']}: use another --out")
+        if self.store.continue_on(fingerprint_json(hw)):
+            log.info("resuming on another device than the rows of %s were measured on: new batch %s",
+                     self.store.out_path, self.store.batch_id)
         self.hardware = hw
         for task, timings in self.refcache.bind(hw["hardware_id"], HARNESS_VERSION, self.cfg.protocol).items():
             self.refbook.add(task, timings)

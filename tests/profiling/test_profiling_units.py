@@ -59,6 +59,14 @@ def test_adaptive_stop_rules():
     outliers = [1.0] * 20 + [40.0, 60.0]  # the mean's error stays high, the median is settled
     assert not timing._should_stop(outliers, 0.1, many) and timing._should_stop(outliers, 0.1, many, median=True)
     assert not timing._should_stop([1.0, 1.5] * 11, 0.1, many, median=True)  # the median's interval is still wide
+    # A 15 us kernel whose median is known to a few tenths of a microsecond: below what CUDA
+    # events resolve, so the absolute floor stops it although 0.5% (75 ns) is not reached.
+    tiny = [0.0150, 0.0152, 0.0149, 0.0153, 0.0151] * 4
+    strict = timing.TimingSettings(min_reps=8, max_reps=1000, max_case_s=1.0, rse_target=0.005)
+    assert timing.median_ci_relative(tiny) > 0.005 and timing._should_stop(tiny, 0.1, strict, median=True)
+    assert not timing._should_stop(tiny, 0.1, timing.TimingSettings(min_reps=8, max_reps=1000, max_case_s=1.0,
+                                                                     rse_target=0.005, floor_ms=0.0), median=True)
+    assert not timing._should_stop([x * 100 for x in tiny], 0.1, strict, median=True)  # 1.5 ms: the 0.5% holds
 
 
 def test_time_cpu_counts_reps_and_clones_for_paper():
@@ -337,3 +345,24 @@ def test_meta_compile_inputs_are_the_gpu_default_and_unphase_the_worker(tmp_path
     assert run(device="cuda", compile_inputs="meta").phased is False
     assert run(device="cuda", compile_inputs="meta", phased=True).phased is True
     assert run(device="cuda", compile_inputs="meta").base_config["compile_inputs"] == "meta"
+
+
+def test_a_run_resumed_on_another_gpu_starts_a_new_batch(tmp_path):
+    """One batch is one device at ingest: rows kept from a run on another GPU of the same kind
+    keep their batch, the new rows get a batch of their own; a warmer GPU is still the same one."""
+    import json
+
+    from pipelines.profiling.results import ResultStore
+
+    def fp(uuid: str, temperature: str) -> str:
+        return json.dumps({"hardware_id": "nvidia-h200-sm90", "uuid": uuid, "nvidia_smi": {"temperature_gpu": temperature}})
+
+    out = tmp_path / "r.parquet"
+    store = ResultStore(out, "kernelcast")
+    store.append({"batch_id": store.batch_id, "kernel_id": "k1", "protocol": "kernelcast", "hardware_id": "nvidia-h200-sm90",
+                  "hardware_json": fp("gpu-a", "33"), "status": "ok"})
+    first = store.batch_id
+    again = ResultStore(out, "kernelcast")
+    assert again.batch_id == first
+    assert not again.continue_on(fp("gpu-a", "41")) and again.batch_id == first
+    assert again.continue_on(fp("gpu-b", "33")) and again.batch_id != first
