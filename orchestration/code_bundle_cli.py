@@ -2,6 +2,7 @@
 host's run sent back (docs/llm-surrogate.md).
 
     python -m orchestration.code_bundle_cli build-bundle --out .gpu-batches/llm-bundle [--warehouse P]
+    python -m orchestration.code_bundle_cli embed-head OUT --bundle B
     python -m orchestration.code_bundle_cli ingest OUT --bundle B [--into RUN_DIR] [--register]
 
 The domain code is pipelines.surrogates.code_bundle / code_ingest; this module adds the settings'
@@ -58,6 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--warehouse", default=None, help="DuckDB file (default: the settings' warehouse)")
     b.add_argument("--version", default=None, help="dataset version (default: the newest)")
     b.add_argument("--held-out-task", default=DEFAULT_HELD_OUT_TASK)
+    e = sub.add_parser("embed-head", help="fit the boosted code-embed variants on a host run's embeddings.parquet")
+    e.add_argument("results", type=Path, help="the OUT folder the host run wrote (its forecasts and metrics grow)")
+    e.add_argument("--bundle", required=True, type=Path)
     i = sub.add_parser("ingest", help="turn a host run's output into a committed run folder and register it")
     i.add_argument("results", type=Path, help="the OUT folder the host run wrote")
     i.add_argument("--bundle", required=True, type=Path)
@@ -77,6 +81,15 @@ def main(argv: list[str] | None = None) -> int:
             size = sum(f.stat().st_size for f in Path(args.out).iterdir()) / 2**20
             print(f"bundle of {meta['dataset_version']} in {args.out} ({size:.1f} MiB): "
                   + ", ".join(f"{k} {v}" for k, v in meta["counts"].items()))
+            return 0
+        if args.command == "embed-head":
+            from pipelines.surrogates.code_embed import add_embed_variants
+
+            summary = add_embed_variants(args.results, args.bundle)
+            print("added: " + ", ".join(summary["variants"]))
+            for variant, scores in summary["ablation"].items():
+                for inputs, by_role in scores.items():
+                    print(f"  {variant:22s} {inputs:38s} " + "  ".join(f"{r} {b:.4f}" for r, b in by_role.items()))
             return 0
         return ingest_cli(args)
     except ValueError as e:

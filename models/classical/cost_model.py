@@ -37,19 +37,11 @@ import numpy as np
 import pandas as pd
 from sklearn.ensemble import HistGradientBoostingRegressor
 
-from models.bins import NUM_BINS
 from models.classical.base import BinForecaster
 from models.classical.features import FeatureSpace, dropout_rows, scale_keys, withhold_metadata
-from models.classical.spread import laplace_bins
+from models.classical.spread import fit_scales, laplace_bins
 
-SCALE_GRID = np.arange(0.05, 1.5, 0.025)  # candidate Laplace scales, log2 units
 DEFAULT_SCALE = 0.3  # before calibration: about the pooled value seen on H200 data
-SHRINK = 0.02  # weight of the log-ratio penalty pulling a task's scale to the pooled one
-
-
-def _brier(p: np.ndarray, y: np.ndarray) -> float:
-    onehot = np.eye(NUM_BINS)[y - 1]
-    return float(0.5 * ((p - onehot) ** 2).sum(axis=1).mean())
 
 
 class CostModel(BinForecaster):
@@ -113,14 +105,4 @@ class CostModel(BinForecaster):
         """Fit the pooled and per-task Laplace scales on the calibration pairs (Brier)."""
         if len(y) == 0:
             return
-        mu = self.predict_log2(frame)
-        pooled = min(SCALE_GRID, key=lambda s: _brier(laplace_bins(mu, s), y))
-        tasks = np.asarray(scale_keys(frame))
-        scales = {}
-        for task in np.unique(tasks):
-            m = tasks == task
-            scales[str(task)] = float(min(
-                SCALE_GRID,
-                key=lambda s, m=m: _brier(laplace_bins(mu[m], s), y[m]) + SHRINK * np.log(s / pooled) ** 2,
-            ))
-        self.scale_, self.task_scales_ = float(pooled), scales
+        self.scale_, self.task_scales_ = fit_scales(self.predict_log2(frame), y, scale_keys(frame))

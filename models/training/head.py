@@ -252,3 +252,32 @@ def load_head(saved: dict[str, Any]) -> BinHead:
     head = BinHead(int(saved["width"]), int(s["hidden"]), float(s["dropout"]))
     head.load_state_dict({k: v.float() for k, v in saved["state"].items()})
     return head.eval()
+
+
+def principal_projection(x: np.ndarray, fit_rows: np.ndarray, k: int) -> np.ndarray:
+    """(n, k) float32 coordinates of every row of `x` on the first `k` principal axes of the
+    rows `fit_rows` (indices into x), each column standardised by the fit rows first.
+
+    Why: a prefill's hidden-state vector is thousands of numbers wide (2 x layers x hidden + 8),
+    too wide to bring back from a GPU host for every pair and too wide for boosted trees on a few
+    thousand pairs; a few dozen principal coordinates keep most of its variance, fitted on the
+    training rows alone so no eval or external row shapes the axes.
+
+    >>> rng = np.random.default_rng(0)
+    >>> x = rng.normal(size=(50, 6)).astype(np.float32)
+    >>> principal_projection(x, np.arange(40), 3).shape
+    (50, 3)
+    """
+    xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    fit = xs[np.asarray(fit_rows)]
+    if len(fit) < 2:
+        raise ValueError(f"a projection needs at least 2 fit rows (got {len(fit)})")
+    mean = fit.mean(axis=0)
+    scale = fit.std(axis=0)
+    scale = np.where(scale > 1e-6, scale, 1.0)
+    z = (xs - mean) / scale
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    zf = torch.from_numpy(z[np.asarray(fit_rows)]).to(device)
+    _, _, vh = torch.linalg.svd(zf, full_matrices=False)  # rows of vh: principal axes, by variance
+    axes = vh[:min(k, vh.shape[0])].T.cpu().numpy()  # (width, k)
+    return (z @ axes).astype(np.float32)

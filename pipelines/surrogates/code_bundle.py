@@ -39,7 +39,7 @@ from models.training.gpu_host.bundle import (
 )
 from pipelines.surrogates.roles import DEFAULT_HELD_OUT_TASK, Roles, strip_metadata
 
-PAIR_FIELDS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin")
+PAIR_FIELDS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin", "speedup")
 
 
 def role_frames(roles: Roles) -> dict[str, pl.DataFrame]:

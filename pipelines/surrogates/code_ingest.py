@@ -91,8 +91,10 @@ def variant_records(metrics: dict[str, Any], meta: dict[str, Any]) -> dict[str, 
     for name, m in metrics.get("variants", {}).items():
         held = m.get("setting") == "held_out_task"
         settings = {"name": name, "style": m.get("style"), "held_out": held, "kind": m.get("kind"),
-                    "finetune": {"lora": "lora", "grpo": "grpo"}.get(m.get("kind"), "head"),
-                    **({"features": bool(m.get("features"))} if m.get("kind") == "head" else {}),
+                    "finetune": {"lora": "lora", "grpo": "grpo", "embed_head": "embed_head"}.get(m.get("kind"), "head"),
+                    **({"features": bool(m.get("features"))} if m.get("kind") in ("head", "embed_head") else {}),
+                    **({"parts": m.get("parts"), "ablation_brier": m.get("ablation_brier")}
+                       if m.get("kind") == "embed_head" else {}),
                     **{f"head_{k}": v for k, v in (m.get("settings") or {}).items() if m.get("kind") == "head"},
                     **({"trained": m.get("settings")} if m.get("kind") in ("lora", "grpo") else {})}
         status = {"name": name, "best_epoch": m.get("best_epoch"), "finished": m.get("finished", True),
@@ -213,7 +215,7 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
             version = register_surrogate(tracking_uri, run_id, adapter, name=model_name, base_model=base_model,
                                          dataset_version=trained, con=con, prompt_style=settings.get("style"),
                                          trained_dataset_version=trained, trained_dataset_held=is_held, tags=tags)
-        else:  # a head (its weights an artifact of the run) or GRPO (its adapter stays on the host)
+        else:  # a head (its weights an artifact of the run), boosted trees on the LLM's reading, or GRPO
             heads = results / "heads.pt"
             if settings["finetune"] == "head" and heads.is_file():
                 client.log_artifact(run_id, str(heads), "head")
@@ -221,8 +223,10 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
             logged = mlflow.create_external_model(name=name, experiment_id=experiment, source_run_id=run_id)
             version = register_logged_model(tracking_uri, f"models:/{logged.model_id}", model_name, run_id=run_id,
                                             kind="llm", tags=tags,
-                                            description=(f"head on {base_model}'s hidden states" if settings["finetune"] == "head"
-                                                         else f"GRPO on code-lora ({base_model})")
+                                            description=({"head": f"head on {base_model}'s hidden states",
+                                                          "embed_head": f"boosted trees on {base_model}'s hidden states "
+                                                                        "and the source features"}
+                                                         .get(settings["finetune"], f"GRPO on code-lora ({base_model})"))
                                                         + f", committed H200 forecasts, trained on {trained}")
             record_model_lineage(con, model_name, version, trained, mlflow_run_id=run_id, base_model=base_model,
                                  require_held=is_held)

@@ -59,8 +59,8 @@ def calibrated_variants(run_dir: str | Path, eval_pairs: pl.DataFrame, held_out_
         readout: which readout's rows to use.
     """
     frame, training = read_committed(run_dir)
-    # A head on the hidden states (models.training.head) is a variant's distributional readout too.
-    frame = frame.filter(pl.col("readout").is_in([readout, "head"] if readout == "logprob" else [readout]))
+    # A head on the hidden states (models.training.head, embed_head) is a variant's distributional readout too.
+    frame = frame.filter(pl.col("readout").is_in([readout, "head", "embed_head"] if readout == "logprob" else [readout]))
     out = []
     for name, info in sorted(training.get("variants", {}).items()):
         settings = info.get("settings", {})

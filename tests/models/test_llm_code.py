@@ -47,7 +47,8 @@ def toy_bundle(folder: Path, n_features: int = 3) -> None:
             roles.append("held_out_calibration")
         pairs.append({"pair_id": f"p{i:02d}", "task": task, "hardware_id": "h", "anchor_kernel_id": f"ref-{task}",
                       "candidate_kernel_id": f"k{i}", "true_bin": b, "roles": roles,
-                      "features": [float(b), rng.random(), float("nan")][:n_features]})
+                      "features": [float(b), rng.random(), float("nan")][:n_features],
+                      "speedup": 2.0 ** (-2.75 + 0.75 * b)})
     folder.mkdir(parents=True)
     write_parquet(folder / PAIRS_FILE, pairs, pair_schema())
     write_parquet(folder / KERNELS_FILE, kernels, kernel_schema())
@@ -99,7 +100,7 @@ def test_train_on_cpu_forecasts_every_role_and_resumes(tmp_path, monkeypatch):
     assert _train(tmp_path, "out1") == 0
     out = tmp_path / "out1"
     names = sorted(p.name for p in out.iterdir())
-    assert names[:4] == ["forecasts.parquet", "heads.pt", "lora-best.tar", "lora-state.pt.0"]
+    assert names[:5] == ["embeddings.parquet", "forecasts.parquet", "heads.pt", "lora-best.tar", "lora-state.pt.0"]
     assert "metrics.json" in names and "train.log" in names and len(names) <= 8
     assert all(p.stat().st_size <= 16 * 2**20 for p in out.iterdir())
     rows = pq.read_table(out / "forecasts.parquet").to_pylist()
@@ -131,6 +132,59 @@ def test_train_on_cpu_forecasts_every_role_and_resumes(tmp_path, monkeypatch):
     assert again["variants"]["code-head"]["history"] == metrics["variants"]["code-head"]["history"]
     assert "heads carried over" in (tmp_path / "out2" / "train.log").read_text()
     assert len(pq.read_table(tmp_path / "out2" / "forecasts.parquet")) == len(rows)
+    # The prefill's principal coordinates per setting: every pair the setting fits or scores.
+    emb = pq.read_table(out / "embeddings.parquet").to_pylist()
+    per = {s: [r for r in emb if r["setting"] == s] for s in ("in_distribution", "held_out_task")}
+    assert len(per["in_distribution"]) == 36 and len(per["held_out_task"]) == 32
+    assert all(len(r["zero_shot"]) == 8 and 1 <= len(r["pc"]) <= 48 for r in emb)
+
+
+def test_the_embedding_head_is_fitted_here_and_added_beside_the_host_variants(tmp_path, monkeypatch):
+    from pipelines.surrogates.code_embed import add_embed_variants
+
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    toy_bundle(tmp_path / "b")
+    assert _train(tmp_path, "out", "--lora-epochs", "0") == 0
+    out = tmp_path / "out"
+    before = pq.read_table(out / "forecasts.parquet").to_pylist()
+    summary = add_embed_variants(out, tmp_path / "b")
+    assert summary["variants"] == ["code-embed", "code-embed-held-out"]
+    ablation = summary["ablation"]["code-embed"]
+    assert len(ablation) == 3 and {"features", "llm"} < set(ablation)
+    grid = json.loads((out / "metrics.json").read_text())["variants"]["code-embed"]["grid"]
+    chosen = min(grid, key=lambda g: g["calibration_brier"])  # the calibration role alone decides
+    assert f"chosen (k={chosen['components']}, {'+'.join(chosen['parts'])})" in ablation
+    rows = pq.read_table(out / "forecasts.parquet").to_pylist()
+    new = [r for r in rows if r["variant"].startswith("code-embed")]
+    assert len(rows) == len(before) + len(new)
+    count = {}
+    for r in new:
+        count[(r["variant"], r["role"])] = count.get((r["variant"], r["role"]), 0) + 1
+        assert abs(sum(r[f"p{i}"] for i in range(1, 9)) - 1) < 1e-6
+    assert count == {("code-embed", "calibration"): 6, ("code-embed", "eval"): 6, ("code-embed", "external"): 4,
+                     ("code-embed-held-out", "held_out_calibration"): 6, ("code-embed-held-out", "held_out_eval"): 6}
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["variants"]["code-embed"]["kind"] == "embed_head"
+    record = metrics["variants"]["code-embed"]
+    assert record["width"] == 3 + min(record["components"], len(emb_pc(out))) + 8 * ("zero_shot" in record["parts"])
+    # Again: the variants are replaced, not added twice.
+    add_embed_variants(out, tmp_path / "b")
+    assert len(pq.read_table(out / "forecasts.parquet")) == len(rows)
+
+
+def emb_pc(out: Path) -> list[float]:
+    return pq.read_table(out / "embeddings.parquet").to_pylist()[0]["pc"]
+
+
+def test_an_embedding_head_without_embeddings_is_one_line(tmp_path, monkeypatch):
+    from pipelines.surrogates.code_embed import add_embed_variants
+
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    toy_bundle(tmp_path / "b")
+    assert _train(tmp_path, "out", "--lora-epochs", "0") == 0
+    (tmp_path / "out" / "embeddings.parquet").unlink()
+    with pytest.raises(BundleError, match="no embeddings.parquet"):
+        add_embed_variants(tmp_path / "out", tmp_path / "b")
 
 
 def test_a_leaking_bundle_is_refused_before_training(tmp_path, monkeypatch, capsys):

@@ -3,7 +3,9 @@
     meta.json        format, dataset version, held-out task, tasks (description, benchmark
                      cases), hardware fingerprints, feature names, counts per role
     pairs.parquet    pair_id, task, hardware_id, anchor/candidate kernel ids, true_bin, roles
-                     (list), features (list of floats: the pair's source-derived vector)
+                     (list), features (list of floats: the pair's source-derived vector),
+                     speedup (S, for heads fitted here as regressions; the host run reads only
+                     the bin)
     kernels.parquet  kernel_id, task, parent_kernel_id, prompt_source, features_json (the
                      compile features the "+features" prompt styles show, or null)
 
@@ -11,7 +13,8 @@ A pair's roles are those of pipelines.surrogates.roles: `fit` and `calibration` 
 and the calibration split carved from its lineages), `eval` (the in-distribution report split),
 `external` (kernels the template generator did not write), and `held_out_fit`,
 `held_out_calibration`, `held_out_eval` (the held-out-task setting: no pair of that task in the
-first two). Nothing about a measured runtime travels but the true bin (the label). The prompts
+first two). Nothing about a measured runtime travels but the label (the true bin, and S for the
+boosted head fitted back here, models.training.embed_head). The prompts
 are built on the host with models/prompts.py, so the bundle stays a few MB.
 
 Only the standard library and pyarrow: the GPU host reads this without the rest of the stack.
@@ -54,7 +57,8 @@ def pair_schema():
 
     return pa.schema([("pair_id", pa.string()), ("task", pa.string()), ("hardware_id", pa.string()),
                       ("anchor_kernel_id", pa.string()), ("candidate_kernel_id", pa.string()),
-                      ("true_bin", pa.int64()), ("roles", pa.list_(pa.string())), ("features", pa.list_(pa.float32()))])
+                      ("true_bin", pa.int64()), ("roles", pa.list_(pa.string())), ("features", pa.list_(pa.float32())),
+                      ("speedup", pa.float64())])
 
 
 def kernel_schema():

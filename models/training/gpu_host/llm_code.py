@@ -53,6 +53,8 @@ FORECASTS_FILE = "forecasts.parquet"
 METRICS_FILE = "metrics.json"
 LOG_FILE = "train.log"
 HEADS_FILE = "heads.pt"
+EMBEDDINGS_FILE = "embeddings.parquet"
+EMBED_COMPONENTS = 48  # principal coordinates of the hidden-state vector kept per pair and setting
 LORA_BEST = "lora-best.tar"
 LORA_STATE = "lora-state.pt"  # written in parts lora-state.pt.0, .1, ...
 PART_BYTES = 15 * 1024 * 1024  # under the 16 MiB a returned file may weigh
@@ -161,11 +163,12 @@ def _forecast_rows(variant: str, role: str, pair_ids: list[str], probs: Any, rea
 
 
 def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, tokens_per_batch: int,
-              style: str, device: str, grid: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any]]:
+              style: str, device: str, grid: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any],
+                                                                  list[dict[str, Any]]]:
     """(b): embed every pair's prompt once, fit the heads of both settings, forecast.
 
     Returns:
-        (forecast rows, metrics per variant, saved heads per variant).
+        (forecast rows, metrics per variant, saved heads per variant, embedding rows per setting).
     """
     import numpy as np
     import torch
@@ -199,6 +202,7 @@ def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, toke
     out_rows: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {}
     saved: dict[str, Any] = {}
+    embedded = embedding_rows(emb, ordered, pairs, EMBED_COMPONENTS)
     for name, with_features in HEAD_VARIANTS.items():
         x_all = np.concatenate([emb, feats], axis=1) if with_features and feats.shape[1] else emb
         for setting, fit_role, cal_role, roles in SETTINGS:
@@ -239,7 +243,31 @@ def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, toke
     del emb
     if device == "cuda":
         torch.cuda.empty_cache()
-    return out_rows, metrics, saved
+    return out_rows, metrics, saved, embedded
+
+
+def embedding_rows(emb, ordered: list[dict[str, Any]], pairs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+    """Per setting, every pair the setting scores or fits: its first `k` principal coordinates of
+    the prefill's hidden-state vector (axes fitted on the setting's fit rows alone) and the eight
+    zero-shot label logits. What a head fitted elsewhere (boosted trees beside the source
+    features, models.training.embed_head) reads; a few MB for all pairs."""
+    import numpy as np
+
+    from models.training.head import principal_projection
+
+    index = {p["pair_id"]: i for i, p in enumerate(ordered)}
+    hidden, zero_shot = emb[:, :-8], emb[:, -8:]
+    rows: list[dict[str, Any]] = []
+    for setting, fit_role, _cal_role, roles in SETTINGS:
+        used = {p["pair_id"] for role in (fit_role, *roles) for p in with_role(pairs, role)}
+        fit = [index[p["pair_id"]] for p in with_role(pairs, fit_role)]
+        if len(fit) < 2 or not used:
+            continue
+        chosen = np.array(sorted(index[pid] for pid in used))
+        proj = principal_projection(hidden[chosen], np.searchsorted(chosen, fit), k)
+        rows += [{"setting": setting, "pair_id": ordered[i]["pair_id"], "pc": [float(v) for v in proj[j]],
+                  "zero_shot": [float(v) for v in zero_shot[i]]} for j, i in enumerate(chosen)]
+    return rows
 
 
 def _lora_settings(args: argparse.Namespace):
@@ -401,8 +429,9 @@ def _carry_heads(resume: Path | None) -> tuple[list[dict[str, Any]], dict[str, A
 
 
 def write_outputs(out: Path, rows: list[dict[str, Any]], metrics: dict[str, Any], heads: dict[str, Any],
-                  work: Path, meta: dict[str, Any]) -> list[Path]:
-    """forecasts.parquet, metrics.json, heads.pt and the LoRA files into `out`; the files written."""
+                  work: Path, meta: dict[str, Any], embedded: list[dict[str, Any]] | None = None) -> list[Path]:
+    """forecasts.parquet, metrics.json, heads.pt, embeddings.parquet and the LoRA files into `out`;
+    the files written."""
     import pyarrow as pa
     import torch
 
@@ -412,6 +441,10 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], metrics: dict[str, Any]
     schema = pa.schema([("variant", pa.string()), ("role", pa.string()), ("pair_id", pa.string()),
                         ("readout", pa.string()), ("repeat", pa.int64()), *[(f"p{i}", pa.float64()) for i in range(1, 9)]])
     write_parquet(out / FORECASTS_FILE, rows, schema)
+    if embedded:
+        write_parquet(out / EMBEDDINGS_FILE, embedded,
+                      pa.schema([("setting", pa.string()), ("pair_id", pa.string()),
+                                 ("pc", pa.list_(pa.float32())), ("zero_shot", pa.list_(pa.float32()))]))
     if heads:
         tmp = out / (HEADS_FILE + ".part")
         torch.save(heads, tmp)
@@ -470,6 +503,7 @@ def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int
                                "time_budget_s": args.time_budget_s, "variants": {}, "skipped": {}}
     rows: list[dict[str, Any]] = []
     heads: dict[str, Any] = {}
+    embedded: list[dict[str, Any]] = []
     tokens_per_s = None
     carried = None if args.redo_heads else _carry_heads(args.resume)
     if carried is not None:
@@ -482,7 +516,7 @@ def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int
         clock.mark("load_s", t0)
         layers = tuple(int(x) for x in args.layers.split(","))
         try:
-            head_rows, head_metrics, heads = run_heads(meta, kernels, pairs, model, tokenizer, clock, layers,
+            head_rows, head_metrics, heads, embedded = run_heads(meta, kernels, pairs, model, tokenizer, clock, layers,
                                                        args.tokens_per_batch, args.style, device,
                                                        head_grid(args.head_grid, args.head_epochs))
             rows += head_rows
@@ -503,7 +537,7 @@ def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int
             metrics["skipped"][LORA_VARIANT] = "too little time left or no fit/calibration pairs"
     _maybe_grpo(args, pairs, clock, work, tokens_per_s, rows, metrics)
     metrics["seconds"] = {**clock.marks, "total": round(time.time() - clock.start, 1)}
-    files = write_outputs(out, rows, metrics, heads, work, meta)
+    files = write_outputs(out, rows, metrics, heads, work, meta, embedded)
     log.info("wrote %s in %.1f s of a %.0f s budget", ", ".join(f.name for f in files), time.time() - clock.start,
              clock.budget_s)
     for name, v in metrics["variants"].items():

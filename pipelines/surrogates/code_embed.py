@@ -1,0 +1,157 @@
+"""The `code-embed` variants of a host run: boosted trees fitted here on what the LLM read there.
+
+    python -m orchestration.code_bundle_cli embed-head OUT --bundle BUNDLE
+
+A host run (models/training/gpu_host/llm_code.py) brings back `embeddings.parquet`: per setting
+and pair, principal coordinates of the base model's hidden states over the pair's prompt and the
+eight zero-shot label logits. This step fits models.training.embed_head per setting on the fit
+role (log2 S), its spreads on the calibration role, and adds its forecasts of the scored roles to
+OUT/forecasts.parquet and its record to OUT/metrics.json, as the host's own variants are, so
+`ingest` commits and registers it like them.
+
+How much of the LLM's reading a head takes is chosen per setting on the calibration role alone
+(lowest Brier over GRID: the first k principal coordinates, with or without the zero-shot
+logits): on the H200 data all 48 coordinates let the trees overfit the few thousand fit pairs
+(docs/results/surrogate.md). Two ablations are scored beside it (the features alone, the LLM's
+reading alone), so what the language model adds is a measured figure, not a claim; they are
+recorded, not registered.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+
+from models.bins import NUM_BINS
+from models.training.gpu_host.bundle import BundleError, read_bundle, with_role
+from models.training.gpu_host.llm_code import (
+    EMBEDDINGS_FILE,
+    FORECASTS_FILE,
+    METRICS_FILE,
+    SETTINGS,
+)
+
+EMBED_VARIANT = "code-embed"
+# (components, parts) the variant chooses from by calibration Brier
+GRID = tuple((k, parts) for k in (2, 4, 8, 16, 48) for parts in (("features", "pc"), ("features", "pc", "zero_shot")))
+ABLATIONS = {"features": (0, ("features",)), "llm": (48, ("pc", "zero_shot"))}
+
+
+def _brier(p: np.ndarray, y: np.ndarray) -> float:
+    return float(0.5 * ((p - np.eye(NUM_BINS)[y - 1]) ** 2).sum(axis=1).mean()) if len(y) else float("nan")
+
+
+def read_embeddings(results: Path) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """setting -> pair_id -> {"pc": [...], "zero_shot": [...]}; BundleError when unreadable."""
+    path = Path(results) / EMBEDDINGS_FILE
+    try:
+        frame = pl.read_parquet(path)
+    except FileNotFoundError:
+        raise BundleError(f"{results}: no {EMBEDDINGS_FILE} (a host run of this version writes one)") from None
+    except (OSError, pl.exceptions.PolarsError) as e:
+        raise BundleError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+    out: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for setting, pid, pc, zs in frame.select("setting", "pair_id", "pc", "zero_shot").rows():
+        out.setdefault(setting, {})[pid] = {"pc": pc, "zero_shot": zs}
+    return out
+
+
+def design(pairs: list[dict[str, Any]], embedded: dict[str, dict[str, list[float]]], parts: tuple[str, ...],
+           k: int = 48) -> np.ndarray:
+    """(n, width) rows of the chosen parts (the first `k` principal coordinates), NaN where a
+    value is missing (the trees route it)."""
+    rows = []
+    for p in pairs:
+        row: list[float] = []
+        for part in parts:
+            if part == "features":
+                row += list(p.get("features") or [])
+            else:
+                row += list(embedded[p["pair_id"]][part])[:k] if part == "pc" else list(embedded[p["pair_id"]][part])
+        rows.append([math.nan if v is None else float(v) for v in row])
+    return np.array(rows, dtype=np.float64)
+
+
+def fit_setting(pairs: list[dict[str, Any]], embedded: dict[str, dict[str, list[float]]], fit_role: str,
+                cal_role: str, scored_roles: tuple[str, ...], parts: tuple[str, ...],
+                k: int = 48) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """Fit one head of one setting; (role -> (n, 8) forecasts of its pairs, record)."""
+    from models.training.embed_head import EmbedHeadSettings, fit_embed_head
+
+    fit = [p for p in with_role(pairs, fit_role) if p["pair_id"] in embedded and p.get("speedup")]
+    cal = [p for p in with_role(pairs, cal_role) if p["pair_id"] in embedded]
+    if not fit or not cal:
+        raise BundleError(f"{fit_role}/{cal_role}: no pairs with embeddings (fit {len(fit)}, calibration {len(cal)})")
+    settings = EmbedHeadSettings()
+    t0 = time.time()
+    head = fit_embed_head(design(fit, embedded, parts, k), np.log2([p["speedup"] for p in fit]),
+                          design(cal, embedded, parts, k), np.array([p["true_bin"] for p in cal]),
+                          [p["task"] for p in cal], settings)
+    probs = {}
+    for role in scored_roles:
+        chosen = [p for p in with_role(pairs, role) if p["pair_id"] in embedded]
+        probs[role] = (chosen, head.predict_proba(design(chosen, embedded, parts, k), [p["task"] for p in chosen]))
+    record = {"settings": settings.to_dict(), "parts": list(parts), "components": k if "pc" in parts else 0,
+              "fit_pairs": len(fit), "calibration_pairs": len(cal),
+              "pooled_scale": head.pooled_scale, "task_scales": head.task_scales, "seconds": round(time.time() - t0, 2),
+              "width": int(design(fit[:1], embedded, parts, k).shape[1])}
+    return probs, record
+
+
+def add_embed_variants(results: str | Path, bundle: str | Path) -> dict[str, Any]:
+    """Fit `code-embed` (and its held-out twin) from OUT/embeddings.parquet and add them to OUT's
+    forecasts and metrics; a summary with the ablations' Brier scores per role."""
+    results = Path(results)
+    meta, _, pairs = read_bundle(bundle)
+    metrics = json.loads((results / METRICS_FILE).read_text()) if (results / METRICS_FILE).is_file() else None
+    if metrics is None or metrics.get("dataset_version") != meta["dataset_version"]:
+        raise BundleError(f"{results} is not a host run of the bundle's dataset version {meta['dataset_version']}")
+    if not any(p.get("speedup") for p in pairs):
+        raise BundleError(f"{bundle}: the pairs carry no speedup (a bundle built before the embedding head; build it again)")
+    embeddings = read_embeddings(results)
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {"variants": [], "ablation": {}}
+    for setting, fit_role, cal_role, roles in SETTINGS:
+        embedded = embeddings.get(setting)
+        if not embedded:
+            continue
+        variant = EMBED_VARIANT if setting == "in_distribution" else f"{EMBED_VARIANT}-held-out"
+
+        def scores(probs: dict[str, Any]) -> dict[str, float]:
+            return {role: round(_brier(p, np.array([x["true_bin"] for x in chosen])), 4)
+                    for role, (chosen, p) in probs.items()}
+
+        tried = []
+        for k, parts in GRID:  # the calibration role alone decides
+            probs, record = fit_setting(pairs, embedded, fit_role, cal_role, roles, parts, k)
+            tried.append((scores(probs)[cal_role], k, parts, probs, record))
+        best_cal, k, parts, probs, record = min(tried, key=lambda t: t[0])
+        summary["ablation"][variant] = {f"chosen (k={k}, {'+'.join(parts)})": scores(probs)}
+        for name, (ak, aparts) in ABLATIONS.items():
+            summary["ablation"][variant][name] = scores(fit_setting(pairs, embedded, fit_role, cal_role, roles, aparts, ak)[0])
+        for role, (chosen, p) in probs.items():
+            rows += [{"variant": variant, "role": role, "pair_id": x["pair_id"], "readout": "embed_head", "repeat": 0,
+                      **{f"p{j + 1}": float(v) for j, v in enumerate(row)}} for x, row in zip(chosen, p, strict=True)]
+        metrics["variants"][variant] = {"kind": "embed_head", "setting": setting, "features": True,
+                                        "style": metrics.get("variants", {}).get("code-head", {}).get("style"),
+                                        "best_epoch": None, "history": [], **record,
+                                        "grid": [{"components": t[1], "parts": list(t[2]), "calibration_brier": t[0]}
+                                                 for t in tried],
+                                        "ablation_brier": summary["ablation"][variant]}
+        summary["variants"].append(variant)
+    if not rows:
+        raise BundleError(f"{results}/{EMBEDDINGS_FILE} holds no setting of the bundle")
+    old = pl.read_parquet(results / FORECASTS_FILE)
+    new = pl.DataFrame(rows, schema=old.schema)
+    merged = pl.concat([old.filter(~pl.col("variant").is_in(summary["variants"])), new])
+    tmp = results / (FORECASTS_FILE + ".part")
+    merged.write_parquet(tmp, compression="zstd")
+    tmp.replace(results / FORECASTS_FILE)
+    (results / METRICS_FILE).write_text(json.dumps(metrics, indent=1, sort_keys=True, default=str))
+    return summary
