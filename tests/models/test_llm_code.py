@@ -238,23 +238,26 @@ def test_the_bundle_build_refuses_a_scored_lineage_in_training():
 
 
 def _host_output(folder: Path, bundle: Path) -> None:
-    """What a host run returns, written (not trained): two head variants, each role it forecasts."""
+    """What a host run returns, written (not trained): two head variants and the boosted one
+    fitted back here (its own readout), each role it forecasts."""
     meta, _, pairs = read_bundle(bundle)
     rng = random.Random(1)
     rows = []
-    plan = {"code-head": ("calibration", "eval", "external"), "code-head-held-out": ("held_out_calibration", "held_out_eval")}
+    plan = {"code-head": ("calibration", "eval", "external"), "code-head-held-out": ("held_out_calibration", "held_out_eval"),
+            "code-embed": ("calibration", "eval", "external")}
     for variant, roles in plan.items():
         for p in pairs:
             for role in roles:
                 if role in p["roles"]:
                     w = [rng.random() + (3.0 if b == p["true_bin"] else 0.0) for b in range(1, 9)]
-                    rows.append({"variant": variant, "role": role, "pair_id": p["pair_id"], "readout": "head",
+                    rows.append({"variant": variant, "role": role, "pair_id": p["pair_id"],
+                                 "readout": "embed_head" if variant == "code-embed" else "head",
                                  "repeat": 0, **{f"p{b}": w[b - 1] / sum(w) for b in range(1, 9)}})
     folder.mkdir()
     import pyarrow as pa
 
     pq.write_table(pa.Table.from_pylist(rows), folder / "forecasts.parquet")
-    variants = {v: {"kind": "head", "setting": "held_out_task" if "held-out" in v else "in_distribution",
+    variants = {v: {"kind": "embed_head" if v == "code-embed" else "head", "setting": "held_out_task" if "held-out" in v else "in_distribution",
                     "features": False, "style": "full", "best_epoch": 3, "fit_pairs": 20, "calibration_pairs": 6,
                     "settings": {"hidden": 256}, "history": [{"epoch": e, "calibration_nll": 2.0 - e / 10} for e in (1, 2, 3)]}
                 for v in plan}
@@ -285,12 +288,13 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
                   "true_bin": [1], **{f"p{i}": [0.125] for i in range(1, 9)}}).write_parquet(run_dir / "forecasts.parquet")
     (run_dir / "training.json").write_text(json.dumps({"dataset_version": "ds-old", "variants": {"old": {"settings": {}}}}))
     summary = ingest(tmp_path / "out", tmp_path / "b", run_dir)
-    assert summary["variants"] == ["code-head", "code-head-held-out"] and not summary["adapter"]
+    assert summary["variants"] == ["code-embed", "code-head", "code-head-held-out"] and not summary["adapter"]
     training = json.loads((run_dir / "training.json").read_text())
-    assert set(training["variants"]) == {"old", "code-head", "code-head-held-out"}
+    assert set(training["variants"]) == {"old", "code-embed", "code-head", "code-head-held-out"}
+    assert training["variants"]["code-embed"]["settings"]["finetune"] == "embed_head"
     assert training["dataset_version"] == "ds-old" and training["variants"]["code-head"]["dataset_version"] == "ds-toy"
     frame = pl.read_parquet(run_dir / "forecasts.parquet")
-    assert set(frame["variant"]) == {"old", "code-head", "code-head-held-out"}
+    assert set(frame["variant"]) == {"old", "code-embed", "code-head", "code-head-held-out"}
     assert set(frame.filter(pl.col("variant") == "code-head")["role"]) == {"calibration", "eval"}  # external: eval role
 
     _, _, pairs = read_bundle(tmp_path / "b")
@@ -301,6 +305,7 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
     got = {v.name: v for v in calibrated_variants(run_dir, pl.concat([f["eval"], f["external"]]), f["held_out_eval"])}
     assert got["code-head"].forecasts.height == 10 and got["code-head-held-out"].forecasts.height == 6
     assert got["code-head"].calibrator.n_fit == 6
+    assert got["code-embed"].forecasts.height == 10  # the boosted head's readout is a distribution too
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
