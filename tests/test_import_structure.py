@@ -26,7 +26,7 @@ ALLOWED_UP = {("orchestration.definitions", "assets")}
 # modules, only each other and the definitions the worker shares with the warehouse (kernel ids and
 # the file formats, stdlib and pyarrow only); everything they reach needs only the worker's stack.
 BARE = ("pipelines.profiling", "pipelines.tasks")
-BARE_SHARED = ("warehouse.ids", "warehouse.formats", "warehouse.bin_edges")
+BARE_SHARED = ("warehouse.ids", "warehouse.formats", "warehouse.bin_edges", "warehouse.fingerprint")
 BARE_THIRD_PARTY = {"numpy", "torch", "triton", "pyarrow"}
 
 

@@ -91,6 +91,9 @@ class JobStore:
     def hardware_ids(self) -> set[str]:
         return set()
 
+    def continue_on(self, fingerprint: str) -> bool:
+        return False  # a service keeps no rows of earlier runs: every job's rows are of this device
+
     def add(self, job: _Job, internal_id: str, kernel_id: str) -> None:
         self.owner[internal_id] = (job.job_id, kernel_id)
         job.remaining.add(internal_id)

@@ -17,7 +17,8 @@ outputs are written before it ends):
 (c) `code-lora-grpo`: GRPO with the Brier reward on top of code-lora's best epoch, when the
     budget leaves room after (a) (models/training/gpu_host/code_grpo.py); not resumed across runs.
 
-OUT receives at most 8 files of at most 16 MiB: forecasts.parquet (variant, role, pair_id,
+OUT receives at most 8 files of at most 16 MiB: embeddings.parquet (principal coordinates of the
+hidden states per setting and pair), forecasts.parquet (variant, role, pair_id,
 readout, p1..p8: raw forecasts; the temperature is fitted where they are ingested), metrics.json
 (per variant its record and per-epoch history; the LoRA run's state), train.log, heads.pt, and
 for the LoRA variant lora-best.tar and lora-state.pt.<i> (the resumable checkpoint, in parts).
