@@ -114,6 +114,8 @@ def add_embed_variants(results: str | Path, bundle: str | Path) -> dict[str, Any
         raise BundleError(f"{results} is not a host run of the bundle's dataset version {meta['dataset_version']}")
     if not any(p.get("speedup") for p in pairs):
         raise BundleError(f"{bundle}: the pairs carry no speedup (a bundle built before the embedding head; build it again)")
+    if not (results / FORECASTS_FILE).is_file():
+        raise BundleError(f"{results}: no {FORECASTS_FILE} (not a host run's output folder)")
     embeddings = read_embeddings(results)
     rows: list[dict[str, Any]] = []
     summary: dict[str, Any] = {"variants": [], "ablation": {}}

@@ -185,6 +185,9 @@ def test_an_embedding_head_without_embeddings_is_one_line(tmp_path, monkeypatch)
     (tmp_path / "out" / "embeddings.parquet").unlink()
     with pytest.raises(BundleError, match="no embeddings.parquet"):
         add_embed_variants(tmp_path / "out", tmp_path / "b")
+    (tmp_path / "out" / "forecasts.parquet").unlink()
+    with pytest.raises(BundleError, match="no forecasts.parquet"):
+        add_embed_variants(tmp_path / "out", tmp_path / "b")
 
 
 def test_a_leaking_bundle_is_refused_before_training(tmp_path, monkeypatch, capsys):
