@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from models.bins import NUM_BINS
+from models.classical.spread import laplace_brier
 from models.training.gpu_host.bundle import BundleError, read_bundle, with_role
 from models.training.gpu_host.llm_code import (
     EMBEDDINGS_FILE,
@@ -44,7 +44,7 @@ ABLATIONS = {"features": (0, ("features",)), "llm": (48, ("pc", "zero_shot"))}
 
 
 def _brier(p: np.ndarray, y: np.ndarray) -> float:
-    return float(0.5 * ((p - np.eye(NUM_BINS)[y - 1]) ** 2).sum(axis=1).mean()) if len(y) else float("nan")
+    return laplace_brier(p, y) if len(y) else float("nan")
 
 
 def read_embeddings(results: Path) -> dict[str, dict[str, dict[str, list[float]]]]:
