@@ -90,7 +90,8 @@ def fit_setting(pairs: list[dict[str, Any]], embedded: dict[str, dict[str, list[
         raise BundleError(f"{fit_role}/{cal_role}: no pairs with embeddings (fit {len(fit)}, calibration {len(cal)})")
     settings = EmbedHeadSettings()
     t0 = time.time()
-    head = fit_embed_head(design(fit, embedded, parts, k), np.log2([p["speedup"] for p in fit]),
+    x_fit = design(fit, embedded, parts, k)
+    head = fit_embed_head(x_fit, np.log2([p["speedup"] for p in fit]),
                           design(cal, embedded, parts, k), np.array([p["true_bin"] for p in cal]),
                           [p["task"] for p in cal], settings)
     probs = {}
@@ -100,7 +101,7 @@ def fit_setting(pairs: list[dict[str, Any]], embedded: dict[str, dict[str, list[
     record = {"settings": settings.to_dict(), "parts": list(parts), "components": k if "pc" in parts else 0,
               "fit_pairs": len(fit), "calibration_pairs": len(cal),
               "pooled_scale": head.pooled_scale, "task_scales": head.task_scales, "seconds": round(time.time() - t0, 2),
-              "width": int(design(fit[:1], embedded, parts, k).shape[1])}
+              "width": int(x_fit.shape[1])}
     return probs, record
 
 
