@@ -346,3 +346,32 @@ def test_a_remembered_probe_confirms_in_one_attempt_and_a_stale_memo_probes_agai
     (tmp_path / "memo.json").write_text("{not json")  # a corrupt memo is ignored
     monkeypatch.setattr(layer_probe, "_PROBES", {})
     assert layer_probe.probe(policy, "cuda") == first
+
+
+def test_the_probe_of_a_gpu_host_runs_its_attempts_side_by_side_and_keeps_what_starts(monkeypatch):
+    """An H200 VM where the AF_UNIX refusal, Landlock and the PID namespace each keep CUDA from
+    starting: one round of attempts side by side (all layers, no fragile one, each fragile one
+    alone) and one confirming attempt drop exactly those three, each with its own error."""
+    from pipelines.profiling import layer_probe, sandbox_policy
+
+    broken = {"nounix", "landlock", "pidns"}
+    attempts: list[tuple[str, ...]] = []
+
+    def fake_probe(policy, device, uid):
+        attempts.append(policy.layers)
+        bad = sorted(broken & set(policy.layers))
+        if bad:
+            return None, {}, f"cuInit: error 304 with {','.join(bad)}"
+        return [x for x in policy.layers if x != "uid"], {}, ""
+
+    monkeypatch.setattr(layer_probe, "_probe_once", fake_probe)
+    monkeypatch.setattr(layer_probe, "_PROBES", {})
+    monkeypatch.setenv(layer_probe.MEMO_ENV, "off")
+    policy = sandbox_policy.SandboxPolicy()
+    fragile = [x for x in layer_probe.CUDA_FRAGILE_LAYERS if x in policy.layers]
+    report = layer_probe.probe(policy, "cuda")
+    assert len(attempts) == 2 + len(fragile) + 1
+    assert broken.isdisjoint(report.layers)
+    assert set(fragile) - broken <= set(report.layers)
+    for layer in broken:
+        assert report.notes[layer] == f"breaks CUDA initialisation on this host (cuInit: error 304 with {layer})"
