@@ -41,8 +41,9 @@ def clone_data(data: Any) -> Any:
 class InputCache:
     """Task inputs generated once per (task, case, salt) and handed out as fresh clones.
 
-    Tasks build inputs on the CPU with a seeded generator (so CPU and GPU see the same data);
-    for benchmark shapes that costs ~1 s a case, far more than checking or timing a kernel.
+    Tasks draw inputs from a seeded generator on their device (contract.seeded_generator); a
+    benchmark case still costs milliseconds to a second (trimul's largest, copies included), far
+    more than handing out a clone.
     A clone is a new buffer with the same values: no kernel ever sees a buffer another kernel
     (or the reference) has touched. Inputs of the least recently used task are dropped once
     the cache holds more than `max_bytes`.

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from pipelines.tasks.contract import Task, allclose_check, default_device
+from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
 
 RTOL = 2e-2
 ATOL = 2e-2
@@ -32,10 +32,10 @@ DESCRIPTION = (
 
 def generate_input(seed: int, B: int, H: int, S: int, D: int) -> tuple[torch.Tensor, ...]:
     """q, k, v as standard normal bf16 tensors of shape (B, H, S, D)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    device = default_device()
+    dev = default_device()
+    gen = seeded_generator(seed, dev)
     return tuple(
-        torch.randn(B, H, S, D, generator=gen).to(device=device, dtype=torch.bfloat16).contiguous()
+        torch.randn(B, H, S, D, generator=gen, device=dev).to(dtype=torch.bfloat16).contiguous()
         for _ in range(3)
     )
 

@@ -27,12 +27,25 @@ Case = dict[str, Any]
 def default_device() -> str:
     """Where task inputs live: "cuda" on a GPU host, else "cpu" (the Triton interpreter).
 
-    KERNELCAST_DEVICE overrides (e.g. "cpu" to force interpreter checks on a GPU host).
+    KERNELCAST_DEVICE overrides (e.g. "cpu" to force interpreter checks on a GPU host; "meta" for
+    shapes alone, as the compile children use them).
     """
     forced = os.environ.get("KERNELCAST_DEVICE")
     if forced:
         return forced
     return "cuda" if torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1" else "cpu"
+
+
+def seeded_generator(seed: int, device: str) -> torch.Generator:
+    """The random generator a task's inputs on `device` are drawn from, seeded.
+
+    Drawn where they are used: on a GPU host the measuring child and the verifier each generate
+    every input they check or time, and drawing the benchmark shapes on the CPU and copying them
+    took a fifth of the measuring child's time on an H200 (harness 5). The values differ between
+    devices, never between runs or processes on one device; on the CPU they are what
+    `torch.Generator().manual_seed(seed)` gives. On "meta" (shapes only: the compile children)
+    a CPU generator, which meta factories accept and never draw from."""
+    return torch.Generator(device="cpu" if device == "meta" else device).manual_seed(seed)
 
 
 @dataclass(frozen=True)

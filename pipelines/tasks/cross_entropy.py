@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.tasks.contract import Task, allclose_check, default_device
+from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
 
 # Logits are N(0, LOGIT_STD^2): softmax mass spread over many entries, the largest entry well
 # below 1, as in a language model early in training.
@@ -39,8 +39,7 @@ GRAD_ATOL_TIMES_V = 1e-2
 def generate_input(seed: int, B: int, V: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Logits (B, V) bf16 ~ N(0, 4) and targets (B,) int64 uniform in [0, V); same seed, same data."""
     device = default_device()
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
+    gen = seeded_generator(seed, device)
     logits = torch.randn((B, V), generator=gen, device=device, dtype=torch.float32) * LOGIT_STD
     targets = torch.randint(0, V, (B,), generator=gen, device=device, dtype=torch.int64)
     return logits.to(torch.bfloat16).contiguous(), targets

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.tasks.contract import Task, allclose_check, default_device
+from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
 
 GROUP = 128
 FP8_MAX = 448.0
@@ -29,13 +29,14 @@ def generate_input(seed: int, M: int, K: int) -> tuple[torch.Tensor]:
     one all-zero group (row 0, columns 0..127) to exercise the 1e-10 scale floor."""
     if K % GROUP:
         raise ValueError(f"K={K} must be a multiple of {GROUP}")
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, K, generator=gen, dtype=torch.float32)
-    x = x * torch.exp(torch.randn(M, 1, generator=gen, dtype=torch.float32))
-    outliers = torch.rand(M, K, generator=gen) < 1e-3
+    dev = default_device()
+    gen = seeded_generator(seed, dev)
+    x = torch.randn(M, K, generator=gen, device=dev, dtype=torch.float32)
+    x = x * torch.exp(torch.randn(M, 1, generator=gen, device=dev, dtype=torch.float32))
+    outliers = torch.rand(M, K, generator=gen, device=dev) < 1e-3
     x = torch.where(outliers, x * 20.0, x)
     x[0, :GROUP] = 0.0
-    return (x.to(torch.bfloat16).to(default_device()),)
+    return (x.to(torch.bfloat16),)
 
 
 def ref_kernel(data: tuple[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:

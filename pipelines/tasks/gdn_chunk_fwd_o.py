@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.tasks.contract import Task, allclose_check, default_device
+from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
 
 CHUNK = 64  # tokens per chunk; h holds one state per chunk
 RTOL = 3e-2
@@ -39,21 +39,21 @@ DESCRIPTION = (
 
 def generate_input(seed: int, B: int, T: int, H: int, K: int, V: int) -> tuple:
     """Random GDN tensors with O(1) outputs; gates in (0, 1) cumulated within each chunk."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
+    dev = default_device()
+    gen = seeded_generator(seed, dev)
     nt = -(-T // CHUNK)
     # 0.5 * N(0, 1) entries make scale * q.k ~ N(0, 0.25): both output terms stay O(1).
-    q = 0.5 * torch.randn(B, T, H, K, generator=gen)
-    k = 0.5 * torch.randn(B, T, H, K, generator=gen)
-    v = torch.randn(B, T, H, V, generator=gen)
-    h = 2.0 * torch.randn(B, nt, H, K, V, generator=gen)
+    q = 0.5 * torch.randn(B, T, H, K, generator=gen, device=dev)
+    k = 0.5 * torch.randn(B, T, H, K, generator=gen, device=dev)
+    v = torch.randn(B, T, H, V, generator=gen, device=dev)
+    h = 2.0 * torch.randn(B, nt, H, K, V, generator=gen, device=dev)
     # Per-token log-gates log(sigmoid(4 + 0.5 z)) ~ -0.02, cumulated inside each chunk.
-    g_tok = torch.nn.functional.logsigmoid(4.0 + 0.5 * torch.randn(B, T, H, generator=gen))
+    g_tok = torch.nn.functional.logsigmoid(4.0 + 0.5 * torch.randn(B, T, H, generator=gen, device=dev))
     pad = nt * CHUNK - T
     g_tok = torch.nn.functional.pad(g_tok, (0, 0, 0, pad)).view(B, nt, CHUNK, H)
     g = g_tok.cumsum(dim=2).view(B, nt * CHUNK, H)[:, :T].contiguous()
-    device = default_device()
-    bf16 = [t.to(device=device, dtype=torch.bfloat16).contiguous() for t in (q, k, v, h)]
-    return (*bf16, g.to(device=device, dtype=torch.float32), float(K) ** -0.5)
+    bf16 = [t.to(dtype=torch.bfloat16).contiguous() for t in (q, k, v, h)]
+    return (*bf16, g.to(dtype=torch.float32), float(K) ** -0.5)
 
 
 def ref_kernel(data: tuple) -> torch.Tensor:

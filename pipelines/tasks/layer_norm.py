@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.tasks import rowwise
-from pipelines.tasks.contract import Task, allclose_check, default_device
+from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
 
 EPS = 1e-5
 RTOL = 2e-2
@@ -24,13 +24,13 @@ def generate_input(seed: int, M: int, N: int):
 
     The non-zero mean makes a kernel that forgets to centre x (or mixes up mean and variance) fail.
     """
-    gen = torch.Generator().manual_seed(seed)
-    x = 0.5 + torch.randn(M, N, generator=gen, dtype=torch.float32)
-    w = 1.0 + 0.1 * torch.randn(N, generator=gen, dtype=torch.float32)
-    b = 0.1 * torch.randn(N, generator=gen, dtype=torch.float32)
     dev = default_device()
+    gen = seeded_generator(seed, dev)
+    x = 0.5 + torch.randn(M, N, generator=gen, device=dev, dtype=torch.float32)
+    w = 1.0 + 0.1 * torch.randn(N, generator=gen, device=dev, dtype=torch.float32)
+    b = 0.1 * torch.randn(N, generator=gen, device=dev, dtype=torch.float32)
     bf = torch.bfloat16
-    return x.to(bf).to(dev), w.to(bf).to(dev), b.to(bf).to(dev), EPS
+    return x.to(bf), w.to(bf), b.to(bf), EPS
 
 
 def ref_kernel(data) -> torch.Tensor:

@@ -12,7 +12,7 @@ import math
 
 import torch
 
-from pipelines.tasks.contract import Task, allclose_check, default_device
+from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
 
 RTOL = 2e-2
 ATOL = 2e-2
@@ -35,12 +35,12 @@ def generate_input(
     seed: int, M: int, N: int, K: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A (M, K), B (K, N), bias (N,) in bf16; B is scaled by 1/sqrt(K) so outputs are O(1)."""
-    gen = torch.Generator(device="cpu").manual_seed(seed)
-    a = torch.randn(M, K, generator=gen)
-    b = torch.randn(K, N, generator=gen) / math.sqrt(K)
-    bias = torch.randn(N, generator=gen)
-    device = default_device()
-    return tuple(t.to(device=device, dtype=torch.bfloat16).contiguous() for t in (a, b, bias))
+    dev = default_device()
+    gen = seeded_generator(seed, dev)
+    a = torch.randn(M, K, generator=gen, device=dev)
+    b = torch.randn(K, N, generator=gen, device=dev) / math.sqrt(K)
+    bias = torch.randn(N, generator=gen, device=dev)
+    return tuple(t.to(dtype=torch.bfloat16).contiguous() for t in (a, b, bias))
 
 
 def ref_kernel(data: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> torch.Tensor:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from pipelines.tasks import rowwise
-from pipelines.tasks.contract import Task, allclose_check, default_device
+from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
 
 EPS = 1e-6
 RTOL = 2e-2
@@ -21,12 +21,12 @@ ATOL = 2e-2
 
 
 def generate_input(seed: int, M: int, N: int) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """(x (M, N) bf16 ~ N(0,1), weight (N,) bf16 ~ 1 + N(0, 0.1^2), eps); CPU-generated, then moved."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, N, generator=gen, dtype=torch.float32)
-    w = 1.0 + 0.1 * torch.randn(N, generator=gen, dtype=torch.float32)
+    """(x (M, N) bf16 ~ N(0,1), weight (N,) bf16 ~ 1 + N(0, 0.1^2), eps), drawn on the task's device."""
     dev = default_device()
-    return x.to(torch.bfloat16).to(dev), w.to(torch.bfloat16).to(dev), EPS
+    gen = seeded_generator(seed, dev)
+    x = torch.randn(M, N, generator=gen, device=dev, dtype=torch.float32)
+    w = 1.0 + 0.1 * torch.randn(N, generator=gen, device=dev, dtype=torch.float32)
+    return x.to(torch.bfloat16), w.to(torch.bfloat16), EPS
 
 
 def ref_kernel(data: tuple[torch.Tensor, torch.Tensor, float]) -> torch.Tensor:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from pipelines.tasks import rowwise
-from pipelines.tasks.contract import Task, allclose_check, default_device
+from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
 
 RTOL = 2e-2
 # Probabilities of a 16k-wide row are ~6e-5: atol must stay far below that to mean anything.
@@ -20,10 +20,11 @@ ROW_SUM_TOL = 2e-2
 
 
 def generate_input(seed: int, M: int, N: int) -> tuple[torch.Tensor]:
-    """x: (M, N) bf16, N(0, 2^2) logits; generated on the CPU so every device sees the same data."""
-    gen = torch.Generator().manual_seed(seed)
-    x = torch.randn(M, N, generator=gen, dtype=torch.float32) * 2.0
-    return (x.to(torch.bfloat16).to(default_device()),)
+    """x: (M, N) bf16, N(0, 2^2) logits, drawn on the device the task runs on (seeded_generator)."""
+    dev = default_device()
+    gen = seeded_generator(seed, dev)
+    x = torch.randn(M, N, generator=gen, device=dev, dtype=torch.float32) * 2.0
+    return (x.to(torch.bfloat16),)
 
 
 def ref_kernel(data: tuple[torch.Tensor]) -> torch.Tensor:

@@ -17,8 +17,8 @@ the unfused intermediates.
 What matches GPU MODE's problem (reference-kernels, problems/bioml/trimul):
 - inputs: the same calls in the same order. A torch.Generator on the input's device, seeded with
   the case seed, gives the normal input and the random mask; the Cauchy(0, 2) input comes from
-  torch.distributions.Cauchy on the CPU and the weights from torch.randn, both through torch's
-  global generator. GPU MODE leaves that generator to the process's history; here it is seeded
+  torch.distributions.Cauchy on the CPU (on a GPU: the same distribution drawn on the device,
+  not GPU MODE's values) and the weights from torch.randn, both through torch's global generator. GPU MODE leaves that generator to the process's history; here it is seeded
   from the case seed inside torch.random.fork_rng, so every case is deterministic by its seed and
   the caller's generator state is left as it was;
 - reference: the same module (LayerNorm, bias-free Linear layers, einsum) in fp32 with TF32 off
@@ -38,7 +38,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from pipelines.tasks.contract import Task, default_device
+from pipelines.tasks.contract import Task, default_device, seeded_generator
 from pipelines.tasks.gpumode_utils import DisableCuDNNTF32, make_match_reference
 
 # GPU MODE: check_implementation = make_match_reference(ref_kernel, rtol=2e-2, atol=2e-2).
@@ -69,14 +69,18 @@ def generate_input(
     if distribution not in ("normal", "cauchy"):
         raise ValueError(f"distribution must be 'normal' or 'cauchy', got {distribution!r}")
     device = default_device()
-    gen = torch.Generator(device=device)
-    gen.manual_seed(seed)
+    gen = seeded_generator(seed, device)
     shape = (bs, seqlen, seqlen, dim)
     cuda_devices = [torch.device(device).index or 0] if device.startswith("cuda") else []
     with torch.random.fork_rng(devices=cuda_devices):
         torch.manual_seed(seed)  # GPU MODE draws Cauchy inputs and weights from the global generator
-        if distribution == "cauchy":
-            x = torch.distributions.Cauchy(0, 2).sample(shape).to(device=device, dtype=torch.float32)
+        if distribution == "cauchy" and device == "cpu":
+            x = torch.distributions.Cauchy(0, 2).sample(shape).to(dtype=torch.float32)
+        elif distribution == "cauchy":
+            # GPU MODE samples on the CPU and copies: 800 M values took 14 s of an H200 worker's
+            # start on trimul. The same distribution, drawn on the device from the seeded global
+            # generator there.
+            x = torch.empty(shape, device=device, dtype=torch.float32).cauchy_(0.0, 2.0)
         else:
             x = torch.randn(shape, device=device, dtype=torch.float32, generator=gen).contiguous()
         if nomask:
