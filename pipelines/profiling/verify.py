@@ -460,6 +460,20 @@ class VerifierLink:
             self.sb = None
 
 
+MARGINAL_SHARE = 1e-3  # a wrong timed output with at most this share of its elements off is `incorrect`
+_ELEMENTS_OFF = re.compile(r"(\d+)/(\d+) elements")
+
+
+def mismatch_share(message: str) -> float | None:
+    """The share of elements a check message says are off ("12/4096 elements off"), if it says.
+
+    >>> mismatch_share("case a: output: 1/16777216 elements off (rtol=0.02)"), mismatch_share("contains NaN")
+    (5.960464477539063e-08, None)
+    """
+    m = _ELEMENTS_OFF.search(message or "")
+    return int(m.group(1)) / int(m.group(2)) if m and int(m.group(2)) > 0 else None
+
+
 def settle(result: dict, v: JobVerdicts) -> dict:
     """The result a row records, from what the kernel's process claims and the verifier's record.
 
@@ -482,6 +496,11 @@ def settle(result: dict, v: JobVerdicts) -> dict:
     if v.infrastructure:
         return fail("infrastructure", v.infrastructure)
     if v.failure is not None and v.timed_failure:
+        share = mismatch_share(v.failure)
+        if share is not None and share <= MARGINAL_SHARE:
+            # A timed call runs on values of its own: a kernel at the edge of the tolerance can
+            # miss by a hair on them (seen on the H200: 1 element of 16.8 M, by 1e-4 past it).
+            return fail("incorrect", f"wrong on the values of a timed call: {v.failure}")
         # Every check before timing passed (the plan puts them first), so the kernel computed
         # right when checked and wrong when timed: it told the two apart.
         return fail("tampered", f"right when checked, wrong when timed: {v.failure}")

@@ -120,6 +120,12 @@ def test_timed_call_steps_are_planned_and_a_wrong_one_is_tampered(tiny_task):
     v = verify.JobVerdicts(of=5, done=2, failure="case x (a timed call): output: wrong", timed_failure=True)
     out = verify.settle({"status": "failed", "failure_kind": "incorrect"}, v)
     assert out["failure_kind"] == "tampered" and "wrong when timed" in out["error"]
+    # wrong almost everywhere on a timed call (an idler's empty output) is tampered; one element
+    # of 16.8 M a hair past the tolerance on the timed call's own values is incorrect
+    for off, kind in (("16000000/16777216", "tampered"), ("1/16777216", "incorrect")):
+        v = verify.JobVerdicts(of=5, done=4, failure=f"case x (a timed call): output: {off} elements off",
+                               timed_failure=True)
+        assert verify.settle({"status": "ok"}, v)["failure_kind"] == kind
 
 
 def test_the_verifier_accepts_a_timed_output_only_on_a_timed_salt(tiny_task, tmp_path, monkeypatch):
