@@ -430,7 +430,10 @@ def build_launcher(kernel: Any) -> None:
     5: 46 ms a kernel); built here, the measuring child finds it in the shared cache. Nothing is
     loaded on the GPU. Best effort: a launcher that does not build here is built on first launch."""
     key = getattr(kernel, "hash", None)
-    if kernel is None or not isinstance(key, str) or key in _LAUNCHERS_BUILT or hasattr(kernel, "result"):
+    if kernel is None or not isinstance(key, str) or hasattr(kernel, "result"):
+        return
+    key = f"{key}@{os.environ.get('TRITON_CACHE_DIR', '')}"  # each kernel's cache folder gets its own
+    if key in _LAUNCHERS_BUILT:
         return
     _LAUNCHERS_BUILT.add(key)
     try:
@@ -531,10 +534,22 @@ def _failed(f: KernelFailure, t0: float, **extra: Any) -> dict:
             "seconds": time.perf_counter() - t0, "restart": f.restart, **extra}
 
 
+def use_kernel_cache(job: dict, variable: str) -> None:
+    """Point Triton at the job's own cache folder (the worker made one per kernel): compile
+    children write there (TRITON_CACHE_DIR), the measuring child reads there (triton_cache.SHARED_ENV).
+    Triton reads both each time it opens a cache entry."""
+    folder = job.get("triton_dir")
+    if isinstance(folder, str) and folder:
+        os.environ[variable] = folder
+    elif variable != "TRITON_CACHE_DIR":
+        os.environ.pop(variable, None)  # no folder of its own: nothing shared to read
+
+
 def run_compile(job: dict, device: str) -> dict:
     """Import the kernel; on a GPU also compile it for every benchmark shape without launching."""
     t0 = time.perf_counter()
     path = job["path"]
+    use_kernel_cache(job, "TRITON_CACHE_DIR")
     try:
         task, fn = _imported(job)
         source = Path(path).read_text(encoding="utf-8")
@@ -740,6 +755,7 @@ class Measurer:
             phases["state_check_s"] = time.perf_counter() - t
             task = _task_or_failure(job["task"])
             cases = self.cases(task)
+            use_kernel_cache(job, "KERNELCAST_TRITON_SHARED")  # triton_cache.SHARED_ENV (Triton-free here)
             t = time.perf_counter()
             result["ref_new"] = self.reference_timings(task, progress, job.get("ref_fresh"))
             phases["reference_s"] = time.perf_counter() - t

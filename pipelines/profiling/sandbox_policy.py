@@ -7,6 +7,7 @@ Read by the sandbox's parent (pipelines.profiling.sandbox), the layer probe
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 import shutil
@@ -283,11 +284,56 @@ def read_only_triton_cache(shared: Path) -> dict[str, str]:
 
 
 def prepare_shared_dir(path: Path, policy: SandboxPolicy) -> None:
-    """A directory every child may write (the Triton cache): group-owned by the sandbox gid."""
+    """A directory every child may write (the Triton cache root): group-owned by the sandbox gid;
+    sticky, so no child renames or removes an entry it does not own (another kernel's folder)."""
     path.mkdir(parents=True, exist_ok=True)
     if is_root() and "uid" in policy.layers:
         os.chown(path, -1, policy.gid)
-        os.chmod(path, 0o2775)  # setgid: entries keep the shared group
+        os.chmod(path, 0o3775)  # setgid: entries keep the shared group; sticky: owners alone unlink
+
+
+def kernel_cache_dir(root: Path, uid: int | None, gid: int) -> Path:
+    """A new folder under `root` for one compile job's Triton cache, named unpredictably (no
+    kernel can make it before it exists) and writable by the compile child's uid alone."""
+    import secrets
+
+    path = root / f"k-{secrets.token_hex(12)}"
+    path.mkdir(mode=0o700)
+    if uid is not None and is_root():
+        os.chown(path, uid, gid)
+    return path
+
+
+def seal_dir(path: Path) -> None:
+    """Make a compile job's cache folder read-only for every child: owned by us, 0755 folders and
+    0644 files. What a kernel could have planted to turn our chown or chmod on something else is
+    removed first: symbolic links, files with other names elsewhere (hard links), anything that is
+    not a plain file or folder. Nothing is followed."""
+    import stat
+
+    mine = os.geteuid(), os.getegid()
+    for top, dirs, files in os.walk(path, topdown=True, followlinks=False):
+        for name in dirs + files:
+            entry = os.path.join(top, name)
+            try:
+                st = os.lstat(entry)
+                if stat.S_ISDIR(st.st_mode):
+                    continue
+                if not stat.S_ISREG(st.st_mode) or st.st_nlink > 1:
+                    os.unlink(entry)
+                    continue
+                os.chown(entry, *mine, follow_symlinks=False)
+                os.chmod(entry, 0o644, follow_symlinks=False)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(entry)
+    for top, dirs, _ in os.walk(path, topdown=False, followlinks=False):
+        for name in dirs + [""]:
+            entry = os.path.join(top, name) if name else top
+            with contextlib.suppress(OSError):
+                if not os.path.islink(entry):
+                    os.chown(entry, *mine, follow_symlinks=False)
+                    os.chmod(entry, 0o755)
 
 
 def make_traversable(*paths: Path) -> None:

@@ -1,15 +1,16 @@
 """A Triton cache that reads a shared folder without writing it, for the measuring child.
 
-The compile children fill the worker's shared Triton cache; the measuring child only needs what
-they compiled. It sees that folder read-only (its sandbox does not list it as writable) and
+Each compile job writes its kernel's Triton cache into a folder of its own under the worker's
+cache root (worker.py seals it, read-only, when the job is done); the measuring child only needs
+what was compiled for the kernel it measures. It reads that kernel's folder (set per job) and
 writes what it compiles itself into a cache of its own (TRITON_CACHE_DIR, in its private
 directory), through Triton's documented hook for a cache manager:
 
     TRITON_CACHE_MANAGER=pipelines.profiling.triton_cache:ReadThroughCache
-    TRITON_CACHE_DIR=<private cache>   KERNELCAST_TRITON_SHARED=<shared cache, read-only>
+    TRITON_CACHE_DIR=<private cache>   KERNELCAST_TRITON_SHARED=<the kernel's folder, read-only>
 
-So no kernel measured there can leave a compiled kernel or a launcher library in the shared
-cache for another kernel to load. `sandbox.read_only_triton_cache` builds that environment.
+So no kernel, compiled or measured, can leave a compiled kernel or a launcher library for
+another kernel to load. `sandbox.read_only_triton_cache` builds that environment.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@
 
 Pipeline (one parent, many children; the parent never runs kernel code):
 
-    batch --> compile pool (N children, shared TRITON_CACHE_DIR) --> measuring child --> rows
+    batch --> compile pool (N children, a Triton cache folder per kernel) --> measuring child --> rows
               import + compile for the benchmark       check every case, then time
               shapes without launching (GPU)            kernel and reference in one process
                                                              |  outputs (files)   ^ verdicts
@@ -83,16 +83,19 @@ from pipelines.profiling.refcache import RefCache, default_path
 from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
 from pipelines.profiling.sandbox import ChildDied, Sandbox, deliver
 from pipelines.profiling.sandbox_policy import (
+    kernel_cache_dir,
     make_traversable,
     one_line,
     policy_from_env,
     prepare_shared_dir,
     read_only_triton_cache,
+    seal_dir,
 )
 from pipelines.profiling.verify import VerifierLink, settle
 from warehouse.formats import FAILURE_KINDS, HARNESS_VERSION
 
 NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
+TRITON_DIR_KEY = "_triton_dir"  # a kernel's own Triton cache folder, while the run holds it
 LIMIT_SCAN_S = 0.5  # how often the parent reads /proc for the children's memory and processes
 
 log = logging.getLogger(__name__)
@@ -325,7 +328,24 @@ class _Run:
 
     def _job(self, kernel: dict) -> dict:
         return {"job_id": kernel["kernel_id"], "kernel_id": kernel["kernel_id"], "task": kernel["task"], "path": self._kernel_path(kernel),
-                "ref_fresh": self.refcache.freshness(kernel["task"], self.cfg.ref_refresh_s)}
+                "ref_fresh": self.refcache.freshness(kernel["task"], self.cfg.ref_refresh_s),
+                "triton_dir": kernel.get(TRITON_DIR_KEY)}
+
+    # ---- Triton caches: one folder per kernel ----------------------------------------------
+    # A compile job writes its kernel's Triton cache (binaries, launcher) into a folder of its
+    # own under the shared root, writable by that compile child's uid alone; once the job is done
+    # the folder is sealed (ours, read-only) and the measuring child reads that kernel's folder
+    # and no other. So no kernel can leave a compiled kernel or a launcher for another to load.
+    def _new_cache_dir(self, kernel: dict, sb: Sandbox) -> None:
+        self._drop_cache_dir(kernel)
+        kernel[TRITON_DIR_KEY] = str(kernel_cache_dir(self.triton_cache, sb.uid, self.policy.gid))
+
+    def _drop_cache_dir(self, kernel: dict) -> None:
+        folder = kernel.pop(TRITON_DIR_KEY, None)
+        if folder:
+            import shutil
+
+            shutil.rmtree(folder, ignore_errors=True)
 
     def _retire(self, sb: Sandbox) -> None:
         if sb.job_key is not None:
@@ -370,6 +390,7 @@ class _Run:
             row["failure_kind"] = row["failure_kind"] if row["failure_kind"] in FAILURE_KINDS else "infrastructure"
         self.store.append(row)
         self.measured_now += 1
+        self._drop_cache_dir(kernel)
 
     def _fail(self, kernel: dict, kind: str, error: str, compile_s: float | None = None, sandbox: str = "") -> None:
         self._record(kernel, {"status": "failed", "failure_kind": kind, "error": one_line(error)}, compile_s, sandbox)
@@ -463,6 +484,10 @@ class _Run:
                 msg = {**msg, "restart": True}
             if sb.role == "compile":
                 if msg.get("ok"):
+                    if msg.get("restart"):  # nothing of the kernel's may run while its folder is sealed
+                        self._retire(sb)
+                    if kernel.get(TRITON_DIR_KEY):
+                        seal_dir(Path(kernel[TRITON_DIR_KEY]))
                     self.compiled.append((kernel, msg.get("seconds")))
                 else:
                     self._fail(kernel, msg.get("failure_kind") or "infrastructure", msg.get("error", ""), msg.get("seconds"),
@@ -474,7 +499,7 @@ class _Run:
                 self._record(kernel, result, sb.compile_s, sb.layers)
                 sb.jobs_done += 1
                 msg = result
-            if msg.get("restart") or (sb is self.measurer and sb.jobs_done >= self.cfg.recycle_after):
+            if (msg.get("restart") or (sb is self.measurer and sb.jobs_done >= self.cfg.recycle_after)) and sb in self._children():
                 self._retire(sb)
 
     def _on_death(self, sb: Sandbox, reason: str, kind: str = "crashed") -> None:
@@ -544,6 +569,7 @@ class _Run:
                 continue
             if sb.ready and sb.job is None:
                 kernel = self.queue.popleft()
+                self._new_cache_dir(kernel, sb)
                 sb.send({"type": "job", "job": self._job(kernel)})
                 sb.job, sb.deadline = kernel, time.monotonic() + self.cfg.timeout_s
                 in_compile += 1

@@ -375,3 +375,29 @@ def test_the_probe_of_a_gpu_host_runs_its_attempts_side_by_side_and_keeps_what_s
     assert set(fragile) - broken <= set(report.layers)
     for layer in broken:
         assert report.notes[layer] == f"breaks CUDA initialisation on this host (cuInit: error 304 with {layer})"
+
+
+def test_a_sealed_kernel_cache_folder_keeps_plain_files_only_and_nothing_outside_changes(tmp_path):
+    """The worker seals each compile job's Triton cache folder (ours, read-only) before the
+    measuring child reads it; a kernel may have planted links there to turn that chown or chmod on
+    a file elsewhere: they are removed, and the file they point to keeps its owner and mode."""
+    from pipelines.profiling import sandbox_policy
+
+    outside = tmp_path / "outside.txt"
+    outside.write_text("secret")
+    os.chmod(outside, 0o600)
+    root = tmp_path / "cache"
+    root.mkdir()
+    folder = sandbox_policy.kernel_cache_dir(root, None, 0)
+    assert folder.parent == root and folder.name.startswith("k-") and len(folder.name) == 26
+    (folder / "abc").mkdir()
+    (folder / "abc" / "kernel.cubin").write_bytes(b"\x7fELF")
+    os.symlink(outside, folder / "abc" / "link.so")
+    os.link(outside, folder / "hard.so")
+    os.mkfifo(folder / "fifo")
+    sandbox_policy.seal_dir(folder)
+    assert sorted(p.name for p in folder.rglob("*")) == ["abc", "kernel.cubin"]
+    assert oct((folder / "abc" / "kernel.cubin").stat().st_mode & 0o777) == "0o644"
+    assert oct(folder.stat().st_mode & 0o777) == "0o755"
+    assert outside.read_text() == "secret" and oct(outside.stat().st_mode & 0o777) == "0o600"
+    assert folder.name != sandbox_policy.kernel_cache_dir(root, None, 0).name  # names are not predictable

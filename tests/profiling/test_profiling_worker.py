@@ -142,3 +142,67 @@ def test_check_source_single_and_unknown_task():
     assert o.ok and o.failure_kind is None and o.message == "ok"
     with pytest.raises(ValueError, match="unknown task"):
         check_source("no_such_task", "def custom_kernel(d): return d")
+
+
+_PLANTER = '''
+import os
+
+import torch
+
+mine = os.environ.get("TRITON_CACHE_DIR", "")
+if mine and not os.path.realpath(mine).startswith(os.getcwd()):  # a compile job: plant everywhere in the cache
+    root = os.path.dirname(mine) if os.path.basename(mine).startswith("k-") else mine
+    for folder in [mine, os.path.join(root, "kc-poison")] + [os.path.join(root, n) for n in os.listdir(root)]:
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, "__triton_launcher.so"), "wb") as f:
+                f.write(b"kc-poison")
+        except OSError:
+            pass
+
+
+def custom_kernel(data):
+    return torch.add(data, data).add_(1.0)
+'''
+
+_VICTIM = '''
+import os
+
+import torch
+
+
+def _poisoned():
+    for var in ("TRITON_CACHE_DIR", "KERNELCAST_TRITON_SHARED"):
+        folder = os.environ.get(var)
+        for top, _, files in os.walk(folder or "/nonexistent"):
+            for name in files:
+                with open(os.path.join(top, name), "rb") as f:
+                    if b"kc-poison" in f.read():
+                        return f"{var}: {os.path.join(top, name)}"
+    return None
+
+
+FOUND = _poisoned()
+
+
+def custom_kernel(data):
+    found = FOUND or _poisoned()
+    if found:
+        raise RuntimeError(f"planted by another kernel: {found}")
+    return torch.add(data, data).add_(1.0)
+'''
+
+
+@pytest.mark.slow
+def test_a_kernel_cannot_plant_in_another_kernels_triton_cache(tmp_path):
+    """Each compile job writes its kernel's Triton cache into a folder of its own, sealed before
+    the measuring child reads it, which reads that kernel's folder alone: a kernel that writes a
+    "launcher" into every folder of the shared cache reaches no later kernel, compiled or measured."""
+    rows = [{"kernel_id": f"planter-{i}", "task": "tiny_scale", "source": _PLANTER + f"\n# {i}\n"} for i in range(2)]
+    rows += [{"kernel_id": f"victim-{i}", "task": "tiny_scale", "source": _VICTIM + f"\n# {i}\n"} for i in range(3)]
+    batch = tmp_path / "batch.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=BATCH_SCHEMA), batch)
+    cfg = WorkerConfig(device="cpu", compile_workers=2, timeout_s=30.0, max_reps=3, order="given")
+    summary = run_batch(batch, tmp_path / "out.parquet", cfg)
+    got = {r["kernel_id"]: (r["status"], r["error"]) for r in summary.rows}
+    assert got == {k: ("ok", None) for k in got} and len(got) == 5, got
