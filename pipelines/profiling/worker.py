@@ -278,6 +278,7 @@ class _Run:
         self.triton_cache = Path(os.environ.get("TRITON_CACHE_DIR") or str(workdir / "triton-cache"))
         self.env_extra = {"TRITON_CACHE_DIR": str(self.triton_cache)}
         self.policy = policy_from_env()
+        prepare_shared_dir(self.triton_cache, self.policy)  # the root of the kernels' cache folders
         report = probe(self.policy, cfg.device)
         log.warning(report.line())  # one line: the layers children get, and what this host lacks
         self.verifier = VerifierLink(lambda: self._spawn("verify", jailed=False))
