@@ -18,9 +18,14 @@ if not torch.cuda.is_available():
 
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
+    THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
     # torch sizes its pool to every core; N test processes doing so each make N times too many
     # threads and spend the cores switching between them.
-    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+    torch.set_num_threads(THREADS)
+    # The same for the children (OpenMP reads it at start: torch, scikit-learn): two threads of
+    # a child on two loaded cores spin at every barrier for a descheduled partner (the GPU job's
+    # test took 231 s instead of 70 s beside one busy core).
+    os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,6 +5,7 @@ comes back collected into the committed form, and read back calibrated for a dat
 from __future__ import annotations
 
 import json
+import os
 import random
 import subprocess
 import sys
@@ -27,6 +28,11 @@ from models.training.gpu_host.jobfile import (
 from models.training.gpu_host.variants import Variant
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def _threads() -> dict[str, str]:
+    """The test process's OMP_NUM_THREADS (tests/conftest.py) for the job's bare environment."""
+    return {k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}
 
 
 def _job(folder: Path, variants: list[Variant]) -> None:
@@ -68,7 +74,7 @@ def test_gpu_job_runs_collects_and_reads_back_calibrated(tmp_path, monkeypatch):
                 Variant("grpo", style="compact", grpo_from="lora", grpo_steps=1, grpo_sft_steps=2)]
     _job(tmp_path / "job", variants)
     env = {"KERNELCAST_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": str(REPO), **_threads()}
     res = subprocess.run([sys.executable, "-m", "models.training.gpu_host.gpu_job", "run", "--job", str(tmp_path / "job"),
                           "--run", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--base-model", "tiny",
                           "--deadline-s", "600"], capture_output=True, text=True, env=env, cwd=REPO, timeout=600)
@@ -111,7 +117,7 @@ def test_gpu_job_trains_a_supervised_variant_on_two_processes(tmp_path):
     _job(tmp_path / "job", [Variant("lora", style="compact", finetune="lora", epochs=2, patience=0,
                                     tokens_per_batch=4096, learning_rate=1e-3)])
     env = {"KERNELCAST_HOME": str(tmp_path / "home"), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1",
-           "PYTHONPATH": str(REPO)}
+           "PYTHONPATH": str(REPO), **_threads()}
     res = subprocess.run([sys.executable, "-m", "models.training.gpu_host.gpu_job", "run", "--job", str(tmp_path / "job"),
                           "--run", str(tmp_path / "run"), "--out", str(tmp_path / "out"), "--base-model", "tiny",
                           "--gpus-per-variant", "2", "--deadline-s", "400"],

@@ -20,7 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _launch(work: Path, home: Path, processes: int) -> subprocess.CompletedProcess:
     env = {"KERNELCAST_HOME": str(home), "HF_HUB_OFFLINE": "1", "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")])}
+           "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "tests")]),
+           **{k: v for k, v in os.environ.items() if k == "OMP_NUM_THREADS"}}  # tests/conftest.py's
     cmd = [sys.executable, "-m", "accelerate.commands.launch",
            "--config_file", str(REPO / "deploy/accelerate/multi_gpu.yaml"), "--num_processes", str(processes),
            "--main_process_port", str(_free_port()), str(REPO / "tests/supervised_ranks.py"), str(work)]
