@@ -28,6 +28,15 @@ if _WORKERS > 1:
     os.environ.setdefault("OMP_NUM_THREADS", str(THREADS))
 
 
+def pytest_configure(config):
+    """pytest-xdist's --dist loadfile hands out the files in the order of the collection
+    (pytest_collection_modifyitems below), not re-sorted by their number of tests: its default
+    (--loadscope-reorder) put the files of many quick parametrized tests first and left long
+    files for the end."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
+
+
 def pytest_collection_modifyitems(config, items):
     """Side by side (pytest-xdist hands out whole files in this order), the files that hold a
     `slow` test go first and the quick ones fill in behind them: a long file handed out last

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from orchestration.settings import GenerationSettings
 from pipelines.generation.stored import generate_and_store
 from pipelines.tasks import task_names
@@ -12,6 +14,7 @@ from warehouse.db import connect
 DATA = Path(__file__).resolve().parents[2] / "data"
 
 
+@pytest.mark.slow
 def test_candidates_are_stored_once_then_every_task_is_skipped(tmp_path):
     db = tmp_path / "warehouse.duckdb"
     connect(db).close()

@@ -136,6 +136,7 @@ def trained(tmp_path_factory, one_thread):
     return result, uri, tiny
 
 
+@pytest.mark.slow
 def test_warmup_teaches_the_answer_format(trained):
     result, _, _ = trained
     m = result.metrics
@@ -315,6 +316,7 @@ def test_rows_with_prompts_over_the_limit_are_left_out(tmp_path):
         TrainingSettings(precision="fp8")
 
 
+@pytest.mark.slow
 def test_a_run_stopped_by_the_clock_resumes_from_its_checkpoint(tmp_path, one_thread):
     """stop_at ends GRPO at a whole step (checkpointed); the next call resumes there without
     repeating the warm-up and finishes the run: how training spans several runs on a GPU host."""

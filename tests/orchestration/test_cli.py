@@ -144,6 +144,7 @@ def test_evaluate_json_contract(tmp_path):
     assert out["n"] == n
 
 
+@pytest.mark.slow
 def test_forecast_answers_a_distribution_from_a_local_model(tmp_path):
     from models.tiny import build_tiny_model
     from pipelines.generation import registry
@@ -173,6 +174,7 @@ def test_forecast_unknown_model_is_one_line_error(tmp_path):
     assert "no such checkpoint" in res.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, bin_", [("text", 6), ("tool", 2)])
 def test_forecast_through_an_openai_endpoint(tmp_path, monkeypatch, mode, bin_):
     """--endpoint: the chat-completions server answers (a real local HTTP server)."""

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from typer.testing import CliRunner
 
 from orchestration.cli import app
 
 
+@pytest.mark.slow
 def test_a_prompt_longer_than_the_context_is_refused_in_one_line(tmp_path, monkeypatch):
     from models.tiny import build_tiny_model
     from pipelines.generation import registry
