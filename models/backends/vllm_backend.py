@@ -24,7 +24,7 @@ tokens and the readouts keep one definition (method.md section 2):
   parse and is recorded as such. Sampling (temperature > 0) seeds every request with
   seed + repeat, so a (prompt, repeat) answer does not depend on what shares its batch.
 
-The engine costs ~55-80 s to start on 2 CPU cores, so it starts lazily (a call answered from
+The engine costs ~10-25 s to start on 2 CPU cores, so it starts lazily (a call answered from
 the cache never starts it), and one `VLLMEngine` can serve several forecasters (both readouts)
 before `close()`. A forecaster without an engine makes its own for each `forecast()` call and
 closes it at the end. The child never outlives its owner: `close()` (also on garbage

@@ -1,6 +1,6 @@
 """VLLMOfflineForecaster: vLLM's offline engine in a child process, on the embedded SmolLM2.
 
-Slow: one engine start (~55-80 s on 2 cores with enforce_eager) for the whole module, plus a
+Slow: one engine start (~10-25 s on 2 cores with enforce_eager) for the whole module, plus a
 one-off GGUF conversion of 1.5-4 minutes when $KERNELCAST_HOME has no converted checkpoint.
 The engine runs under $KERNELCAST_VLLM_PYTHON (`make test` sets it to .vllm-venv/bin/python);
 the module skips, with the reason, when that python does not exist or lacks `vllm`, as
