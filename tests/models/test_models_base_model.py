@@ -62,8 +62,9 @@ def test_gguf_location(tmp_path, monkeypatch):
 
 
 @pytest.mark.slow
-def test_smollm2_conversion_is_exact_generates_and_is_idempotent(tmp_path, monkeypatch):
+def test_smollm2_conversion_is_exact_generates_and_is_idempotent(tmp_path_factory, monkeypatch):
     import torch
+    from vllm_helpers import shared_smollm2  # beside the tests (pytest's rootdir)
 
     from models.backends import ForecastRequest
     from models.backends.transformers_backend import (
@@ -72,16 +73,19 @@ def test_smollm2_conversion_is_exact_generates_and_is_idempotent(tmp_path, monke
     )
     from models.prompts import build_prompt
 
+    # This test run's one conversion (convert_smollm2_gguf into the folder the test processes
+    # share), made here unless another test made it first: converting a second copy here cost
+    # ~30 s of a 2-core run and tested nothing more.
     t0 = time.perf_counter()
-    out = convert_smollm2_gguf(tmp_path / "smollm2")
-    log.warning("SmolLM2 GGUF conversion took %.1f s", time.perf_counter() - t0)
+    out = shared_smollm2(tmp_path_factory)
+    log.warning("SmolLM2 GGUF conversion (or waiting for it) took %.1f s", time.perf_counter() - t0)
     marker = json.loads((out / MARKER).read_text())
     assert marker["dtype"] == "float32" and len(marker["gguf_sha256"]) == 64
 
     # Idempotent: the second call never loads the GGUF.
     monkeypatch.setattr(base_model, "load_gguf", lambda *a, **k: pytest.fail("reconverted"))
     t1 = time.perf_counter()
-    assert convert_smollm2_gguf(tmp_path / "smollm2") == out
+    assert convert_smollm2_gguf(out) == out
     assert time.perf_counter() - t1 < 5
     monkeypatch.undo()
 
