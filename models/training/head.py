@@ -254,6 +254,32 @@ def load_head(saved: dict[str, Any]) -> BinHead:
     return head.eval()
 
 
+def principal_axes(x: np.ndarray, fit_rows: np.ndarray, k: int) -> dict[str, np.ndarray]:
+    """The first `k` principal axes of the rows `fit_rows` of `x` (indices into x), each column
+    standardised by the fit rows first: {"mean", "scale": (width,), "axes": (width, k)}, float32.
+    Kept with a version so a new pair's hidden-state vector lands on the same coordinates
+    (`project`) as the pairs its head was fitted on."""
+    xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    fit = xs[np.asarray(fit_rows)]
+    if len(fit) < 2:
+        raise ValueError(f"a projection needs at least 2 fit rows (got {len(fit)})")
+    mean = fit.mean(axis=0)
+    scale = fit.std(axis=0)
+    scale = np.where(scale > 1e-6, scale, 1.0)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    zf = torch.from_numpy((fit - mean) / scale).to(device)
+    _, _, vh = torch.linalg.svd(zf, full_matrices=False)  # rows of vh: principal axes, by variance
+    axes = vh[:min(k, vh.shape[0])].T.cpu().numpy()  # (width, k)
+    return {"mean": mean.astype(np.float32), "scale": scale.astype(np.float32), "axes": axes.astype(np.float32)}
+
+
+def project(x: np.ndarray, axes: dict[str, np.ndarray]) -> np.ndarray:
+    """(n, k) float32 coordinates of the rows of `x` on `principal_axes` output."""
+    xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    z = (xs - axes["mean"].astype(np.float64)) / axes["scale"].astype(np.float64)
+    return (z @ axes["axes"].astype(np.float64)).astype(np.float32)
+
+
 def principal_projection(x: np.ndarray, fit_rows: np.ndarray, k: int) -> np.ndarray:
     """(n, k) float32 coordinates of every row of `x` on the first `k` principal axes of the
     rows `fit_rows` (indices into x), each column standardised by the fit rows first.
@@ -268,16 +294,4 @@ def principal_projection(x: np.ndarray, fit_rows: np.ndarray, k: int) -> np.ndar
     >>> principal_projection(x, np.arange(40), 3).shape
     (50, 3)
     """
-    xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
-    fit = xs[np.asarray(fit_rows)]
-    if len(fit) < 2:
-        raise ValueError(f"a projection needs at least 2 fit rows (got {len(fit)})")
-    mean = fit.mean(axis=0)
-    scale = fit.std(axis=0)
-    scale = np.where(scale > 1e-6, scale, 1.0)
-    z = (xs - mean) / scale
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    zf = torch.from_numpy(z[np.asarray(fit_rows)]).to(device)
-    _, _, vh = torch.linalg.svd(zf, full_matrices=False)  # rows of vh: principal axes, by variance
-    axes = vh[:min(k, vh.shape[0])].T.cpu().numpy()  # (width, k)
-    return (z @ axes).astype(np.float32)
+    return project(x, principal_axes(x, fit_rows, k))

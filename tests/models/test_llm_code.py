@@ -137,6 +137,15 @@ def test_train_on_cpu_forecasts_every_role_and_resumes(tmp_path, monkeypatch):
     per = {s: [r for r in emb if r["setting"] == s] for s in ("in_distribution", "held_out_task")}
     assert len(per["in_distribution"]) == 36 and len(per["held_out_task"]) == 32
     assert all(len(r["zero_shot"]) == 8 and 1 <= len(r["pc"]) <= 48 for r in emb)
+    # The axes travel with the coordinates, so a pair the host never saw lands on the same ones.
+    from models.training.gpu_host.llm_code import AXES_KEY, read_axes
+
+    axes = read_axes(pq.read_schema(out / "embeddings.parquet").metadata[AXES_KEY])
+    assert set(axes) == {"in_distribution", "held_out_task"}
+    for setting, a in axes.items():
+        k = len(per[setting][0]["pc"])
+        assert a["axes"].shape == (a["mean"].shape[0], k) and a["scale"].shape == a["mean"].shape
+        assert (a["scale"] > 0).all()
 
 
 def test_the_embedding_head_is_fitted_here_and_added_beside_the_host_variants(tmp_path, monkeypatch):

@@ -56,6 +56,7 @@ LOG_FILE = "train.log"
 HEADS_FILE = "heads.pt"
 EMBEDDINGS_FILE = "embeddings.parquet"
 EMBED_COMPONENTS = 48  # principal coordinates of the hidden-state vector kept per pair and setting
+AXES_KEY = b"kernelcast.principal_axes"  # embeddings.parquet metadata: the axes of each setting (axes_bytes)
 LORA_BEST = "lora-best.tar"
 LORA_STATE = "lora-state.pt"  # written in parts lora-state.pt.0, .1, ...
 PART_BYTES = 15 * 1024 * 1024  # under the 16 MiB a returned file may weigh
@@ -164,7 +165,7 @@ def _forecast_rows(variant: str, role: str, pair_ids: list[str], probs: Any, rea
 
 
 def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, tokens_per_batch: int,
-              style: str, device: str, grid: Any = None) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any],
+              style: str, device: str, grid: Any = None, axes_out: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], dict[str, Any], dict[str, Any],
                                                                   list[dict[str, Any]]]:
     """(b): embed every pair's prompt once, fit the heads of both settings, forecast.
 
@@ -203,7 +204,7 @@ def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, toke
     out_rows: list[dict[str, Any]] = []
     metrics: dict[str, Any] = {}
     saved: dict[str, Any] = {}
-    embedded = embedding_rows(emb, ordered, pairs, EMBED_COMPONENTS)
+    embedded = embedding_rows(emb, ordered, pairs, EMBED_COMPONENTS, axes_out)
     for name, with_features in HEAD_VARIANTS.items():
         x_all = np.concatenate([emb, feats], axis=1) if with_features and feats.shape[1] else emb
         for setting, fit_role, cal_role, roles in SETTINGS:
@@ -247,14 +248,16 @@ def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, toke
     return out_rows, metrics, saved, embedded
 
 
-def embedding_rows(emb, ordered: list[dict[str, Any]], pairs: list[dict[str, Any]], k: int) -> list[dict[str, Any]]:
+def embedding_rows(emb, ordered: list[dict[str, Any]], pairs: list[dict[str, Any]], k: int,
+                   axes_out: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Per setting, every pair the setting scores or fits: its first `k` principal coordinates of
     the prefill's hidden-state vector (axes fitted on the setting's fit rows alone) and the eight
     zero-shot label logits. What a head fitted elsewhere (boosted trees beside the source
-    features, models.training.embed_head) reads; a few MB for all pairs."""
+    features, models.training.embed_head) reads; a few MB for all pairs. Each setting's axes go
+    into `axes_out` (setting -> principal_axes output), so a new pair can be projected later."""
     import numpy as np
 
-    from models.training.head import principal_projection
+    from models.training.head import principal_axes, project
 
     index = {p["pair_id"]: i for i, p in enumerate(ordered)}
     hidden, zero_shot = emb[:, :-8], emb[:, -8:]
@@ -265,10 +268,43 @@ def embedding_rows(emb, ordered: list[dict[str, Any]], pairs: list[dict[str, Any
         if len(fit) < 2 or not used:
             continue
         chosen = np.array(sorted(index[pid] for pid in used))
-        proj = principal_projection(hidden[chosen], np.searchsorted(chosen, fit), k)
+        axes = principal_axes(hidden[chosen], np.searchsorted(chosen, fit), k)
+        proj = project(hidden[chosen], axes)
+        if axes_out is not None:
+            axes_out[setting] = axes
         rows += [{"setting": setting, "pair_id": ordered[i]["pair_id"], "pc": [float(v) for v in proj[j]],
                   "zero_shot": [float(v) for v in zero_shot[i]]} for j, i in enumerate(chosen)]
     return rows
+
+
+def axes_bytes(axes: dict[str, dict[str, Any]]) -> bytes:
+    """Each setting's principal axes (head.principal_axes) as one .npz: "<setting>/mean", ...
+    float32, base64 (Parquet readers want metadata values to be text); about 1 MB a setting for
+    three layers of SmolLM2-135M and 48 axes."""
+    import base64
+    import io
+
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, **{f"{setting}/{name}": np.asarray(v, dtype=np.float32)
+                     for setting, a in axes.items() for name, v in a.items()})
+    return base64.b64encode(buf.getvalue())
+
+
+def read_axes(blob: bytes) -> dict[str, dict[str, Any]]:
+    """axes_bytes read back: setting -> {"mean", "scale", "axes"}."""
+    import base64
+    import io
+
+    import numpy as np
+
+    out: dict[str, dict[str, Any]] = {}
+    with np.load(io.BytesIO(base64.b64decode(blob))) as z:
+        for key in z.files:
+            setting, name = key.rsplit("/", 1)
+            out.setdefault(setting, {})[name] = z[key]
+    return out
 
 
 def _lora_settings(args: argparse.Namespace):
@@ -430,9 +466,10 @@ def _carry_heads(resume: Path | None) -> tuple[list[dict[str, Any]], dict[str, A
 
 
 def write_outputs(out: Path, rows: list[dict[str, Any]], metrics: dict[str, Any], heads: dict[str, Any],
-                  work: Path, meta: dict[str, Any], embedded: list[dict[str, Any]] | None = None) -> list[Path]:
-    """forecasts.parquet, metrics.json, heads.pt, embeddings.parquet and the LoRA files into `out`;
-    the files written."""
+                  work: Path, meta: dict[str, Any], embedded: list[dict[str, Any]] | None = None,
+                  axes: dict[str, Any] | None = None) -> list[Path]:
+    """forecasts.parquet, metrics.json, heads.pt, embeddings.parquet (with each setting's principal
+    axes in its metadata, `AXES_KEY`) and the LoRA files into `out`; the files written."""
     import pyarrow as pa
     import torch
 
@@ -443,9 +480,11 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], metrics: dict[str, Any]
                         ("readout", pa.string()), ("repeat", pa.int64()), *[(f"p{i}", pa.float64()) for i in range(1, 9)]])
     write_parquet(out / FORECASTS_FILE, rows, schema)
     if embedded:
-        write_parquet(out / EMBEDDINGS_FILE, embedded,
-                      pa.schema([("setting", pa.string()), ("pair_id", pa.string()),
-                                 ("pc", pa.list_(pa.float32())), ("zero_shot", pa.list_(pa.float32()))]))
+        schema = pa.schema([("setting", pa.string()), ("pair_id", pa.string()),
+                            ("pc", pa.list_(pa.float32())), ("zero_shot", pa.list_(pa.float32()))])
+        if axes:
+            schema = schema.with_metadata({AXES_KEY: axes_bytes(axes)})
+        write_parquet(out / EMBEDDINGS_FILE, embedded, schema)
     if heads:
         tmp = out / (HEADS_FILE + ".part")
         torch.save(heads, tmp)
@@ -505,6 +544,7 @@ def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int
     rows: list[dict[str, Any]] = []
     heads: dict[str, Any] = {}
     embedded: list[dict[str, Any]] = []
+    axes: dict[str, Any] = {}
     tokens_per_s = None
     carried = None if args.redo_heads else _carry_heads(args.resume)
     if carried is not None:
@@ -519,7 +559,7 @@ def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int
         try:
             head_rows, head_metrics, heads, embedded = run_heads(meta, kernels, pairs, model, tokenizer, clock, layers,
                                                        args.tokens_per_batch, args.style, device,
-                                                       head_grid(args.head_grid, args.head_epochs))
+                                                       head_grid(args.head_grid, args.head_epochs), axes)
             rows += head_rows
             metrics["variants"].update(head_metrics)
             tokens_per_s = next((v["prefill"]["tokens_per_s"] for v in head_metrics.values()), None)
@@ -538,7 +578,7 @@ def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int
             metrics["skipped"][LORA_VARIANT] = "too little time left or no fit/calibration pairs"
     _maybe_grpo(args, pairs, clock, work, tokens_per_s, rows, metrics)
     metrics["seconds"] = {**clock.marks, "total": round(time.time() - clock.start, 1)}
-    files = write_outputs(out, rows, metrics, heads, work, meta, embedded)
+    files = write_outputs(out, rows, metrics, heads, work, meta, embedded, axes)
     log.info("wrote %s in %.1f s of a %.0f s budget", ", ".join(f.name for f in files), time.time() - clock.start,
              clock.budget_s)
     for name, v in metrics["variants"].items():
