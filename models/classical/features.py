@@ -322,6 +322,26 @@ class FeatureSpace:
         self.columns = [c for c in table.columns if table[c].nunique(dropna=True) >= 2]
         return self
 
+    @classmethod
+    def of_numeric_columns(cls, columns: Sequence[str]) -> FeatureSpace:
+        """The space that gives these numeric columns ("c:k", "a:k", "d:k") of a fitted one,
+        without its fit.
+
+        Why: a numeric column's value depends only on the two records, never on the fit, so its
+        name is all a fitted space needs to keep to compute it for a new pair (what the code
+        LLM's bundle records of the space it used: its `feature_names`).
+
+        Raises:
+            ValueError: a name that is not a side-prefixed feature (one line).
+        """
+        bad = [c for c in columns if c.split(":", 1)[0] not in ("a", "c", "d") or ":" not in c]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a numeric column of a feature table (c:, a: or d: and a feature)")
+        space = cls()
+        space.numeric = sorted({c.split(":", 1)[1] for c in columns})
+        space.columns = list(columns)
+        return space
+
     def _side(self, feats: list[dict[str, Any]], prefix: str) -> dict[str, Any]:
         cols: dict[str, Any] = {}
         for k in self.numeric:

@@ -96,12 +96,31 @@ def feature_vectors(frames: Mapping[str, pl.DataFrame], records: dict[str, dict[
         if frame.is_empty():
             continue
         table = space.transform(frame_of(frame, stripped))
-        numeric = [c for c in table.columns if table[c].dtype.kind in "fiub"]
-        names = names or numeric
-        values = table[names].to_numpy(dtype=float)
-        for pid, row in zip(frame["pair_id"].to_list(), values, strict=True):
-            out[pid] = [signed_log(v) for v in row]
+        names = names or [c for c in table.columns if table[c].dtype.kind in "fiub"]
+        out.update(zip(frame["pair_id"].to_list(), _signed_rows(table, names), strict=True))
     return out, names
+
+
+def _signed_rows(table: Any, names: list[str]) -> list[list[float]]:
+    return [[signed_log(v) for v in row] for row in table[names].to_numpy(dtype=float)]
+
+
+def named_feature_vectors(names: list[str], pairs: pl.DataFrame,
+                          records: Mapping[str, Mapping[str, Any]]) -> list[list[float]]:
+    """The feature vector `feature_vectors` gives a pair, for pairs no bundle held (a user's
+    files): the columns `names` (the bundle's `feature_names`) of each pair in order, from
+    records with the generator's metadata withheld, as the bundle's were.
+
+    Raises:
+        ValueError: a name that is not a numeric column of the cost model's table (one line).
+    """
+    from models.classical.features import FeatureSpace
+    from pipelines.surrogates.classical import frame_of
+
+    if not names or pairs.is_empty():
+        return [[] for _ in range(pairs.height)]
+    space = FeatureSpace.of_numeric_columns(names)
+    return _signed_rows(space.transform(frame_of(pairs, strip_metadata(records))), list(names))
 
 
 def build_bundle(con: duckdb.DuckDBPyConnection, out: str | Path, version: str | None = None,
