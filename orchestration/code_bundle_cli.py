@@ -2,7 +2,7 @@
 host's run sent back (docs/llm-surrogate.md).
 
     python -m orchestration.code_bundle_cli build-bundle --out .gpu-batches/llm-bundle [--warehouse P]
-    python -m orchestration.code_bundle_cli embed-head OUT --bundle B
+    python -m orchestration.code_bundle_cli embed-head OUT --bundle B [--base-model smollm2]
     python -m orchestration.code_bundle_cli ingest OUT --bundle B [--into RUN_DIR] [--register]
 
 The domain code is pipelines.surrogates.code_bundle / code_ingest; this module adds the settings'
@@ -62,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     e = sub.add_parser("embed-head", help="fit the boosted code-embed variants on a host run's embeddings.parquet")
     e.add_argument("results", type=Path, help="the OUT folder the host run wrote (its forecasts and metrics grow)")
     e.add_argument("--bundle", required=True, type=Path)
+    e.add_argument("--base-model", default=None,
+                   help="the base model the host run read with (default: the settings' surrogate.base_model)")
     i = sub.add_parser("ingest", help="turn a host run's output into a committed run folder and register it")
     i.add_argument("results", type=Path, help="the OUT folder the host run wrote")
     i.add_argument("--bundle", required=True, type=Path)
@@ -85,8 +87,12 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "embed-head":
             from pipelines.surrogates.code_embed import add_embed_variants
 
-            summary = add_embed_variants(args.results, args.bundle)
+            summary = add_embed_variants(args.results, args.bundle, args.base_model or load_settings(None).surrogate.base_model)
             print("added: " + ", ".join(summary["variants"]))
+            for variant, name in summary["head_files"].items():
+                print(f"  {variant}: forecasts new pairs (its head: {name})")
+            for variant, why in summary["not_forecasting_new_pairs"].items():
+                print(f"  {variant}: answers only the pairs of its run: {why}")
             for variant, scores in summary["ablation"].items():
                 for inputs, by_role in scores.items():
                     print(f"  {variant:22s} {inputs:38s} " + "  ".join(f"{r} {b:.4f}" for r, b in by_role.items()))

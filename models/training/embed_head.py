@@ -15,12 +15,17 @@ answers is what the language model's reading adds to the features (`ablation` be
 
     head = fit_embed_head(x_fit, log2_fit, x_cal, y_cal, tasks_cal)
     p = head.predict_proba(x_eval, tasks_eval)   # (n, 8)
+    save_embed_head(path, head, axes, spec)      # what a pair no run held needs (load_embed_head)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import io
+import json
+import zipfile
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -86,3 +91,80 @@ def fit_embed_head(x_fit: np.ndarray, log2_fit: np.ndarray, x_cal: np.ndarray, y
     head = EmbedHead(reg, 0.0, {}, columns)
     head.pooled_scale, head.task_scales = fit_scales(head.predict_log2(x_cal), np.asarray(y_cal), list(tasks_cal))
     return head
+
+
+HEAD_FORMAT = 1
+# The one type of the trees skops does not trust by default; a file asking for any other is refused.
+TRUSTED_TYPES = ["sklearn.ensemble._hist_gradient_boosting.predictor.TreePredictor"]
+_SPEC, _AXES, _TREES = "spec.json", "axes.npz", "trees.skops"
+
+
+def save_embed_head(path: str | Path, head: EmbedHead, axes: dict[str, np.ndarray], spec: dict[str, Any]) -> int:
+    """One zip file of what forecasting a new pair takes: `spec` (JSON: the base model, prompt
+    style, layers, parts and k, feature names, ...), the head's spreads and columns, the principal
+    `axes` (mean, scale, axes) and the trees (skops, not pickle: loading runs no code). Returns
+    its size in bytes (about 1 MB, mostly the trees)."""
+    path = Path(path)
+    buf = io.BytesIO()
+    np.savez(buf, **{k: np.asarray(v, dtype=np.float32) for k, v in axes.items()})
+    import skops.io
+
+    full = {**spec, "format": HEAD_FORMAT, "pooled_scale": float(head.pooled_scale),
+            "task_scales": {str(k): float(v) for k, v in head.task_scales.items()},
+            "columns": [bool(c) for c in head.columns]}
+    tmp = path.with_name(path.name + ".part")
+    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr(_SPEC, json.dumps(full, indent=1, sort_keys=True))
+        z.writestr(_AXES, buf.getvalue())
+        z.writestr(_TREES, skops.io.dumps(head.regressor))
+    tmp.replace(path)
+    return path.stat().st_size
+
+
+def read_head_spec(path: str | Path) -> dict[str, Any]:
+    """The spec of a `save_embed_head` file, trees and axes left unread.
+
+    Raises:
+        ValueError: the file is missing, damaged or of another format (one line).
+    """
+    path = Path(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            spec = json.loads(z.read(_SPEC))
+    except FileNotFoundError:
+        raise ValueError(f"{path}: no such embedding-head file") from None
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path}: not an embedding-head file ({type(e).__name__}: {e})") from None
+    if spec.get("format") != HEAD_FORMAT:
+        raise ValueError(f"{path}: embedding-head format {spec.get('format')!r}, this code reads {HEAD_FORMAT}")
+    return spec
+
+
+def load_embed_head(path: str | Path) -> tuple[EmbedHead, dict[str, np.ndarray], dict[str, Any]]:
+    """(head, axes, spec) of a `save_embed_head` file.
+
+    Raises:
+        ValueError: the file is missing, damaged, of another format or asks to load other types (one line).
+    """
+    import skops.io
+
+    path = Path(path)
+    spec = read_head_spec(path)
+    try:
+        with zipfile.ZipFile(path) as z:
+            with np.load(io.BytesIO(z.read(_AXES))) as npz:
+                axes = {k: npz[k] for k in npz.files}
+            trees = z.read(_TREES)
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile) as e:
+        raise ValueError(f"{path}: not an embedding-head file ({type(e).__name__}: {e})") from None
+    try:
+        untrusted = sorted(set(skops.io.get_untrusted_types(data=trees)) - set(TRUSTED_TYPES))
+        if not untrusted:
+            regressor = skops.io.loads(trees, trusted=TRUSTED_TYPES)
+    except Exception as e:  # noqa: BLE001 - skops raises several kinds on a damaged blob
+        raise ValueError(f"{path}: its trees do not load ({type(e).__name__}: {e})") from None
+    if untrusted:
+        raise ValueError(f"{path}: its trees ask to load {untrusted[0]}, which is not a tree of scikit-learn's")
+    head = EmbedHead(regressor, float(spec["pooled_scale"]), {k: float(v) for k, v in spec["task_scales"].items()},
+                     np.asarray(spec["columns"], dtype=bool))
+    return head, axes, spec

@@ -15,6 +15,12 @@ logits): on the H200 data all 48 coordinates let the trees overfit the few thous
 (docs/results/surrogate.md). Two ablations are scored beside it (the features alone, the LLM's
 reading alone), so what the language model adds is a measured figure, not a claim; they are
 recorded, not registered.
+
+When the host run kept each setting's principal axes (embeddings.parquet's metadata), each
+variant's head file OUT/embed-head-<variant>.zip holds what a pair no run held needs: the trees
+and their spreads, k and the parts, the bundle's feature names, task and hardware tables, the
+base model, prompt style and layers, and the first k axes (models.training.embed_head). `ingest
+--register` keeps it with the version, and pipelines.forecasting.embed reads new pairs with it.
 """
 
 from __future__ import annotations
@@ -80,8 +86,8 @@ def design(pairs: list[dict[str, Any]], embedded: dict[str, dict[str, list[float
 
 def fit_setting(pairs: list[dict[str, Any]], embedded: dict[str, dict[str, list[float]]], fit_role: str,
                 cal_role: str, scored_roles: tuple[str, ...], parts: tuple[str, ...],
-                k: int = 48) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
-    """Fit one head of one setting; (role -> (n, 8) forecasts of its pairs, record)."""
+                k: int = 48) -> tuple[dict[str, np.ndarray], dict[str, Any], Any]:
+    """Fit one head of one setting; (role -> (n, 8) forecasts of its pairs, record, the head)."""
     from models.training.embed_head import EmbedHeadSettings, fit_embed_head
 
     fit = [p for p in with_role(pairs, fit_role) if p["pair_id"] in embedded and p.get("speedup")]
@@ -102,12 +108,52 @@ def fit_setting(pairs: list[dict[str, Any]], embedded: dict[str, dict[str, list[
               "fit_pairs": len(fit), "calibration_pairs": len(cal),
               "pooled_scale": head.pooled_scale, "task_scales": head.task_scales, "seconds": round(time.time() - t0, 2),
               "width": int(x_fit.shape[1])}
-    return probs, record
+    return probs, record, head
 
 
-def add_embed_variants(results: str | Path, bundle: str | Path) -> dict[str, Any]:
+def embed_head_file(variant: str) -> str:
+    """The file in a results folder that holds what `variant` needs to forecast a new pair."""
+    return f"embed-head-{variant}.zip"
+
+
+def read_principal_axes(results: Path) -> dict[str, dict[str, np.ndarray]]:
+    """setting -> its principal axes, from embeddings.parquet's metadata ({} for a host run that
+    wrote none)."""
+    import pyarrow.parquet as pq
+
+    from models.training.gpu_host.llm_code import AXES_KEY, read_axes
+
+    blob = (pq.read_schema(Path(results) / EMBEDDINGS_FILE).metadata or {}).get(AXES_KEY)
+    return read_axes(blob) if blob else {}
+
+
+def head_spec(meta: dict[str, Any], metrics: dict[str, Any], variant: str, setting: str, k: int,
+              parts: tuple[str, ...], base_model: str) -> dict[str, Any]:
+    """What a new pair's forecast reads besides the trees and the axes: the prompt the host built
+    (style, the bundle's task and hardware tables), the model and layers that read it, and which
+    of its reading the trees take, beside which features."""
+    heads = [v for v in metrics.get("variants", {}).values() if v.get("kind") == "head" and v.get("prefill")]
+    if not heads:
+        raise BundleError("metrics.json records no prefill of the heads (which layers were read)")
+    return {"variant": variant, "setting": setting, "dataset_version": meta["dataset_version"],
+            "base_model": base_model, "style": heads[0].get("style") or "full",
+            "layers": [int(x) for x in heads[0]["prefill"]["layers"]], "components": k, "parts": list(parts),
+            "feature_names": list(meta.get("feature_names") or []), "tasks": meta["tasks"],
+            "hardware": meta["hardware"]}
+
+
+def add_embed_variants(results: str | Path, bundle: str | Path, base_model: str = "smollm2") -> dict[str, Any]:
     """Fit `code-embed` (and its held-out twin) from OUT/embeddings.parquet and add them to OUT's
-    forecasts and metrics; a summary with the ablations' Brier scores per role."""
+    forecasts and metrics; a summary with the ablations' Brier scores per role.
+
+    When embeddings.parquet carries the principal axes, each variant's trees, axes and what else a
+    new pair needs go to OUT/embed-head-<variant>.zip (models.training.embed_head.save_embed_head),
+    which registration keeps with the version: it then forecasts pairs of files, the base model
+    (`base_model`, the host run's) reading their prompt on this machine. Without them the summary
+    says why under "not_forecasting_new_pairs".
+    """
+    from models.training.embed_head import save_embed_head
+
     results = Path(results)
     meta, _, pairs = read_bundle(bundle)
     metrics = json.loads((results / METRICS_FILE).read_text()) if (results / METRICS_FILE).is_file() else None
@@ -118,8 +164,9 @@ def add_embed_variants(results: str | Path, bundle: str | Path) -> dict[str, Any
     if not (results / FORECASTS_FILE).is_file():
         raise BundleError(f"{results}: no {FORECASTS_FILE} (not a host run's output folder)")
     embeddings = read_embeddings(results)
+    axes = read_principal_axes(results)
     rows: list[dict[str, Any]] = []
-    summary: dict[str, Any] = {"variants": [], "ablation": {}}
+    summary: dict[str, Any] = {"variants": [], "ablation": {}, "head_files": {}, "not_forecasting_new_pairs": {}}
     for setting, fit_role, cal_role, roles in SETTINGS:
         embedded = embeddings.get(setting)
         if not embedded:
@@ -132,9 +179,9 @@ def add_embed_variants(results: str | Path, bundle: str | Path) -> dict[str, Any
 
         tried = []
         for k, parts in GRID:  # the calibration role alone decides
-            probs, record = fit_setting(pairs, embedded, fit_role, cal_role, roles, parts, k)
-            tried.append((scores(probs)[cal_role], k, parts, probs, record))
-        best_cal, k, parts, probs, record = min(tried, key=lambda t: t[0])
+            probs, record, head = fit_setting(pairs, embedded, fit_role, cal_role, roles, parts, k)
+            tried.append((scores(probs)[cal_role], k, parts, probs, record, head))
+        best_cal, k, parts, probs, record, head = min(tried, key=lambda t: t[0])
         summary["ablation"][variant] = {f"chosen (k={k}, {'+'.join(parts)})": scores(probs)}
         for name, (ak, aparts) in ABLATIONS.items():
             summary["ablation"][variant][name] = scores(fit_setting(pairs, embedded, fit_role, cal_role, roles, aparts, ak)[0])
@@ -148,6 +195,19 @@ def add_embed_variants(results: str | Path, bundle: str | Path) -> dict[str, Any
                                                  for t in tried],
                                         "ablation_brier": summary["ablation"][variant]}
         summary["variants"].append(variant)
+        target = results / embed_head_file(variant)
+        target.unlink(missing_ok=True)  # an earlier fit's head would not match these forecasts
+        try:
+            if setting not in axes:
+                raise BundleError(f"{EMBEDDINGS_FILE} carries no principal axes of {setting} "
+                                  "(a host run before they were written)")
+            spec = head_spec(meta, metrics, variant, setting, k, parts, base_model)
+        except BundleError as e:
+            summary["not_forecasting_new_pairs"][variant] = str(e)
+        else:
+            k_axes = k if "pc" in parts else 0  # the trees read the first k coordinates: the rest is not kept
+            save_embed_head(target, head, {**axes[setting], "axes": axes[setting]["axes"][:, :k_axes]}, spec)
+            summary["head_files"][variant] = metrics["variants"][variant]["head_file"] = target.name
     if not rows:
         raise BundleError(f"{results}/{EMBEDDINGS_FILE} holds no setting of the bundle")
     old = pl.read_parquet(results / FORECASTS_FILE)
