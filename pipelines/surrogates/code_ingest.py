@@ -18,7 +18,11 @@ its committed forecasts (pipelines.forecasting.committed) with a calibrator fitt
 calibration forecasts. Its MLflow run holds the training record (settings, per-epoch metrics),
 the dataset it learned from and that version's measurement ids; a model_lineage row names it.
 The LoRA variant is registered with its adapter (it can run here on the CPU); a head variant's
-weights are an artifact of its run (heads.pt), the version a committed-forecasts one.
+weights are an artifact of its run (heads.pt), the version a committed-forecasts one. A
+code-embed variant whose results folder holds its head file (embed-head-<variant>.zip, written by
+`embed-head` when the host run kept its principal axes) has it as an artifact of its run and the
+version tag `embed_head_artifact` naming it: that version forecasts any pair
+(pipelines.forecasting.embed).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import polars as pl
 from models.bins import NUM_BINS
 from models.training.gpu_host.bundle import BundleError, read_bundle
 from models.training.gpu_host.jobfile import write_json
+from pipelines.surrogates.code_embed import embed_head_file
 
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 FORECASTS_FILE = "forecasts.parquet"
@@ -41,6 +46,9 @@ TRAINING_FILE = "training.json"
 CODE_PAIRS_FILE = "code_training_pairs.parquet"
 ROLE_IN_RUN = {"external": "eval"}  # the external pairs are eval-split pairs of the dataset version
 CODE_VERSION = "1"
+# A code-embed version's tag naming its run's artifact of what a new pair needs (embed-head-<variant>.zip).
+EMBED_HEAD_TAG = "embed_head_artifact"
+EMBED_HEAD_ARTIFACT = "embed_head"
 
 
 def read_run(results: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
@@ -160,6 +168,19 @@ def ingest(results: str | Path, bundle: str | Path, into: str | Path) -> dict[st
             "dataset_version": meta["dataset_version"], "into": str(into)}
 
 
+def _check_head_file(path: Path, variant: str, dataset_version: str) -> None:
+    """BundleError (one line) when a results folder's head file is not this variant's of this data."""
+    from models.training.embed_head import read_head_spec
+
+    try:
+        spec = read_head_spec(path)
+    except ValueError as e:
+        raise BundleError(str(e)) from None
+    if (spec.get("variant"), spec.get("dataset_version")) != (variant, dataset_version):
+        raise BundleError(f"{path} is the head of {spec.get('variant')} on {spec.get('dataset_version')}, "
+                          f"not of {variant} on {dataset_version}: run embed-head again")
+
+
 def _history_metrics(client: Any, run_id: str, history: list[dict[str, Any]]) -> None:
     for epoch in history:
         for k, v in epoch.items():
@@ -193,6 +214,13 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
         trained = record["dataset_version"]
         key = {"kind": "llm", "committed_run": run.replace("/", "."), "committed_variant": name,
                "dataset_version": trained, "code_version": CODE_VERSION}
+        head_file = results / embed_head_file(name) if settings["finetune"] == "embed_head" else None
+        if head_file is not None and head_file.is_file():
+            _check_head_file(head_file, name, trained)
+            # In the key: a version registered before its head was kept is not re-used for one with it.
+            key[EMBED_HEAD_TAG] = f"{EMBED_HEAD_ARTIFACT}/{head_file.name}"
+        else:
+            head_file = None
         found = find_versions(tracking_uri, model_name, **key)
         if found:
             out[name] = int(found[0]["version"])
@@ -219,6 +247,8 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
             heads = results / "heads.pt"
             if settings["finetune"] == "head" and heads.is_file():
                 client.log_artifact(run_id, str(heads), "head")
+            if head_file is not None:
+                client.log_artifact(run_id, str(head_file), EMBED_HEAD_ARTIFACT)
             client.set_terminated(run_id, "FINISHED")
             logged = mlflow.create_external_model(name=name, experiment_id=experiment, source_run_id=run_id)
             version = register_logged_model(tracking_uri, f"models:/{logged.model_id}", model_name, run_id=run_id,
@@ -227,7 +257,8 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
                                                           "embed_head": f"boosted trees on {base_model}'s hidden states "
                                                                         "and the source features"}
                                                          .get(settings["finetune"], f"GRPO on code-lora ({base_model})"))
-                                                        + f", committed H200 forecasts, trained on {trained}")
+                                                        + f", committed H200 forecasts, trained on {trained}"
+                                                        + ("; new pairs read on the CPU" if head_file else ""))
             record_model_lineage(con, model_name, version, trained, mlflow_run_id=run_id, base_model=base_model,
                                  require_held=is_held)
         out[name] = int(version)
