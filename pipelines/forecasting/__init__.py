@@ -13,7 +13,10 @@
 - llm: `LanguageForecaster` (the registered surrogate, its `calibrator` tag applied), or, when the
   version is tagged `committed_variant` and `committed_dir` holds that variant,
   `CommittedForecaster` (forecasts made on a GPU host; it answers only the pairs it holds:
-  `covers(pairs)`, and `forecast_rows` leaves the others out);
+  `covers(pairs)`, and `forecast_rows` leaves the others out); a code-embed version registered
+  with its head file: `EmbedHeadForecaster` (pipelines.forecasting.embed: its committed forecasts
+  for the pairs of its run, its base model read here and its trees for any other pair, files
+  included);
 - "h200:<variant>": a committed variant no version carries;
 - "baseline:uniform", "baseline:bin_prior" (needs `training_pairs`), "baseline:oracle" (reads
   the pairs' true_bin);

@@ -52,6 +52,7 @@ class CommittedForecaster(PairForecaster):
         self.committed_dir, self.variant = Path(committed_dir), variant
         self.model_ref = model_ref or f"h200:{variant}"
         self.source = f"committed H200 forecasts of {variant}"
+        self.refusal: str | None = None  # why a pair outside the run is refused, when there is more to say
 
     def _variant_rows(self, pairs: pl.DataFrame) -> pl.DataFrame:
         """Its calibrated rows on the pairs it holds (pair_id of `pairs`, every repeat)."""
@@ -68,13 +69,20 @@ class CommittedForecaster(PairForecaster):
         held = set(self._variant_rows(pairs)["pair_id"].to_list()) if pairs.height else set()
         return np.array([p in held for p in pairs["pair_id"].to_list()], dtype=bool)
 
-    def _probs(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]]) -> np.ndarray:
+    def held_forecasts(self, pairs: pl.DataFrame) -> dict[str, np.ndarray]:
+        """pair_id -> its calibrated forecast (the first repeat), for the pairs of `pairs` it holds."""
+        if pairs.is_empty():
+            return {}
         rows = self._variant_rows(pairs).sort("pair_id", "repeat").unique("pair_id", keep="first")
-        by_pair = dict(zip(rows["pair_id"].to_list(), rows.select(P_COLS).to_numpy(), strict=True))
+        return dict(zip(rows["pair_id"].to_list(), rows.select(P_COLS).to_numpy(), strict=True))
+
+    def _probs(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]]) -> np.ndarray:
+        by_pair = self.held_forecasts(pairs)
         missing = [p for p in pairs["pair_id"].to_list() if p not in by_pair]
         if missing:
-            raise ValueError(f"{self.model_ref} holds no forecast of {len(missing)} of the {pairs.height} pairs "
-                             f"(first: {missing[0]}): committed forecasts answer only the pairs of their run")
+            why = self.refusal or f"{self.model_ref}: committed forecasts answer only the pairs of their run"
+            raise ValueError(f"{why}; it holds no forecast of {len(missing)} of the {pairs.height} pairs "
+                             f"(first: {missing[0]})")
         return np.stack([by_pair[p] for p in pairs["pair_id"].to_list()])
 
     def forecast_rows(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]] | None = None) -> pl.DataFrame:

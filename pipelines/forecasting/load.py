@@ -99,7 +99,8 @@ def load_forecaster(
         answer_mode: with an endpoint and the verbalized readout: text | json_schema | tool.
         device: where a language model runs (None: cuda when available).
         cache: keep language-model answers in <home>/forecast-cache.
-        use_committed: False forces a committed-tagged version to load its weights.
+        use_committed: False forces a committed-tagged version to load its weights (a code-embed
+            version: to read every pair with its head, pipelines.forecasting.embed).
         kinds: the registered kinds the caller takes (None: all); another kind raises WrongKind
             before its model loads.
     Raises:
@@ -154,7 +155,13 @@ def _registered(ref, tracking_uri, home, committed_dir, readout, style, device, 
         from pipelines.forecasting.committed import CommittedForecaster, committed_variant_names
 
         variant = tags.get("committed_variant")
-        if use_committed and variant and variant in committed_variant_names(committed_dir):
+        held = bool(use_committed and variant and variant in committed_variant_names(committed_dir))
+        if tags.get("finetune") == "embed_head":  # boosted trees on the base model's reading: no adapter
+            from pipelines.forecasting.embed import embed_forecaster
+
+            committed = CommittedForecaster(Path(committed_dir), variant, stored) if held else None
+            adapter = embed_forecaster(tracking_uri, name, version, info, home, committed, table, device, stored, ref)
+        elif held:
             adapter = CommittedForecaster(Path(committed_dir), variant, stored)
         else:
             adapter = _registered_llm(tracking_uri, name, version, tags, home, readout, style, device, cache_dir,

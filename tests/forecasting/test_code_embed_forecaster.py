@@ -1,0 +1,288 @@
+"""A registered code-embed version forecasts pairs its host run never held: the host run on the
+CPU with the tiny model, embed-head, ingest and registration, then `load_forecaster` on a pair
+of the run (the committed numbers, and the same numbers recomputed here), on new kernels, and
+`kernelcast forecast` on files; a version registered without the principal axes says why it
+refuses a new pair."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow.parquet as pq
+import pytest
+
+from models.training.gpu_host.bundle import (
+    BUNDLE_FORMAT,
+    KERNELS_FILE,
+    META_FILE,
+    PAIRS_FILE,
+    kernel_schema,
+    pair_schema,
+    write_parquet,
+)
+
+# roles of the softmax pairs in order; the held-out task's pairs follow
+ROLE_PLAN = ["fit"] * 80 + ["calibration"] * 20 + ["eval"] * 8 + ["external"] * 4
+HELD_OUT_EVAL = 6
+TASKS = {"softmax": {"description": "Row softmax.", "benchmark_cases": [{"M": 8, "N": 8}]},
+         "rms_norm": {"description": "Row RMS norm.", "benchmark_cases": [{"M": 8, "N": 8}]}}
+KEYS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin")
+
+
+def kernel_source(task: str, block: int, warps: int) -> str:
+    """A module of the task whose constants (and so its features and its prompt) follow `block`."""
+    op = "torch.softmax(x.float(), -1)" if task == "softmax" else "x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True))"
+    return (f"import torch\n\nBLOCK_N = {block}\nNUM_WARPS = {warps}\n\n\n"
+            f"def custom_kernel(data):\n    x = data[0] if isinstance(data, tuple) else data\n"
+            f"    for _ in range({block // 256}):\n        x = x + 0\n    return {op}\n")
+
+
+def records_of(kernels: list[dict]) -> dict[str, dict]:
+    """Kernel records as the warehouse and a file give them: source, language, compile features."""
+    out = {}
+    for k in kernels:
+        feats = json.loads(k["features_json"]) if k["features_json"] else {}
+        out[k["kernel_id"]] = {"kernel_id": k["kernel_id"], "task": k["task"], "source": k["prompt_source"],
+                               "language": "pytorch", "generator": None, "algorithm": None, "knobs_json": None, **feats}
+    return out
+
+
+def embed_bundle(folder: Path) -> dict[str, dict]:
+    """A bundle whose feature vectors are the builder's own (pipelines.surrogates.code_bundle.
+    feature_vectors on the kernels' records): the speedup follows the candidate's BLOCK_N, so the
+    trees have something to split on. Returns the kernel records."""
+    from pipelines.surrogates.code_bundle import feature_vectors
+
+    rng = random.Random(0)
+    kernels = [{"kernel_id": f"ref-{t}", "task": t, "parent_kernel_id": None, "features_json": None,
+                "prompt_source": kernel_source(t, 16, 4)} for t in TASKS]
+    pairs = []
+    for i, role in enumerate(ROLE_PLAN + ["held_out_eval"] * HELD_OUT_EVAL):
+        task = "rms_norm" if role == "held_out_eval" else "softmax"
+        b = rng.randint(1, 8)
+        kernels.append({"kernel_id": f"k{i}", "task": task, "parent_kernel_id": f"ref-{task}",
+                        "features_json": json.dumps({"n_regs": 24 + 4 * b + rng.randint(0, 3), "n_spills": 0,
+                                                     "shared_bytes": 0, "n_kernels": 1, "n_launches": 1}),
+                        "prompt_source": kernel_source(task, 2 ** (b + 3), rng.choice((2, 4, 8)))})
+        roles = [role] + {"fit": ["held_out_fit"], "calibration": ["held_out_calibration"]}.get(role, [])
+        pairs.append({"pair_id": f"p{i:03d}", "task": task, "hardware_id": "h", "anchor_kernel_id": f"ref-{task}",
+                      "candidate_kernel_id": f"k{i}", "true_bin": b, "roles": roles,
+                      "speedup": 2.0 ** (-2.75 + 0.75 * b + rng.uniform(-0.3, 0.3))})
+    records = records_of(kernels)
+    frames = {role: pl.DataFrame([{k: p[k] for k in KEYS} for p in pairs if role in p["roles"]])
+              for role in ("fit", "calibration", "eval", "external", "held_out_eval")}
+    vectors, names = feature_vectors(frames, records)
+    for p in pairs:
+        p["features"] = vectors[p["pair_id"]]
+    folder.mkdir(parents=True)
+    write_parquet(folder / PAIRS_FILE, pairs, pair_schema())
+    write_parquet(folder / KERNELS_FILE, kernels, kernel_schema())
+    (folder / META_FILE).write_text(json.dumps({"format": BUNDLE_FORMAT, "dataset_version": "ds-embed",
+                                                "held_out_task": "rms_norm", "tasks": TASKS,
+                                                "hardware": {"h": {"device_name": "NVIDIA H200"}},
+                                                "feature_names": names}))
+    return records
+
+
+def _register(results: Path, bundle: Path, run_dir: Path, data_dir: Path, uri: str, con) -> dict[str, int]:
+    from pipelines.surrogates.code_ingest import ingest, register_variants
+
+    summary = ingest(results, bundle, run_dir)
+    return register_variants(con, uri, data_dir, run_dir, results, summary["variants"], "tiny")
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """The toy host run, its code-embed variants fitted here, ingested and registered twice: from
+    the run as it came back, and from a copy whose embeddings.parquet lost its axes (a host run of
+    before they were written)."""
+    from models.training.gpu_host.llm_code import main
+    from pipelines.surrogates.code_embed import add_embed_variants
+    from warehouse.datasets import write_dataset
+    from warehouse.db import connect
+
+    tmp = tmp_path_factory.mktemp("embed")
+    home = Path(os.environ["KERNELCAST_HOME"])  # the session's: `kernelcast forecast` reads it too
+    records = embed_bundle(tmp / "b")
+    assert main(["train", "--bundle", str(tmp / "b"), "--out", str(tmp / "out"), "--work", str(tmp / "work"),
+                 "--base-model", "tiny", "--time-budget-s", "300", "--layers", "1,-1", "--lora-epochs", "0",
+                 "--tokens-per-batch", "8192", "--head-grid", "1", "--head-epochs", "5", "--grpo-steps", "0"]) == 0
+    summary = add_embed_variants(tmp / "out", tmp / "b", base_model="tiny")
+    # the same host run without the axes in its metadata
+    shutil.copytree(tmp / "out", tmp / "old")
+    table = pq.read_table(tmp / "old" / "embeddings.parquet")
+    pq.write_table(table.replace_schema_metadata(None), tmp / "old" / "embeddings.parquet")
+    old_summary = add_embed_variants(tmp / "old", tmp / "b", base_model="tiny")
+
+    uri = f"sqlite:///{(home / 'mlflow.db').resolve()}"
+    data_dir = tmp / "data"
+    pairs = pq.read_table(tmp / "b" / PAIRS_FILE).to_pylist()
+    frame = pl.DataFrame([{k: p[k] for k in KEYS} | {"speedup": p["speedup"], "pair_type": "reference",
+                                                       "split": "train" if {"fit", "calibration"} & set(p["roles"]) else "eval"}
+                          for p in pairs])
+    with connect(tmp / "wh.duckdb") as con:
+        write_dataset(con, "ds-embed", "d", {}, [], frame)
+        versions = _register(tmp / "out", tmp / "b", data_dir / "new", data_dir, uri, con)
+        old_versions = _register(tmp / "old", tmp / "b", data_dir / "old", data_dir, uri, con)
+    return {"tmp": tmp, "home": home, "uri": uri, "records": records, "pairs": pairs, "summary": summary,
+            "old_summary": old_summary, "versions": versions, "old_versions": old_versions,
+            "new_dir": data_dir / "new", "old_dir": data_dir / "old"}
+
+
+def _frame(pairs: list[dict]) -> pl.DataFrame:
+    return pl.DataFrame([{k: p[k] for k in KEYS} for p in pairs])
+
+
+def _load(run, version: int, **kw):
+    from pipelines.forecasting import load_forecaster
+
+    return load_forecaster(f"models:/kernelcast-surrogate/{version}", tracking_uri=run["uri"], home=run["home"], **kw)
+
+
+def test_embed_head_keeps_what_a_new_pair_needs_only_when_the_run_has_axes(run):
+    from models.training.embed_head import load_embed_head
+
+    out, old = run["tmp"] / "out", run["tmp"] / "old"
+    assert run["summary"]["head_files"] == {"code-embed": "embed-head-code-embed.zip",
+                                            "code-embed-held-out": "embed-head-code-embed-held-out.zip"}
+    assert run["old_summary"]["head_files"] == {} and not list(old.glob("embed-head-*"))
+    assert "no principal axes of in_distribution" in run["old_summary"]["not_forecasting_new_pairs"]["code-embed"]
+    head, axes, spec = load_embed_head(out / "embed-head-code-embed.zip")
+    record = json.loads((out / "metrics.json").read_text())["variants"]["code-embed"]
+    assert (spec["components"], spec["parts"]) == (record["components"], record["parts"])
+    assert spec["base_model"] == "tiny" and spec["layers"] == [1, -1] and spec["style"] == "full"
+    assert spec["feature_names"] == json.loads((run["tmp"] / "b" / META_FILE).read_text())["feature_names"]
+    assert axes["axes"].shape == (axes["mean"].shape[0], spec["components"])  # only the axes the trees read
+    assert head.columns.sum() <= record["width"] and (out / "embed-head-code-embed.zip").stat().st_size < 4 * 2**20
+
+
+def test_a_pair_of_the_run_gives_the_committed_numbers_read_again_here(run):
+    """(a) The committed forecast as before, and the same pair read again by the base model on
+    this CPU through the version's head: the host's raw forecast and the committed one."""
+    from pipelines.forecasting.committed import CommittedForecaster
+    from pipelines.forecasting.embed import EmbedHeadForecaster
+
+    version = run["versions"]["code-embed"]
+    scored = [p for p in run["pairs"] if {"eval", "external"} & set(p["roles"])]  # what the committed run holds
+    pairs = _frame(scored)
+    committed = _load(run, version, committed_dir=run["new_dir"])
+    assert isinstance(committed, EmbedHeadForecaster) and committed.committed is not None
+    # the pairs of the run: the committed forecasts' own numbers, no base model loaded
+    plain = CommittedForecaster(run["new_dir"], "code-embed", committed.model_ref)
+    want = plain.forecast_pairs(pairs, {})
+    assert np.array_equal(committed.forecast_pairs(pairs, {}), want) and committed._base is None
+    # forced to read them here: the host's raw forecasts of embed-head, and after the calibrator the committed ones
+    again = _load(run, version, committed_dir=run["new_dir"], use_committed=False)
+    assert isinstance(again, EmbedHeadForecaster) and again.committed is None
+    raw = again.head_probs(pairs, run["records"])
+    host = pl.read_parquet(run["tmp"] / "out" / "forecasts.parquet").filter(pl.col("variant") == "code-embed")
+    by_id = {r["pair_id"]: [r[f"p{i}"] for i in range(1, 9)] for r in host.to_dicts()}
+    assert np.abs(raw - np.array([by_id[p["pair_id"]] for p in scored])).max() < 1e-5
+    assert np.abs(again.forecast_pairs(pairs, run["records"]) - want).max() < 1e-5
+    # the run's feature vectors are what the bundle held
+    x = again.design(pairs, run["records"])
+    width = len(json.loads((run["tmp"] / "b" / META_FILE).read_text())["feature_names"])
+    assert np.allclose(x[:, :width], np.array([p["features"] for p in scored], dtype=np.float32), equal_nan=True)
+
+
+def test_a_new_candidate_gets_a_distribution_that_follows_its_source(run):
+    """(b) A candidate the bundle never held: eight probabilities summing to 1, read by the base
+    model here, and another answer when its source changes."""
+    f = _load(run, run["versions"]["code-embed"], committed_dir=run["new_dir"])
+    records = dict(run["records"])
+    pair = pl.DataFrame([{"pair_id": "new", "task": "softmax", "hardware_id": "nvidia-h200-sm90",
+                          "anchor_kernel_id": "ref-softmax", "candidate_kernel_id": "mine"}])
+    answers, rows = [], []
+    for block in (16, 1024):
+        records["mine"] = {"kernel_id": "mine", "task": "softmax", "source": kernel_source("softmax", block, 4),
+                           "language": "pytorch", "n_regs": 40, "n_spills": 0, "shared_bytes": 0,
+                           "n_kernels": 1, "n_launches": 1}
+        p = f.forecast_pairs(pair, records)
+        assert p.shape == (1, 8) and np.isfinite(p).all() and (p >= 0).all() and abs(p.sum() - 1) < 1e-9
+        answers.append(p[0])
+        rows.append(f.design(pair, records)[0])
+    assert f._base is not None and f.seconds["prefill"] > 0  # the base model read it
+    assert np.abs(answers[0] - answers[1]).max() > 1e-3
+    width = len(json.loads((run["tmp"] / "b" / META_FILE).read_text())["feature_names"])
+    assert not np.allclose(rows[0][width:], rows[1][width:])  # its reading moved, not only the features
+    # a pair of the run beside the new one: each answered its own way, in the frame's order
+    held = _frame([p for p in run["pairs"] if "eval" in p["roles"]][:1])
+    both = pl.concat([pair, held.select(pair.columns)])
+    got = f.forecast_pairs(both, records)
+    assert np.allclose(got[0], answers[1], atol=1e-12) and np.array_equal(got[1], f.committed.forecast_pairs(held, {})[0])
+
+
+def test_kernelcast_forecast_answers_files_with_the_code_embed_version(run, tmp_path):
+    from typer.testing import CliRunner
+
+    from orchestration.cli import app
+
+    anchor, cands = tmp_path / "anchor.py", [tmp_path / "small.py", tmp_path / "wide.py"]
+    for path, block in zip([anchor, *cands], (16, 16, 1024), strict=True):
+        path.write_text(kernel_source("softmax", block, 4))
+    res = CliRunner().invoke(app, ["forecast", "--task", "softmax", "--anchor", str(anchor), "--candidate",
+                                   *map(str, cands), "--no-check", "--json", "--model",
+                                   f"models:/kernelcast-surrogate/{run['versions']['code-embed']}"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)
+    assert [r["file"] for r in rows] == [str(c) for c in cands] and all(r["ok"] for r in rows)
+    assert all(abs(sum(r["p"]) - 1) < 1e-9 and len(r["p"]) == 8 for r in rows)
+    assert rows[0]["p"] != rows[1]["p"] and "tiny read here for new pairs" in rows[0]["source"]
+
+
+def test_a_version_without_axes_refuses_a_new_pair_saying_why(run):
+    """(c) Registered from a host run without principal axes: the pairs of its run as before, a new
+    pair refused in one line naming why; without its committed run folder, refused at load."""
+    from pipelines.forecasting.committed import CommittedForecaster
+    from pipelines.surrogates.code_ingest import EMBED_HEAD_TAG
+
+    version = run["old_versions"]["code-embed"]
+    assert version != run["versions"]["code-embed"]
+    f = _load(run, version, committed_dir=run["old_dir"])
+    assert isinstance(f, CommittedForecaster)
+    held = _frame([p for p in run["pairs"] if "eval" in p["roles"]])
+    assert f.forecast_pairs(held, {}).shape == (held.height, 8)
+    new = pl.DataFrame([{"pair_id": "new", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": "ref-softmax",
+                         "candidate_kernel_id": "k0"}])
+    with pytest.raises(ValueError) as e:
+        f.forecast_pairs(new, run["records"])
+    assert len(str(e.value).splitlines()) == 1
+    assert "registered without its head file (its host run's embeddings.parquet carried no principal axes)" in str(e.value)
+    with pytest.raises(ValueError, match="no committed run folder holding code-embed is in use") as e:
+        _load(run, version)
+    assert len(str(e.value).splitlines()) == 1
+    from models.registry.versions import version_info
+
+    assert EMBED_HEAD_TAG not in version_info(run["uri"], version)["tags"]
+    assert EMBED_HEAD_TAG in version_info(run["uri"], run["versions"]["code-embed"])["tags"]
+
+
+def test_the_feature_vector_of_a_new_pair_is_the_bundle_builders():
+    """named_feature_vectors from the bundle's feature names gives feature_vectors' numbers."""
+    from pipelines.surrogates.code_bundle import feature_vectors, named_feature_vectors
+
+    rng = random.Random(3)
+    records = {"ref": {"kernel_id": "ref", "task": "softmax", "source": kernel_source("softmax", 16, 4),
+                       "generator": "reference", "n_regs": 20}}
+    rows = []
+    for i in range(30):
+        records[f"k{i}"] = {"kernel_id": f"k{i}", "task": "softmax", "generator": "kernelcast-space",
+                            "algorithm": "two_pass", "knobs_json": json.dumps({"BLOCK_N": 2 ** rng.randint(4, 10)}),
+                            "source": kernel_source("softmax", 2 ** rng.randint(4, 10), rng.choice((2, 4))),
+                            "n_regs": rng.randint(20, 60), "ptx_fma": rng.randint(0, 100)}
+        rows.append({"pair_id": f"p{i}", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": "ref" if i % 3 else "k0",
+                     "candidate_kernel_id": f"k{i}"})
+    frames = {"fit": pl.DataFrame(rows[:20]), "eval": pl.DataFrame(rows[20:])}
+    vectors, names = feature_vectors(frames, records)
+    assert any(n.startswith("d:") for n in names) and not any(n.startswith("c:knob") for n in names)
+    got = named_feature_vectors(names, frames["eval"], records)
+    want = [vectors[p] for p in frames["eval"]["pair_id"].to_list()]
+    assert np.array_equal(np.array(got), np.array(want), equal_nan=True)
+    with pytest.raises(ValueError, match="'task' is not a numeric column"):
+        named_feature_vectors(["task"], frames["eval"], records)
