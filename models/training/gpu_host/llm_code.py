@@ -359,12 +359,22 @@ def _restore_lora(resume: Path | None, work: Path) -> None:
                     (work / "sft" / BEST_DIR / m.name).write_bytes(tar.extractfile(m).read())
 
 
-def forecast_seconds(pairs: list[dict[str, Any]], tokens_per_s: float | None) -> float:
+UNMEASURED_TOKENS_PER_S = {"cuda": 100_000.0, "cpu": 2000.0}  # prefill rates when (b) did not run (H200: ~230k)
+
+
+def _device() -> str:
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def forecast_seconds(pairs: list[dict[str, Any]], tokens_per_s: float | None, device: str = "cpu") -> float:
     """What forecasting the calibration, eval and external pairs with a LoRA model takes: the
-    prefill rate of (b) when measured, halved for the adapter's extra matmuls, 4k tokens a
-    prompt at most, plus loading."""
+    prefill rate of (b) when measured (else a cautious rate for the device), halved for the
+    adapter's extra matmuls, 4k tokens a prompt at most, plus loading."""
     n = sum(len(with_role(pairs, r)) for r in ("calibration", "eval", "external"))
-    return 10.0 + n * 4096 / ((tokens_per_s or 2000.0) / 2)
+    rate = tokens_per_s or UNMEASURED_TOKENS_PER_S.get(device, UNMEASURED_TOKENS_PER_S["cpu"])
+    return 10.0 + n * 4096 / (rate / 2)
 
 
 def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s: float | None,
@@ -379,7 +389,7 @@ def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s:
     if not fit or not cal:
         return [], None
     scored = {r: with_role(pairs, r) for r in ("calibration", "eval", "external")}
-    eval_s = forecast_seconds(pairs, tokens_per_s)
+    eval_s = forecast_seconds(pairs, tokens_per_s, device)
     # Only what came back from the previous run is resumed, never a stale scratch folder.
     for stale in ("ckpt", "sft", "merged", "grpo", "grpo-ckpt"):
         shutil.rmtree(work / stale, ignore_errors=True)
@@ -428,7 +438,10 @@ def _maybe_grpo(args, pairs, clock: Clock, work: Path, tokens_per_s: float | Non
     from models.training.supervised import BEST_DIR
 
     best = work / "sft" / BEST_DIR
-    eval_s = forecast_seconds(pairs, tokens_per_s)
+    # GRPO's forecasts read the same prompts with a model of the same size as code-lora's: the
+    # time those took (measured) beats the token estimate, which assumes 4k-token prompts.
+    measured = clock.marks.get("lora_forecast_s")
+    eval_s = 10.0 + 1.25 * measured if measured else forecast_seconds(pairs, tokens_per_s, _device())
     if args.grpo_steps <= 0:
         metrics["skipped"]["grpo"] = "not asked for (--grpo-steps 0)"
         return
