@@ -60,7 +60,9 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
                     mlflow: MlflowResource) -> dg.MaterializeResult:
     """The LLM surrogate of the current dataset version as a version of models:/kernelcast-surrogate
     (tag kind=llm): the committed H200 adapter, a supervised LoRA trained here, or GRPO variants
-    (settings.surrogate.llm); lineage in DuckDB `model_lineage`."""
+    (settings.surrogate.llm); with the committed adapter, the other variants of its committed run
+    that a GPU host's run brought back (code-embed with its head file among them) are registered
+    too; lineage in DuckDB `model_lineage`."""
     from pipelines.surrogates.grpo import train_grpo_surrogates
     from pipelines.surrogates.llm import produce_llm_surrogate
 
@@ -75,9 +77,14 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
                                     cfg.home / "training" / run_id, _run_tags(context))
     out, trained = llm.registered, llm.trained
     context.log.info(f"LLM surrogate: version {out.version} ({out.source}, {'re-used' if out.reused else 'registered'})")
+    if llm.committed_variants:
+        context.log.info("committed variants: " + ", ".join(f"{v} {m}/{n}" for v, m, n in llm.committed_variants))
+    variants = ({"committed_variants": dg.MetadataValue.md(markdown_table(["variant", "registered model", "version"],
+                                                                          llm.committed_variants))}
+                if llm.committed_variants else {})
     return dg.MaterializeResult(
         metadata={"dataset_version": llm.dataset_version, "registered_model": "kernelcast-surrogate",
-                  "versions": str(out.version), "source": out.source, "reused": out.reused,
+                  "versions": str(out.version), "source": out.source, "reused": out.reused, **variants,
                   **{k: float(v) for k, v in out.metrics.items()},
                   **({"trained_dataset_version": trained["dataset_version"], "lineage": trained["note"]} if trained else {}),
                   **({"mlflow_run_id": out.run_id, "mlflow_url": dg.MetadataValue.url(mlflow.run_url(out.run_id))} if out.run_id else {})},

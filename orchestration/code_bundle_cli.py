@@ -3,7 +3,7 @@ host's run sent back (docs/llm-surrogate.md).
 
     python -m orchestration.code_bundle_cli build-bundle --out .gpu-batches/llm-bundle [--warehouse P]
     python -m orchestration.code_bundle_cli embed-head OUT --bundle B [--base-model smollm2]
-    python -m orchestration.code_bundle_cli ingest OUT --bundle B [--into RUN_DIR] [--register]
+    python -m orchestration.code_bundle_cli ingest OUT --bundle B [--into RUN_DIR] [--register] [--adapter]
 
 The domain code is pipelines.surrogates.code_bundle / code_ingest; this module adds the settings'
 defaults (warehouse, data folder, MLflow store), which live on the orchestration floor.
@@ -27,12 +27,14 @@ def ingest_cli(args: Any) -> int:
     settings = load_settings(None)
     into = Path(args.into) if args.into else settings.data_dir / settings.surrogate.committed_run
     try:
-        summary = ingest(args.results, args.bundle, into)
+        summary = ingest(args.results, args.bundle, into, adapter=args.adapter)
     except BundleError as e:
         print(f"error: {e}")
         return 2
     print(f"{summary['forecasts']} forecasts of {', '.join(summary['variants'])} of {summary['dataset_version']} "
           f"-> {summary['into']}" + ("; adapter adapters/code-lora" if summary["adapter"] else ""))
+    for variant, name in summary["head_files"].items():
+        print(f"  {variant}: head file {name}")
     if args.register:
         from models.registry.tracking import prepare_store
         from warehouse.db import connect
@@ -70,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--into", default=None, type=Path,
                    help="committed run folder (default: the settings' surrogate.committed_run under the data folder)")
     i.add_argument("--register", action="store_true", help="also register every variant in MLflow (settings' home)")
+    i.add_argument("--adapter", action="store_true",
+                   help="also keep code-lora's adapter (~5 MB) in the run folder (default: its forecasts only)")
     args = parser.parse_args(argv)
     from warehouse.db import connect
 

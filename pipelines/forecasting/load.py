@@ -163,11 +163,20 @@ def _registered(ref, tracking_uri, home, committed_dir, readout, style, device, 
             adapter = embed_forecaster(tracking_uri, name, version, info, home, committed, table, device, stored, ref)
         elif held:
             adapter = CommittedForecaster(Path(committed_dir), variant, stored)
+        elif _committed_only(tags):
+            raise ValueError(f"{ref} has no weights to run here ({variant}: committed H200 forecasts only); it answers "
+                             f"the pairs of its run from a committed run folder holding {variant}, and none is in use")
         else:
             adapter = _registered_llm(tracking_uri, name, version, tags, home, readout, style, device, cache_dir,
                                       table, stored, ref)
     adapter.version, adapter.uri, adapter.model_name = version, ref, name
     return adapter
+
+
+def _committed_only(tags: dict[str, str]) -> bool:
+    from pipelines.surrogates.code_ingest import COMMITTED_ONLY, WEIGHTS_TAG
+
+    return tags.get(WEIGHTS_TAG) == COMMITTED_ONLY
 
 
 def _fits(backend: Any, readout: str):

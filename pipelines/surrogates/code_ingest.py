@@ -1,28 +1,35 @@
 """A host run of the code-reading LLM (models/training/gpu_host/llm_code.py) brought back: committed, registered.
 
-    python -m orchestration.code_bundle_cli ingest OUT --bundle BUNDLE [--into RUN_DIR] [--register]
+    python -m orchestration.code_bundle_cli ingest OUT --bundle BUNDLE [--into RUN_DIR] [--register] [--adapter]
 
 `ingest` merges the run's variants into a committed run folder (default: the one the settings'
 `surrogate.committed_run` names, so `kernelcast run` reads them) in its format
 (pipelines/surrogates/remote_results.py): rows of forecasts.parquet keyed by (hardware, anchor,
 candidate) with the bundle's dataset version, the variants' records in training.json (each with
-the dataset version it was trained on), their fit pairs in code_training_pairs.parquet and the
-LoRA adapter (bfloat16) under adapters/code-lora/. A variant already there is replaced, the others
-are kept. The external pairs' forecasts are stored in the eval role: they are pairs of the eval
-split of the dataset version, told apart by their candidate's generator
-(pipelines.surrogates.roles), and the report scores each split on its own pair ids.
+the dataset version it was trained on), their fit pairs in code_training_pairs.parquet and each
+code-embed variant's head file (embed-head-<variant>.zip, written by `embed-head` when the host
+run kept its principal axes; 0.1-1 MB) under heads/. A variant already there is replaced, with
+its head file; the others are kept. The external pairs' forecasts are stored in the eval role:
+they are pairs of the eval split of the dataset version, told apart by their candidate's
+generator (pipelines.surrogates.roles), and the report scores each split on its own pair ids.
 
-`--register` makes each variant a version of models:/kernelcast-surrogate (held-out variants:
-kernelcast-surrogate-held-out), tag kind=llm and committed_variant: the evaluation answers from
-its committed forecasts (pipelines.forecasting.committed) with a calibrator fitted on its
-calibration forecasts. Its MLflow run holds the training record (settings, per-epoch metrics),
-the dataset it learned from and that version's measurement ids; a model_lineage row names it.
-The LoRA variant is registered with its adapter (it can run here on the CPU); a head variant's
-weights are an artifact of its run (heads.pt), the version a committed-forecasts one. A
-code-embed variant whose results folder holds its head file (embed-head-<variant>.zip, written by
-`embed-head` when the host run kept its principal axes) has it as an artifact of its run and the
-version tag `embed_head_artifact` naming it: that version forecasts any pair
-(pipelines.forecasting.embed).
+The LoRA adapter of `code-lora` stays out of the committed folder, which travels with the
+repository: `code-lora` is then a committed-forecasts variant like the heads. `--adapter` keeps
+it there (adapters/code-lora/, bfloat16, ~5 MB) for a home that wants to run it on the CPU; an
+ingest without it removes an earlier run's adapter, which would not match the new forecasts.
+
+`register_variants` (`--register`, and `kernelcast run` for every variant `ingest` wrote into
+the committed run folder: `register_ingested`) makes each variant a version of
+models:/kernelcast-surrogate (held-out variants: kernelcast-surrogate-held-out), tag kind=llm
+and committed_variant: the evaluation answers from its committed forecasts
+(pipelines.forecasting.committed) with a calibrator fitted on its calibration forecasts. Its
+MLflow run holds the training record (settings, per-epoch metrics), the dataset it learned from
+and that version's measurement ids; a model_lineage row names it. A LoRA variant whose adapter
+is in the committed folder is registered with it (it can run here on the CPU); without it, and
+for a head variant, the version is a committed-forecasts one (a head's weights, heads.pt, are an
+artifact of its run when the host's output folder is at hand). A code-embed variant whose head
+file is in the committed folder has it as an artifact of its run and the version tag
+`embed_head_artifact` naming it: that version forecasts any pair (pipelines.forecasting.embed).
 """
 
 from __future__ import annotations
@@ -49,6 +56,12 @@ CODE_VERSION = "1"
 # A code-embed version's tag naming its run's artifact of what a new pair needs (embed-head-<variant>.zip).
 EMBED_HEAD_TAG = "embed_head_artifact"
 EMBED_HEAD_ARTIFACT = "embed_head"
+HEADS_DIR = "heads"  # the committed run folder's code-embed head files
+# A version without weights that run here (a head, GRPO, a LoRA whose adapter is not committed):
+# tag WEIGHTS_TAG says so, and it answers only from its committed forecasts.
+WEIGHTS_TAG = "weights"
+COMMITTED_ONLY = "committed forecasts only"
+LORA_VARIANT = "code-lora"
 
 
 def read_run(results: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
@@ -140,8 +153,15 @@ def _adapter_into(results: Path, target: Path) -> bool:
     return True
 
 
-def ingest(results: str | Path, bundle: str | Path, into: str | Path) -> dict[str, Any]:
-    """Merge a host run's variants into the committed run folder `into`; a summary."""
+def ingest(results: str | Path, bundle: str | Path, into: str | Path, adapter: bool = False) -> dict[str, Any]:
+    """Merge a host run's variants into the committed run folder `into`; a summary.
+
+    Args:
+        adapter: also keep code-lora's adapter under adapters/code-lora/ (else any there goes).
+    Raises:
+        BundleError: the run is not of the bundle's dataset version, or a head file is not its
+            variant's (nothing written).
+    """
     from pipelines.surrogates.remote_results import training_pairs_frame
 
     results, into = Path(results), Path(into)
@@ -152,6 +172,13 @@ def ingest(results: str | Path, bundle: str | Path, into: str | Path) -> dict[st
     rows = committed_rows(frame, meta, pairs)
     # A variant without forecasts (a LoRA run that has not finished an epoch yet) waits for a later trip.
     records = {k: v for k, v in variant_records(metrics, meta).items() if k in set(frame["variant"].to_list())}
+    heads = {}  # variant -> its head file in the results folder, or None (a host run without axes)
+    for name, record in records.items():
+        if record["settings"]["finetune"] == "embed_head":
+            src = results / embed_head_file(name)
+            if src.is_file():
+                _check_head_file(src, name, meta["dataset_version"])
+            heads[name] = src if src.is_file() else None
     into.mkdir(parents=True, exist_ok=True)
     new = set(records)
     if (into / FORECASTS_FILE).is_file():
@@ -163,9 +190,32 @@ def ingest(results: str | Path, bundle: str | Path, into: str | Path) -> dict[st
     _write_parquet(rows, into / FORECASTS_FILE)
     _write_parquet(training_pairs_frame(pairs), into / CODE_PAIRS_FILE)
     write_json(into / TRAINING_FILE, training)
-    adapter = "code-lora" in new and _adapter_into(results, into / "adapters" / "code-lora")
-    return {"variants": sorted(new), "forecasts": int(frame.height), "adapter": bool(adapter),
+    for name, src in heads.items():  # an earlier run's head would not match these forecasts: replaced or removed
+        dst = into / HEADS_DIR / embed_head_file(name)
+        if src is None:
+            dst.unlink(missing_ok=True)
+        else:
+            dst.parent.mkdir(exist_ok=True)
+            shutil.copyfile(src, dst.with_name(dst.name + ".part"))
+            dst.with_name(dst.name + ".part").replace(dst)
+    copied = False
+    if LORA_VARIANT in new:
+        target = into / "adapters" / LORA_VARIANT
+        copied = adapter and _adapter_into(results, target)
+        if not copied:
+            shutil.rmtree(target, ignore_errors=True)
+    return {"variants": sorted(new), "forecasts": int(frame.height), "adapter": bool(copied),
+            "head_files": {k: f"{HEADS_DIR}/{v.name}" for k, v in sorted(heads.items()) if v is not None},
             "dataset_version": meta["dataset_version"], "into": str(into)}
+
+
+def ingested_variants(into: str | Path) -> list[str]:
+    """The variants of a committed run folder that `ingest` wrote: their record names the
+    dataset version they were trained on ([] without a training.json)."""
+    path = Path(into) / TRAINING_FILE
+    if not path.is_file():
+        return []
+    return sorted(k for k, v in json.loads(path.read_text()).get("variants", {}).items() if v.get("dataset_version"))
 
 
 def _check_head_file(path: Path, variant: str, dataset_version: str) -> None:
@@ -188,9 +238,19 @@ def _history_metrics(client: Any, run_id: str, history: list[dict[str, Any]]) ->
                 client.log_metric(run_id, k, float(v), step=int(epoch["epoch"]))
 
 
-def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, results: Path,
-                      variants: list[str], base_model: str = "smollm2") -> dict[str, int]:
-    """Register every ingested variant (re-used when an equal version exists); name -> version."""
+def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, results: Path | None,
+                      variants: list[str], base_model: str = "smollm2", dataset_version: str | None = None,
+                      run_tags: dict[str, str] | None = None) -> dict[str, int]:
+    """Register every ingested variant (re-used when an equal version exists); name -> version.
+
+    Args:
+        into: the committed run folder (forecasts, records, fit pairs, heads/, adapters/).
+        results: the host run's output folder, when at hand (a head variant's heads.pt); None
+            registers from the committed folder alone.
+        dataset_version: the dataset version the versions are scored on (tag and key
+            `dataset_version`; default: the one each variant was trained on).
+        run_tags: further tags of the MLflow runs (dagster_run_id, git_commit).
+    """
     import mlflow
 
     from models.calibration import Calibrator, fit_calibrator
@@ -213,8 +273,8 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
         model_name = HELD_OUT_MODEL if held else "kernelcast-surrogate"
         trained = record["dataset_version"]
         key = {"kind": "llm", "committed_run": run.replace("/", "."), "committed_variant": name,
-               "dataset_version": trained, "code_version": CODE_VERSION}
-        head_file = results / embed_head_file(name) if settings["finetune"] == "embed_head" else None
+               "dataset_version": dataset_version or trained, "code_version": CODE_VERSION}
+        head_file = into / HEADS_DIR / embed_head_file(name) if settings["finetune"] == "embed_head" else None
         if head_file is not None and head_file.is_file():
             _check_head_file(head_file, name, trained)
             # In the key: a version registered before its head was kept is not re-used for one with it.
@@ -227,7 +287,8 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
             continue
         cal = frame.filter((pl.col("variant") == name) & (pl.col("role") == ("held_out_calibration" if held else "calibration")))
         calibrator = fit_calibrator(cal.select(P_COLS).to_numpy(), cal["true_bin"].to_numpy()) if cal.height else Calibrator()
-        run_id = client.create_run(experiment, tags={**key, "trained_on": "nvidia-h200"}, run_name=f"committed-{name}").info.run_id
+        run_id = client.create_run(experiment, tags={**(run_tags or {}), **key, "trained_on": "nvidia-h200"},
+                                   run_name=f"committed-{name}").info.run_id
         is_held, measurement_ids = _held_measurements(con, trained)
         fit = fit_pairs.filter(pl.col("role") == ("held_out_fit" if held else "fit"))
         log_training_data(tracking_uri, run_id, trained, measurement_ids,
@@ -241,25 +302,47 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
         if settings["finetune"] == "lora" and (adapter / "adapter_model.safetensors").is_file():
             client.set_terminated(run_id, "FINISHED")
             version = register_surrogate(tracking_uri, run_id, adapter, name=model_name, base_model=base_model,
-                                         dataset_version=trained, con=con, prompt_style=settings.get("style"),
-                                         trained_dataset_version=trained, trained_dataset_held=is_held, tags=tags)
-        else:  # a head (its weights an artifact of the run), boosted trees on the LLM's reading, or GRPO
-            heads = results / "heads.pt"
-            if settings["finetune"] == "head" and heads.is_file():
+                                         dataset_version=dataset_version or trained, con=con,
+                                         prompt_style=settings.get("style"), trained_dataset_version=trained,
+                                         trained_dataset_held=is_held, tags=tags,
+                                         dagster_run_id=(run_tags or {}).get("dagster_run_id"))
+        else:  # a head (its weights an artifact of the run), boosted trees on the LLM's reading, GRPO, or a
+            # LoRA whose adapter the committed folder does not carry: committed forecasts
+            heads = results / "heads.pt" if results is not None else None
+            if settings["finetune"] == "head" and heads is not None and heads.is_file():
                 client.log_artifact(run_id, str(heads), "head")
             if head_file is not None:
                 client.log_artifact(run_id, str(head_file), EMBED_HEAD_ARTIFACT)
             client.set_terminated(run_id, "FINISHED")
             logged = mlflow.create_external_model(name=name, experiment_id=experiment, source_run_id=run_id)
             version = register_logged_model(tracking_uri, f"models:/{logged.model_id}", model_name, run_id=run_id,
-                                            kind="llm", tags=tags,
+                                            kind="llm", tags={**tags, **({} if head_file else {WEIGHTS_TAG: COMMITTED_ONLY})},
                                             description=({"head": f"head on {base_model}'s hidden states",
                                                           "embed_head": f"boosted trees on {base_model}'s hidden states "
-                                                                        "and the source features"}
+                                                                        "and the source features",
+                                                          "lora": f"LoRA on {base_model} (its adapter not committed)"}
                                                          .get(settings["finetune"], f"GRPO on code-lora ({base_model})"))
                                                         + f", committed H200 forecasts, trained on {trained}"
                                                         + ("; new pairs read on the CPU" if head_file else ""))
             record_model_lineage(con, model_name, version, trained, mlflow_run_id=run_id, base_model=base_model,
-                                 require_held=is_held)
+                                 git_commit=(run_tags or {}).get("git_commit"),
+                                 dagster_run_id=(run_tags or {}).get("dagster_run_id"), require_held=is_held)
         out[name] = int(version)
     return out
+
+
+def register_ingested(con: Any, tracking_uri: str, data_dir: Path, run: str, dataset_version: str,
+                      base_model: str = "smollm2", run_tags: dict[str, str] | None = None) -> list[tuple[str, str, int]]:
+    """Register every variant `ingest` wrote into the committed run folder `run` (under data_dir)
+    for a run scored on `dataset_version`, from the committed folder alone (what `kernelcast run`
+    does); (variant, registered model, version) each, re-used when already registered."""
+    from pipelines.surrogates.classical import HELD_OUT_MODEL
+
+    into = Path(data_dir) / run
+    names = ingested_variants(into)
+    if not names:
+        return []
+    versions = register_variants(con, tracking_uri, Path(data_dir), into, None, names, base_model, dataset_version, run_tags)
+    held = {k: bool(v["settings"].get("held_out"))
+            for k, v in json.loads((into / TRAINING_FILE).read_text())["variants"].items()}
+    return [(k, HELD_OUT_MODEL if held[k] else "kernelcast-surrogate", v) for k, v in versions.items()]

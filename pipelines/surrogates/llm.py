@@ -236,12 +236,17 @@ class LlmSurrogate:
     registered: LlmVersion
     trained: dict | None  # the version's model_lineage row (the fit's dataset, held or not)
     missing_lineage: list[str]  # versions registered without a model_lineage row
+    # The other variants of the committed run (`ingest`'s), each (variant, registered model, version).
+    committed_variants: list[tuple[str, str, int]] = field(default_factory=list)
 
 
 def produce_llm_surrogate(warehouse_path: str | Path, tracking_uri: str, home: Path, data_dir: Path,
                           surrogate: Any, work_dir: Path, tags: Mapping[str, str]) -> LlmSurrogate:
     """Register the committed adapter or train one here (`surrogate.llm`, one of LLM_SOURCES) for
-    the newest dataset version of the warehouse.
+    the newest dataset version of the warehouse. With the committed adapter, the variants a GPU
+    host's run brought back into the same committed run folder (`ingest`: the heads, code-embed
+    with its head file, code-lora's forecasts) are registered too
+    (pipelines.surrogates.code_ingest.register_ingested).
 
     Args:
         warehouse_path: the DuckDB file (written: `model_lineage`).
@@ -267,13 +272,21 @@ def produce_llm_surrogate(warehouse_path: str | Path, tracking_uri: str, home: P
     with connect(warehouse_path) as con:
         version = latest_version(con)
         roles = version_roles(con, version, sur.held_out_task)
+        variants: list[tuple[str, str, int]] = []
         if sur.llm == "committed":
+            from pipelines.surrogates.code_ingest import register_ingested
+
             out = register_committed(con, tracking_uri, data_dir, sur.committed_run, sur.committed_adapter, version,
                                      sur.base_model, base_path, roles.eval, roles.held_out_eval, tags)
+            variants = register_ingested(con, tracking_uri, data_dir, sur.committed_run, version, sur.base_model,
+                                         dict(tags))
         else:
             out = train_and_register(con, tracking_uri, roles, row_builder(con), version, sur.base_model, base_path,
                                      sur.supervised_epochs, sur.supervised_style, sur.supervised_rows, work_dir, tags)
-        lineage = read_model_lineage(con, SURROGATE_MODEL)
         trained = lineage_of(con, SURROGATE_MODEL, out.version)
-    recorded = set(lineage["model_version"].to_list()) if lineage.height else set()
-    return LlmSurrogate(version, out, trained, [] if str(out.version) in recorded else [str(out.version)])
+        missing = []
+        for name, number in [(SURROGATE_MODEL, out.version), *((m, v) for _, m, v in variants)]:
+            lineage = read_model_lineage(con, name)
+            if not lineage.height or str(number) not in set(lineage["model_version"].to_list()):
+                missing.append(str(number) if name == SURROGATE_MODEL else f"{name}/{number}")
+    return LlmSurrogate(version, out, trained, missing, variants)

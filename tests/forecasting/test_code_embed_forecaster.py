@@ -286,3 +286,32 @@ def test_the_feature_vector_of_a_new_pair_is_the_bundle_builders():
     assert np.array_equal(np.array(got), np.array(want), equal_nan=True)
     with pytest.raises(ValueError, match="'task' is not a numeric column"):
         named_feature_vectors(["task"], frames["eval"], records)
+
+
+def test_the_committed_folder_alone_registers_the_versions_with_their_heads(run, tmp_path):
+    """`ingest` keeps each head file in the committed run folder (heads/), so `kernelcast run`
+    registers the same versions from that folder alone; a later ingest of a run without axes
+    takes the head away with the forecasts it belonged to."""
+    from pipelines.surrogates.code_ingest import (
+        HEADS_DIR,
+        ingest,
+        ingested_variants,
+        register_ingested,
+    )
+    from warehouse.db import connect
+
+    new = run["new_dir"]
+    assert sorted(p.name for p in (new / HEADS_DIR).iterdir()) == ["embed-head-code-embed-held-out.zip",
+                                                                    "embed-head-code-embed.zip"]
+    assert (new / HEADS_DIR / "embed-head-code-embed.zip").read_bytes() == \
+        (run["tmp"] / "out" / "embed-head-code-embed.zip").read_bytes()
+    assert not (run["old_dir"] / HEADS_DIR).exists()
+    assert ingested_variants(new) == sorted(run["versions"])
+    with connect(run["tmp"] / "wh.duckdb") as con:
+        got = register_ingested(con, run["uri"], run["tmp"] / "data", "new", "ds-embed", "tiny")
+    assert {v: n for v, _, n in got} == run["versions"]  # re-used: the same key as `ingest --register`'s
+    assert ("code-embed-held-out", "kernelcast-surrogate-held-out", run["versions"]["code-embed-held-out"]) in got
+    copy = tmp_path / "copy"
+    shutil.copytree(new, copy)
+    ingest(run["tmp"] / "old", run["tmp"] / "b", copy)
+    assert not list((copy / HEADS_DIR).iterdir())

@@ -343,6 +343,55 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
     assert set(mine["pair_id"]) == set(f["eval"]["pair_id"]) | set(f["external"]["pair_id"])
 
 
+def test_code_lora_is_committed_without_its_adapter(tmp_path, monkeypatch):
+    """code-lora's forecasts are committed, its adapter is not (an earlier run's goes): the version
+    answers the pairs of its run from the committed folder and refuses, in one line, where none is."""
+    import mlflow
+    import polars as pl
+    import pyarrow as pa
+
+    from models.registry.versions import version_info
+    from pipelines.forecasting import load_forecaster
+    from pipelines.forecasting.committed import CommittedForecaster
+    from pipelines.surrogates.code_ingest import (
+        COMMITTED_ONLY,
+        WEIGHTS_TAG,
+        ingest,
+        register_variants,
+    )
+    from warehouse.datasets import write_dataset
+    from warehouse.db import connect
+
+    toy_bundle(tmp_path / "b")
+    _host_output(tmp_path / "out", tmp_path / "b")
+    _, _, pairs = read_bundle(tmp_path / "b")
+    table = pq.read_table(tmp_path / "out" / "forecasts.parquet")
+    lora = [{**r, "variant": "code-lora", "readout": "logprob"} for r in table.to_pylist() if r["variant"] == "code-head"]
+    pq.write_table(pa.Table.from_pylist(table.to_pylist() + lora), tmp_path / "out" / "forecasts.parquet")
+    (tmp_path / "out" / "lora-best.tar").write_bytes(b"")  # present, not asked for
+    run_dir = tmp_path / "data" / "run"
+    stale = run_dir / "adapters" / "code-lora"
+    stale.mkdir(parents=True)
+    (stale / "adapter_model.safetensors").write_bytes(b"an earlier run's")
+    summary = ingest(tmp_path / "out", tmp_path / "b", run_dir)
+    assert "code-lora" in summary["variants"] and not summary["adapter"] and not stale.exists()
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.set_tracking_uri(uri)
+    monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
+    f = {r: _frame(pairs, r) for r in ("fit", "calibration", "eval", "external")}
+    with connect(tmp_path / "wh.duckdb") as con:
+        write_dataset(con, "ds-toy", "d", {}, [], pl.concat(list(f.values())).unique("pair_id"))
+        versions = register_variants(con, uri, tmp_path / "data", run_dir, None, ["code-lora"], "tiny")
+    assert version_info(uri, versions["code-lora"])["tags"][WEIGHTS_TAG] == COMMITTED_ONLY
+    ref = f"models:/kernelcast-surrogate/{versions['code-lora']}"
+    held = load_forecaster(ref, tracking_uri=uri, home=tmp_path / "home", committed_dir=run_dir)
+    assert isinstance(held, CommittedForecaster) and held.forecast_pairs(f["eval"], {}).shape == (6, 8)
+    with pytest.raises(ValueError, match="no weights to run here") as e:
+        load_forecaster(ref, tracking_uri=uri, home=tmp_path / "home")
+    assert len(str(e.value).splitlines()) == 1
+
+
 def test_fast_encode_gives_encode_rows_ids(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
