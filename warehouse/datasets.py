@@ -285,3 +285,11 @@ def dataset_measurement_ids(con: duckdb.DuckDBPyConnection, version: str) -> lis
         [version],
     )
     return [r[0] for r in rows]
+
+
+def held_measurements(con: duckdb.DuckDBPyConnection, dataset_version: str) -> tuple[bool, list[str] | None]:
+    """(whether this warehouse holds `dataset_version`, its measurement ids or None): a model's
+    lineage names the dataset it was fitted on, and says so when that version is gone."""
+    if read_dataset_version(con, dataset_version) is None:
+        return False, None
+    return True, dataset_measurement_ids(con, dataset_version)

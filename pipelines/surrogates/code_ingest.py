@@ -257,7 +257,7 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
     from models.registry.tracking import log_training_data, mlflow_experiment
     from models.registry.versions import find_versions, register_logged_model, register_surrogate
     from pipelines.surrogates.classical import HELD_OUT_MODEL
-    from pipelines.surrogates.llm import _held_measurements
+    from warehouse.datasets import held_measurements
     from warehouse.lineage import record_model_lineage
 
     training = json.loads((into / TRAINING_FILE).read_text())
@@ -289,7 +289,7 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
         calibrator = fit_calibrator(cal.select(P_COLS).to_numpy(), cal["true_bin"].to_numpy()) if cal.height else Calibrator()
         run_id = client.create_run(experiment, tags={**(run_tags or {}), **key, "trained_on": "nvidia-h200"},
                                    run_name=f"committed-{name}").info.run_id
-        is_held, measurement_ids = _held_measurements(con, trained)
+        is_held, measurement_ids = held_measurements(con, trained)
         fit = fit_pairs.filter(pl.col("role") == ("held_out_fit" if held else "fit"))
         log_training_data(tracking_uri, run_id, trained, measurement_ids,
                           fit.select("pair_id", "true_bin").to_pandas() if fit.height else None, held=is_held)

@@ -33,6 +33,7 @@ import numpy as np
 from pipelines.surrogates.committed import calibrated_variants, read_committed
 from pipelines.surrogates.remote_results import TRAINING_PAIRS_FILE
 from pipelines.surrogates.roles import Roles
+from warehouse.datasets import held_measurements
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +97,7 @@ def register_committed(
     calibrator = committed[variant].calibrator if variant in committed else None
     settings = record.get("settings", {})
     trained = training.get("dataset_version") or dataset_version
-    held, measurement_ids = _held_measurements(con, trained)
+    held, measurement_ids = held_measurements(con, trained)
     run_id = _new_run(tracking_uri, f"committed-{variant}", {**dict(tags or {}), **key, "trained_on": "nvidia-h200"})
     from models.registry.tracking import log_training_data
 
@@ -117,15 +118,6 @@ def register_committed(
               "finetune": str(settings.get("finetune", "lora"))},
     )
     return LlmVersion(version, run_id, False, f"committed:{run}/{variant}")
-
-
-def _held_measurements(con: duckdb.DuckDBPyConnection, dataset_version: str) -> tuple[bool, list[str] | None]:
-    """(held here, its measurement ids or None) of a dataset version."""
-    from warehouse.datasets import dataset_measurement_ids, read_dataset_version
-
-    if read_dataset_version(con, dataset_version) is None:
-        return False, None
-    return True, dataset_measurement_ids(con, dataset_version)
 
 
 def _committed_training_pairs(root: Path, held_out: bool) -> Any:
