@@ -125,3 +125,33 @@ def test_text_model_needs_no_metadata_at_all():
     model = TextModel(C=8.0).fit(fit, y_fit, l_fit)
     full, _, _ = toy_pairs(120, 2)
     assert np.allclose(model.predict_proba(bare), model.predict_proba(full))
+
+
+def test_source_counts_equal_the_plain_regex_counts_on_committed_kernels():
+    """kernel_features skips a count's regex when none of its literals is in the code: on a
+    sample of committed kernels of every task and generator (and a file with every construct)
+    the counts are the plain `re.findall` counts."""
+    import re
+    from pathlib import Path
+
+    import polars as pl
+
+    from models.classical.features import SOURCE_COUNTS, code_text, kernel_features
+
+    files = sorted((Path(__file__).resolve().parents[2] / "data" / "measurements").rglob("kernels-*.parquet"))
+    frame = pl.concat([pl.read_parquet(f, columns=["task", "generator", "source"]) for f in files], how="vertical_relaxed")
+    sample = frame.filter(pl.col("source").is_not_null()).group_by("task", "generator").head(12)
+    every = ("@triton.autotune\n@triton.jit\ndef k(x, y, mask=None):\n    for i in tl.static_range(4):\n"
+             "        a = tl.load(x, eviction_policy='evict_last', cache_modifier='.cg').to(tl.float32)\n"
+             "        tl.store(y, tl.where(a > 0, tl.exp(a), tl.math.exp2(a)), mask=mask)\n"
+             "    tl.atomic_add(y, tl.sum(tl.dot(a, a)), sem='relaxed'); tl.dot_scaled(a, a, 'e4m3')\n"
+             "    p = tl.make_block_ptr(x); tl.advance(p, (0, 1)); tl.program_id(1); tl.num_programs(0)\n"
+             "    d = tl.make_tensor_descriptor(x); z = tanh(erf(sigmoid(rsqrt(sqrt(log2(a))))))\n"
+             "f = torch.compile(g); o = torch.empty_like(x).contiguous(); torch.float8_e4m3fn; k[grid](x, y)\n")
+    sources = [*sample["source"].to_list(), every]
+    assert len(sources) > 100
+    for source in sources:
+        code = code_text(source)
+        got = kernel_features({"task": "t", "source": source})
+        assert {n: got[f"src:{n}"] for n in SOURCE_COUNTS} == {n: len(re.findall(p, code)) for n, p in SOURCE_COUNTS.items()}
+    assert all(kernel_features({"source": every})[f"src:{n}"] > 0 for n in SOURCE_COUNTS)
