@@ -170,8 +170,8 @@ class EmbedHeadForecaster(PairForecaster):
         """The base model and tokenizer, as the host loaded them (float32 on a CPU), once."""
         if self._base is None:
             import torch
-            from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
+            from models.backends.transformers_backend import load_model_and_tokenizer
             from models.base_model import resolve_base_model
 
             t0 = time.time()
@@ -180,9 +180,8 @@ class EmbedHeadForecaster(PairForecaster):
             except FileNotFoundError as exc:
                 raise ValueError(str(exc)) from None
             device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
-            dtype = torch.bfloat16 if str(device).startswith("cuda") else torch.float32
-            model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device).eval()
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
+            model, tokenizer = load_model_and_tokenizer(
+                path, device, "bfloat16" if str(device).startswith("cuda") else "float32")
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
             self._base = (model, tokenizer)
