@@ -124,7 +124,12 @@ def read_principal_axes(results: Path) -> dict[str, dict[str, np.ndarray]]:
     from models.training.gpu_host.llm_code import AXES_KEY, read_axes
 
     blob = (pq.read_schema(Path(results) / EMBEDDINGS_FILE).metadata or {}).get(AXES_KEY)
-    return read_axes(blob) if blob else {}
+    if not blob:
+        return {}
+    try:
+        return read_axes(blob)
+    except Exception as e:  # noqa: BLE001 - base64, zip and npy each raise their own kind on a damaged blob
+        raise BundleError(f"{results}/{EMBEDDINGS_FILE}: its principal axes are unreadable ({type(e).__name__}: {e})") from None
 
 
 def head_spec(meta: dict[str, Any], metrics: dict[str, Any], variant: str, setting: str, k: int,

@@ -191,6 +191,16 @@ def test_an_embedding_head_without_embeddings_is_one_line(tmp_path, monkeypatch)
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
     toy_bundle(tmp_path / "b")
     assert _train(tmp_path, "out", "--lora-epochs", "0") == 0
+    # Damaged axes in the metadata: one line, and nothing of the results folder changes.
+    from models.training.gpu_host.llm_code import AXES_KEY
+
+    path = tmp_path / "out" / "embeddings.parquet"
+    table = pq.read_table(path)
+    pq.write_table(table.replace_schema_metadata({AXES_KEY: b"bm90IGEgemlw"}), path)
+    before = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()}
+    with pytest.raises(BundleError, match="principal axes are unreadable"):
+        add_embed_variants(tmp_path / "out", tmp_path / "b")
+    assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == before
     (tmp_path / "out" / "embeddings.parquet").unlink()
     with pytest.raises(BundleError, match="no embeddings.parquet"):
         add_embed_variants(tmp_path / "out", tmp_path / "b")
