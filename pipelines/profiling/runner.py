@@ -36,6 +36,7 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -322,13 +323,15 @@ def copy_into(target: Any, source: Any) -> Any:
     return target
 
 
-def check_steps(task, case: dict, device: str, salt: int = 0, into: Any = None) -> Steps:
+def check_steps(task, case: dict, device: str, salt: int = 0, into: Any = None, held: list | None = None) -> Steps:
     """One checked call of the kernel on a case, as steps (timing.drive makes the call), and the
     verifier's verdict on its output; KernelFailure on any problem.
 
     Args:
         into: an input the kernel ran on before: the case's values (seed + salt) are written into
             its buffers and the kernel runs on that very object (the re-checks).
+        held: where given, the output is not judged now: a copy of it (the kernel may reuse its
+            buffer) goes into `held` as a `Held`, for `submit_held` and `collect_verdicts`.
     Returns:
         The input the kernel ran on (for a later re-check into its buffers).
     """
@@ -344,10 +347,68 @@ def check_steps(task, case: dict, device: str, salt: int = 0, into: Any = None) 
     try:
         out = yield data_k
         sync(device)
+        if held is not None:
+            held.append(Held(case, salt, clone_data(out), cid))
     except Exception as e:
         raise classify(e, device, f"case {cid}") from e
-    judge_output(task, case, salt, out, device, cid)
+    if held is None:
+        judge_output(task, case, salt, out, device, cid)
     return data_k
+
+
+@dataclass
+class Held:
+    """An output waiting to be shipped to the verifier: a copy the kernel never got."""
+
+    case: dict
+    salt: int
+    output: Any
+    cid: str
+
+
+def submit_held(task, held: list[Held], device: str) -> list[str]:
+    """Ship each held output for a verdict without waiting (verify.submit); the case ids, in order.
+    The outputs are let go once shipped (the judge keeps what the verifier maps)."""
+    t0 = time.perf_counter()
+    cids = []
+    try:
+        while held:
+            h = held.pop(0)
+            try:
+                verify.submit(task, h.case, h.salt, h.output, verify.flags_json(snapshot_torch_flags()))
+            except ShippingError as e:
+                raise KernelFailure("incorrect", f"case {h.cid}: {e}") from e
+            except Exception as e:
+                raise _judge_failure(e, device, h.cid) from e
+            cids.append(h.cid)
+    finally:
+        _JUDGE_CLOCK.seconds += time.perf_counter() - t0
+    return cids
+
+
+def collect_verdicts(cids: list[str], device: str) -> None:
+    """Wait for the verdicts of everything shipped (verify.collect); KernelFailure at the first
+    wrong output, named by `cids` (the case ids submit_held returned, in the same order)."""
+    t0 = time.perf_counter()
+    try:
+        verdicts = verify.collect()
+    except Exception as e:
+        raise _judge_failure(e, device, cids[0] if cids else "?") from e
+    finally:
+        _JUDGE_CLOCK.seconds += time.perf_counter() - t0
+    for (ok, message), cid in zip(verdicts, list(cids) + ["?"] * len(verdicts)):
+        if not ok:
+            raise KernelFailure("incorrect", one_line(f"case {cid}: {message}"))
+
+
+def _judge_failure(e: Exception, device: str, cid: str) -> KernelFailure:
+    """What a failure to get a verdict (not a wrong output) makes of the job."""
+    failure = classify(e, device, f"check on case {cid}")
+    if failure.kind in ("crashed", "tampered"):
+        return failure
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        return KernelFailure("infrastructure", f"case {cid}: check ran out of GPU memory")
+    return KernelFailure("incorrect", f"case {cid}: check raised {_describe(e)}")
 
 
 def judge_output(task, case: dict, salt: int, out: Any, device: str, cid: str) -> None:
@@ -807,27 +868,46 @@ class Measurer:
             sync(self.device)
         return (yield from self.time_steps(feed))
 
-    def _judge_timed(self, task, case: dict, feed: Feed, cid: str) -> None:
-        """The verifier's verdicts on the outputs the feed kept (drawn after the calls)."""
-        kept, feed.kept = feed.kept, []
-        for salt, out in kept:
-            judge_output(task, case, salt, out, self.device, f"{cid} (a timed call)")
-        del kept
-
     def _steps(self, task, cases: tuple, progress: Callable[[str], None], result: dict) -> Steps:
         """Every call of one kernel's measurement as steps; returns the cases' Timings."""
         phases = result["phases"]
         t0 = time.perf_counter()
         extra = tuple(task.correctness_cases) if self.device == "cuda" and self.check_correctness_cases else ()
         verifier_before = _JUDGE_CLOCK.seconds
-        for case in cases + extra:
+        try:
+            timings = yield from self._checked_and_timed(task, cases + extra, cases, progress, result, t0)
+        finally:
+            if verify.pending():  # a failure left outputs with the verifier: it finishes them before anything else runs
+                with contextlib.suppress(Exception):
+                    verify.collect()
+        phases["verifier_s"] = _JUDGE_CLOCK.seconds - verifier_before
+        return timings
+
+    def _checked_and_timed(self, task, checked: tuple, cases: tuple, progress: Callable[[str], None], result: dict,
+                           t0: float) -> Steps:
+        """The checks, then the timed cases with their re-checks; returns the cases' Timings.
+
+        Each checked output goes to the verifier as soon as the kernel returns it, so the verifier
+        judges it while the kernel runs the next case (nothing is timed then); all verdicts are in
+        before the first timed call. The re-check outputs and the timed calls' kept outputs are
+        held until every case is timed and then shipped together: the verifier's work never runs
+        beside a timed call, and one wait serves them all.
+        """
+        phases = result["phases"]
+        cids: list[str] = []
+        for case in checked:
             progress(f"checking {task.case_id(case)}")
-            yield from check_steps(task, case, self.device)
+            held: list[Held] = []
+            yield from check_steps(task, case, self.device, held=held)
+            cids += submit_held(task, held, self.device)
+        progress("verdicts of the checks")
+        collect_verdicts(cids, self.device)
         check_integrity("after the correctness cases")
         result["check_s"] = phases["check_s"] = time.perf_counter() - t0
 
         t_all = time.perf_counter()
         timings = []
+        held: list[Held] = []
         which, salt = recheck_salts(self.protocol)
         for i, case in enumerate(cases):
             cid = task.case_id(case)
@@ -847,17 +927,19 @@ class Measurer:
             if which == "all" or i == 0:
                 t = time.perf_counter()
                 progress(f"recheck {cid}")
-                yield from check_steps(task, case, self.device, salt=salt, into=data)  # same buffers, new values
+                yield from check_steps(task, case, self.device, salt=salt, into=data, held=held)  # same buffers, new values
                 phases["recheck_s"] += time.perf_counter() - t
-            # After the re-check: wrong on new values is `incorrect` there; wrong only when timed is `tampered`.
-            t = time.perf_counter()
-            progress(f"verifying timed calls {cid}")
-            self._judge_timed(task, case, feed, cid)
-            phases["timed_verify_s"] += time.perf_counter() - t
-            del feed, data
+            # After the re-check (the verifier's plan puts it first): wrong on new values is
+            # `incorrect` there; wrong only when timed is `tampered`.
+            kept, feed.kept = feed.kept, []
+            held += [Held(case, s, out, f"{cid} (a timed call)") for s, out in kept]
+            del feed, data, kept
+        t = time.perf_counter()
+        progress("verifying the re-checks and timed calls")
+        collect_verdicts(submit_held(task, held, self.device), self.device)
+        phases["timed_verify_s"] += time.perf_counter() - t
         check_integrity("after timing")
         result["time_s"] = time.perf_counter() - t_all
-        phases["verifier_s"] = _JUDGE_CLOCK.seconds - verifier_before
         return timings
 
 

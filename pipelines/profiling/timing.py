@@ -70,9 +70,10 @@ class TimingSettings:
     rse_target: float = 0.005
     floor_ms: float = 0.0005
     # Untimed calls until this much wall time has passed (at least 2 calls: the enqueue time of
-    # the second sizes the launch cover). The kernel was already run by its checks, so this
-    # only settles clocks and caches; 10 ms before harness 5.
-    warmup_ms: float = 5.0
+    # the second sizes the launch cover). The kernel was already run by its checks, in a child
+    # that keeps the GPU busy, so this only settles caches; 10 ms before harness 5, 5 ms before
+    # harness 7.
+    warmup_ms: float = 2.0
 
     @staticmethod
     def for_cpu(max_reps: int = 5) -> TimingSettings:

@@ -23,9 +23,11 @@ from __future__ import annotations
 import contextlib
 import itertools
 import json
+import math
 import os
 import re
-from collections import Counter
+import time
+from collections import Counter, deque
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -111,25 +113,44 @@ def verification_plan(task, kind: str, device: str, protocol: str = "kernelcast"
 class LocalJudge:
     """Checks in this process: for in-process tests of the runner only (no kernel isolation)."""
 
+    def __init__(self) -> None:
+        self.pending: list[tuple[bool, str]] = []
+
     def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
         from pipelines.profiling.inputs import make_input
 
         ok, message = task.check_implementation(make_input(task, case, salt), output)
         return bool(ok), str(message)
 
+    def submit(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> None:
+        self.pending.append(self.judge(task, case, salt, output, flags))
+
+    def collect(self) -> list[tuple[bool, str]]:
+        done, self.pending = self.pending, []
+        return done
+
 
 class ChannelJudge:
-    """Ships the output to the parent and waits for the verifier's verdict (child processes).
+    """Ships outputs to the parent and waits for the verifier's verdicts (child processes).
 
     On a GPU the output goes as CUDA IPC handles (shipping.write_handles); when the verifier
     cannot map them it asks for the file instead, and from then on this process ships files.
     KERNELCAST_SHIP=file ships files from the start.
+
+    `judge` ships one output and waits for its verdict; `submit` ships one and returns, and
+    `collect` waits for the verdicts of everything submitted: the verifier answers in order,
+    so several outputs cost one wait instead of one each.
     """
+
+    MAX_PENDING = 64  # the parent refuses more requests in flight per job
 
     def __init__(self, send: Callable[[dict], None], recv: Callable[[], dict], ipc: bool | None = None):
         self.send, self.recv = send, recv
         self.seq = itertools.count(1)
         self.ipc = os.environ.get("KERNELCAST_SHIP", "auto") != "file" if ipc is None else ipc
+        # seq -> (request, path, output, tensors kept alive for the verifier while it maps them)
+        self.pending: dict[int, tuple[dict, Path, Any, list | None]] = {}
+        self._done: dict[int, bool] = {}  # verdicts read early (a full pipeline), handed out by collect
 
     def _write(self, path: Path, output: Any) -> list | None:
         """Write the output; the tensors to keep alive when it went as IPC handles."""
@@ -145,31 +166,66 @@ class ChannelJudge:
         write_output(path, output)
         return None
 
-    def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
-        from pipelines.profiling.shipping import write_output
-
+    def submit(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> None:
+        """Ship `output` for a verdict; `collect` gets it."""
         seq = next(self.seq)
         name = f"out-{seq:06d}.kco"
         path = Path.cwd() / name  # the private directory (jail.py made it the working directory)
-        keep = self._write(path, output)
-        request = {"type": "verify", "seq": seq, "case_id": task.case_id(case), "salt": int(salt), "file": name,
-                   "flags": flags or {}}
         try:
+            keep = self._write(path, output)
+            request = {"type": "verify", "seq": seq, "case_id": task.case_id(case), "salt": int(salt), "file": name,
+                       "flags": flags or {}}
+            self.pending[seq] = (request, path, output, keep)
             self.send(request)
-            while True:
-                reply = self.recv()
-                if reply.get("type") != "verdict" or reply.get("seq") != seq:
-                    continue
-                if reply.get("resend") and keep is not None:  # the verifier cannot map our memory
-                    self.ipc, keep = False, None
-                    write_output(path, output)
-                    self.send(request)
-                    continue
-                return bool(reply.get("ok")), "rejected by the verifier"
-        finally:
-            del keep
+        except BaseException:
+            self.pending.pop(seq, None)
             with contextlib.suppress(OSError):
                 path.unlink()
+            raise
+        if len(self.pending) >= self.MAX_PENDING:
+            self._wait({seq: None for seq in self.pending}, keep_results=True)
+
+    def collect(self) -> list[tuple[bool, str]]:
+        """The verdicts of everything submitted since the last collect, in submission order."""
+        order = sorted(self.pending)
+        got: dict[int, bool | None] = {seq: None for seq in order}
+        got.update(self._done)
+        self._done = {}
+        try:
+            self._wait(got)
+        finally:
+            for seq in order:
+                _, path, _, _ = self.pending.pop(seq, (None, None, None, None))
+                if path is not None:
+                    with contextlib.suppress(OSError):
+                        path.unlink()
+        return [(bool(got[seq]), "ok" if got[seq] else "rejected by the verifier") for seq in order]
+
+    def _wait(self, got: dict[int, bool | None], keep_results: bool = False) -> None:
+        from pipelines.profiling.shipping import write_output
+
+        while any(got[seq] is None for seq in got if seq in self.pending):
+            reply = self.recv()
+            seq = reply.get("seq")
+            if reply.get("type") != "verdict" or seq not in self.pending or seq not in got:
+                continue
+            request, path, output, keep = self.pending[seq]
+            if reply.get("resend"):  # the verifier cannot map our memory: the same request, as a file
+                if keep is not None:
+                    self.ipc = False
+                    write_output(path, output)
+                    self.pending[seq] = (request, path, output, None)
+                self.send(request)
+                continue
+            got[seq] = bool(reply.get("ok"))
+            self.pending[seq] = (request, path, None, None)  # answered: nothing to keep alive
+        if keep_results:
+            self._done = {**self._done, **{k: v for k, v in got.items() if v is not None}}
+
+    def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
+        self.submit(task, case, salt, output, flags)
+        verdicts = self.collect()
+        return next((v for v in verdicts if not v[0]), verdicts[-1])  # anything still pending counts too
 
 
 class _JudgeHolder:
@@ -188,6 +244,21 @@ def judge(task, case: dict, salt: int, output: Any, flags: dict | None = None) -
     return JUDGE.impl.judge(task, case, salt, output, flags)
 
 
+def submit(task, case: dict, salt: int, output: Any, flags: dict | None = None) -> None:
+    """Ship `output` for a verdict without waiting for it (`collect` waits)."""
+    JUDGE.impl.submit(task, case, salt, output, flags)
+
+
+def collect() -> list[tuple[bool, str]]:
+    """The verdicts of everything submitted since the last collect, in submission order."""
+    return JUDGE.impl.collect()
+
+
+def pending() -> bool:
+    """Whether outputs were submitted and not yet collected."""
+    return bool(JUDGE.impl.pending)
+
+
 # ---- the verifier process ---------------------------------------------------------------------
 _RESEND = object()  # Verifier._read: the output came as handles this process cannot map
 
@@ -198,6 +269,7 @@ class _Job:
     timed: list[str]
     step: int = 0
     unexpected: bool = False
+    resending: bool = False  # a step was asked for again as a file: later requests are too, until it comes
 
 
 def clean_flags(flags: Any) -> dict:
@@ -232,6 +304,42 @@ def global_flags(flags: dict):
         restore_torch_flags(saved)
 
 
+class ExpectedOutputs:
+    """The reference's output per (task, case, salt, torch switches), computed once on a clone of
+    the cached input and kept while it fits `max_bytes` (outputs of the least recently used other
+    task are dropped first; one larger than the budget is not kept).
+
+    A measured kernel's outputs are checked against the same few inputs over and over (its cases,
+    the re-check seed, the timed variants), so the verifier need not run the reference for each:
+    on an H200 the check of one trimul output recomputed a reference of milliseconds.
+    """
+
+    def __init__(self, inputs: Any, max_bytes: int):
+        self.inputs, self.max_bytes = inputs, int(max_bytes)
+        self.items: dict[tuple, tuple[Any, int]] = {}
+        self.computed = 0  # reference runs (misses)
+
+    def get(self, task, case: dict, salt: int, flags: dict) -> Any:
+        from pipelines.profiling.timing import data_nbytes
+
+        key = (task.name, task.case_id(case), int(salt), tuple(sorted(flags.items())))
+        if key in self.items:
+            self.items[key] = self.items.pop(key)  # most recently used last
+            return self.items[key][0]
+        out = task.ref_kernel(self.inputs.get(task, case, salt))  # a clone: the cached input stays as drawn
+        self.computed += 1
+        n = data_nbytes(out)
+        if n <= self.max_bytes:
+            self.items[key] = (out, n)
+            total = sum(b for _, b in self.items.values())
+            for victim in sorted(self.items, key=lambda k: k[0] == task.name):  # other tasks first, oldest first
+                if total <= self.max_bytes:
+                    break
+                if victim != key:
+                    total -= self.items.pop(victim)[1]
+        return out
+
+
 class Verifier:
     """The verifier child's state: its own input cache and each job's progress through its plan."""
 
@@ -243,7 +351,9 @@ class Verifier:
         self.check_correctness_cases = bool(config.get("check_correctness_cases", False))
         self.timed_salts, self.samples = timed_draws(self.device, config)
         self.cache = InputCache(max_bytes=int(config.get("cache_bytes") or input_cache_bytes(self.device, 0.20, 8 * 2**30)))
+        self.expected = ExpectedOutputs(self.cache, int(config.get("expected_bytes") or input_cache_bytes(self.device, 0.10, 4 * 2**30)))
         self.jobs: dict[str, _Job] = {}
+        self.inputs_s = 0.0  # the last check's time drawing or finding its input
 
     def handle(self, msg: dict) -> dict:
         """One request -> one verdict {"type": "verdict", "job", "seq", "ok", "message", "step", "of", "unexpected"}."""
@@ -267,18 +377,32 @@ class Verifier:
         timed = expected is not None and expected[1] == TIMED
         if timed and step[0] == expected[0] and isinstance(step[1], int) and step[1] in self.timed_salts:
             expected = step  # a timed call's output: any of the salts the timed calls draw from
+        if job.resending and expected is not None and step != expected:
+            # Sent before the child learnt that its outputs cannot be mapped here: it ships them
+            # again, as files, after the step asked for.
+            return {**base, "ok": False, "resend": True, "message": "shipped again as a file"}
         if expected is None or step != expected:
             job.unexpected = True
             return {**base, "ok": False, "unexpected": True, "step": job.step, "of": len(job.plan),
                     "message": f"asked to verify {step[0]!r} (seed +{step[1]}) out of plan"}
         case = next(c for c in task.correctness_cases + task.benchmark_cases if task.case_id(c) == step[0])
+        t0 = time.perf_counter()
         output, error, shipped = self._read(msg)
+        from pipelines.profiling.inputs import sync
+
+        sync(self.device)  # the copy out of the kernel's memory counted here
+        read_s = time.perf_counter() - t0
         if output is _RESEND:  # no step used: the same request comes back as a file
+            job.resending = True
             return {**base, "ok": False, "resend": True, "message": error}
+        job.resending = False
         job.step += 1
+        self.inputs_s = 0.0
         ok, message = self._check(task, case, int(step[1]), msg, output, error, timed)
+        spent = {"verifier_read_s": read_s, "verifier_inputs_s": self.inputs_s,
+                 "verifier_check_s": time.perf_counter() - t0 - read_s - self.inputs_s}
         return {**base, "ok": ok, "message": message, "step": job.step, "of": len(job.plan), "shipped": shipped,
-                "timed_call": timed}
+                "timed_call": timed, "spent": spent}
 
     def _read(self, msg: dict) -> tuple[Any, str | None, str | None]:
         """(output, None, "file" | "ipc"), (None, why it cannot be checked, None) or (_RESEND, why
@@ -302,10 +426,20 @@ class Verifier:
         if error is not None:
             return False, f"case {cid}: the output cannot be checked: {error}"
         flags = clean_flags(msg.get("flags")) if self.protocol == "gpumode" else {}
-        data = self.cache.get(task, case, salt)
         try:
             with global_flags(flags):
-                ok, message = task.check_implementation(data, output)
+                t0 = time.perf_counter()
+                if task.check_against is not None:  # the reference's output on this input, computed once
+                    expected = self.expected.get(task, case, salt, flags)
+                    data = self.cache.peek(task, case, salt)  # read only by the check: no clone
+                else:
+                    data = self.cache.get(task, case, salt)
+                sync(self.device)  # the reference's and the inputs' device work counted here
+                self.inputs_s = time.perf_counter() - t0
+                if task.check_against is not None:
+                    ok, message = task.check_against(data, output, expected)
+                else:
+                    ok, message = task.check_implementation(data, output)
             sync(self.device)
         except Exception as e:  # noqa: BLE001 - a malformed output makes the check raise
             return False, one_line(f"case {cid}: check raised {type(e).__name__}: {e}")
@@ -333,6 +467,10 @@ class JobVerdicts:
         return self.of > 0 and self.done == self.of
 
 
+# The verifier's seconds: mapping or reading an output; drawing (or finding) the case's input; the check.
+_VERIFIER_PHASES = ("verifier_read_s", "verifier_inputs_s", "verifier_check_s")
+
+
 class VerifierLink:
     """The parent's handle on the verifier child: forwards requests, keeps verdicts per job.
 
@@ -343,11 +481,14 @@ class VerifierLink:
     def __init__(self, spawn: Callable[[], Any]):
         self.spawn = spawn
         self.sb: Any = None
-        self.waiting: dict[str, tuple[Any, int]] = {}  # job -> (child sandbox, seq) awaiting a verdict
+        # job -> (child sandbox, seq) of each request awaiting a verdict, in the order sent (the
+        # verifier answers in order)
+        self.waiting: dict[str, deque[tuple[Any, int]]] = {}
         self.verdicts: dict[str, JobVerdicts] = {}
         self.queue: list[dict] = []  # requests sent before the verifier was ready
         self.resent = 0  # outputs the verifier could not map and asked for as files
         self.shipped: Counter = Counter()  # verdicts by how the output came: "ipc" | "file"
+        self.spent: Counter = Counter()  # the verifier's seconds by phase (_VERIFIER_PHASES), summed
 
     def ensure(self) -> None:
         if self.sb is None:
@@ -361,13 +502,14 @@ class VerifierLink:
         """Pass one request of `child` on; a reply for the child when it cannot be passed on."""
         name = str(msg.get("file", ""))
         v = self.verdicts.setdefault(job, JobVerdicts())
-        if not OUTPUT_FILE.match(name) or job in self.waiting:
+        queued = self.waiting.setdefault(job, deque())
+        if not OUTPUT_FILE.match(name) or len(queued) >= ChannelJudge.MAX_PENDING:
             v.unexpected = True
             return {"type": "verdict", "seq": msg.get("seq"), "ok": False}
         request = {"type": "verify", "job": job, "kind": kind, "task": task, "seq": msg.get("seq"),
                    "case_id": msg.get("case_id"), "salt": msg.get("salt"), "flags": msg.get("flags"),
                    "path": str(Path(child.private_dir) / name), "owner": child.uid}
-        self.waiting[job] = (child, msg.get("seq"))
+        queued.append((child, msg.get("seq")))
         self.ensure()
         if self.sb.ready:
             self._send(request)
@@ -404,10 +546,14 @@ class VerifierLink:
         job = str(msg.get("job"))
         if msg.get("resend"):  # not a verdict: the child ships the same output again, as a file
             self.resent += 1
-            child, seq = self.waiting.pop(job, (None, None))
+            child, seq = self._answered(job)
             return [(child, {"type": "verdict", "seq": seq, "ok": False, "resend": True})] if child is not None else []
         v = self.verdicts.setdefault(job, JobVerdicts())
         v.of = int(msg.get("of") or v.of)
+        spent = msg.get("spent")
+        if isinstance(spent, dict):  # the verifier's own seconds, for the run's per-phase split
+            self.spent.update({k: float(spent[k]) for k in _VERIFIER_PHASES
+                               if isinstance(spent.get(k), (int, float)) and math.isfinite(spent[k]) and spent[k] >= 0})
         if msg.get("shipped") in ("ipc", "file"):  # absent when the output could not be read
             self.shipped[msg["shipped"]] += 1
         if isinstance(msg.get("timed"), list):
@@ -421,8 +567,18 @@ class VerifierLink:
         elif v.failure is None:
             v.failure = str(msg.get("message"))
             v.timed_failure = bool(msg.get("timed_call"))
-        child, seq = self.waiting.pop(job, (None, None))
+        child, seq = self._answered(job)
         return [(child, {"type": "verdict", "seq": seq, "ok": bool(msg.get("ok"))})] if child is not None else []
+
+    def _answered(self, job: str) -> tuple[Any, Any]:
+        """(child, seq) of the oldest request of `job` awaiting a verdict, now answered."""
+        queued = self.waiting.get(job)
+        if not queued:
+            return None, None
+        child, seq = queued.popleft()
+        if not queued:
+            del self.waiting[job]
+        return child, seq
 
     def relay(self, alive: Collection[Any]) -> None:
         """Read one message of the verifier and pass its replies on to those of `alive` they
@@ -436,9 +592,9 @@ class VerifierLink:
         """The verifier is gone: every waiting job fails as ours (infrastructure); a new one starts
         on the next request."""
         out = []
-        for job, (child, seq) in self.waiting.items():
+        for job, queued in self.waiting.items():
             self.verdicts.setdefault(job, JobVerdicts()).infrastructure = f"verifier died: {reason}"
-            out.append((child, {"type": "verdict", "seq": seq, "ok": False}))
+            out += [(child, {"type": "verdict", "seq": seq, "ok": False}) for child, seq in queued]
         self.waiting.clear()
         self.queue.clear()
         if self.sb is not None:

@@ -185,7 +185,7 @@ class RunSummary:
     elapsed_s: float = 0.0
     hardware_id: str | None = None
     shipped: dict[str, int] = field(default_factory=dict)  # checked outputs by how they came: ipc | file
-    phases_s: dict[str, float] = field(default_factory=dict)  # the measuring child's seconds by phase, summed
+    phases_s: dict[str, float] = field(default_factory=dict)  # the measuring child's (and verifier_*: the verifier's) seconds by phase, summed
     ref_cache: dict[str, object] = field(default_factory=dict)  # the reference cache's file and use
 
     def by_task(self) -> dict[str, dict]:
@@ -279,8 +279,6 @@ class _Run:
         self.env_extra = {"TRITON_CACHE_DIR": str(self.triton_cache)}
         self.policy = policy_from_env()
         prepare_shared_dir(self.triton_cache, self.policy)  # the root of the kernels' cache folders
-        report = probe(self.policy, cfg.device)
-        log.warning(report.line())  # one line: the layers children get, and what this host lacks
         self.verifier = VerifierLink(lambda: self._spawn("verify", jailed=False))
         self.refbook = ReferenceBook()
         self.refcache = RefCache(default_path(cfg.ref_cache))
@@ -299,6 +297,15 @@ class _Run:
         }
         (workdir / "kernels").mkdir(parents=True, exist_ok=True)
         make_traversable(workdir, workdir / "kernels")
+        # The verifier is not jailed, so it needs no probe: started first, its imports and CUDA
+        # set-up run beside the probe's attempts instead of before the first kernel's first check.
+        self.verifier.ensure()
+        try:
+            report = probe(self.policy, cfg.device)
+        except BaseException:
+            self.verifier.close()
+            raise
+        log.warning(report.line())  # one line: the layers children get, and what this host lacks
 
     # ---- children --------------------------------------------------------------------
     def _spawn(self, role: str, jailed: bool = True) -> Sandbox:
@@ -743,7 +750,7 @@ def run_batch(
         rows=list(store.rows.values()), stopped=stopped, elapsed_s=time.monotonic() - run.t0,
         hardware_id=run.hardware["hardware_id"] if run.hardware else None,
         shipped=dict(run.verifier.shipped),
-        phases_s={k: round(v, 3) for k, v in sorted(run.phases_s.items())},
+        phases_s={k: round(v, 3) for k, v in sorted((run.phases_s + run.verifier.spent).items())},
         ref_cache={"path": str(run.refcache.path) if run.refcache.path else None,
                    "timings_taken": run.refcache.timed},
     )

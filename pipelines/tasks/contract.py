@@ -4,6 +4,8 @@ A task gives:
     generate_input(seed, **case) -> data       deterministic by seed, on `default_device()`
     ref_kernel(data) -> output                 the PyTorch reference
     check_implementation(data, output) -> (ok, message)
+    check_against(data, output, expected) -> (ok, message)   optional: the same check, given
+                                               ref_kernel(data) (verifiers compute it once)
 plus small correctness cases (CPU, Triton interpreter, seconds) and benchmark cases (GPU,
 well over 50 microseconds each on an H100-class GPU).
 
@@ -62,6 +64,10 @@ class Task:
     tolerances: dict[str, float] = field(default_factory=dict)  # e.g. {"rtol": 2e-2, "atol": 2e-2}
     contract_version: int = 1
     source: str = "kernelcast"  # where the task comes from: "gpumode", "paper", "kernelcast"
+    # check_implementation with the reference's output given: (data, output, expected) -> (ok,
+    # message), the same verdict as check_implementation(data, output) when expected is
+    # ref_kernel(data). A verifier that checks many outputs of one input runs the reference once.
+    check_against: Callable[[Any, Any, Any], tuple[bool, str]] | None = None
 
     def case_id(self, case: Case) -> str:
         """A stable, readable id of a case, e.g. 'M=4096,N=4096,seed=1'."""

@@ -57,12 +57,12 @@ def ref_kernel(data: tuple[torch.Tensor, torch.Tensor]) -> tuple[torch.Tensor, t
     return loss, grad.to(torch.bfloat16)
 
 
-def check_implementation(data, output) -> tuple[bool, str]:
+def check_against(data, output, expected) -> tuple[bool, str]:
     """Loss within 1e-2, grad bf16 within 1e-2 relative and 1e-2/V absolute of the reference."""
     if not isinstance(output, (tuple, list)) or len(output) != 2:
         return False, f"expected a (loss, grad) pair, got {type(output).__name__}"
     loss, grad = output
-    exp_loss, exp_grad = ref_kernel(data)
+    exp_loss, exp_grad = expected
     ok, msg = allclose_check(loss, exp_loss, rtol=LOSS_RTOL, atol=LOSS_ATOL, what="loss")
     if not ok:
         return ok, msg
@@ -70,6 +70,11 @@ def check_implementation(data, output) -> tuple[bool, str]:
         return False, f"grad: dtype {grad.dtype}, expected torch.bfloat16"
     vocab = data[0].shape[-1]
     return allclose_check(grad, exp_grad, rtol=GRAD_RTOL, atol=GRAD_ATOL_TIMES_V / vocab, what="grad")
+
+
+def check_implementation(data, output) -> tuple[bool, str]:
+    """check_against the reference's output on `data`."""
+    return check_against(data, output, ref_kernel(data))
 
 
 TASK = Task(
@@ -89,6 +94,7 @@ TASK = Task(
     generate_input=generate_input,
     ref_kernel=ref_kernel,
     check_implementation=check_implementation,
+    check_against=check_against,
     correctness_cases=(
         {"B": 4, "V": 1000, "seed": 11},
         {"B": 7, "V": 3001, "seed": 12},  # ragged: V is odd and not a multiple of any block

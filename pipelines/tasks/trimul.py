@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.tasks.contract import Task, default_device, seeded_generator
-from pipelines.tasks.gpumode_utils import DisableCuDNNTF32, make_match_reference
+from pipelines.tasks.gpumode_utils import DisableCuDNNTF32, match_expected
 
 # GPU MODE: check_implementation = make_match_reference(ref_kernel, rtol=2e-2, atol=2e-2).
 RTOL = 2e-2
@@ -137,15 +137,18 @@ def ref_kernel(data):
         return F.linear(out * out_gate, w["to_out.weight"])  # (bs, N, N, dim)
 
 
-_match_reference = make_match_reference(ref_kernel, rtol=RTOL, atol=ATOL)
+def check_against(data, output, expected) -> tuple[bool, str]:
+    """GPU MODE's check, make_match_reference(ref_kernel, rtol=2e-2, atol=2e-2), with the
+    reference's output given."""
+    if not isinstance(output, torch.Tensor):
+        return False, f"output: expected a tensor, got {type(output).__name__}"
+    ok, message = match_expected(output, expected, rtol=RTOL, atol=ATOL)
+    return ok, "ok" if ok else f"output: {message}"
 
 
 def check_implementation(data, output) -> tuple[bool, str]:
-    """GPU MODE's check: make_match_reference(ref_kernel, rtol=2e-2, atol=2e-2)."""
-    if not isinstance(output, torch.Tensor):
-        return False, f"output: expected a tensor, got {type(output).__name__}"
-    ok, message = _match_reference(data, output)
-    return ok, "ok" if ok else f"output: {message}"
+    """check_against the reference's output on `data`."""
+    return check_against(data, output, ref_kernel(data))
 
 
 def _case(seqlen, bs, dim, hiddendim, seed, nomask, distribution):
@@ -180,6 +183,7 @@ TASK = Task(
     generate_input=generate_input,
     ref_kernel=ref_kernel,
     check_implementation=check_implementation,
+    check_against=check_against,
     correctness_cases=(
         _case(16, 1, 32, 32, 7, True, "normal"),
         _case(20, 2, 48, 32, 8, False, "normal"),  # ragged N and dim, masked

@@ -143,3 +143,74 @@ def test_the_verifier_says_how_an_output_came(tmp_path):
     shipping.write_output(path, torch.ones(2))
     value, kind = shipping.read_shipped(path)
     assert kind == "file" and torch.equal(value, torch.ones(2))
+
+
+# ---- several outputs in flight ------------------------------------------------------------------
+def test_the_link_keeps_several_requests_of_a_job_in_flight_and_answers_them_in_order():
+    link = verify.VerifierLink(spawn=_VerifierEnd)
+    child = _Child()
+    for seq in (1, 2, 3):
+        request = {"type": "verify", "seq": seq, "case_id": "c", "salt": 0, "file": f"out-00000{seq}.kco"}
+        assert link.forward(child, "j", "check", "softmax", request) is None
+    assert [m["seq"] for m in link.sb.sent] == [1, 2, 3]
+    for ok in (True, False, True):
+        link.sb.inbox.append({"type": "verdict", "job": "j", "seq": 0, "ok": ok, "step": 1, "of": 3, "message": "m"})
+    assert [r for _, r in (link.on_message() + link.on_message() + link.on_message())] == [
+        {"type": "verdict", "seq": 1, "ok": True}, {"type": "verdict", "seq": 2, "ok": False},
+        {"type": "verdict", "seq": 3, "ok": True}]
+    v = link.outcome("j")
+    assert v.done == 2 and v.failure == "m" and not v.unexpected
+    # more than a judge may have in flight is out of plan
+    for seq in range(verify.ChannelJudge.MAX_PENDING + 1):
+        reply = link.forward(child, "k", "check", "softmax", {"seq": seq, "file": f"out-{seq:06d}.kco"})
+    assert reply == {"type": "verdict", "seq": verify.ChannelJudge.MAX_PENDING, "ok": False}
+    assert link.outcome("k").unexpected
+
+
+def test_outputs_sent_before_a_resend_come_again_after_it_in_plan_order(tmp_path, monkeypatch):
+    """A verifier that cannot map the first of three outputs in flight: it asks for each again as a
+    file, and takes them in the order of its plan."""
+    monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
+    task = get_task("softmax")
+    cases = task.correctness_cases[:2]
+    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    base = {"job": "j1", "kind": "check", "task": "softmax"}
+    handles = tmp_path / "handles"
+    _handle_file(handles, [ENTRY])
+    files = []
+    for i, case in enumerate(cases):
+        files.append(tmp_path / f"f{i}")
+        shipping.write_output(files[-1], task.ref_kernel(make_input(task, case)))
+    step = lambda case, path, salt=0: {**base, "case_id": task.case_id(case), "salt": salt, "path": str(path)}  # noqa: E731
+    assert v.handle(step(cases[0], handles))["resend"]
+    r = v.handle(step(cases[1], files[1]))  # sent before the child knew: asked for again, no step used
+    assert r["resend"] and not r["ok"] and "step" not in r
+    assert v.handle(step(cases[0], files[0]))["step"] == 1
+    assert v.handle(step(cases[1], files[1]))["step"] == 2
+    # once the step asked for came, a request out of plan is out of plan again
+    r = v.handle(step(cases[1], files[1]))
+    assert r["unexpected"] and not r["ok"]
+
+
+def test_the_judge_collects_outputs_in_flight_and_ships_again_what_the_verifier_asks_for(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    task = get_task("softmax")
+    case = task.correctness_cases[0]
+    sent: list[dict] = []
+    replies: list[dict] = []
+
+    def send(msg):
+        sent.append(dict(msg))
+        if len(sent) == 3:  # the verifier answers once all three are in: a resend, then verdicts
+            replies.extend([{"type": "verdict", "seq": 1, "ok": False, "resend": True},
+                            {"type": "verdict", "seq": 2, "ok": True}, {"type": "verdict", "seq": 3, "ok": False}])
+        elif len(sent) == 4:
+            replies.append({"type": "verdict", "seq": 1, "ok": True})
+
+    judge = verify.ChannelJudge(send, lambda: replies.pop(0), ipc=False)
+    for _ in range(3):
+        judge.submit(task, case, 0, torch.ones(3))
+    assert [m["seq"] for m in sent] == [1, 2, 3] and len(replies) == 3  # nothing read yet
+    assert judge.collect() == [(True, "ok"), (True, "ok"), (False, "rejected by the verifier")]
+    assert [m["seq"] for m in sent] == [1, 2, 3, 1] and not judge.pending
+    assert not list(tmp_path.glob("out-*.kco"))

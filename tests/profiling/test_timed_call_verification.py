@@ -93,6 +93,38 @@ def test_a_kernel_right_when_checked_and_wrong_when_timed_fails_on_a_timed_outpu
     assert result["check_s"] is not None  # its checks passed; the parent's settle calls this tampered
 
 
+ONE_BUFFER = '''
+import torch
+
+_out = torch.empty(1 << 12)
+
+
+def custom_kernel(data):  # every call writes the same buffer, as a captured CUDA graph does
+    return torch.mul(data, 2.0, out=_out[: data.numel()]).add_(1.0)
+'''
+
+
+def test_a_kernel_that_returns_one_buffer_every_call_is_judged_on_what_each_call_returned(tiny_task, tmp_path):
+    """Re-check and timed outputs wait for the verifier until every case is timed: what is judged is
+    a copy taken when the call returned, not the buffer later calls wrote over."""
+    path = tmp_path / "k.py"
+    path.write_text(ONE_BUFFER)
+    m = runner.Measurer({"device": "cpu", "protocol": "kernelcast", "max_reps": 3})
+    result = m.measure({"path": str(path), "task": "tiny_scale"}, lambda phase: None)
+    assert result["status"] == "ok", result["error"]
+    assert not verify.pending()
+
+
+def test_a_kernel_wrong_on_its_first_case_fails_after_its_checks_and_is_never_timed(tiny_task, tmp_path):
+    path = tmp_path / "k.py"
+    path.write_text("def custom_kernel(data):\n    return data * 2.0 + (1.0 if data.numel() != 1000 else 3.0)\n")
+    m = runner.Measurer({"device": "cpu", "protocol": "kernelcast", "max_reps": 3})
+    result = m.measure({"path": str(path), "task": "tiny_scale"}, lambda phase: None)
+    assert result["status"] == "failed" and result["failure_kind"] == "incorrect"
+    assert "n=1000" in result["error"] and result["phases"]["timing_s"] == 0.0
+    assert not verify.pending()
+
+
 def test_the_feed_keeps_a_uniform_sample_drawn_after_each_call_and_clones_it():
     data = torch.zeros(4)
     variants = {s: torch.full((4,), float(s)) for s in (1, 2, 3)}
