@@ -165,7 +165,31 @@ def kernel_features(record: Mapping[str, Any]) -> dict[str, Any]:
             out[f"knob:{name}"] = str(value)
     for name in COMPILE_FIELDS:
         out[name] = _number(record.get(name))
-    code = code_text(str(record.get("source") or ""))
+    out.update(source_features(str(record.get("source") or "")))
+    return out
+
+
+# source_features of the sources this process has seen, by their text: a kernel's record comes
+# with and without its generator metadata (the cost model's metadata dropout, the source-only
+# split), and the regular expressions over its code are most of kernel_features' time.
+_SOURCE_FEATURES: dict[str, dict[str, Any]] = {}
+_SOURCE_FEATURES_MAX = 50_000
+
+
+def source_features(source: str) -> dict[str, Any]:
+    """The features of a kernel's source text alone: `src:<construct>` counts, `const:<NAME>`
+    constants and `jit_names` (kernel_features' part that needs no record). The dict is shared
+    between calls with the same source: callers copy it, never change it.
+
+    >>> f = source_features("@triton.jit\\ndef k(x):\\n    tl.load(x)\\nBLOCK = 64\\n")
+    >>> f["src:tl_load"], f["const:BLOCK"], f["jit_names"]
+    (1, 64.0, 'k')
+    """
+    found = _SOURCE_FEATURES.get(source)
+    if found is not None:
+        return found
+    code = code_text(source)
+    out: dict[str, Any] = {}
     for name, (gates, pattern) in _COUNTERS.items():
         # A construct whose every match holds one of its literals counts 0 without a regex scan
         # when none is in the code (a `str` search is a fast scan; `\b` patterns are not).
@@ -174,6 +198,9 @@ def kernel_features(record: Mapping[str, Any]) -> dict[str, Any]:
     # the names of the module's @triton.jit functions: how its author decomposed the work (the
     # generator's algorithms differ in them; a name never seen at fit time reads as missing)
     out["jit_names"] = "|".join(sorted(set(_JIT_NAME.findall(code)))) or "none"
+    if len(_SOURCE_FEATURES) >= _SOURCE_FEATURES_MAX:
+        _SOURCE_FEATURES.clear()
+    _SOURCE_FEATURES[source] = out
     return out
 
 
@@ -286,17 +313,35 @@ def side_records(frame: pd.DataFrame, side: str) -> list[dict[str, Any]]:
 # kernel_features of the records this process has seen, by a digest of the record: a fit's
 # calibration, its evaluation and the next split's fit read the same kernels again, and the
 # source counts (some 35 regular expressions a kernel) were most of a fit's feature time.
-_FEATURES: dict[bytes, dict[str, Any]] = {}
+_FEATURES: dict[Any, dict[str, Any]] = {}
 _FEATURES_MAX = 100_000
+
+
+_NAN = object()  # stands for a NaN in a record's key: NaN equals nothing, not even itself
+
+
+def _record_key(record: Mapping[str, Any]) -> Any:
+    """A dict key equal for records of equal fields and values (NaN equal to NaN).
+
+    Why a tuple of the values, not a digest of their text: a record's strings (its source,
+    thousands of characters) keep their hash once computed, so the key of a kernel seen before
+    costs microseconds; a digest of its text cost ~130 us a record, some 2 s of a smoke run's
+    forecasts. The value's type is part of the key, so 1 and 1.0 stay apart as their text does.
+    """
+    key = tuple((k, type(v), _NAN if isinstance(v, float) and v != v else v) for k, v in record.items())
+    try:
+        hash(key)
+    except TypeError:  # an unhashable value (knobs given as a dict): its text
+        return repr(sorted((k, repr(v)) for k, v in record.items()))
+    return key
 
 
 def _features_of(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """kernel_features of each record, computed once per distinct record (an anchor recurs in
-    thousands of pairs; NaN values are made comparable by their text). The dicts are shared:
-    callers read them, never change them."""
+    thousands of pairs). The dicts are shared: callers read them, never change them."""
     out = []
     for r in records:
-        key = hashlib.blake2b(repr(sorted((k, repr(v)) for k, v in r.items())).encode(), digest_size=16).digest()
+        key = _record_key(r)
         found = _FEATURES.get(key)
         if found is None:
             if len(_FEATURES) >= _FEATURES_MAX:
