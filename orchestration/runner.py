@@ -120,15 +120,17 @@ class _EventTail(threading.Thread):
     def __init__(self, instance: dg.DagsterInstance, run_id: str, listener: Callable | None) -> None:
         super().__init__(daemon=True)
         self.instance, self.run_id, self.listener = instance, run_id, listener
-        self.seen = 0
+        self.cursor: str | None = None
         self.stop = threading.Event()
 
     def poll(self) -> None:
-        records = self.instance.all_logs(self.run_id)
-        for entry in records[self.seen:]:
+        # Only the events after the last one read: reading the whole log twice a second made
+        # the thread's work grow with the square of the run's events (~2 s of a smoke run).
+        page = self.instance.get_records_for_run(self.run_id, cursor=self.cursor)
+        for record in page.records:
             if self.listener is not None:
-                self.listener(entry)
-        self.seen = len(records)
+                self.listener(record.event_log_entry)
+        self.cursor = page.cursor
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -285,9 +287,11 @@ def run_graph(settings: Settings, defs: dg.Definitions | None = None,
     Returns:
         One RunSummary per run executed.
     """
+    from models.classical.registry import import_serializer
     from orchestration.definitions import build_defs
     from pipelines.profiling.hardware import host_hardware_id
 
+    import_serializer()  # before any step imports transformers (its docstring says why)
     prepare_home(settings)
     defs = defs or build_defs(settings)
     instance = dg.DagsterInstance.get()

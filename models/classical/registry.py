@@ -107,6 +107,18 @@ def log_classical(
     return run_id, version
 
 
+def import_serializer() -> None:
+    """Import skops.io, MLflow's serializer of these models, ahead of the language-model libraries.
+
+    Why: on its first import skops looks up the module of each of scipy.special's ~230 ufuncs in
+    every loaded module, and a lookup on one of transformers' lazy modules imports submodules of
+    it. Imported after transformers, that scan took 6-9 s of a smoke run's classical_forecasters
+    (py-spy, 2 cores); before it, well under one. A process that will both load a language
+    model and log or load classical models (`kernelcast run`) calls this first.
+    """
+    import skops.io  # noqa: F401
+
+
 def load_classical(tracking_uri: str, name: str, version: int | str) -> BinForecaster:
     """The registered classical forecaster `name`/`version` (sklearn flavour)."""
     import mlflow
