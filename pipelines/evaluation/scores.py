@@ -133,32 +133,37 @@ def _mean(x: np.ndarray) -> float:
 
 
 def score_means(
-    p: np.ndarray, y: np.ndarray, predicted_bin: np.ndarray, parse_ok: np.ndarray
+    p: np.ndarray, y: np.ndarray, predicted_bin: np.ndarray, parse_ok: np.ndarray,
+    keys: tuple[str, ...] = SCORE_KEYS, parsed: bool = True,
 ) -> dict[str, dict[str, float]]:
-    """Full-set and parsed-only means of every score, plus the parse rate.
+    """Full-set and parsed-only means of every score (or of `keys`), plus the parse rate.
 
     Args:
         p: (n, 8) stated probabilities (rows of failures are ignored).
         y: (n,) true bins.
         predicted_bin: (n,) stated bins (ignored for failures).
         parse_ok: (n,) bool.
+        keys: the scores to average (SCORE_KEYS; fewer for a bootstrap replicate, whose
+            intervals need only some of them).
+        parsed: whether to give the parsed-only means too.
     Returns:
-        {"full": {key: mean}, "parsed": {key: mean}, "parse_rate": float}; full-set means
-        score a failure as uniform (and as wrong for accuracy / off-by-one); parsed-only
-        means are NaN when nothing parsed.
+        {"full": {key: mean}, "parsed": {key: mean} ({} without `parsed`), "parse_rate": float};
+        full-set means score a failure as uniform (and as wrong for accuracy / off-by-one);
+        parsed-only means are NaN when nothing parsed.
     """
     ok = np.asarray(parse_ok, dtype=bool)
     pe = effective_probabilities(p, ok)
-    per_row = {
-        "brier": brier(pe, y),
-        "crps": crps(pe, y),
-        "nll": nll(pe, y),
-        "entropy": entropy(pe),
-        "accuracy": accuracy(np.where(ok, predicted_bin, 0), y, ok),
-        "off_by_one": off_by_one(np.where(ok, predicted_bin, 0), y, ok),
+    rows = {
+        "brier": lambda: brier(pe, y),
+        "crps": lambda: crps(pe, y),
+        "nll": lambda: nll(pe, y),
+        "entropy": lambda: entropy(pe),
+        "accuracy": lambda: accuracy(np.where(ok, predicted_bin, 0), y, ok),
+        "off_by_one": lambda: off_by_one(np.where(ok, predicted_bin, 0), y, ok),
     }
+    per_row = {k: rows[k]() for k in SCORE_KEYS if k in keys}
     return {
         "full": {k: _mean(v) for k, v in per_row.items()},
-        "parsed": {k: _mean(v[ok]) for k, v in per_row.items()},
+        "parsed": {k: _mean(v[ok]) for k, v in per_row.items()} if parsed else {},
         "parse_rate": _mean(ok.astype(np.float64)),
     }

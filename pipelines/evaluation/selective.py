@@ -29,11 +29,12 @@ from models.bins import NUM_BINS
 CONFIDENCE_SCORES = ("max_prob", "certainty", "margin")
 
 
-def confidence_scores(p: np.ndarray) -> dict[str, np.ndarray]:
-    """The three confidence scores of (n, 8) distributions.
+def confidence_scores(p: np.ndarray, names: tuple[str, ...] = CONFIDENCE_SCORES) -> dict[str, np.ndarray]:
+    """The three confidence scores of (n, 8) distributions (or those of `names`).
 
     Returns:
-        {"max_prob": max_b p_b, "certainty": 1 - H(p) / ln 8, "margin": top-1 minus top-2 p}.
+        {"max_prob": max_b p_b, "certainty": 1 - H(p) / ln 8, "margin": top-1 minus top-2 p},
+        in that order, restricted to `names`.
 
     >>> s = confidence_scores(np.array([[0.5, 0.3, 0.2] + [0.0] * 5]))
     >>> float(s["max_prob"][0]), round(float(s["margin"][0]), 6)
@@ -41,13 +42,16 @@ def confidence_scores(p: np.ndarray) -> dict[str, np.ndarray]:
     """
     p = np.asarray(p, dtype=np.float64)
     srt = np.sort(p, axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        h = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=1)
-    return {
-        "max_prob": srt[:, -1],
-        "certainty": 1.0 - h / math.log(NUM_BINS),
-        "margin": srt[:, -1] - srt[:, -2],
-    }
+    out = {}
+    if "max_prob" in names:
+        out["max_prob"] = srt[:, -1]
+    if "certainty" in names:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            h = -np.sum(np.where(p > 0, p * np.log(np.where(p > 0, p, 1.0)), 0.0), axis=1)
+        out["certainty"] = 1.0 - h / math.log(NUM_BINS)
+    if "margin" in names:
+        out["margin"] = srt[:, -1] - srt[:, -2]
+    return out
 
 
 @dataclass(frozen=True)
