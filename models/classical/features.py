@@ -21,7 +21,7 @@ import hashlib
 import json
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -97,6 +97,51 @@ _GATES: dict[str, tuple[str, ...]] = {
     "torch_compile": ("torch.compile",), "contiguous": (".contiguous(",), "jit_calls": ("[",),
 }
 _COUNTERS = {name: (_GATES[name], re.compile(pattern)) for name, pattern in SOURCE_COUNTS.items()}
+_WORD_CHAR = re.compile(r"\w")
+
+
+def _counter(pattern: re.Pattern) -> Callable[[str], int]:
+    """A function giving `len(pattern.findall(code))`, faster for the two shapes most counts have.
+
+    Why: Python's regex engine skips ahead to a pattern's literal prefix with a fast scan, but a
+    pattern opening with `\\b` or `\\w+` has none, so it is tried at every character (those
+    counts were ~85% of kernel_features' time). For `\\b<rest>` the leftmost match starts where
+    `<rest>` (literal prefix, fast) first matches with the pattern matching there too; for
+    `\\w+<rest>` it starts at the word run (from the scan position on) that ends where `<rest>`
+    matches. Each candidate is confirmed by matching the whole pattern there, and the scan goes
+    on after it as findall's does, so the counts are findall's (a test compares them on committed
+    kernels and on edge cases).
+    """
+    text = pattern.pattern
+    if text.startswith(r"\b"):
+        rest, back = re.compile(text[2:]), False
+    elif text.startswith("\\w+\\") and not text[4].isalnum():  # `rest` opens with an escaped non-word character
+        rest, back = re.compile(text[3:]), True
+    else:
+        return lambda code: len(pattern.findall(code))
+
+    def count(code: str) -> int:
+        n = pos = 0
+        while (m := rest.search(code, pos)) is not None:
+            start = m.start()
+            if back:  # the word run before `rest`, not reaching back past the scan position
+                begin = start
+                while begin > pos and _WORD_CHAR.match(code, begin - 1):
+                    begin -= 1
+                found = pattern.match(code, begin) if begin < start else None
+            else:
+                found = pattern.match(code, start)
+            if found is None:
+                pos = start + 1
+            else:
+                n += 1
+                pos = found.end() if found.end() > found.start() else found.end() + 1
+        return n
+
+    return count
+
+
+_COUNT = {name: _counter(pattern) for name, (_, pattern) in _COUNTERS.items()}
 # A module-level integer constant (`BLOCK_M = 128`) or an integer keyword of a launch or config
 # (`num_warps=8`, `"BLOCK": 256`): the tile sizes, warps and stages any author writes as numbers.
 _CONSTANT = re.compile(r"^([A-Z][A-Z0-9_]*)\s*(?::\s*\w+\s*)?=\s*(\d+)\s*$", re.MULTILINE)
@@ -190,10 +235,10 @@ def source_features(source: str) -> dict[str, Any]:
         return found
     code = code_text(source)
     out: dict[str, Any] = {}
-    for name, (gates, pattern) in _COUNTERS.items():
+    for name, (gates, _) in _COUNTERS.items():
         # A construct whose every match holds one of its literals counts 0 without a regex scan
         # when none is in the code (a `str` search is a fast scan; `\b` patterns are not).
-        out[f"src:{name}"] = len(pattern.findall(code)) if any(g in code for g in gates) else 0
+        out[f"src:{name}"] = _COUNT[name](code) if any(g in code for g in gates) else 0
     out.update({f"const:{k}": v for k, v in source_constants(code).items()})
     # the names of the module's @triton.jit functions: how its author decomposed the work (the
     # generator's algorithms differ in them; a name never seen at fit time reads as missing)

@@ -155,3 +155,18 @@ def test_source_counts_equal_the_plain_regex_counts_on_committed_kernels():
         got = kernel_features({"task": "t", "source": source})
         assert {n: got[f"src:{n}"] for n in SOURCE_COUNTS} == {n: len(re.findall(p, code)) for n, p in SOURCE_COUNTS.items()}
     assert all(kernel_features({"source": every})[f"src:{n}"] > 0 for n in SOURCE_COUNTS)
+
+
+def test_source_counts_equal_findall_where_matches_meet():
+    """The counts found from a pattern's literal part (models.classical.features._counter) are
+    findall's where a match ends inside a word, a boundary is missing, or matches touch."""
+    import re
+
+    from models.classical.features import _COUNT, SOURCE_COUNTS
+
+    cases = ["a[idx[i]]", "x[gridy[(", "k[grid](x)k[grid](y)", "ab[ cd[(", "[x[(", "é[(", "a_1[ \n grid",
+             "x[i][j]", "xtl.load(a) tl.load(b)tl.load(c)", "_mask=1 mask =2 mask= 3", "fortl.sum for i in x in y",
+             "torch.zeros(torch.empty_like(x))", "tl.program_id( 1 )tl.program_id(2)", "sqrtlog2 log2(tanh(x))",
+             "ntl.where tl.where(", "exp2(tl.exp(x))exp2", "é tl.load(x) ü_mask=1"]
+    for code in cases:
+        assert {n: _COUNT[n](code) for n in SOURCE_COUNTS} == {n: len(re.findall(p, code)) for n, p in SOURCE_COUNTS.items()}, code
