@@ -274,6 +274,34 @@ def planned_runs(settings: Settings, instance: dg.DagsterInstance) -> list[tuple
     return [("candidates_job", None), *[("measurement_ingest_job", k) for k in keys], ("downstream_job", None)]
 
 
+# Jobs whose steps never open the MLflow store: they may run while a child process creates it.
+_JOBS_WITHOUT_MLFLOW = ("candidates_job", "measurement_ingest_job")
+
+
+def _create_tracking_store(settings: Settings):
+    """A child process creating the MLflow store of a new home, or None when it exists.
+
+    Why a process: MLflow's schema migrations of a new store take 2-4 s on 2 cores, and the
+    first jobs (candidates, the measurement ingest) leave the second core mostly idle. The
+    steps that use MLflow run only after it has ended (`run_graph` waits for it); should it
+    fail, they create the store as they would anyway.
+    """
+    import subprocess
+
+    db = settings.home / "mlflow.db"
+    if db.exists() or not settings.mlflow_uri.startswith("sqlite:"):
+        return None
+    code = "import sys; from models.registry.tracking import create_store; create_store(sys.argv[1])"
+    return subprocess.Popen([sys.executable, "-c", code, settings.mlflow_uri], cwd=Path(__file__).resolve().parent.parent,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+
+
+def _wait_for(child) -> None:
+    if child is not None and child.wait() != 0:
+        log.warning("creating the MLflow store beside the first jobs failed (exit %s): the steps create it",
+                    child.returncode)
+
+
 def run_graph(settings: Settings, defs: dg.Definitions | None = None,
               listener: Callable | None = None,
               on_run_start: Callable[[str, str | None], None] | None = None) -> list[RunSummary]:
@@ -293,23 +321,30 @@ def run_graph(settings: Settings, defs: dg.Definitions | None = None,
 
     import_serializer()  # before any step imports transformers (its docstring says why)
     prepare_home(settings)
-    defs = defs or build_defs(settings)
-    instance = dg.DagsterInstance.get()
-    for run_id in release_abandoned_runs(instance):
-        log.warning("run %s was left started by a process that is gone: marked failed, its pool slots freed", run_id)
-    host = host_hardware_id(settings.profiling.measure_device) if settings.profiling.measure_on_cuda else None
-    summaries: list[RunSummary] = []
-    for job, partition in planned_runs(settings, instance):
-        if on_run_start is not None:
-            on_run_start(job, partition)
-        n = _processes(settings, job, partition, host)
-        summary = execute_code_location_job(defs, instance, job, partition, processes=n,
-                                            tags={"kernelcast/profile": settings.profile},
-                                            listener=listener)
-        summaries.append(summary)
-        if not summary.success:
-            break
-    return summaries
+    store = _create_tracking_store(settings)
+    try:
+        defs = defs or build_defs(settings)
+        instance = dg.DagsterInstance.get()
+        for run_id in release_abandoned_runs(instance):
+            log.warning("run %s was left started by a process that is gone: marked failed, its pool slots freed", run_id)
+        host = host_hardware_id(settings.profiling.measure_device) if settings.profiling.measure_on_cuda else None
+        summaries: list[RunSummary] = []
+        for job, partition in planned_runs(settings, instance):
+            if job not in _JOBS_WITHOUT_MLFLOW:
+                _wait_for(store)
+                store = None
+            if on_run_start is not None:
+                on_run_start(job, partition)
+            n = _processes(settings, job, partition, host)
+            summary = execute_code_location_job(defs, instance, job, partition, processes=n,
+                                                tags={"kernelcast/profile": settings.profile},
+                                                listener=listener)
+            summaries.append(summary)
+            if not summary.success:
+                break
+        return summaries
+    finally:
+        _wait_for(store)
 
 
 def _processes(settings: Settings, job: str, partition: str | None, host: str | None) -> int:

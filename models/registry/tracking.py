@@ -115,6 +115,15 @@ def reroot_artifacts(tracking_uri: str) -> int:
     return changed
 
 
+def create_store(tracking_uri: str) -> None:
+    """Create the tables of a tracking store that has none: MLflow runs its schema migrations
+    (some hundred of them) on a new store, 2-4 s on 2 cores. `kernelcast run` calls this in a
+    child process on a new home, so they run beside its first jobs (orchestration.runner)."""
+    from mlflow import MlflowClient
+
+    MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
+
+
 def open_store(tracking_uri: str) -> None:
     """Once per process and store: re-root artifact locations left by an older home."""
     with _open_lock:

@@ -291,6 +291,23 @@ def test_runs_left_started_by_a_dead_process_free_their_pool_slot(settings):
     assert storage.claim_concurrency_slot("duckdb_writer", alive.run_id, "kernel_tasks").is_claimed
 
 
+def test_a_new_home_gets_its_mlflow_store_from_a_child_process(settings):
+    """`kernelcast run` creates a new home's MLflow store beside its first jobs; a home that has
+    one starts no child."""
+    from mlflow import MlflowClient
+
+    from orchestration.runner import _create_tracking_store, _wait_for
+
+    settings.home.mkdir(parents=True, exist_ok=True)
+    child = _create_tracking_store(settings)
+    assert child is not None
+    _wait_for(child)
+    assert child.returncode == 0 and (settings.home / "mlflow.db").is_file()
+    client = MlflowClient(tracking_uri=settings.mlflow_uri, registry_uri=settings.mlflow_uri)
+    assert [e.name for e in client.search_experiments()] == ["Default"]
+    assert _create_tracking_store(settings) is None
+
+
 @pytest.mark.parametrize("name", ["orchestration.run_display", "pipelines.sharding", "pipelines.promotion.scores"])
 def test_doctests(name):
     import doctest
