@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 import threading
 import time
+import types
+import warnings
 
 import pytest
 import torch
@@ -129,6 +132,80 @@ def test_watch_accepts_torch_wrapping_manual_seed_and_not_a_replacement(monkeypa
     assert "torch.manual_seed" not in w.changes()
     monkeypatch.setattr(torch, "manual_seed", lambda s: None)
     assert "torch.manual_seed" in w.changes()
+
+
+def _full_changes(w: integrity.Watch) -> list[str]:
+    """What the full comparison names, the quick "nothing changed" test bypassed."""
+    quick = w.held.unchanged
+    w.held.unchanged = lambda: False
+    try:
+        return w.changes(limit=1000)
+    finally:
+        w.held.unchanged = quick
+
+
+def _closure_function():
+    """A watched Python function with a filled closure cell (torch has many: decorated functions)."""
+    for name in integrity.WATCHED_MODULES:
+        module = sys.modules.get(name)
+        for v in list(vars(module).values()) if module is not None else ():
+            fn = getattr(v, "__func__", v)
+            if isinstance(fn, types.FunctionType) and fn.__closure__ and integrity._filled(fn.__closure__[0]):
+                return fn
+    pytest.skip("no watched function with a closure in this torch")
+
+
+def _change(kind: str, monkeypatch):
+    from pipelines.profiling import runner, timing
+
+    if kind == "replaced":
+        monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    elif kind == "class method":
+        monkeypatch.setattr(runner.Measurer, "time_fn", lambda self, fn, data: None)
+    elif kind == "code":
+        monkeypatch.setattr(timing.summarize, "__code__", (lambda times_ms: None).__code__)
+    elif kind == "defaults":
+        monkeypatch.setattr(timing.median_ci_relative, "__defaults__", (1.0,))
+    elif kind == "closure":
+        cell = _closure_function().__closure__[0]
+        old = cell.cell_contents
+        cell.cell_contents = object()
+        return lambda: setattr(cell, "cell_contents", old)
+    elif kind == "deleted":
+        monkeypatch.delattr(timing, "geomean")
+    elif kind == "added to a class":
+        monkeypatch.setattr(torch.Tensor, "__mul__", lambda self, other: self, raising=False)
+    elif kind == "module":
+        monkeypatch.setitem(sys.modules, "time", types.ModuleType("time"))
+    elif kind == "constant":
+        monkeypatch.setattr(timing, "WALL_SLACK_S", 1.0)
+    elif kind == "trace hook":
+        sys.settrace(lambda *a: None)
+        return lambda: sys.settrace(None)
+    elif kind == "dispatcher":  # a kernel of a hot op replaced on a real backend
+        lib = torch.library.Library("aten", "IMPL")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch warns where the op had a CPU kernel of its own
+            lib.impl("abs", lambda x: x, "CPU")
+        return lib._destroy
+    return lambda: None
+
+
+@pytest.mark.parametrize("kind", ["replaced", "class method", "code", "defaults", "closure", "deleted",
+                                  "added to a class", "module", "constant", "trace hook", "dispatcher"])
+def test_the_quick_test_misses_nothing_the_full_comparison_names(kind, monkeypatch):
+    w = integrity.Watch()
+    assert w.held.unchanged() and w.changes() == []
+    undo = _change(kind, monkeypatch)
+    try:
+        full = _full_changes(w)
+        assert full  # the change is one the watch names
+        assert not w.held.unchanged()  # ... so the quick test must not pass it
+        assert w.changes(limit=1000) == full
+    finally:
+        undo()
+        monkeypatch.undo()
+    assert w.held.unchanged() and w.changes() == []
 
 
 # ---- the verifier -----------------------------------------------------------------------------
