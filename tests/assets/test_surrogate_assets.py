@@ -1,7 +1,8 @@
 """The surrogate in the graph: base_model -> surrogate_model -> forecasts -> reports ->
 promotion gates -> model_promotion, the promotion rule, and the CLI around the registry.
 
-Real parts: the committed H200 measurements in a temp DuckDB file, a sqlite MLflow store, an
+Real parts: committed H200 measurements (a run of the template kernels and the first batch of
+non-template ones) in a temp DuckDB file, a sqlite MLflow store, an
 ephemeral Dagster instance, the tiny in-process model (smoke profile) trained with the real
 warm-up + GRPO code. Promotion cases are driven by writing forecasts into the warehouse, as
 the forecasts asset would, and re-running the gates and model_promotion.
@@ -95,17 +96,38 @@ def test_rule_replaces_a_beaten_champion_and_picks_the_best_eligible():
 EVALUATE_AND_PROMOTE = ("forecasts", "calibration_report", "utility_report", "model_promotion")
 
 
+# Measurements enough for every split the tests read, not the whole committed set: one H200 run
+# of the template kernels (in distribution, held-out task) and the first non-template batch (the
+# external split); the committed training runs as they are.
+SUBSET = ("kernels-2026-11-29-harness1.parquet", "results-2026-11-29-harness1-run-b.parquet",
+          "kernels-2026-12-02-nontemplate.parquet", "results-2026-12-02-nontemplate-a.parquet",
+          "results-2026-12-02-nontemplate-b.parquet", "results-2026-12-02-nontemplate-c.parquet")
+
+
+def _data_subset(root: Path) -> Path:
+    import shutil
+
+    (root / "measurements" / "h200").mkdir(parents=True)
+    for name in SUBSET:
+        shutil.copy(REPO / "data" / "measurements" / "h200" / name, root / "measurements" / "h200" / name)
+    for entry in (REPO / "data").iterdir():
+        if entry.name != "measurements":
+            (root / entry.name).symlink_to(entry, target_is_directory=entry.is_dir())
+    return root
+
+
 @pytest.fixture(scope="module")
 def graph(tmp_path_factory):
-    """Committed data ingested and curated, then base_model, surrogate_model (one smoke
+    """A subset of the committed data ingested and curated, then base_model, surrogate_model (one smoke
     variant on the tiny model), forecasts, reports, gates and promotion materialised."""
     from orchestration.definitions import build_defs
     from orchestration.settings import load_settings
 
     home = tmp_path_factory.mktemp("surrogate") / "home"
+    data = _data_subset(tmp_path_factory.mktemp("surrogate-data"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("KERNELCAST_HOME", str(home))
-        mp.setenv("KERNELCAST_DATA", str(REPO / "data"))
+        mp.setenv("KERNELCAST_DATA", str(data))
         mp.setenv("KERNELCAST_SURROGATE_LLM", "grpo")  # the GRPO path (the smoke default is supervised)
         settings = load_settings("smoke")
         defs = build_defs(settings)
