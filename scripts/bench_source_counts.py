@@ -40,8 +40,8 @@ def main() -> int:
                 len(re.findall(p, c))
         t1 = time.perf_counter()
         for c in codes:
-            for gates, pattern in features._COUNTERS.values():
-                len(pattern.findall(c)) if any(g in c for g in gates) else 0
+            for name, (gates, _) in features._COUNTERS.items():
+                features._COUNT[name](c) if any(g in c for g in gates) else 0
         t2 = time.perf_counter()
         print(f"round {r + 1}: plain re.findall {t1 - t0:.2f} s, kernel_features' way {t2 - t1:.2f} s, "
               f"ratio {(t2 - t1) / (t1 - t0):.2f}")
