@@ -413,22 +413,7 @@ def _judge_failure(e: Exception, device: str, cid: str) -> KernelFailure:
 
 def judge_output(task, case: dict, salt: int, out: Any, device: str, cid: str) -> None:
     """The verifier's verdict on one output (seed + salt); KernelFailure unless it is right."""
-    t0 = time.perf_counter()
-    try:
-        ok, message = verify.judge(task, case, salt, out, verify.flags_json(snapshot_torch_flags()))
-    except ShippingError as e:
-        raise KernelFailure("incorrect", f"case {cid}: {e}") from e
-    except Exception as e:
-        failure = classify(e, device, f"check on case {cid}")
-        if failure.kind in ("crashed", "tampered"):
-            raise failure from e
-        if isinstance(e, torch.cuda.OutOfMemoryError):
-            raise KernelFailure("infrastructure", f"case {cid}: check ran out of GPU memory") from e
-        raise KernelFailure("incorrect", f"case {cid}: check raised {_describe(e)}") from e
-    finally:
-        _JUDGE_CLOCK.seconds += time.perf_counter() - t0
-    if not ok:
-        raise KernelFailure("incorrect", one_line(f"case {cid}: {message}"))
+    collect_verdicts(submit_held(task, [Held(case, salt, out, cid)], device), device)
 
 
 def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0, into: Any = None) -> Any:
