@@ -523,7 +523,7 @@ def forecast(
     except ValueError as exc:
         raise CliError(str(exc)) from None
     files = read_kernel_files(t.name, [anchor, *paths], check=check_kernels, check_timeout_s=check_timeout_s,
-                              allow_incorrect=allow_incorrect)
+                              allow_incorrect=allow_incorrect, all_needed=len(paths) == 1)
     head, cands = files[0], files[1:]
     if head.refused:
         raise CliError(f"anchor {anchor}: {head.refused}")

@@ -77,7 +77,7 @@ def _check_line(kind: str | None, message: str) -> str:
 
 def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, check_timeout_s: float = 60.0,
                       compile: bool = True, compile_timeout_s: float = 120.0, allow_incorrect: bool = False,
-                      n_workers: int = 2) -> list[KernelFile]:
+                      n_workers: int = 2, all_needed: bool = False) -> list[KernelFile]:
     """A KernelFile per path, in order (the work of the checks and compiles spread over n_workers).
 
     Args:
@@ -87,6 +87,9 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, c
         check_timeout_s: per file; a check that takes longer is a note, not a refusal.
         compile: AOT-compile Triton files for sm_90.
         allow_incorrect: forecast a file whose results are wrong (a note instead of a refusal).
+        all_needed: the caller needs every file (one anchor, one candidate): once a stage (the
+            static reading, the checks) refuses one, the later stages are not run and no file
+            gets a record, so the refusal is known in a moment instead of after every compile.
     """
     from pipelines.tasks import get_task
 
@@ -101,6 +104,8 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, c
             continue
         f.refused = static_refusal(sources[i])
     live = [i for i, f in enumerate(files) if f.refused is None]
+    if all_needed and len(live) < len(files):
+        return files
     if check and live:
         from pipelines.profiling.check import check_sources
 
@@ -116,6 +121,8 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, c
             else:
                 files[i].refused = _check_line(o.failure_kind, o.message)
         live = [i for i in live if files[i].refused is None]
+        if all_needed and len(live) < len(files):
+            return files
     for i in live:
         files[i].record = {"kernel_id": str(files[i].path), "task": task, "source": sources[i],
                            "language": language_of(sources[i]), "generator": None, "algorithm": None,

@@ -305,6 +305,23 @@ def test_a_file_that_is_no_kernel_of_the_task_is_refused_in_one_line(tmp_path, c
     assert len(lines) == 1 and lines[0].startswith(f"error: {files[name]}: ") and words in lines[0], res.output
 
 
+def test_when_every_file_is_needed_a_refusal_ends_the_reading_at_its_stage(tmp_path):
+    """One anchor and one candidate: a candidate refused by the static reading leaves the
+    anchor unchecked (no record, no refusal), one refused by its check stops the compiles."""
+    from pipelines.forecasting.files import read_kernel_files
+
+    files = _kernel_files(tmp_path / "k")
+    anchor, broken = read_kernel_files("softmax", [files["softmax_torch.py"], files["broken.py"]], all_needed=True)
+    assert broken.refused.startswith("syntax error at line 1") and anchor.refused is None and anchor.record is None
+    anchor, triton = read_kernel_files("softmax", [files["rms_norm.py"], files["softmax_triton.py"]], all_needed=True)
+    assert anchor.refused.startswith("raises on the task's correctness input")
+    assert triton.refused is None and triton.record is None  # checked, never compiled
+    # without it, the other file is read to the end
+    anchor, broken = read_kernel_files("softmax", [files["softmax_torch.py"], files["broken.py"]], check=False,
+                                      compile=False)
+    assert anchor.record is not None and broken.record is None
+
+
 def test_an_unknown_task_and_a_refused_anchor_are_one_line(tmp_path, cli_home):
     files = _kernel_files(tmp_path / "k")
     res = _invoke("--task", "softmaxx", "--anchor", str(files["softmax_torch.py"]), "--candidate",
