@@ -10,18 +10,23 @@ plus small correctness cases (CPU, Triton interpreter, seconds) and benchmark ca
 well over 50 microseconds each on an H100-class GPU).
 
 A kernel is a Python module that defines `custom_kernel(data) -> output`, so unmodified GPU MODE
-submissions run. This module imports only the standard library and torch: the GPU worker
-imports it on a bare host.
+submissions run. This module imports only the standard library and torch (closeness imports
+Triton on first use): the GPU worker imports it on a bare host.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from pipelines.tasks import closeness
+
+log = logging.getLogger(__name__)
 
 Case = dict[str, Any]
 
@@ -76,17 +81,36 @@ class Task:
 
 def allclose_check(
     output: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float, what: str = "output",
-    dtype: torch.dtype | None = None,
+    dtype: torch.dtype | None = None, *, fused: bool | None = None,
 ) -> tuple[bool, str]:
     """Shape/dtype-aware tolerance check with a message a person can act on; with `dtype`, the
     output must also be of that dtype (a kernel returning fp32 for a bf16 task is wrong even
-    when its values are close)."""
+    when its values are close).
+
+    Closeness is torch.isclose on fp32 copies. On CUDA the values are judged by one fused pass
+    (`pipelines.tasks.closeness`) where it applies, else by torch ops; both give the same verdict
+    and message. `fused` forces one way (True: the fused pass wherever Triton runs the tensors,
+    the CPU under TRITON_INTERPRET=1 included; False: torch ops), for tests and benchmarks."""
     if not isinstance(output, torch.Tensor):
         return False, f"{what}: expected a tensor, got {type(output).__name__}"
     if dtype is not None and output.dtype != dtype:
         return False, f"{what}: dtype {output.dtype} != {dtype}"
     if output.shape != expected.shape:
         return False, f"{what}: shape {tuple(output.shape)} != expected {tuple(expected.shape)}"
+    if fused is None and closeness.applies(output, expected, rtol, atol):
+        try:
+            return _fused_verdict(output, expected, rtol, atol, what)
+        except Exception:  # e.g. no compiler for this GPU: torch ops give the same verdict
+            log.warning("fused closeness check failed; this process judges with torch ops from "
+                        "now on", exc_info=True)
+            closeness.disable()
+    elif fused:
+        return _fused_verdict(output, expected, rtol, atol, what)
+    return _torch_verdict(output, expected, rtol, atol, what)
+
+
+def _torch_verdict(output: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float,
+                   what: str) -> tuple[bool, str]:
     out = output.detach().float()
     exp = expected.detach().float()
     if not torch.isfinite(out).all() and torch.isfinite(exp).all():
@@ -95,8 +119,31 @@ def allclose_check(
     n_bad = int(bad.sum())
     if n_bad:
         idx = bad.nonzero()[0].tolist()
-        return False, (
-            f"{what}: {n_bad}/{out.numel()} elements off (rtol={rtol}, atol={atol}); first at {idx}: "
-            f"got {out[tuple(idx)].item():.6g}, expected {exp[tuple(idx)].item():.6g}"
-        )
+        return False, _off_message(what, n_bad, out.numel(), rtol, atol, idx,
+                                   out[tuple(idx)].item(), exp[tuple(idx)].item())
     return True, "ok"
+
+
+def _fused_verdict(output: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float,
+                   what: str) -> tuple[bool, str]:
+    """_torch_verdict's answer from one fused pass; on a failure only the first element that is
+    off is read back (both values in one copy)."""
+    found = closeness.compare(output, expected, rtol, atol)
+    if found.output_nonfinite and not found.expected_nonfinite:
+        return False, f"{what}: contains NaN or inf"
+    if found.n_bad:
+        at = found.first_bad
+        got, want = torch.stack(
+            (output.detach().reshape(-1)[at].float(), expected.detach().reshape(-1)[at].float())
+        ).tolist()
+        return False, _off_message(what, found.n_bad, output.numel(), rtol, atol,
+                                   closeness.unravel(at, output.shape), got, want)
+    return True, "ok"
+
+
+def _off_message(what: str, n_bad: int, numel: int, rtol: float, atol: float, idx: list[int],
+                 got: float, want: float) -> str:
+    return (
+        f"{what}: {n_bad}/{numel} elements off (rtol={rtol}, atol={atol}); first at {idx}: "
+        f"got {got:.6g}, expected {want:.6g}"
+    )
