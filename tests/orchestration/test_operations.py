@@ -185,39 +185,13 @@ def _measured(settings) -> list[tuple[str, str]]:
 
 
 @pytest.mark.slow
-def test_measurements_fan_out_one_step_per_gpu_and_merge_through_ingest(settings, monkeypatch):
-    """Two fake GPUs: the plan splits the unmeasured kernels in two shards, each measured by the
-    real worker (CPU interpreter) with its own CUDA_VISIBLE_DEVICES; the ingest step merges
-    them; a second run finds nothing left to measure."""
-    from orchestration.definitions import build_defs
-    from orchestration.runner import execute_code_location_job, prepare_home
-
-    s = _fanout_settings(settings, monkeypatch)
-    prepare_home(s)
-    ids = _softmax_kernels(s, 3)
-    defs, instance = build_defs(s), dg.DagsterInstance.get()
-    instance.add_dynamic_partitions("hardware", ["cpu"])
-    run = execute_code_location_job(defs, instance, "measurement_ingest_job", "cpu")
-    # Interpreter rows time the tasks' correctness cases, not their benchmark cases: the data
-    # check that guards curation rejects them, as it must (CPU timings are for tests only).
-    assert run.checks_failed == [CPU_ROWS_FAIL], run.error
-    steps = {e.step_key for e in instance.all_logs(run.run_id) if e.dagster_event_type == dg.DagsterEventType.STEP_SUCCESS}
-    assert {"kernel_measurements.measure_shard[gpu_0]", "kernel_measurements.measure_shard[gpu_1]"} <= steps
-    meta = run.metadata["kernel_measurements"]
-    assert meta["measuring_steps"] == 2 and meta["profiled_here"] == len(ids)
-    assert "| 0 | 0 |" in meta["shards"] and "| 1 | 1 |" in meta["shards"]  # GPU i saw CUDA_VISIBLE_DEVICES=i
-    measured = _measured(s)
-    assert [k for k, _ in measured] == ids  # every kernel once, merged from both shards
-    again = execute_code_location_job(defs, instance, "measurement_ingest_job", "cpu")
-    assert again.metadata["kernel_measurements"]["measuring_steps"] == 0
-    assert _measured(s) == measured
-
-
-@pytest.mark.slow
-def test_fanout_runs_side_by_side_on_the_multiprocess_executor(settings, monkeypatch):
-    """The same fan-out as `kernelcast run` starts it on a host of several GPUs: the
-    multiprocess executor, one process per measuring step. The plan step's process loads the
-    settings again: `kernelcast measure --limit` reaches it through KERNELCAST_MAX_KERNELS."""
+def test_measurements_fan_out_one_process_per_gpu_and_merge_through_ingest(settings, monkeypatch):
+    """Two fake GPUs, as `kernelcast run` starts them on a host of several: the plan splits the
+    unmeasured kernels in two shards, each measured by the real worker (CPU interpreter) in its
+    own process of the multiprocess executor with its own CUDA_VISIBLE_DEVICES; the ingest step
+    merges them. The plan step's process loads the settings again: `kernelcast measure --limit`
+    reaches it through KERNELCAST_MAX_KERNELS. A second run, without the limit, measures the
+    kernel left; a third finds nothing left to measure."""
     from orchestration.definitions import build_defs
     from orchestration.runner import execute_code_location_job, prepare_home
 
@@ -225,15 +199,30 @@ def test_fanout_runs_side_by_side_on_the_multiprocess_executor(settings, monkeyp
     s = _fanout_settings(settings, monkeypatch)
     prepare_home(s)
     ids = _softmax_kernels(s, 3)
-    instance = dg.DagsterInstance.get()
+    defs, instance = build_defs(s), dg.DagsterInstance.get()
     instance.add_dynamic_partitions("hardware", ["cpu"])
-    run = execute_code_location_job(build_defs(s), instance, "measurement_ingest_job", "cpu", processes=2)
-    assert run.checks_failed == [CPU_ROWS_FAIL], run.error  # as in the in-process test
+    run = execute_code_location_job(defs, instance, "measurement_ingest_job", "cpu", processes=2)
+    # Interpreter rows time the tasks' correctness cases, not their benchmark cases: the data
+    # check that guards curation rejects them, as it must (CPU timings are for tests only).
+    assert run.checks_failed == [CPU_ROWS_FAIL], run.error
     pids = {e.step_key: e.dagster_event.pid for e in instance.all_logs(run.run_id)
             if e.dagster_event_type == dg.DagsterEventType.STEP_START and "measure_shard" in (e.step_key or "")}
-    assert len(pids) == 2 and len(set(pids.values())) == 2 and os.getpid() not in pids.values()
-    measured = [k for k, _ in _measured(s)]
-    assert len(measured) == 2 and set(measured) < set(ids)  # 2 of the 3: the limit held in the step processes
+    assert sorted(pids) == ["kernel_measurements.measure_shard[gpu_0]", "kernel_measurements.measure_shard[gpu_1]"]
+    assert len(set(pids.values())) == 2 and os.getpid() not in pids.values()
+    meta = run.metadata["kernel_measurements"]
+    assert meta["measuring_steps"] == 2 and meta["profiled_here"] == 2
+    assert "| 0 | 0 |" in meta["shards"] and "| 1 | 1 |" in meta["shards"]  # GPU i saw CUDA_VISIBLE_DEVICES=i
+    first = [k for k, _ in _measured(s)]
+    assert len(first) == 2 and set(first) < set(ids)  # 2 of the 3: the limit held in the step processes
+
+    monkeypatch.delenv("KERNELCAST_MAX_KERNELS")
+    rest = execute_code_location_job(defs, instance, "measurement_ingest_job", "cpu")
+    assert rest.metadata["kernel_measurements"]["profiled_here"] == 1
+    measured = _measured(s)
+    assert [k for k, _ in measured] == ids  # every kernel once, merged from the shards of both runs
+    again = execute_code_location_job(defs, instance, "measurement_ingest_job", "cpu")
+    assert again.metadata["kernel_measurements"]["measuring_steps"] == 0
+    assert _measured(s) == measured
 
 
 @pytest.mark.parametrize("target", [["-w", "workspace.yaml"], ["-m", "orchestration.k8s"]], ids=["local", "k8s"])
