@@ -108,7 +108,7 @@ def _train_grpo(settings: TrainingSettings, rows: Sequence[dict[str, Any]], out:
         warm = WarmUp.load(ckpt)
         log.info("resuming GRPO from %s", resume)
     else:
-        warm = warm_up(model, tokenizer, rows, settings, run)
+        warm = warm_up(model, tokenizer, rows, settings, run, stop_at)
         if ckpt:
             warm.save(ckpt)
 

@@ -44,8 +44,13 @@ class TrainingSettings:
         beta: KL coefficient; 0 as TRL's default (and no reference model to hold).
         prompt_style: "full" (paper), "diff" (shorter; small models) or "compact" (shortest;
             CPU budgets, see models/prompts.py).
-        sft_steps: supervised format warm-up steps before GRPO (0 = none).
-        sft_lr: warm-up learning rate.
+        sft_steps: supervised format warm-up steps before GRPO (0 = none); with
+            sft_parse_target, the steps of one round.
+        sft_lr: warm-up learning rate (each round decays it linearly to 0).
+        sft_parse_target: the warm-up goes on, a round of sft_steps at a time, until the
+            greedy parse rate of the probe rows reaches this (0: one round). GRPO rewards
+            only answers that parse: a group of unparsed rollouts teaches nothing.
+        sft_max_rounds: the most warm-up rounds, reached or not.
         parse_probe_rows: rows whose greedy parse rate is measured before/after warm-up.
         seed: seeds the warm-up order, LoRA init and the trainer.
         micro_batch_size: completions per forward/backward pass; an optimizer step still
@@ -82,6 +87,8 @@ class TrainingSettings:
     prompt_style: str = "full"
     sft_steps: int = 0
     sft_lr: float = 1e-4
+    sft_parse_target: float = 0.0
+    sft_max_rounds: int = 1
     parse_probe_rows: int = 8
     seed: int = 0
     micro_batch_size: int = 16

@@ -130,7 +130,7 @@ def parse_rate(
 
 
 def run_sft(
-    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], settings: Any
+    model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], settings: Any, start: int = 0
 ) -> list[float]:
     """Supervised steps on the answer format; trains the model's LoRA adapter in place.
 
@@ -139,6 +139,8 @@ def run_sft(
         tokenizer: its tokenizer, with a chat template.
         rows: training rows ({"prompt": messages, "true_bin": int, ...}).
         settings: a TrainingSettings (reads sft_steps, sft_lr, seed).
+        start: where in the seeded row order these steps begin (a later round goes on where
+            the one before stopped instead of repeating its rows).
     Returns:
         The per-step training losses; the model is left in train mode.
     """
@@ -156,7 +158,7 @@ def run_sft(
     random.Random(settings.seed).shuffle(order)
     model.train()
     for step in range(steps):
-        ids, labels = encoded[order[step % len(order)]]
+        ids, labels = encoded[order[(start + step) % len(order)]]
         input_ids = torch.tensor([ids], device=model.device)  # (1, seq)
         out = model(input_ids=input_ids, labels=torch.tensor([labels], device=model.device))
         out.loss.backward()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,9 +50,13 @@ class WarmUp:
 
 
 def warm_up(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], settings: TrainingSettings,
-            run: TrainingRun) -> WarmUp:
-    """`settings.sft_steps` supervised steps on the answer format (the adapter trains in place),
-    with the greedy parse rate of the first `parse_probe_rows` rows before and after."""
+            run: TrainingRun, stop_at: float | None = None) -> WarmUp:
+    """Supervised steps on the answer format (the adapter trains in place), with the greedy parse
+    rate of the first `parse_probe_rows` rows before and after each round of `settings.sft_steps`.
+
+    Rounds go on until the parse rate reaches `settings.sft_parse_target`, `sft_max_rounds` have
+    run, or (with `stop_at`, a time.time() value) another round would likely end past it.
+    """
     from models.training.sft import parse_rate, run_sft
 
     probe = list(rows[: settings.parse_probe_rows])
@@ -60,16 +65,31 @@ def warm_up(model: Any, tokenizer: Any, rows: Sequence[dict[str, Any]], settings
         "parse_rate_before_sft": parse_rate(model, tokenizer, probe, probe_tokens),
         "train_rows_used": float(len(rows)),
     }
-    sft_losses = run_sft(model, tokenizer, rows, settings)
+    sft_losses: list[float] = []
+    rates: list[float] = []
+    while True:
+        t0 = time.time()
+        sft_losses += run_sft(model, tokenizer, rows, settings, start=len(sft_losses))
+        rates.append(parse_rate(model, tokenizer, probe, probe_tokens))
+        seconds = time.time() - t0
+        log.info("format warm-up round %d: %d steps, parse rate %.2f (%.0f s)", len(rates), len(sft_losses),
+                 rates[-1], seconds)
+        if (settings.sft_steps <= 0 or rates[-1] >= settings.sft_parse_target
+                or len(rates) >= settings.sft_max_rounds
+                or (stop_at is not None and time.time() + seconds > stop_at)):
+            break
     run.log_sft(sft_losses)
-    metrics["parse_rate_after_sft"] = parse_rate(model, tokenizer, probe, probe_tokens)
+    metrics["parse_rate_after_sft"] = rates[-1]
+    metrics["sft_rounds"] = float(len(rates))
     if sft_losses:
         metrics["sft_loss_first"], metrics["sft_loss_last"] = sft_losses[0], sft_losses[-1]
     log.info(
-        "format warm-up: parse rate %.2f -> %.2f over %d probe rows",
+        "format warm-up: parse rate %.2f -> %.2f over %d probe rows in %d round(s) (%s)",
         metrics["parse_rate_before_sft"],
         metrics["parse_rate_after_sft"],
         len(probe),
+        len(rates),
+        ", ".join(f"{r:.2f}" for r in rates),
     )
     return WarmUp(metrics, sft_losses)
 

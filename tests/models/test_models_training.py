@@ -4,6 +4,7 @@ end on CPU with the tiny in-process model, and what the MLflow run holds."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import polars as pl
@@ -101,6 +102,39 @@ def test_warmup_target_parses_and_peaks_at_the_true_bin(y):
     assert math.isclose(sum(p), 1.0) and max(p) == p[y - 1] == 0.6 and min(p) > 0
     f = parse_forecast(format_target(y))
     assert f.parse_ok and f.predicted_bin == y and math.isclose(f.raw_sum, 1.0)
+
+
+def test_the_warm_up_goes_on_in_rounds_until_the_format_holds(tmp_path, one_thread, monkeypatch):
+    """Rounds of sft_steps until the probe's parse rate reaches sft_parse_target, at most
+    sft_max_rounds; each round goes on through the rows where the last one stopped."""
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    from models.training import sft
+    from models.training.grpo import _with_lora
+    from models.training.tracking import TrainingRun
+    from models.training.warmup import warm_up
+
+    tiny = build_tiny_model(tmp_path / "tiny")
+    settings = TrainingSettings.profile("smoke", base_model=str(tiny), sft_steps=3, sft_parse_target=1.01,
+                                        sft_max_rounds=3, max_completion_length=8)
+    rows = build_training_rows(make_pairs(), KERNELS, TASKS, HARDWARE, style=settings.prompt_style)
+    model = _with_lora(AutoModelForCausalLM.from_pretrained(str(tiny)), settings)
+    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(tiny))
+    seen = []
+    monkeypatch.setattr(sft, "run_sft", lambda *a, start=0, **k: seen.append(start) or [1.0] * settings.sft_steps)
+    # a target no parse rate reaches: every round runs, each from where the last stopped
+    warm = warm_up(model, tokenizer, rows, settings, TrainingRun(None, settings))
+    assert warm.metrics["sft_rounds"] == 3 and seen == [0, 3, 6] and len(warm.sft_losses) == 9
+    # a target reached in the second round ends the warm-up there
+    rates = iter([0.0, 0.4, 0.8, 1.0])
+    monkeypatch.setattr(sft, "parse_rate", lambda *a, **k: next(rates))
+    warm = warm_up(model, tokenizer, rows, replace(settings, sft_parse_target=0.75), TrainingRun(None, settings))
+    assert warm.metrics["sft_rounds"] == 2 and warm.metrics["parse_rate_after_sft"] == 0.8
+    assert warm.metrics["parse_rate_before_sft"] == 0.0
+    # the default (target 0): one round, as a plain warm-up
+    rates = iter([0.0, 0.1])
+    warm = warm_up(model, tokenizer, rows, replace(settings, sft_parse_target=0.0), TrainingRun(None, settings))
+    assert warm.metrics["sft_rounds"] == 1
 
 
 LIVE: list[tuple[str, int]] = []  # (run status, loss points stored) per trainer log line, from `trained`
