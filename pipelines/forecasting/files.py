@@ -109,8 +109,8 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, c
     if check and live:
         from pipelines.profiling.check import check_sources
 
-        outcomes = check_sources([(task, sources[i]) for i in live], n_workers=min(n_workers, len(live)),
-                                 timeout_s=check_timeout_s)
+        outcomes = _once_per_source(live, sources, lambda first: check_sources(
+            [(task, sources[i]) for i in first], n_workers=min(n_workers, len(first)), timeout_s=check_timeout_s))
         for i, o in zip(live, outcomes, strict=True):
             if o.ok:
                 continue
@@ -131,8 +131,8 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, c
     if compile and triton:
         from pipelines.generation.aot import compile_many
 
-        feats = compile_many([files[i].record for i in triton], n_workers=min(n_workers, len(triton)),
-                             timeout_s=compile_timeout_s)
+        feats = _once_per_source(triton, sources, lambda first: compile_many(
+            [files[i].record for i in first], n_workers=min(n_workers, len(first)), timeout_s=compile_timeout_s))
         for i, f in zip(triton, feats, strict=True):
             if f.status == "compiled":
                 files[i].record.update({k: v for k, v in f.to_row().items() if k not in _NOT_FEATURES})
@@ -145,6 +145,18 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, c
     if compile:
         _add_source_features(task, [f for f in files if f.record is not None], n_workers)
     return files
+
+
+def _once_per_source(indices: list[int], sources: dict[int, str], run: Any) -> list[Any]:
+    """`run` on the first file of each distinct source among `indices`, its result handed to
+    every file of that source, in the order of `indices`: the check, the compile and the source
+    features depend on the source alone, so a file given twice (an anchor that is also a
+    candidate, a copy in a folder) is read once."""
+    first: dict[str, int] = {}
+    for i in indices:
+        first.setdefault(sources[i], i)
+    done = dict(zip(first.values(), run(list(first.values())), strict=True))
+    return [done[first[sources[i]]] for i in indices]
 
 
 # source_features rows' columns that are bookkeeping, not features of the kernel
@@ -160,7 +172,9 @@ def _add_source_features(task: str, files: list[KernelFile], n_workers: int) -> 
         return
     from pipelines.forecasting.source_features import source_features_many
 
-    rows = source_features_many([f.record for f in files], n_workers=min(n_workers, len(files)))
+    sources = {i: f.record["source"] for i, f in enumerate(files)}
+    rows = _once_per_source(list(sources), sources, lambda first: source_features_many(
+        [files[i].record for i in first], n_workers=min(n_workers, len(first))))
     for f, row in zip(files, rows, strict=True):
         if row["status"] in ("ok", "partial"):
             f.record.update({k: v for k, v in row.items() if k not in _SOURCE_BOOKKEEPING})

@@ -322,6 +322,23 @@ def test_when_every_file_is_needed_a_refusal_ends_the_reading_at_its_stage(tmp_p
     assert anchor.record is not None and broken.record is None
 
 
+def test_a_source_given_twice_is_checked_compiled_and_traced_once(tmp_path):
+    from pipelines.forecasting.files import _once_per_source
+
+    calls = []
+    got = _once_per_source([0, 2, 3, 5], {0: "a", 2: "b", 3: "a", 5: "c"}, lambda first: calls.append(first) or
+                           [f"r{i}" for i in first])
+    assert calls == [[0, 2, 5]] and got == ["r0", "r2", "r0", "r5"]
+    from pipelines.forecasting.files import read_kernel_files
+
+    files = _kernel_files(tmp_path / "k")
+    copy = tmp_path / "copy.py"
+    copy.write_text(files["softmax_torch.py"].read_text())
+    a, b = read_kernel_files("softmax", [files["softmax_torch.py"], copy], check=False)
+    assert a.record["kernel_id"] != b.record["kernel_id"] and not a.notes and len(a.record) > 20
+    assert {**a.record, "kernel_id": None} == {**b.record, "kernel_id": None}
+
+
 def test_an_unknown_task_and_a_refused_anchor_are_one_line(tmp_path, cli_home):
     files = _kernel_files(tmp_path / "k")
     res = _invoke("--task", "softmaxx", "--anchor", str(files["softmax_torch.py"]), "--candidate",
