@@ -280,13 +280,15 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
             # The tiny in-process model (models/tiny.py): training and forecasts take seconds.
             # Real pairs' prompts in the compact style; 10 warm-up steps exercise the code (the
             # tiny model does not learn the format from real prompts in 120 steps either).
-            # The tiny in-process model trained here with the supervised loss on 24 fit pairs:
-            # real compact prompts run to thousands of the tiny tokenizer's tokens, and with 48
-            # rows training took 90 of a 299 s smoke run (py-spy, 2 cores; attention over the long
-            # prompts the most of it). The classical forecasters train on the smoke data as usual.
+            # The tiny in-process model trained here with the supervised loss on 12 fit pairs and
+            # scored on 12 calibration pairs: real compact prompts run to thousands of the tiny
+            # tokenizer's tokens, and with 48 rows training took 90 of a 299 s smoke run (py-spy,
+            # 2 cores; attention over the long prompts the most of it); with 24, the forward and
+            # backward passes were still most of surrogate_model's time. The classical
+            # forecasters train on the smoke data as usual.
             surrogate=SurrogateSettings(base_model="tiny", training_profile="smoke", eval_pairs=12,
                                         training_overrides=(("prompt_style", "compact"), ("sft_steps", 10)),
-                                        llm="supervised", supervised_epochs=2, supervised_rows=24,
+                                        llm="supervised", supervised_epochs=2, supervised_rows=12,
                                         classical_params=(("cost_model", "max_iter", 40), ("text_model", "max_features", 3000),
                                                           ("text_model", "ngram_max", 1)),
                                         # 4 fits (2 kinds x 2 splits) on 1,500 pairs took 127 s
