@@ -624,7 +624,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--lora-lr", type=float, default=1e-3)
     t.add_argument("--lora-patience", type=int, default=2)
     t.add_argument("--grpo-steps", type=int, default=10, help="GRPO steps on code-lora when time is left (0: none)")
-    t.add_argument("--grpo-warmup-steps", type=int, default=40, help="format warm-up steps before GRPO")
+    t.add_argument("--grpo-warmup-steps", type=int, default=40, help="format warm-up steps per round before GRPO (on a GPU, rounds go on until 6 of 8 probe answers parse, at most 6)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
