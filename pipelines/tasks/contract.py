@@ -79,6 +79,16 @@ class Task:
         return ",".join(f"{k}={case[k]}" for k in sorted(case))
 
 
+def reference_check(ref_kernel: Callable[[Any], Any],
+                    check_against: Callable[[Any, Any, Any], tuple[bool, str]]) -> Callable[[Any, Any], tuple[bool, str]]:
+    """A task's check_implementation(data, output): its check_against the reference's output on data."""
+
+    def check_implementation(data: Any, output: Any) -> tuple[bool, str]:
+        return check_against(data, output, ref_kernel(data))
+
+    return check_implementation
+
+
 def allclose_check(
     output: torch.Tensor, expected: torch.Tensor, rtol: float, atol: float, what: str = "output",
     dtype: torch.dtype | None = None, *, fused: bool | None = None,

@@ -18,7 +18,13 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
+from pipelines.tasks.contract import (
+    Task,
+    allclose_check,
+    default_device,
+    reference_check,
+    seeded_generator,
+)
 
 # Logits are N(0, LOGIT_STD^2): softmax mass spread over many entries, the largest entry well
 # below 1, as in a language model early in training.
@@ -72,9 +78,7 @@ def check_against(data, output, expected) -> tuple[bool, str]:
     return allclose_check(grad, exp_grad, rtol=GRAD_RTOL, atol=GRAD_ATOL_TIMES_V / vocab, what="grad")
 
 
-def check_implementation(data, output) -> tuple[bool, str]:
-    """check_against the reference's output on `data`."""
-    return check_against(data, output, ref_kernel(data))
+check_implementation = reference_check(ref_kernel, check_against)
 
 
 TASK = Task(

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
+from pipelines.tasks.contract import (
+    Task,
+    allclose_check,
+    default_device,
+    reference_check,
+    seeded_generator,
+)
 
 GROUP = 128
 FP8_MAX = 448.0
@@ -90,9 +96,7 @@ def check_against(data, output, expected) -> tuple[bool, str]:
     return True, "ok"
 
 
-def check_implementation(data, output) -> tuple[bool, str]:
-    """check_against the reference's output on `data`."""
-    return check_against(data, output, ref_kernel(data))
+check_implementation = reference_check(ref_kernel, check_against)
 
 
 TASK = Task(

@@ -12,7 +12,13 @@ import torch
 import torch.nn.functional as F
 
 from pipelines.tasks import rowwise
-from pipelines.tasks.contract import Task, allclose_check, default_device, seeded_generator
+from pipelines.tasks.contract import (
+    Task,
+    allclose_check,
+    default_device,
+    reference_check,
+    seeded_generator,
+)
 
 EPS = 1e-5
 RTOL = 2e-2
@@ -47,9 +53,7 @@ def check_against(data, output: torch.Tensor, expected) -> tuple[bool, str]:
     return allclose_check(output, expected, rtol=RTOL, atol=ATOL, dtype=torch.bfloat16)
 
 
-def check_implementation(data, output: torch.Tensor) -> tuple[bool, str]:
-    """check_against the reference's output on `data`."""
-    return check_against(data, output, ref_kernel(data))
+check_implementation = reference_check(ref_kernel, check_against)
 
 
 TASK = Task(

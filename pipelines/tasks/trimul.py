@@ -38,7 +38,7 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
-from pipelines.tasks.contract import Task, default_device, seeded_generator
+from pipelines.tasks.contract import Task, default_device, reference_check, seeded_generator
 from pipelines.tasks.gpumode_utils import DisableCuDNNTF32, match_expected
 
 # GPU MODE: check_implementation = make_match_reference(ref_kernel, rtol=2e-2, atol=2e-2).
@@ -146,9 +146,7 @@ def check_against(data, output, expected) -> tuple[bool, str]:
     return ok, "ok" if ok else f"output: {message}"
 
 
-def check_implementation(data, output) -> tuple[bool, str]:
-    """check_against the reference's output on `data`."""
-    return check_against(data, output, ref_kernel(data))
+check_implementation = reference_check(ref_kernel, check_against)
 
 
 def _case(seqlen, bs, dim, hiddendim, seed, nomask, distribution):
