@@ -5,9 +5,10 @@ A file is forecast only if it is a kernel of the task: it parses and defines `cu
 child (pipelines.profiling.check, the check of `kernelcast check`: an import error, an exception
 on the task's input, a crash or a wrong answer is a refusal; a check that runs out of time is
 not, and says so), and a Triton file compiles for sm_90 on the task's first benchmark case
-(pipelines.generation.aot, the generator's compile). Its features are then the ones its measured
+(the generator's compile, pipelines.generation.aot). Its features are then the ones its measured
 twin has in the warehouse: the compile's, overlaid with the source features of
-pipelines.forecasting.source_features (PTX instruction mix, the trace of one call per case).
+pipelines.forecasting.source_features (PTX instruction mix, the trace of one call per case),
+whose child also makes that compile.
 
 The record leaves generator, algorithm and knobs_json empty: the platform did not write the
 file, and no forecaster needs them. It carries every compile feature the compile returns
@@ -127,23 +128,8 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, c
         files[i].record = {"kernel_id": str(files[i].path), "task": task, "source": sources[i],
                            "language": language_of(sources[i]), "generator": None, "algorithm": None,
                            "knobs_json": None}
-    triton = [i for i in live if files[i].record["language"] == "triton"]
-    if compile and triton:
-        from pipelines.generation.aot import compile_many
-
-        feats = _once_per_source(triton, sources, lambda first: compile_many(
-            [files[i].record for i in first], n_workers=min(n_workers, len(first)), timeout_s=compile_timeout_s))
-        for i, f in zip(triton, feats, strict=True):
-            if f.status == "compiled":
-                files[i].record.update({k: v for k, v in f.to_row().items() if k not in _NOT_FEATURES})
-            elif f.status == "error":  # our side failed: the file is not to blame
-                files[i].notes.append(f"no compile features: {f.error}")
-            else:
-                files[i].refused = (f"does not fit sm_90: {f.error}" if f.status == "rejected"
-                                    else f"the sm_90 compile on the task's benchmark input failed: {f.error}")
-                files[i].record = None
     if compile:
-        _add_source_features(task, [f for f in files if f.record is not None], n_workers)
+        _add_compiled_features(task, [files[i] for i in live], n_workers, compile_timeout_s)
     return files
 
 
@@ -163,19 +149,43 @@ def _once_per_source(indices: list[int], sources: dict[int, str], run: Any) -> l
 _SOURCE_BOOKKEEPING = ("kernel_id", "task", "target", "status", "compile_status", "error", "seconds")
 
 
-def _add_source_features(task: str, files: list[KernelFile], n_workers: int) -> None:
-    """Overlay each record with its source features (the sm_90 compile's PTX mix, the trace of one
-    call per benchmark case; pipelines.forecasting.source_features) the way the warehouse
-    overlays a measured kernel's (warehouse.kernels.forecast_features): an ok or partial row's
-    known values replace the compile's, a failed row adds nothing but a note."""
+def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, compile_timeout_s: float) -> None:
+    """Give each file the features its measured twin has in the warehouse
+    (warehouse.kernels.forecast_features: the compile's, overlaid with an ok or partial source
+    features row), or refuse a Triton file that does not compile for sm_90.
+
+    One source-features child compiles each Triton file on the first benchmark case as the
+    generator's compile does (the same capture, the same rejections) and traces every case, so a
+    file that compiles costs one child and one compile. Where that compile did not succeed (its
+    trace runs on fake tensors, which a kernel reading values on the host cannot take), the
+    generator's own compile on a real input decides, as for a generated kernel."""
     if not files:
         return
     from pipelines.forecasting.source_features import source_features_many
 
     sources = {i: f.record["source"] for i, f in enumerate(files)}
     rows = _once_per_source(list(sources), sources, lambda first: source_features_many(
-        [files[i].record for i in first], n_workers=min(n_workers, len(first))))
+        [files[i].record for i in first], n_workers=min(n_workers, len(first)),
+        timeout_s=compile_timeout_s))
+    unsure = [i for i, f in enumerate(files) if f.record["language"] == "triton"
+              and rows[i]["compile_status"] != "compiled"]
+    if unsure:
+        from pipelines.generation.aot import compile_many
+
+        feats = _once_per_source(unsure, sources, lambda first: compile_many(
+            [files[i].record for i in first], n_workers=min(n_workers, len(first)), timeout_s=compile_timeout_s))
+        for i, f in zip(unsure, feats, strict=True):
+            if f.status == "compiled":
+                files[i].record.update({k: v for k, v in f.to_row().items() if k not in _NOT_FEATURES})
+            elif f.status == "error":  # our side failed: the file is not to blame
+                files[i].notes.append(f"no compile features: {f.error}")
+            else:
+                files[i].refused = (f"does not fit sm_90: {f.error}" if f.status == "rejected"
+                                    else f"the sm_90 compile on the task's benchmark input failed: {f.error}")
+                files[i].record = None
     for f, row in zip(files, rows, strict=True):
+        if f.record is None:
+            continue
         if row["status"] in ("ok", "partial"):
             f.record.update({k: v for k, v in row.items() if k not in _SOURCE_BOOKKEEPING})
         else:

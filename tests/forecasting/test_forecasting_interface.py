@@ -339,6 +339,32 @@ def test_a_source_given_twice_is_checked_compiled_and_traced_once(tmp_path):
     assert {**a.record, "kernel_id": None} == {**b.record, "kernel_id": None}
 
 
+def test_a_triton_file_is_compiled_once_and_one_that_reads_values_on_the_host_falls_back(tmp_path, monkeypatch):
+    """The source-features child's compile serves a Triton file that compiles; a file whose call
+    reads a value on the host (which fake tensors cannot give) is compiled by the generator's
+    compile on a real input instead, as a generated kernel would be, and keeps its compile
+    features with a note."""
+    import pipelines.generation.aot as aot
+    from pipelines.forecasting.files import read_kernel_files
+
+    files = _kernel_files(tmp_path / "k")
+    host = tmp_path / "reads_on_host.py"
+    host.write_text(files["softmax_triton.py"].read_text() + (
+        "\n\n_on_device = custom_kernel\n\n\ndef custom_kernel(data):\n"
+        "    if not float(data[0].float().abs().max()) >= 0.0:  # a value read on the host\n"
+        "        raise ValueError('nan in the input')\n"
+        "    return _on_device(data)\n"))
+    compiled = []
+    real = aot.compile_many
+    monkeypatch.setattr(aot, "compile_many", lambda records, **kw: compiled.extend(records) or real(records, **kw))
+    plain, on_host = read_kernel_files("softmax", [files["softmax_triton.py"], host], check=False)
+    assert [r["kernel_id"] for r in compiled] == [str(host)]  # the plain file needed no second compile
+    assert plain.refused is None and not plain.notes
+    assert plain.record["n_regs"] > 0 and plain.record["ptx_ld_global"] > 0 and plain.record["trace_cases"] > 0
+    assert on_host.refused is None and on_host.record["n_regs"] == plain.record["n_regs"]
+    assert len(on_host.notes) == 1 and on_host.notes[0].startswith("no source features:")
+
+
 def test_an_unknown_task_and_a_refused_anchor_are_one_line(tmp_path, cli_home):
     files = _kernel_files(tmp_path / "k")
     res = _invoke("--task", "softmaxx", "--anchor", str(files["softmax_torch.py"]), "--candidate",
