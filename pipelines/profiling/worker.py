@@ -790,11 +790,11 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--timed-samples", type=int, default=None, help="outputs of timed calls verified per case (default 1)")
     ap.add_argument("--order", choices=("task", "given"), default=d.order,
                     help="task (default): tasks take turns in runs of 64 kernels, torch.compile kernels last; given: the batch's order")
-    ap.add_argument("--min-reps", type=int, default=None, help="timed calls per case at least (GPU; default 8)")
+    ap.add_argument("--min-reps", type=int, default=None, help="timed calls per case at least (GPU; default 3)")
     ap.add_argument("--max-case-s", type=float, default=None, help="wall-clock cap of a case's timed loop (GPU; default 0.3 s)")
     ap.add_argument("--rse-target", type=float, default=None,
                     help="stop a case's timed loop once the statistic's relative 95%% CI half-width is below this "
-                         "(GPU; default 0.005)")
+                         "(GPU; default 0.01)")
     ap.add_argument("--input-cache-gib", type=float, default=None,
                     help="the measuring child's input cache (default: 30%% of the GPU's memory, at least 24 GiB)")
     return ap
