@@ -1,7 +1,10 @@
 """Time allclose_check's torch ops against its fused pass (pipelines/tasks/closeness.py) on the
 tasks' own output shapes and dtypes, side by side on the same tensors:
 
-    python3 scripts/bench_closeness.py [--reps 20] [--tasks softmax,cross_entropy]
+    python3 -m scripts.bench_closeness [--reps 20] [--tasks softmax,cross_entropy]
+
+(as a module from the repository root, so the packages import on a GPU host where kernelcast is
+not installed).
 
 On a CUDA machine: every benchmark case of every task; each tensor of the reference's output on
 that case's input is compared with a copy of itself (a passing verdict, the usual one). Prints ms
