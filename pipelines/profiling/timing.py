@@ -12,7 +12,7 @@ kernelcast (default)
     workers were loading the CPU at the moment (harness 1, 2026-11-29). Each call is
     bracketed by its own pair of CUDA events; each call runs on new values in the same buffers
     (Feed). Reps run in chunks until the 95% confidence interval of the MEDIAN is within
-    `rse_target` (0.5%) of it (order statistics, `median_ci_relative`), with a minimum number of
+    `rse_target` (1%) of it (order statistics, `median_ci_relative`), with a minimum number of
     reps and caps on reps and on wall time per case. The statistic used for speedups is the
     MEDIAN of the per-call times.
 paper
