@@ -158,20 +158,24 @@ def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, c
     generator's compile does (the same capture, the same rejections) and traces every case, so a
     file that compiles costs one child and one compile. Where that compile did not succeed (its
     trace runs on fake tensors, which a kernel reading values on the host cannot take), the
-    generator's own compile on a real input decides, as for a generated kernel."""
+    generator's own compile on a real input decides, as for a generated kernel; a child that hung
+    or crashed on a Triton file refuses it at once (another would do the same)."""
     if not files:
         return
     from pipelines.forecasting.source_features import source_features_many
+    from pipelines.generation.aot import compile_many, gave_no_answer
 
     sources = {i: f.record["source"] for i, f in enumerate(files)}
     rows = _once_per_source(list(sources), sources, lambda first: source_features_many(
         [files[i].record for i in first], n_workers=min(n_workers, len(first)),
         timeout_s=compile_timeout_s))
-    unsure = [i for i, f in enumerate(files) if f.record["language"] == "triton"
+    for f, row in zip(files, rows, strict=True):
+        if f.record["language"] == "triton" and gave_no_answer(row["error"]):  # a second child would hang too
+            f.refused = f"the sm_90 compile on the task's benchmark input failed: {row['error']}"
+            f.record = None
+    unsure = [i for i, f in enumerate(files) if f.record is not None and f.record["language"] == "triton"
               and rows[i]["compile_status"] != "compiled"]
     if unsure:
-        from pipelines.generation.aot import compile_many
-
         feats = _once_per_source(unsure, sources, lambda first: compile_many(
             [files[i].record for i in first], n_workers=min(n_workers, len(first)), timeout_s=compile_timeout_s))
         for i, f in zip(unsure, feats, strict=True):

@@ -114,6 +114,16 @@ def _worker_env(cache_dir: str) -> dict[str, str]:
     return env
 
 
+# request_raw's errors for a child that gave no answer on the kernel itself
+_CRASHED, _TIMED_OUT = "worker crashed", "timeout after "
+
+
+def gave_no_answer(error: str | None) -> bool:
+    """Whether a job's error says its child crashed or ran out of time on the kernel (request_raw),
+    so asking another child the same again would cost as much for the same outcome."""
+    return bool(error) and (error == _CRASHED or error.startswith(_TIMED_OUT))
+
+
 class _Worker:
     """One child process; requests are answered in order, one at a time."""
 
@@ -212,7 +222,7 @@ class _Worker:
             if msg is None:
                 crashed = self.proc.poll() is not None
                 self.stop()
-                what = "worker crashed" if crashed else f"timeout after {timeout_s:.0f} s"
+                what = _CRASHED if crashed else f"{_TIMED_OUT}{timeout_s:.0f} s"
                 return {"status": "compile_failed", "error": what, "seconds": time.monotonic() - t0}
             msg.pop("phase", None)
             return msg

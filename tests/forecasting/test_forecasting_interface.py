@@ -365,6 +365,22 @@ def test_a_triton_file_is_compiled_once_and_one_that_reads_values_on_the_host_fa
     assert len(on_host.notes) == 1 and on_host.notes[0].startswith("no source features:")
 
 
+def test_a_triton_file_that_hangs_is_refused_after_one_child(tmp_path, monkeypatch):
+    """A file whose call never returns times out in the source-features child and is refused in
+    one line there; the generator's compile, which would hang as long again, is not asked."""
+    import pipelines.generation.aot as aot
+    from pipelines.forecasting.files import read_kernel_files
+
+    files = _kernel_files(tmp_path / "k")
+    hang = tmp_path / "hangs.py"
+    hang.write_text(files["softmax_triton.py"].read_text() + (
+        "\n\n_on_device = custom_kernel\n\n\ndef custom_kernel(data):\n"
+        "    while True:\n        pass\n"))
+    monkeypatch.setattr(aot, "compile_many", lambda records, **kw: pytest.fail("asked the generator's compile"))
+    (f,) = read_kernel_files("softmax", [hang], check=False, compile_timeout_s=3.0)
+    assert f.record is None and f.refused == "the sm_90 compile on the task's benchmark input failed: timeout after 3 s"
+
+
 def test_an_unknown_task_and_a_refused_anchor_are_one_line(tmp_path, cli_home):
     files = _kernel_files(tmp_path / "k")
     res = _invoke("--task", "softmaxx", "--anchor", str(files["softmax_torch.py"]), "--candidate",
