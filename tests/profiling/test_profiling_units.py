@@ -225,6 +225,42 @@ def test_time_cuda_control_flow_with_fake_events(monkeypatch):
     assert not flushes and all(c is not data for c in calls)  # paper: no flush, clone in the window
 
 
+def test_a_slow_call_gets_one_warm_up_call_and_no_probe_calls(monkeypatch):
+    """A call of SLOW_CALL_S or more: one warm-up call, then timed calls synchronised one at a time,
+    each held to the wall clock; the probe's extra calls are not made."""
+    import time
+
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
+    flusher = timing.L2Flusher(l2_bytes=1 << 20, device="cpu", min_bytes=1 << 16)
+    flushes, calls = [], []
+    monkeypatch.setattr(flusher, "flush", lambda: flushes.append(1))
+    s = timing.TimingSettings(min_reps=3, max_reps=6, max_case_s=2.0, rse_target=1e-9, warmup_ms=0.0)
+
+    def slow(d):
+        calls.append(d)
+        time.sleep(1.2 * timing.SLOW_CALL_S)
+
+    t = timing.time_cuda(slow, torch.ones(8), s, flusher=flusher)
+    assert t.reps == 6 and len(calls) == 1 + 6  # one warm-up call, the timed ones, nothing else
+    assert len(flushes) == len(calls)
+    assert t.median_ms >= 1e3 * timing.SLOW_CALL_S
+
+
+def test_a_slow_call_with_work_outside_its_events_is_tampered(monkeypatch):
+    """Work the events do not see (another stream, finished by the device-wide synchronisation)
+    is caught on the slow path's own timed calls, as the probe's calls catch it on the fast path."""
+    import time
+
+    pending = []
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pending and (pending.clear(), time.sleep(0.02)))
+    monkeypatch.setattr(timing, "trusted_call_times", lambda: (1.0, 1.1e-3))  # our own op: honest
+    s = timing.TimingSettings(min_reps=3, max_reps=6, max_case_s=2.0, rse_target=1e-9, warmup_ms=0.0)
+    with pytest.raises(timing.TimingTampered, match="wall time"):
+        timing.time_cuda(lambda d: pending.append(1), torch.ones(8), s)
+
+
 def test_cuda_sticky_errors_ask_for_a_restart():
     f = runner.classify(RuntimeError("CUDA error: an illegal memory access was encountered"), "cuda", "case n=1")
     assert f.kind == "crashed" and f.restart and f.message.startswith("case n=1: RuntimeError")

@@ -63,10 +63,28 @@ def test_the_reference_gets_new_values_per_timed_call_like_the_kernel(tmp_path, 
     kernel.write_text(KERNEL)
     m = runner.Measurer({"device": "cpu", "protocol": protocol, "max_reps": 4, "timed_variants": 4,
                          "ref_refresh_s": 1e9})
-    result = m.measure({"path": str(kernel), "task": "recorded"}, lambda phase: None)
+    paired = m.paired_reference_timing
+
+    def marked(*a, **k):  # gpumode times the reference after the kernel's case: mark its calls
+        calls.append("reference")
+        try:
+            return paired(*a, **k)
+        finally:
+            calls.append("reference done")
+
+    m.paired_reference_timing = marked
+    phases: list[str] = []
+    result = m.measure({"path": str(kernel), "task": "recorded"}, phases.append)
     assert result["status"] == "ok", result["error"]
-    split = calls.index("kernel imported")
-    reference_calls = calls[:split]
+    if protocol == "gpumode":
+        # one timing of the reference per case, right after the kernel's case (and its re-check)
+        (cid,) = result["case_ids"]
+        assert [t["case_id"] for t in result["ref_new"]] == [cid]
+        assert phases[-4:-1] == [f"timing {cid}", f"recheck {cid}", f"timing reference {cid}"], phases
+        reference_calls = calls[calls.index("reference") + 1:calls.index("reference done")]
+    else:
+        assert any(p.startswith("timing reference") for p in phases[:phases.index("importing kernel")]), phases
+        reference_calls = calls[:calls.index("kernel imported")]
     # Every one of the reference's timings (3, or 1 under gpumode) drew from the timed variants.
     # (The loop then stops by the same rule on a real clock; tests/profiling/test_timed_call_verification.py
     # holds reps and ratios equal on a clock only the reference's calls move.)
