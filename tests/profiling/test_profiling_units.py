@@ -261,6 +261,34 @@ def test_a_slow_call_with_work_outside_its_events_is_tampered(monkeypatch):
         timing.time_cuda(lambda d: pending.append(1), torch.ones(8), s)
 
 
+def test_a_failed_wall_check_is_decided_by_new_calls(monkeypatch):
+    """A case whose calls read far more wall time than events (a stall of the host or the GPU
+    that passed) is checked again on new calls; a kernel that works outside its events on every
+    call fails there too."""
+    import time
+
+    pending, calls = [], []
+    monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pending and (pending.clear(), time.sleep(0.01)))
+    monkeypatch.setattr(timing, "trusted_call_times", lambda: (1.0, 1.1e-3))  # our own op: honest
+    stalled = dict(event_ms=0.05, wall_s=2.4e-3, enqueue_s=0.0, n=3)  # what the case's calls read
+
+    timing.drive(lambda d: calls.append(d), timing.wall_check_steps(timing.plain_feed(torch.ones(4)), **stalled))
+    assert len(calls) == 3  # honest on the new calls: no verdict
+
+    def side_work(d):
+        calls.append(d)
+        pending.append(1)
+
+    calls.clear()
+    with pytest.raises(timing.TimingTampered, match="wall time"):
+        timing.drive(side_work, timing.wall_check_steps(timing.plain_feed(torch.ones(4)), **stalled))
+    assert len(calls) == 3
+    calls.clear()
+    timing.drive(side_work, timing.wall_check_steps(timing.plain_feed(torch.ones(4)), 5.0, 5.5e-3, 0.0, 3))
+    assert not calls  # a check that passes makes no calls
+
+
 def test_cuda_sticky_errors_ask_for_a_restart():
     f = runner.classify(RuntimeError("CUDA error: an illegal memory access was encountered"), "cuda", "case n=1")
     assert f.kind == "crashed" and f.restart and f.message.startswith("case n=1: RuntimeError")
