@@ -411,7 +411,8 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--compile-workers", type=int, default=None)
     ap.add_argument("--timeout-s", type=float, default=d.timeout_s, help="per compile job / per measuring step")
     ap.add_argument("--max-reps", type=int, default=None)
-    ap.add_argument("--ref-refresh-s", type=float, default=d.ref_refresh_s)
+    ap.add_argument("--ref-refresh-s", type=float, default=d.ref_refresh_s,
+                    help=f"re-time a task's reference case when its newest timing is older than this (default {d.ref_refresh_s:.0f} s)")
     ap.add_argument("--ref-cache", default=None)
     ap.add_argument("--recycle-after", type=int, default=d.recycle_after)
     ap.add_argument("--log-dir", default=None)

@@ -74,7 +74,13 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from pipelines.profiling.audit import REF_KEEP, PhaseClock, ReferenceBook, audit_claims, timing_fields
+from pipelines.profiling.audit import (
+    REF_KEEP,
+    PhaseClock,
+    ReferenceBook,
+    audit_claims,
+    timing_fields,
+)
 from pipelines.profiling.hardware import fingerprint_json
 from pipelines.profiling.layer_probe import probe
 from pipelines.profiling.processes import scan_processes
@@ -773,7 +779,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--max-reps", type=int, default=None, help="cap on timed calls per case")
     ap.add_argument("--time-budget-s", type=float, default=None, help="stop cleanly before this much wall time")
     ap.add_argument("--limit", type=int, default=None, help="measure at most this many new kernels")
-    ap.add_argument("--ref-refresh-s", type=float, default=d.ref_refresh_s)
+    ap.add_argument("--ref-refresh-s", type=float, default=d.ref_refresh_s,
+                    help=f"re-time a task's reference case when its newest timing is older than this (default {d.ref_refresh_s:.0f} s)")
     ap.add_argument("--recycle-after", type=int, default=d.recycle_after)
     ap.add_argument("--log-dir", default=None, help="keep the children's logs here (the temp work dir with the Triton cache is kept too)")
     ap.add_argument("--phased", action=argparse.BooleanOptionalAction, default=None,

@@ -131,7 +131,8 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
                                                           "h200:sft-compact-lora", "h200:code-head",
                                                           "h200:code-head-features", "h200:code-head-held-out",
                                                           "h200:code-head-features-held-out", "h200:code-embed",
-                                                          "h200:code-embed-held-out", "h200:code-lora"}
+                                                          "h200:code-embed-held-out", "h200:code-lora",
+                                                          "h200:code-lora-grpo"}
     reports = sorted(settings.reports_dir.rglob("index.html"))
     # in distribution, source only, held-out task and external (the committed non-template kernels)
     assert len(reports) == 4 and all("<img" in r.read_text() for r in reports)
