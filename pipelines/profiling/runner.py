@@ -54,6 +54,7 @@ from pipelines.profiling.inputs import (
     sync,
 )
 from pipelines.profiling.integrity import Watch
+from pipelines.profiling.results import pairs_reference
 from pipelines.profiling.sandbox_policy import one_line
 from pipelines.profiling.shipping import ShippingError
 from pipelines.profiling.taskload import extra_task_modules, load_task
@@ -677,7 +678,7 @@ class Measurer:
         # work with every call; with the reference timed at the start of a job, after the host and
         # GPU sat idle, and the kernel after its checks, identical code read 0.89-1.14 on short,
         # launch-bound cases (docs/protocols.md).
-        self.paired_reference = self.protocol == "gpumode"
+        self.paired_reference = pairs_reference(self.protocol)
         max_reps = int(config.get("max_reps") or 0)
         if self.device == "cuda":
             if not torch.cuda.is_available():

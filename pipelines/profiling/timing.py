@@ -520,14 +520,7 @@ def cuda_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelc
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(chunk)]
         t_chunk = time.perf_counter()
         for ev_start, ev_end in events:
-            data = feed.fill()
-            if flush:
-                flush()
-            if cover:
-                cover.cover(spin_s)
-            ev_start.record()
-            out = yield (clone_data(data) if clone_inside else data)
-            ev_end.record()
+            out = yield from _timed_call(feed, flush, cover, spin_s, clone_inside, ev_start, ev_end)
             feed.took(out)
             del out
         torch.cuda.synchronize()  # device-wide: work the kernel left on other streams is done too
@@ -544,6 +537,21 @@ def cuda_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelc
     return timing
 
 
+def _timed_call(feed: Feed, flush: Callable[[], None] | None, cover: LaunchCover | None, spin_s: float,
+                clone_inside: bool, ev_start: Any, ev_end: Any) -> Steps:
+    """One timed call as a step: its new values, the flush and the spin before it, the events
+    around it; returns its output."""
+    data = feed.fill()
+    if flush:
+        flush()
+    if cover:
+        cover.cover(spin_s)
+    ev_start.record()
+    out = yield (clone_data(data) if clone_inside else data)
+    ev_end.record()
+    return out
+
+
 def _slow_timed_calls(feed: Feed, settings: TimingSettings, protocol: str, flush: Callable[[], None] | None,
                       cover: LaunchCover | None, spin_s: float, clone_inside: bool, enqueue_s: list[float]) -> Steps:
     """The timed loop of a slow call (SLOW_CALL_S): each call synchronised on its own, with the
@@ -557,14 +565,7 @@ def _slow_timed_calls(feed: Feed, settings: TimingSettings, protocol: str, flush
         before, ev_start, ev_end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         t_call = time.perf_counter()
         before.record()
-        data = feed.fill()
-        if flush:
-            flush()
-        if cover:
-            cover.cover(spin_s)
-        ev_start.record()
-        out = yield (clone_data(data) if clone_inside else data)
-        ev_end.record()
+        out = yield from _timed_call(feed, flush, cover, spin_s, clone_inside, ev_start, ev_end)
         torch.cuda.synchronize()  # device-wide: work the kernel left on other streams is done too
         wall_s = time.perf_counter() - t_call
         feed.took(out)

@@ -86,7 +86,7 @@ from pipelines.profiling.layer_probe import probe
 from pipelines.profiling.processes import scan_processes
 from pipelines.profiling.queue_order import TASK_CHUNK, order_kernels, uses_torch_compile
 from pipelines.profiling.refcache import RefCache, default_path
-from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc
+from pipelines.profiling.results import PROTOCOLS, ResultStore, now_utc, pairs_reference
 from pipelines.profiling.sandbox import ChildDied, Sandbox, deliver
 from pipelines.profiling.sandbox_policy import (
     kernel_cache_dir,
@@ -289,8 +289,8 @@ class _Run:
         self.policy = policy_from_env()
         prepare_shared_dir(self.triton_cache, self.policy)  # the root of the kernels' cache folders
         self.verifier = VerifierLink(lambda: self._spawn("verify", jailed=False))
-        # gpumode: a row uses the reference timing taken beside the kernel's (runner.Measurer.paired_reference)
-        self.refbook = ReferenceBook(keep=1 if cfg.protocol == "gpumode" else REF_KEEP)
+        # a row of a paired protocol uses the reference timing taken beside the kernel's alone
+        self.refbook = ReferenceBook(keep=1 if pairs_reference(cfg.protocol) else REF_KEEP)
         self.refcache = RefCache(default_path(cfg.ref_cache))
         self.phases_s: Counter = Counter()
         self.clock: PhaseClock | None = None  # phases of the measuring child's job in flight
