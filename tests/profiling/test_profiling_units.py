@@ -372,7 +372,7 @@ def test_compile_case_leaves_launchers_that_need_values_to_the_measuring_child(m
         return x.sum().item()  # cannot run on meta tensors
 
     runner._compile_case(reads_values, task, case, {"kernel_id": "k"})  # logged, not a failure
-    assert seen == ["meta"]
+    assert seen == ["meta", "meta"]  # as meta tensors, then as meta tensors that say they are on the GPU
 
     def bad_triton(data):
         raise triton.compiler.errors.CompilationError("k.py", None, "bad tl.dot shape")
@@ -380,6 +380,36 @@ def test_compile_case_leaves_launchers_that_need_values_to_the_measuring_child(m
     with pytest.raises(runner.KernelFailure) as info:
         runner._compile_case(bad_triton, task, case, {"kernel_id": "k"})
     assert info.value.kind == "compile_failed"
+
+
+def test_compile_case_also_builds_what_a_launcher_chooses_on_the_gpu(monkeypatch):
+    """A launcher that picks a constexpr by `x.is_cuda` (the fp8_quant family) gets both of its
+    variants compiled ahead: on meta tensors, and on the same tensors answering as on the GPU.
+    The GPU-looking input keeps the meta input's shapes, strides, alignment and device, so what
+    the launcher allocates from it stays shape-only."""
+    from triton._C.libtriton import native_specialize_impl
+    from triton.backends.compiler import BaseBackend
+
+    task = taskload.load_task("fp8_quant")
+    case = task.benchmark_cases[0]
+    monkeypatch.setattr(runner, "COMPILE_INPUTS", "meta")
+    runner._META_INPUTS.clear()
+    seen = []
+
+    def launcher(data):
+        (x,) = data
+        y = x.contiguous()
+        out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
+        seen.append((x.is_cuda, y.is_cuda, out.device.type, native_specialize_impl(BaseBackend, x, False, True, True)))
+
+    runner._compile_case(launcher, task, case, {"kernel_id": "k"})
+    assert [s[:3] for s in seen] == [(False, False, "meta"), (True, True, "meta")]
+    assert seen[0][3] == seen[1][3]  # Triton specialises the pointer alike
+
+    x = runner.to_meta(torch.zeros(9, dtype=torch.bfloat16)[1:])
+    g = runner.gpu_looking((x, {"n": 3}))
+    assert g[0].is_cuda and g[0].device.type == "meta" and g[1] == {"n": 3}
+    assert (g[0].shape, g[0].stride(), g[0].data_ptr()) == (x.shape, x.stride(), x.data_ptr())
 
 
 def test_meta_compile_inputs_are_the_gpu_default_and_unphase_the_worker(tmp_path, monkeypatch):
