@@ -238,7 +238,7 @@ class VLLMEngine:
             message = event.get("message") or json.dumps(event)[:200]
             raise BackendError(f"vLLM engine failed to start: {message} (log {self.log_path})")
         self.info = event
-        log.info("vLLM %s ready in %.0fs", event.get("vllm"), time.monotonic() - t0)
+        log.info("vLLM %s ready in %.0fs (%s)", event.get("vllm"), time.monotonic() - t0, event.get("dtype", "?"))
 
     @staticmethod
     def _read(proc: subprocess.Popen, lines: queue.Queue) -> None:

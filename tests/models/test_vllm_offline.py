@@ -347,6 +347,21 @@ def test_partial_results_stay_cached_and_child_is_gone(model_dir, tmp_path, mode
     assert not _exists(int(pidfile.read_text()))  # gone (or a zombie nobody reaped yet)
 
 
+def test_auto_dtype_follows_the_cpus_bfloat16_instructions(tmp_path):
+    """On a CPU platform the runner turns dtype "auto" into float32 unless the CPU has bfloat16
+    instructions (vLLM would run the float32 checkpoint in emulated bfloat16, ~4x slower on AVX2)."""
+    from models.backends.vllm_offline_runner import cpu_has_bf16
+
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx avx2 fma\n")
+    assert cpu_has_bf16(str(info)) is False
+    info.write_text("flags\t\t: fpu avx2 avx512f avx512_bf16\n")
+    assert cpu_has_bf16(str(info)) is True
+    info.write_text("Features\t: fp asimd bf16 i8mm\n")  # Arm
+    assert cpu_has_bf16(str(info)) is True
+    assert cpu_has_bf16(str(tmp_path / "absent")) is False
+
+
 def test_backend_doctests():
     import doctest
     import importlib
