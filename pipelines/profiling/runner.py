@@ -246,11 +246,16 @@ def _is_triton_compile_error(e: BaseException) -> bool:
     return isinstance(e, InterpreterError) and isinstance(e.__cause__, (NameError, AttributeError, SyntaxError))
 
 
-def cuda_healthy() -> bool:
-    """Whether the CUDA context still works (a sticky error poisons every later call)."""
+def cuda_healthy(launch: bool = True) -> bool:
+    """Whether the CUDA context still works (a sticky error poisons every later call).
+
+    `launch` also runs a one-element op and reads it back. Without it the check only
+    synchronises, which reports a sticky error too: a compile child on meta inputs checks so
+    after each kernel, and puts no work of its own on the GPU while another process times on it
+    (an op of another process can make the GPU switch contexts while a timed kernel runs)."""
     try:
         torch.cuda.synchronize()
-        return float((torch.ones(1, device="cuda") + 1).item()) == 2.0
+        return not launch or float((torch.ones(1, device="cuda") + 1).item()) == 2.0
     except Exception:  # noqa: BLE001
         return False
 
@@ -635,7 +640,7 @@ def run_compile(job: dict, device: str) -> dict:
             with triton_launches_suppressed():
                 for case in task.benchmark_cases:
                     _compile_case(fn, task, case, job)
-            if not cuda_healthy():
+            if not cuda_healthy(launch=COMPILE_INPUTS != "meta"):
                 raise KernelFailure("crashed", "CUDA context broken while compiling", restart=True)
         check_integrity("while compiling")
         result = {"ok": True, "seconds": time.perf_counter() - t0}

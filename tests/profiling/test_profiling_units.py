@@ -412,6 +412,29 @@ def test_compile_case_also_builds_what_a_launcher_chooses_on_the_gpu(monkeypatch
     assert (g[0].shape, g[0].stride(), g[0].data_ptr()) == (x.shape, x.stride(), x.data_ptr())
 
 
+def test_a_compile_child_on_meta_inputs_checks_cuda_without_work_on_the_gpu(tiny_task, monkeypatch):
+    """After each kernel a compile child asks whether its CUDA context still works. On meta inputs
+    it only synchronises (a sticky error surfaces there): no op of its own reaches the GPU that
+    the measuring child times on. On device inputs it also runs and reads back a one-element op."""
+    calls = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append("synchronize"))
+    monkeypatch.setattr(torch, "ones", lambda *a, **k: calls.append("op") or torch.full((1,), 1.0))
+    assert runner.cuda_healthy(launch=False) and calls == ["synchronize"]
+    calls.clear()
+    assert runner.cuda_healthy() and calls == ["synchronize", "op"]
+    monkeypatch.undo()
+
+    asked = []
+    monkeypatch.setattr(runner, "cuda_healthy", lambda launch=True: asked.append(launch) or True)
+    job = {"path": str(FIXTURES / "good_triton.py"), "task": "tiny_scale", "kernel_id": "k"}
+    for inputs_kind, launch in (("meta", False), ("device", True)):
+        monkeypatch.setattr(runner, "COMPILE_INPUTS", inputs_kind)
+        monkeypatch.setattr(runner, "_compile_case", lambda *a: None)  # no GPU here to compile for
+        result = runner.run_compile(job, "cuda")
+        assert result["ok"], result
+        assert asked[-1] is launch
+
+
 def test_meta_compile_inputs_are_the_gpu_default_and_unphase_the_worker(tmp_path, monkeypatch):
     from pipelines.profiling.sandbox_policy import SKIP_ENV, WANTED_LAYERS
     from pipelines.profiling.worker import WorkerConfig, _parser, _Run
