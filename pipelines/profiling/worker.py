@@ -276,6 +276,7 @@ class _Run:
         self.start_failures = 0
         self.n_children = 0
         self.t0 = time.monotonic()
+        self.hard_stop = math.inf  # set by run() from the time budget
         self.last_progress = 0.0
         self.measure_s_ema: float | None = None  # seconds per measured kernel, for the budget stop
         # Phases keep compile children off the GPU while it is timing; meta inputs keep them off it
@@ -514,8 +515,13 @@ class _Run:
                 took = now - sb.job_started
                 self.measure_s_ema = took if self.measure_s_ema is None else 0.8 * self.measure_s_ema + 0.2 * took
                 result = self._measured(sb, kernel, msg)
-                self._record(kernel, result, sb.compile_s, sb.layers)
+                compile_s, layers = sb.compile_s, sb.layers
                 sb.jobs_done += 1
+                if sb is self.measurer and not (result.get("restart") or sb.jobs_done >= self.cfg.recycle_after):
+                    # The next kernel goes out before this one's row is written (an fsync): the
+                    # write then overlaps the next job instead of holding the measuring child idle.
+                    self._dispatch(self._out_of_time())
+                self._record(kernel, result, compile_s, layers)
                 msg = result
             if (msg.get("restart") or (sb is self.measurer and sb.jobs_done >= self.cfg.recycle_after)) and sb in self._children():
                 self._retire(sb)
@@ -652,15 +658,18 @@ class _Run:
         log.info(info.line())
 
     # ---- main loop ---------------------------------------------------------------------
+    def _out_of_time(self) -> bool:
+        """Whether to stop taking new kernels: the next one would likely not finish in the budget."""
+        expected = 2.0 * (self.measure_s_ema or 1.0) + 2.0
+        return time.monotonic() + expected > self.hard_stop
+
     def run(self) -> str:
         budget = self.cfg.time_budget_s
-        hard_stop = self.t0 + budget - 3.0 if budget else math.inf  # leave time to write the file
+        hard_stop = self.hard_stop = self.t0 + budget - 3.0 if budget else math.inf  # leave time to write the file
         stopped = "complete"
         while True:
             now = time.monotonic()
-            # Stop taking new kernels when the next one would likely not finish inside the budget.
-            expected = 2.0 * (self.measure_s_ema or 1.0) + 2.0
-            stopping = now + expected > hard_stop
+            stopping = self._out_of_time()
             self._intake()
             self._dispatch(stopping)
             if not self._busy() and not self._serving():

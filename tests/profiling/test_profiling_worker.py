@@ -118,6 +118,29 @@ def test_time_budget_stops_cleanly(tmp_path):
     assert pq.read_table(tmp_path / "out.parquet").schema.equals(RESULT_SCHEMA)  # a valid file, maybe empty
 
 
+def test_the_next_kernel_goes_to_the_measuring_child_before_the_last_row_is_written(tmp_path, monkeypatch):
+    """A row's write (fsynced) overlaps the next kernel's job instead of holding the measuring
+    child idle: when a measured row is recorded, the next compiled kernel is already out."""
+    from pipelines.profiling import worker
+
+    batch = write_batch(tmp_path / "batch.parquet", ["good_torch.py"], copies=4)
+    busy_when_recorded = []
+    record = worker._Run._record
+
+    def watching(self, kernel, result, compile_s, sandbox=""):
+        if result.get("status") == "ok":
+            busy_when_recorded.append(self.measurer is not None and self.measurer.job is not None)
+        record(self, kernel, result, compile_s, sandbox)
+
+    monkeypatch.setattr(worker._Run, "_record", watching)
+    # all four compiled before the first is measured, so a next kernel always waits
+    cfg = WorkerConfig(device="cpu", compile_workers=2, timeout_s=30.0, max_reps=3, phased=True, lookahead=4)
+    run_batch(batch, tmp_path / "out.parquet", cfg)
+    rows = pq.read_table(tmp_path / "out.parquet").to_pylist()
+    assert len(rows) == 4 and all(r["status"] == "ok" for r in rows)
+    assert busy_when_recorded == [True, True, True, False]  # the last one has no next kernel
+
+
 def test_worker_cli_bad_input_is_one_line_error(tmp_path):
     res = subprocess.run(worker_cmd(tmp_path / "missing.parquet", tmp_path / "o.parquet"), cwd=REPO,
                          capture_output=True, text=True, timeout=60)
