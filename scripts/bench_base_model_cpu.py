@@ -1,6 +1,6 @@
 """Time the embedded base model's two CPU costs side by side: converting the SmolLM2 GGUF
 (transformers parsing the file for each use, against once), and vLLM's offline engine reading
-three compact prompts in each given dtype ("auto" is what a user gets):
+four compact prompts in each given dtype ("auto" is what a user gets):
 
     python3 scripts/bench_base_model_cpu.py [--vllm-python .vllm-venv/bin/python] [--dtypes auto bfloat16 float32]
 

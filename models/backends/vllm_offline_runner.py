@@ -77,8 +77,8 @@ class Runner:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
             if kwargs.get("dtype", "auto") == "auto" and not cpu_has_bf16():
                 # vLLM's "auto" turns a float32 checkpoint into bfloat16, which a CPU without
-                # bf16 instructions emulates: three ~1,000-token prompts took 67.7 s on an
-                # AVX2-only host against 15.8 s in float32.
+                # bf16 instructions emulates: four compact prompts took 66.9 s on an AVX2-only
+                # host against 13.5 s in float32 (scripts/bench_base_model_cpu.py).
                 kwargs["dtype"] = "float32"
         self.vllm = vllm
         self.out = out

@@ -349,7 +349,7 @@ def test_partial_results_stay_cached_and_child_is_gone(model_dir, tmp_path, mode
 
 def test_auto_dtype_follows_the_cpus_bfloat16_instructions(tmp_path):
     """On a CPU platform the runner turns dtype "auto" into float32 unless the CPU has bfloat16
-    instructions (vLLM would run the float32 checkpoint in emulated bfloat16, ~4x slower on AVX2)."""
+    instructions (vLLM would run the float32 checkpoint in emulated bfloat16, 4-5x slower on AVX2)."""
     from models.backends.vllm_offline_runner import cpu_has_bf16
 
     info = tmp_path / "cpuinfo"
