@@ -511,20 +511,21 @@ class _Run:
                 else:
                     self._fail(kernel, msg.get("failure_kind") or "infrastructure", msg.get("error", ""), msg.get("seconds"),
                                sb.layers)
-            else:
+            measured = None
+            if sb.role == "measure":
                 took = now - sb.job_started
                 self.measure_s_ema = took if self.measure_s_ema is None else 0.8 * self.measure_s_ema + 0.2 * took
-                result = self._measured(sb, kernel, msg)
-                compile_s, layers = sb.compile_s, sb.layers
+                msg = self._measured(sb, kernel, msg)
+                measured = (kernel, msg, sb.compile_s, sb.layers)
                 sb.jobs_done += 1
-                if sb is self.measurer and not (result.get("restart") or sb.jobs_done >= self.cfg.recycle_after):
-                    # The next kernel goes out before this one's row is written (an fsync): the
-                    # write then overlaps the next job instead of holding the measuring child idle.
-                    self._dispatch(self._out_of_time())
-                self._record(kernel, result, compile_s, layers)
-                msg = result
             if (msg.get("restart") or (sb is self.measurer and sb.jobs_done >= self.cfg.recycle_after)) and sb in self._children():
                 self._retire(sb)
+            if measured is not None:
+                # The next kernel goes out (to this child, or to the spare that replaces it) before
+                # this one's row is written (an fsync): the write then overlaps the next job
+                # instead of holding the measuring child idle.
+                self._dispatch(self._out_of_time())
+                self._record(*measured)
 
     def _on_death(self, sb: Sandbox, reason: str, kind: str = "crashed") -> None:
         kernel = sb.job
@@ -665,7 +666,7 @@ class _Run:
 
     def run(self) -> str:
         budget = self.cfg.time_budget_s
-        hard_stop = self.hard_stop = self.t0 + budget - 3.0 if budget else math.inf  # leave time to write the file
+        self.hard_stop = self.t0 + budget - 3.0 if budget else math.inf  # leave time to write the file
         stopped = "complete"
         while True:
             now = time.monotonic()
@@ -678,14 +679,14 @@ class _Run:
             if stopping and (m is None or m.job is None):
                 stopped = "time budget"
                 break
-            if now >= hard_stop:
+            if now >= self.hard_stop:
                 if m is not None and m.job is not None:
                     m.job = None  # not recorded: a resumed run measures it again
                     self._retire(m)
                 stopped = "time budget"
                 break
             conns = {s.conn: s for s in self._children()}
-            deadlines = [s.deadline for s in self._children() if s.deadline is not None] + [hard_stop, now + 0.5]
+            deadlines = [s.deadline for s in self._children() if s.deadline is not None] + [self.hard_stop, now + 0.5]
             timeout = max(0.01, min(deadlines) - now)
             waitable = list(conns) + ([self.verifier.conn] if self.verifier.conn is not None else [])
             ready = wait(waitable, timeout=timeout) if waitable else []
