@@ -25,13 +25,13 @@ from warehouse.formats import RESULT_SCHEMA
 log = logging.getLogger(__name__)
 
 PROTOCOLS = ("kernelcast", "paper", "gpumode")  # values of the protocol column; timing.py defines them
+RETRIED_KINDS = ("infrastructure",)  # failure kinds a resumed run measures again
 
 
 def pairs_reference(protocol: str) -> bool:
     """Whether a row's reference timings are taken beside the kernel's, in its own job, and used
     alone (gpumode: runner.Measurer.paired_reference_timing), rather than shared and refreshed."""
     return protocol == "gpumode"
-RETRIED_KINDS = ("infrastructure",)  # failure kinds a resumed run measures again
 
 
 def partial_path(out_path: Path) -> Path:

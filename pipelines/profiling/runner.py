@@ -550,10 +550,10 @@ class GpuLookingMeta(torch.Tensor):
     `PRE_ROUND = not x.is_cuda`, a constexpr. On plain meta tensors the compile child then built
     the CPU's variant, and the measuring child compiled the GPU's in its checks (H200, harness 9:
     a median check of 0.24 s for those 55 kernels against 0.021 s for the family's other 63; their
-    checks took 16.8 s of the 398 s run). Only `is_cuda` changes: its `device` stays meta, so whatever the launcher
-    allocates "on x.device" stays shape-only, and Triton specialises its pointers alike (the
-    storage offset is the meta tensor's). Ops on it keep the class (torch's default
-    `__torch_function__`), so `x.contiguous()` still says it is on the GPU."""
+    checks took 16.8 s of the 398 s run). Only `is_cuda` changes: its `device` stays meta, so
+    whatever the launcher allocates "on x.device" stays shape-only, and Triton specialises its
+    pointers alike (the storage offset is the meta tensor's). Ops on it keep the class (torch's
+    default `__torch_function__`), so `x.contiguous()` still says it is on the GPU."""
 
     @property
     def is_cuda(self) -> bool:  # noqa: D401 - a property of torch.Tensor, answered as on the GPU
