@@ -51,7 +51,7 @@ def cpu_has_bf16(cpuinfo: str = "/proc/cpuinfo") -> bool:
     False where the flags cannot be read."""
     try:
         with open(cpuinfo, encoding="utf-8") as f:
-            flags = {w for line in f if line.startswith(("flags", "Features")) for w in line.split(":", 1)[1].split()}
+            flags = {w for line in f if line.startswith(("flags", "Features")) for w in line.partition(":")[2].split()}
     except OSError:
         return False
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
@@ -85,8 +85,7 @@ class Runner:
         t0 = time.perf_counter()
         self.llm = vllm.LLM(model=model, **kwargs)
         self.emit(event="ready", vllm=vllm.__version__, load_s=round(time.perf_counter() - t0, 2),
-                  dtype=str(getattr(getattr(self.llm.llm_engine, "model_config", None), "dtype", kwargs.get("dtype")))
-                  .removeprefix("torch."))
+                  dtype=str(self.llm.llm_engine.model_config.dtype).removeprefix("torch."))
 
     def emit(self, **payload) -> None:
         self.out.write(json.dumps(payload) + "\n")
