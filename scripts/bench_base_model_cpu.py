@@ -67,7 +67,9 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="kc-bench-") as tmp:
         model = convert_both(Path(tmp))
-        if args.dtypes and Path(args.vllm_python).is_file():
+        if args.dtypes and not Path(args.vllm_python).is_file():
+            print(f"vLLM not timed: no python at {args.vllm_python} (`make vllm-venv`, or --vllm-python)")
+        elif args.dtypes:
             time_vllm(model, args.vllm_python, args.dtypes)
     return 0
 
