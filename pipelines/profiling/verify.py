@@ -340,6 +340,15 @@ class ExpectedOutputs:
         return out
 
 
+class VerifierOutOfMemory(RuntimeError):
+    """A check the GPU had no memory for, even with the verifier's caches emptied."""
+
+
+def out_of_gpu_memory(e: BaseException) -> bool:
+    """torch's CUDA out-of-memory error (checked by name: this module imports torch lazily)."""
+    return type(e).__name__ == "OutOfMemoryError" and type(e).__module__.startswith("torch")
+
+
 class Verifier:
     """The verifier child's state: its own input cache and each job's progress through its plan."""
 
@@ -398,7 +407,10 @@ class Verifier:
         job.resending = False
         job.step += 1
         self.inputs_s = 0.0
-        ok, message = self._check(task, case, int(step[1]), msg, output, error, timed)
+        try:
+            ok, message = self._check(task, case, int(step[1]), msg, output, error, timed)
+        except VerifierOutOfMemory as e:
+            return {**base, "ok": False, "infrastructure": True, "message": f"verifier: {e}"[:300]}
         spent = {"verifier_read_s": read_s, "verifier_inputs_s": self.inputs_s,
                  "verifier_check_s": time.perf_counter() - t0 - read_s - self.inputs_s}
         return {**base, "ok": ok, "message": message, "step": job.step, "of": len(job.plan), "shipped": shipped,
@@ -419,30 +431,58 @@ class Verifier:
 
     def _check(self, task, case: dict, salt: int, msg: dict, output: Any, error: str | None,
                timed: bool = False) -> tuple[bool, str]:
-        from pipelines.profiling.inputs import sync
         from pipelines.profiling.sandbox_policy import one_line
 
         cid = task.case_id(case) + (" (a timed call)" if timed else f" (re-check, seed +{salt})" if salt else "")
         if error is not None:
             return False, f"case {cid}: the output cannot be checked: {error}"
         flags = clean_flags(msg.get("flags")) if self.protocol == "gpumode" else {}
-        try:
-            with global_flags(flags):
-                t0 = time.perf_counter()
-                if task.check_against is not None:  # the reference's output on this input, computed once
-                    expected = self.expected.get(task, case, salt, flags)
-                    data = self.cache.peek(task, case, salt)  # read only by the check: no clone
-                else:
-                    data = self.cache.get(task, case, salt)
-                sync(self.device)  # the reference's and the inputs' device work counted here
-                self.inputs_s = time.perf_counter() - t0
-                if task.check_against is not None:
-                    ok, message = task.check_against(data, output, expected)
-                else:
-                    ok, message = task.check_implementation(data, output)
-            sync(self.device)
-        except Exception as e:  # noqa: BLE001 - a malformed output makes the check raise
-            return False, one_line(f"case {cid}: check raised {type(e).__name__}: {e}")
+        for attempt in range(2):
+            try:
+                return self._judge(task, case, salt, output, flags, cid)
+            except Exception as e:  # noqa: BLE001 - a malformed output makes the check raise
+                if not out_of_gpu_memory(e):
+                    return False, one_line(f"case {cid}: check raised {type(e).__name__}: {e}")
+                why = one_line(str(e))[:160]
+            # Out of the verifier's own memory (its inputs, the reference's outputs and work), not
+            # the kernel's doing: what it keeps is let go (after the except block, whose traceback
+            # held the reference's work) and the check runs once more. A GPU that still has no room
+            # makes the row `infrastructure`, retried by a resumed run, never `incorrect` (an 80 GB
+            # H100, 2026-12-05: every trimul kernel of a mixed batch recorded `incorrect` so).
+            self.release_memory()
+            if attempt:
+                raise VerifierOutOfMemory(f"case {cid}: the check ran out of GPU memory twice, its caches "
+                                          f"emptied in between: {why}")
+        raise AssertionError("unreachable")
+
+    def release_memory(self) -> None:
+        """Drop every kept input and reference output and give the freed blocks back to the GPU."""
+        import torch
+
+        self.cache.items.clear()
+        self.expected.items.clear()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def _judge(self, task, case: dict, salt: int, output: Any, flags: dict, cid: str) -> tuple[bool, str]:
+        """The check of one output (raises what the check raises)."""
+        from pipelines.profiling.inputs import sync
+        from pipelines.profiling.sandbox_policy import one_line
+
+        with global_flags(flags):
+            t0 = time.perf_counter()
+            if task.check_against is not None:  # the reference's output on this input, computed once
+                expected = self.expected.get(task, case, salt, flags)
+                data = self.cache.peek(task, case, salt)  # read only by the check: no clone
+            else:
+                data = self.cache.get(task, case, salt)
+            sync(self.device)  # the reference's and the inputs' device work counted here
+            self.inputs_s = time.perf_counter() - t0
+            if task.check_against is not None:
+                ok, message = task.check_against(data, output, expected)
+            else:
+                ok, message = task.check_implementation(data, output)
+        sync(self.device)
         return bool(ok), "ok" if ok else one_line(f"case {cid}: {message}")
 
     def forget(self, job: Any) -> None:

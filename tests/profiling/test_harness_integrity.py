@@ -243,6 +243,53 @@ def test_verifier_judges_shipped_outputs_and_holds_jobs_to_their_plan(tmp_path, 
     assert r["unexpected"] and not r["ok"]
 
 
+def test_a_check_out_of_gpu_memory_is_retried_with_emptied_caches_then_the_harness_failure(tmp_path, monkeypatch):
+    """The verifier's own memory running out is never the kernel's `incorrect`: its caches are
+    emptied and the check runs again; out of memory twice, the row is `infrastructure`. (No GPU
+    here: the input cache raises torch's CUDA out-of-memory error, as it does when a trimul
+    input no longer fits beside the measuring child.)"""
+    monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
+    task = get_task("softmax")
+    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    from pipelines.profiling.runner import make_input
+
+    good = tmp_path / "good"
+    cases = task.correctness_cases
+    shipping.write_output(good, task.ref_kernel(make_input(task, cases[0])))
+    v.cache.peek(task, cases[1])  # something the verifier holds from an earlier check
+    assert v.cache.items
+    failures = iter([1])  # the next draw of an input fails once
+
+    def drawing(real):
+        def draw(*args, **kwargs):
+            if next(failures, 0):
+                raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB")
+            return real(*args, **kwargs)
+        return draw
+
+    monkeypatch.setattr(v.cache, "get", drawing(v.cache.get))
+    monkeypatch.setattr(v.cache, "peek", drawing(v.cache.peek))
+    base = {"job": "j1", "kind": "check", "task": "softmax", "salt": 0, "case_id": task.case_id(cases[0])}
+    r = v.handle({**base, "path": str(good)})
+    assert r["ok"] and r["step"] == 1 and not r.get("infrastructure")
+    assert all(key[1] != task.case_id(cases[1]) for key in v.cache.items)  # let go before the retry
+
+    failures = iter([1, 1])  # out of memory again after the caches were emptied
+    shipping.write_output(good, task.ref_kernel(make_input(task, cases[1])))
+    r = v.handle({**base, "case_id": task.case_id(cases[1]), "path": str(good)})
+    assert not r["ok"] and r["infrastructure"] and "ran out of GPU memory twice" in r["message"]
+    link = verify.JobVerdicts(of=2)
+    link.infrastructure = r["message"]
+    row = verify.settle({"status": "failed", "failure_kind": "incorrect", "error": "rejected"}, link)
+    assert row["failure_kind"] == "infrastructure"
+
+    # any other error of a check stays the kernel's failure
+    monkeypatch.setattr(v.cache, "peek", lambda *a, **k: (_ for _ in ()).throw(ValueError("bad shape")))
+    monkeypatch.setattr(v.cache, "get", lambda *a, **k: (_ for _ in ()).throw(ValueError("bad shape")))
+    out = v.handle({**base, "job": "j2", "path": str(good)})
+    assert not out["ok"] and not out.get("infrastructure") and "check raised ValueError: bad shape" in out["message"]
+
+
 def test_settle_rules():
     complete = verify.JobVerdicts(of=3, done=3)
     assert verify.settle({"status": "ok"}, complete)["status"] == "ok"
