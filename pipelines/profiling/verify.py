@@ -319,6 +319,10 @@ class ExpectedOutputs:
         self.items: dict[tuple, tuple[Any, int]] = {}
         self.computed = 0  # reference runs (misses)
 
+    def clear(self) -> None:
+        """Forget every kept output (the inputs' cache gives the memory back to the GPU)."""
+        self.items.clear()
+
     def get(self, task, case: dict, salt: int, flags: dict) -> Any:
         from pipelines.profiling.timing import data_nbytes
 
@@ -342,11 +346,6 @@ class ExpectedOutputs:
 
 class VerifierOutOfMemory(RuntimeError):
     """A check the GPU had no memory for, even with the verifier's caches emptied."""
-
-
-def out_of_gpu_memory(e: BaseException) -> bool:
-    """torch's CUDA out-of-memory error (checked by name: this module imports torch lazily)."""
-    return type(e).__name__ == "OutOfMemoryError" and type(e).__module__.startswith("torch")
 
 
 class Verifier:
@@ -431,38 +430,30 @@ class Verifier:
 
     def _check(self, task, case: dict, salt: int, msg: dict, output: Any, error: str | None,
                timed: bool = False) -> tuple[bool, str]:
+        import torch
+
         from pipelines.profiling.sandbox_policy import one_line
 
         cid = task.case_id(case) + (" (a timed call)" if timed else f" (re-check, seed +{salt})" if salt else "")
         if error is not None:
             return False, f"case {cid}: the output cannot be checked: {error}"
         flags = clean_flags(msg.get("flags")) if self.protocol == "gpumode" else {}
-        for attempt in range(2):
+        for _ in range(2):
             try:
                 return self._judge(task, case, salt, output, flags, cid)
-            except Exception as e:  # noqa: BLE001 - a malformed output makes the check raise
-                if not out_of_gpu_memory(e):
-                    return False, one_line(f"case {cid}: check raised {type(e).__name__}: {e}")
+            except torch.cuda.OutOfMemoryError as e:
                 why = one_line(str(e))[:160]
+            except Exception as e:  # noqa: BLE001 - a malformed output makes the check raise
+                return False, one_line(f"case {cid}: check raised {type(e).__name__}: {e}")
             # Out of the verifier's own memory (its inputs, the reference's outputs and work), not
             # the kernel's doing: what it keeps is let go (after the except block, whose traceback
             # held the reference's work) and the check runs once more. A GPU that still has no room
             # makes the row `infrastructure`, retried by a resumed run, never `incorrect` (an 80 GB
             # H100, 2026-12-05: every trimul kernel of a mixed batch recorded `incorrect` so).
-            self.release_memory()
-            if attempt:
-                raise VerifierOutOfMemory(f"case {cid}: the check ran out of GPU memory twice, its caches "
-                                          f"emptied in between: {why}")
-        raise AssertionError("unreachable")
-
-    def release_memory(self) -> None:
-        """Drop every kept input and reference output and give the freed blocks back to the GPU."""
-        import torch
-
-        self.cache.items.clear()
-        self.expected.items.clear()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+            self.expected.clear()
+            self.cache.clear()
+        raise VerifierOutOfMemory(f"case {cid}: the check ran out of GPU memory twice, its caches emptied "
+                                  f"in between: {why}")
 
     def _judge(self, task, case: dict, salt: int, output: Any, flags: dict, cid: str) -> tuple[bool, str]:
         """The check of one output (raises what the check raises)."""
