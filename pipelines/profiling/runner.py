@@ -63,6 +63,7 @@ from pipelines.profiling.timing import (
     GpuShared,
     L2Flusher,
     LaunchCover,
+    ReferenceFailed,
     Steps,
     Timing,
     TimingSettings,
@@ -71,6 +72,7 @@ from pipelines.profiling.timing import (
     cuda_steps,
     drive,
     gpumode_warmup_steps,
+    interleaved_steps,
     plain_feed,
 )
 from pipelines.profiling.verify import RECHECK_SEED_SALT, recheck_salts, timed_cases, timed_draws
@@ -78,6 +80,9 @@ from pipelines.profiling.verify import RECHECK_SEED_SALT, recheck_salts, timed_c
 log = logging.getLogger(__name__)
 
 NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
+# gpumode: the kernel's and the reference's timed calls of a case go by turns of this many
+# (Measurer.paired_case_steps); each turn after the first starts with one untimed call.
+PAIRED_TURN_CALLS = 10
 __all__ = ["RECHECK_SEED_SALT", "KernelFailure", "load_kernel", "check_case", "check_all", "Measurer"]
 
 # Substrings of CUDA errors after which the context is unusable (sticky errors): the child
@@ -98,11 +103,12 @@ CUDA_FATAL_MARKERS = (
 
 
 class KernelFailure(Exception):
-    """A kernel-attributable failure with its kind; `restart` asks for a fresh child."""
+    """A kernel-attributable failure with its kind; `restart` asks for a fresh child;
+    `out_of_memory`: the GPU ran out of memory, which the harness's caches may have caused."""
 
-    def __init__(self, kind: str, message: str, restart: bool = False):
+    def __init__(self, kind: str, message: str, restart: bool = False, out_of_memory: bool = False):
         super().__init__(message)
-        self.kind, self.message, self.restart = kind, message, restart
+        self.kind, self.message, self.restart, self.out_of_memory = kind, message, restart, out_of_memory
 
 
 # ---- loading ---------------------------------------------------------------------------
@@ -271,10 +277,11 @@ def classify(e: BaseException, device: str, what: str) -> KernelFailure:
         return KernelFailure("tampered", msg, restart=True)
     if _is_triton_compile_error(e):
         return KernelFailure("compile_failed", msg)
-    if device == "cuda":
-        if isinstance(e, torch.cuda.OutOfMemoryError):
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        if torch.cuda.is_available():
             torch.cuda.empty_cache()
-            return KernelFailure("runtime_error", msg)
+        return KernelFailure("runtime_error", msg, out_of_memory=True)
+    if device == "cuda":
         if any(m in str(e).lower() for m in CUDA_FATAL_MARKERS) or not cuda_healthy():
             return KernelFailure("crashed", msg, restart=True)
     return KernelFailure("runtime_error", msg)
@@ -743,12 +750,24 @@ class Measurer:
     def cases(self, task) -> tuple:
         return timed_cases(task, self.device)
 
-    def time_steps(self, feed: Feed) -> Steps:
+    def free_input_cache(self) -> None:
+        """After the GPU ran out of memory: drop the kept inputs and keep half as many from now on.
+
+        The cache holds 30% of the GPU; on an 80 GB card, with the verifier's caches and the
+        compile children's CUDA contexts, trimul's largest case then no longer fitted (H100,
+        2026-12-05: every trimul kernel out of memory while timing). The inputs of the task being
+        measured stay whatever the budget, so a smaller one costs only regenerations on task switches.
+        """
+        CACHE.clear()
+        if self.device == "cuda":
+            CACHE.max_bytes = max(CACHE.max_bytes // 2, 4 * 2**30)
+
+    def time_steps(self, feed: Feed, pause_every: int = 0) -> Steps:
         """The timed loop of this child's device and protocol on `feed`, as steps; returns a Timing."""
         if self.device == "cuda":
             return (yield from cuda_steps(feed, self.settings, protocol=self.protocol, flusher=self.flusher,
-                                          launch_cover=self.cover))
-        return (yield from cpu_steps(feed, self.settings, protocol=self.protocol))
+                                          launch_cover=self.cover, pause_every=pause_every))
+        return (yield from cpu_steps(feed, self.settings, protocol=self.protocol, pause_every=pause_every))
 
     def time_fn(self, fn: Callable, data: Any) -> Timing:
         """Time a callable of the harness's own (the reference) on `data` as it is."""
@@ -862,6 +881,12 @@ class Measurer:
                           kernel_timings=[t.as_dict() for t in timings])
         except KernelFailure as f:
             result.update(status="failed", failure_kind=f.kind, error=f.message, restart=f.restart)
+            if f.out_of_memory:
+                self.free_input_cache()
+                if job.get("after_out_of_memory"):
+                    result["error"] = f"{f.message} (again, with this process's input cache emptied)"
+                else:  # the parent measures it once more (worker.OOM_RETRY_KEY)
+                    result["out_of_memory"] = True
             if result["check_s"] is None:
                 result["check_s"] = time.perf_counter() - t0
         finally:
@@ -881,25 +906,38 @@ class Measurer:
         return Feed(data, lambda s, case=case: CACHE.peek(task, case, s), self.timed_salts, self.timed_samples,
                     self.device)
 
-    def paired_reference_timing(self, task, case: dict, first: bool, progress: Callable[[str], None]) -> dict:
-        """One timing of the reference on `case`, taken right after the kernel's (gpumode): its own
-        input, the same feed and loop, the torch switches of the first reference timing while it
-        runs and the kernel's again after it."""
+    def paired_case_steps(self, task, case: dict, feed: Feed, first: bool, phases: dict) -> Steps:
+        """The kernel's timed calls of one case and the reference's, by turns of PAIRED_TURN_CALLS
+        (gpumode; timing.interleaved_steps): the reference on its own input through the same feed
+        and loop, with the torch switches of the first reference timing during its turns and the
+        kernel's again during the kernel's. Returns (the kernel's Timing, the reference's as a dict)."""
         cid = task.case_id(case)
-        progress(f"timing reference {cid}")
-        kernel_flags = snapshot_torch_flags()
-        restore_torch_flags(self.flags)
+        data = make_input(task, case)
+        ref_feed = self.timed_feed(task, case, data)
+        switches = {"kernel": snapshot_torch_flags()}
+
+        def turn(side: str) -> None:
+            if side == "reference":
+                switches["kernel"] = snapshot_torch_flags()
+                restore_torch_flags(self.flags)
+            else:
+                restore_torch_flags(switches["kernel"])
+
+        seconds: dict[str, float] = {}
         try:
-            data = make_input(task, case)
-            t = drive(task.ref_kernel, self.timed_case_steps(self.timed_feed(task, case, data), first=first))
-        except Exception as e:
-            failure = classify(e, self.device, f"reference on case {cid}")
+            kernel_t, ref_t = yield from interleaved_steps(
+                self.timed_case_steps(feed, first, PAIRED_TURN_CALLS),
+                self.timed_case_steps(ref_feed, first, PAIRED_TURN_CALLS), task.ref_kernel, turn, seconds)
+        except ReferenceFailed as e:
+            failure = classify(e.__cause__ or e, self.device, f"reference on case {cid}")
             raise KernelFailure("infrastructure", failure.message, restart=failure.restart) from e
         finally:
-            restore_torch_flags(kernel_flags)
-        return {"case_id": cid, **t.as_dict()}
+            turn("kernel")
+            phases["timing_s"] += seconds.get("kernel", 0.0)
+            phases["reference_s"] += seconds.get("reference", 0.0)
+        return kernel_t, {"case_id": cid, **ref_t.as_dict()}
 
-    def timed_case_steps(self, feed: Feed, first: bool) -> Steps:
+    def timed_case_steps(self, feed: Feed, first: bool, pause_every: int = 0) -> Steps:
         """One case's timed calls as steps, for the kernel and the reference alike: under gpumode
         the warm-up run (`first`: the first case of a measurement) and the obligatory untimed call
         first. Identical code measured differently when the reference skipped what the kernel got
@@ -913,7 +951,7 @@ class Measurer:
             feed.took(out)
             del out
             sync(self.device)
-        return (yield from self.time_steps(feed))
+        return (yield from self.time_steps(feed, pause_every))
 
     def _steps(self, task, cases: tuple, progress: Callable[[str], None], result: dict) -> Steps:
         """Every call of one kernel's measurement as steps; returns the cases' Timings."""
@@ -965,21 +1003,22 @@ class Measurer:
             t = time.perf_counter()
             try:
                 progress(f"timing {cid}")
-                timings.append((yield from self.timed_case_steps(feed, first=i == 0)))
+                if self.paired_reference:
+                    kernel_t, ref_t = yield from self.paired_case_steps(task, case, feed, i == 0, phases)
+                    timings.append(kernel_t)
+                    result["ref_new"].append(ref_t)
+                else:
+                    timings.append((yield from self.timed_case_steps(feed, first=i == 0)))
+                    phases["timing_s"] += time.perf_counter() - t
             except KernelFailure:
                 raise
             except Exception as e:
                 raise classify(e, self.device, f"timing case {cid}") from e
-            phases["timing_s"] += time.perf_counter() - t
             if which == "all" or i == 0:
                 t = time.perf_counter()
                 progress(f"recheck {cid}")
                 yield from check_steps(task, case, self.device, salt=salt, into=data, held=held)  # same buffers, new values
                 phases["recheck_s"] += time.perf_counter() - t
-            if self.paired_reference:
-                t = time.perf_counter()
-                result["ref_new"].append(self.paired_reference_timing(task, case, first=i == 0, progress=progress))
-                phases["reference_s"] += time.perf_counter() - t
             # After the re-check (the verifier's plan puts it first): wrong on new values is
             # `incorrect` there; wrong only when timed is `tampered`.
             kept, feed.kept = feed.kept, []

@@ -102,6 +102,7 @@ from warehouse.formats import FAILURE_KINDS, HARNESS_VERSION
 
 NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
 TRITON_DIR_KEY = "_triton_dir"  # a kernel's own Triton cache folder, while the run holds it
+OOM_RETRY_KEY = "_after_out_of_memory"  # a kernel measured again after running out of GPU memory
 LIMIT_SCAN_S = 0.5  # how often the parent reads /proc for the children's memory and processes
 
 log = logging.getLogger(__name__)
@@ -348,7 +349,7 @@ class _Run:
     def _job(self, kernel: dict) -> dict:
         return {"job_id": kernel["kernel_id"], "kernel_id": kernel["kernel_id"], "task": kernel["task"], "path": self._kernel_path(kernel),
                 "ref_fresh": self.refcache.freshness(kernel["task"], self.cfg.ref_refresh_s),
-                "triton_dir": kernel.get(TRITON_DIR_KEY)}
+                "triton_dir": kernel.get(TRITON_DIR_KEY), "after_out_of_memory": bool(kernel.get(OOM_RETRY_KEY))}
 
     # ---- Triton caches: one folder per kernel ----------------------------------------------
     # A compile job writes its kernel's Triton cache (binaries, launcher) into a folder of its
@@ -518,6 +519,14 @@ class _Run:
                 msg = self._measured(sb, kernel, msg)
                 measured = (kernel, msg, sb.compile_s, sb.layers)
                 sb.jobs_done += 1
+                if msg.get("out_of_memory") and msg.get("failure_kind") == "runtime_error" and not kernel.get(OOM_RETRY_KEY):
+                    # Out of GPU memory: the harness's caches (the child has just emptied its
+                    # own) may be what filled it, so the kernel is measured once more before
+                    # the failure is its own.
+                    log.info("%s ran out of GPU memory; measuring it once more", kernel["kernel_id"])
+                    kernel[OOM_RETRY_KEY] = True
+                    self.compiled.appendleft((kernel, sb.compile_s))
+                    measured = None
             if (msg.get("restart") or (sb is self.measurer and sb.jobs_done >= self.cfg.recycle_after)) and sb in self._children():
                 self._retire(sb)
             if measured is not None:

@@ -5,12 +5,13 @@ timings of the earlier format are not reused."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import sys
 
 import pytest
 
-from pipelines.profiling import inputs, refcache, runner, taskload
+from pipelines.profiling import inputs, refcache, runner, taskload, timing
 
 RECORDED_TASK = '''
 import torch
@@ -44,44 +45,53 @@ KERNEL = '''import sys
 
 from reference import ref_kernel
 
-sys.modules[ref_kernel.__module__].CALLS.append("kernel imported")
+CALLS = sys.modules[ref_kernel.__module__].CALLS
+CALLS.append("kernel imported")
 
 
 def custom_kernel(data):
+    CALLS.append("K")  # the call of ref_kernel it makes follows: a kernel's call is "K", value
     return ref_kernel(data)
 '''
 
 
-@pytest.mark.parametrize("protocol", ["kernelcast", "paper", "gpumode"])
-def test_the_reference_gets_new_values_per_timed_call_like_the_kernel(tmp_path, monkeypatch, protocol):
+def _sides(calls: list) -> list[str]:
+    """Each call after the kernel's import as "K" (the kernel's) or "R" (the reference's own)."""
+    sides, after_k = [], False
+    for c in calls[calls.index("kernel imported") + 1:]:
+        if c == "K":
+            after_k = True
+        elif c != "kernel imported":
+            sides.append("K" if after_k else "R")
+            after_k = False
+    return sides
+
+
+def _load_recorded(tmp_path, monkeypatch) -> list:
     task_file = tmp_path / "recorded.py"
     task_file.write_text(RECORDED_TASK)
     monkeypatch.setenv(taskload.ENV_VAR, f"recorded={task_file}")
     taskload._loaded.pop("recorded", None)
-    calls = sys.modules[taskload.load_task("recorded").ref_kernel.__module__].CALLS
+    return sys.modules[taskload.load_task("recorded").ref_kernel.__module__].CALLS
+
+
+@pytest.mark.parametrize("protocol", ["kernelcast", "paper", "gpumode"])
+def test_the_reference_gets_new_values_per_timed_call_like_the_kernel(tmp_path, monkeypatch, protocol):
+    calls = _load_recorded(tmp_path, monkeypatch)
     kernel = tmp_path / "k.py"
     kernel.write_text(KERNEL)
     m = runner.Measurer({"device": "cpu", "protocol": protocol, "max_reps": 4, "timed_variants": 4,
                          "ref_refresh_s": 1e9})
-    paired = m.paired_reference_timing
-
-    def marked(*a, **k):  # gpumode times the reference after the kernel's case: mark its calls
-        calls.append("reference")
-        try:
-            return paired(*a, **k)
-        finally:
-            calls.append("reference done")
-
-    m.paired_reference_timing = marked
     phases: list[str] = []
     result = m.measure({"path": str(kernel), "task": "recorded"}, phases.append)
     assert result["status"] == "ok", result["error"]
     if protocol == "gpumode":
-        # one timing of the reference per case, right after the kernel's case (and its re-check)
+        # one timing of the reference per case, taken with the kernel's case, before its re-check
         (cid,) = result["case_ids"]
         assert [t["case_id"] for t in result["ref_new"]] == [cid]
-        assert phases[-4:-1] == [f"timing {cid}", f"recheck {cid}", f"timing reference {cid}"], phases
-        reference_calls = calls[calls.index("reference") + 1:calls.index("reference done")]
+        assert phases[-3:-1] == [f"timing {cid}", f"recheck {cid}"], phases
+        marks = calls[calls.index("kernel imported") + 1:]
+        reference_calls = [c for c, before in zip(marks, ["K", *marks]) if c not in ("K",) and before != "K"]
     else:
         assert any(p.startswith("timing reference") for p in phases[:phases.index("importing kernel")]), phases
         reference_calls = calls[:calls.index("kernel imported")]
@@ -89,6 +99,26 @@ def test_the_reference_gets_new_values_per_timed_call_like_the_kernel(tmp_path, 
     # (The loop then stops by the same rule on a real clock; tests/profiling/test_timed_call_verification.py
     # holds reps and ratios equal on a clock only the reference's calls move.)
     assert len(set(reference_calls)) >= 2, reference_calls
+
+
+def test_gpumode_times_the_kernel_and_the_reference_by_turns(tmp_path, monkeypatch):
+    """Under gpumode the kernel's and the reference's timed calls of a case go by turns of
+    PAIRED_TURN_CALLS (10), each turn after a side's first led by one untimed call, so both loops
+    meet the same host. 24 timed calls a side: K (checks, GPU MODE's warm-up loop, its obligatory
+    call, 10 timed), R (warm-up, obligatory, 10), K 1+10, R 1+10, K 1+4, R 1+4, then the kernel's
+    re-check."""
+    calls = _load_recorded(tmp_path, monkeypatch)
+    kernel = tmp_path / "k.py"
+    kernel.write_text(KERNEL)
+    m = runner.Measurer({"device": "cpu", "protocol": "gpumode", "max_reps": 24, "timed_variants": 4,
+                         "ref_refresh_s": 1e9})
+    result = m.measure({"path": str(kernel), "task": "recorded"}, lambda _: None)
+    assert result["status"] == "ok", result["error"]
+    assert result["kernel_timings"][0]["reps"] == 24 and result["ref_new"][0]["reps"] == 24
+    runs = [(side, len(list(group))) for side, group in itertools.groupby(_sides(calls))]
+    # the first two turns' lengths depend on the warm-up loop, which stops on the clock
+    assert runs[0][0] == "K" and runs[0][1] >= 12 and runs[1][0] == "R" and runs[1][1] >= 11, runs
+    assert runs[2:] == [("K", 11), ("R", 11), ("K", 5), ("R", 5), ("K", 1)], runs
 
 
 def test_reference_timings_of_the_earlier_format_are_timed_again(tmp_path, caplog):
@@ -104,3 +134,41 @@ def test_input_cache_budget_follows_the_device():
     assert inputs.CACHE.max_bytes == 2**30
     runner.Measurer({"device": "cpu"})
     assert inputs.CACHE.max_bytes == 24 * 2**30 and m.device == "cpu"
+
+
+def _toy_loop(n: int, pause_every: int):
+    got = []
+    for i in range(n):
+        if i and i % pause_every == 0:
+            yield timing.PAUSE
+        try:
+            got.append((yield i))
+        except ValueError:
+            got.append("raised")
+    return got
+
+
+def test_interleaved_steps_take_turns_and_keep_each_sides_failures_apart():
+    order: list[str] = []
+
+    def kernel(x):
+        order.append(f"K{x}")
+        if x == 3:
+            raise ValueError("the kernel's")  # thrown into the kernel's loop, which records it
+        return x * 10
+
+    def reference(x):
+        order.append(f"R{x}")
+        return -x
+
+    got = timing.drive(kernel, timing.interleaved_steps(_toy_loop(5, 2), _toy_loop(3, 2), reference,
+                                                        turn=lambda side: order.append(side)))
+    assert got == ([0, 10, 20, "raised", 40], [0, -1, -2])
+    assert order == ["kernel", "K0", "K1", "reference", "R0", "R1", "kernel", "K2", "K3", "reference", "R2",
+                     "kernel", "K4"]
+
+    def broken(x):
+        raise RuntimeError("the reference's")
+
+    with pytest.raises(timing.ReferenceFailed, match="the reference's"):
+        timing.drive(kernel, timing.interleaved_steps(_toy_loop(2, 1), _toy_loop(2, 1), broken))
