@@ -330,6 +330,14 @@ def test_audit_refuses_more_device_time_than_wall_time():
     assert "claim" in audit.audit_claims(inflated, clock, end=0.2)
     unseen = {**ok, "case_ids": ["n=2"]}
     assert "never announced" in audit.audit_claims(unseen, clock, end=0.2)
+    # gpumode: the reference timed by turns with the kernel's case, in that case's one phase
+    # (100 ms): the two claims must fit there together
+    paired = audit.PhaseClock()
+    paired.mark("timing n=1", 0.0, 0.0)
+    paired.mark("recheck n=1", 0.1, 0.1)
+    assert audit.audit_claims(ok, paired, end=0.2) is None  # 10 + 50 ms in 100 ms
+    both = {**ok, "kernel_timings": [_t(9.0)]}  # 90 + 50 ms claimed in 100 ms: each alone would fit
+    assert "timing n=1: the timed calls claim 140.0 ms" in audit.audit_claims(both, paired, end=0.2)
     # a parent busy when the phase began: the phase may have begun as early as 0.0 (read at 0.06)
     late = audit.PhaseClock()
     late.mark("timing reference n=1", 0.0, 0.06)
