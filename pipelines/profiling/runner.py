@@ -68,6 +68,7 @@ from pipelines.profiling.timing import (
     Timing,
     TimingSettings,
     TimingTampered,
+    collector_paused,
     cpu_steps,
     cuda_steps,
     drive,
@@ -828,7 +829,8 @@ class Measurer:
                     # The kernel's own feed and loop (timed_feed, timed_case_steps): the same value
                     # copies before each call, the same output samples after it, the same warm-up.
                     feed = self.timed_feed(task, case, data)
-                    t = drive(task.ref_kernel, self.timed_case_steps(feed, first=not warmed))
+                    with collector_paused():
+                        t = drive(task.ref_kernel, self.timed_case_steps(feed, first=not warmed))
                     warmed = True
                     kept.append(t)
                     new.append({"case_id": key[1], **t.as_dict()})
@@ -1003,13 +1005,14 @@ class Measurer:
             t = time.perf_counter()
             try:
                 progress(f"timing {cid}")
-                if self.paired_reference:
-                    kernel_t, ref_t = yield from self.paired_case_steps(task, case, feed, i == 0, phases)
-                    timings.append(kernel_t)
-                    result["ref_new"].append(ref_t)
-                else:
-                    timings.append((yield from self.timed_case_steps(feed, first=i == 0)))
-                    phases["timing_s"] += time.perf_counter() - t
+                with collector_paused():
+                    if self.paired_reference:
+                        kernel_t, ref_t = yield from self.paired_case_steps(task, case, feed, i == 0, phases)
+                        timings.append(kernel_t)
+                        result["ref_new"].append(ref_t)
+                    else:
+                        timings.append((yield from self.timed_case_steps(feed, first=i == 0)))
+                        phases["timing_s"] += time.perf_counter() - t
             except KernelFailure:
                 raise
             except Exception as e:

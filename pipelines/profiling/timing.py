@@ -45,6 +45,8 @@ Only the standard library, numpy and torch are used (the worker runs on bare hos
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import math
 import secrets
 import time
@@ -679,6 +681,26 @@ def gpumode_steps(feed: Feed, *, device: str, max_repeats: int = GPUMODE_MAX_REP
     else:
         check_recorded_cpu(durations_ms, brackets_ms)
     return summarize(durations_ms)
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Python's cycle collector off while a case is timed.
+
+    The measuring child's heap beyond the frozen baseline (the kernel's module, Triton's compiled
+    objects, the harness's caches) makes a full collection take milliseconds; one that falls in a
+    timed call lengthens it by that much, and under gpumode, whose statistic is the mean of at most
+    100 calls, one such call moved a case by up to 25% (identical code, H100, 2026-12-05: a case's
+    median within 0.5% of the reference's and its mean 7 ms of stalls apart). GPU MODE's own
+    process has a far smaller heap. Cycles made while timing are collected after the case.
+    """
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class PAUSE:  # noqa: N801 - a sentinel: a loop's sign that another loop may make calls now

@@ -5,6 +5,7 @@ timings of the earlier format are not reused."""
 
 from __future__ import annotations
 
+import gc
 import itertools
 import json
 import sys
@@ -172,3 +173,25 @@ def test_interleaved_steps_take_turns_and_keep_each_sides_failures_apart():
 
     with pytest.raises(timing.ReferenceFailed, match="the reference's"):
         timing.drive(kernel, timing.interleaved_steps(_toy_loop(2, 1), _toy_loop(2, 1), broken))
+
+
+def test_the_cycle_collector_is_off_while_a_case_is_timed_and_back_on_after(tmp_path, monkeypatch):
+    """A full collection inside a timed call lengthens it by milliseconds (timing.collector_paused):
+    the collector is off for the kernel's and the reference's timed calls, on for the checks and
+    the re-check, and on again after the measurement and after a failure."""
+    calls = _load_recorded(tmp_path, monkeypatch)
+    kernel = tmp_path / "k.py"
+    kernel.write_text(KERNEL.replace('    CALLS.append("K")', '    CALLS.append(("gc", __import__("gc").isenabled()))\n    CALLS.append("K")'))
+    m = runner.Measurer({"device": "cpu", "protocol": "gpumode", "max_reps": 4, "ref_refresh_s": 1e9})
+    result = m.measure({"path": str(kernel), "task": "recorded"}, lambda _: None)
+    assert result["status"] == "ok", result["error"]
+    states = [c[1] for c in calls if isinstance(c, tuple)]
+    checks = 1  # the one correctness case of the recorded task is its benchmark case on the CPU
+    assert states[:checks] == [True] and states[-1] is True  # the check, the re-check
+    assert set(states[checks:-1]) == {False}, states  # GPU MODE's warm-up, obligatory and timed calls
+    assert gc.isenabled()
+    with pytest.raises(RuntimeError, match="raised while timed"):
+        with timing.collector_paused():
+            assert not gc.isenabled()
+            raise RuntimeError("raised while timed")
+    assert gc.isenabled()
