@@ -68,6 +68,7 @@ from pipelines.profiling.timing import (
     Timing,
     TimingSettings,
     TimingTampered,
+    Turns,
     collector_paused,
     cpu_steps,
     cuda_steps,
@@ -763,12 +764,12 @@ class Measurer:
         if self.device == "cuda":
             CACHE.max_bytes = max(CACHE.max_bytes // 2, 4 * 2**30)
 
-    def time_steps(self, feed: Feed, pause_every: int = 0) -> Steps:
+    def time_steps(self, feed: Feed, turns: Turns | None = None) -> Steps:
         """The timed loop of this child's device and protocol on `feed`, as steps; returns a Timing."""
         if self.device == "cuda":
             return (yield from cuda_steps(feed, self.settings, protocol=self.protocol, flusher=self.flusher,
-                                          launch_cover=self.cover, pause_every=pause_every))
-        return (yield from cpu_steps(feed, self.settings, protocol=self.protocol, pause_every=pause_every))
+                                          launch_cover=self.cover, turns=turns))
+        return (yield from cpu_steps(feed, self.settings, protocol=self.protocol, turns=turns))
 
     def time_fn(self, fn: Callable, data: Any) -> Timing:
         """Time a callable of the harness's own (the reference) on `data` as it is."""
@@ -910,9 +911,10 @@ class Measurer:
 
     def paired_case_steps(self, task, case: dict, feed: Feed, first: bool, phases: dict) -> Steps:
         """The kernel's timed calls of one case and the reference's, by turns of PAIRED_TURN_CALLS
-        (gpumode; timing.interleaved_steps): the reference on its own input through the same feed
-        and loop, with the torch switches of the first reference timing during its turns and the
-        kernel's again during the kernel's. Returns (the kernel's Timing, the reference's as a dict)."""
+        (gpumode; timing.interleaved_steps), until both loops' stopping rules are met
+        (timing.Turns): the reference on its own input through the same feed and loop, with the
+        torch switches of the first reference timing during its turns and the kernel's again
+        during the kernel's. Returns (the kernel's Timing, the reference's as a dict)."""
         cid = task.case_id(case)
         data = make_input(task, case)
         ref_feed = self.timed_feed(task, case, data)
@@ -927,9 +929,10 @@ class Measurer:
 
         seconds: dict[str, float] = {}
         try:
+            turns = Turns(PAIRED_TURN_CALLS)
             kernel_t, ref_t = yield from interleaved_steps(
-                self.timed_case_steps(feed, first, PAIRED_TURN_CALLS),
-                self.timed_case_steps(ref_feed, first, PAIRED_TURN_CALLS), task.ref_kernel, turn, seconds)
+                self.timed_case_steps(feed, first, turns), self.timed_case_steps(ref_feed, first, turns),
+                task.ref_kernel, turn, seconds)
         except ReferenceFailed as e:
             failure = classify(e.__cause__ or e, self.device, f"reference on case {cid}")
             raise KernelFailure("infrastructure", failure.message, restart=failure.restart) from e
@@ -939,7 +942,7 @@ class Measurer:
             phases["reference_s"] += seconds.get("reference", 0.0)
         return kernel_t, {"case_id": cid, **ref_t.as_dict()}
 
-    def timed_case_steps(self, feed: Feed, first: bool, pause_every: int = 0) -> Steps:
+    def timed_case_steps(self, feed: Feed, first: bool, turns: Turns | None = None) -> Steps:
         """One case's timed calls as steps, for the kernel and the reference alike: under gpumode
         the warm-up run (`first`: the first case of a measurement) and the obligatory untimed call
         first. Identical code measured differently when the reference skipped what the kernel got
@@ -953,7 +956,7 @@ class Measurer:
             feed.took(out)
             del out
             sync(self.device)
-        return (yield from self.time_steps(feed, pause_every))
+        return (yield from self.time_steps(feed, turns))
 
     def _steps(self, task, cases: tuple, progress: Callable[[str], None], result: dict) -> Steps:
         """Every call of one kernel's measurement as steps; returns the cases' Timings."""

@@ -476,12 +476,12 @@ def _wall_probe(fn: Callable[[Any], Any], data: Any, n: int) -> tuple[list[float
 
 
 def cuda_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelcast",
-               flusher: L2Flusher | None = None, launch_cover: LaunchCover | None = None, pause_every: int = 0) -> Steps:
+               flusher: L2Flusher | None = None, launch_cover: LaunchCover | None = None, turns: Turns | None = None) -> Steps:
     """The CUDA timed loop of `protocol` as steps (see time_cuda); returns a Timing.
-    `pause_every`: gpumode only (gpumode_steps)."""
+    `turns`: gpumode only (gpumode_steps)."""
     if protocol == "gpumode":
         return (yield from gpumode_steps(feed, device="cuda", max_repeats=min(settings.max_reps, GPUMODE_MAX_REPEATS),
-                                         pause_every=pause_every))
+                                         turns=turns))
     flush = flusher.flush if (protocol == "kernelcast" and flusher is not None) else None
     cover = launch_cover if protocol == "kernelcast" else None
     clone_inside = protocol == "paper"
@@ -632,25 +632,48 @@ def gpumode_should_stop(durations_ns: list[float], wall_ns: float, max_time_ns: 
     return err / mean < GPUMODE_REL_ERR or mean * n > max_time_ns or wall_ns > GPUMODE_WALL_NS
 
 
+class Turns:
+    """Two gpumode loops timed by turns (interleaved_steps): how many timed calls a turn has, and
+    which loops' stopping rules have been met. A loop whose rule is met goes on until the other's
+    is too (or its own call cap): the side that stopped first did not meet the other's noisier
+    stretch (identical code on an H100, 2026-12-05: the reference stopped after 3 to 6 calls of a
+    0.5 ms case, the kernel met a slow stretch after it and made 100, a mean 22% apart)."""
+
+    def __init__(self, calls: int, loops: int = 2):
+        self.calls = calls
+        self.ready = [False] * loops  # all loops count from the start, before the later ones make a call
+        self.joined = 0
+
+    def join(self) -> int:
+        self.joined += 1
+        return self.joined - 1
+
+
 def gpumode_steps(feed: Feed, *, device: str, max_repeats: int = GPUMODE_MAX_REPEATS,
-                  max_time_ns: float = GPUMODE_MAX_TIME_NS, pause_every: int = 0) -> Steps:
+                  max_time_ns: float = GPUMODE_MAX_TIME_NS, turns: Turns | None = None) -> Steps:
     """GPU MODE's timed loop (module docstring) as steps; returns a Timing.
 
-    `pause_every` > 0: after every that many timed calls the loop yields PAUSE, so that
-    `interleaved_steps` can run another loop's calls, and on resuming makes one untimed call
-    (what the other loop's calls evicted from the caches is back, as GPU MODE's loop has it).
-    The time paused does not count towards the loop's wall-time limit.
+    With `turns`: after every `turns.calls` timed calls the loop yields PAUSE, so that
+    `interleaved_steps` can run the other loop's calls, and on resuming makes one untimed call
+    (what the other loop's calls evicted from the caches is back, as GPU MODE's loop has it); it
+    stops once its own rule and the other loop's have been met. Time paused does not count
+    towards the loop's wall-time limit.
     """
     durations_ms: tuple[float, ...] = ()
     walls: list[float] = []
     brackets_ms: tuple[float, ...] = ()  # CPU: each call's time by a second clock, to hold the records to
     start_ns = time.perf_counter_ns()
     paused_ns = 0
+    me = turns.join() if turns is not None else -1
+    hand_over = False  # this loop's rule was just met: the other loop's turn now, to meet its own
     for i in range(max(1, max_repeats)):
-        if pause_every > 0 and i > 0 and i % pause_every == 0:
+        if turns is not None and i > 0 and (hand_over or i % turns.calls == 0):
+            hand_over = False
             p0 = time.perf_counter_ns()
             yield PAUSE
             paused_ns += time.perf_counter_ns() - p0
+            if turns.ready[me] and all(turns.ready):
+                break  # the other loop's rule was met in its turn
             out = yield feed.fill()  # untimed
             del out
         data = feed.fill()
@@ -673,8 +696,18 @@ def gpumode_steps(feed: Feed, *, device: str, max_repeats: int = GPUMODE_MAX_REP
             durations_ms = durations_ms + (took * 1e3,)
         feed.took(out)
         del out
-        if gpumode_should_stop([d * 1e6 for d in durations_ms], time.perf_counter_ns() - start_ns - paused_ns, max_time_ns):
-            break
+        if turns is not None and turns.ready[me]:
+            if all(turns.ready):
+                break
+        elif gpumode_should_stop([d * 1e6 for d in durations_ms], time.perf_counter_ns() - start_ns - paused_ns, max_time_ns):
+            if turns is None:
+                break
+            turns.ready[me] = True
+            if all(turns.ready):
+                break
+            hand_over = True
+    if turns is not None:
+        turns.ready[me] = True  # out of calls: the other loop need not wait for this one
     if device == "cuda":
         yield from wall_check_steps(feed, float(np.median(durations_ms)), float(np.median(walls)), 0.0,
                                     wall_check_calls(float(np.median(walls))))
@@ -704,7 +737,7 @@ def collector_paused():
 
 
 class PAUSE:  # noqa: N801 - a sentinel: a loop's sign that another loop may make calls now
-    """Yielded by a loop with `pause_every`; never passed to a callable."""
+    """Yielded by a loop timed by `Turns`; never passed to a callable."""
 
 
 class ReferenceFailed(Exception):
@@ -810,13 +843,13 @@ def check_recorded_cpu(times_ms: tuple[float, ...], brackets_ms: tuple[float, ..
                              f"({long} of {len(times_ms)} calls long)")
 
 
-def cpu_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelcast", pause_every: int = 0) -> Steps:
+def cpu_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelcast", turns: Turns | None = None) -> Steps:
     """The CPU timed loop of `protocol` as steps (see time_cpu); returns a Timing.
 
     Each call's wall time is read a second way, by `time.monotonic_ns` around it, and held to
-    the recorded times (check_recorded_cpu). `pause_every`: gpumode only (gpumode_steps)."""
+    the recorded times (check_recorded_cpu). `turns`: gpumode only (gpumode_steps)."""
     if protocol == "gpumode":
-        return (yield from gpumode_steps(feed, device="cpu", max_repeats=settings.max_reps, pause_every=pause_every))
+        return (yield from gpumode_steps(feed, device="cpu", max_repeats=settings.max_reps, turns=turns))
     clone_inside = protocol == "paper"
     data = feed.fill()
     out = yield (clone_data(data) if clone_inside else data)  # one warm-up call

@@ -9,8 +9,10 @@ import gc
 import itertools
 import json
 import sys
+import time
 
 import pytest
+import torch
 
 from pipelines.profiling import inputs, refcache, runner, taskload, timing
 
@@ -195,3 +197,49 @@ def test_the_cycle_collector_is_off_while_a_case_is_timed_and_back_on_after(tmp_
             assert not gc.isenabled()
             raise RuntimeError("raised while timed")
     assert gc.isenabled()
+
+
+def _clocked_loops(monkeypatch, kernel_ms, reference_ms, max_repeats=30, turns=None):
+    """The kernel's and the reference's gpumode loops on the CPU path, by turns, on a clock only
+    their calls move: each call of a side takes the next of its durations (cycled)."""
+    clock = [0.0]
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "perf_counter_ns", lambda: int(clock[0] * 1e9))
+    monkeypatch.setattr(time, "monotonic_ns", lambda: int(clock[0] * 1e9))
+
+    def calls(durations):
+        it = itertools.cycle(durations)
+
+        def call(data):
+            clock[0] += next(it) / 1e3
+            return data
+        return call
+
+    data = torch.ones(4)
+    if turns is None:
+        k = timing.drive(calls(kernel_ms), timing.gpumode_steps(timing.plain_feed(data), device="cpu",
+                                                                max_repeats=max_repeats))
+        r = timing.drive(calls(reference_ms), timing.gpumode_steps(timing.plain_feed(data), device="cpu",
+                                                                   max_repeats=max_repeats))
+        return k, r
+    loops = [timing.gpumode_steps(timing.plain_feed(data), device="cpu", max_repeats=max_repeats, turns=turns)
+             for _ in range(2)]
+    return timing.drive(calls(kernel_ms), timing.interleaved_steps(loops[0], loops[1], calls(reference_ms)))
+
+
+def test_by_turns_a_gpumode_loop_whose_rule_is_met_goes_on_until_the_others_is(monkeypatch):
+    """Alone, a loop with steady calls stops after 3 and a noisy one makes all its calls (cap 30).
+    By turns of 10, a loop whose rule is met hands the turn over at once and then takes turns as
+    long as the other goes on, so both meet the same stretches of the host; identical loops
+    stop alike."""
+    steady, noisy = [1.0], [1.0, 3.0]
+    k, r = _clocked_loops(monkeypatch, steady, noisy)
+    assert (k.reps, r.reps) == (3, 30)
+    # K 1-3 (met), R 1-10, K 4-10, R 11-20, K 11-20, R 21-30 (cap): K stops as it resumes
+    k, r = _clocked_loops(monkeypatch, steady, noisy, turns=timing.Turns(10))
+    assert (k.reps, r.reps) == (20, 30) and k.mean_ms == pytest.approx(1.0) and r.mean_ms == pytest.approx(2.0)
+    k, r = _clocked_loops(monkeypatch, steady, [2.0], turns=timing.Turns(10))
+    assert (k.reps, r.reps) == (3, 3)
+    # K 1-10, R 1-3 (met), K 11-20, R 4-10, K 21-30 (cap)
+    k, r = _clocked_loops(monkeypatch, noisy, steady, turns=timing.Turns(10))
+    assert (k.reps, r.reps) == (30, 10)
