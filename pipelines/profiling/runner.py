@@ -357,7 +357,8 @@ def check_steps(task, case: dict, device: str, salt: int = 0, into: Any = None, 
             data_k = copy_into(into, data_k)
         sync(device)
     except Exception as e:
-        raise KernelFailure("infrastructure", f"generate_input failed on {cid}: {_describe(e)}") from e
+        raise KernelFailure("infrastructure", f"generate_input failed on {cid}: {_describe(e)}",
+                            out_of_memory=isinstance(e, torch.cuda.OutOfMemoryError)) from e
     poison_free_memory(device, data_k)
     try:
         out = yield data_k
@@ -847,7 +848,8 @@ class Measurer:
                     else:
                         self.refs.pop(k, None)
                 failure = classify(e, self.device, f"reference on case {key[1]}")
-                raise KernelFailure("infrastructure", failure.message, restart=failure.restart) from e
+                raise KernelFailure("infrastructure", failure.message, restart=failure.restart,
+                                    out_of_memory=failure.out_of_memory) from e
             self.refs[key] = (kept[-REF_KEEP:], time.monotonic())
         return new
 
@@ -892,6 +894,13 @@ class Measurer:
                     result["out_of_memory"] = True
             if result["check_s"] is None:
                 result["check_s"] = time.perf_counter() - t0
+        except torch.cuda.OutOfMemoryError as e:
+            # The harness's own allocations (a case's input, its timed variants) out of memory:
+            # not the kernel's failure; measured once more after the cache is emptied.
+            self.free_input_cache()
+            result.update(status="failed", failure_kind="infrastructure", restart=False,
+                          error=one_line(f"the harness ran out of GPU memory: {_describe(e)}"),
+                          out_of_memory=not job.get("after_out_of_memory"))
         finally:
             t = time.perf_counter()
             unload_kernel(path)
@@ -935,7 +944,8 @@ class Measurer:
                 task.ref_kernel, turn, seconds)
         except ReferenceFailed as e:
             failure = classify(e.__cause__ or e, self.device, f"reference on case {cid}")
-            raise KernelFailure("infrastructure", failure.message, restart=failure.restart) from e
+            raise KernelFailure("infrastructure", failure.message, restart=failure.restart,
+                                out_of_memory=failure.out_of_memory) from e
         finally:
             turn("kernel")
             phases["timing_s"] += seconds.get("kernel", 0.0)

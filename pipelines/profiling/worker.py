@@ -519,7 +519,8 @@ class _Run:
                 msg = self._measured(sb, kernel, msg)
                 measured = (kernel, msg, sb.compile_s, sb.layers)
                 sb.jobs_done += 1
-                if msg.get("out_of_memory") and msg.get("failure_kind") == "runtime_error" and not kernel.get(OOM_RETRY_KEY):
+                if (msg.get("out_of_memory") and msg.get("failure_kind") in ("runtime_error", "infrastructure")
+                        and not kernel.get(OOM_RETRY_KEY)):
                     # Out of GPU memory: the harness's caches (the child has just emptied its
                     # own) may be what filled it, so the kernel is measured once more before
                     # the failure is its own.

@@ -243,3 +243,27 @@ def test_by_turns_a_gpumode_loop_whose_rule_is_met_goes_on_until_the_others_is(m
     # K 1-10, R 1-3 (met), K 11-20, R 4-10, K 21-30 (cap)
     k, r = _clocked_loops(monkeypatch, noisy, steady, turns=timing.Turns(10))
     assert (k.reps, r.reps) == (30, 10)
+
+
+def test_the_harness_out_of_gpu_memory_empties_the_input_cache_and_is_not_the_kernels_failure(tmp_path, monkeypatch):
+    """An input the harness makes for a timed case out of memory (H100, 2026-12-05: trimul's and
+    cross_entropy's largest cases with the cache at 30% of the card) is `infrastructure`, with the
+    input cache emptied and the kernel flagged to be measured once more; the second time it is
+    not flagged again."""
+    _load_recorded(tmp_path, monkeypatch)
+    kernel = tmp_path / "k.py"
+    kernel.write_text(KERNEL)
+    m = runner.Measurer({"device": "cpu", "protocol": "kernelcast", "max_reps": 3, "ref_refresh_s": 1e9})
+    feed = m.timed_feed
+
+    def out_of_memory(*a, **k):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1.96 GiB")
+
+    monkeypatch.setattr(m, "timed_feed", out_of_memory)
+    first = m.measure({"path": str(kernel), "task": "recorded"}, lambda _: None)
+    assert (first["status"], first["failure_kind"], first["out_of_memory"]) == ("failed", "infrastructure", True)
+    assert "out of memory" in first["error"] and not inputs.CACHE.items
+    again = m.measure({"path": str(kernel), "task": "recorded", "after_out_of_memory": True}, lambda _: None)
+    assert again["failure_kind"] == "infrastructure" and not again.get("out_of_memory")
+    monkeypatch.setattr(m, "timed_feed", feed)
+    assert m.measure({"path": str(kernel), "task": "recorded"}, lambda _: None)["status"] == "ok"
