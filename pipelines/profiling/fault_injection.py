@@ -194,7 +194,7 @@ def _outside(stage: dict, listener, unix, layers: set[str], hostile_run: bool, p
             problems.append(f"files written outside the sandbox: {outside['files_written_outside']}")
         if outside["warehouse_changed"] and ({"landlock", "uid", "mountns"} & layers):
             problems.append("the warehouse file changed")
-        if outside["heard_on_loopback"] and "netns" in layers:
+        if outside["heard_on_loopback"] and ({"netns", "landlock-net", "netlock"} & layers):
             problems.append(f"the loopback listener heard {outside['heard_on_loopback']}")
         if outside["heard_on_unix_socket"] and ({"nounix", "sockets"} & layers):
             problems.append(f"the Unix socket listener heard {outside['heard_on_unix_socket']}")

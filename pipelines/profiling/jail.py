@@ -27,6 +27,11 @@ Layers (names as recorded in the measurement row's `sandbox` column):
     landlock   writes only inside the private directory, the shared Triton cache and the
                device files; no ptrace of or signals to processes outside (Linux Landlock)
     landlock-net  no TCP connect/bind, where there is no network namespace
+    netlock    Landlock's network rules alone, no file rules (Linux 6.7, ABI 4): no TCP connect
+               or bind and, from ABI 6 (Linux 6.12), no abstract Unix socket or signal outside
+               the child. For hosts where the network namespace, seccomp and Landlock's file
+               rules all keep CUDA from starting (an H100 host, 2026-12-05: a kernel reached a TCP
+               port and an abstract Unix socket there)
     mountns    a private mount namespace in which every filesystem is read-only (remounted) but
                the private directory and the shared Triton cache (bound onto themselves first);
                device files stay usable, /proc/sys is read-only. It keeps files safe where
@@ -184,6 +189,32 @@ def apply_landlock(writable_dirs: list[str], writable_files: list[str], block_tc
     finally:
         os.close(fd)
     return layers
+
+
+def apply_landlock_net() -> list[str]:
+    """Landlock with network rules and scopes only (the `netlock` layer): no TCP connect or bind,
+    and from ABI 6 no abstract Unix socket or signal outside this process's domain. Files are
+    left alone. Raises OSError where the kernel has no Landlock network rules."""
+    abi = landlock_abi()
+    if abi < 4:
+        raise OSError(f"Landlock network rules need ABI 4 (Linux 6.7); this kernel has {abi or 'none'}")
+    attr = _RulesetAttr(handled_access_net=NET_BIND_TCP | NET_CONNECT_TCP)  # no rule allows any port
+    size = 16
+    if abi >= 6:
+        attr.scoped, size = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL, 24
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    fd = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        raise OSError(f"landlock_create_ruleset: {_errno_text()}")
+    try:
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(f"no_new_privs: {_errno_text()}")
+        if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            raise OSError(f"landlock_restrict_self: {_errno_text()}")
+    finally:
+        os.close(fd)
+    return ["netlock"]
 
 
 def _unshare(flags: int) -> None:
@@ -841,6 +872,11 @@ def _filter(spec: dict, want: set[str], in_netns: bool, layers: list[str], notes
                                      block_tcp=not in_netns)
         except OSError as e:
             notes["landlock"] = str(e)
+    if "netlock" in want:  # in a network namespace too: nothing there needs TCP, and a layer more holds
+        try:
+            layers += apply_landlock_net()
+        except OSError as e:
+            notes["netlock"] = str(e)
 
 
 def run(spec: dict, argv: list[str]) -> None:

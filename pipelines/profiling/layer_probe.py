@@ -79,7 +79,8 @@ sys.stdout.write(os.environ.get("KERNELCAST_SANDBOX_LAYERS", ""))
 
 # Dropped in this order when CUDA will not start; `mountns` last: where Landlock has to go, it is
 # what still keeps a kernel from writing outside its private directory.
-CUDA_FRAGILE_LAYERS = ("nounix", "proc", "sockets", "shm", "masks", "landlock", "netns", "pidns", "seccomp", "mountns")
+CUDA_FRAGILE_LAYERS = ("nounix", "proc", "sockets", "shm", "masks", "landlock", "netlock", "netns", "pidns", "seccomp",
+                       "mountns")
 
 
 def _probe_once(policy: SandboxPolicy, device: str, uid: int | None) -> tuple[list[str] | None, dict[str, str], str]:

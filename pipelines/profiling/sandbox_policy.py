@@ -37,7 +37,7 @@ ALLOWED_ENV = (
     "KERNELCAST_SHIP",
 )
 WANTED_LAYERS = ("uid", "netns", "pidns", "mountns", "masks", "sockets", "shm", "proc", "rlimits", "seccomp", "nounix",
-                 "landlock")
+                 "landlock", "netlock")
 ROOT_FALLBACK = "nocaps"  # as root without a sandbox uid: root's uid, no capabilities
 
 

@@ -339,3 +339,47 @@ def test_the_seccomp_layer_alone_refuses_network_sockets_and_keeps_unix_ones(ope
         pytest.skip(f"this host refuses seccomp filters: {res.stderr.strip()}")
     lines = res.stdout.split()
     assert res.stdout.count("refused") == 2 and "seccomp" in lines[-1].split(",")
+
+
+def test_netlock_alone_refuses_tcp_and_abstract_unix_sockets_and_leaves_files_alone(open_dir):
+    """The `netlock` layer (Landlock's network rules and scopes, no file rules), on its own: no
+    TCP connect to a listener of this process, no abstract Unix socket of it (ABI 6), and writes
+    where the child may write still work. For hosts where the network namespace, seccomp and
+    Landlock's file rules keep CUDA from starting."""
+    abi = jail.landlock_abi()
+    if abi < 4:
+        pytest.skip(f"Landlock network rules need ABI 4; this kernel has {abi}")
+    tcp = socket.socket()
+    tcp.bind(("127.0.0.1", 0))
+    tcp.listen(4)
+    abstract = socket.socket(socket.AF_UNIX)
+    name = f"\0kc-netlock-{os.getpid()}"
+    abstract.bind(name)
+    abstract.listen(4)
+    private = open_dir / "private"
+    private.mkdir()
+    program = f"""
+import os, socket
+def attempt(what, make, address):
+    s = make()
+    try:
+        s.connect(address)
+        print(what, "connected")
+    except OSError as e:
+        print(what, type(e).__name__)
+attempt("tcp", socket.socket, ("127.0.0.1", {tcp.getsockname()[1]}))
+attempt("abstract", lambda: socket.socket(socket.AF_UNIX), {name!r})
+open({str(private / "f")!r}, "w").write("x")
+print("layers", os.environ["KERNELCAST_SANDBOX_LAYERS"])
+"""
+    spec = {"private_dir": str(private), "uid": None, "gid": None, "want": ["netlock"], "limits": {}}
+    try:
+        res = _jail(spec, [sys.executable, "-c", program])
+    finally:
+        tcp.close()
+        abstract.close()
+    out = dict(line.split(" ", 1) for line in res.stdout.splitlines())
+    assert "netlock" in out["layers"].split(","), (res.stdout, res.stderr)
+    assert out["tcp"] == "PermissionError", out
+    assert out["abstract"] == ("PermissionError" if abi >= 6 else "connected"), out
+    assert (private / "f").read_text() == "x"
