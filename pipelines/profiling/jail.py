@@ -136,6 +136,36 @@ def landlock_abi() -> int:
     return max(0, int(abi))
 
 
+def _restrict_self(attr: _RulesetAttr, size: int, path_rules: list[tuple[str, int]]) -> None:
+    """Create a Landlock ruleset of `attr` (its first `size` bytes: the fields this ABI has), add
+    `path_rules` ((path, rights) allowed beneath it; a path this host lacks is skipped), and
+    restrict this process with it (no_new_privs first). Raises OSError when the kernel refuses."""
+    libc = _libc()
+    libc.syscall.restype = ctypes.c_long
+    fd = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
+    if fd < 0:
+        raise OSError(f"landlock_create_ruleset: {_errno_text()}")
+    try:
+        for path, rights in path_rules:
+            try:
+                target = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except OSError:
+                continue  # a device file this host does not have
+            try:
+                rule = _PathBeneathAttr(allowed_access=rights, parent_fd=target)
+                if libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
+                                ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
+                    raise OSError(f"landlock_add_rule {path}: {_errno_text()}")
+            finally:
+                os.close(target)
+        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+            raise OSError(f"no_new_privs: {_errno_text()}")
+        if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
+            raise OSError(f"landlock_restrict_self: {_errno_text()}")
+    finally:
+        os.close(fd)
+
+
 def apply_landlock(writable_dirs: list[str], writable_files: list[str], block_tcp: bool) -> list[str]:
     """Allow writes only beneath `writable_dirs` and to `writable_files`; returns the layers set.
 
@@ -164,30 +194,7 @@ def apply_landlock(writable_dirs: list[str], writable_files: list[str], block_tc
     if abi >= 6:
         size = 24
         attr.scoped = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
-    libc = _libc()
-    libc.syscall.restype = ctypes.c_long
-    fd = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if fd < 0:
-        raise OSError(f"landlock_create_ruleset: {_errno_text()}")
-    try:
-        for path, rights in [(d, dir_rights) for d in writable_dirs] + [(f, file_rights) for f in writable_files]:
-            try:
-                target = os.open(path, os.O_PATH | os.O_CLOEXEC)
-            except OSError:
-                continue  # a device file this host does not have
-            try:
-                rule = _PathBeneathAttr(allowed_access=rights, parent_fd=target)
-                if libc.syscall(SYS_LANDLOCK_ADD_RULE, ctypes.c_int(fd), ctypes.c_int(LANDLOCK_RULE_PATH_BENEATH),
-                                ctypes.byref(rule), ctypes.c_uint32(0)) != 0:
-                    raise OSError(f"landlock_add_rule {path}: {_errno_text()}")
-            finally:
-                os.close(target)
-        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(f"no_new_privs: {_errno_text()}")
-        if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
-            raise OSError(f"landlock_restrict_self: {_errno_text()}")
-    finally:
-        os.close(fd)
+    _restrict_self(attr, size, [(d, dir_rights) for d in writable_dirs] + [(f, file_rights) for f in writable_files])
     return layers
 
 
@@ -202,18 +209,7 @@ def apply_landlock_net() -> list[str]:
     size = 16
     if abi >= 6:
         attr.scoped, size = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL, 24
-    libc = _libc()
-    libc.syscall.restype = ctypes.c_long
-    fd = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(size), ctypes.c_uint32(0))
-    if fd < 0:
-        raise OSError(f"landlock_create_ruleset: {_errno_text()}")
-    try:
-        if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
-            raise OSError(f"no_new_privs: {_errno_text()}")
-        if libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ctypes.c_int(fd), ctypes.c_uint32(0)) != 0:
-            raise OSError(f"landlock_restrict_self: {_errno_text()}")
-    finally:
-        os.close(fd)
+    _restrict_self(attr, size, [])
     return ["netlock"]
 
 
