@@ -664,10 +664,11 @@ def gpumode_steps(feed: Feed, *, device: str, max_repeats: int = GPUMODE_MAX_REP
     brackets_ms: tuple[float, ...] = ()  # CPU: each call's time by a second clock, to hold the records to
     start_ns = time.perf_counter_ns()
     paused_ns = 0
-    me = turns.join() if turns is not None else -1
+    turns = turns or Turns(calls=max(1, max_repeats) + 1, loops=1)  # alone: no pause, its own rule stops it
+    me = turns.join()
     hand_over = False  # this loop's rule was just met: the other loop's turn now, to meet its own
     for i in range(max(1, max_repeats)):
-        if turns is not None and i > 0 and (hand_over or i % turns.calls == 0):
+        if i > 0 and (hand_over or i % turns.calls == 0):
             hand_over = False
             p0 = time.perf_counter_ns()
             yield PAUSE
@@ -696,18 +697,12 @@ def gpumode_steps(feed: Feed, *, device: str, max_repeats: int = GPUMODE_MAX_REP
             durations_ms = durations_ms + (took * 1e3,)
         feed.took(out)
         del out
-        if turns is not None and turns.ready[me]:
-            if all(turns.ready):
-                break
-        elif gpumode_should_stop([d * 1e6 for d in durations_ms], time.perf_counter_ns() - start_ns - paused_ns, max_time_ns):
-            if turns is None:
-                break
-            turns.ready[me] = True
-            if all(turns.ready):
-                break
-            hand_over = True
-    if turns is not None:
-        turns.ready[me] = True  # out of calls: the other loop need not wait for this one
+        if not turns.ready[me] and gpumode_should_stop([d * 1e6 for d in durations_ms],
+                                                       time.perf_counter_ns() - start_ns - paused_ns, max_time_ns):
+            turns.ready[me] = hand_over = True
+        if turns.ready[me] and all(turns.ready):
+            break
+    turns.ready[me] = True  # out of calls: the other loop need not wait for this one
     if device == "cuda":
         yield from wall_check_steps(feed, float(np.median(durations_ms)), float(np.median(walls)), 0.0,
                                     wall_check_calls(float(np.median(walls))))
