@@ -1037,7 +1037,7 @@ class Measurer:
                 phases["recheck_s"] += time.perf_counter() - t
             # After the re-check (the verifier's plan puts it first): wrong on new values is
             # `incorrect` there; wrong only when timed is `tampered`.
-            kept, feed.kept = feed.kept, []
+            kept = feed.take_kept()
             held += [Held(case, s, out, f"{cid} (a timed call)") for s, out in kept]
             del feed, data, kept
         t = time.perf_counter()

@@ -380,7 +380,11 @@ class Feed:
         keep: how many outputs to keep: a uniform sample of all calls made through the feed,
             drawn after each call (reservoir sampling with the OS CSPRNG, which no kernel can
             seed or predict); each kept output is cloned then (so a buffer the kernel reuses
-            cannot change it later).
+            cannot change it later). Where `keep` is at least the number of salts, the sample
+            covers every salt: keep // len(salts) outputs of each salt's calls (a reservoir per
+            salt). With one sample for two variants, a kernel right on one variant's values and
+            just past the tolerance on the other's was `ok` or `incorrect` on the draw (H100,
+            2026-12-05: 7 and 9 of one kernel family); covered, it is the same every time.
         device: "cuda" | "cpu".
     """
 
@@ -389,12 +393,25 @@ class Feed:
         self.data, self.variant, self.salts, self.keep, self.device = data, variant, tuple(salts), keep, device
         self.calls = 0
         self.salt = 0
-        self.kept: list[tuple[int, Any]] = []  # (salt, output clone)
         self._rng = secrets.SystemRandom()
         # The salts in a random order, taken in turn: no two calls share values until all were used.
         self._order = list(self.salts)
         self._rng.shuffle(self._order)
         self._filled = 0
+        # reservoir key -> [calls seen, [(salt, output clone)]]: one per salt where the sample covers the salts
+        self.per_salt = keep // len(self.salts) if self.salts and variant is not None and keep >= len(self.salts) else 0
+        self._reservoirs: dict[int | None, list] = {}
+
+    @property
+    def kept(self) -> list[tuple[int, Any]]:
+        """The kept (salt, output clone) pairs, the salts' in salt order."""
+        return [pair for key in sorted(self._reservoirs, key=lambda k: -1 if k is None else k)
+                for pair in self._reservoirs[key][1]]
+
+    def take_kept(self) -> list[tuple[int, Any]]:
+        """The kept pairs, handed over: the feed keeps no reference to them."""
+        kept, self._reservoirs = self.kept, {}
+        return kept
 
     def fill(self) -> Any:
         """The input of the next call: the next variant's values written into the same buffers."""
@@ -405,20 +422,24 @@ class Feed:
         return self.data
 
     def took(self, out: Any) -> None:
-        """After a call: keep its output with probability keep / calls (replacing a kept one)."""
+        """After a call: keep its output with probability keep / calls of its reservoir (replacing a kept one)."""
         self.calls += 1
         if self.keep <= 0:
             return
-        if len(self.kept) < self.keep:
-            slot = len(self.kept)
-            self.kept.append((0, None))
+        key, keep = (self.salt, self.per_salt) if self.per_salt else (None, self.keep)
+        seen, kept = self._reservoirs.setdefault(key, [0, []])
+        seen += 1
+        self._reservoirs[key][0] = seen
+        if len(kept) < keep:
+            slot = len(kept)
+            kept.append((0, None))
         else:
-            slot = self._rng.randrange(self.calls)
-            if slot >= self.keep:
+            slot = self._rng.randrange(seen)
+            if slot >= keep:
                 return
         if self.device == "cuda":
             torch.cuda.synchronize()  # the output is complete before it is copied
-        self.kept[slot] = (self.salt, clone_data(out))
+        kept[slot] = (self.salt, clone_data(out))
 
 
 def plain_feed(data: Any) -> Feed:

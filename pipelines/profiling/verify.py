@@ -63,13 +63,21 @@ def timed_draws(device: str, config: dict | None = None) -> tuple[tuple[int, ...
     """(the salts timed calls take their input values from, the outputs of timed calls verified per case).
 
     config keys `timed_variants` and `timed_samples` (the worker's --timed-variants and
-    --timed-samples) override the defaults: 8 variants on the CPU (each call of a case its own
-    values), two on a GPU; one verified output per case.
+    --timed-samples) override the defaults: on the CPU 8 variants (each call of a case its own
+    values) and one verified output per case; on a GPU two variants and one verified output of
+    each. From as many samples as variants on, the sample covers the variants (timing.Feed): the
+    count is rounded down to a multiple of the variants, so that the plan and the feed agree.
+
+    >>> [timed_draws(d, c)[1] for d, c in (("cpu", {}), ("cuda", {}), ("cuda", {"timed_samples": 5}),
+    ...                                     ("cuda", {"timed_samples": 1}))]
+    [1, 2, 4, 1]
     """
     config = config or {}
     default = CPU_TIMED_VARIANTS if device == "cpu" else CUDA_TIMED_VARIANTS
     variants = max(1, int(config.get("timed_variants") or default))
-    samples = max(1, int(config.get("timed_samples") or 1))
+    samples = max(1, int(config.get("timed_samples") or (1 if device == "cpu" else variants)))
+    if samples >= variants:
+        samples -= samples % variants
     return tuple(TIMED_SALT_BASE + i for i in range(variants)), samples
 
 

@@ -818,7 +818,7 @@ def _parser() -> argparse.ArgumentParser:
                          "~/.cache/kernelcast/reference-timings.json; off: none)")
     ap.add_argument("--timed-variants", type=int, default=None,
                     help="input variants the timed calls draw from (default: 8 on cpu, 2 on cuda)")
-    ap.add_argument("--timed-samples", type=int, default=None, help="outputs of timed calls verified per case (default 1)")
+    ap.add_argument("--timed-samples", type=int, default=None, help="outputs of timed calls verified per case (default: 1 on cpu; on cuda one of each variant, 2); from as many as the variants on, every variant gets the same share")
     ap.add_argument("--order", choices=("task", "given"), default=d.order,
                     help="task (default): tasks take turns in runs of 64 kernels, torch.compile kernels last; given: the batch's order")
     ap.add_argument("--min-reps", type=int, default=None, help="timed calls per case at least (GPU; default 3)")

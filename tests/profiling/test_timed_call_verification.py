@@ -144,6 +144,54 @@ def test_the_feed_keeps_a_uniform_sample_drawn_after_each_call_and_clones_it():
     assert len({tuple(timing.Feed(data, variants.__getitem__, (1, 2, 3))._order) for _ in range(50)}) > 1
 
 
+def test_a_sample_as_large_as_the_variants_covers_every_variant_each_time():
+    """One verified output for two variants made a kernel just past the tolerance on one variant's
+    values `ok` or `incorrect` on the draw; a sample of one per variant decides the same each time."""
+    data = torch.zeros(4)
+    variants = {s: torch.full((4,), float(s)) for s in (7, 9)}
+    for calls in (2, 3, 40):
+        for _ in range(50):
+            feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=2)
+            for _ in range(calls):
+                feed.took(feed.fill())
+            kept = feed.take_kept()
+            assert [s for s, _ in kept] == [7, 9]
+            assert all(torch.equal(out, variants[s]) for s, out in kept)
+            assert feed.kept == []
+    # the GPU default: two variants, one verified output of each; the plan asks for both
+    salts, samples = verify.timed_draws("cuda")
+    assert (len(salts), samples) == (2, 2)
+    assert verify.timed_draws("cuda", {"timed_samples": 3})[1] == 2
+    assert verify.timed_draws("cpu") == (tuple(verify.TIMED_SALT_BASE + i for i in range(8)), 1)
+
+
+WRONG_ON_ONE_VARIANT = """
+import torch
+from pipelines.profiling import inputs, taskload, verify
+
+_task = taskload.load_task("tiny_scale")
+
+
+def custom_kernel(data):  # right except on the values of the second timed variant of its case
+    case = next(c for c in _task.correctness_cases if c["n"] == data.numel())
+    odd = inputs.make_input(_task, case, verify.TIMED_SALT_BASE + 1)
+    return data * 2.0 + (1.5 if torch.equal(data, odd) else 1.0)
+"""
+
+
+def test_a_kernel_wrong_on_one_timed_variant_is_incorrect_every_time(tiny_task, tmp_path):
+    path = tmp_path / "k.py"
+    path.write_text(WRONG_ON_ONE_VARIANT)
+    kinds = []
+    for _ in range(6):
+        m = runner.Measurer({"device": "cpu", "protocol": "kernelcast", "max_reps": 3,
+                             "timed_variants": 2, "timed_samples": 2})
+        result = m.measure({"path": str(path), "task": "tiny_scale"}, lambda phase: None)
+        kinds.append(result["failure_kind"])
+        assert "(a timed call)" in (result["error"] or ""), result
+    assert kinds == ["incorrect"] * 6
+
+
 def test_timed_call_steps_are_planned_and_a_wrong_one_is_tampered(tiny_task):
     plan = verify.verification_plan(tiny_task, "measure", "cpu", "kernelcast")
     cid = [tiny_task.case_id(c) for c in tiny_task.correctness_cases]
