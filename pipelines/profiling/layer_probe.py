@@ -104,6 +104,7 @@ def _probe_once(policy: SandboxPolicy, device: str, uid: int | None) -> tuple[li
     return [x for x in res.stdout.strip().split(",") if x], notes, ""
 
 
+PROBE_SLOT = 1023  # uid_base + this, and the slots below it down to the pool's last (sandbox_policy.UidPool: 0-999)
 MEMO_ENV = "KERNELCAST_SANDBOX_MEMO"  # the memo file; "off" probes every layer every time
 MEMO_TTL_S = 24 * 3600.0
 
@@ -181,7 +182,7 @@ def _sandbox_uid(policy: SandboxPolicy, notes: dict[str, str]) -> int | None:
     if "uid" not in policy.layers:
         return None
     if is_root():
-        return policy.uid_base + 1023  # a slot the children never take
+        return policy.uid_base + PROBE_SLOT  # slots the children never take (this one and the ones below it)
     notes["uid"] = "not started as root: children keep this user's uid"
     return None
 
@@ -220,8 +221,12 @@ def _probe_all(policy: SandboxPolicy, device: str) -> tuple[LayerReport, dict[st
         return _probe_in_turn(policy, device, notes, uid)
     base = policy.without(*fragile)
     trials = {"": policy, "-": base} | {layer: _with(base, layer) for layer in fragile}
+    # Each attempt as a uid of its own: RLIMIT_NPROC counts a uid's threads, and thirteen CUDA
+    # starts as one uid went past a limit of 128 (`fault_injection`'s), so every fragile layer
+    # looked broken on an H100 where a worker with the default limit had them all.
+    uids = [uid if uid is None else uid - i for i in range(len(trials))]
     with ThreadPoolExecutor(max_workers=len(trials)) as pool:
-        done = dict(zip(trials, pool.map(lambda p: _probe_once(p, device, uid), trials.values())))
+        done = dict(zip(trials, pool.map(lambda p, u: _probe_once(p, device, u), trials.values(), uids)))
     got, found, error = done[""]
     if got is not None:
         return _finish(got, found, error, notes), {}
