@@ -352,7 +352,7 @@ class ExpectedOutputs:
         return out
 
 
-SPARE_GPU_BYTES = 2 * 2**30  # memory the verifier's allocator may hold beyond what it keeps
+SPARE_GPU_BYTES = 2 * 2**30  # what the verifier's allocator may hold beyond what it keeps
 
 
 def release_spare_gpu_memory(device: str, spare: int = SPARE_GPU_BYTES) -> bool:
@@ -360,8 +360,10 @@ def release_spare_gpu_memory(device: str, spare: int = SPARE_GPU_BYTES) -> bool:
 
     The reference's work on a large case (trimul's: several GiB of intermediates) stays reserved
     in this process after the check, where the measuring child cannot have it: on an 80 GB H100
-    (2026-12-05) one process held 43.6 GiB while the kernels of 11 trimul kernels ran out of
-    memory twice, their own input cache emptied. Returns whether memory was given back.
+    (2026-12-05) one process held 40-44 GiB while 11 trimul kernels of a fresh batch, and the
+    reference itself as a kernel in four runs of four, ran out of memory twice, their own input
+    cache emptied; giving back what it held beyond 2 GiB, none did (1,087 kernels, and three runs
+    of the reference as a kernel). Returns whether memory was given back.
     """
     if device != "cuda":
         return False

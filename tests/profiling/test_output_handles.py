@@ -129,13 +129,14 @@ def test_the_verifier_gives_back_spare_gpu_memory_only_on_a_gpu():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_the_verifier_gives_back_what_its_allocator_holds_beyond_the_spare():
     """A reference's intermediates, freed, stay reserved by torch's allocator until given back."""
-    work = torch.empty(3 * 2**30, dtype=torch.uint8, device="cuda")
+    spare = 2**30
+    work = torch.empty(2 * spare, dtype=torch.uint8, device="cuda")
     kept = torch.empty(2**20, dtype=torch.uint8, device="cuda")
     del work
-    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > verify.SPARE_GPU_BYTES
-    assert verify.release_spare_gpu_memory("cuda") is True
-    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() <= verify.SPARE_GPU_BYTES
-    assert verify.release_spare_gpu_memory("cuda") is False and kept.numel() == 2**20
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > spare
+    assert verify.release_spare_gpu_memory("cuda", spare) is True
+    assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() <= spare
+    assert verify.release_spare_gpu_memory("cuda", spare) is False and kept.numel() == 2**20
 
 
 @pytest.mark.parametrize("tree", [

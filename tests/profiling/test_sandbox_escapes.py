@@ -324,6 +324,32 @@ def test_the_probe_retries_a_layer_dropped_before_the_one_that_was_at_fault(monk
     assert "breaks CUDA" in report.notes["netns"] and "uid" not in report.notes
 
 
+def test_probes_side_by_side_each_run_as_a_uid_of_their_own(monkeypatch):
+    """RLIMIT_NPROC counts a uid's threads: thirteen CUDA starts as one uid went past a limit of
+    128 on an H100, and every CUDA-fragile layer looked broken there. The CUDA start is replaced
+    by a count of the attempts running at once per uid (no GPU here)."""
+    import threading
+
+    lock, running, most = threading.Lock(), {}, {}
+
+    def fake_once(policy, device, uid):
+        with lock:
+            running[uid] = running.get(uid, 0) + 1
+            most[uid] = max(most.get(uid, 0), running[uid])
+        time.sleep(0.05)
+        with lock:
+            running[uid] -= 1
+        return list(policy.layers), {}, ""
+
+    monkeypatch.setattr(layer_probe, "_probe_once", fake_once)
+    monkeypatch.setattr(layer_probe, "is_root", lambda: True)
+    policy = sandbox_policy.SandboxPolicy()
+    report, dropped = layer_probe._probe_all(policy, "cuda")
+    assert not dropped and "uid" in report.layers
+    assert len(most) == 2 + len(layer_probe.CUDA_FRAGILE_LAYERS) and set(most.values()) == {1}
+    assert all(policy.uid_base + 1000 <= u <= policy.uid_base + layer_probe.PROBE_SLOT for u in most)
+
+
 def test_json_is_bounded_before_it_is_decoded():
     assert sandbox.loads_bounded(b'{"a": [[1], "]]]]]]"]}', max_depth=3) == {"a": [[1], "]]]]]]"]}
     for raw in (b"[" * 200000, b"[" * 40 + b"]" * 40, b" " * (sandbox.MAX_MESSAGE_BYTES + 1)):
