@@ -76,6 +76,7 @@ from pipelines.profiling.timing import (
     gpumode_warmup_steps,
     interleaved_steps,
     plain_feed,
+    top_up_steps,
 )
 from pipelines.profiling.verify import RECHECK_SEED_SALT, recheck_salts, timed_cases, timed_draws
 
@@ -1026,6 +1027,7 @@ class Measurer:
                     else:
                         timings.append((yield from self.timed_case_steps(feed, first=i == 0)))
                         phases["timing_s"] += time.perf_counter() - t
+                yield from top_up_steps(feed, self.device)
             except KernelFailure:
                 raise
             except Exception as e:

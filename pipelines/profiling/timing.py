@@ -413,13 +413,26 @@ class Feed:
         kept, self._reservoirs = self.kept, {}
         return kept
 
-    def fill(self) -> Any:
-        """The input of the next call: the next variant's values written into the same buffers."""
+    def fill(self, salt: int | None = None) -> Any:
+        """The input of the next call: the next variant's values (or `salt`'s) written into the same buffers."""
         if self._order and self.variant is not None:
-            self.salt = self._order[self._filled % len(self._order)]
-            self._filled += 1
+            if salt is None:
+                salt = self._order[self._filled % len(self._order)]
+                self._filled += 1
+            self.salt = salt
             _copy_values(self.data, self.variant(self.salt))
         return self.data
+
+    def short_salt(self) -> int | None:
+        """A salt whose share of the sample is not yet kept (None when the sample is complete):
+        where a case made fewer calls than the outputs it keeps (a slow kernel makes four)."""
+        if self.keep <= 0:
+            return None
+        if self.per_salt:
+            return next((s for s in sorted(self.salts) if len(self._reservoirs.get(s, (0, []))[1]) < self.per_salt), None)
+        if len(self._reservoirs.get(None, (0, []))[1]) < self.keep:
+            return self._order[self._filled % len(self._order)] if self._order else self.salt
+        return None
 
     def took(self, out: Any) -> None:
         """After a call: keep its output with probability keep / calls of its reservoir (replacing a kept one)."""
@@ -440,6 +453,19 @@ class Feed:
         if self.device == "cuda":
             torch.cuda.synchronize()  # the output is complete before it is copied
         kept[slot] = (self.salt, clone_data(out))
+
+
+def top_up_steps(feed: Feed, device: str) -> Steps:
+    """Untimed calls, through the same call site, until the feed holds every output the
+    verifier's plan asks of the case (verify.timed_draws): without them an honest kernel whose
+    case made fewer calls than outputs to keep (many variants, a slow kernel) would be short of
+    verdicts, and so `tampered`."""
+    while (salt := feed.short_salt()) is not None:
+        out = yield feed.fill(salt)
+        if device == "cuda":
+            torch.cuda.synchronize()
+        feed.took(out)
+        del out
 
 
 def plain_feed(data: Any) -> Feed:

@@ -79,7 +79,7 @@ _seen = {}
 def custom_kernel(data):
     n = _seen[data.numel()] = _seen.get(data.numel(), 0) + 1
     if data.numel() == 37 and n > 1:  # the second case has no re-check: after its check, no work
-        return torch.empty_like(data)
+        return torch.zeros_like(data)  # no work (zeros, not empty_like: freed memory may hold the right values)
     return data * 2.0 + 1.0
 '''
 
@@ -297,6 +297,27 @@ def test_timed_call_cheats_are_caught_on_the_cpu_worker_path(tiny_task, tmp_path
         assert r["status"] == "failed" and r["failure_kind"] in hostile.KINDS[name], f"{name}: {r['error']}"
     assert got["good"]["status"] == "ok" and 0.05 < got["good"]["speedup"] < 20  # not under a patched clock
     assert summary.phases_s["timing_s"] > 0 and summary.phases_s["compile_s"] > 0
+
+
+def test_a_case_with_fewer_calls_than_outputs_to_verify_is_topped_up_not_tampered(tiny_task, tmp_path):
+    """Eight variants, one verified output of each, at most two timed calls a case: the feed is
+    topped up with untimed calls through the same call site until the verifier's plan has every
+    output it asks for; short of them, an honest kernel would be `tampered`."""
+    data = torch.zeros(4)
+    variants = {s: torch.full((4,), float(s)) for s in range(8)}
+    feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=8)
+    feed.took(feed.fill())
+    timing.drive(lambda x: x.clone(), timing.top_up_steps(feed, "cpu"))
+    assert [s for s, _ in feed.kept] == list(range(8)) and feed.short_salt() is None
+    assert all(torch.equal(out, variants[s]) for s, out in feed.take_kept())
+
+    rows = [{"kernel_id": "good", "task": "tiny_scale", "source": (FIXTURES / "good_torch.py").read_text()}]
+    batch, out = tmp_path / "batch.parquet", tmp_path / "out.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=BATCH_SCHEMA), batch)
+    run_batch(batch, out, WorkerConfig(device="cpu", compile_workers=1, timeout_s=20, max_reps=2,
+                                       timed_variants=8, timed_samples=8))
+    (row,) = pq.read_table(out).to_pylist()
+    assert row["status"] == "ok", row["error"]
 
 
 # ---- reference timings cached across runs ------------------------------------------------------
