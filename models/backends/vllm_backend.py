@@ -147,7 +147,8 @@ class VLLMEngine:
         start_timeout_s: seconds to wait for the engine to load.
         kv_cache_gib: $VLLM_CPU_KVCACHE_SPACE for the child when the caller's environment has
             none (the CPU backend otherwise reserves 92% of RAM and refuses to start).
-        log_path: file for the child's stderr (vLLM's log); default a temp file.
+        log_path: file for the child's stderr (vLLM's log); default a temp file, removed by a
+            `close()` after which nothing went wrong and kept (errors name it) when something did.
 
     Attributes:
         starts: how many times an engine process was started (tests check caching with it).
@@ -174,6 +175,8 @@ class VLLMEngine:
         self.start_timeout_s = float(start_timeout_s)
         self.kv_cache_gib = int(kv_cache_gib)
         self.log_path = Path(log_path) if log_path else None
+        self._temp_log = False  # log_path was made here: removed on a clean close
+        self._trouble = False  # an error named the log: it is kept
         self.starts = 0
         self.info: dict[str, Any] = {}
         self._proc: subprocess.Popen | None = None
@@ -210,7 +213,7 @@ class VLLMEngine:
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix="kernelcast-vllm-", suffix=".log")
             os.close(fd)
-            self.log_path = Path(name)
+            self.log_path, self._temp_log = Path(name), True
         env = dict(os.environ)
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.kv_cache_gib))
         cmd = [python, "-P", str(RUNNER), "--model", self.model,
@@ -231,10 +234,10 @@ class VLLMEngine:
         try:
             event = self._next_event(self.start_timeout_s, "to load")
         except BackendError as exc:
-            self.close()
+            self._close_keeping_log()
             raise BackendError(f"vLLM engine failed to start: {exc}") from None
         if event.get("event") != "ready":
-            self.close()
+            self._close_keeping_log()
             message = event.get("message") or json.dumps(event)[:200]
             raise BackendError(f"vLLM engine failed to start: {message} (log {self.log_path})")
         self.info = event
@@ -252,7 +255,7 @@ class VLLMEngine:
         try:
             line = self._lines.get(timeout=timeout_s)
         except queue.Empty:
-            self.close(grace_s=1.0)  # it is hung: no point waiting for a clean exit
+            self._close_keeping_log(grace_s=1.0)  # it is hung: no point waiting for a clean exit
             raise BackendError(
                 f"vLLM engine timed out: nothing {doing} for {timeout_s:.0f}s (log {self.log_path})"
             ) from None
@@ -263,7 +266,7 @@ class VLLMEngine:
                     code = self._proc.wait(timeout=5)
                 except subprocess.TimeoutExpired:
                     pass
-            self.close(grace_s=1.0)  # reap it and any engine process it left behind
+            self._close_keeping_log(grace_s=1.0)  # reap it and any engine process it left behind
             raise BackendError(f"vLLM engine exited (code {code}) (log {self.log_path})")
         try:
             return json.loads(line)
@@ -283,6 +286,14 @@ class VLLMEngine:
             self._finalizer = None
         if proc is not None:
             _kill_group(proc, grace_s)
+        if self._temp_log and not self._trouble and self.log_path is not None:
+            self.log_path.unlink(missing_ok=True)
+            self.log_path, self._temp_log = None, False
+
+    def _close_keeping_log(self, grace_s: float = 15.0) -> None:
+        """close() where an error will name the log: the log stays for the user to read."""
+        self._trouble = True
+        self.close(grace_s)
 
     # --- batches ----------------------------------------------------------------------------
 
@@ -330,6 +341,7 @@ class VLLMEngine:
                     elif kind == "error":
                         raise BackendError(f"vLLM batch failed: {event.get('message')}")
             except BackendError as exc:
+                self._trouble = True  # its message may name the log
                 exc.results = results  # type: ignore[attr-defined]
                 raise
 

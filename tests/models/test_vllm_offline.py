@@ -347,6 +347,45 @@ def test_partial_results_stay_cached_and_child_is_gone(model_dir, tmp_path, mode
     assert not _exists(int(pidfile.read_text()))  # gone (or a zombie nobody reaped yet)
 
 
+CLEAN_RUNNER = """#!{python}
+# Stand-in for the vLLM python: ready, one batch answered, a clean exit at EOF.
+import json, sys
+print("a line of the engine's log", file=sys.stderr, flush=True)
+print(json.dumps({{"event": "ready", "vllm": "fake", "load_s": 0}}), flush=True)
+for line in sys.stdin:
+    print(json.dumps({{"event": "done", "batch": json.loads(line)["batch"]}}), flush=True)
+"""
+
+
+def test_the_engine_log_is_removed_after_a_clean_close_and_kept_when_named_by_an_error(tmp_path, monkeypatch):
+    """A temp log per engine start would pile up in the temp folder: a clean run leaves none,
+    a failed start leaves the one its error names."""
+    import tempfile
+
+    from models.backends.vllm_backend import VLLMEngine
+
+    logs = tmp_path / "tmp"
+    logs.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(logs))
+    clean = tmp_path / "clean-runner"
+    clean.write_text(CLEAN_RUNNER.format(python=sys.executable))
+    clean.chmod(clean.stat().st_mode | stat.S_IXUSR)
+    engine = VLLMEngine(tmp_path, python=clean)
+    assert engine.run([]) == {}
+    assert [p.name for p in logs.iterdir()] == [engine.log_path.name]
+    assert "a line of the engine's log" in engine.log_path.read_text()
+    engine.close()
+    assert list(logs.iterdir()) == [] and engine.log_path is None
+
+    failing = VLLMEngine(tmp_path, python=sys.executable)  # this venv has no vllm
+    with pytest.raises(BackendError) as err:
+        failing.start()
+    [kept] = logs.iterdir()
+    assert f"(log {kept})" in str(err.value) and kept.stat().st_size > 0
+    failing.close()
+    assert kept.exists()
+
+
 def test_auto_dtype_follows_the_cpus_bfloat16_instructions(tmp_path):
     """On a CPU platform the runner turns dtype "auto" into float32 unless the CPU has bfloat16
     instructions (vLLM would run the float32 checkpoint in emulated bfloat16, 4-5x slower on AVX2)."""
