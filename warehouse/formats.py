@@ -13,7 +13,7 @@ import re
 
 import pyarrow as pa
 
-HARNESS_VERSION = "kernelcast-harness-10"  # 2: launch cover, median of reference timings; 3: sandbox, verifier;
+HARNESS_VERSION = "kernelcast-harness-11"  # 2: launch cover, median of reference timings; 3: sandbox, verifier;
 # 4: timed calls on new values with sampled outputs verified, one integrity baseline per child;
 # 5: timed chunks that grow from 16 calls, the median's interval also met by an absolute 0.5 us,
 # a 5 ms warm-up of at least 2 calls; 6: inputs drawn on the GPU (other values, same
@@ -24,6 +24,7 @@ HARNESS_VERSION = "kernelcast-harness-10"  # 2: launch cover, median of referenc
 # synchronised call at a time, each held to the wall clock (no probe calls after its loop);
 # 10: on a GPU one timed output of each input variant verified per case (one per case before);
 # gpumode times the kernel's and the reference's calls by turns, Python's collector off while timing
+# 11: gpumode's turns are one timed call long (ten before), each after one untimed call
 
 FAILURE_KINDS = (
     "compile_failed",  # the module does not import / Triton does not compile it

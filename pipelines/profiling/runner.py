@@ -31,6 +31,7 @@ import contextlib
 import gc
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import sys
@@ -43,6 +44,7 @@ from typing import Any
 import torch
 
 from pipelines.profiling import inputs, verify
+from pipelines.profiling.call_times import CALL_TIMES_TAG
 from pipelines.profiling.inputs import (
     CACHE,
     clone_data,
@@ -84,8 +86,15 @@ log = logging.getLogger(__name__)
 
 NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
 # gpumode: the kernel's and the reference's timed calls of a case go by turns of this many
-# (Measurer.paired_case_steps); each turn after the first starts with one untimed call.
-PAIRED_TURN_CALLS = 10
+# (Measurer.paired_case_steps); each turn after the first starts with one untimed call. 10 before
+# harness 11: in seven identical-code runs on H100s (2026-12-05) the medians of the two loops
+# agreed and 24 means of 0.1-1 ms cases did not, each by a slow stretch that the mean, the
+# median and the standard error put at about 2 to 20 calls made about twice as slow; turns of 10
+# let one stretch fall on one side. Taking turns call by call splits a stretch between both
+# (tests/profiling/test_protocol_fidelity.py: a stretch of 5 to 20 calls at twice the time moves
+# identical code past 2% by turns of 10, not by turns of 1). It costs one untimed call per timed
+# call, under gpumode only.
+PAIRED_TURN_CALLS = 1
 __all__ = ["RECHECK_SEED_SALT", "KernelFailure", "load_kernel", "check_case", "check_all", "Measurer"]
 
 # Substrings of CUDA errors after which the context is unusable (sticky errors): the child
@@ -726,6 +735,9 @@ class Measurer:
         # GPU sat idle, and the kernel after its checks, identical code read 0.89-1.14 on short,
         # launch-bound cases (docs/protocols.md).
         self.paired_reference = pairs_reference(self.protocol)
+        # Diagnostics: each gpumode case's timed calls of both loops, in order, to stderr (the
+        # child's log; `worker --call-times`, read by pipelines.profiling.call_times).
+        self.call_times = bool(config.get("call_times"))
         max_reps = int(config.get("max_reps") or 0)
         if self.device == "cuda":
             if not torch.cuda.is_available():
@@ -939,10 +951,13 @@ class Measurer:
 
         seconds: dict[str, float] = {}
         try:
-            turns = Turns(PAIRED_TURN_CALLS)
+            turns = Turns(PAIRED_TURN_CALLS, log=[] if self.call_times else None)
             kernel_t, ref_t = yield from interleaved_steps(
                 self.timed_case_steps(feed, first, turns), self.timed_case_steps(ref_feed, first, turns),
                 task.ref_kernel, turn, seconds)
+            if turns.log is not None:
+                print(CALL_TIMES_TAG + json.dumps({"task": task.name, "case_id": cid, "loops": ["kernel", "reference"],
+                                                   "calls": turns.log}), file=sys.stderr, flush=True)
         except ReferenceFailed as e:
             failure = classify(e.__cause__ or e, self.device, f"reference on case {cid}")
             raise KernelFailure("infrastructure", failure.message, restart=failure.restart,

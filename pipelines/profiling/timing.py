@@ -686,10 +686,21 @@ class Turns:
     stretch (identical code on an H100, 2026-12-05: the reference stopped after 3 to 6 calls of a
     0.5 ms case, the kernel met a slow stretch after it and made 100, a mean 22% apart)."""
 
-    def __init__(self, calls: int, loops: int = 2):
+    def __init__(self, calls: int, loops: int = 2, log: list | None = None):
         self.calls = calls
         self.ready = [False] * loops  # all loops count from the start, before the later ones make a call
         self.joined = 0
+        # Diagnostics (the worker's --call-times): every timed call of the loops in the order
+        # made, as (loop, ms since the first, event or perf_counter ms, wall ms, first of a turn).
+        self.log = log
+        self._t0: float | None = None
+
+    def record(self, loop: int, t0: float, took_ms: float, wall_ms: float, resumed: bool) -> None:
+        if self.log is None:
+            return
+        if self._t0 is None:
+            self._t0 = t0
+        self.log.append((loop, round((t0 - self._t0) * 1e3, 4), round(took_ms, 5), round(wall_ms, 5), resumed))
 
     def join(self) -> int:
         self.joined += 1
@@ -715,8 +726,9 @@ def gpumode_steps(feed: Feed, *, device: str, max_repeats: int = GPUMODE_MAX_REP
     me = turns.join()
     hand_over = False  # this loop's rule was just met: the other loop's turn now, to meet its own
     for i in range(max(1, max_repeats)):
+        resumed = False
         if i > 0 and (hand_over or i % turns.calls == 0):
-            hand_over = False
+            hand_over, resumed = False, True
             p0 = time.perf_counter_ns()
             yield PAUSE
             paused_ns += time.perf_counter_ns() - p0
@@ -742,6 +754,8 @@ def gpumode_steps(feed: Feed, *, device: str, max_repeats: int = GPUMODE_MAX_REP
             took = time.perf_counter() - t0
             brackets_ms = brackets_ms + ((time.monotonic_ns() - m0) / 1e6,)
             durations_ms = durations_ms + (took * 1e3,)
+            walls.append(took)
+        turns.record(me, t0, durations_ms[-1], walls[-1] * 1e3, resumed)
         feed.took(out)
         del out
         if not turns.ready[me] and gpumode_should_stop([d * 1e6 for d in durations_ms],

@@ -144,6 +144,7 @@ class WorkerConfig:
     ref_cache: str | None = None
     timed_variants: int | None = None  # input variants timed calls draw from (verify.timed_draws)
     timed_samples: int | None = None  # outputs of timed calls verified per case
+    call_times: bool = False  # gpumode: every timed call of both loops into the children's logs (needs log_dir)
     # "task": tasks take turns in runs of 64 kernels, torch.compile ones last (queue_order.py: the
     # input caches do not thrash, a budget-stopped run still covers every task); "given": the batch's order
     order: str = "task"
@@ -304,7 +305,7 @@ class _Run:
             "ref_refresh_s": cfg.ref_refresh_s, "parent_pid": os.getpid(),
             "min_reps": cfg.min_reps, "max_case_s": cfg.max_case_s, "rse_target": cfg.rse_target,
             "compile_inputs": self.compile_inputs,
-            "timed_variants": cfg.timed_variants, "timed_samples": cfg.timed_samples,
+            "timed_variants": cfg.timed_variants, "timed_samples": cfg.timed_samples, "call_times": cfg.call_times,
             "input_cache_bytes": int(cfg.input_cache_gib * 2**30) if cfg.input_cache_gib else None,
         }
         (workdir / "kernels").mkdir(parents=True, exist_ok=True)
@@ -819,6 +820,10 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--timed-variants", type=int, default=None,
                     help="input variants the timed calls draw from (default: 8 on cpu, 2 on cuda)")
     ap.add_argument("--timed-samples", type=int, default=None, help="outputs of timed calls verified per case (default: 1 on cpu; on cuda one of each variant, 2); from as many as the variants on, every variant gets the same share")
+    ap.add_argument("--call-times", action="store_true",
+                    help="diagnostics, gpumode: write every timed call of the kernel's and the reference's loops, "
+                         "in the order made, into the children's logs in --log-dir; summarise them with "
+                         "`python3 -m pipelines.profiling.call_times LOG_DIR`")
     ap.add_argument("--order", choices=("task", "given"), default=d.order,
                     help="task (default): tasks take turns in runs of 64 kernels, torch.compile kernels last; given: the batch's order")
     ap.add_argument("--min-reps", type=int, default=None, help="timed calls per case at least (GPU; default 3)")
@@ -832,7 +837,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    ap = _parser()
+    args = ap.parse_args(argv)
+    if args.call_times and not args.log_dir:
+        ap.error("--call-times writes into the children's logs: give --log-dir to keep them")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     cfg = WorkerConfig(
         device=args.device, protocol=args.protocol, compile_workers=args.compile_workers, timeout_s=args.timeout_s,
@@ -840,7 +848,7 @@ def main(argv: list[str] | None = None) -> int:
         recycle_after=args.recycle_after, log_dir=args.log_dir, progress_every_s=args.progress_every_s,
         phased=args.phased, lookahead=args.lookahead, compile_inputs=args.compile_inputs,
         ref_cache=args.ref_cache, timed_variants=args.timed_variants, timed_samples=args.timed_samples,
-        order=args.order, input_cache_gib=args.input_cache_gib,
+        call_times=args.call_times, order=args.order, input_cache_gib=args.input_cache_gib,
         min_reps=args.min_reps, max_case_s=args.max_case_s, rse_target=args.rse_target,
     )
 
