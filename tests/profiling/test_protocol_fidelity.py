@@ -129,7 +129,8 @@ def test_gpumode_times_the_kernel_and_the_reference_by_turns(tmp_path, monkeypat
 def test_a_slow_stretch_of_the_host_falls_on_both_loops_taken_call_by_call(monkeypatch):
     """Identical code, a clock only the calls move, and one stretch of the host during which every
     call takes twice as long (H100, 2026-12-05: the means of identical code parted by 2-31% on
-    single cases, each by about 2 to 20 calls made about twice as slow). By turns of 10 calls a
+    single cases, each by a stretch of 2 to 21 calls, median 9, at a median 2.3 times the median
+    call; pipelines/profiling/runner.py, PAIRED_TURN_CALLS). By turns of 10 calls a
     stretch of 5 to 20 calls can fall on one loop's mean; call by call both loops share it."""
     def ratio(turn_calls: int, start_ms: float, length_ms: float) -> float:
         clock = [0.0]
