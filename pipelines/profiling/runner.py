@@ -90,10 +90,10 @@ NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
 # harness 11: in seven identical-code runs on H100s (2026-12-05) the medians of the two loops
 # agreed and 24 means of 0.1-1 ms cases did not, each by a slow stretch that the mean, the
 # median and the standard error put (as equal slow calls) at 2 to 21 calls (median 9) of 1.4 to
-# 7.7 times the median call (median 2.3); turns of 10 let one stretch fall on one side. Taking turns call by call splits a stretch between both
-# (tests/profiling/test_protocol_fidelity.py: a stretch of 5 to 20 calls at twice the time moves
-# identical code past 2% by turns of 10, not by turns of 1). It costs one untimed call per timed
-# call, under gpumode only.
+# 7.7 times the median call (median 2.3); turns of 10 let one stretch fall on one side. Taking
+# turns call by call splits a stretch between both (tests/profiling/test_protocol_fidelity.py: a
+# stretch of 5 to 20 calls at twice the time moves identical code past 2% by turns of 10, not by
+# turns of 1). It costs one untimed call per timed call, under gpumode only.
 PAIRED_TURN_CALLS = 1
 __all__ = ["RECHECK_SEED_SALT", "KernelFailure", "load_kernel", "check_case", "check_all", "Measurer"]
 
@@ -1042,7 +1042,7 @@ class Measurer:
                     else:
                         timings.append((yield from self.timed_case_steps(feed, first=i == 0)))
                         phases["timing_s"] += time.perf_counter() - t
-                yield from top_up_steps(feed, self.device)
+                yield from top_up_steps(feed)
             except KernelFailure:
                 raise
             except Exception as e:

@@ -455,15 +455,14 @@ class Feed:
         kept[slot] = (self.salt, clone_data(out))
 
 
-def top_up_steps(feed: Feed, device: str) -> Steps:
+def top_up_steps(feed: Feed) -> Steps:
     """Untimed calls, through the same call site, until the feed holds every output the
     verifier's plan asks of the case (verify.timed_draws): without them an honest kernel whose
     case made fewer calls than outputs to keep (many variants, a slow kernel) would be short of
-    verdicts, and so `tampered`."""
+    verdicts, and so `tampered`. Each output is kept (its reservoir is short), and `Feed.took`
+    synchronises before it copies one."""
     while (salt := feed.short_salt()) is not None:
         out = yield feed.fill(salt)
-        if device == "cuda":
-            torch.cuda.synchronize()
         feed.took(out)
         del out
 

@@ -307,7 +307,7 @@ def test_a_case_with_fewer_calls_than_outputs_to_verify_is_topped_up_not_tampere
     variants = {s: torch.full((4,), float(s)) for s in range(8)}
     feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=8)
     feed.took(feed.fill())
-    timing.drive(lambda x: x.clone(), timing.top_up_steps(feed, "cpu"))
+    timing.drive(lambda x: x.clone(), timing.top_up_steps(feed))
     assert [s for s, _ in feed.kept] == list(range(8)) and feed.short_salt() is None
     assert all(torch.equal(out, variants[s]) for s, out in feed.take_kept())
 
