@@ -27,9 +27,25 @@ CALL_TIMES_TAG = "call-times "  # the prefix of a log line that holds one case's
 SLOW = 1.5  # a call above this many times its loop's median is slow
 
 
-def read_call_times(log_dir: str | Path) -> list[dict]:
-    """Every case record in the logs under `log_dir`, in file then line order (unreadable lines skipped)."""
-    records = []
+def _well_formed(rec: object) -> bool:
+    """A case record as runner.py writes it: two loop names and calls of (loop, ms, ms, ms, bool).
+    The child's log is also the kernel's stderr, so a line may be the kernel's, of any shape."""
+    if not isinstance(rec, dict) or not isinstance(rec.get("calls"), list) or not rec["calls"]:
+        return False
+    loops = rec.get("loops", ["kernel", "reference"])
+    if not isinstance(loops, list) or len(loops) != 2 or not all(isinstance(n, str) for n in loops):
+        return False
+    for c in rec["calls"]:
+        if not (isinstance(c, list) and len(c) == 5 and c[0] in (0, 1) and isinstance(c[4], bool)
+                and all(isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in c[1:4])):
+            return False
+    return True
+
+
+def read_call_times(log_dir: str | Path) -> tuple[list[dict], int]:
+    """The case records in the logs under `log_dir`, in file then line order, and how many lines
+    carried the tag but were not a well-formed record (skipped)."""
+    records, skipped = [], 0
     for path in sorted(Path(log_dir).rglob("*.log")):
         with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
@@ -37,11 +53,13 @@ def read_call_times(log_dir: str | Path) -> list[dict]:
                     continue
                 try:
                     rec = json.loads(line[len(CALL_TIMES_TAG):])
-                except json.JSONDecodeError:
-                    continue
-                if isinstance(rec, dict) and isinstance(rec.get("calls"), list):
+                except (json.JSONDecodeError, RecursionError):
+                    rec = None
+                if _well_formed(rec):
                     records.append({**rec, "log": path.name})
-    return records
+                else:
+                    skipped += 1
+    return records, skipped
 
 
 def _stretches(calls: list, medians: dict[int, float], slow: float) -> list[dict]:
@@ -111,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     if not Path(args.log_dir).is_dir():
         print(f"error: {args.log_dir} is not a folder", file=sys.stderr)
         return 2
-    records = read_call_times(args.log_dir)
+    records, skipped = read_call_times(args.log_dir)
+    if skipped:
+        print(f"warning: {skipped} line(s) tagged {CALL_TIMES_TAG.strip()!r} in {args.log_dir} are not call-time "
+              "records and were skipped", file=sys.stderr)
     if not records:
         print(f"error: no call times in {args.log_dir} (was the worker run with --protocol gpumode --call-times?)",
               file=sys.stderr)

@@ -175,8 +175,11 @@ def test_call_times_record_both_loops_in_the_order_made(tmp_path, monkeypatch, c
     result = m.measure({"path": str(kernel), "task": "recorded"}, lambda _: None)
     assert result["status"] == "ok", result["error"]
     (tmp_path / "logs").mkdir()
-    (tmp_path / "logs" / "measure-0001.log").write_text("a kernel's own line\n" + capfd.readouterr().err)
-    [record] = call_times.read_call_times(tmp_path / "logs")
+    forged = ("call-times {not json\n" "call-times " + "[" * 5000 + "\n"
+              'call-times {"calls": [[0, 1.0, "slow", 1.0, false]]}\n' 'call-times {"calls": [[2, 0, 0, 0, true]]}\n')
+    (tmp_path / "logs" / "measure-0001.log").write_text("a kernel's own line\n" + forged + capfd.readouterr().err)
+    [record], skipped = call_times.read_call_times(tmp_path / "logs")
+    assert skipped == 4  # lines a kernel could write into the same log
     assert record["task"] == "recorded" and record["loops"] == ["kernel", "reference"]
     assert [c[0] for c in record["calls"]] == [0, 1] * 12  # turns of one call
     assert all(c[4] for c in record["calls"][2:]) and not any(c[4] for c in record["calls"][:2])
@@ -186,11 +189,14 @@ def test_call_times_record_both_loops_in_the_order_made(tmp_path, monkeypatch, c
     assert summary["loops"]["reference"]["mean_ms"] == pytest.approx(result["ref_new"][0]["mean_ms"], rel=1e-3)
     assert call_times.lines([summary])[1].startswith("recorded")
     assert call_times.main([str(tmp_path / "logs")]) == 0
+    assert "4 line(s) tagged 'call-times'" in capfd.readouterr().err
     assert call_times.main([str(tmp_path)]) == 0  # the logs are found below the folder given
     empty = tmp_path / "empty"
     empty.mkdir()
     assert call_times.main([str(empty)]) == 2
     assert "no call times" in capfd.readouterr().err
+    assert call_times.main([str(tmp_path / "absent")]) == 2
+    assert "absent is not a folder" in capfd.readouterr().err
 
 
 def test_the_worker_refuses_call_times_without_a_log_dir(capsys):
