@@ -9,9 +9,10 @@ reads them and says where the two loops' means part: GPU MODE's statistic is the
     python3 -m pipelines.profiling.call_times D [--json] [--slow 1.5]
 
 Per case and loop: calls, median, mean, mean over median, and the slow calls (above `--slow`
-times the loop's median), with how many were the first of a turn; per case the speedup of the
-means and of the medians, and the slow stretches: runs of slow calls in the order made, either
-loop's, with how many calls of each loop they hold.
+times the loop's median), with how many were the first of a turn and how many the loop's first
+timed call of the case (call by call, harness 11, every call but the first opens a turn); per
+case the speedup of the means and of the medians, and the slow stretches: runs of slow calls in
+the order made, either loop's, with how many calls of each loop they hold.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def summarize_case(rec: dict, slow: float = SLOW) -> dict:
             "calls": len(cs), "median_ms": medians[i], "mean_ms": statistics.fmean(times),
             "mean_over_median": statistics.fmean(times) / medians[i] if medians[i] > 0 else float("nan"),
             "slow_calls": len(slow_calls), "slow_first_of_turn": sum(1 for c in slow_calls if c[4]),
+            "slow_first_call": int(cs[0][2] > slow * medians[i]),
             "slow_extra_ms": sum(c[2] - medians[i] for c in slow_calls),
         }
     out = {"task": rec.get("task"), "case_id": rec.get("case_id"), "log": rec.get("log"), "loops": sides,
@@ -104,7 +106,7 @@ def summarize_case(rec: dict, slow: float = SLOW) -> dict:
 
 def lines(summaries: Iterable[dict]) -> list[str]:
     """A plain table, one line per case and loop."""
-    rows = ["task              case                          loop       calls  median_ms  mean/med  slow (first of turn)  "
+    rows = ["task              case                          loop       calls  median_ms  mean/med  slow (turn, first)    "
             "speedup mean | median  stretches"]
     for s in summaries:
         head = f"{str(s['task'])[:17]:17s} {str(s['case_id'])[:29]:29s}"
@@ -114,8 +116,8 @@ def lines(summaries: Iterable[dict]) -> list[str]:
                 lengths = ",".join(f"{t['calls']}({'/'.join(map(str, t['by_loop']))})" for t in s["stretches"]) or "-"
                 tail = f"  {s['speedup_means']:.3f} | {s['speedup_medians']:.3f}  {lengths}"
             rows.append(f"{head if j == 0 else ' ' * len(head)} {name:10s} {side['calls']:5d}  {side['median_ms']:9.4f}  "
-                        f"{side['mean_over_median']:8.3f}  {side['slow_calls']:4d} ({side['slow_first_of_turn']})"
-                        f"{'':12s}{tail}")
+                        f"{side['mean_over_median']:8.3f}  {side['slow_calls']:4d} ({side['slow_first_of_turn']}, "
+                        f"{side['slow_first_call']}){'':9s}{tail}")
     return rows
 
 

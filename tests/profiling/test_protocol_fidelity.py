@@ -199,6 +199,23 @@ def test_call_times_record_both_loops_in_the_order_made(tmp_path, monkeypatch, c
     assert "absent is not a folder" in capfd.readouterr().err
 
 
+def test_call_times_tell_a_loops_slow_first_call_from_a_slow_turn():
+    """Call by call every timed call but a loop's first opens a turn, so the summary also says
+    whether a slow call was the loop's first of the case (on the H100, 14 of 31 were)."""
+    from pipelines.profiling import call_times
+
+    # (loop, ms since the first, ms, wall ms, first of a turn): the kernel's first call slow,
+    # then the reference's fourth, then two in a row, one of each loop
+    took = [3.0, 1.0] + [1.0, 1.0] * 2 + [1.0, 2.0] + [2.5, 2.5] + [1.0, 1.0] * 3
+    calls = [[i % 2, float(i), t, t, i >= 2] for i, t in enumerate(took)]
+    summary = call_times.summarize_case({"task": "t", "case_id": "c", "calls": calls})
+    kernel, reference = summary["loops"]["kernel"], summary["loops"]["reference"]
+    assert (kernel["slow_calls"], kernel["slow_first_of_turn"], kernel["slow_first_call"]) == (2, 1, 1)
+    assert (reference["slow_calls"], reference["slow_first_of_turn"], reference["slow_first_call"]) == (2, 2, 0)
+    assert summary["stretches"] == [{"calls": 1, "by_loop": [1, 0]}, {"calls": 3, "by_loop": [1, 2]}]
+    assert "2 (1, 1)" in call_times.lines([summary])[1] and "2 (2, 0)" in call_times.lines([summary])[2]
+
+
 def test_the_worker_refuses_call_times_without_a_log_dir(capsys):
     from pipelines.profiling import worker
 
