@@ -92,7 +92,7 @@ def summarize_case(rec: dict, slow: float = SLOW) -> dict:
             "calls": len(cs), "median_ms": medians[i], "mean_ms": statistics.fmean(times),
             "mean_over_median": statistics.fmean(times) / medians[i] if medians[i] > 0 else float("nan"),
             "slow_calls": len(slow_calls), "slow_first_of_turn": sum(1 for c in slow_calls if c[4]),
-            "slow_first_call": int(cs[0][2] > slow * medians[i]),
+            "slow_first_call": int(bool(slow_calls) and slow_calls[0] is cs[0]),
             "slow_extra_ms": sum(c[2] - medians[i] for c in slow_calls),
         }
     out = {"task": rec.get("task"), "case_id": rec.get("case_id"), "log": rec.get("log"), "loops": sides,
