@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ast
 import copy
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -535,10 +536,16 @@ class _ProgramId0(ast.NodeTransformer):
 
 def _restructurable(tree: ast.Module) -> list[tuple[ast.FunctionDef, ast.Call, str, ast.FunctionDef]]:
     """Launches of kernels that use program_id(0) but neither num_programs nor a return, launched
-    as a statement with a grid that is a tuple (literal or a local name bound to one)."""
+    as a statement with a grid that is a tuple (literal or a local name bound to one), and launched
+    nowhere else: the rules add a kernel argument that only the rewritten launch passes (trimul's
+    gate and layernorm kernels, each launched at two sites, came out missing it at the other)."""
     kernels = {f.name: f for f in jit_functions(tree)}
+    launches = _launches(tree)
+    sites = Counter(kname for _host, _call, kname in launches)
     out = []
-    for host, call, kname in _launches(tree):
+    for host, call, kname in launches:
+        if sites[kname] > 1:
+            continue
         k = kernels[kname]
         if _tl_calls(k, "num_programs") or any(isinstance(n, ast.Return) for n in ast.walk(k)):
             continue

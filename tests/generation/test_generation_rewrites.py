@@ -167,3 +167,18 @@ def test_batch_command_refuses_bad_arguments(capsys):
     assert external_batch.main(["--out", "x.parquet", "--llm-endpoint", "http://127.0.0.1:9/v1"]) == 2
     assert external_batch.main(["--out", "x.parquet", "--measurements", "/nonexistent"]) == 2
     assert "no kernels" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("rule,arg", [("split_launch", "PID0_OFFSET"), ("rows_per_program", "GRID0")])
+def test_a_restructured_kernel_gets_its_new_argument_at_every_launch(rule, arg):
+    """trimul launches its gate and layernorm kernels at two sites each: a rule that rewrote one
+    launch left the other without the argument, a runtime error on the GPU."""
+    parents = sampler.generate_lineage("trimul", 24, seed=3)
+    done = _applies(rule, parents)
+    assert done, f"{rule} applied to none of {len(parents)} trimul kernels"
+    for _parent, child, applied in done:
+        kname = applied[0].split(":")[1]
+        tree = ast.parse(child)
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Subscript)
+                 and isinstance(n.func.value, ast.Name) and n.func.value.id == kname]
+        assert calls and all(any(k.arg == arg for k in c.keywords) for c in calls), (kname, ast.unparse(tree))
