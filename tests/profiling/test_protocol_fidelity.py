@@ -213,7 +213,8 @@ def test_call_times_tell_a_loops_slow_first_call_from_a_slow_turn():
     assert (kernel["slow_calls"], kernel["slow_first_of_turn"], kernel["slow_first_call"]) == (2, 1, 1)
     assert (reference["slow_calls"], reference["slow_first_of_turn"], reference["slow_first_call"]) == (2, 2, 0)
     assert summary["stretches"] == [{"calls": 1, "by_loop": [1, 0]}, {"calls": 3, "by_loop": [1, 2]}]
-    assert "2 (1, 1)" in call_times.lines([summary])[1] and "2 (2, 0)" in call_times.lines([summary])[2]
+    table = call_times.lines([summary])
+    assert "2 (1, 1)" in table[1] and "2 (2, 0)" in table[2]
 
 
 def test_the_worker_refuses_call_times_without_a_log_dir(capsys):
