@@ -67,6 +67,10 @@ class InputCache:
             self.items[key] = self.items.pop(key)  # most recently used last
         return self.items[key][0]
 
+    def nbytes(self) -> int:
+        """The bytes of every kept input."""
+        return sum(n for _, n in self.items.values())
+
     def clear(self) -> None:
         """Drop every kept input and give the freed blocks back to the GPU."""
         self.items.clear()
@@ -74,7 +78,7 @@ class InputCache:
             torch.cuda.empty_cache()
 
     def _evict(self, keep: str) -> None:
-        while sum(n for _, n in self.items.values()) > self.max_bytes:
+        while self.nbytes() > self.max_bytes:
             victim = next((k for k in self.items if k[0] != keep), None)
             if victim is None:
                 break

@@ -34,6 +34,7 @@ import importlib.util
 import json
 import logging
 import os
+import re
 import sys
 import time
 from collections.abc import Callable
@@ -77,6 +78,7 @@ from pipelines.profiling.timing import (
     drive,
     gpumode_warmup_steps,
     interleaved_steps,
+    keep_output,
     plain_feed,
     top_up_steps,
 )
@@ -243,10 +245,30 @@ def _describe(e: BaseException) -> str:
             where = f" (kernel line {tb.tb_lineno})"  # the deepest frame in the kernel's own file
         tb = tb.tb_next
     text = str(e)
+    if isinstance(e, torch.cuda.OutOfMemoryError):
+        text = _memory_account(text)
     if type(e).__name__ in ("CompilationError", "UnsupportedLanguageConstruct", "CompileTimeAssertionFailure"):
         lines = [ln for ln in text.splitlines() if ln.strip()]
         text = f"{lines[0]} {lines[-1]}" if len(lines) > 1 else text  # position + cause, not the source dump
     return one_line(f"{type(e).__name__}: {text}{where}")
+
+
+def _memory_account(message: str) -> str:
+    """An out-of-memory message cut to what tells whose memory it was: torch's own message names
+    every process on the GPU and overflows a one-line error before its last part (this process's
+    allocated and cached bytes; seen on an H100: three TriMul submissions, the harness's share
+    unknown). Here: the request, the device's free memory, this process's allocated and cached
+    bytes, and how much of that is the harness's input cache."""
+    asked = re.search(r"Tried to allocate ([0-9.]+ [KMG]iB)", message)
+    try:
+        free, total = torch.cuda.mem_get_info()
+        allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
+    except Exception:  # a broken context: torch's message is all there is
+        return message
+    gib = 2**30
+    return (f"CUDA out of memory (asked {asked.group(1) if asked else '?'}, {free / gib:.2f} of {total / gib:.2f} GiB "
+            f"free): this process {allocated / gib:.2f} GiB allocated ({CACHE.nbytes() / gib:.2f} GiB the "
+            f"harness's kept inputs) + {(reserved - allocated) / gib:.2f} GiB cached")
 
 
 def _is_triton_compile_error(e: BaseException) -> bool:
@@ -374,7 +396,7 @@ def check_steps(task, case: dict, device: str, salt: int = 0, into: Any = None, 
         out = yield data_k
         sync(device)
         if held is not None:
-            held.append(Held(case, salt, clone_data(out), cid))
+            held.append(Held(case, salt, keep_output(out), cid))
     except Exception as e:
         raise classify(e, device, f"case {cid}") from e
     if held is None:

@@ -227,18 +227,31 @@ def geomean(values: list[float]) -> float:
     return float(math.exp(sum(math.log(v) for v in values) / len(values)))
 
 
-def clone_data(data: Any) -> Any:
-    """A deep copy of a task input: tensors cloned (same device, dtype, strides), containers rebuilt."""
+def clone_data(data: Any, detach: bool = False) -> Any:
+    """A deep copy of a task input: tensors cloned (same device, dtype, strides), containers rebuilt;
+    `detach`: the copies carry no autograd history."""
     if isinstance(data, torch.Tensor):
-        return data.clone()
+        return (data.detach() if detach else data).clone()
     if isinstance(data, tuple):
-        items = [clone_data(x) for x in data]
+        items = [clone_data(x, detach) for x in data]
         return type(data)(*items) if hasattr(data, "_fields") else tuple(items)  # namedtuples too
     if isinstance(data, list):
-        return [clone_data(x) for x in data]
+        return [clone_data(x, detach) for x in data]
     if isinstance(data, dict):
-        return {k: clone_data(v) for k, v in data.items()}
+        return {k: clone_data(v, detach) for k, v in data.items()}
     return data
+
+
+def keep_output(out: Any) -> Any:
+    """A copy of a kernel's output kept for the verifier: its values, not how they were computed.
+
+    A kernel that builds an nn.Module from the weights (GPU MODE's TriMul template does) returns
+    outputs whose autograd graph holds every intermediate of the call; a plain clone kept that
+    graph alive as long as the copy. On an H100 three such TriMul submissions ran out of memory
+    while timed with 65-67 GiB allocated in the measuring child, 10.6 GiB of it kept inputs
+    (2026-12-06); on the H200 the same kernels had fitted.
+    """
+    return clone_data(out, detach=True)
 
 
 def data_nbytes(data: Any) -> int:
@@ -452,7 +465,7 @@ class Feed:
                 return
         if self.device == "cuda":
             torch.cuda.synchronize()  # the output is complete before it is copied
-        kept[slot] = (self.salt, clone_data(out))
+        kept[slot] = (self.salt, keep_output(out))
 
 
 def top_up_steps(feed: Feed) -> Steps:

@@ -89,6 +89,82 @@ def test_clone_data_is_deep_and_keeps_structure():
     assert timing.data_nbytes(data) == 2 * 4 + 4
 
 
+def _module_kernel():
+    """A kernel of the GPU MODE TriMul template's kind: an nn.Module whose weights require grad,
+    so its output carries the autograd graph of the call. Returns the kernel and a weak reference
+    to the intermediate that graph saves."""
+    import weakref
+
+    saved = {}
+
+    def kernel(x: torch.Tensor) -> torch.Tensor:
+        lin = torch.nn.Linear(x.shape[-1], x.shape[-1])
+        a = lin(x)
+        saved["a"] = weakref.ref(a)
+        return a.sigmoid() * a  # the product saves `a` for backward
+    return kernel, saved
+
+
+@pytest.mark.parametrize("keep", ["feed", "check"])
+def test_a_kept_output_does_not_keep_the_kernels_autograd_graph_alive(tiny_task, keep):
+    """The outputs the harness keeps for the verifier (a timed call's sample, a check's held copy)
+    are values only: a plain clone kept every intermediate of the call alive with the graph, which
+    ran an H100 out of memory on three TriMul submissions. The plain clone is shown keeping it."""
+    import gc
+
+    kernel, saved = _module_kernel()
+    x = torch.randn(4, 16)
+    out = kernel(x)
+    plain = out.clone()
+    del out
+    gc.collect()
+    assert saved["a"]() is not None  # what the harness did before: the copy holds the graph
+    del plain
+    gc.collect()
+    assert saved["a"]() is None
+
+    if keep == "feed":
+        feed = timing.Feed(x, keep=1)
+        feed.took(kernel(x))
+        (_, kept), = feed.take_kept()
+    else:
+        held: list = []
+        case = tiny_task.correctness_cases[0]
+        runner.drive(kernel, runner.check_steps(tiny_task, case, "cpu", held=held))
+        kept = held[0].output
+    gc.collect()
+    assert saved["a"]() is None, "the kept copy keeps the call's intermediates alive"
+    assert kept.grad_fn is None and not kept.requires_grad
+
+
+def test_keep_output_copies_values_and_containers():
+    w = torch.ones(3, requires_grad=True)
+    Pair = collections.namedtuple("Pair", "a b")
+    out = {"p": Pair(w * 2, [w + 1]), "n": 7}
+    kept = timing.keep_output(out)
+    assert isinstance(kept["p"], Pair) and kept["n"] == 7
+    assert torch.equal(kept["p"].a, torch.full((3,), 2.0)) and torch.equal(kept["p"].b[0], torch.full((3,), 2.0))
+    assert not kept["p"].a.requires_grad and kept["p"].a.data_ptr() != out["p"].a.data_ptr()
+
+
+def test_an_out_of_memory_error_is_read_from_the_device_when_there_is_one(monkeypatch):
+    """The message names this process's allocated and cached bytes and the harness's kept inputs,
+    which torch's own message loses past the one-line limit. torch.cuda's counters are replaced
+    here (no GPU on this machine); without them the message is torch's, as on the CPU."""
+    e = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity "
+                                    "of 79.18 GiB of which 50.44 MiB is free. Process 512 has 7.78 GiB memory in use.")
+    assert runner._describe(e).startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB")
+    gib = 2**30
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(0.25 * gib), int(79.18 * gib)))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 65 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 67 * gib)
+    monkeypatch.setattr(inputs.CACHE, "items", {("t", "c", 0): (None, int(10.5 * gib))})
+    text = runner._describe(e)
+    assert text == ("OutOfMemoryError: CUDA out of memory (asked 512.00 MiB, 0.25 of 79.18 GiB free): this process "
+                    "65.00 GiB allocated (10.50 GiB the harness's kept inputs) + 2.00 GiB cached")
+    assert len(runner.classify(e, "cuda", "timing case " + "x" * 100).message) < 300
+
+
 # ---- tasks and checks -------------------------------------------------------------------
 def test_task_override_from_file(tiny_task):
     assert tiny_task.name == "tiny_scale"
