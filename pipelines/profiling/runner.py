@@ -58,7 +58,7 @@ from pipelines.profiling.inputs import (
 )
 from pipelines.profiling.integrity import Watch
 from pipelines.profiling.results import pairs_reference
-from pipelines.profiling.sandbox_policy import one_line
+from pipelines.profiling.sandbox_policy import GIB, one_line
 from pipelines.profiling.shipping import ShippingError
 from pipelines.profiling.taskload import extra_task_modules, load_task
 from pipelines.profiling.timing import (
@@ -265,10 +265,9 @@ def _memory_account(message: str) -> str:
         allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
     except Exception:  # a broken context: torch's message is all there is
         return message
-    gib = 2**30
-    return (f"CUDA out of memory (asked {asked.group(1) if asked else '?'}, {free / gib:.2f} of {total / gib:.2f} GiB "
-            f"free): this process {allocated / gib:.2f} GiB allocated ({CACHE.nbytes() / gib:.2f} GiB the "
-            f"harness's kept inputs) + {(reserved - allocated) / gib:.2f} GiB cached")
+    return (f"CUDA out of memory (asked {asked.group(1) if asked else '?'}, {free / GIB:.2f} of {total / GIB:.2f} GiB "
+            f"free): this process {allocated / GIB:.2f} GiB allocated ({CACHE.nbytes() / GIB:.2f} GiB the "
+            f"harness's kept inputs) + {(reserved - allocated) / GIB:.2f} GiB cached")
 
 
 def _is_triton_compile_error(e: BaseException) -> bool:
