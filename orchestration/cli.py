@@ -481,8 +481,10 @@ def forecast(
         help="An OpenAI-compatible server (e.g. http://host:8000/v1, vLLM serving openai/gpt-oss-20b); "
              "--model is then the served model name and the style defaults to full."),
     answer_mode: str = typer.Option("text", help="With --endpoint and verbalized: text | json_schema | tool."),
-    check_kernels: bool = typer.Option(True, "--check/--no-check",
-                                       help="Check each file on the task's correctness cases first (sandboxed, CPU)."),
+    check_kernels: bool = typer.Option(False, "--check/--no-check",
+                                       help="Also run each file on the task's correctness cases under Triton's CPU "
+                                            "interpreter (sandboxed) and refuse what fails there; the interpreter "
+                                            "lacks parts of the GPU, so this is off by default."),
     check_timeout_s: float = typer.Option(60.0, help="Seconds per file for that check; longer is a note, not a refusal."),
     allow_incorrect: bool = typer.Option(False, "--allow-incorrect", help="Forecast files whose results are wrong."),
     profile: str | None = ProfileOpt,
@@ -491,12 +493,15 @@ def forecast(
     """Forecast each candidate's speedup over the anchor as a distribution over the 8 bins.
 
     One row per candidate: the file, the predicted bin, its probability, the expected log2
-    speedup and the eight probabilities (--json: a list of objects). A file is refused, in one line, when it does not
-    parse, defines no custom_kernel, does not import, raises or gives wrong results on the
-    task's correctness cases (a sandboxed check on the CPU), or a Triton file does not compile
-    for sm_90 on the task's benchmark input. With one candidate a refusal is the only line
-    printed (exit 2); with several, a refused candidate is a row with its reason and the command
-    exits 1 at the end; an answer that does not parse exits 1 too.
+    speedup and the eight probabilities (--json: a list of objects). Files are read as the GPU
+    would run them: imported, traced on each benchmark case and, for Triton, compiled for sm_90,
+    on a stand-in device of --hardware, so launchers that ask the device, autotune or compile
+    ahead are read like any other. A file is refused, in one line, only when it does not parse,
+    defines no custom_kernel, does not import, or a Triton file does not compile for sm_90 on the
+    task's benchmark input (with --check, also when it fails the CPU interpreter's check). With
+    one candidate a refusal is the only line printed (exit 2); with several, a refused candidate
+    is a row with its reason and the command exits 1 at the end; an answer that does not parse
+    exits 1 too.
 
     Answers from the registered version for kernels from files (@champion-external, else
     @champion) when there is one, whatever its kind, else from the base model (the first call
@@ -523,7 +528,7 @@ def forecast(
     except ValueError as exc:
         raise CliError(str(exc)) from None
     files = read_kernel_files(t.name, [anchor, *paths], check=check_kernels, check_timeout_s=check_timeout_s,
-                              allow_incorrect=allow_incorrect, all_needed=len(paths) == 1)
+                              allow_incorrect=allow_incorrect, all_needed=len(paths) == 1, hardware=hardware)
     head, cands = files[0], files[1:]
     if head.refused:
         raise CliError(f"anchor {anchor}: {head.refused}")

@@ -1,14 +1,28 @@
 """Kernel files as kernel records a forecaster reads, or a one-line reason to refuse them.
 
-A file is forecast only if it is a kernel of the task: it parses and defines `custom_kernel`
-(read without running it), it imports and runs on the task's correctness cases in a sandboxed
-child (pipelines.profiling.check, the check of `kernelcast check`: an import error, an exception
-on the task's input, a crash or a wrong answer is a refusal; a check that runs out of time is
-not, and says so), and a Triton file compiles for sm_90 on the task's first benchmark case
-(the generator's compile, pipelines.generation.aot). Its features are then the ones its measured
-twin has in the warehouse: the compile's, overlaid with the source features of
-pipelines.forecasting.source_features (PTX instruction mix, the trace of one call per case),
-whose child also makes that compile.
+A file is read as a GPU would run it, not as the CPU can: its module is imported and its
+`custom_kernel` traced once per benchmark case on fake CUDA tensors, and a Triton module compiled
+for sm_90 on the first case (pipelines.forecasting.source_features), in a child process that runs
+on a stand-in device of the hardware forecast for (pipelines.profiling.standin: Triton's driver and
+torch.cuda answer with that card's properties). So launchers that ask the device at import or at
+call (driver or device properties, `torch.cuda.is_available()`, `torch.cuda.device(...)`,
+`device="cuda"` tensors), autotune, or compile ahead with `kernel.warmup` to size a persistent grid
+are read like any other. A Triton module whose trace could not compile it (a launcher that reads
+values on the host) is compiled on a real input of the first case (pipelines.generation.aot).
+
+A file is refused, in one line naming the cause, only when it
+- cannot be read or does not parse,
+- defines no `custom_kernel`,
+- does not import,
+- is a Triton module that does not compile for sm_90 (or exceeds its limits) on the task's input.
+Any other trouble (a PyTorch module whose trace failed) is a note: the file is forecast from what
+was read.
+
+The CPU check (`check=True`, `kernelcast forecast --check`) also runs the file on the task's small
+correctness cases in a sandboxed child under Triton's CPU interpreter (pipelines.profiling.check)
+and refuses a file that fails there. The interpreter lacks parts of Triton and of the GPU
+(bf16/fp8 arithmetic, libdevice, device queries), so its refusals say that the interpreter, not
+the kernel, may be at fault; it is off by default.
 
 The record leaves generator, algorithm and knobs_json empty: the platform did not write the
 file, and no forecaster needs them. It carries every compile feature the compile returns
@@ -69,28 +83,37 @@ def static_refusal(source: str) -> str | None:
     return None
 
 
+_INTERPRETER = ("on Triton's CPU interpreter, which may be at fault rather than the kernel "
+                "(forecast without --check to read it as the GPU would)")
+
+
 def _check_line(kind: str | None, message: str) -> str:
     what = {"compile_failed": "does not import", "runtime_error": "raises on the task's correctness input",
-            "incorrect": "gives wrong results on the task's correctness input (another task's kernel?)",
+            "incorrect": "gives wrong results on the task's correctness input",
             "crashed": "crashed its checking process", "tampered": "tampered with its check"}.get(kind or "", kind)
+    if kind in ("runtime_error", "incorrect", "crashed"):
+        return f"{what} {_INTERPRETER}: {message}"
     return f"{what}: {message}"
 
 
-def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, check_timeout_s: float = 60.0,
+def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = False, check_timeout_s: float = 60.0,
                       compile: bool = True, compile_timeout_s: float = 120.0, allow_incorrect: bool = False,
-                      n_workers: int = 2, all_needed: bool = False) -> list[KernelFile]:
+                      n_workers: int = 2, all_needed: bool = False,
+                      hardware: str | None = None) -> list[KernelFile]:
     """A KernelFile per path, in order (the work of the checks and compiles spread over n_workers).
 
     Args:
         task: a task name of the suite (pipelines.tasks.get_task raises on an unknown one).
         paths: kernel module files.
-        check: run the sandboxed correctness check (False: only the static reading and the compile).
+        check: also run the sandboxed correctness check on the CPU interpreter (module docstring).
         check_timeout_s: per file; a check that takes longer is a note, not a refusal.
-        compile: AOT-compile Triton files for sm_90.
-        allow_incorrect: forecast a file whose results are wrong (a note instead of a refusal).
+        compile: read each file (import, trace, sm_90 compile); False: the static reading only.
+        allow_incorrect: forecast a file the check finds wrong (a note instead of a refusal).
         all_needed: the caller needs every file (one anchor, one candidate): once a stage (the
             static reading, the checks) refuses one, the later stages are not run and no file
             gets a record, so the refusal is known in a moment instead of after every compile.
+        hardware: the hardware id forecast for: its stand-in device answers the files' device
+            queries (pipelines.profiling.standin.DEVICES; another id or None: the H200).
     """
     from pipelines.tasks import get_task
 
@@ -129,7 +152,7 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = True, c
                            "language": language_of(sources[i]), "generator": None, "algorithm": None,
                            "knobs_json": None}
     if compile:
-        _add_compiled_features(task, [files[i] for i in live], n_workers, compile_timeout_s)
+        _add_compiled_features(task, [files[i] for i in live], n_workers, compile_timeout_s, hardware)
     return files
 
 
@@ -149,10 +172,12 @@ def _once_per_source(indices: list[int], sources: dict[int, str], run: Any) -> l
 _SOURCE_BOOKKEEPING = ("kernel_id", "task", "target", "status", "compile_status", "error", "seconds")
 
 
-def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, compile_timeout_s: float) -> None:
+def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, compile_timeout_s: float,
+                           hardware: str | None = None) -> None:
     """Give each file the features its measured twin has in the warehouse
     (warehouse.kernels.forecast_features: the compile's, overlaid with an ok or partial source
-    features row), or refuse a Triton file that does not compile for sm_90.
+    features row), or refuse a file that does not import, or a Triton file that does not compile
+    for sm_90.
 
     One source-features child compiles each Triton file on the first benchmark case as the
     generator's compile does (the same capture, the same rejections) and traces every case, so a
@@ -168,9 +193,12 @@ def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, c
     sources = {i: f.record["source"] for i, f in enumerate(files)}
     rows = _once_per_source(list(sources), sources, lambda first: source_features_many(
         [files[i].record for i in first], n_workers=min(n_workers, len(first)),
-        timeout_s=compile_timeout_s))
+        timeout_s=compile_timeout_s, hardware=hardware))
     for f, row in zip(files, rows, strict=True):
-        if f.record["language"] == "triton" and gave_no_answer(row["error"]):  # a second child would hang too
+        import_error = _import_error(row["error"])
+        if import_error:
+            f.refused, f.record = f"does not import: {import_error}", None
+        elif f.record["language"] == "triton" and gave_no_answer(row["error"]):  # a second child would hang too
             f.refused = f"the sm_90 compile on the task's benchmark input failed: {row['error']}"
             f.record = None
     unsure = [i for i, f in enumerate(files) if f.record is not None and f.record["language"] == "triton"
@@ -194,3 +222,11 @@ def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, c
             f.record.update({k: v for k, v in row.items() if k not in _SOURCE_BOOKKEEPING})
         else:
             f.notes.append(f"no source features: {row['error']}")
+
+
+def _import_error(error: str | None) -> str | None:
+    """The import failure a source-features row names ('import: ...' first), else None."""
+    if not error:
+        return None
+    first = error.split(" | ")[0]
+    return first.removeprefix("import: ") if first.startswith("import: ") else None

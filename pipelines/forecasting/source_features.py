@@ -102,6 +102,7 @@ def source_features_many(
     progress: Progress | None = None,
     target: str = "sm_90",
     compile: bool = True,
+    hardware: str | None = None,
 ) -> list[dict[str, Any]]:
     """Source features of many kernel records, in input order; never raises on a bad kernel.
 
@@ -116,6 +117,8 @@ def source_features_many(
         compile: False traces only (no compile columns; a Triton module's compile_status is
             'not_run'): a fraction of a second per kernel instead of a compile, for kernels whose
             compile features are known already.
+        hardware: the hardware id whose stand-in device the kernels see when they ask
+            (pipelines.profiling.standin.DEVICES); None or another id: the target's default.
     Returns:
         One flat row per record (ROW_COLUMNS): status, one-line error, seconds, FEATURE_COLUMNS
         (None where unknown).
@@ -144,7 +147,7 @@ def source_features_many(
                 rec = items[i]
                 job = {"source": str(rec.get("source") or ""), "task": str(rec.get("task") or ""),
                        "language": str(rec.get("language") or "triton"), "target": [capability, 32],
-                       "compile": compile}
+                       "compile": compile, "hardware": hardware}
                 try:
                     msg = worker.request_raw(job, timeout_s)
                 except Exception as exc:  # noqa: BLE001 - a garbled answer must not stop the batch
@@ -347,12 +350,16 @@ def _trace_case(module: Any, task: Any, case: Mapping[str, Any], capability: int
     from torch.utils.flop_counter import FlopCounterMode
 
     from pipelines.generation.aot import _Capture
+    from pipelines.profiling.standin import to_fake_cuda
 
     params = dict(case)
     seed = params.pop("seed", 0)
     cap = _Capture(capability, 32, workdir, compile=compile)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        data = task.generate_input(seed=seed, **params)
+        # the inputs a kernel on the GPU gets: fake CUDA tensors (the child runs on a stand-in
+        # device of the target, pipelines.profiling.standin), so `x.is_cuda` and `x.device` answer
+        # as there and whatever the launcher allocates "on x.device" is shape-only too
+        data = to_fake_cuda(task.generate_input(seed=seed, **params))
         counter = _counting_mode()
         flops = FlopCounterMode(display=False)
         with cap, torch.no_grad(), flops, counter:

@@ -506,28 +506,40 @@ class _Capture:
 
     # -- the replacement of JITFunction.run ------------------------------------------------
     def run(self, fn, *args, grid, warmup, **kwargs):
+        """A launch: compiled for the target (with `compile`) and logged, never run. A `warmup`
+        call (a launcher compiling ahead to size its grid from the kernel's registers and shared
+        memory) compiles and returns the compiled kernel without a launch; its launches come
+        later through the stand-in driver (`direct_launch`)."""
         from triton import knobs
         from triton.runtime.jit import create_function_from_signature
 
         kwargs["debug"] = kwargs.get("debug", fn.debug) or knobs.runtime.debug
         kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-        for hook in fn.pre_run_hooks:
-            hook(*args, **kwargs)
+        if not warmup:
+            for hook in fn.pre_run_hooks:
+                hook(*args, **kwargs)
         binder = self.binders.get(id(fn))
         if binder is None:
             binder = self.binders[id(fn)] = create_function_from_signature(
                 fn.signature, fn.params, self.backend
             )
         bound_args, specialization, options = binder(*args, **kwargs)
+        if warmup:
+            return self._compiled(fn, kwargs, bound_args, specialization, options)[1]
         self.launches += 1
         if not self.do_compile:
             self._log(fn, None, grid, bound_args, options)
             return None
+        index, kernel = self._compiled(fn, kwargs, bound_args, specialization, options)
+        self._log(fn, index, grid, bound_args, self.kernels[index])
+        return kernel
+
+    def _compiled(self, fn, kwargs, bound_args, specialization, options) -> tuple[int, Any]:
+        """(index into `kernels`, CompiledKernel) of one specialisation, compiled once."""
         key = (id(fn), str(specialization), str(options))
         if key in self.compiled:
             index = self.compiled[key]
-            self._log(fn, index, grid, bound_args, self.kernels[index])
-            return self.objects[index]
+            return index, self.objects[index]
         options, signature, constexprs, attrs = fn._pack_args(
             self.backend, kwargs, bound_args, specialization, options
         )
@@ -551,8 +563,18 @@ class _Capture:
         )
         self.compiled[key] = len(self.kernels) - 1
         self.objects.append(kernel)
-        self._log(fn, len(self.kernels) - 1, grid, bound_args, options)
-        return kernel
+        return len(self.kernels) - 1, kernel
+
+    def direct_launch(self, name: str, grid: tuple[int, int, int], args: tuple) -> None:
+        """A compiled kernel launched by the launcher itself (`kernel[grid](...)` after `warmup`)."""
+        index = next((i for i, k in enumerate(self.kernels) if k["name"] == name), None)
+        self.launches += 1
+        warps = self.kernels[index]["num_warps"] if index is not None else 4
+        self.launch_log.append({
+            "name": name, "kernel": index if self.do_compile else None, "grid": list(grid),
+            "programs": grid[0] * grid[1] * grid[2], "arg_bytes": _tensor_bytes(args),
+            "weight": self.weight, "num_warps": warps,
+        })
 
     # -- the replacement of Autotuner.run: every config, no benchmarking ---------------------
     def autotune_run(self, tuner, *args, **kwargs):
@@ -601,6 +623,7 @@ class _Capture:
         JITFunction.run = run
         Autotuner.run = autotune_run
         knobs.runtime.add_stages_inspection_hook = self.stages_hook
+        _CAPTURES.append(self)
         return self
 
     def __exit__(self, *exc):
@@ -609,7 +632,17 @@ class _Capture:
         from triton.runtime.jit import JITFunction
 
         JITFunction.run, Autotuner.run, knobs.runtime.add_stages_inspection_hook = self._saved
+        _CAPTURES.remove(self)
         return False
+
+
+# the captures entered, innermost last: launches of compiled kernels reach the innermost
+_CAPTURES: list[_Capture] = []
+
+
+def _direct_launch(name: str, grid: tuple[int, int, int], args: tuple) -> None:
+    if _CAPTURES:
+        _CAPTURES[-1].direct_launch(name, grid, args)
 
 
 def _resolve_task(name: str):
@@ -617,29 +650,6 @@ def _resolve_task(name: str):
     from pipelines.profiling.taskload import load_task
 
     return load_task(name)
-
-
-def _fake_device_properties(capability: int) -> None:
-    """Give launchers that read torch.cuda device properties (persistent grids) the target's."""
-    import types
-
-    import torch
-
-    if torch.cuda.is_available():
-        return
-    props = types.SimpleNamespace(
-        name="NVIDIA H200" if capability == 90 else f"sm_{capability}",
-        major=capability // 10,
-        minor=capability % 10,
-        multi_processor_count=SM_COUNT.get(capability, 132),
-        total_memory=141 * 2**30,
-        warp_size=32,
-        max_threads_per_multi_processor=2048,
-        regs_per_multiprocessor=65536,
-        shared_memory_per_block_optin=SHARED_MEMORY_LIMIT.get(capability, DEFAULT_SHARED_LIMIT),
-    )
-    torch.cuda.get_device_properties = lambda device=None: props
-    torch.cuda.current_device = lambda: 0
 
 
 class _ChildState:
@@ -720,7 +730,8 @@ class _ChildState:
 def serve_compile_jobs(handle: Callable[[_ChildState, dict, Callable[[dict], None]], None]) -> None:
     """A compile child's loop: one JSON job per stdin line, `handle(state, job, send)` answers it
     on the original stdout only (whatever kernels or Triton print goes to stderr, never into the
-    protocol). The device properties of each job's target are faked once, before its first job."""
+    protocol). Each job runs on a stand-in device of its target (pipelines.profiling.standin): the
+    kernel's launcher may ask the device as on the GPU the features are for."""
     out = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     sys.stdout = sys.stderr
@@ -728,9 +739,10 @@ def serve_compile_jobs(handle: Callable[[_ChildState, dict, Callable[[dict], Non
     import torch  # noqa: F401  (imported before user code; the first request need not pay it)
     import triton  # noqa: F401
 
+    from pipelines.profiling.standin import DEVICES, device_for, standin_device
+
     workdir = tempfile.mkdtemp(prefix="worker-", dir=os.environ.get("KERNELCAST_AOT_WORKDIR"))
     state = _ChildState(workdir)
-    faked: set[int] = set()
 
     def send(msg: dict) -> None:
         out.write(json.dumps(msg) + "\n")
@@ -740,10 +752,9 @@ def serve_compile_jobs(handle: Callable[[_ChildState, dict, Callable[[dict], Non
     try:
         for line in sys.stdin:
             job = json.loads(line)
-            if job["target"][0] not in faked:
-                _fake_device_properties(job["target"][0])
-                faked.add(job["target"][0])
-            handle(state, job, send)
+            spec = DEVICES.get(job.get("hardware") or "") or device_for(int(job["target"][0]))
+            with standin_device(spec, on_launch=_direct_launch):
+                handle(state, job, send)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

@@ -486,12 +486,17 @@ def triton_launches_suppressed():
 
     Compile workers use this on the benchmark shapes, so the measuring process finds the exact
     specialisations in TRITON_CACHE_DIR without the compile workers putting load on the GPU
-    it is timing on. Autotuners get a benchmarker that just compiles each config once.
+    it is timing on. Autotuners get a benchmarker that just compiles each config once. A
+    launcher that compiles ahead (`kernel.warmup(...)`) and launches the compiled kernel itself
+    (`kernel[grid](...)`, as launchers sizing a persistent grid from the kernel's registers do)
+    gets a launch that runs nothing: on meta inputs it would run on pointers to nothing.
     """
+    from triton.compiler.compiler import CompiledKernel
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
     orig_run, orig_bench = JITFunction.run, Autotuner.__dict__.get("do_bench")
+    orig_getitem = CompiledKernel.__getitem__
 
     def run(self, *args, grid, warmup, **kwargs):
         kernel = orig_run(self, *args, grid=grid, warmup=True, **kwargs)
@@ -502,12 +507,17 @@ def triton_launches_suppressed():
         kernel_call()
         return [0.0] * len(quantiles) if quantiles else 0.0
 
+    def launch_nothing(self, grid):
+        return lambda *args, stream=None: None
+
     JITFunction.run = run
     Autotuner.do_bench = property(lambda self: compile_only_bench)
+    CompiledKernel.__getitem__ = launch_nothing
     try:
         yield
     finally:
         JITFunction.run = orig_run
+        CompiledKernel.__getitem__ = orig_getitem
         if orig_bench is not None:
             Autotuner.do_bench = orig_bench
 

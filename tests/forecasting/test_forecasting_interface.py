@@ -291,15 +291,19 @@ def _kernel_files(folder):
     return {name: folder / name for name in files}
 
 
-@pytest.mark.parametrize("name, exit_code, words", [
-    ("no_entry.py", 2, "defines no custom_kernel(data)"),
-    ("broken.py", 2, "syntax error at line 1"),
-    ("rms_norm.py", 2, "raises on the task's correctness input"),
+@pytest.mark.parametrize("name, flags, exit_code, words", [
+    ("no_entry.py", (), 2, "defines no custom_kernel(data)"),
+    ("broken.py", (), 2, "syntax error at line 1"),
+    # another task's kernel: its launcher cannot take the task's input, so nothing compiles
+    ("rms_norm.py", (), 2, "the sm_90 compile on the task's benchmark input failed: ValueError"),
+    ("rms_norm.py", ("--check",), 2, "raises on the task's correctness input on Triton's CPU interpreter, which may "
+                                     "be at fault rather than the kernel"),
 ])
-def test_a_file_that_is_no_kernel_of_the_task_is_refused_in_one_line(tmp_path, cli_home, name, exit_code, words):
+def test_a_file_that_is_no_kernel_of_the_task_is_refused_in_one_line(tmp_path, cli_home, name, flags, exit_code,
+                                                                     words):
     files = _kernel_files(tmp_path / "k")
     res = _invoke("--task", "softmax", "--anchor", str(files["softmax_torch.py"]), "--candidate", str(files[name]),
-                  "--model", "baseline:uniform", "--json")
+                  "--model", "baseline:uniform", "--json", *flags)
     assert res.exit_code == exit_code
     lines = res.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"error: {files[name]}: ") and words in lines[0], res.output
@@ -313,8 +317,9 @@ def test_when_every_file_is_needed_a_refusal_ends_the_reading_at_its_stage(tmp_p
     files = _kernel_files(tmp_path / "k")
     anchor, broken = read_kernel_files("softmax", [files["softmax_torch.py"], files["broken.py"]], all_needed=True)
     assert broken.refused.startswith("syntax error at line 1") and anchor.refused is None and anchor.record is None
-    anchor, triton = read_kernel_files("softmax", [files["rms_norm.py"], files["softmax_triton.py"]], all_needed=True)
-    assert anchor.refused.startswith("raises on the task's correctness input")
+    anchor, triton = read_kernel_files("softmax", [files["rms_norm.py"], files["softmax_triton.py"]], all_needed=True,
+                                       check=True)
+    assert anchor.refused.startswith("raises on the task's correctness input on Triton's CPU interpreter")
     assert triton.refused is None and triton.record is None  # checked, never compiled
     # without it, the other file is read to the end
     anchor, broken = read_kernel_files("softmax", [files["softmax_torch.py"], files["broken.py"]], check=False,
@@ -415,7 +420,7 @@ def test_several_candidates_and_a_folder_one_row_each_with_the_registered_cost_m
     by = {r["file"].rsplit("/", 1)[-1]: r for r in rows}
     assert {n for n, r in by.items() if r["ok"]} == {"softmax_triton.py", "softmax_torch.py"}
     assert "syntax error" in by["broken.py"]["refused"] and "custom_kernel" in by["no_entry.py"]["refused"]
-    assert by["rms_norm.py"]["refused"].startswith("raises on the task's correctness input")
+    assert by["rms_norm.py"]["refused"].startswith("the sm_90 compile on the task's benchmark input failed")
     assert {r["model_ref"] for r in rows} == {f"models:/kernelcast-surrogate/{version}"}
     assert {r["kind"] for r in rows} == {"cost_model"}
     # the numbers are the interface's on the files' records: no generator, the compile features

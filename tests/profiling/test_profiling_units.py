@@ -382,6 +382,54 @@ def test_launch_suppression_patches_and_restores_triton():
     assert JITFunction.run is run and Autotuner.__dict__["do_bench"] is bench
 
 
+_WARMUP_IN_A_COMPILE_CHILD = """
+import importlib.util, json, sys
+from pipelines.profiling import runner, standin
+from pipelines.profiling.taskload import load_task
+
+runner.COMPILE_INPUTS = "meta"
+launched, task = [], load_task("softmax")
+with standin.standin_device(on_launch=lambda *a: launched.append(a[1])):
+    spec = importlib.util.spec_from_file_location("warmup_kernel", sys.argv[1])
+    module = sys.modules["warmup_kernel"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    with runner.triton_launches_suppressed():
+        for case in task.benchmark_cases[:2]:
+            module.custom_kernel(runner.gpu_looking(runner.meta_input(task, case)))
+    suppressed = list(launched)
+    kernel, programs = next(iter(module._COMPILED.values()))
+    kernel[(programs, 1, 1)]()
+print(json.dumps({"grids": [p for _, p in module._COMPILED.values()], "suppressed": suppressed,
+                  "after": launched}))
+"""
+
+
+def test_a_compile_child_takes_a_launcher_that_warms_up_and_launches_the_compiled_kernel():
+    """A launcher that sizes a persistent grid from the device's properties and the compiled
+    kernel's registers (`warmup`, `_init_handles`, then `kernel[grid](...)`) compiles on the meta
+    inputs of a compile child and launches nothing there: its launch would run on pointers to
+    nothing. The stand-in device plays this host's GPU and records any launch that gets through.
+    In a process of its own: a compile child compiles, where this one interprets Triton."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from pipelines.profiling import standin
+
+    kernel = Path(__file__).resolve().parents[1] / "fixtures_kernels" / "device_query" / "driver_warmup_softmax.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([sys.executable, "-c", _WARMUP_IN_A_COMPILE_CHILD, str(kernel)], env=env,
+                          capture_output=True, text=True, timeout=300, cwd=Path(runner.__file__).parents[2])
+    assert done.returncode == 0, done.stderr[-2000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(got["grids"]) == 2 and all(p % standin.H200.sm_count == 0 for p in got["grids"])
+    assert got["suppressed"] == []
+    # outside the suppression the compiled kernel's launch reaches the (stand-in) driver
+    assert len(got["after"]) == 1 and got["after"][0][0] in got["grids"]
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_release_cuda_memory_returns_free_blocks_above_the_threshold():
