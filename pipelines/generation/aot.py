@@ -358,30 +358,6 @@ class _Rejected(Exception):
     """A hardware limit is exceeded; raised from inside triton.compile before ptxas."""
 
 
-_RESOURCE_RE = re.compile(
-    r"Function\s+(\S+):\s*\n\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)"
-)
-
-
-def _resource_usage(cubin: bytes, workdir: str) -> tuple[int, int]:
-    """(registers, stack bytes) per thread, max over the cubin's functions, via cuobjdump."""
-    from triton import knobs
-
-    tool = knobs.nvidia.cuobjdump.path  # the wheel's own, or TRITON_CUOBJDUMP_PATH
-    path = os.path.join(workdir, "kernel.cubin")
-    with open(path, "wb") as f:
-        f.write(cubin)
-    out = subprocess.run(
-        [str(tool), "--dump-resource-usage", path], capture_output=True, text=True, check=True
-    )
-    found = _RESOURCE_RE.findall(out.stdout)
-    if not found:
-        raise RuntimeError(
-            f"cuobjdump gave no resource usage: {_one_line(out.stdout + out.stderr)}"
-        )
-    return max(int(m[1]) for m in found), max(int(m[2]) for m in found)
-
-
 # PTX instruction classes counted per compiled kernel (static counts: instructions in the code,
 # not executed ones). Each pattern is matched against an instruction's opcode (the text before
 # its first operand, predicate guard removed), e.g. "ld.global.v4.b32" or "wgmma.mma_async...".
@@ -549,7 +525,10 @@ class _Capture:
         src = self.ASTSource(fn, signature, constexprs, attrs)
         self.current = fn.__name__  # for messages raised inside the compile pipeline
         kernel = self.triton.compile(src, target=self.target, options=options.__dict__)
-        n_regs, stack = _resource_usage(kernel.asm["cubin"], self.workdir)
+        # torch-importing: loaded in the compile child only, not wherever aot is imported
+        from pipelines.profiling.standin import cubin_resources
+
+        n_regs, stack = cubin_resources(kernel.asm["cubin"], self.workdir)
         self.kernels.append(
             {
                 "name": kernel.metadata.name,

@@ -25,6 +25,10 @@ Only the standard library, torch and triton are used (the GPU worker's compile c
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import subprocess
+import tempfile
 import types
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
@@ -120,17 +124,27 @@ def torch_properties(spec: DeviceSpec) -> types.SimpleNamespace:
 LaunchHook = Callable[[str, tuple[int, int, int], tuple], None]
 
 
-def _resource_reader() -> Callable[[bytes], tuple[int, int]]:
-    """(registers, spill bytes) of a cubin: aot's cuobjdump reading, on first use."""
-    import tempfile
+_RESOURCE_RE = re.compile(
+    r"Function\s+(\S+):\s*\n\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)"
+)
 
-    from pipelines.generation.aot import _resource_usage
 
-    def read(cubin: bytes) -> tuple[int, int]:
-        with tempfile.TemporaryDirectory(prefix="kernelcast-standin-") as tmp:
-            return _resource_usage(cubin, tmp)
+def cubin_resources(cubin: bytes, workdir: str | None = None) -> tuple[int, int]:
+    """(registers, stack bytes) per thread of a cubin, max over its functions, read by the
+    cuobjdump Triton ships (`--dump-resource-usage`), as the driver reports them once loaded."""
+    from triton import knobs
 
-    return read
+    with tempfile.TemporaryDirectory(prefix="kernelcast-cubin-", dir=workdir) as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        out = subprocess.run([str(knobs.nvidia.cuobjdump.path), "--dump-resource-usage", path],
+                             capture_output=True, text=True, check=True)
+    found = _RESOURCE_RE.findall(out.stdout)
+    if not found:
+        lines = (out.stdout + out.stderr).strip().splitlines()
+        raise RuntimeError(f"cuobjdump gave no resource usage: {lines[0] if lines else 'no output'}")
+    return max(int(m[1]) for m in found), max(int(m[2]) for m in found)
 
 
 class StandinDriver:
@@ -148,7 +162,6 @@ class StandinDriver:
         self.on_launch = on_launch
         self.target = GPUTarget("cuda", spec.cc, spec.warp_size)
         self._ty_to_cpp = ty_to_cpp
-        self._read_resources = _resource_reader()
         driver = self
 
         class Utils:
@@ -158,7 +171,7 @@ class StandinDriver:
 
             @staticmethod
             def load_binary(name: str, kernel: bytes, shared: int, device: Any) -> tuple:
-                n_regs, stack = driver._read_resources(kernel)
+                n_regs, stack = cubin_resources(kernel)
                 return 0, 0, n_regs, stack // 4, spec.max_threads_per_block
 
             @staticmethod

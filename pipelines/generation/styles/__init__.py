@@ -23,6 +23,9 @@ STYLE_MODULES: dict[str, str] = {
     "pytorch_programs": "pytorch-programs",
     "library_triton": "library-triton",
 }
+# Their kernels are learned from (unlike rewrites, hand-written and fetched kernels, which only
+# score forecasters); each is also held out in turn to score forecasters on a style they never saw.
+STYLE_GENERATORS: tuple[str, ...] = tuple(STYLE_MODULES.values())
 
 
 def style_module(name: str) -> ModuleType:
