@@ -21,11 +21,6 @@ import typer
 
 from pipelines.evaluation.forecaster_table import TABLE_FILE, text_table
 
-SPLIT_TITLES = {"in_distribution": "in distribution (eval set)",
-                "source_only": "source only (eval set, generator metadata withheld)",
-                "held_out_task": "held-out task",
-                "external": "external (kernels the template generator did not write)"}
-
 
 def newest_table(settings) -> dict | None:
     """The forecaster table of the newest dataset version's report, or None."""
@@ -59,9 +54,12 @@ def relinked(table: dict, ports: dict[str, int]) -> dict:
 def table_lines(table: dict) -> list[str]:
     """Every split as text under a title line (an empty split: its reason); then the report's
     paths and the MLflow runs of the registered forecasters."""
+    from pipelines.surrogates.roles import SPLITS, ordered_splits, split_title
+
     lines = []
     empty = table.get("empty_splits") or {}
-    for split, title in SPLIT_TITLES.items():
+    for split in ordered_splits({*SPLITS, *empty, *(r["split"] for r in table["forecasters"])}):
+        title = split_title(split)
         rows = [r for r in table["forecasters"] if r["split"] == split]
         extra = f" {table.get('held_out_task')}" if split == "held_out_task" and table.get("held_out_task") else ""
         if rows:
@@ -92,21 +90,22 @@ def table_lines(table: dict) -> list[str]:
 
 def report(
     profile: str | None = typer.Option(None, "--profile", help="smoke | default | gpu"),
-    split: str | None = typer.Option(None, "--split", help="in_distribution | source_only | held_out_task | external "
-                                                           "(default: all)"),
+    split: str | None = typer.Option(None, "--split", help="in_distribution | source_only | held_out_task | "
+                                                           "held_out_style:<style> | external | library (default: all)"),
     as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
 ) -> None:
     """Print the newest evaluation report's table: every forecaster, with 95% intervals."""
     from orchestration.cli_common import CliError, _print_json, _settings
-
-    if split is not None and split not in SPLIT_TITLES:
-        raise CliError(f"unknown split {split!r}; use one of {', '.join(SPLIT_TITLES)}")
     from orchestration.links import live_ports
+    from pipelines.surrogates.roles import SPLITS, ordered_splits
 
     settings = _settings(profile)
     table = newest_table(settings)
     if table is None:
         raise CliError("no evaluation report yet: run `kernelcast run` first")
+    known = ordered_splits({*SPLITS, *(r["split"] for r in table["forecasters"])})
+    if split is not None and split not in known:
+        raise CliError(f"unknown split {split!r}; use one of {', '.join(known)}")
     table = relinked(table, live_ports(settings.home))
     if split:
         table = {**table, "forecasters": [r for r in table["forecasters"] if r["split"] == split]}

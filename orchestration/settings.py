@@ -72,8 +72,8 @@ class EvaluationSettings:
     lm_pairs_per_task: int | None = 2  # None: every eval pair
     lm_prompt_style: str = "full"
     # A folder of fetched third-party results scored as part of the external split
-    # (pipelines.evaluation.external_dir; $KERNELCAST_EXTERNAL_DIR); None: none.
-    external_dir: str | None = None
+    # (pipelines.evaluation.library_dir; $KERNELCAST_LIBRARY_DIR); None: none.
+    library_dir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -242,20 +242,20 @@ def _with_llm_env(settings: Settings) -> Settings:
     return replace(settings, surrogate=replace(settings.surrogate, llm=mode))
 
 
-def _with_external_dir_env(settings: Settings) -> Settings:
-    """KERNELCAST_EXTERNAL_DIR (a folder of fetched third-party results, docs/method.md) on top of
-    the profile (EvaluationSettings.external_dir)."""
-    folder = os.environ.get("KERNELCAST_EXTERNAL_DIR", "").strip()
+def _with_library_dir_env(settings: Settings) -> Settings:
+    """KERNELCAST_LIBRARY_DIR (a folder of fetched third-party results, docs/method.md) on top of
+    the profile (EvaluationSettings.library_dir)."""
+    folder = os.environ.get("KERNELCAST_LIBRARY_DIR", "").strip()
     if not folder:
         return settings
-    return replace(settings, evaluation=replace(settings.evaluation, external_dir=folder))
+    return replace(settings, evaluation=replace(settings.evaluation, library_dir=folder))
 
 
 def load_settings(profile: str | None = None, home: str | Path | None = None) -> Settings:
     """Resolve the profile (argument, then KERNELCAST_PROFILE, then 'default') into Settings,
     with the environment overrides of the fan-out, the LLM mode and the external folder on top
     (the one place the documented KERNELCAST_* variables are read)."""
-    return _with_external_dir_env(_with_llm_env(_with_fanout_env(_profile_settings(profile, home))))
+    return _with_library_dir_env(_with_llm_env(_with_fanout_env(_profile_settings(profile, home))))
 
 
 def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:

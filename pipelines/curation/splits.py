@@ -15,8 +15,13 @@
   gdn_chunk_fwd_o out of training).
 - discovery_pairs: every parent pair, with `leak_free` = neither kernel appears in the
   training pool (read a trained model's discovery numbers on those).
-- external_set: the reference pairs of kernels the template generator did not write (generator
-  not "kernelcast-space" or "reference": rewrites, hand-written, LLM-written, fetched ones).
+- Styles: kernels of the style generators (pipelines.generation.styles: PyTorch programs,
+  library-style Triton) are learned from like the template kernels, but are never eval
+  candidates: the eval set stays the template kernels' (its figures compare across versions),
+  and each style is scored held out instead (pipelines.surrogates.roles: forecasters fitted
+  without it, on every reference pair of it).
+- external_set: the reference pairs of kernels no learned generator wrote (generator neither
+  the template's, the reference, nor a style's: rewrites, hand-written, LLM-written, fetched ones).
   They are never eval candidates of the in-distribution set, and they and their whole lineage
   (`external_lineage`: every ancestor up to the task reference, every descendant, and the
   `lineage_k` neighbourhood) are kept out of the training pool, on every hardware. The pairs
@@ -35,24 +40,28 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from models.bins import NUM_BINS
+from pipelines.generation.styles import STYLE_GENERATORS
 
 log = logging.getLogger(__name__)
 
 DEFAULT_PER_BIN = 12
 DEFAULT_LINEAGE_K = 1
 TEMPLATE_GENERATORS = ("kernelcast-space", "reference")
+LEARNED_GENERATORS = (*TEMPLATE_GENERATORS, *STYLE_GENERATORS)
 
 
 def is_external_generator(generator: str | None) -> bool:
-    """Whether a kernel's generator is not the template generator (nor the task reference).
+    """Whether a kernel's generator is none that is learned from: not the template generator,
+    the task reference, nor a style generator.
 
     A missing generator is not external: kernels recorded before the column existed are the
     generator's own.
 
-    >>> [is_external_generator(g) for g in ("kernelcast-space", "reference", None, "rewrite:unroll", "llm:x")]
-    [False, False, False, True, True]
+    >>> [is_external_generator(g) for g in ("kernelcast-space", "reference", None, "pytorch-programs",
+    ...                                     "rewrite:unroll", "llm:x")]
+    [False, False, False, False, True, True]
     """
-    return generator is not None and str(generator) not in TEMPLATE_GENERATORS
+    return generator is not None and str(generator) not in LEARNED_GENERATORS
 
 
 def external_kernel_ids(lineage: pl.DataFrame) -> set[str]:
@@ -60,6 +69,17 @@ def external_kernel_ids(lineage: pl.DataFrame) -> set[str]:
     if "generator" not in lineage.columns or lineage.is_empty():
         return set()
     return {k for k, g in lineage.select("kernel_id", "generator").unique().rows() if is_external_generator(g)}
+
+
+def style_kernel_ids(lineage: pl.DataFrame) -> dict[str, set[str]]:
+    """Style generator -> the ids of its kernels in a lineage frame (styles without kernels left out)."""
+    if "generator" not in lineage.columns or lineage.is_empty():
+        return {}
+    out: dict[str, set[str]] = {}
+    for k, g in lineage.select("kernel_id", "generator").unique().rows():
+        if g in STYLE_GENERATORS:
+            out.setdefault(g, set()).add(k)
+    return out
 
 
 @dataclass(frozen=True)
@@ -232,7 +252,9 @@ def make_splits(pairs: pl.DataFrame, lineage: pl.DataFrame, config: SplitConfig 
     external = external_kernel_ids(lineage) - ref_ids
     is_ext = pl.col("candidate_kernel_id").is_in(list(external))
     external_set = reference.filter(is_ext)
-    eval_set, shortfall = select_eval_candidates(reference.filter(~is_ext), config.per_bin, config.seed)
+    styled = set().union(*style_kernel_ids(lineage).values())
+    eval_set, shortfall = select_eval_candidates(
+        reference.filter(~is_ext & ~pl.col("candidate_kernel_id").is_in(list(styled))), config.per_bin, config.seed)
     parent_of = lineage_map(lineage, ref_ids)
     blocked = lineage_neighbourhood(eval_set["candidate_kernel_id"].unique().to_list(), parent_of, config.lineage_k)
     blocked |= external_lineage(external, parent_of, config.lineage_k)

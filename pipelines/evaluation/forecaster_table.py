@@ -7,8 +7,8 @@ brier_hi), crps, ece, accuracy, recovered_mean (recovered_lo / recovered_hi), re
 parse_rate, run_id and mlflow_url (the MLflow run that logged a registered version; null for
 the others), dagster_run_id and dagster_url (the Dagster run that made that MLflow run), selective_coverage (external split: the coverage at which its max-prob-selected
 forecasts reach the best forecaster's full-coverage Brier; null on the other splits). Names are
-model refs; the held-out twins of the reference forecasters lose their "|held_out_task" suffix,
-since the split column says where they were scored.
+model refs; the held-out twins of the reference forecasters lose their "|<split>" suffix, since
+the split column says where they were scored.
 """
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-HELD_OUT_SUFFIX = "|held_out_task"
 TABLE_FILE = "forecasters.table.json"
 
 
@@ -63,7 +62,7 @@ def forecaster_rows(results: Mapping[str, Mapping[str, Any]], kinds: Mapping[str
         b_lo, b_hi = _interval(r, "brier")
         u_lo, u_hi = _interval(r, "recovered_mean")
         rows.append({
-            "name": ref.removesuffix(HELD_OUT_SUFFIX), "kind": _kind_of(ref, kinds), "split": split,
+            "name": ref.removesuffix(f"|{split}"), "kind": _kind_of(ref, kinds), "split": split,
             "source": (sources or {}).get(ref, ""), "n": r.get("n"), "brier": r.get("brier"), "brier_lo": b_lo,
             "brier_hi": b_hi, "crps": r.get("crps"), "ece": r.get("ece"), "accuracy": r.get("accuracy"),
             "recovered_mean": r.get("recovered_mean"), "recovered_lo": u_lo, "recovered_hi": u_hi,

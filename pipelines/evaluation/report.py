@@ -15,7 +15,7 @@ from typing import Any
 import jinja2
 
 from pipelines.evaluation import figures
-from pipelines.evaluation.forecaster_table import HELD_OUT_SUFFIX, run_fields
+from pipelines.evaluation.forecaster_table import run_fields
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ def footnotes(results_by_model: Mapping[str, Mapping[str, Any]]) -> list[str]:
     'Rows score different pair sets (forecasts: 750 for b; 788 for a): each forecaster is scored on the pairs it forecast, so compare rows of equal n (promotion compares versions on the pairs all of them forecast).'
     """
     notes = []
-    oracle = next((r for name, r in results_by_model.items() if name.removesuffix(HELD_OUT_SUFFIX) == ORACLE), {})
+    oracle = next((r for name, r in results_by_model.items() if name.split("|")[0] == ORACLE), {})
     rec = oracle.get("recovered_mean")
     if isinstance(rec, (int, float)) and not math.isnan(rec):
         why = ": below 1 where kernels of one bin tie, ranked in random order within the bin" if rec < 1 - 5e-4 else ""

@@ -70,14 +70,13 @@ def write_evaluation_report(results: dict[str, dict[str, Any]], out_dir: Path, t
     return write_report(results, out_dir, title=title)
 
 
-# The report's splits in page order; the in-distribution page is the report's index.html.
+# The report's fixed splits; held-out styles and the library join them when they have pairs
+# (pipelines.surrogates.roles.ordered_splits: page order, the in-distribution page the index).
 SPLITS = ("in_distribution", "source_only", "held_out_task", "external")
-SPLIT_TITLES = {"in_distribution": "in distribution", "source_only": "source only (metadata withheld)",
-                "held_out_task": "held-out task", "external": "external (kernels the generator did not write)"}
 
 
 def split_folder(out_dir: Path, split: str) -> Path:
-    return out_dir if split == "in_distribution" else out_dir / split
+    return out_dir if split == "in_distribution" else out_dir / split.replace(":", "-")
 
 
 def write_split_reports(results: Mapping[str, Mapping[str, Any]], out_dir: Path, version: str,
@@ -97,14 +96,16 @@ def write_split_reports(results: Mapping[str, Mapping[str, Any]], out_dir: Path,
     Returns:
         split -> path of its index.html.
     """
-    present = [s for s in SPLITS if results.get(s)]
+    from pipelines.surrogates.roles import ordered_splits, split_title
+
+    present = ordered_splits(s for s in results if results.get(s))
     pages = {s: split_folder(out_dir, s) / "index.html" for s in present}
     out = {}
     for split in present:
         here = pages[split].parent
-        links = [(SPLIT_TITLES[s], "" if s == split else os.path.relpath(pages[s], here)) for s in present]
+        links = [(split_title(s), "" if s == split else os.path.relpath(pages[s], here)) for s in present]
         out[split] = write_report(results[split], here, title=f"kernelcast evaluation, dataset {version}, "
-                                  f"{SPLIT_TITLES[split]}", pages=links, runs=runs, empty=empty,
+                                  f"{split_title(split)}", pages=links, runs=runs, empty=empty,
                                   made_by=made_by)
     return out
 

@@ -54,7 +54,7 @@ def read_version_forecasts(warehouse_path: str | Path, reports_dir: Path) -> Ver
     Raises:
         EvaluationError: no dataset version, no listing or no in-distribution forecasts of it.
     """
-    from pipelines.forecasting.plan import EXTERNAL_DIR_ROWS
+    from pipelines.forecasting.plan import LIBRARY_DIR_ROWS
     from pipelines.forecasting.registered import split_frames
     from warehouse.datasets import current_dataset_version
     from warehouse.db import connect
@@ -70,7 +70,7 @@ def read_version_forecasts(warehouse_path: str | Path, reports_dir: Path) -> Ver
             listing = read_forecast_listing(con, version)
         except ValidationError as exc:
             raise EvaluationError(str(exc)) from None
-    rows = reports_dir / version / EXTERNAL_DIR_ROWS
+    rows = reports_dir / version / LIBRARY_DIR_ROWS
     if rows.is_file():
         frame = pl.concat([frame, pl.read_parquet(rows)], how="diagonal_relaxed")
     frame = frame.rename({"speedup": "true_speedup"}) if "speedup" in frame.columns else frame

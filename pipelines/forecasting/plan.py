@@ -2,7 +2,7 @@
 
 Every registered forecaster of the version on each report split (pipelines.forecasting.registered),
 the held-out reference forecasters, the fetched external kernels when a folder of them is set
-(pipelines.evaluation.external_dir; their rows go beside the report, they are not warehouse
+(pipelines.evaluation.library_dir; their rows go beside the report, they are not warehouse
 pairs), and the jobs of the language models forecast here: the configured base models on a
 sample of eval pairs and the LLM versions without committed forecasts. With them, the listing
 the store step writes to the warehouse beside the forecasts (who forecast which pairs of which
@@ -19,7 +19,9 @@ from typing import Any
 
 import polars as pl
 
-EXTERNAL_DIR_ROWS = "external-dir.parquet"  # forecasts of the fetched kernels, beside the report
+from pipelines.surrogates.roles import LIBRARY_SPLIT
+
+LIBRARY_DIR_ROWS = "library-dir.parquet"  # forecasts of the library split's kernels, beside the report
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,7 @@ def plan_version_forecasts(warehouse_path: str | Path, tracking_uri: str, cfg: A
         warehouse_path: the DuckDB file (read only).
         tracking_uri: the MLflow registry the versions are read from.
         cfg: the settings (surrogate: held_out_task, committed_run, eval_pairs; evaluation:
-            lm_models, lm_pairs_per_task, lm_prompt_style, external_dir; home, data_dir, reports_dir).
+            lm_models, lm_pairs_per_task, lm_prompt_style, library_dir; home, data_dir, reports_dir).
         version: the dataset version.
         forecast_here: whether the LLM backend makes forward passes (else no LLM job is planned).
         log: where progress lines go; warn: where a warning goes (default: log).
@@ -71,15 +73,13 @@ def plan_version_forecasts(warehouse_path: str | Path, tracking_uri: str, cfg: A
     out_dir = cfg.reports_dir / version
     out_dir.mkdir(parents=True, exist_ok=True)
     pairs, empty = split_pairs(roles), empty_reasons(roles, version)
-    fetched, fetched_listed, fetched_note = _fetched_external(warehouse_path, tracking_uri, cfg, version, roles,
-                                                              records, listed, committed, out_dir, log,
-                                                              warn or log)
+    fetched, fetched_listed, fetched_note = _fetched_library(warehouse_path, tracking_uri, cfg, version, roles,
+                                                             records, listed, committed, out_dir, log, warn or log)
     if fetched:
-        pairs["external"] += fetched
-        empty.pop("external", None)
-    elif fetched_note and "external" in empty:
-        empty["external"] += f" ({fetched_note})"
-    listing = {"held_out_task": roles.held_out_task, "pairs": pairs, "empty": empty, "external_dir": fetched_note,
+        pairs[LIBRARY_SPLIT] = fetched
+    elif fetched_note:
+        empty[LIBRARY_SPLIT] = fetched_note
+    listing = {"held_out_task": roles.held_out_task, "pairs": pairs, "empty": empty, "library_dir": fetched_note,
                "forecasters": [dataclasses.asdict(f) for f in reference_listing(roles) + listed + held_listed
                                + fetched_listed]}
     frames = [f for f in (rows, held_rows) if f.height]
@@ -101,27 +101,30 @@ def base_model_jobs(warehouse_path: str | Path, evaluation: Any, version: str) -
         return [plan_base_job(con, spec, evals, evaluation.lm_prompt_style) for spec in evaluation.lm_models]
 
 
-def _fetched_external(warehouse_path, tracking_uri, cfg, version, roles, records, listed, committed, out_dir, log,
-                      warn):
-    """The fetched external kernels of settings.evaluation.external_dir (KERNELCAST_EXTERNAL_DIR),
-    when set: forecast by every forecaster that answers here, rows written beside the report.
-    Returns (their pair ids, their forecasters, a one-line note: the folder and what came of it);
-    a bad folder is the report's note, not a failed run."""
-    from pipelines.evaluation.external_dir import ENV, read_external_dir
+def _fetched_library(warehouse_path, tracking_uri, cfg, version, roles, records, listed, committed, out_dir, log,
+                     warn):
+    """The `library` split: the published kernels of settings.evaluation.library_dir
+    (KERNELCAST_LIBRARY_DIR), when set, forecast by every forecaster that answers here, rows
+    written beside the report. Returns (their pair ids, their forecasters, a one-line note: the
+    folder and what came of it); a bad folder, or one holding a kernel the version learns from, is
+    the report's note, not a failed run."""
+    from pipelines.evaluation.library_dir import ENV, read_library_dir
     from pipelines.forecasting.registered import folder_forecasts
     from warehouse.datasets import read_pairs
     from warehouse.db import connect
 
-    rows_path = out_dir / EXTERNAL_DIR_ROWS
+    rows_path = out_dir / LIBRARY_DIR_ROWS
     rows_path.unlink(missing_ok=True)  # never score an earlier run's folder
-    folder = cfg.evaluation.external_dir
+    folder = cfg.evaluation.library_dir
     if not folder:
         return [], [], None
     refs = dict(roles.eval.select("task", "anchor_kernel_id").unique("task").rows()) if roles.eval.height else {}
     try:
-        pairs, fetched_records = read_external_dir(folder, refs)
         with connect(warehouse_path, read_only=True) as con:
             train = read_pairs(con, version, "train")
+        learned = {k for f in roles.all_frames() for c in ("candidate_kernel_id", "anchor_kernel_id")
+                   for k in f[c].to_list()}
+        pairs, fetched_records = read_library_dir(folder, refs, learned - set(refs.values()))
         rows, fetched_listed = folder_forecasts(listed, pairs, {**records, **fetched_records}, tracking_uri,
                                                 cfg.home, committed, train)
     except ValueError as exc:
@@ -129,8 +132,9 @@ def _fetched_external(warehouse_path, tracking_uri, cfg, version, roles, records
         warn(note)
         return [], [], note
     if rows.height:
-        rows.join(pairs.drop("split"), on="pair_id").with_columns(pl.lit("external").alias("split")).write_parquet(rows_path)
-    note = f"{ENV}={folder}: {pairs.height} pairs of fetched kernels"
+        rows.join(pairs.drop("split"), on="pair_id").with_columns(pl.lit(LIBRARY_SPLIT).alias("split")) \
+            .write_parquet(rows_path)
+    note = f"{ENV}={folder}: {pairs.height} pairs of published kernels"
     log(note)
     return (pairs["pair_id"].to_list() if rows.height else []), fetched_listed, note
 

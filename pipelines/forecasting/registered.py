@@ -29,13 +29,12 @@ from models.bins import NUM_BINS
 from pipelines.forecasting.llm_shards import LlmJob, plan_llm_job
 from pipelines.forecasting.load import CLASSICAL_KINDS
 from pipelines.surrogates.classical import HELD_OUT_MODEL
-from pipelines.surrogates.roles import Roles, strip_metadata
+from pipelines.surrogates.roles import LIBRARY_SPLIT, Roles, held_out_split, strip_metadata
 
 log = logging.getLogger(__name__)
 
 P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 SURROGATE = "kernelcast-surrogate"
-HELD_OUT_SUFFIX = "|held_out_task"  # the held-out twins of the reference forecasters
 SOURCE_ONLY_SUFFIX = "|source_only"  # a version's forecasts from records without generator metadata
 
 
@@ -107,10 +106,13 @@ def registered_forecasts(
         targets = pl.concat([roles.eval, external], how="diagonal_relaxed") if external.height else roles.eval
         committed = {v.name: v for v in calibrated_variants(committed_dir, targets, roles.held_out_eval)}
     champion = alias_version(tracking_uri, "champion", SURROGATE)
-    for name, split, pairs in ((SURROGATE, "in_distribution", roles.eval), (HELD_OUT_MODEL, "held_out_task", roles.held_out_eval)):
+    settings = [(SURROGATE, "in_distribution", roles.eval)]
+    settings += [(HELD_OUT_MODEL, split, roles.for_split(split)[2]) for split in roles.held_out_splits()]
+    for name, split, pairs in settings:
         if pairs.is_empty():
             continue
-        versions = {v["version"]: v for v in find_versions(tracking_uri, name, dataset_version=dataset_version)}
+        versions = {v["version"]: v for v in find_versions(tracking_uri, name, dataset_version=dataset_version)
+                    if name == SURROGATE or version_split(v) == split}
         if name == SURROGATE and champion is not None and champion not in versions:
             versions.update({v["version"]: v for v in find_versions(tracking_uri, name) if v["version"] == champion})
         in_dist = split == "in_distribution"
@@ -168,6 +170,11 @@ def registered_forecasts(
     return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), listed, jobs
 
 
+def version_split(info: dict[str, Any]) -> str:
+    """The setting a held-out version was fitted for (its `split` tag; older ones: the task's)."""
+    return info["tags"].get("split") or "held_out_task"
+
+
 def _forecast_here(info: dict[str, Any], committed: dict[str, Any]) -> bool:
     """A registered LLM version without committed forecasts: its pairs go to the GPU steps."""
     return info["tags"].get("kind", "llm") == "llm" and info["tags"].get("committed_variant") not in committed
@@ -185,6 +192,7 @@ def split_pairs(roles: Roles) -> dict[str, list[str]]:
     """The pair ids each split is scored on (what the forecaster listing records)."""
     return {"in_distribution": roles.eval["pair_id"].to_list(), "source_only": roles.eval["pair_id"].to_list(),
             "held_out_task": roles.held_out_eval["pair_id"].to_list(),
+            **{split: frames[2]["pair_id"].to_list() for split, frames in sorted(roles.styles.items())},
             "external": roles.external_pairs()["pair_id"].to_list()}
 
 
@@ -196,25 +204,26 @@ def empty_reasons(roles: Roles, dataset_version: str) -> dict[str, str]:
     if roles.held_out_eval.is_empty():
         out["held_out_task"] = f"no held-out task in dataset version {dataset_version}"
     if roles.external_pairs().is_empty():
-        out["external"] = (f"dataset version {dataset_version} holds no correct kernel the template generator did not "
-                           "write (generator other than kernelcast-space/reference), and no external results folder "
-                           "(KERNELCAST_EXTERNAL_DIR) was given")
+        out["external"] = (f"dataset version {dataset_version} holds no correct kernel that no learned generator "
+                           "wrote (rewrites, hand-written or LLM-written kernels)")
     return out
 
 
 def held_out_reference_forecasts(roles: Roles) -> tuple[pl.DataFrame, list[Forecaster]]:
-    """Uniform, bin prior (of the training pool without the task) and oracle on the held-out pairs."""
+    """Uniform, bin prior (of the setting's fit pairs: the training pool without the task or the
+    style) and oracle on the pairs of each held-out setting, as `<ref>|<split>`."""
     from models import baselines
 
-    pairs = roles.held_out_eval
-    if pairs.is_empty():
-        return pl.DataFrame(), []
-    made = [("baseline:uniform", baselines.uniform_forecasts(pairs)),
-            ("baseline:bin_prior", baselines.bin_prior_forecasts(pairs, roles.held_out_fit)),
-            ("baseline:oracle", baselines.oracle_forecasts(pairs))]
+    frames, listed = [], []
     keep = ["pair_id", "repeat", "parse_ok", "predicted_bin", *P_COLS]
-    frames = [f.select(keep).with_columns(pl.lit(ref + HELD_OUT_SUFFIX).alias("model_ref")) for ref, f in made]
-    return pl.concat(frames), [Forecaster(ref + HELD_OUT_SUFFIX, "baseline", "held_out_task", "reference") for ref, _ in made]
+    for split in roles.held_out_splits():
+        fit, _, pairs = roles.for_split(split)
+        made = [("baseline:uniform", baselines.uniform_forecasts(pairs)),
+                ("baseline:bin_prior", baselines.bin_prior_forecasts(pairs, fit)),
+                ("baseline:oracle", baselines.oracle_forecasts(pairs))]
+        frames += [f.select(keep).with_columns(pl.lit(f"{ref}|{split}").alias("model_ref")) for ref, f in made]
+        listed += [Forecaster(f"{ref}|{split}", "baseline", split, "reference") for ref, _ in made]
+    return (pl.concat(frames) if frames else pl.DataFrame()), listed
 
 
 LISTING_KEYS = ("pairs", "forecasters")
@@ -246,11 +255,12 @@ def split_frames(frame: pl.DataFrame, listing: dict[str, Any]) -> dict[str, pl.D
     twins = {r for r in frame["model_ref"].unique().to_list() if r.endswith(SOURCE_ONLY_SUFFIX)} if frame.height else set()
     by_split.setdefault("source_only", set()).update(twins)
     pairs = listing["pairs"]
-    other = (by_split.get("held_out_task", set()) | by_split.get("source_only", set())) - by_split.get("in_distribution", set())
+    held = set().union(*(refs for split, refs in by_split.items() if held_out_split(split)))
+    other = (held | by_split.get("source_only", set())) - by_split.get("in_distribution", set())
     out = {"in_distribution": frame.filter(
         (pl.col("pair_id").is_in(pairs.get("in_distribution", [])) | (pl.col("split") == "discovery"))
         & ~pl.col("model_ref").is_in(list(other)))}
-    for split in ("source_only", "held_out_task", "external"):
+    for split in ("source_only", *(s for s in pairs if held_out_split(s)), "external", LIBRARY_SPLIT):
         refs = by_split.get(split, set())
         part = frame.filter(pl.col("model_ref").is_in(list(refs)) & pl.col("pair_id").is_in(pairs.get(split, [])))
         out[split] = part.with_columns(pl.col("model_ref").str.replace(SOURCE_ONLY_SUFFIX, "", literal=True))
@@ -266,7 +276,7 @@ def folder_forecasts(
     committed_dir: Path | None,
     training_pairs: pl.DataFrame,
 ) -> tuple[pl.DataFrame, list[Forecaster]]:
-    """Forecasts of the fetched external pairs (pipelines.evaluation.external_dir) by the reference
+    """Forecasts of the library split's pairs (pipelines.evaluation.library_dir) by the reference
     forecasters and every in-distribution forecaster listed that answers here; they are not in
     the warehouse, so the rows go beside the report, not to `forecasts`.
 
@@ -282,7 +292,7 @@ def folder_forecasts(
     for ref in REFERENCES:
         f = load_forecaster(ref, training_pairs=training_pairs)
         frames.append(f.forecast_rows(pairs, records))
-        out.append(Forecaster(ref, "baseline", "external", "reference"))
+        out.append(Forecaster(ref, "baseline", LIBRARY_SPLIT, "reference"))
     seen = set()
     for f in listed:
         if f.split != "in_distribution" or not f.model_ref.startswith("models:/") or f.source == "forecast here" \
@@ -293,6 +303,7 @@ def folder_forecasts(
             .forecast_rows(pairs, records)
         if rows.height:
             frames.append(rows)
-            out.append(Forecaster(f.model_ref, f.kind, "external", f"{f.source}, on the fetched kernels", f.run_id))
+            out.append(Forecaster(f.model_ref, f.kind, LIBRARY_SPLIT, f"{f.source}, on the published kernels",
+                                  f.run_id))
     frames = [f for f in frames if f.height]
     return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), out

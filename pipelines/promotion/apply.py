@@ -106,7 +106,12 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
         ForecastListingError: the forecasts asset's listing is missing or unusable.
     """
     from models.registry.versions import alias_version, find_versions, set_aliases
-    from pipelines.promotion.rule import CHAMPION, CHAMPION_EXTERNAL, decide_over_splits
+    from pipelines.promotion.rule import (
+        CHAMPION,
+        CHAMPION_EXTERNAL,
+        HELD_OUT_STYLES,
+        decide_over_splits,
+    )
     from pipelines.promotion.scores import score_splits
 
     champion = alias_version(tracking_uri, CHAMPION, MODEL_NAME)
@@ -115,6 +120,7 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
     version, parts = split_forecasts(warehouse_path)
     by_split = score_splits(parts, MODEL_NAME, kinds={v: t.get("kind", LEGACY_KIND) for v, t in tags.items()},
                             rewards={v: t.get("reward", "") for v, t in tags.items()})
+    by_split.scores[HELD_OUT_STYLES] = _held_out_style_scores(tracking_uri, parts, tags)
     splits = decide_over_splits(by_split.scores, champion, champion_ext, policy)
     set_aliases(tracking_uri, splits.champion.promote, splits.challenger, MODEL_NAME, use=CHAMPION,
                 clear_challenger=True)
@@ -127,6 +133,24 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
                                            splits, scored, dagster_run_id)
     _tag_registry(tracking_uri, version, champion, splits, scored, decision_id, ext_decision_id)
     return Promotion(version, policy, champion, by_split, splits, scored, decision_id, ext_decision_id)
+
+
+def _held_out_style_scores(tracking_uri: str, parts: dict, tags: dict[int, dict]) -> dict:
+    """The held-out-style splits' scores pooled per in-distribution version, each by its twins:
+    the held-out versions of the same kind, dataset version and code (pipelines.promotion.rule)."""
+    from models.registry.versions import find_versions
+    from pipelines.promotion.scores import pooled_twin_scores, score_splits
+    from pipelines.surrogates.classical import HELD_OUT_MODEL
+    from pipelines.surrogates.roles import is_style_split
+
+    styles = {k: v for k, v in parts.items() if is_style_split(k)}
+    if not styles:
+        return {}
+    same = ("kind", "dataset_version", "code_version")
+    by_key = {tuple(t.get(k) for k in same): v for v, t in sorted(tags.items()) if all(t.get(k) for k in same)}
+    twin_of = {h["version"]: by_key[key] for h in find_versions(tracking_uri, HELD_OUT_MODEL)
+               if (key := tuple(h["tags"].get(k) for k in same)) in by_key}
+    return pooled_twin_scores(score_splits(styles, HELD_OUT_MODEL).scores, twin_of)
 
 
 def _record(warehouse_path: str | Path, version: str | None, policy: PromotionPolicy, champion: int | None,

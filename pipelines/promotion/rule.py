@@ -26,8 +26,12 @@ on `in_distribution`; a candidate it would promote over a champion must also be 
 as the champion (Brier on the pairs both forecast, <=) on `source_only` and, when it has pairs,
 `external`; a split where the champion has forecasts and the candidate none vetoes it too (it
 was not weighed there). A split where the champion has no forecasts does not veto (there is
-nothing to compare). The alias `champion-external` follows the same rule of its own on
-`external` (or `source_only` while `external` is empty): the one to trust on kernels from files.
+nothing to compare). The alias `champion-external` follows the same rule of its own on the first
+of EXTERNAL_ALIAS_SPLITS with forecasts: the one to trust on kernels from files, so it is decided
+on the kernels people write where there are any: `library` (published kernels), else
+`held_out_styles` (each version stands there for its held-out-style twins: the same kind fitted
+without a style, scored on that style, pooled over the styles), else `external` (rewrites of
+template kernels), else `source_only`.
 
 Challengers (architecture.md, "Aliases"): after each decision, `@challenger` names the best
 version of `in_distribution` that passes the gates and is not the champion (lowest Brier on the
@@ -63,6 +67,8 @@ GATES = (GATE_PARSE_RATE, GATE_BRIER)
 __all__ = [
     "CHAMPION",
     "CHAMPION_EXTERNAL",
+    "EXTERNAL_ALIAS_SPLITS",
+    "HELD_OUT_STYLES",
     "CHALLENGER",
     "CHALLENGER_EXTERNAL",
     "GATES",
@@ -84,6 +90,8 @@ CHAMPION_EXTERNAL = "champion-external"  # the alias for kernels from files (ker
 CHALLENGER = "challenger"  # the best eligible version of the last promotion that is not @champion
 CHALLENGER_EXTERNAL = "challenger-external"  # the same beside @champion-external
 PROMOTION_SPLITS = ("in_distribution", "source_only", "external")
+HELD_OUT_STYLES = "held_out_styles"  # the held-out-style splits pooled, each version by its twins
+EXTERNAL_ALIAS_SPLITS = ("library", HELD_OUT_STYLES, "external", "source_only")
 
 
 @dataclass(frozen=True)
@@ -312,7 +320,7 @@ def decide_over_splits(
     >>> d.challenger, d.challenger_external
     (2, 2)
     """
-    split_scores = {k: dict(scores.get(k) or {}) for k in PROMOTION_SPLITS}
+    split_scores = {k: dict(scores.get(k) or {}) for k in (*PROMOTION_SPLITS, *EXTERNAL_ALIAS_SPLITS)}
     base = decide_promotion(_against(split_scores["in_distribution"], champion), champion, policy)
     notes: dict[str, str] = {}
     decision = base
@@ -336,7 +344,7 @@ def decide_over_splits(
             decision = Decision(None, champion, cand, f"{base.reason}; but not on {split}: {notes[split]}",
                                 base.failures)
             break
-    ext_split = "external" if _non_empty(split_scores["external"]) else "source_only"
+    ext_split = next((k for k in EXTERNAL_ALIAS_SPLITS if _non_empty(split_scores[k])), "source_only")
     ext = decide_promotion(_against(split_scores[ext_split], champion_external), champion_external, policy)
     ext = replace(ext, reason=f"{ext_split}: {ext.reason}")
     out = SplitDecision(decision, ext, ext_split, notes)

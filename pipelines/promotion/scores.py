@@ -147,3 +147,39 @@ def score_splits(
         for v, e in scored.errors.items():
             errors.setdefault(v, f"{split}: {e}")
     return ScoredSplits(scores, pairs, errors)
+
+
+def pooled_twin_scores(split_scores: Mapping[str, Mapping[int, ChallengerScores]],
+                       twin_of: Mapping[int, int]) -> dict[int, ChallengerScores]:
+    """Scores of held-out versions on several splits, pooled per the version each stands for.
+
+    Args:
+        split_scores: split -> held-out version -> its scores on the split's common pairs.
+        twin_of: held-out version -> the version it stands for (same kind, dataset version and
+            code, fitted on everything); a held-out version without one is left out.
+    Returns:
+        version -> pairs summed, parse rate and Brier pair-weighted over the splits where a twin
+        of it was scored (a version needs a twin on every such split to be pooled, so all are
+        weighed on the same pairs).
+
+    >>> s = lambda v, n, b: ChallengerScores(v, n, 1.0, b, 0.4375)
+    >>> out = pooled_twin_scores({"a": {10: s(10, 30, 0.2), 11: s(11, 30, 0.3)}, "b": {12: s(12, 10, 0.4)}},
+    ...                          {10: 1, 11: 2, 12: 1})
+    >>> sorted(out), out[1].n_pairs, round(out[1].brier, 3)
+    ([1], 40, 0.25)
+    """
+    per: dict[int, list[ChallengerScores]] = {}
+    for scores in split_scores.values():
+        for held, sc in scores.items():
+            if held in twin_of and sc.n_pairs > 0:
+                per.setdefault(twin_of[held], []).append(sc)
+    splits = sum(1 for scores in split_scores.values() if any(s.n_pairs > 0 for s in scores.values()))
+    out = {}
+    for version, parts in per.items():
+        if len(parts) < splits:
+            continue
+        n = sum(p.n_pairs for p in parts)
+        out[version] = ChallengerScores(
+            version, n, sum(p.parse_rate * p.n_pairs for p in parts) / n, sum(p.brier * p.n_pairs for p in parts) / n,
+            sum(p.uniform_brier * p.n_pairs for p in parts) / n, reward=parts[0].reward, kind=parts[0].kind)
+    return out

@@ -26,7 +26,7 @@ import polars as pl
 from models.bins import NUM_BINS
 from models.classical import BinForecaster, make_classical
 from models.classical.features import COMPILE_FIELDS, pair_frame
-from pipelines.surrogates.roles import Roles
+from pipelines.surrogates.roles import STYLE_SPLIT_PREFIX, Roles, is_style_split
 from warehouse.kernels import forecast_features, read_kernels
 
 log = logging.getLogger(__name__)
@@ -180,7 +180,7 @@ def fit_many(jobs: Sequence[tuple[str, str, Mapping[str, Any]]], roles: Roles,
     return [results[i] for i in range(len(jobs))]
 
 
-HELD_OUT_MODEL = "kernelcast-surrogate-held-out"  # held-out-task versions: scored, never promoted
+HELD_OUT_MODEL = "kernelcast-surrogate-held-out"  # held-out task and style versions: scored, never promoted
 CODE_VERSION = "2"  # bump when features or models change: a registered version is re-used only if equal
 
 
@@ -248,7 +248,7 @@ def train_and_register(
 
     kinds = list(kinds)
     fitted_kinds = [k for k in kinds if k not in COMPOSED_KINDS]
-    splits = ["in_distribution"] + (["held_out_task"] if roles.held_out_task else [])
+    splits = ["in_distribution"] + roles.held_out_splits()
     slots: list[Registered | None] = []  # plan order; None: fitted or composed below
     planned = []  # (slot, split, kind, registered model, its params, its registry key) to fit
     composed = []  # the same, for kinds composed from this split's fitted members
@@ -299,7 +299,8 @@ def _register(con, fitted: Fitted, roles: Roles, records, tracking_uri: str, tar
         fitted.model, tracking_uri, frame_of(fit.head(8), records), target, dataset_version, split,
         metrics=fitted.metrics, measurement_ids=measurement_ids,
         tags={**dict(tags or {}), **key, "training_batch": batch,
-              **({"held_out_task": roles.held_out_task} if split == "held_out_task" else {})},
+              **({"held_out_task": roles.held_out_task} if split == "held_out_task" else {}),
+              **({"held_out_style": split.removeprefix(STYLE_SPLIT_PREFIX)} if is_style_split(split) else {})},
     )
     record_model_lineage(con, target, version, dataset_version, mlflow_run_id=run_id,
                          base_model=kind, git_commit=(tags or {}).get("git_commit"),
@@ -389,7 +390,7 @@ def train_classical_surrogates(warehouse_path: Any, tracking_uri: str, surrogate
     with connect(warehouse_path) as con:
         version = latest_version(con)
         roles = version_roles(con, version, surrogate.held_out_task)
-        records = kernel_records(con, ids_of(roles.by_name().values()))
+        records = kernel_records(con, ids_of(roles.all_frames()))
         registered = train_and_register(con, roles, records, surrogate.classical, tracking_uri, version, batch, name,
                                         measurement_ids=dataset_measurement_ids(con, version), tags=tags,
                                         params=classical_params(surrogate.classical_params),

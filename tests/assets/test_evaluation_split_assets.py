@@ -37,7 +37,7 @@ def test_reports_and_promotion_over_the_splits(tmp_path, monkeypatch):
     from warehouse.forecasts import write_forecast_listing, write_forecasts
 
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("KERNELCAST_EXTERNAL_DIR", raising=False)
+    monkeypatch.delenv("KERNELCAST_LIBRARY_DIR", raising=False)
     settings = load_settings("smoke")
     uri = settings.mlflow_uri
     mlflow.set_tracking_uri(uri)

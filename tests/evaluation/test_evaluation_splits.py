@@ -219,9 +219,10 @@ def test_selective_coverage_reaches_the_best_brier():
 
 
 def test_report_table_carries_every_split_runs_and_the_report_path():
-    from orchestration.cli_report import SPLIT_TITLES, table_lines
+    from orchestration.cli_report import table_lines
     from pipelines.evaluation.forecaster_table import forecaster_rows
     from pipelines.evaluation.suite import evaluate_models, selective_coverage
+    from pipelines.surrogates.roles import split_title
 
     runs = {"models:/kernelcast-surrogate/1": ("abc123", "http://127.0.0.1:5000/#/runs/abc123")}
     rows = []
@@ -241,7 +242,7 @@ def test_report_table_carries_every_split_runs_and_the_report_path():
              "selective_external": {"target_brier": 0.4375, "best": "baseline:uniform"}, "forecasters": rows}
     text = "\n".join(table_lines(table))
     for split in ("in_distribution", "source_only", "external"):
-        assert SPLIT_TITLES[split] + ":" in text
+        assert split_title(split) + ":" in text
     assert "held-out task: empty (no held-out task in dataset version ds-1)" in text
     assert "report: /r/ds-1/index.html" in text and "evaluation run: ev1" in text
     assert "run models:/kernelcast-surrogate/1: abc123 http://127.0.0.1:5000/#/runs/abc123" in text
@@ -273,22 +274,32 @@ def _write_folder(folder, n: int = 6):
     pq.write_table(pa.Table.from_pylist(results, schema=RESULT_SCHEMA), folder / "results-fetched.parquet")
 
 
-def test_a_folder_of_fetched_kernels_becomes_external_pairs_scored_by_the_references(tmp_path):
-    from pipelines.evaluation.external_dir import read_external_dir
+def test_a_folder_of_published_kernels_becomes_library_pairs_scored_by_the_references(tmp_path):
+    from pipelines.evaluation.library_dir import read_library_dir
     from pipelines.forecasting.registered import folder_forecasts
 
     _write_folder(tmp_path / "fetched")
-    pairs, records = read_external_dir(tmp_path / "fetched", {"softmax": "ref"})
+    pairs, records = read_library_dir(tmp_path / "fetched", {"softmax": "ref"})
     # the paper-protocol kernel and the failed one never label; the rest pair with the reference
     assert sorted(pairs["candidate_kernel_id"].to_list()) == [f"fetched-{i}" for i in range(1, 5)]
-    assert set(pairs["anchor_kernel_id"]) == {"ref"} and set(pairs["split"]) == {"external"}
+    assert set(pairs["anchor_kernel_id"]) == {"ref"} and set(pairs["split"]) == {"library"}
     assert pairs.filter(pl.col("candidate_kernel_id") == "fetched-3")["speedup"].item() == 2.0
-    assert all(r["generator"].startswith("external:") for r in records.values())  # every one of them is external
+    assert all(r["generator"].startswith("library:") for r in records.values())  # none is the template's
     train = pl.DataFrame({"task": ["softmax"] * 3, "true_bin": [1, 4, 4], "speedup": [0.1, 0.9, 0.95]})
     anchor = {"ref": {"kernel_id": "ref", "task": "softmax", "source": "x", "generator": "reference"}}
     rows, listed = folder_forecasts([], pairs, {**records, **anchor}, "", tmp_path, None, train)
     assert {f.model_ref for f in listed} == {"baseline:uniform", "baseline:bin_prior", "baseline:oracle"}
-    assert {f.split for f in listed} == {"external"} and rows.height == 3 * pairs.height
+    assert {f.split for f in listed} == {"library"} and rows.height == 3 * pairs.height
+
+
+def test_a_library_folder_holding_a_kernel_that_is_learned_from_is_refused(tmp_path):
+    """No library id may reach a training split: a folder sharing a kernel with the version's
+    fit, calibration or eval pairs is refused whole, in one line."""
+    from pipelines.evaluation.library_dir import read_library_dir
+
+    _write_folder(tmp_path / "fetched")
+    with pytest.raises(ValueError, match=r"holds 1 kernel\(s\) the dataset version learns from \(e.g. fetched-2\)"):
+        read_library_dir(tmp_path / "fetched", {"softmax": "ref"}, {"fetched-2", "other"})
 
 
 @pytest.mark.parametrize("make, message", [
@@ -297,9 +308,9 @@ def test_a_folder_of_fetched_kernels_becomes_external_pairs_scored_by_the_refere
     (lambda d: (d.mkdir(), (d / "kernels-x.parquet").write_text("no"), (d / "results-x.parquet").write_text("no")), "unreadable"),
 ])
 def test_a_bad_external_folder_is_one_line(tmp_path, make, message):
-    from pipelines.evaluation.external_dir import read_external_dir
+    from pipelines.evaluation.library_dir import read_library_dir
 
     make(tmp_path / "ext")
     with pytest.raises(ValueError, match=message) as err:
-        read_external_dir(tmp_path / "ext", {"softmax": "ref"})
+        read_library_dir(tmp_path / "ext", {"softmax": "ref"})
     assert "\n" not in str(err.value)

@@ -167,3 +167,56 @@ def test_without_non_template_kernels_the_external_split_is_empty():
     assert splits.external_set is not None and splits.external_set.is_empty()
     roles = forecasting_roles(splits.rl_training_pool, splits.eval_set, lineage)
     assert roles.external_pairs().is_empty() and roles.eval.height == splits.eval_set.height
+
+
+# ---- held-out styles: kernels in the styles people write, learned from, each scored held out ----
+def _with_styles(seed: int = 0):
+    """The toy dataset plus kernels of two style generators (no parent), one hand-written kernel,
+    and cross pairs between a template kernel and a style kernel."""
+    from models.bins import speedup_to_bin
+
+    pairs, lineage = _toy_dataset(seed)
+    rng = np.random.default_rng(seed + 1)
+    lineage = lineage.with_columns(pl.lit("kernelcast-space").alias("generator"))
+    rows, extra = [], []
+    for gen in ("pytorch-programs", "library-triton", "handwritten:x"):
+        for task in ("softmax", "gdn_chunk_fwd_o"):
+            for i in range(12 if gen != "handwritten:x" else 1):
+                kid = f"{gen}-{task}-{i}"
+                extra.append({"kernel_id": kid, "parent_kernel_id": None, "generator": gen})
+                s = float(2.0 ** rng.uniform(-3, 3))
+                rows.append({"pair_id": f"p-{kid}", "task": task, "hardware_id": "h", "anchor_kernel_id": f"ref-{task}",
+                             "candidate_kernel_id": kid, "speedup": s, "true_bin": speedup_to_bin(s),
+                             "pair_type": "reference"})
+    rows.append({"pair_id": "x-1", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": "softmax-0-1",
+                 "candidate_kernel_id": "pytorch-programs-softmax-3", "speedup": 1.5, "true_bin": 6,
+                 "pair_type": "cross"})
+    return (pl.concat([pairs, pl.DataFrame(rows)], how="diagonal_relaxed"),
+            pl.concat([lineage, pl.DataFrame(extra, schema=lineage.schema)]))
+
+
+def test_style_kernels_are_learned_from_and_each_style_is_scored_held_out():
+    pairs, lineage = _with_styles()
+    splits = make_splits(pairs, lineage)
+    style_ids = {k for k, g in lineage.select("kernel_id", "generator").rows() if g in ("pytorch-programs", "library-triton")}
+    # never an eval candidate, never external; in the training pool with their cross pair
+    assert not style_ids & set(splits.eval_set["candidate_kernel_id"].to_list())
+    assert not style_ids & set(splits.external_set["candidate_kernel_id"].to_list())
+    assert set(splits.external_set["candidate_kernel_id"].to_list()) == {"handwritten:x-softmax-0",
+                                                                        "handwritten:x-gdn_chunk_fwd_o-0"}
+    roles = forecasting_roles(splits.rl_training_pool, pl.concat([splits.eval_set, splits.external_set]), lineage,
+                              held_out_task="gdn_chunk_fwd_o", calibration_per_bin=2)
+    learned = set(roles.fit["candidate_kernel_id"].to_list()) | set(roles.calibration["candidate_kernel_id"].to_list())
+    assert style_ids & learned  # the in-distribution forecasters learn from both styles
+    assert sorted(roles.styles) == ["held_out_style:library-triton", "held_out_style:pytorch-programs"]
+    assert roles.held_out_splits() == ["held_out_task", "held_out_style:library-triton",
+                                       "held_out_style:pytorch-programs"]
+    for gen in ("pytorch-programs", "library-triton"):
+        fit, cal, ev = roles.for_split(f"held_out_style:{gen}")
+        mine = {k for k in style_ids if k.startswith(gen)}
+        assert ev.height == 24 and set(ev["candidate_kernel_id"].to_list()) == mine  # every reference pair
+        for frame in (fit, cal):  # no pair touches the style, as candidate or anchor
+            assert frame.height and not mine & (set(frame["candidate_kernel_id"].to_list())
+                                                | set(frame["anchor_kernel_id"].to_list()))
+        other = style_ids - mine  # the other style is still learned from
+        assert other & (set(fit["candidate_kernel_id"].to_list()) | set(cal["candidate_kernel_id"].to_list()))

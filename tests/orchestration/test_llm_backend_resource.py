@@ -129,12 +129,12 @@ def test_the_settings_defaults_reach_the_code_location(settings):
 
 
 def test_the_documented_external_folder_variable_is_read_in_the_settings(tmp_path, monkeypatch):
-    """KERNELCAST_EXTERNAL_DIR (docs/method.md) is mapped in orchestration/settings.py; the
+    """KERNELCAST_LIBRARY_DIR (docs/method.md) is mapped in orchestration/settings.py; the
     evaluation asset reads the setting, not the environment."""
-    monkeypatch.delenv("KERNELCAST_EXTERNAL_DIR", raising=False)
-    assert load_settings("smoke", tmp_path).evaluation.external_dir is None
-    monkeypatch.setenv("KERNELCAST_EXTERNAL_DIR", str(tmp_path / "fetched"))
-    assert load_settings("smoke", tmp_path).evaluation.external_dir == str(tmp_path / "fetched")
+    monkeypatch.delenv("KERNELCAST_LIBRARY_DIR", raising=False)
+    assert load_settings("smoke", tmp_path).evaluation.library_dir is None
+    monkeypatch.setenv("KERNELCAST_LIBRARY_DIR", str(tmp_path / "fetched"))
+    assert load_settings("smoke", tmp_path).evaluation.library_dir == str(tmp_path / "fetched")
 
 
 @pytest.mark.slow

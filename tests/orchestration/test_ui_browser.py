@@ -125,8 +125,8 @@ def served(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("ui") / "home"
     saved = {k: os.environ.get(k) for k in ("KERNELCAST_HOME", "KERNELCAST_PROFILE", "DAGSTER_HOME",
-                                            "KERNELCAST_EXTERNAL_DIR", "KERNELCAST_MLFLOW_PORT")}
-    os.environ.pop("KERNELCAST_EXTERNAL_DIR", None)
+                                            "KERNELCAST_LIBRARY_DIR", "KERNELCAST_MLFLOW_PORT")}
+    os.environ.pop("KERNELCAST_LIBRARY_DIR", None)
     os.environ.pop("KERNELCAST_MLFLOW_PORT", None)
     settings = load_settings("smoke", home)
     prepare_home(settings)  # DAGSTER_HOME: the instance the UI serves
