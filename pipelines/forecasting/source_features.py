@@ -350,16 +350,12 @@ def _trace_case(module: Any, task: Any, case: Mapping[str, Any], capability: int
     from torch.utils.flop_counter import FlopCounterMode
 
     from pipelines.generation.aot import _Capture
-    from pipelines.profiling.standin import to_fake_cuda
 
     params = dict(case)
     seed = params.pop("seed", 0)
     cap = _Capture(capability, 32, workdir, compile=compile)
     with FakeTensorMode(allow_non_fake_inputs=True):
-        # the inputs a kernel on the GPU gets: fake CUDA tensors (the child runs on a stand-in
-        # device of the target, pipelines.profiling.standin), so `x.is_cuda` and `x.device` answer
-        # as there and whatever the launcher allocates "on x.device" is shape-only too
-        data = to_fake_cuda(task.generate_input(seed=seed, **params))
+        data = task.generate_input(seed=seed, **params)
         counter = _counting_mode()
         flops = FlopCounterMode(display=False)
         with cap, torch.no_grad(), flops, counter:

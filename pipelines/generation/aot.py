@@ -109,6 +109,9 @@ def _worker_env(cache_dir: str) -> dict[str, str]:
     env["KERNELCAST_DEVICE"] = "cpu"  # task inputs on the CPU
     env["CUDA_VISIBLE_DEVICES"] = ""  # never touch a GPU, even on a GPU host
     env["TRITON_CACHE_DIR"] = cache_dir
+    # torch.compile'd functions run as written (eager): Inductor would build the GPU code it
+    # times (13 s a module on two cores) only for the trace to count the ops it fuses anyway
+    env["TORCHDYNAMO_DISABLE"] = "1"
     # Nothing to add to PYTHONPATH: the child is `-m` from the repo root (the repo first on its
     # path), with this interpreter's packages and the inherited PYTHONPATH.
     return env

@@ -14,10 +14,10 @@ or must not touch the one it has (a compile child on a GPU host):
   from the cubin by cuobjdump);
 - torch.cuda: availability, device count and properties, capability, streams, events, device and
   stream contexts, synchronisation: answers, no work;
-- tensors: under a FakeTensorMode (the trace of pipelines.forecasting.source_features) tensors "on
-  the GPU" are fake CUDA tensors (shapes, dtypes, strides, no storage), and a tensor moved there
-  (`.cuda()`, `.to("cuda")`) becomes one; outside fake mode (a compile on real CPU inputs) "cuda"
-  means the CPU, where the inputs are.
+- tensors: every tensor answers `is_cuda` as the GPU's inputs would, and "cuda" means the CPU,
+  where the inputs are (fake tensors in the trace of pipelines.forecasting.source_features, real
+  ones in a compile on a real input): `device="cuda"` allocations and moves to the GPU stay there.
+  `x.device` still says cpu: a launcher that branches on `x.device.type` takes its CPU branch.
 
 Only the standard library, torch and triton are used (the GPU worker's compile children use it).
 """
@@ -359,34 +359,25 @@ def _is_cuda(device: Any) -> bool:
     return False
 
 
-def _in_fake_mode() -> bool:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
-
-    return any(isinstance(m, FakeTensorMode) for m in _get_current_dispatch_mode_stack())
-
-
 class _Placement(torch.overrides.TorchFunctionMode):
-    """Where "cuda" lives: fake CUDA tensors under a FakeTensorMode (moves to the GPU become fake
-    CUDA tensors of the same layout), the CPU otherwise (a compile on real CPU inputs)."""
+    """"cuda" is where the inputs are: a tensor asked for on the GPU (`device="cuda"`, a
+    `torch.device("cuda")`) is made on the CPU, and moves to the GPU (`.cuda()`, `.to("cuda")`)
+    keep it there (a cast at most). Under a FakeTensorMode (the trace of
+    pipelines.forecasting.source_features) those are fake CPU tensors, which take every view and
+    index op; torch's fake CUDA tensors do not in a build without CUDA (indexing, transposes and
+    copies raise "not linked with support for cuda devices")."""
 
     _MOVES = frozenset({"to", "cuda"})
 
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         name = getattr(func, "__name__", "")
-        fake = _in_fake_mode()
         if name in self._MOVES and args and isinstance(args[0], torch.Tensor):
-            target = _move_target(name, args[1:], kwargs)
-            if target is not None:
+            if _move_target(name, args[1:], kwargs) is not None:
                 t = args[0]
                 dtype = _move_dtype(args[1:], kwargs) or t.dtype
-                if fake and t.device.type != "cuda":
-                    return torch.empty_strided(t.size(), t.stride(), dtype=dtype, device="cuda")
-                # already where it goes (fake mode), or "cuda" is the CPU: a cast at most (torch
-                # itself refuses any device string of "cuda" in a build without CUDA)
                 return t.to(dtype=dtype) if dtype != t.dtype else t
-        if "device" in kwargs and _is_cuda(kwargs["device"]) and not fake:
+        if "device" in kwargs and _is_cuda(kwargs["device"]):
             kwargs["device"] = "cpu"
         return func(*args, **kwargs)
 
@@ -398,8 +389,6 @@ def _move_target(name: str, args: tuple, kwargs: dict) -> Any:
     for a in (*args, kwargs.get("device")):
         if _is_cuda(a):
             return a
-        if isinstance(a, torch.Tensor) and a.device.type == "cuda":
-            return a.device
     return None
 
 
@@ -412,19 +401,6 @@ def _move_dtype(args: tuple, kwargs: dict) -> torch.dtype | None:
         if isinstance(a, torch.Tensor):
             return a.dtype
     return None
-
-
-def to_fake_cuda(data: Any) -> Any:
-    """The same structure with every (fake) tensor replaced by a fake CUDA tensor of its shape,
-    dtype and strides; call inside the FakeTensorMode that owns the tensors."""
-    from torch.utils._pytree import tree_map
-
-    def move(t: Any) -> Any:
-        if isinstance(t, torch.Tensor) and t.device.type != "cuda":
-            return torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device="cuda")
-        return t
-
-    return tree_map(move, data)
 
 
 # =============================================================================================
@@ -443,13 +419,20 @@ def standin_device(spec: DeviceSpec = H200, on_launch: LaunchHook | None = None)
     saved_driver = triton_driver._active
     saved_cuda = {k: getattr(torch.cuda, k) for k in _torch_cuda_answers(spec) if hasattr(torch.cuda, k)}
     added = [k for k in _torch_cuda_answers(spec) if not hasattr(torch.cuda, k)]
+    saved_is_cuda = torch.Tensor.__dict__.get("is_cuda")
     triton_driver.set_active(standin)
     for k, v in _torch_cuda_answers(spec).items():
         setattr(torch.cuda, k, v)
+    # the class attribute shadows the C property of every tensor, subclasses' own included
+    torch.Tensor.is_cuda = property(lambda self: True)
     try:
         with _Placement():
             yield standin
     finally:
+        if saved_is_cuda is None:
+            del torch.Tensor.is_cuda
+        else:
+            torch.Tensor.is_cuda = saved_is_cuda
         triton_driver._active = saved_driver
         for k, v in saved_cuda.items():
             setattr(torch.cuda, k, v)

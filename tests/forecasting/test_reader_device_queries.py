@@ -80,17 +80,23 @@ def test_the_stand_in_answers_inside_and_leaves_no_trace_outside():
     assert (torch.cuda.is_available, torch.cuda.get_device_properties, driver._active) == before
 
 
-def test_under_fake_tensors_the_stand_in_places_tensors_on_the_gpu():
+def test_under_fake_tensors_the_stand_in_answers_as_the_gpu_and_takes_every_view():
+    """Tensors answer `is_cuda` as on the GPU; "cuda" is where the inputs are, so a launcher's
+    slices, transposes and copies work on the trace's fake tensors."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     constant = torch.tensor([1.0, 2.0])  # a real CPU tensor made at import, moved at call
     with standin.standin_device(), FakeTensorMode(allow_non_fake_inputs=True):
-        (x,) = standin.to_fake_cuda((torch.randn(4, 8),))
-        assert x.is_cuda and x.device == torch.device("cuda", 0)
+        x = torch.randn(2, 3, 8, 4)
+        assert x.is_cuda and constant.is_cuda
         moved = constant.to("cuda")
         assert moved.is_cuda and moved.shape == (2,)
         assert x.to("cuda", torch.bfloat16).dtype == torch.bfloat16
-        assert (x * constant.cuda().sum()).is_cuda
+        y = torch.empty_like(x[..., 1:3, :].transpose(1, 2).contiguous(), device="cuda")
+        y.copy_(x[..., 1:3, :].transpose(1, 2))
+        y[:, 0] = 1.0
+        assert y.shape == (2, 2, 3, 4) and (y * constant.cuda().sum()).is_cuda
+    assert not torch.randn(2).is_cuda
 
 
 @pytest.mark.parametrize("hardware, want", [(None, "NVIDIA H200"), (90, "NVIDIA H200"),
