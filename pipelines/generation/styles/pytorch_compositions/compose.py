@@ -38,6 +38,8 @@ DRIVERS = ("direct", "split_cat", "chunk_cat", "slice_assign", "split_copy")
 DIRECT_SHARE = 0.5  # of the drawn programs of a composition that takes drivers, run whole
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune-no-cudagraphs")
 COMPILE_STYLES = ("lazy", "module", "decorator")
+# knobs every program carries; a composition's own axes take other names
+DRIVER_KNOBS = ("driver", "block", "compile", "compile_style", "dynamic")
 
 
 @dataclass(frozen=True)
@@ -91,6 +93,11 @@ class Composition:
     drivers: bool = True
     compilable: bool = True
     valid: Callable[[dict[str, Any]], bool] | None = None
+
+    def __post_init__(self) -> None:
+        clash = set(self.axes) & set(DRIVER_KNOBS)
+        if clash:
+            raise ValueError(f"{self.name}: axes {sorted(clash)} clash with the driver knobs")
 
 
 @dataclass(frozen=True)
@@ -183,19 +190,21 @@ def _drive(call: Call, fn: str, driver: str, block: int | None, constants: list[
     multi = len(outs) > 1
     kw = _split_kw(call.dim)
     if driver in ("split_cat", "chunk_cat"):
-        cut = (lambda a: f"{a}.split({size}{kw})") if driver == "split_cat" else (
-            lambda a: f"torch.chunk({a}, {size}{kw})")
+        def cut(a: str) -> str:
+            return f"{a}.split({size}{kw})" if driver == "split_cat" else f"torch.chunk({a}, {size}{kw})"
+
         loop_vars = ", ".join(blk[a] for a in call.split)
-        sources = cut(call.split[0]) if len(call.split) == 1 else (
-            "zip(" + ", ".join(cut(a) for a in call.split) + ")")
-        if not multi:
-            return [f"pieces = [{fn}({block_args}) for {loop_vars} in {sources}]",
+        if len(call.split) == 1 and not multi:
+            return [f"pieces = [{fn}({block_args}) for {loop_vars} in {cut(call.split[0])}]",
                     f"return torch.cat(pieces{kw})"]
-        lists = [f"{o}_pieces" for o in outs]
-        lines = [", ".join(lists) + " = " + ", ".join("[]" for _ in lists),
-                  f"for {loop_vars} in {sources}:",
-                  f"    {', '.join(f'{o}_block' for o in outs)} = {fn}({block_args})"]
-        lines += [f"    {p}.append({o}_block)" for p, o in zip(lists, outs)]
+        lists = [f"{o}_pieces" for o in outs] if multi else ["pieces"]
+        lines = [", ".join(lists) + " = " + ", ".join("[]" for _ in lists)]
+        lines += _for_zip(loop_vars, [cut(a) for a in call.split])
+        if multi:
+            lines.append(f"    {', '.join(f'{o}_block' for o in outs)} = {fn}({block_args})")
+            lines += [f"    {p}.append({o}_block)" for p, o in zip(lists, outs)]
+        else:
+            lines.append(f"    pieces.append({fn}({block_args}))")
         lines.append("return " + ", ".join(f"torch.cat({p}{kw})" for p in lists))
         return lines
     lines = [f"{name} = {alloc}" for name, alloc in call.outputs]
@@ -209,8 +218,7 @@ def _drive(call: Call, fn: str, driver: str, block: int | None, constants: list[
     else:  # split_copy: the output's split views are written through
         out_blk = [f"{o}_view" for o in outs]
         loop_vars = ", ".join([blk[a] for a in call.split] + out_blk)
-        sources = ", ".join(f"{a}.split({size}{kw})" for a in list(call.split) + outs)
-        lines.append(f"for {loop_vars} in zip({sources}):")
+        lines += _for_zip(loop_vars, [f"{a}.split({size}{kw})" for a in list(call.split) + outs])
         if multi:
             results = [f"{o}_block" for o in outs]
             lines.append(f"    {', '.join(results)} = {fn}({block_args})")
@@ -219,6 +227,16 @@ def _drive(call: Call, fn: str, driver: str, block: int | None, constants: list[
             lines.append(f"    {out_blk[0]}.copy_({fn}({block_args}))")
     lines.append("return " + ", ".join(outs))
     return lines
+
+
+def _for_zip(loop_vars: str, sources: list[str]) -> list[str]:
+    """`for <loop_vars> in zip(<sources>):`, one source per line when the line gets long."""
+    head = f"for {loop_vars} in zip("
+    one_line = head + ", ".join(sources) + "):"
+    if len(one_line) <= 96:
+        return [one_line]
+    pad = " " * len(head)
+    return [head + sources[0] + ","] + [pad + src + "," for src in sources[1:-1]] + [pad + sources[-1] + "):"]
 
 
 def _driver_doc(call: Call, driver: str, block: int | None) -> str:
