@@ -66,7 +66,8 @@ class Call:
     unpack: the line that names the parts of `data`; args: the core's arguments in order.
     split: the arguments a blocked driver cuts along `dim`; the outputs are cut along it too.
     outputs: (name, allocation of the whole output) per output, for the preallocating drivers.
-    unit: what one index along `dim` is ("rows", "heads"), for names and the docstring.
+    unit: what the indices along `dim` are ("rows", "heads"), for names and the docstring;
+    unit_one: the same in the singular (default: `unit` without its final "s").
     """
 
     unpack: str
@@ -75,6 +76,7 @@ class Call:
     dim: int
     outputs: tuple[tuple[str, str], ...]
     unit: str
+    unit_one: str = ""
 
 
 @dataclass(frozen=True)
@@ -231,6 +233,8 @@ def _drive(call: Call, fn: str, driver: str, block: int | None, constants: list[
 
 def _for_zip(loop_vars: str, sources: list[str]) -> list[str]:
     """`for <loop_vars> in zip(<sources>):`, one source per line when the line gets long."""
+    if len(sources) == 1:
+        return [f"for {loop_vars} in {sources[0]}:"]
     head = f"for {loop_vars} in zip("
     one_line = head + ", ".join(sources) + "):"
     if len(one_line) <= 96:
@@ -240,7 +244,7 @@ def _for_zip(loop_vars: str, sources: list[str]) -> list[str]:
 
 
 def _driver_doc(call: Call, driver: str, block: int | None) -> str:
-    unit = call.unit
+    unit = (call.unit_one or call.unit.removesuffix("s")) if block == 1 else call.unit
     return {
         "direct": "",
         "split_cat": f"The input is processed in blocks of {block} {unit} (split), the pieces "
@@ -310,7 +314,6 @@ def _function(name: str, params: tuple[str, ...], body: tuple[str, ...] | list[s
 # import line -> a pattern of its use in the code
 _IMPORT_USES = {
     "import math": r"\bmath\.",
-    "import torch": r"\btorch\.",
     "import torch.nn.functional as F": r"\bF\.",
     "from torch.nn.attention import SDPBackend, sdpa_kernel": r"\b(SDPBackend|sdpa_kernel)\b",
 }
@@ -318,7 +321,9 @@ _IMPORT_USES = {
 
 def _module(doc: list[str], constants: list[str], defs: list[str], kernel: list[str]) -> str:
     code = "\n".join([*constants, *defs, *kernel])
-    imports = [line for line in IMPORT_ORDER if re.search(_IMPORT_USES[line], code)]
+    # torch is always imported, as in any kernel file; the others only where the code uses them
+    imports = [line for line in IMPORT_ORDER
+               if line == "import torch" or re.search(_IMPORT_USES[line], code)]
     paragraphs = [p for p in doc if p]
     text = "\n\n".join(textwrap.fill(p, width=96) for p in paragraphs)
     parts = [f'"""{text}\n"""', "\n".join(imports)]

@@ -26,7 +26,7 @@ from pipelines.generation.styles.pytorch_compositions.compose import (
 )
 
 CALL = Call(unpack="x, mask, weights, config = data", args=("x", "mask", "weights"), split=("x", "mask"),
-            dim=0, outputs=(("out", "torch.empty_like(x)"),), unit="batches")
+            dim=0, outputs=(("out", "torch.empty_like(x)"),), unit="batches", unit_one="batch")
 NAME = "triangle_update"
 PARAMS = ("x", "mask", "weights")
 PROJ_NAMES = ("left_proj", "right_proj", "left_gate", "right_gate", "out_gate")
@@ -135,17 +135,17 @@ def _separate(c: dict) -> Core:
     value_in = "xm" if c["masking"] == "mask_input" else "xn"
     if c["masking"] == "mask_input":
         body.append("xm = xn * m  # masking the input of a bias-free projection masks its output")
-    _masked(c, body, _proj(p, value_in, "left_proj"), _proj(p, value_in, "right_proj"),
-            f"({_proj(p, 'xn', 'left_gate')})" if c["gate"] != "torch" else _proj(p, "xn", "left_gate"),
-            f"({_proj(p, 'xn', 'right_gate')})" if c["gate"] != "torch" else _proj(p, "xn", "right_gate"))
+    body += [f"lp = {_proj(p, value_in, 'left_proj')}", f"rp = {_proj(p, value_in, 'right_proj')}",
+             f"lg = {_proj(p, 'xn', 'left_gate')}", f"rg = {_proj(p, 'xn', 'right_gate')}",
+             f"og = {_proj(p, 'xn', 'out_gate')}"]
+    _masked(c, body, "lp", "rp", "lg", "rg")
     bf16 = c["precision"].endswith("bf16_contraction")
     left, right = ("left.to(torch.bfloat16)", "right.to(torch.bfloat16)") if bf16 else ("left", "right")
     if bf16 and c["contraction"] != "einsum":
         body += ["left, right = left.to(torch.bfloat16), right.to(torch.bfloat16)"]
         left, right = "left", "right"
     body += _contraction(c["contraction"], left, right, bf16)
-    og = _gate(c["gate"], f"({_proj(p, 'xn', 'out_gate')})" if c["gate"] != "torch" else _proj(p, "xn", "out_gate"))
-    body += _tail(c, og)
+    body += _tail(c, _gate(c["gate"], "og"))
     if c["precision"].startswith("tf32"):
         body = _tf32(body)
     proj_words = {"linear": "F.linear", "matmul_t": "x @ W.t()", "einsum": "einsum"}[p]
