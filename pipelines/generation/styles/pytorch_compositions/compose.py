@@ -23,7 +23,7 @@ import random
 import re
 import textwrap
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # Imports in the order a module lists them (standard library first).
@@ -116,7 +116,7 @@ class TaskSpace:
     call: Call
     blocks: tuple[int, ...]
     chunks: tuple[int, ...]
-    compositions: tuple[Composition, ...] = field(default_factory=tuple)
+    compositions: tuple[Composition, ...]
 
 
 def draw(space: TaskSpace, comp: Composition, rng: random.Random, compiled: bool) -> dict[str, Any]:
@@ -182,10 +182,8 @@ def _drive(call: Call, fn: str, driver: str, block: int | None, constants: list[
     args = ", ".join(call.args)
     if driver == "direct":
         return [f"return {fn}({args})"]
-    unit = call.unit.upper()
-    const = f"N_CHUNKS = {block}" if driver == "chunk_cat" else f"{unit}_PER_BLOCK = {block}"
-    constants.append(const)
-    size = const.split(" = ")[0]
+    size = "N_CHUNKS" if driver == "chunk_cat" else f"{call.unit.upper()}_PER_BLOCK"
+    constants.append(f"{size} = {block}")
     blk = {a: f"{a}_block" for a in call.split}
     block_args = ", ".join(blk.get(a, a) for a in call.args)
     outs = [name for name, _ in call.outputs]
