@@ -13,7 +13,11 @@ memory bomb, fork bomb, setsid escape, warehouse tampering, patched check, patch
 patched timer, reference output returned, caching by shape and by address, work on a side stream,
 and the timed-call cheats: a frame-walking idler, the clock patched and the watch re-based, the
 watch switched off, Measurer.time_fn and Timing.as_dict patched at class level, the timing list
-rewritten, a content-keyed memo, a saboteur that leaves a slow clock for the next kernel).
+rewritten, a content-keyed memo, a saboteur that leaves a slow clock for the next kernel), and the
+kernels that gain only where an input comes back or the timer is within reach of their frames (a
+memo per buffer keyed on its address, shape and two values, a memo by whole content, a sniffer of
+the timer's objects in its callers' frames, a walker of their names), each beside its honest twin:
+they may be `ok` only at a speedup no better than NO_GAIN_FACTOR times the twin's.
 Runs the worker as a separate process (`python3 -m pipelines.profiling.worker`) with a secret in
 its environment, a listener on the loopback, a Unix socket file (in the temporary directory) and an
 abstract name, a host process with a marker in its argv, a 0600 key in the worker's HOME and files
@@ -152,6 +156,18 @@ def _stage(out_dir: Path) -> dict:
             "targets": targets, "caller_home": caller_home, "key": key, "unix_dir": unix_dir}
 
 
+def _no_gain_problem(kid: str, name: str, row: dict, rows: dict[str, dict]) -> str | None:
+    """Why an `ok` row of a kernel that must gain nothing over its honest twin fails (None: it does
+    not): its speedup is more than hostile.NO_GAIN_FACTOR times the twin's, or the twin has none."""
+    twin = rows.get(f"hostile-{hostile.NO_GAIN_TWIN}")
+    if twin is None or twin["status"] != "ok" or not twin["speedup"]:
+        return f"{kid}: ok, and its honest twin {hostile.NO_GAIN_TWIN} has no speedup to hold it to"
+    if row["speedup"] > hostile.NO_GAIN_FACTOR * twin["speedup"]:
+        return (f"{kid}: ok at {row['speedup']:.4g}, more than {hostile.NO_GAIN_FACTOR}x its honest twin's "
+                f"{twin['speedup']:.4g}: {name} gained from an input seen before or from the timer's state")
+    return None
+
+
 def _judge_rows(rows: dict[str, dict], origin: dict[str, tuple[str, tuple]], problems: list[str]) -> list[dict]:
     """Print one line per kernel of the batch against what it was expected to get; append every
     mismatch to `problems`; the rows of fault.json."""
@@ -174,6 +190,8 @@ def _judge_rows(rows: dict[str, dict], origin: dict[str, tuple[str, tuple]], pro
             problems.append(f"{kid}: expected {accepted}, got {got} ({r['error']})")
         if got is None and not (r["speedup"] and math.isfinite(r["speedup"]) and r["speedup"] > 0):
             problems.append(f"{kid}: ok without a finite speedup")
+        elif got is None and name in hostile.NO_GAIN and (why := _no_gain_problem(kid, name, r, rows)):
+            problems.append(why)
     return report_rows
 
 
@@ -220,7 +238,10 @@ def main(argv: list[str] | None = None) -> int:
     params = {"targets": stage["targets"], "port": listener.port, "secret": SECRET, "marker": MARKER,
               "warehouse": str(stage["warehouse"]), "chunks": int(2 * memory_gb * 4), "forks": 2000,
               "unix_path": unix.path, "unix_abstract": unix.abstract, "proc_marker": WITNESS,
-              "secret_files": [str(stage["key"]), "/etc/shadow"]}
+              "secret_files": [str(stage["key"]), "/etc/shadow"],
+              # the no-gain kernels' honest work: ~0.5 ms a call on the interpreter's tiny cases,
+              # ~2-7 ms on the GPU's 64-256 MiB ones
+              "work": 20 if cuda else 200}
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     origin = build_batch(batch, copies, skip, params, not args.no_hostile, cuda)
 

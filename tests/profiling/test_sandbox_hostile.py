@@ -146,13 +146,17 @@ def test_hostile_kernels_on_the_worker_path(battery_env, tmp_path):
         out = tmp_path / f"out-{protocol}.parquet"
         run_batch(batch, out, WorkerConfig(device="cpu", compile_workers=2, timeout_s=20, max_reps=3, protocol=protocol))
         got = {r["kernel_id"]: r for r in pq.read_table(out).to_pylist()}
-        _report({k: (r["failure_kind"], r["error"] or "") for k, r in got.items()})
+        _report({k: (r["failure_kind"], f"{r['speedup'] or '-'} {r['error'] or ''}") for k, r in got.items()})
         assert got["good"]["status"] == "ok" and got["good"]["speedup"] > 0
+        twin = got[hostile.NO_GAIN_TWIN]
+        assert twin["status"] == "ok", twin["error"]
         for name in names:
             r = got[name]
             accepted = (None,) if name in hostile.CPU_ONLY_OK else hostile.KINDS[name]
             assert (r["failure_kind"] if r["status"] != "ok" else None) in accepted, f"{protocol} {name}: {r['error']}"
             assert r["status"] == "ok" or r["speedup"] is None
+            if r["status"] == "ok" and name in hostile.NO_GAIN:  # an answer kept or a clock forged gains 10x or more
+                assert r["speedup"] <= hostile.NO_GAIN_FACTOR * twin["speedup"], f"{name}: {r['speedup']} {twin['speedup']}"
             assert r["sandbox"] and {"env", "tmpdir"} <= set(r["sandbox"].split(","))
             assert r["protocol"] == protocol
 
