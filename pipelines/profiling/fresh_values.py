@@ -31,7 +31,6 @@ Only the standard library and torch (the worker runs on bare hosts).
 
 from __future__ import annotations
 
-import random
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -101,16 +100,34 @@ def transform_plan(base: Any) -> tuple[LeafPlan, ...]:
     return tuple(plans)
 
 
+_MASK64 = 2**64 - 1
+
+
+def _splitmix64(state: int) -> tuple[int, int]:
+    """(next state, 64 random bits): SplitMix64, a few integer operations (a seeded
+    random.Random costs more per call than the rest of a fill)."""
+    state = (state + 0x9E3779B97F4A7C15) & _MASK64
+    z = ((state ^ (state >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return state, z ^ (z >> 31)
+
+
 def draw_transform(draw: int, plan: tuple[LeafPlan, ...]) -> tuple[tuple[int, int], ...]:
-    """(roll offset, scale step) per tensor, from the draw: the same in every process.
+    """(roll offset, scale step) per tensor, from the draw: the same in every process. The low 32
+    bits of a tensor's 64 give its offset, the high ones its step (a bias of rows / 2**32 at most).
 
     >>> plan = (LeafPlan(5, True), LeafPlan(1, False))
     >>> draw_transform(7, plan) == draw_transform(7, plan), draw_transform(7, plan)[1]
     (True, (0, 0))
+    >>> len({draw_transform(d, (LeafPlan(1, True),)) for d in range(2000)}) == len(SCALE_STEPS)
+    True
     """
-    rng = random.Random(draw)
-    return tuple((rng.randrange(p.rows) if p.rows > 1 else 0, rng.choice(SCALE_STEPS) if p.scaled else 0)
-                 for p in plan)
+    state, out = draw, []
+    for p in plan:
+        state, bits = _splitmix64(state)
+        out.append(((bits & 0xFFFFFFFF) % p.rows if p.rows > 1 else 0,
+                    SCALE_STEPS[(bits >> 32) % len(SCALE_STEPS)] if p.scaled else 0))
+    return tuple(out)
 
 
 def _write(target: torch.Tensor, source: torch.Tensor, roll: int, step: int) -> None:
@@ -132,12 +149,22 @@ def _write(target: torch.Tensor, source: torch.Tensor, roll: int, step: int) -> 
 def write_fresh(target: Any, base: Any, draw: int, plan: tuple[LeafPlan, ...] | None = None) -> None:
     """Write the values of `draw`'s transform of `base` into `target`'s tensors (same structure,
     shapes and dtypes; other buffers). `plan`: transform_plan(base), if kept."""
-    plan = transform_plan(base) if plan is None else plan
-    dst, src = tensors(target), tensors(base)
-    if len(dst) != len(src) or len(src) != len(plan):
-        raise ValueError(f"the input has {len(dst)} tensors, its base values {len(src)}")
+    apply_transform(target, base, draw_transform(draw, transform_plan(base) if plan is None else plan))
+
+
+def apply_transform(target: Any, base: Any, transform: tuple[tuple[int, int], ...]) -> None:
+    """Write `base` under `transform` (draw_transform's: a roll and a scale step per tensor) into
+    `target`'s tensors."""
+    write_leaves(tensors(target), tensors(base), transform)
+
+
+def write_leaves(dst: list[torch.Tensor], src: list[torch.Tensor], transform: tuple[tuple[int, int], ...]) -> None:
+    """apply_transform on the tensors of the input and of its base values (`tensors`), for a
+    caller that keeps both lists (the feed: walking the input's structure cost more than the rest)."""
+    if len(dst) != len(src) or len(src) != len(transform):
+        raise ValueError(f"the input has {len(dst)} tensors, its base values {len(src)}, the transform {len(transform)}")
     with torch.no_grad():
-        for t, s, (roll, step) in zip(dst, src, draw_transform(draw, plan), strict=True):
+        for t, s, (roll, step) in zip(dst, src, transform, strict=True):
             _write(t, s, roll, step)
 
 

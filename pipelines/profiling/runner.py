@@ -947,14 +947,18 @@ class Measurer:
         return _checked_after_unload(result)
 
     def timed_feed(self, task, case: dict, data: Any) -> Feed:
-        """The feed of one case's timed calls: new values from the timed variants before each
-        call, a sample of the outputs kept after it (for the verifier; the reference's are dropped)."""
+        """The feed of one case's timed calls: before each call new values, a transform of one of
+        the timed variants drawn for that call (fresh_values.py), a sample of the outputs kept after
+        it (for the verifier; the reference's are dropped)."""
         if len(self.timed_salts) <= 8:  # the variants generated here (once per child), not between timed calls
             for s in self.timed_salts:
                 CACHE.peek(task, case, s)
-        sync(self.device)
-        return Feed(data, lambda s, case=case: CACHE.peek(task, case, s), self.timed_salts, self.timed_samples,
+        feed = Feed(data, lambda s, case=case: CACHE.peek(task, case, s), self.timed_salts, self.timed_samples,
                     self.device)
+        if len(self.timed_salts) <= 8:
+            feed.prepare()
+        sync(self.device)
+        return feed
 
     def paired_case_steps(self, task, case: dict, feed: Feed, first: bool, phases: dict) -> Steps:
         """The kernel's timed calls of one case and the reference's, by turns of PAIRED_TURN_CALLS

@@ -60,7 +60,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipelines.profiling.fresh_values import DRAW_BITS, draw_transform, transform_plan, write_fresh
+from pipelines.profiling.fresh_values import (
+    DRAW_BITS,
+    draw_transform,
+    tensors,
+    transform_plan,
+    write_leaves,
+)
 from pipelines.profiling.results import PROTOCOLS  # noqa: F401 - re-exported; torch-free home
 
 
@@ -476,7 +482,9 @@ class Feed:
         self._order = list(self.salts)
         self._rng.shuffle(self._order)
         self._filled = 0
-        self._plans: dict[int, tuple] = {}  # salt -> fresh_values.transform_plan of its base values
+        self._leaves = tensors(data) if variant is not None else []
+        # salt -> (its base values' tensors, fresh_values.transform_plan of them)
+        self._plans: dict[int, tuple[list, tuple]] = {}
         self._used: set[tuple] = set()  # (salt, transform) of every call so far
         # reservoir key -> [calls seen, [KeptOutput]]: one per salt where the sample covers the salts
         self.per_salt = keep // len(self.salts) if self.salts and variant is not None and keep >= len(self.salts) else 0
@@ -493,6 +501,22 @@ class Feed:
         kept, self._reservoirs = self.kept, {}
         return kept
 
+    def prepare(self) -> None:
+        """Read each salt's base values once for what a transform may do to them (a pass over
+        them and a synchronisation), before any call: done inside the first calls, it would
+        lengthen the warm-up calls the timed loop sizes its chunks by."""
+        if self.variant is not None:
+            for salt in self.salts:
+                self._plan(salt)
+
+    def _plan(self, salt: int) -> tuple[list, tuple]:
+        """(the tensors of `salt`'s base values, their transform plan), computed once: the feed
+        holds the base values for the case's calls from then on."""
+        if salt not in self._plans:
+            base = self.variant(salt)
+            self._plans[salt] = (tensors(base), transform_plan(base))
+        return self._plans[salt]
+
     def fill(self, salt: int | None = None) -> Any:
         """The input of the next call: new values from the next salt's base values (or `salt`'s)
         under a transform drawn now, written into the same buffers."""
@@ -500,22 +524,21 @@ class Feed:
             if salt is None:
                 salt = self._order[self._filled % len(self._order)]
                 self._filled += 1
-            base = self.variant(salt)
-            if salt not in self._plans:
-                self._plans[salt] = transform_plan(base)
-            self.salt, self.draw = salt, self._fresh_draw(salt, self._plans[salt])
-            write_fresh(self.data, base, self.draw, self._plans[salt])
+            base_leaves, plan = self._plan(salt)
+            self.salt = salt
+            self.draw, transform = self._fresh_draw(salt, plan)
+            write_leaves(self._leaves, base_leaves, transform)
         return self.data
 
-    def _fresh_draw(self, salt: int, plan: tuple) -> int:
-        """A draw whose transform of `salt`'s values no earlier call of the feed had."""
+    def _fresh_draw(self, salt: int, plan: tuple) -> tuple[int, tuple]:
+        """A draw whose transform of `salt`'s values no earlier call of the feed had, and that transform."""
         for _ in range(FRESH_TRIES):
             draw = self._rng.getrandbits(DRAW_BITS)
-            key = (salt, draw_transform(draw, plan))
-            if key not in self._used:
+            transform = draw_transform(draw, plan)
+            if (salt, transform) not in self._used:
                 break
-        self._used.add(key)
-        return draw
+        self._used.add((salt, transform))
+        return draw, transform
 
     def short_salt(self) -> int | None:
         """A salt whose share of the sample is not yet kept (None when the sample is complete):
