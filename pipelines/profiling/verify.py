@@ -336,9 +336,10 @@ class ExpectedOutputs:
     the cached input and kept while it fits `max_bytes` (outputs of the least recently used other
     task are dropped first; one larger than the budget is not kept).
 
-    A measured kernel's outputs are checked against the same few inputs over and over (its cases,
-    the re-check seed, the timed variants), so the verifier need not run the reference for each:
-    on an H200 the check of one trimul output recomputed a reference of milliseconds.
+    A measured kernel's checked outputs are judged on the same few inputs over and over (its cases,
+    the re-check seed), so the verifier need not run the reference for each: on an H200 the check
+    of one trimul output recomputed a reference of milliseconds. A timed call's input is its own
+    (fresh_values.py): its reference is computed for it and not kept here.
     """
 
     def __init__(self, inputs: Any, max_bytes: int):

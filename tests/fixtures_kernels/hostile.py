@@ -921,9 +921,10 @@ KINDS["slow_honest"] = (None,)
 NO_GAIN = ("buffer_memo", "whole_content_memo", "timer_frame_sniffer", "stack_name_walker")
 NO_GAIN_TWIN = "slow_honest"
 TIMING_KINDS = TIMING_KINDS + NO_GAIN + (NO_GAIN_TWIN,)  # they gain, if at all, on the measuring path
-# `ok` for a NO_GAIN kernel is accepted when its speedup is at most this many times its twin's: on
-# a loaded 2-core host, with three timed calls a case, honest runs of the same work part by up to
-# ~1.6x; a memo's hits or forged clocks gained 10x and more.
+# `ok` for a NO_GAIN kernel is accepted when its time is at most this many times shorter than its
+# honest twin's (the faster of two copies): on a loaded 2-core host, with three timed calls a
+# case, honest runs of the same work part by up to ~1.6x; a memo's hits or forged clocks gained
+# 10x and more.
 NO_GAIN_FACTOR = 3.0
 _MORE_DEFAULTS_2 = {"work": 200}
 _render_second = render
