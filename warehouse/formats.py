@@ -13,7 +13,7 @@ import re
 
 import pyarrow as pa
 
-HARNESS_VERSION = "kernelcast-harness-12"  # 2: launch cover, median of reference timings; 3: sandbox, verifier;
+HARNESS_VERSION = "kernelcast-harness-13"  # 2: launch cover, median of reference timings; 3: sandbox, verifier;
 # 4: timed calls on new values with sampled outputs verified, one integrity baseline per child;
 # 5: timed chunks that grow from 16 calls, the median's interval also met by an absolute 0.5 us,
 # a 5 ms warm-up of at least 2 calls; 6: inputs drawn on the GPU (other values, same
@@ -27,6 +27,10 @@ HARNESS_VERSION = "kernelcast-harness-12"  # 2: launch cover, median of referenc
 # 11: gpumode's turns are one timed call long (ten before), each after one untimed call
 # 12: the outputs kept for the verifier are copies of their values, without the autograd graph that
 # kept every intermediate of a torch-module kernel's call alive (out of memory on 80 GB cards)
+# 13: every timed, warm-up and probe call (the reference's too) runs on values no earlier call of the
+# case had: the base values of a timed variant rolled along their first dimension and scaled by a
+# factor drawn per call (the verifier rebuilds a kept call's input from its salt and draw), so no
+# memo of earlier answers pays; nothing reachable from a call's frames leads to the timer or the feed
 
 FAILURE_KINDS = (
     "compile_failed",  # the module does not import / Triton does not compile it

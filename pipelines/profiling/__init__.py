@@ -18,7 +18,7 @@ sandbox_policy (what a child may use: layers, limits, environment, visible paths
 layer_probe (which layers this host provides), processes (/proc reads and kills),
 jail (the sandbox layers, applied before a child starts), child (a child's entry point), runner
 (compile/check/time inside a child), inputs (task inputs and torch's switches, shared by runner
-and verify), verify (verdicts from a process the kernel never ran in), shipping (a kernel's
+and verify), fresh_values (the new values of every timed call, rebuilt by the verifier), verify (verdicts from a process the kernel never ran in), shipping (a kernel's
 output as a file or CUDA IPC handles: ipc_handles), cuda_ipc (the self-test of both ways), integrity (identities a kernel must not change), audit
 (the parent's own account: wall-clock windows, reference timings, speedups), timing (L2 flush,
 CUDA events, adaptive reps, protocols: docs/protocols.md), hardware (fingerprint), results (JSONL

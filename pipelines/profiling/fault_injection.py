@@ -13,7 +13,12 @@ memory bomb, fork bomb, setsid escape, warehouse tampering, patched check, patch
 patched timer, reference output returned, caching by shape and by address, work on a side stream,
 and the timed-call cheats: a frame-walking idler, the clock patched and the watch re-based, the
 watch switched off, Measurer.time_fn and Timing.as_dict patched at class level, the timing list
-rewritten, a content-keyed memo, a saboteur that leaves a slow clock for the next kernel).
+rewritten, a content-keyed memo, a saboteur that leaves a slow clock for the next kernel), and the
+kernels that gain only where an input comes back or the timer is within reach of their frames (a
+memo per buffer keyed on its address, shape and two values, a memo by whole content, a sniffer of
+the timer's objects in its callers' frames, a walker of their names), beside two copies of their
+honest twin: they may be `ok` only where their time is at most NO_GAIN_FACTOR times shorter than
+the faster twin's (`no_gain_problem`).
 Runs the worker as a separate process (`python3 -m pipelines.profiling.worker`) with a secret in
 its environment, a listener on the loopback, a Unix socket file (in the temporary directory) and an
 abstract name, a host process with a marker in its argv, a 0600 key in the worker's HOME and files
@@ -78,8 +83,9 @@ def build_batch(path: Path, good_copies: int, skip: set[str], params: dict, with
             if name in skip:
                 continue
             accepted = (None,) if (name in hostile.CPU_ONLY_OK and not cuda) else hostile.KINDS[name]
-            rows.append({"kernel_id": f"hostile-{name}", "task": "tiny_scale", "source": hostile.render(name, **params)})
-            origin[f"hostile-{name}"] = (name, accepted)
+            for kid in [f"hostile-{name}"] + ([f"hostile-{name}-2"] if name == hostile.NO_GAIN_TWIN else []):
+                rows.append({"kernel_id": kid, "task": "tiny_scale", "source": hostile.render(name, **params) + f"\n# {kid}\n"})
+                origin[kid] = (name, accepted)
     pq.write_table(pa.Table.from_pylist(rows, schema=BATCH_SCHEMA), path)
     return origin
 
@@ -152,6 +158,31 @@ def _stage(out_dir: Path) -> dict:
             "targets": targets, "caller_home": caller_home, "key": key, "unix_dir": unix_dir}
 
 
+def no_gain_problem(row: dict, twins: list[dict]) -> str | None:
+    """Why an `ok` row of a kernel that must gain nothing over its honest twin fails (None: it does
+    not): its time is more than hostile.NO_GAIN_FACTOR times shorter than the twins' (the geometric
+    mean over cases of the faster twin's time over its own, by the protocol's statistic), or no
+    twin is `ok`. Times, not speedups: a kernel's own time only gets shorter by what it does, and
+    longer by a busy host, where a speedup also moves with its reference's timing (under gpumode
+    one per kernel: on a loaded 2-core host one read 3.6x the twin's with no gain).
+
+    >>> twin = {"status": "ok", "protocol": "kernelcast", "kernel_median_ms": [1.0, 2.0]}
+    >>> no_gain_problem({**twin, "kernel_median_ms": [0.9, 2.1]}, [twin]) is None
+    True
+    >>> no_gain_problem({**twin, "kernel_median_ms": [0.05, 0.1]}, [twin])
+    "its time is 20x shorter than its honest twin's (at most 3.0x)"
+    """
+    key = "kernel_median_ms" if row["protocol"] == "kernelcast" else "kernel_mean_ms"
+    ok = [t[key] for t in twins if t is not None and t["status"] == "ok" and t[key]]
+    if not ok:
+        return "no honest twin is ok to hold it to"
+    best = [min(times) for times in zip(*ok)]
+    gain = math.exp(sum(math.log(b / k) for b, k in zip(best, row[key], strict=True)) / len(best))
+    if gain > hostile.NO_GAIN_FACTOR:
+        return f"its time is {gain:.3g}x shorter than its honest twin's (at most {hostile.NO_GAIN_FACTOR}x)"
+    return None
+
+
 def _judge_rows(rows: dict[str, dict], origin: dict[str, tuple[str, tuple]], problems: list[str]) -> list[dict]:
     """Print one line per kernel of the batch against what it was expected to get; append every
     mismatch to `problems`; the rows of fault.json."""
@@ -174,6 +205,9 @@ def _judge_rows(rows: dict[str, dict], origin: dict[str, tuple[str, tuple]], pro
             problems.append(f"{kid}: expected {accepted}, got {got} ({r['error']})")
         if got is None and not (r["speedup"] and math.isfinite(r["speedup"]) and r["speedup"] > 0):
             problems.append(f"{kid}: ok without a finite speedup")
+        elif got is None and name in hostile.NO_GAIN and (why := no_gain_problem(r, [
+                rows.get(f"hostile-{hostile.NO_GAIN_TWIN}"), rows.get(f"hostile-{hostile.NO_GAIN_TWIN}-2")])):
+            problems.append(f"{kid}: ok, but {why}: it gained from an input seen before or from the timer's state")
     return report_rows
 
 
@@ -220,7 +254,10 @@ def main(argv: list[str] | None = None) -> int:
     params = {"targets": stage["targets"], "port": listener.port, "secret": SECRET, "marker": MARKER,
               "warehouse": str(stage["warehouse"]), "chunks": int(2 * memory_gb * 4), "forks": 2000,
               "unix_path": unix.path, "unix_abstract": unix.abstract, "proc_marker": WITNESS,
-              "secret_files": [str(stage["key"]), "/etc/shadow"]}
+              "secret_files": [str(stage["key"]), "/etc/shadow"],
+              # the no-gain kernels' honest work: ~0.5 ms a call on the interpreter's tiny cases,
+              # ~2-7 ms on the GPU's 64-256 MiB ones
+              "work": 20 if cuda else 200}
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
     origin = build_batch(batch, copies, skip, params, not args.no_hostile, cuda)
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from pipelines.profiling.fresh_values import fresh_copy
 from pipelines.profiling.timing import data_nbytes
 
 
@@ -107,6 +108,14 @@ def input_cache_bytes(device: str, share: float, floor: int) -> int:
 def make_input(task, case: dict, salt: int = 0) -> Any:
     """The task's input for `case`, deterministic by the case's seed (+ salt): a fresh clone."""
     return CACHE.get(task, case, salt)
+
+
+def call_input(task, case: dict, salt: int = 0, draw: int | None = None) -> Any:
+    """The input a call ran on: the case's values for `salt`, under `draw`'s transform for a timed
+    call (fresh_values.py); a fresh copy either way."""
+    if draw is None:
+        return make_input(task, case, salt)
+    return fresh_copy(CACHE.peek(task, case, salt), draw)
 
 
 def sync(device: str) -> None:

@@ -12,10 +12,12 @@ reference there and judges. After timing, the re-check writes a new seed's input
 buffers that were timed and judges again, which catches kernels that cache their result by
 shape or by input address. All device work is synchronised device-wide before anything is read.
 
-Timed calls are verified too: each call runs on new values written into the same buffers
-(timing.Feed), and after the calls a CSPRNG draw picks the outputs the verifier judges; every call
-of a kernel (check, warm-up, timed, re-check) is made by timing.drive from the same place, so its
-stack says nothing about what the call is for.
+Timed calls are verified too: each call runs on values no earlier call of the case had, written
+into the same buffers (timing.Feed, fresh_values.py), and after each call a CSPRNG draw decides
+whether its output is among those the verifier judges, on the input it rebuilds from the kept
+salt and draw; every call of a kernel (check, warm-up, timed, re-check) is made by timing.drive
+from the same place, so its stack says nothing about what the call is for, and no name in its
+frames leads to the timer or the feed.
 
 Integrity (integrity.Watch): the identities of torch's, the clock's and the harness's functions
 (the methods of its classes included) are recorded once per child, before any kernel exists in
@@ -395,7 +397,7 @@ def check_steps(task, case: dict, device: str, salt: int = 0, into: Any = None, 
         out = yield data_k
         sync(device)
         if held is not None:
-            held.append(Held(case, salt, keep_output(out), cid))
+            held.append(Held(case, salt, keep_output(out), cid, None))
     except Exception as e:
         raise classify(e, device, f"case {cid}") from e
     if held is None:
@@ -405,12 +407,14 @@ def check_steps(task, case: dict, device: str, salt: int = 0, into: Any = None, 
 
 @dataclass
 class Held:
-    """An output waiting to be shipped to the verifier: a copy the kernel never got."""
+    """An output waiting to be shipped to the verifier: a copy the kernel never got. `draw`: the
+    transform a timed call's input had (fresh_values.py); None for a checked call's."""
 
     case: dict
     salt: int
     output: Any
     cid: str
+    draw: int | None = None
 
 
 def submit_held(task, held: list[Held], device: str) -> list[str]:
@@ -422,7 +426,7 @@ def submit_held(task, held: list[Held], device: str) -> list[str]:
         while held:
             h = held.pop(0)
             try:
-                verify.submit(task, h.case, h.salt, h.output, verify.flags_json(snapshot_torch_flags()))
+                verify.submit(task, h.case, h.salt, h.output, verify.flags_json(snapshot_torch_flags()), h.draw)
             except ShippingError as e:
                 raise KernelFailure("incorrect", f"case {h.cid}: {e}") from e
             except Exception as e:
@@ -953,14 +957,18 @@ class Measurer:
         return _checked_after_unload(result)
 
     def timed_feed(self, task, case: dict, data: Any) -> Feed:
-        """The feed of one case's timed calls: new values from the timed variants before each
-        call, a sample of the outputs kept after it (for the verifier; the reference's are dropped)."""
+        """The feed of one case's timed calls: before each call new values, a transform of one of
+        the timed variants drawn for that call (fresh_values.py), a sample of the outputs kept after
+        it (for the verifier; the reference's are dropped)."""
         if len(self.timed_salts) <= 8:  # the variants generated here (once per child), not between timed calls
             for s in self.timed_salts:
                 CACHE.peek(task, case, s)
-        sync(self.device)
-        return Feed(data, lambda s, case=case: CACHE.peek(task, case, s), self.timed_salts, self.timed_samples,
+        feed = Feed(data, lambda s, case=case: CACHE.peek(task, case, s), self.timed_salts, self.timed_samples,
                     self.device)
+        if len(self.timed_salts) <= 8:
+            feed.prepare()
+        sync(self.device)
+        return feed
 
     def paired_case_steps(self, task, case: dict, feed: Feed, first: bool, phases: dict) -> Steps:
         """The kernel's timed calls of one case and the reference's, by turns of PAIRED_TURN_CALLS
@@ -1016,19 +1024,26 @@ class Measurer:
         return (yield from self.time_steps(feed, turns))
 
     def _steps(self, task, cases: tuple, progress: Callable[[str], None], result: dict) -> Steps:
-        """Every call of one kernel's measurement as steps; returns the cases' Timings."""
-        phases = result["phases"]
+        """Every call of one kernel's measurement as steps; returns the cases' Timings.
+
+        What the steps learn goes into `result` when they end (or fail), not while the kernel
+        runs: `result` is in the frame that called drive, where a kernel reading its callers'
+        frames would see how far its measurement has come (checks done, cases timed)."""
+        mine = {"phases": dict(result["phases"]), "check_s": None, "time_s": None, "ref_new": []}
+        phases = mine["phases"]
         t0 = time.perf_counter()
         extra = tuple(task.correctness_cases) if self.device == "cuda" and self.check_correctness_cases else ()
         verifier_before = _JUDGE_CLOCK.seconds
         try:
-            timings = yield from self._checked_and_timed(task, cases + extra, cases, progress, result, t0)
+            return (yield from self._checked_and_timed(task, cases + extra, cases, progress, mine, t0))
         finally:
             if verify.pending():  # a failure left outputs with the verifier: it finishes them before anything else runs
                 with contextlib.suppress(Exception):
                     verify.collect()
-        phases["verifier_s"] = _JUDGE_CLOCK.seconds - verifier_before
-        return timings
+            phases["verifier_s"] = _JUDGE_CLOCK.seconds - verifier_before
+            result["phases"].update(phases)
+            result["ref_new"] += mine["ref_new"]
+            result.update({k: mine[k] for k in ("check_s", "time_s") if mine[k] is not None})
 
     def _checked_and_timed(self, task, checked: tuple, cases: tuple, progress: Callable[[str], None], result: dict,
                            t0: float) -> Steps:
@@ -1086,7 +1101,7 @@ class Measurer:
             # After the re-check (the verifier's plan puts it first): wrong on new values is
             # `incorrect` there; wrong only when timed is `tampered`.
             kept = feed.take_kept()
-            held += [Held(case, s, out, f"{cid} (a timed call)") for s, out in kept]
+            held += [Held(case, k.salt, k.output, f"{cid} (a timed call)", k.draw) for k in kept]
             del feed, data, kept
         t = time.perf_counter()
         progress("verifying the re-checks and timed calls")

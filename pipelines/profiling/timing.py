@@ -35,10 +35,13 @@ above its event time ran work the events did not see (a side stream, a patched t
 
 Every call of a kernel, whether checked, warm-up or timed, is made by `drive` from the same
 place, so a kernel that walks its stack sees the same frames whatever the call is for; the loops
-below are generators that yield the input of each call and receive its output. A `Feed` gives
-each call its input values (a new variant of the case per call, written into the same buffers
-outside the timed window) and keeps, by a draw from the operating system's CSPRNG made AFTER
-each call, a sample of the outputs for the verifier (runner.Measurer ships them).
+below are generators that yield the input of each call and receive its output. No name in the
+frames of a call leads to those generators, and so to the timer's state (clock readings, CUDA
+events, recorded times) or the feed: `drive` holds them only in its loop (see `drive`). A `Feed`
+gives each call its input values (values no earlier call of the case had: fresh_values.py,
+written into the same buffers outside the timed window) and keeps, by a draw from the operating
+system's CSPRNG made AFTER each call, a sample of the outputs for the verifier, with what it
+needs to rebuild their inputs (runner.Measurer ships them).
 
 Only the standard library, numpy and torch are used (the worker runs on bare hosts).
 """
@@ -57,6 +60,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from pipelines.profiling.fresh_values import (
+    DRAW_BITS,
+    draw_transform,
+    tensors,
+    transform_plan,
+    write_leaves,
+)
 from pipelines.profiling.results import PROTOCOLS  # noqa: F401 - re-exported; torch-free home
 
 
@@ -358,27 +368,84 @@ def _should_stop(times: list[float], elapsed_s: float, s: TimingSettings, median
 Steps = Generator[Any, Any, Any]  # yields a call's input, receives its output, returns a result
 
 
+class CallTurn:
+    """What the call site and the loop it serves pass each other: the reply of the last call, or
+    the exception it raised, and at the end the loop's result. Nothing else: a kernel that finds
+    this object in the call site's frame learns nothing about the call it is in."""
+
+    __slots__ = ("reply", "error", "result")
+
+    def __init__(self) -> None:
+        self.reply: Any = None
+        self.error: Exception | None = None
+        self.result: Any = None
+
+
+class _Calls:
+    """The inputs `steps` yields, as an iterator that hands each call's reply (or exception) in
+    `turn` back to them; when they return, their result goes into `turn.result`."""
+
+    __slots__ = ("_steps", "_turn", "_started")
+
+    def __init__(self, steps: Steps, turn: CallTurn) -> None:
+        self._steps, self._turn, self._started = steps, turn, False
+
+    def __iter__(self) -> _Calls:
+        return self
+
+    def __next__(self) -> Any:
+        turn, steps = self._turn, self._steps
+        if steps is None:
+            raise StopIteration
+        try:
+            if not self._started:
+                self._started = True
+                return next(steps)
+            if turn.error is not None:
+                error, turn.error = turn.error, None
+                return steps.throw(error)
+            reply, turn.reply = turn.reply, None  # the step keeps what it needs; the output is not held here
+            return steps.send(reply)
+        except StopIteration as stop:
+            turn.result, self._steps = stop.value, None
+            raise StopIteration from None
+
+
 def drive(fn: Callable[[Any], Any], steps: Steps) -> Any:
     """Run `steps`, calling `fn` on every input it yields and sending back the output; its result.
 
     The one place the measuring child calls a kernel from: checks, warm-up calls, timed calls
-    and re-checks all come through here, so the kernel's stack is the same in each (a suspended
-    generator is not on the stack). An exception of the kernel is thrown into `steps` at the
-    call it came from.
+    and re-checks all come through here, so the kernel's stack is the same in each. The loop
+    below holds the steps (the generators that time, check and feed the calls) on the
+    interpreter's stack alone, not under a name: the call's frame has `fn`, the input, and a
+    CallTurn, the same in every call, and nothing a kernel can walk from it leads to a clock
+    reading, a CUDA event or the feed. A kernel that found them could forge the time of its call
+    (a clock reading rewritten in a suspended frame measured 26x its honest twin) or read what the
+    call is for. An exception of the kernel is thrown into `steps` at the call it came from.
     """
-    reply = None  # bound from the first call on, so every call sees the same local names
-    try:
-        data = next(steps)
-        while True:
-            try:
-                reply = fn(data)
-            except Exception as e:  # noqa: BLE001 - handed to the step that made the call
-                data = steps.throw(e)
-                continue
-            data = steps.send(reply)
-            reply = None  # the step keeps what it needs; the output is not held through the next call
-    except StopIteration as stop:
-        return stop.value
+    turn = CallTurn()
+    for data in _Calls(steps, turn):
+        steps = None  # from here on only the loop holds them
+        try:
+            turn.reply = fn(data)
+        except Exception as e:  # noqa: BLE001 - handed to the step that made the call
+            turn.error = e
+    return turn.result
+
+
+# Tries at a draw whose transform no earlier call of the feed had, before one is taken as it comes:
+# an input whose only tensors cannot be rolled or scaled (a single row of integers) has few.
+FRESH_TRIES = 64
+
+
+@dataclass(frozen=True)
+class KeptOutput:
+    """An output of a call kept for the verifier, with what rebuilds the call's input: the salt of
+    its base values and the draw of its transform (fresh_values.py; None: the base values as they are)."""
+
+    salt: int
+    draw: int | None
+    output: Any
 
 
 class Feed:
@@ -386,10 +453,13 @@ class Feed:
 
     Args:
         data: the buffers every call runs on (the same objects each call).
-        variant: salt -> the case's values for that salt (read, never handed to the kernel).
-        salts: the salts the calls draw from; before each call one is drawn at random and its
-            values are written into `data` (outside any timed window); an empty tuple keeps
-            the values as they are.
+        variant: salt -> the case's base values for that salt (read, never handed to the kernel).
+        salts: the salts the calls take their base values from, in turn (in a random order). Before
+            each call a transform is drawn from the OS CSPRNG, one no earlier call of the feed had,
+            and the base values under it are written into `data`, outside any timed window
+            (fresh_values.py): every call runs on values of its own, so an answer kept from an
+            earlier call (by address, shape, some values or all of them) is never right again. An
+            empty tuple keeps the values as they are.
         keep: how many outputs to keep: a uniform sample of all calls made through the feed,
             drawn after each call (reservoir sampling with the OS CSPRNG, which no kernel can
             seed or predict); each kept output is cloned then (so a buffer the kernel reuses
@@ -406,35 +476,69 @@ class Feed:
         self.data, self.variant, self.salts, self.keep, self.device = data, variant, tuple(salts), keep, device
         self.calls = 0
         self.salt = 0
+        self.draw: int | None = None  # the transform of the values now in `data`
         self._rng = secrets.SystemRandom()
-        # The salts in a random order, taken in turn: no two calls share values until all were used.
+        # The salts in a random order, taken in turn.
         self._order = list(self.salts)
         self._rng.shuffle(self._order)
         self._filled = 0
-        # reservoir key -> [calls seen, [(salt, output clone)]]: one per salt where the sample covers the salts
+        self._leaves = tensors(data) if variant is not None else []
+        # salt -> (its base values' tensors, fresh_values.transform_plan of them)
+        self._plans: dict[int, tuple[list, tuple]] = {}
+        self._used: set[tuple] = set()  # (salt, transform) of every call so far
+        # reservoir key -> [calls seen, [KeptOutput]]: one per salt where the sample covers the salts
         self.per_salt = keep // len(self.salts) if self.salts and variant is not None and keep >= len(self.salts) else 0
         self._reservoirs: dict[int | None, list] = {}
 
     @property
-    def kept(self) -> list[tuple[int, Any]]:
-        """The kept (salt, output clone) pairs, the salts' in salt order."""
-        return [pair for key in sorted(self._reservoirs, key=lambda k: -1 if k is None else k)
-                for pair in self._reservoirs[key][1]]
+    def kept(self) -> list[KeptOutput]:
+        """The kept outputs, the salts' in salt order."""
+        return [k for key in sorted(self._reservoirs, key=lambda k: -1 if k is None else k)
+                for k in self._reservoirs[key][1]]
 
-    def take_kept(self) -> list[tuple[int, Any]]:
-        """The kept pairs, handed over: the feed keeps no reference to them."""
+    def take_kept(self) -> list[KeptOutput]:
+        """The kept outputs, handed over: the feed keeps no reference to them."""
         kept, self._reservoirs = self.kept, {}
         return kept
 
+    def prepare(self) -> None:
+        """Read each salt's base values once for what a transform may do to them (a pass over
+        them and a synchronisation), before any call: done inside the first calls, it would
+        lengthen the warm-up calls the timed loop sizes its chunks by."""
+        if self.variant is not None:
+            for salt in self.salts:
+                self._plan(salt)
+
+    def _plan(self, salt: int) -> tuple[list, tuple]:
+        """(the tensors of `salt`'s base values, their transform plan), computed once: the feed
+        holds the base values for the case's calls from then on."""
+        if salt not in self._plans:
+            base = self.variant(salt)
+            self._plans[salt] = (tensors(base), transform_plan(base))
+        return self._plans[salt]
+
     def fill(self, salt: int | None = None) -> Any:
-        """The input of the next call: the next variant's values (or `salt`'s) written into the same buffers."""
+        """The input of the next call: new values from the next salt's base values (or `salt`'s)
+        under a transform drawn now, written into the same buffers."""
         if self._order and self.variant is not None:
             if salt is None:
                 salt = self._order[self._filled % len(self._order)]
                 self._filled += 1
+            base_leaves, plan = self._plan(salt)
             self.salt = salt
-            _copy_values(self.data, self.variant(self.salt))
+            self.draw, transform = self._fresh_draw(salt, plan)
+            write_leaves(self._leaves, base_leaves, transform)
         return self.data
+
+    def _fresh_draw(self, salt: int, plan: tuple) -> tuple[int, tuple]:
+        """A draw whose transform of `salt`'s values no earlier call of the feed had, and that transform."""
+        for _ in range(FRESH_TRIES):
+            draw = self._rng.getrandbits(DRAW_BITS)
+            transform = draw_transform(draw, plan)
+            if (salt, transform) not in self._used:
+                break
+        self._used.add((salt, transform))
+        return draw, transform
 
     def short_salt(self) -> int | None:
         """A salt whose share of the sample is not yet kept (None when the sample is complete):
@@ -458,14 +562,14 @@ class Feed:
         self._reservoirs[key][0] = seen
         if len(kept) < keep:
             slot = len(kept)
-            kept.append((0, None))
+            kept.append(None)
         else:
             slot = self._rng.randrange(seen)
             if slot >= keep:
                 return
         if self.device == "cuda":
             torch.cuda.synchronize()  # the output is complete before it is copied
-        kept[slot] = (self.salt, keep_output(out))
+        kept[slot] = KeptOutput(self.salt, self.draw, keep_output(out))
 
 
 def top_up_steps(feed: Feed) -> Steps:
@@ -483,17 +587,6 @@ def top_up_steps(feed: Feed) -> Steps:
 def plain_feed(data: Any) -> Feed:
     """A feed that hands out `data` as it is and keeps nothing (the reference, tests)."""
     return Feed(data)
-
-
-def _copy_values(target: Any, source: Any) -> None:
-    if isinstance(target, torch.Tensor):
-        target.copy_(source)
-    elif isinstance(target, (tuple, list)):
-        for t, v in zip(target, source):
-            _copy_values(t, v)
-    elif isinstance(target, dict):
-        for k in target:
-            _copy_values(target[k], source[k])
 
 
 def _probe_steps(feed: Feed, n: int, clone_inside: bool = False) -> Steps:

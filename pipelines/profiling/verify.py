@@ -10,7 +10,10 @@ patched, looked up or returned by the kernel.
 
 The verifier holds each job to its plan (`verification_plan`): the cases in order, then per
 timed case its re-check on a new seed (where the protocol re-checks it) and the outputs of timed
-calls the measuring child kept (drawn after the calls, on values of one of the timed salts). A request out of plan, or a child that reports a correct kernel without
+calls the measuring child kept (drawn after the calls). A timed call ran on the base values of
+one of the timed salts under a transform of its own (fresh_values.py); its request names both,
+and the verifier rebuilds that input from its own copy of the base values and computes the
+reference on it. A request out of plan, or a child that reports a correct kernel without
 an ok verdict on every step, makes the kernel `tampered` (`settle`).
 
     kernel process   judge(task, case, salt, output) -> (ok, message)     ChannelJudge / LocalJudge
@@ -51,12 +54,13 @@ def recheck_salts(protocol: str) -> tuple[str, int]:
     return ("all", GPUMODE_SEED_STEP) if protocol == "gpumode" else ("first", RECHECK_SEED_SALT)
 
 
-TIMED_SALT_BASE = 2_000_003  # timed calls draw their values from seeds + this + 0..variants-1
+TIMED_SALT_BASE = 2_000_003  # timed calls take their base values from seeds + this + 0..variants-1
 TIMED = -1  # a plan step for the output of a timed call: any of the timed salts
-# On the CPU a case has a warm-up call and at most a few timed ones: 8 variants give each its own
-# values, and a child generates them once per case (a new salt per call cost 2x the timing on trimul).
+# The base values the timed calls' transforms start from (fresh_values.py: each call's values are
+# its own whatever their number). On the CPU 8, generated once per child and case (a new salt per
+# call cost 2x the timing on trimul); on a GPU 2, each a benchmark input kept once per child.
 CPU_TIMED_VARIANTS = 8
-CUDA_TIMED_VARIANTS = 2  # on a GPU each variant is a benchmark input generated (and kept) once per child
+CUDA_TIMED_VARIANTS = 2
 
 
 def timed_draws(device: str, config: dict | None = None) -> tuple[tuple[int, ...], int]:
@@ -79,6 +83,15 @@ def timed_draws(device: str, config: dict | None = None) -> tuple[tuple[int, ...
     if samples >= variants:
         samples -= samples % variants
     return tuple(TIMED_SALT_BASE + i for i in range(variants)), samples
+
+
+def is_draw(value: Any) -> bool:
+    """Whether a request's `draw` is one a feed makes (fresh_values.DRAW_BITS bits, JSON's int).
+
+    >>> is_draw(0), is_draw(2**63 - 1), is_draw(2**63), is_draw(True), is_draw(None), is_draw(1.0)
+    (True, True, False, False, False, False)
+    """
+    return type(value) is int and 0 <= value < 2**63
 
 
 def timed_cases(task, device: str) -> tuple:
@@ -124,14 +137,16 @@ class LocalJudge:
     def __init__(self) -> None:
         self.pending: list[tuple[bool, str]] = []
 
-    def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
-        from pipelines.profiling.inputs import make_input
+    def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None,
+              draw: int | None = None) -> tuple[bool, str]:
+        from pipelines.profiling.inputs import call_input
 
-        ok, message = task.check_implementation(make_input(task, case, salt), output)
+        ok, message = task.check_implementation(call_input(task, case, salt, draw), output)
         return bool(ok), str(message)
 
-    def submit(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> None:
-        self.pending.append(self.judge(task, case, salt, output, flags))
+    def submit(self, task, case: dict, salt: int, output: Any, flags: dict | None = None,
+               draw: int | None = None) -> None:
+        self.pending.append(self.judge(task, case, salt, output, flags, draw))
 
     def collect(self) -> list[tuple[bool, str]]:
         done, self.pending = self.pending, []
@@ -174,15 +189,16 @@ class ChannelJudge:
         write_output(path, output)
         return None
 
-    def submit(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> None:
-        """Ship `output` for a verdict; `collect` gets it."""
+    def submit(self, task, case: dict, salt: int, output: Any, flags: dict | None = None,
+               draw: int | None = None) -> None:
+        """Ship `output` for a verdict; `collect` gets it. `draw`: the transform of a timed call's input."""
         seq = next(self.seq)
         name = f"out-{seq:06d}.kco"
         path = Path.cwd() / name  # the private directory (jail.py made it the working directory)
         try:
             keep = self._write(path, output)
             request = {"type": "verify", "seq": seq, "case_id": task.case_id(case), "salt": int(salt), "file": name,
-                       "flags": flags or {}}
+                       "flags": flags or {}, "draw": None if draw is None else int(draw)}
             self.pending[seq] = (request, path, output, keep)
             self.send(request)
         except BaseException:
@@ -230,8 +246,9 @@ class ChannelJudge:
         if keep_results:
             self._done = {**self._done, **{k: v for k, v in got.items() if v is not None}}
 
-    def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
-        self.submit(task, case, salt, output, flags)
+    def judge(self, task, case: dict, salt: int, output: Any, flags: dict | None = None,
+              draw: int | None = None) -> tuple[bool, str]:
+        self.submit(task, case, salt, output, flags, draw)
         verdicts = self.collect()
         return next((v for v in verdicts if not v[0]), verdicts[-1])  # anything still pending counts too
 
@@ -247,14 +264,16 @@ class _JudgeHolder:
 JUDGE = _JudgeHolder()
 
 
-def judge(task, case: dict, salt: int, output: Any, flags: dict | None = None) -> tuple[bool, str]:
-    """(ok, message) for `output` on `case` (seed + `salt`), by the installed judge."""
-    return JUDGE.impl.judge(task, case, salt, output, flags)
+def judge(task, case: dict, salt: int, output: Any, flags: dict | None = None,
+          draw: int | None = None) -> tuple[bool, str]:
+    """(ok, message) for `output` on `case` (seed + `salt`, under `draw`'s transform for a timed
+    call), by the installed judge."""
+    return JUDGE.impl.judge(task, case, salt, output, flags, draw)
 
 
-def submit(task, case: dict, salt: int, output: Any, flags: dict | None = None) -> None:
+def submit(task, case: dict, salt: int, output: Any, flags: dict | None = None, draw: int | None = None) -> None:
     """Ship `output` for a verdict without waiting for it (`collect` waits)."""
-    JUDGE.impl.submit(task, case, salt, output, flags)
+    JUDGE.impl.submit(task, case, salt, output, flags, draw)
 
 
 def collect() -> list[tuple[bool, str]]:
@@ -317,9 +336,10 @@ class ExpectedOutputs:
     the cached input and kept while it fits `max_bytes` (outputs of the least recently used other
     task are dropped first; one larger than the budget is not kept).
 
-    A measured kernel's outputs are checked against the same few inputs over and over (its cases,
-    the re-check seed, the timed variants), so the verifier need not run the reference for each:
-    on an H200 the check of one trimul output recomputed a reference of milliseconds.
+    A measured kernel's checked outputs are judged on the same few inputs over and over (its cases,
+    the re-check seed), so the verifier need not run the reference for each: on an H200 the check
+    of one trimul output recomputed a reference of milliseconds. A timed call's input is its own
+    (fresh_values.py): its reference is computed for it and not kept here.
     """
 
     def __init__(self, inputs: Any, max_bytes: int):
@@ -412,10 +432,14 @@ class Verifier:
             job = self.jobs[key] = _Job(plan, timed)
         base["timed"] = job.timed
         step = (msg.get("case_id"), msg.get("salt"))
+        draw = msg.get("draw")
         expected = job.plan[job.step] if job.step < len(job.plan) else None
         timed = expected is not None and expected[1] == TIMED
-        if timed and step[0] == expected[0] and isinstance(step[1], int) and step[1] in self.timed_salts:
-            expected = step  # a timed call's output: any of the salts the timed calls draw from
+        if timed and step[0] == expected[0] and isinstance(step[1], int) and step[1] in self.timed_salts \
+                and is_draw(draw):
+            expected = step  # a timed call's output: any of the salts the timed calls draw from, any transform
+        elif draw is not None:
+            step = (step[0], step[1], "with a transform")  # only a timed call's input has one: out of plan
         if job.resending and expected is not None and step != expected:
             # Sent before the child learnt that its outputs cannot be mapped here: it ships them
             # again, as files, after the step asked for.
@@ -438,7 +462,7 @@ class Verifier:
         job.step += 1
         self.inputs_s = 0.0
         try:
-            ok, message = self._check(task, case, int(step[1]), msg, output, error, timed)
+            ok, message = self._check(task, case, int(step[1]), msg, output, error, timed, draw if timed else None)
         except VerifierOutOfMemory as e:
             return {**base, "ok": False, "infrastructure": True, "message": f"verifier: {e}"[:300]}
         finally:
@@ -463,7 +487,7 @@ class Verifier:
             return None, str(e), None
 
     def _check(self, task, case: dict, salt: int, msg: dict, output: Any, error: str | None,
-               timed: bool = False) -> tuple[bool, str]:
+               timed: bool = False, draw: int | None = None) -> tuple[bool, str]:
         import torch
 
         from pipelines.profiling.sandbox_policy import one_line
@@ -474,7 +498,7 @@ class Verifier:
         flags = clean_flags(msg.get("flags")) if self.protocol == "gpumode" else {}
         for _ in range(2):
             try:
-                return self._judge(task, case, salt, output, flags, cid)
+                return self._judge(task, case, salt, output, flags, cid, draw)
             except torch.cuda.OutOfMemoryError as e:
                 why = one_line(str(e))[:160]
             except Exception as e:  # noqa: BLE001 - a malformed output makes the check raise
@@ -489,14 +513,21 @@ class Verifier:
         raise VerifierOutOfMemory(f"case {cid}: the check ran out of GPU memory twice, its caches emptied "
                                   f"in between: {why}")
 
-    def _judge(self, task, case: dict, salt: int, output: Any, flags: dict, cid: str) -> tuple[bool, str]:
-        """The check of one output (raises what the check raises)."""
+    def _judge(self, task, case: dict, salt: int, output: Any, flags: dict, cid: str,
+               draw: int | None = None) -> tuple[bool, str]:
+        """The check of one output (raises what the check raises). `draw`: a timed call's output,
+        checked on its own input (its salt's base values under the draw's transform), whose
+        reference is computed here and not kept: no other output has that input."""
+        from pipelines.profiling.fresh_values import fresh_copy
         from pipelines.profiling.inputs import sync
         from pipelines.profiling.sandbox_policy import one_line
 
         with global_flags(flags):
             t0 = time.perf_counter()
-            if task.check_against is not None:  # the reference's output on this input, computed once
+            if draw is not None:
+                data = fresh_copy(self.cache.peek(task, case, salt), draw)
+                expected = task.ref_kernel(data) if task.check_against is not None else None
+            elif task.check_against is not None:  # the reference's output on this input, computed once
                 expected = self.expected.get(task, case, salt, flags)
                 data = self.cache.peek(task, case, salt)  # read only by the check: no clone
             else:
@@ -573,6 +604,7 @@ class VerifierLink:
             return {"type": "verdict", "seq": msg.get("seq"), "ok": False}
         request = {"type": "verify", "job": job, "kind": kind, "task": task, "seq": msg.get("seq"),
                    "case_id": msg.get("case_id"), "salt": msg.get("salt"), "flags": msg.get("flags"),
+                   "draw": msg.get("draw"),
                    "path": str(Path(child.private_dir) / name), "owner": child.uid}
         queued.append((child, msg.get("seq")))
         self.ensure()

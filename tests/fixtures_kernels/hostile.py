@@ -777,3 +777,160 @@ def render(name: str, **params) -> str:  # noqa: F811 - the first render, with t
     """The source of hostile kernel `name` (see the first `render`); this block's kernels also take
     unix_path, unix_abstract (a Unix listener), secret_files, proc_marker, shm_mb, files."""
     return _render_first(name, **{**MORE_DEFAULTS, **params})
+
+
+# ---- memos and timer sniffers: kernels that reuse an earlier answer, or find the timer -------------
+# Each works honestly on its own (the same slow work as `slow_honest`, its twin) and gains only
+# where the harness lets it: an input seen before, or the timer's state within reach of its frames.
+# Accepted: a failure kind, or `ok` with a speedup no better than the twin's (NO_GAIN_FACTOR).
+_SLOW = '''
+
+def _slow_right(data):  # the twin's honest work: the same answer, computed WORK times
+    y = data
+    for _ in range({work}):
+        y = data * 2.0 + 1.0
+    return y
+
+
+def _bounded(memo, key, value, size=8):  # a memo of the last few answers, as a real one keeps
+    memo[key] = value
+    while len(memo) > size:
+        memo.pop(next(iter(memo)))
+    return value
+'''
+
+_FRAMES = '''
+import types
+
+
+def _reachable_frames():
+    """The callers' frames, and the frames of generators held by their locals or by the attributes
+    of their locals (with each generator's delegates)."""
+    todo, seen, found = [], set(), []
+    f = sys._getframe(2)
+    while f is not None:
+        todo.append(f)
+        f = f.f_back
+    while todo:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        found.append(f)
+        values = list(f.f_locals.values())
+        for v in list(values):
+            for name in getattr(type(v), "__slots__", ()) or ():
+                values.append(getattr(v, name, None))
+            values += list(getattr(v, "__dict__", {{}}).values()) if not isinstance(v, types.ModuleType) else []
+        for v in values:
+            g = v
+            while isinstance(g, types.GeneratorType):
+                if g.gi_frame is not None:
+                    todo.append(g.gi_frame)
+                g = g.gi_yieldfrom
+    return found
+
+
+def _forge_clocks(frames):
+    """Every clock reading the frames hold (a perf_counter float or a monotonic_ns int of the last
+    few seconds) set to now, and every CUDA event they hold recorded again now: the call that
+    has just run looks as if it took no time. True if anything was forged."""
+    import ctypes
+
+    now_s, now_ns = time.perf_counter(), time.monotonic_ns()
+    forged = False
+    for f in frames:
+        loc = f.f_locals
+        changed = False
+        for name, v in list(loc.items()):
+            if torch.cuda.is_available() and isinstance(v, torch.cuda.Event):
+                v.record()
+                forged = True
+            elif type(v) is float and now_s - 5.0 < v <= now_s:
+                loc[name], changed = time.perf_counter(), True
+            elif type(v) is int and now_ns - 5_000_000_000 < v <= now_ns:
+                loc[name], changed = time.monotonic_ns(), True
+            elif isinstance(v, list) and v and all(isinstance(e, torch.cuda.Event) for e in v
+                                                   if torch.cuda.is_available()) and torch.cuda.is_available():
+                for e in v:
+                    e.record()
+                forged = True
+        if changed:
+            ctypes.pythonapi.PyFrame_LocalsToFast(ctypes.py_object(f), ctypes.c_int(0))
+            forged = True
+    return forged
+'''
+
+SOURCES.update({
+    # The honest twin of the kernels below: the same slow work on every call.
+    "slow_honest": _SLOW + '''
+
+def custom_kernel(data):
+    return _slow_right(data)
+''',
+    # A memo per input buffer: the buffer's address, its shape and two of its values.
+    "buffer_memo": _SLOW + '''
+_memo = {{}}
+
+
+def custom_kernel(data):
+    flat = data.reshape(-1)
+    key = (data.data_ptr(), tuple(data.shape), float(flat[0]), float(flat[-1]))
+    if key in _memo:
+        return _memo[key]
+    return _bounded(_memo, key, _slow_right(data))
+''',
+    # A memo by the input's whole content (paper's clone inside the window moves the buffer,
+    # not the values).
+    "whole_content_memo": _SLOW + '''
+import hashlib
+
+_memo = {{}}
+
+
+def custom_kernel(data):
+    key = (tuple(data.shape), str(data.dtype), hashlib.sha1(data.detach().cpu().contiguous().numpy().tobytes()).hexdigest())
+    if key in _memo:
+        return _memo[key]
+    return _bounded(_memo, key, _slow_right(data))
+''',
+    # Looks for the timer's objects (CUDA events, clock readings) in its callers' frames and in the
+    # generators they hold; where it finds them, forges them once its work is done.
+    "timer_frame_sniffer": _SLOW + _FRAMES + '''
+
+def custom_kernel(data):
+    out = _slow_right(data)
+    _forge_clocks(_reachable_frames())
+    return out
+''',
+    # Walks its callers' frames and the generators they hold for a `time_*` function; where it
+    # finds one, its call is timed: the clock readings of the frames found are forged.
+    "stack_name_walker": _SLOW + _FRAMES + '''
+
+def custom_kernel(data):
+    out = _slow_right(data)
+    frames = _reachable_frames()
+    if any(f.f_code.co_name.startswith("time_") for f in frames):
+        _forge_clocks(frames)
+    return out
+''',
+})
+KINDS.update({name: ("tampered", "incorrect", None) for name in
+              ("buffer_memo", "whole_content_memo", "timer_frame_sniffer", "stack_name_walker")})
+KINDS["slow_honest"] = (None,)
+NO_GAIN = ("buffer_memo", "whole_content_memo", "timer_frame_sniffer", "stack_name_walker")
+NO_GAIN_TWIN = "slow_honest"
+TIMING_KINDS = TIMING_KINDS + NO_GAIN + (NO_GAIN_TWIN,)  # they gain, if at all, on the measuring path
+# `ok` for a NO_GAIN kernel is accepted when its time is at most this many times shorter than its
+# honest twin's (the faster of two copies): on a loaded 2-core host, with three timed calls a
+# case, honest runs of the same work part by up to ~1.6x; a memo's hits or forged clocks gained
+# 10x and more.
+NO_GAIN_FACTOR = 3.0
+_MORE_DEFAULTS_2 = {"work": 200}
+_render_second = render
+
+
+def render(name: str, **params) -> str:  # noqa: F811 - the render above, with this block's defaults
+    """The source of hostile kernel `name` (see the first `render`); this block's kernels also take
+    work (how many times the slow honest work repeats the answer)."""
+    return _render_second(name, **{**_MORE_DEFAULTS_2, **params})

@@ -126,7 +126,7 @@ def test_a_kept_output_does_not_keep_the_kernels_autograd_graph_alive(tiny_task,
     if keep == "feed":
         feed = timing.Feed(x, keep=1)
         feed.took(kernel(x))
-        (_, kept), = feed.take_kept()
+        kept = feed.take_kept()[0].output
     else:
         held: list = []
         case = tiny_task.correctness_cases[0]

@@ -139,6 +139,8 @@ def test_hostile_kernels_on_the_worker_path(battery_env, tmp_path):
     runs every hostile kernel through the worker and judges each row the same way."""
     names = list(hostile.TIMING_KINDS) + ["shape_keyed_caching", "reference_output_returned", "patched_check"]
     rows = [{"kernel_id": n, "task": "tiny_scale", "source": hostile.render(n)} for n in names]
+    twin_copy = f"{hostile.NO_GAIN_TWIN}-2"  # the no-gain kernels are held to the faster of two honest runs
+    rows.append({"kernel_id": twin_copy, "task": "tiny_scale", "source": hostile.render(hostile.NO_GAIN_TWIN) + "\n# 2\n"})
     rows.append({"kernel_id": "good", "task": "tiny_scale", "source": (FIXTURES / "good_torch.py").read_text()})
     batch = tmp_path / "batch.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=BATCH_SCHEMA), batch)
@@ -146,13 +148,17 @@ def test_hostile_kernels_on_the_worker_path(battery_env, tmp_path):
         out = tmp_path / f"out-{protocol}.parquet"
         run_batch(batch, out, WorkerConfig(device="cpu", compile_workers=2, timeout_s=20, max_reps=3, protocol=protocol))
         got = {r["kernel_id"]: r for r in pq.read_table(out).to_pylist()}
-        _report({k: (r["failure_kind"], r["error"] or "") for k, r in got.items()})
+        _report({k: (r["failure_kind"], f"{r['speedup'] or '-'} {r['error'] or ''}") for k, r in got.items()})
         assert got["good"]["status"] == "ok" and got["good"]["speedup"] > 0
+        twins = [got[hostile.NO_GAIN_TWIN], got[twin_copy]]
+        assert all(t["status"] == "ok" for t in twins), [t["error"] for t in twins]
         for name in names:
             r = got[name]
             accepted = (None,) if name in hostile.CPU_ONLY_OK else hostile.KINDS[name]
             assert (r["failure_kind"] if r["status"] != "ok" else None) in accepted, f"{protocol} {name}: {r['error']}"
             assert r["status"] == "ok" or r["speedup"] is None
+            if r["status"] == "ok" and name in hostile.NO_GAIN:  # an answer kept or a clock forged gains 10x or more
+                assert fault_injection.no_gain_problem(r, twins) is None, f"{name}: {fault_injection.no_gain_problem(r, twins)}"
             assert r["sandbox"] and {"env", "tmpdir"} <= set(r["sandbox"].split(","))
             assert r["protocol"] == protocol
 

@@ -16,7 +16,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines.profiling import audit, integrity, refcache, runner, taskload, timing, verify
+from pipelines.profiling import (
+    audit,
+    fresh_values,
+    integrity,
+    refcache,
+    runner,
+    taskload,
+    timing,
+    verify,
+)
 from pipelines.profiling.worker import WorkerConfig, run_batch
 from warehouse.formats import BATCH_SCHEMA, HARNESS_VERSION
 
@@ -127,18 +136,17 @@ def test_a_kernel_wrong_on_its_first_case_fails_after_its_checks_and_is_never_ti
 
 def test_the_feed_keeps_a_uniform_sample_drawn_after_each_call_and_clones_it():
     data = torch.zeros(4)
-    variants = {s: torch.full((4,), float(s)) for s in (1, 2, 3)}
+    variants = {s: torch.arange(4.0) + 10 * s for s in (1, 2, 3)}
     seen_first = {s: 0 for s in variants}
     for _ in range(300):
         feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=1)
         for _ in range(3):
             x = feed.fill()
             assert x is data  # the same buffers, new values
-            out = x.clone()
             feed.took(x)  # the output is the input buffer itself: the kept copy must not follow it
-            assert torch.equal(feed.kept[0][1], variants[feed.kept[0][0]])
-            del out
-        seen_first[feed.kept[0][0]] += 1
+            (k,) = feed.kept
+            assert torch.equal(k.output, fresh_values.fresh_copy(variants[k.salt], k.draw))  # its input, rebuilt
+        seen_first[feed.kept[0].salt] += 1
     # each of the three calls (hence salts, in a random order) is kept about a third of the time
     assert all(60 < n < 140 for n in seen_first.values()), seen_first
     assert len({tuple(timing.Feed(data, variants.__getitem__, (1, 2, 3))._order) for _ in range(50)}) > 1
@@ -155,8 +163,8 @@ def test_a_sample_as_large_as_the_variants_covers_every_variant_each_time():
             for _ in range(calls):
                 feed.took(feed.fill())
             kept = feed.take_kept()
-            assert [s for s, _ in kept] == [7, 9]
-            assert all(torch.equal(out, variants[s]) for s, out in kept)
+            assert [k.salt for k in kept] == [7, 9]
+            assert all(torch.equal(k.output, fresh_values.fresh_copy(variants[k.salt], k.draw)) for k in kept)
             assert feed.kept == []
     # the GPU default: two variants, one verified output of each; the plan asks for both
     salts, samples = verify.timed_draws("cuda")
@@ -174,8 +182,10 @@ _task = taskload.load_task("tiny_scale")
 
 def custom_kernel(data):  # right except on the values of the second timed variant of its case
     case = next(c for c in _task.correctness_cases if c["n"] == data.numel())
-    odd = inputs.make_input(_task, case, verify.TIMED_SALT_BASE + 1)
-    return data * 2.0 + (1.5 if torch.equal(data, odd) else 1.0)
+    odd = inputs.make_input(_task, case, verify.TIMED_SALT_BASE + 1).sort().values
+    mine = data.sort().values  # a timed call's values: the variant's, rolled and scaled by a factor > 0
+    from_odd = torch.allclose(mine, odd * (mine[-1] / odd[-1]), rtol=1e-5, atol=1e-6)
+    return data * 2.0 + (1.5 if from_odd else 1.0)
 """
 
 
@@ -223,13 +233,24 @@ def test_the_verifier_accepts_a_timed_output_only_on_a_timed_salt(tiny_task, tmp
     shipping.write_output(again, tiny_task.ref_kernel(runner.make_input(tiny_task, cases[0], verify.RECHECK_SEED_SALT)))
     assert v.handle({**base, "case_id": tiny_task.case_id(cases[0]), "salt": verify.RECHECK_SEED_SALT,
                      "path": str(again)})["ok"]
-    salt = verify.TIMED_SALT_BASE + 3
+    salt, draw = verify.TIMED_SALT_BASE + 3, 2**62 + 12345
+    cid = [tiny_task.case_id(c) for c in cases]
     good = tmp_path / "timed"
-    shipping.write_output(good, tiny_task.ref_kernel(runner.make_input(tiny_task, cases[0], salt)))
-    r = v.handle({**base, "case_id": tiny_task.case_id(cases[0]), "salt": salt, "path": str(good)})
-    assert r["ok"] and r["timed_call"]
-    r = v.handle({**base, "case_id": tiny_task.case_id(cases[0]), "salt": verify.TIMED_SALT_BASE + 4, "path": str(good)})
+    timed_input = fresh_values.fresh_copy(runner.make_input(tiny_task, cases[0], salt), draw)
+    shipping.write_output(good, tiny_task.ref_kernel(timed_input))
+    r = v.handle({**base, "case_id": cid[0], "salt": salt, "path": str(good)})
+    assert r["unexpected"]  # a timed call's output names the transform of its input
+    r = v.handle({**base, "case_id": cid[0], "salt": salt, "draw": draw, "path": str(good)})
+    assert r["ok"] and r["timed_call"]  # judged on the input rebuilt from the salt and the draw
+    untransformed = tmp_path / "untransformed"  # the answer on the base values is not the timed call's
+    shipping.write_output(untransformed, tiny_task.ref_kernel(runner.make_input(tiny_task, cases[1], salt)))
+    r = v.handle({**base, "case_id": cid[1], "salt": salt, "draw": draw, "path": str(untransformed)})
+    assert not r["ok"] and r["timed_call"] and not r.get("unexpected")
+    r = v.handle({**base, "case_id": cid[0], "salt": verify.TIMED_SALT_BASE + 4, "draw": draw, "path": str(good)})
     assert r["unexpected"]  # not a salt the timed calls draw from
+    other = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    r = other.handle({**base, "case_id": cid[0], "salt": 0, "draw": draw, "path": str(good)})
+    assert r["unexpected"]  # a checked call's input has no transform
 
 
 def test_recorded_cpu_times_are_held_to_a_second_clock():
@@ -308,8 +329,8 @@ def test_a_case_with_fewer_calls_than_outputs_to_verify_is_topped_up_not_tampere
     feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=8)
     feed.took(feed.fill())
     timing.drive(lambda x: x.clone(), timing.top_up_steps(feed))
-    assert [s for s, _ in feed.kept] == list(range(8)) and feed.short_salt() is None
-    assert all(torch.equal(out, variants[s]) for s, out in feed.take_kept())
+    assert [k.salt for k in feed.kept] == list(range(8)) and feed.short_salt() is None
+    assert all(torch.equal(k.output, fresh_values.fresh_copy(variants[k.salt], k.draw)) for k in feed.take_kept())
 
     rows = [{"kernel_id": "good", "task": "tiny_scale", "source": (FIXTURES / "good_torch.py").read_text()}]
     batch, out = tmp_path / "batch.parquet", tmp_path / "out.parquet"
