@@ -89,3 +89,32 @@ def test_scores_of_each_split_are_on_its_common_pairs():
     assert set(out.scores[ID]) == {1, 2} and set(out.scores[EX]) == {2}
     assert all(sc.n_pairs == 4 for sc in out.scores[ID].values()) and out.scores[EX][2].n_pairs == 6
     assert out.scores[ID][1].brier < out.scores[ID][2].brier
+
+
+@pytest.mark.parametrize("present, split, promote", [
+    # the published kernels decide where there are any
+    (("library", "held_out_styles", "external"), "library", 3),
+    # else the held-out styles (each version by its twins), never the rewrites' neighbourhood first
+    (("held_out_styles", "external"), "held_out_styles", 2),
+    (("external",), "external", 1),
+    ((), "source_only", 1),
+])
+def test_the_file_champion_is_decided_on_the_kernels_people_write_first(present, split, promote):
+    by_split = {"library": {1: s(1, 0.40), 2: s(2, 0.35), 3: s(3, 0.30)},
+                "held_out_styles": {1: s(1, 0.34), 2: s(2, 0.28), 3: s(3, 0.31)},
+                "external": {1: s(1, 0.20), 2: s(2, 0.25), 3: s(3, 0.26)},
+                "source_only": {1: s(1, 0.30), 2: s(2, 0.31), 3: s(3, 0.32)}}
+    scores = {"in_distribution": by_split["source_only"], "source_only": by_split["source_only"],
+              **{k: v for k, v in by_split.items() if k in present}}
+    d = decide_over_splits(scores, champion=None, champion_external=None)
+    assert d.external_split == split and d.champion_external.promote == promote
+
+
+def test_held_out_twins_stand_for_their_version_only_where_every_style_scored_it():
+    from pipelines.promotion.scores import pooled_twin_scores
+
+    styles = {"held_out_style:a": {10: s(10, 0.20, n=30), 11: s(11, 0.30, n=30)},
+              "held_out_style:b": {12: s(12, 0.40, n=10)}}
+    pooled = pooled_twin_scores(styles, {10: 1, 11: 2, 12: 1, 99: 3})
+    assert sorted(pooled) == [1]  # version 2's twin was not scored on style b
+    assert pooled[1].n_pairs == 40 and pooled[1].brier == pytest.approx((0.2 * 30 + 0.4 * 10) / 40)
