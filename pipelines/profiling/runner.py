@@ -620,6 +620,46 @@ def gpu_looking(data: Any) -> Any:
     return map_tensors(data, lambda t: torch.Tensor._make_subclass(GpuLookingMeta, t))
 
 
+AUTOTUNE_BUDGET_S = 120.0  # all configs one autotuned kernel tries, per job, in compiles or warm-up calls
+
+
+class AutotuneWatch:
+    """Autotuners report each config they try (a job's progress: "autotune <kernel>: config i/n",
+    so a hang names it) and, per job, get AUTOTUNE_BUDGET_S for all their configs: past it the
+    next config raises a `timeout` naming the autotune, instead of the job running until its
+    step's own limit. Installed once per child, before the integrity baseline, so the patched
+    `Autotuner._bench` is the harness's own; each job sets its progress sink with `begin`."""
+
+    def __init__(self, budget_s: float = AUTOTUNE_BUDGET_S):
+        self.budget_s = budget_s
+        self.progress: Callable[[str], None] | None = None
+        self.started: dict[int, float] = {}
+
+    def begin(self, progress: Callable[[str], None] | None) -> None:
+        self.progress, self.started = progress, {}
+
+    def install(self) -> None:
+        from triton.runtime.autotuner import Autotuner
+
+        watch, original = self, Autotuner._bench
+
+        def bench(tuner, *args, config, **meta):
+            name = getattr(tuner.base_fn, "__name__", "kernel")
+            first = watch.started.setdefault(id(tuner), time.monotonic())
+            index = next((i for i, c in enumerate(tuner.configs) if c is config), 0) + 1
+            if time.monotonic() - first > watch.budget_s:
+                raise KernelFailure("timeout", f"autotune of {name}: its configs took over the {watch.budget_s:.0f} s "
+                                               f"budget ({index - 1} of {len(tuner.configs)} tried)")
+            if watch.progress is not None:
+                watch.progress(f"autotune {name}: config {index}/{len(tuner.configs)}")
+            return original(tuner, *args, config=config, **meta)
+
+        Autotuner._bench = bench
+
+
+AUTOTUNE = AutotuneWatch()
+
+
 def _compile_case(fn, task, case: dict, job: dict) -> None:
     """Run the launcher on one benchmark case with launches suppressed (see run_compile).
 
@@ -634,6 +674,8 @@ def _compile_case(fn, task, case: dict, job: dict) -> None:
     for data in runs:
         try:
             fn(data())
+        except KernelFailure:
+            raise  # the autotune budget ran out
         except Exception as e:
             if _is_triton_compile_error(e):
                 raise KernelFailure("compile_failed", f"case {task.case_id(case)}: {_describe(e)}") from e
@@ -683,10 +725,11 @@ def use_kernel_cache(job: dict, variable: str) -> None:
         os.environ.pop(variable, None)  # no folder of its own: nothing shared to read
 
 
-def run_compile(job: dict, device: str) -> dict:
+def run_compile(job: dict, device: str, progress: Callable[[str], None] | None = None) -> dict:
     """Import the kernel; on a GPU also compile it for every benchmark shape without launching."""
     t0 = time.perf_counter()
     path = job["path"]
+    AUTOTUNE.begin(progress)
     use_kernel_cache(job, "TRITON_CACHE_DIR")
     try:
         task, fn = _imported(job)
@@ -910,6 +953,7 @@ class Measurer:
                   "timed_verify_s": 0.0, "recheck_s": 0.0, "verifier_s": 0.0, "unload_s": 0.0}
         result: dict = {"check_s": None, "time_s": None, "ref_new": [], "phases": phases}
         t0 = time.perf_counter()
+        AUTOTUNE.begin(progress)
         try:
             t = time.perf_counter()
             check_state_before_kernel()

@@ -561,7 +561,9 @@ class _Run:
         for sb in self._children():
             if sb.job is not None and sb.deadline is not None and now > sb.deadline:
                 kernel = sb.job
-                what = "compiling" if sb.role == "compile" else f"measuring (last step: {getattr(sb, 'phase', '') or 'start'})"
+                last = getattr(sb, "phase", "") or ""
+                what = (f"compiling{f' (last step: {last})' if last else ''}" if sb.role == "compile"
+                        else f"measuring (last step: {last or 'start'})")
                 sb.job = None
                 if sb is self.measurer:
                     self.clock = None
@@ -607,7 +609,7 @@ class _Run:
                 kernel = self.queue.popleft()
                 self._new_cache_dir(kernel, sb)
                 sb.send({"type": "job", "job": self._job(kernel)})
-                sb.job, sb.deadline = kernel, time.monotonic() + self.cfg.timeout_s
+                sb.job, sb.deadline, sb.phase = kernel, time.monotonic() + self.cfg.timeout_s, ""
                 in_compile += 1
         work_left = bool(self.compiled or self.queue or in_compile or self.keep_warm)
         if self.measurer is None and not stopping and work_left:

@@ -609,3 +609,31 @@ def test_a_run_resumed_on_another_gpu_starts_a_new_batch(tmp_path):
     assert again.batch_id == first
     assert not again.continue_on(fp("gpu-a", "41")) and again.batch_id == first
     assert again.continue_on(fp("gpu-b", "33")) and again.batch_id != first
+
+
+def test_the_autotune_watch_names_each_config_and_stops_an_autotune_past_its_budget(monkeypatch):
+    """Each config an autotuner tries is a step of the job (a hang names it); past the budget the
+    next config is a `timeout` that says autotune, not the job running on to its step's limit."""
+    import time
+    from types import SimpleNamespace
+
+    from triton.runtime.autotuner import Autotuner
+
+    tried = []
+    monkeypatch.setattr(Autotuner, "_bench", lambda tuner, *a, config, **m: tried.append(config) or [1.0])
+    watch = runner.AutotuneWatch(budget_s=0.05)
+    watch.install()  # wraps the stub; monkeypatch puts Triton's own back afterwards
+    steps = []
+    watch.begin(steps.append)
+    tuner = SimpleNamespace(base_fn=SimpleNamespace(__name__="ce_fwd"), configs=["c1", "c2", "c3"])
+    Autotuner._bench(tuner, config="c1")
+    Autotuner._bench(tuner, config="c2")
+    assert steps == ["autotune ce_fwd: config 1/3", "autotune ce_fwd: config 2/3"] and tried == ["c1", "c2"]
+    time.sleep(0.06)
+    with pytest.raises(runner.KernelFailure) as failure:
+        Autotuner._bench(tuner, config="c3")
+    assert failure.value.kind == "timeout" and tried == ["c1", "c2"]
+    assert "autotune of ce_fwd: its configs took over the 0 s budget (2 of 3 tried)" in str(failure.value)
+    watch.begin(None)  # a new job: the budget starts again
+    Autotuner._bench(tuner, config="c3")
+    assert tried[-1] == "c3"
