@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipelines.curation.splits import is_external_generator
-from pipelines.generation.library import assemble, build, manifest
+from pipelines.generation.library import assemble, build, check, manifest
 from pipelines.generation.library.__main__ import main
 from pipelines.tasks import TASK_MODULES, get_task
 from warehouse.formats import KERNEL_BATCH_SCHEMA
@@ -185,6 +185,20 @@ def test_build_assembles_one_module_writes_the_batch_and_skips_with_reasons(fetc
     data = task.generate_input(**case)
     ok, message = task.check_implementation(data, _import(out / "softmax" / "tiny-softmax.py").custom_kernel(data))
     assert ok, message
+
+
+def test_check_runs_the_built_modules_on_their_correctness_cases(fetched, tmp_path, capsys):
+    repos, commit = fetched
+    entries = manifest.load_manifest(_manifest(tmp_path / "m", commit))
+    build.build_set(entries, repos, tmp_path / "set", say=lambda _: None, checkout=CHECKOUT)
+
+    results = check.check_set(tmp_path / "set", timeout_s=120)
+
+    assert check.MANIFEST_FILE == build.MANIFEST_FILE
+    assert results["tiny-softmax"]["ok"], results
+    assert capsys.readouterr().out.splitlines()[-1] == "cpu check: 1 of 1 correct on every correctness case"
+    with pytest.raises(ValueError, match="not in .*: nope"):
+        check.check_set(tmp_path / "set", ids=["nope"])
 
 
 def test_a_checkout_is_read_at_the_commit_not_its_working_tree(fetched, tmp_path):

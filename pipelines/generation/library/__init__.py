@@ -7,9 +7,12 @@ custom_kernel(data) contract). `python -m pipelines.generation.library build --r
 FOLDER` reads the published files from fetched copies of their repositories and writes the
 modules, a KERNEL_BATCH_SCHEMA batch and the entry -> kernel id map into FOLDER, which must lie
 outside the repository (docs/library-set.md).
+
+    manifest.py   Entry and load_manifest (manifest.toml)
+    repos.py      finds a fetched repository and reads a file at a commit (git show)
+    assemble.py   one module from the published files and the adapter (imports rewritten)
+    build.py      build_set: the modules, kernels-library.parquet, library-manifest.json
+    check.py      check_set: the built modules on their tasks' correctness cases (CPU or GPU)
+
+Submodules are imported explicitly: `check` runs on a bare GPU host, without pyarrow.
 """
-
-from pipelines.generation.library.build import BuildReport, build_set, check_outside
-from pipelines.generation.library.manifest import Entry, load_manifest
-
-__all__ = ["BuildReport", "Entry", "build_set", "check_outside", "load_manifest"]

@@ -36,7 +36,7 @@ from warehouse.ids import kernel_id
 GENERATOR_VERSION = "library-1"  # bumped when the assembly of a module changes
 REPO_ROOT = Path(__file__).resolve().parents[3]
 BATCH_FILE = "kernels-library.parquet"
-MANIFEST_FILE = "library-manifest.json"
+MANIFEST_FILE = "library-manifest.json"  # also read by check.py, which keeps its own copy of the name
 SKIPPED_FILE = "library-skipped.json"
 
 

@@ -12,7 +12,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
-from pipelines.generation.library.build import MANIFEST_FILE
+MANIFEST_FILE = "library-manifest.json"  # as build.py writes it (build needs pyarrow, this does not)
 
 
 def check_set(folder: str | Path, ids: list[str] | None = None, timeout_s: float = 180.0,
