@@ -237,6 +237,11 @@ def test_a_used_import_of_a_package_the_host_lacks_makes_the_entry_unusable(fetc
     assert report.skipped["tiny-softmax"] == (
         "tinylib/helpers.py:5: imports not_a_package_anywhere (not on the measuring host) and uses not_a_package_anywhere")
     assert pq.read_table(tmp_path / "set" / build.BATCH_FILE).num_rows == 0
+    # On a host said to have that package, the import stays and the entry assembles.
+    kept = build.build_set(entries, repos, tmp_path / "set", say=lambda _: None, checkout=CHECKOUT,
+                           host_packages=frozenset({"not_a_package_anywhere"}))
+    assert not kept.skipped, kept.skipped
+    assert "import not_a_package_anywhere" in kept.rows[0]["source"]
 
 
 def test_take_names_a_missing_definition_or_leaves_out_one_the_code_reads(fetched, tmp_path):

@@ -2,6 +2,7 @@
 
     python -m pipelines.generation.library repos               the repositories and commits to fetch
     python -m pipelines.generation.library build --repos DIR --out FOLDER [--manifest FILE]
+                                           [--host-package einops ...]
     python -m pipelines.generation.library check --out FOLDER [--ids a,b] [--timeout S] [--device cuda]
 
 Bad input (an unreadable manifest, an output folder inside the checkout, a folder never built)
@@ -29,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
         p.add_argument("--manifest", default=str(MANIFEST), help="manifest TOML (default: the committed one)")
     build.add_argument("--repos", required=True, help="folder of fetched repositories (bare or checkouts)")
     build.add_argument("--out", required=True, help="output folder, outside the repository")
+    build.add_argument("--host-package", action="append", default=[], metavar="NAME",
+                       help="a package the measuring host has beyond torch, triton, numpy, packaging (repeatable)")
     check.add_argument("--out", required=True, help="a folder `build` wrote")
     check.add_argument("--ids", default="", help="comma-separated entry ids (default: all built)")
     check.add_argument("--timeout", type=float, default=180.0, help="seconds per module")
@@ -54,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--repos {args.repos}: not a folder")
         from pipelines.generation.library.build import build_set  # pyarrow: not needed by `check`
 
-        build_set(entries, args.repos, args.out)
+        build_set(entries, args.repos, args.out, host_packages=frozenset(args.host_package))
         return 0
     except ValueError as exc:  # build.OutsideError is a ValueError
         print(f"error: {exc}", file=sys.stderr)

@@ -47,8 +47,9 @@ class Assembled:
     shadowed: tuple[str, ...]  # top-level names bound by more than one published file
 
 
-def _available(top: str) -> bool:
-    return top in MEASURING_HOST_PACKAGES or top in HARNESS_MODULES or top in sys.stdlib_module_names
+def _available(top: str, host_packages: frozenset[str] = frozenset()) -> bool:
+    return (top in MEASURING_HOST_PACKAGES or top in host_packages or top in HARNESS_MODULES
+            or top in sys.stdlib_module_names)
 
 
 def module_names(path: str) -> tuple[str, bool]:
@@ -289,7 +290,7 @@ def _inside_included_package(base: str, included: dict[str, str]) -> bool:
 
 
 def _import_edits(text: str, path: str, included: dict[str, str], provided: set[str],
-                  used: set[str]) -> tuple[list[_Edit], set[str]]:
+                  used: set[str], host_packages: frozenset[str] = frozenset()) -> tuple[list[_Edit], set[str]]:
     """The edits to one file's import statements, and the `from __future__` features it asks for.
 
     Raises:
@@ -326,14 +327,14 @@ def _import_edits(text: str, path: str, included: dict[str, str], provided: set[
                         continue
                     if alias.asname and alias.asname != alias.name:
                         extra.append(f"{alias.asname} = {alias.name}")
-                elif _foreign(base, node.level, alias, node, parents, used, where):
+                elif _foreign(base, node.level, alias, node, parents, used, where, host_packages):
                     kept.append(alias)
             else:
                 if _matches(alias.name, included) is not None:
                     if not alias.asname:
                         raise Unusable(f"{where}: `import {alias.name}` of an included file cannot be rewritten")
                     extra.append(f"{alias.asname} = __import__('sys').modules[__name__]")
-                elif _foreign(alias.name, 0, alias, node, parents, used, where):
+                elif _foreign(alias.name, 0, alias, node, parents, used, where, host_packages):
                     kept.append(alias)
         if len(kept) == len(node.names) and not extra:
             continue  # untouched: keep the published formatting
@@ -356,7 +357,8 @@ def included_relative(base: str, included: dict[str, str]) -> str | None:
     return None
 
 
-def _foreign(base: str, level: int, alias: ast.alias, node: ast.stmt, parents, used: set[str], where: str) -> bool:
+def _foreign(base: str, level: int, alias: ast.alias, node: ast.stmt, parents, used: set[str], where: str,
+             host_packages: frozenset[str] = frozenset()) -> bool:
     """Whether to keep an import of something the entry does not include: True when it cannot fail
     the module's import (an available package, or guarded), False when nothing reads what it binds.
 
@@ -365,7 +367,7 @@ def _foreign(base: str, level: int, alias: ast.alias, node: ast.stmt, parents, u
             leaves out) whose name the module reads, or a star import of one.
     """
     top = "" if level else base.split(".")[0]
-    if (top and _available(top)) or _guarded(node, parents) is not None:
+    if (top and _available(top, host_packages)) or _guarded(node, parents) is not None:
         return True
     bound = alias.asname or (alias.name if isinstance(node, ast.ImportFrom) else alias.name.split(".")[0])
     if bound != "*" and bound not in used:
@@ -423,8 +425,10 @@ def _banner(text: str) -> str:
     return f"# ---- {text} " + "-" * max(4, 96 - len(text))
 
 
-def assemble(entry: Entry, files: dict[str, str], adapter: str) -> Assembled:
-    """The kernel module of `entry` from its published `files` (path -> text) and `adapter` text.
+def assemble(entry: Entry, files: dict[str, str], adapter: str,
+             host_packages: frozenset[str] = frozenset()) -> Assembled:
+    """The kernel module of `entry` from its published `files` (path -> text) and `adapter` text;
+    `host_packages` names packages the measuring host has beyond MEASURING_HOST_PACKAGES.
 
     Raises:
         Unusable: a file does not parse, an import cannot be satisfied on the measuring host, a
@@ -444,7 +448,7 @@ def assemble(entry: Entry, files: dict[str, str], adapter: str) -> Assembled:
     bound_by: dict[str, list[str]] = {}
     provided = set().union(*(top_level_names(ast.parse(t)) for t in texts.values()))
     for path, text in texts.items():
-        edits, wanted = _import_edits(text, path, included, provided, used)
+        edits, wanted = _import_edits(text, path, included, provided, used, host_packages)
         future |= wanted
         rewritten = _apply(text, edits)
         for name in top_level_names(_parse(rewritten, path)):

@@ -71,7 +71,8 @@ def check_outside(out: str | Path, checkout: Path = REPO_ROOT) -> Path:
     return resolved
 
 
-def assemble_entry(entry: Entry, repos_dir: str | Path) -> assemble.Assembled:
+def assemble_entry(entry: Entry, repos_dir: str | Path,
+                   host_packages: frozenset[str] = frozenset()) -> assemble.Assembled:
     """The module of one entry from the fetched repositories.
 
     Raises:
@@ -86,12 +87,14 @@ def assemble_entry(entry: Entry, repos_dir: str | Path) -> assemble.Assembled:
         adapter = entry.adapter.read_text(encoding="utf-8")
     except OSError:
         raise assemble.Unusable(f"adapter {entry.adapter} not found") from None
-    return assemble.assemble(entry, files, adapter)
+    return assemble.assemble(entry, files, adapter, host_packages)
 
 
 def build_set(entries: list[Entry], repos_dir: str | Path, out: str | Path,
-              say: Callable[[str], None] = print, checkout: Path = REPO_ROOT) -> BuildReport:
+              say: Callable[[str], None] = print, checkout: Path = REPO_ROOT,
+              host_packages: frozenset[str] = frozenset()) -> BuildReport:
     """Assemble every entry into `out` (see the module docstring); one line per skipped entry.
+    `host_packages`: packages the measuring host has beyond assemble.MEASURING_HOST_PACKAGES.
 
     Raises:
         OutsideError: `out` is inside the checkout.
@@ -100,7 +103,7 @@ def build_set(entries: list[Entry], repos_dir: str | Path, out: str | Path,
     report = BuildReport()
     for entry in entries:
         try:
-            built = assemble_entry(entry, repos_dir)
+            built = assemble_entry(entry, repos_dir, host_packages)
         except (repos.SourceMissing, assemble.Unusable) as exc:
             report.skipped[entry.id] = str(exc)
             say(f"skipped {entry.id}: {exc}")
