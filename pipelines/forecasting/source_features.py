@@ -392,6 +392,7 @@ def _features_job(state: Any, job: dict, send: Callable[[dict], None]) -> None:
 
     from pipelines.generation.aot import _one_line as one_line
     from pipelines.generation.aot import _Rejected, _resolve_task
+    from pipelines.tasks import gpumode
 
     warnings.filterwarnings("ignore")  # fake tensors' data_ptr warns on every launch
     start = time.monotonic()
@@ -413,6 +414,7 @@ def _features_job(state: Any, job: dict, send: Callable[[dict], None]) -> None:
     state.n += 1
     name = None
     try:
+        gpumode.install(task)  # GPU MODE submissions import `task` and `utils`, as in the worker
         name, module = _load(job["source"], state.workdir, state.n)
         if not callable(getattr(module, "custom_kernel", None)):
             raise _NoEntry("module defines no custom_kernel(data)")
@@ -459,10 +461,32 @@ class _NoEntry(Exception):
     """The module has no custom_kernel."""
 
 
+def _swap_or_set_data() -> None:
+    """Let `module.to(...)` convert parameters made under fake tensors.
+
+    Model code builds `nn.Module`s at call time and moves them (`RMSNorm(d).to(device, dtype)`);
+    under a FakeTensorMode torch swaps each parameter for its converted copy, and the swap of a
+    fake parameter fails ("Couldn't swap LayerNorm.weight"), so the trace of such a call would
+    fail. Where the swap fails the converted values are set as the parameter's data instead, which
+    is all a trace needs (shapes and dtypes)."""
+    import torch
+
+    swap = torch.utils.swap_tensors
+
+    def swap_or_set_data(t1, t2):
+        try:
+            return swap(t1, t2)
+        except RuntimeError:
+            t1.data = t2.data
+
+    torch.utils.swap_tensors = swap_or_set_data
+
+
 def _child_main() -> None:
     """The compile child's loop (pipelines.generation.aot.serve_compile_jobs) answering feature jobs."""
     from pipelines.generation.aot import serve_compile_jobs
 
+    _swap_or_set_data()
     serve_compile_jobs(_features_job)
 
 

@@ -561,15 +561,22 @@ class _Capture:
     # -- the replacement of Autotuner.run: every config, no benchmarking ---------------------
     def autotune_run(self, tuner, *args, **kwargs):
         """Every config when compiling (features cover whichever the tuner would pick); the
-        first one only when tracing (one call makes one config's launches)."""
+        first one only when tracing (one call makes one config's launches). A config past the
+        target's limits is skipped, as the autotuner skips one that runs out of resources on the
+        GPU; the kernel is rejected only when every config is."""
         configs = tuner.configs if self.do_compile else tuner.configs[:1]
-        saved, ret = self.weight, None
+        saved, ret, rejected = self.weight, None, []
         self.weight = saved / max(1, len(configs))
         try:
             for config in configs:
-                ret = tuner.fn.run(*args, **kwargs, **config.all_kwargs())
+                try:
+                    ret = tuner.fn.run(*args, **kwargs, **config.all_kwargs())
+                except _Rejected as exc:
+                    rejected.append(exc)
         finally:
             self.weight = saved
+        if len(rejected) == len(configs) and rejected:
+            raise rejected[-1]
         return ret
 
     def stages_hook(self, backend, stages, options, language, capability):
@@ -742,9 +749,12 @@ def serve_compile_jobs(handle: Callable[[_ChildState, dict, Callable[[dict], Non
 
 
 def _compile_job(state: _ChildState, job: dict, send: Callable[[dict], None]) -> None:
+    from pipelines.tasks import gpumode
+
     capability, warp_size = job["target"]
     try:
         data = state.task_input(job["task"], job.get("case", "benchmark"))
+        gpumode.install(_resolve_task(job["task"]))  # submissions import `task` and `utils`
     except BaseException as exc:  # noqa: BLE001
         send({"phase": "done", "status": "error", "error": _one_line(f"task input: {type(exc).__name__}: {exc}")})
         return
