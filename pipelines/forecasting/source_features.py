@@ -391,7 +391,7 @@ def _features_job(state: Any, job: dict, send: Callable[[dict], None]) -> None:
     import warnings
 
     from pipelines.generation.aot import _one_line as one_line
-    from pipelines.generation.aot import _Rejected, _resolve_task
+    from pipelines.generation.aot import _Rejected, _resolve_task, describe
     from pipelines.tasks import gpumode
 
     warnings.filterwarnings("ignore")  # fake tensors' data_ptr warns on every launch
@@ -431,7 +431,7 @@ def _features_job(state: Any, job: dict, send: Callable[[dict], None]) -> None:
                 errors.append(one_line(f"compile: {exc}"))
             except BaseException as exc:  # noqa: BLE001 - untrusted code
                 row["compile_status"] = "compile_failed"
-                errors.append(one_line(f"compile: {type(exc).__name__}: {exc}"))
+                errors.append(one_line(f"compile: {describe(exc)}"))
         for case in cases[len(traces):]:
             traces.append(_trace_case(module, task, case, capability, state.workdir))
         trace_ok = True

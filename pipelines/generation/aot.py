@@ -103,6 +103,29 @@ def _one_line(text: str, limit: int = 400) -> str:
     return msg if len(msg) <= limit else msg[: limit - 3] + "..."
 
 
+def describe(exc: BaseException) -> str:
+    """'<type>: <message>' of an exception, in one line; a Triton compile error says where in
+    the kernel it arose, and what went wrong there is in its innermost cause, which is added.
+
+    >>> try:
+    ...     try:
+    ...         raise AssertionError("Both operands must be same dtype. Got fp16 and bf16")
+    ...     except AssertionError as inner:
+    ...         raise RuntimeError("at 45:14:\\n    acc = tl.dot(p, v, acc)\\n          ^") from inner
+    ... except RuntimeError as e:
+    ...     describe(e)
+    'RuntimeError: at 45:14: ... ^ (AssertionError: Both operands must be same dtype. Got fp16 and bf16)'
+    """
+    text = _one_line(f"{type(exc).__name__}: {exc}")
+    root, seen = exc, {id(exc)}
+    while (nxt := root.__cause__ or root.__context__) is not None and id(nxt) not in seen:
+        seen.add(id(nxt))
+        root = nxt
+    if root is not exc and str(root).strip():
+        text = _one_line(f"{text} ({type(root).__name__}: {_one_line(str(root), 200)})")
+    return text
+
+
 def _worker_env(cache_dir: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("TRITON_INTERPRET", None)  # the worker needs real JITFunctions, not the interpreter
@@ -708,7 +731,7 @@ class _ChildState:
             except _Rejected as exc:
                 return result("rejected", _one_line(str(exc)), cap)
             except BaseException as exc:  # noqa: BLE001
-                return result("compile_failed", _one_line(f"{type(exc).__name__}: {exc}"), cap)
+                return result("compile_failed", describe(exc), cap)
             if not cap.kernels:
                 return result("compile_failed", "custom_kernel launched no Triton kernel", cap)
             return result("compiled", None, cap)
