@@ -49,9 +49,7 @@ def fits(tile: tuple, head_dim: int = MAX_HEAD_DIM) -> bool:
 
 
 def _doc(title: str, text: str, c: Choices) -> str:
-    knobs = ", ".join(f"{k}={v}" for k, v in c.items())
-    return (f"Causal self-attention forward, bf16 (B, H, S, D): {title}.\n\n{glue.wrap_doc(text)}\n\n"
-            f"Choices: {glue.wrap_doc(knobs)}")
+    return (f"Causal self-attention forward, bf16 (B, H, S, D): {title}.\n\n{glue.wrap_doc(text)}")
 
 
 SIGNATURE = """\

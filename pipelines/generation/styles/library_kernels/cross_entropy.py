@@ -48,10 +48,9 @@ def _row(c: Choices, pid: str = "tl.program_id(0)") -> str:
 
 
 def _doc(title: str, text: str, c: Choices) -> str:
-    knobs = ", ".join(f"{k}={v}" for k, v in c.items())
     return (f"Cross entropy forward and backward over a large vocabulary: {title}.\n\n{glue.wrap_doc(text)}\n\n"
             "loss[b] = logsumexp(logits[b]) - logits[b, target[b]] (fp32); grad[b] = softmax(logits[b]) - "
-            f"onehot(target[b]) (bf16).\n\nChoices: {glue.wrap_doc(knobs)}")
+            f"onehot(target[b]) (bf16).")
 
 
 def _grad_value(c: Choices, x: str = "x") -> str:

@@ -38,10 +38,9 @@ EPS = tl.constexpr(1e-10)  # smallest absmax a scale is taken from'''
 
 
 def _doc(title: str, text: str, c: Choices) -> str:
-    knobs = ", ".join(f"{k}={v}" for k, v in c.items())
     return (f"Per-token-group fp8 e4m3 quantisation (groups of 128): {title}.\n\n{glue.wrap_doc(text)}\n\n"
             "scale = max(absmax(group), 1e-10) / 448; q = clamp(x / scale, -448, 448) as float8_e4m3fn."
-            f"\n\nChoices: {glue.wrap_doc(knobs)}")
+            f"")
 
 
 def _quantise(c: Choices, ax: str | None, b: str = "") -> str:

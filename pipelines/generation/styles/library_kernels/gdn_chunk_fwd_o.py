@@ -36,10 +36,9 @@ CONFIG_SETS = {
 
 
 def _doc(title: str, text: str, c: Choices) -> str:
-    knobs = ", ".join(f"{k}={v}" for k, v in c.items())
     return (f"Gated DeltaNet chunked output (chunk size 64): {title}.\n\n{glue.wrap_doc(text)}\n\n"
             "o[i] = scale * (exp(g[i]) q[i] @ h[n] + sum_(j <= i in the chunk) (q[i] . k[j]) exp(g[i] - g[j]) "
-            f"v[j]).\n\nChoices: {glue.wrap_doc(knobs)}")
+            f"v[j]).")
 
 
 def _gate(c: Choices, arg: str) -> str:

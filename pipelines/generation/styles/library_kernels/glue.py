@@ -206,11 +206,13 @@ def warmup_launch(kernel: str, args: list[str], constexprs: Mapping[str, str], w
             per_sm = min(per_sm, SIZE_SMEM // kernel.metadata.shared)
         compiled = _COMPILED[{key}] = (kernel, NUM_SMS * max(1, min(per_sm, {cap})))
     kernel, programs = compiled
-    kernel[(min(programs, {work}), 1, 1)]({positional})""")
+    # the compiled kernel launches on the stream Triton's driver reports for the device
+    stream = triton.runtime.driver.active.get_current_stream(DEVICE.index or 0)
+    kernel[(min(programs, {work}), 1, 1)]({positional}, stream=stream)""")
 
 
 # how launchers make sure they run on the tensor's GPU and on contiguous data
-LAUNCH_GUARDS = ("plain", "device_context", "input_guard", "ensure_contiguous")
+LAUNCH_GUARDS = ("plain", "device_context", "current_stream", "input_guard", "ensure_contiguous")
 
 
 def guard_part(guard: str, for_check: bool) -> str:
@@ -251,17 +253,22 @@ def guard_decorator(guard: str) -> str:
 
 
 def guard_launch(guard: str, launch: str, tensor: str, for_check: bool) -> str:
-    """`launch` (launcher lines) inside the device context `guard` asks for."""
-    if guard != "device_context":
+    """`launch` (launcher lines) inside the device or stream context `guard` asks for."""
+    if guard not in ("device_context", "current_stream"):
         return launch
-    ctx = "contextlib.nullcontext()" if for_check else f"torch.cuda.device({tensor}.device)"
+    if for_check:
+        ctx = "contextlib.nullcontext()"
+    elif guard == "device_context":
+        ctx = f"torch.cuda.device({tensor}.device)"
+    else:
+        ctx = f"torch.cuda.stream(torch.cuda.current_stream({tensor}.device))"
     return f"with {ctx}:\n" + indent(launch, 4)
 
 
 def guard_imports(guard: str, for_check: bool) -> tuple[str, ...]:
     if guard in ("input_guard", "ensure_contiguous"):
         return ("functools", "contextlib") if guard == "input_guard" and for_check else ("functools",)
-    if guard == "device_context" and for_check:
+    if guard in ("device_context", "current_stream") and for_check:
         return ("contextlib",)
     return ()
 

@@ -142,9 +142,8 @@ ARGS = "a, b, bias, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(
 
 
 def _doc(title: str, text: str, c: Choices) -> str:
-    knobs = ", ".join(f"{k}={v}" for k, v in c.items())
     return (f"Fused linear layer with GELU, out = gelu(A @ B + bias) in bf16: {title}.\n\n"
-            f"{glue.wrap_doc(text)}\n\nChoices: {glue.wrap_doc(knobs)}")
+            f"{glue.wrap_doc(text)}")
 
 
 def _launcher(c: Choices, for_check: bool, doc: str, body: str) -> str:

@@ -243,11 +243,10 @@ def _settings_parts(c: Choices) -> list[str]:
 
 
 def _doc(task: str, title: str, text: str, c: Choices) -> str:
-    knobs = ", ".join(f"{k}={v}" for k, v in c.items())
     what = {"softmax": "Row softmax of a bf16 (M, N) matrix, fp32 inside",
             "rms_norm": "RMSNorm of a bf16 (M, N) matrix with a bf16 weight",
             "layer_norm": "LayerNorm of a bf16 (M, N) matrix with bf16 weight and bias"}[task]
-    return f"{what}: {title}.\n\n{glue.wrap_doc(text)}\n\nChoices: {glue.wrap_doc(knobs)}"
+    return f"{what}: {title}.\n\n{glue.wrap_doc(text)}"
 
 
 def _finish(task: str, c: Choices, doc: str, parts: list[str], imports: tuple[str, ...], for_check: bool) -> str:

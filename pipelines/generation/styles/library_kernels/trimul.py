@@ -55,9 +55,7 @@ def fits(tile: tuple, elem_bytes: int) -> bool:
 
 
 def _doc(title: str, text: str, c: Choices) -> str:
-    knobs = ", ".join(f"{k}={v}" for k, v in c.items())
-    return (f"Triangle multiplicative update (outgoing), fp32 in and out: {title}.\n\n{glue.wrap_doc(text)}\n\n"
-            f"Choices: {glue.wrap_doc(knobs)}")
+    return (f"Triangle multiplicative update (outgoing), fp32 in and out: {title}.\n\n{glue.wrap_doc(text)}")
 
 
 # =============================================================================================
