@@ -91,9 +91,6 @@ def run(profile: str | None = ProfileOpt,
         _print_json(summary_json(settings, summaries, log_path, {"dataset_version": version, "counts": counts,
                                                                    "forecasters": metrics}))
     else:
-        promotion = next((s.promotion for s in summaries if s.promotion), {})
-        if promotion:
-            typer.echo(f"promotion: {promotion.get('outcome')}: {promotion.get('reason')}", err=True)
         for line in _run_headline(settings) + search_headline(settings):
             typer.echo(line, err=True)
     if failed is not None:
@@ -151,7 +148,8 @@ def _run_headline(settings) -> list[str]:
         table = newest_table(settings)
         if table is None:
             return headline_lines(version, counts, metrics)
-        return headline_lines(version, counts, {})[:1] + table_lines(table)
+        decisions, aliases = promotion_lines(settings)
+        return headline_lines(version, counts, {})[:1] + decisions + table_lines(table, aliases)
     except Exception as e:  # noqa: BLE001 - a summary never fails a finished run
         return [f"(no summary: {type(e).__name__}: {e})".splitlines()[0]]
 
@@ -696,7 +694,7 @@ def ui(
     serve(_settings(profile), dagster_port=dagster_port, mlflow_port=mlflow_port)
 
 
-from orchestration.cli_report import newest_table, table_lines  # noqa: E402
+from orchestration.cli_report import newest_table, promotion_lines, table_lines  # noqa: E402
 from orchestration.cli_report import report as _report  # noqa: E402 - its own module
 from orchestration.cli_search import export_forecaster, search_headline, search_sim  # noqa: E402 - its own module
 from orchestration.measure_cli import measure as _measure  # noqa: E402 - its own module, registered here

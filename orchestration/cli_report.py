@@ -19,7 +19,7 @@ import json
 
 import typer
 
-from pipelines.evaluation.forecaster_table import TABLE_FILE, text_table
+from pipelines.evaluation.forecaster_table import TABLE_FILE, short_name, text_table
 
 
 def newest_table(settings) -> dict | None:
@@ -51,9 +51,49 @@ def relinked(table: dict, ports: dict[str, int]) -> dict:
     return {**move(table), "forecasters": [move(r) for r in table.get("forecasters", [])]}
 
 
-def table_lines(table: dict) -> list[str]:
-    """Every split as text under a title line (an empty split: its reason); then the report's
-    paths and the MLflow runs of the registered forecasters."""
+MODEL_NAME = "kernelcast-surrogate"
+
+
+def promotion_lines(settings) -> tuple[list[str], dict[str, list[str]]]:
+    """The newest promotion decision of each champion alias as one line (the version, its kind,
+    its Brier on how many pairs of which split, the outcome), and model ref -> the aliases each
+    decision left on it (champions and challengers), read from the warehouse; nothing when no
+    decision was recorded yet."""
+    from warehouse.db import connect
+    from warehouse.promotions import (
+        DECISION_ALIASES,
+        read_promotion_decisions,
+        read_promotion_scores,
+    )
+
+    if not settings.warehouse_path.exists():
+        return [], {}
+    lines, aliases = [], {}
+    with connect(settings.warehouse_path, read_only=True) as con:
+        for alias in DECISION_ALIASES:
+            found = read_promotion_decisions(con, MODEL_NAME, alias)
+            if found.is_empty():
+                continue
+            d = found.row(0, named=True)
+            champion, challenger = d.get("champion_after"), d.get("challenger_after")
+            scores = {r["model_version"]: r for r in read_promotion_scores(con, d["decision_id"]).to_dicts()}
+            for version, name in ((champion, alias), (challenger, alias.replace("champion", "challenger"))):
+                if version is not None:
+                    aliases.setdefault(f"models:/{MODEL_NAME}/{version}", []).append(name)
+            if champion is None:
+                lines.append(f"@{alias}: none ({d['outcome']}: {d['reason']})")
+                continue
+            sc = scores.get(str(champion)) or {}
+            brier = f"Brier {sc['brier']:.3f} on {sc['n_pairs']:,} pairs" if sc.get("brier") is not None else "not scored"
+            lines.append(f"@{alias}: surrogate/{champion} ({sc.get('kind') or '?'}), {brier} of "
+                         f"{d.get('decided_on_split') or 'in_distribution'}; {d['outcome']}")
+    return lines, aliases
+
+
+def table_lines(table: dict, aliases: dict[str, list[str]] | None = None, links: bool = False) -> list[str]:
+    """Every split as text under a title line (an empty split: its reason), its champions and
+    challengers marked; then where the report is. With `links`, the MLflow and Dagster runs of the
+    evaluation and of every registered forecaster follow (without: one line saying how to get them)."""
     from pipelines.surrogates.roles import SPLITS, ordered_splits, split_title
 
     lines = []
@@ -63,15 +103,19 @@ def table_lines(table: dict) -> list[str]:
         rows = [r for r in table["forecasters"] if r["split"] == split]
         extra = f" {table.get('held_out_task')}" if split == "held_out_task" and table.get("held_out_task") else ""
         if rows:
-            lines += [f"{title}{extra}:", *text_table(rows)]
+            lines += [f"{title}{extra}:", *text_table(rows, aliases)]
             sel = table.get("selective_external") or {}
             if split == "external" and sel.get("best"):
                 lines.append(f"  cover: coverage at which max-prob-selected forecasts reach the best Brier "
-                             f"({sel['target_brier']:.3f}, {sel['best']})")
+                             f"({sel['target_brier']:.3f}, {short_name(sel['best'])})")
         elif split in empty:
             lines.append(f"{title}{extra}: empty ({empty[split]})")
     if table.get("report"):
-        lines.append(f"report: {table['report']}")
+        lines.append(f"report: {table['report']} (one page per split)")
+    if not links:
+        if table.get("evaluation_run_id") or any(r.get("run_id") for r in table["forecasters"]):
+            lines.append("MLflow and Dagster runs of each forecaster: kernelcast report --links (or --json)")
+        return lines
     lines += [f"  {split}: {path}" for split, path in (table.get("pages") or {}).items()
               if path != table.get("report")]
     if table.get("evaluation_run_id"):
@@ -82,7 +126,7 @@ def table_lines(table: dict) -> list[str]:
     runs = sorted({(r["name"], r["run_id"], r.get("mlflow_url") or "", r.get("dagster_run_id") or "",
                     r.get("dagster_url") or "") for r in table["forecasters"] if r.get("run_id")})
     for name, run_id, url, dagster_run, dagster_url in runs:
-        lines.append(f"run {name}: {run_id} {url}".rstrip())
+        lines.append(f"run {short_name(name)}: {run_id} {url}".rstrip())
         if dagster_run:
             lines.append(f"  made by Dagster run {dagster_run} {dagster_url}".rstrip())
     return lines
@@ -92,9 +136,13 @@ def report(
     profile: str | None = typer.Option(None, "--profile", help="smoke | default | gpu"),
     split: str | None = typer.Option(None, "--split", help="in_distribution | source_only | held_out_task | "
                                                            "held_out_style:<style> | external | library (default: all)"),
-    as_json: bool = typer.Option(False, "--json", help="Machine-readable output."),
+    links: bool = typer.Option(False, "--links", help="Also print the MLflow and Dagster runs of the evaluation "
+                                                      "and of every registered forecaster."),
+    as_json: bool = typer.Option(False, "--json", help="Machine-readable output (links and aliases included)."),
 ) -> None:
-    """Print the newest evaluation report's table: every forecaster, with 95% intervals."""
+    """Print the newest evaluation report: the promotion decisions (which version each champion
+    alias names, its Brier and on which split), then one table per split with 95% intervals and
+    the aliases marked, then where the report is."""
     from orchestration.cli_common import CliError, _print_json, _settings
     from orchestration.links import live_ports
     from pipelines.surrogates.roles import SPLITS, ordered_splits
@@ -109,9 +157,10 @@ def report(
     table = relinked(table, live_ports(settings.home))
     if split:
         table = {**table, "forecasters": [r for r in table["forecasters"] if r["split"] == split]}
+    decisions, aliases = promotion_lines(settings)
     if as_json:
-        _print_json(table)
+        _print_json({**table, "promotion": decisions, "aliases": aliases})
         return
     typer.echo(f"dataset {table['dataset_version']}")
-    for line in table_lines(table):
+    for line in decisions + table_lines(table, aliases, links=links):
         typer.echo(line)

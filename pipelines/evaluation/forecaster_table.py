@@ -72,20 +72,41 @@ def forecaster_rows(results: Mapping[str, Mapping[str, Any]], kinds: Mapping[str
     return rows
 
 
-def text_table(rows: list[dict[str, Any]]) -> list[str]:
-    """The rows as fixed-width lines that fit 80 columns."""
+ALIAS_MARKS = {"champion": "@champ", "champion-external": "@champ-ext", "challenger": "@chall",
+               "challenger-external": "@chall-ext"}  # short: two marks and the table stay within 100 columns
+
+
+def short_name(ref: str) -> str:
+    """A forecaster's name as the tables print it: registered versions by model and number.
+
+    >>> short_name("models:/kernelcast-surrogate/5"), short_name("models:/kernelcast-surrogate-held-out/3")
+    ('surrogate/5', 'held-out/3')
+    """
+    return ref.replace("models:/kernelcast-surrogate-held-out/", "held-out/").replace(
+        "models:/kernelcast-surrogate/", "surrogate/")
+
+
+def text_table(rows: list[dict[str, Any]], aliases: dict[str, list[str]] | None = None) -> list[str]:
+    """The rows as fixed-width lines that fit 100 columns; `aliases` (model ref -> the aliases
+    naming it) marks the champions and challengers."""
     def f(v: Any, w: int, d: int = 3) -> str:
         return f"{v:>{w}.{d}f}" if isinstance(v, float) else f"{'' if v is None else v:>{w}}"
 
     def name(n: str, w: int) -> str:  # a long name loses its start, never its version number
+        n = short_name(n)
         return n if len(n) <= w else "~" + n[-(w - 1):]
 
+    def marks(ref: str) -> str:
+        return " ".join(ALIAS_MARKS.get(a, "@" + a) for a in (aliases or {}).get(ref, []))
+
     cov = any(r.get("selective_coverage") is not None for r in rows)
-    width = 25 if cov else 31  # 80 columns; the coverage column takes its room from the name
-    lines = [f"{'forecaster':<{width}}{'kind':>11}{'n':>5}{'brier':>7} {'95% CI':<13}{'ece':>6}{'recov':>6}"
-             + (f"{'cover':>6}" if cov else "")]
+    width = 25
+    lines = [f"{'forecaster':<{width}}{'kind':>11}{'n':>6}{'brier':>7} {'95% CI':<13}{'ece':>6}{'recov':>6}"
+             + (f"{'cover':>6}" if cov else "") + "  alias"]
     for r in rows:
         ci = f"[{r['brier_lo']:.3f},{r['brier_hi']:.3f}]" if r.get("brier_lo") is not None else ""
-        lines.append(f"{name(r['name'], width):<{width}}{r['kind'][:10]:>11}{f(r['n'], 5)}{f(r['brier'], 7)} {ci:<13}"
-                     f"{f(r['ece'], 6)}{f(r['recovered_mean'], 6)}" + (f(r.get("selective_coverage"), 6, 2) if cov else ""))
+        line = (f"{name(r['name'], width):<{width}}{r['kind'][:10]:>11}{f(r['n'], 6)}{f(r['brier'], 7)} {ci:<13}"
+                f"{f(r['ece'], 6)}{f(r['recovered_mean'], 6)}" + (f(r.get("selective_coverage"), 6, 2) if cov else ""))
+        lines.append((line + "  " + marks(r["name"])).rstrip())
+    lines[0] = lines[0].removesuffix("  alias") if not any(marks(r["name"]) for r in rows) else lines[0]
     return lines

@@ -240,13 +240,21 @@ def test_report_table_carries_every_split_runs_and_the_report_path():
              "evaluation_run_id": "ev1", "evaluation_run_url": "http://127.0.0.1:5000/#/runs/ev1",
              "empty_splits": {"held_out_task": "no held-out task in dataset version ds-1"},
              "selective_external": {"target_brier": 0.4375, "best": "baseline:uniform"}, "forecasters": rows}
-    text = "\n".join(table_lines(table))
+    aliases = {"models:/kernelcast-surrogate/1": ["champion", "challenger-external"]}
+    short = table_lines(table, aliases)
+    text = "\n".join(short)
     for split in ("in_distribution", "source_only", "external"):
         assert split_title(split) + ":" in text
     assert "held-out task: empty (no held-out task in dataset version ds-1)" in text
-    assert "report: /r/ds-1/index.html" in text and "evaluation run: ev1" in text
-    assert "run models:/kernelcast-surrogate/1: abc123 http://127.0.0.1:5000/#/runs/abc123" in text
-    assert max(len(line) for line in text.splitlines() if not line.startswith(("run ", "report", "evaluation", "  cover", "held", "external ("))) <= 80
+    assert "report: /r/ds-1/index.html" in text and "evaluation run" not in text
+    assert short[-1] == "MLflow and Dagster runs of each forecaster: kernelcast report --links (or --json)"
+    # every table row of version 1 is marked with both aliases; the rows fit 100 columns
+    marked = [line for line in short if line.startswith("surrogate/1 ")]
+    assert len(marked) == 3 and all(line.endswith("@champ @chall-ext") for line in marked)
+    assert max(len(line) for line in short if not line.startswith(("report", "  cover"))) <= 100
+    linked = "\n".join(table_lines(table, aliases, links=True))
+    assert "evaluation run: ev1" in linked
+    assert "run surrogate/1: abc123 http://127.0.0.1:5000/#/runs/abc123" in linked
 
 
 def _write_folder(folder, n: int = 6):

@@ -50,11 +50,11 @@ def test_the_text_report_names_every_run_and_page_on_the_live_ports():
     table = relinked(_table(), {"dagster": 3101, "mlflow": 5101})
     assert table["forecasters"][0]["mlflow_url"] == "http://127.0.0.1:5101/#/experiments/1/runs/abc"
     assert table["evaluation_dagster_run_url"] == "http://127.0.0.1:3101/runs/d-9"
-    text = "\n".join(table_lines(table))
+    text = "\n".join(table_lines(table, links=True))
     assert "  external: /h/reports/ds-1/external/index.html" in text
     assert "evaluation run: ev http://127.0.0.1:5101/#/runs/ev\n  made by Dagster run d-9 http://127.0.0.1:3101/runs/d-9" in text
     # one line per version although it has rows on two splits, then the Dagster run that made it
-    assert text.count("run models:/kernelcast-surrogate/2: abc http://127.0.0.1:5101/#/experiments/1/runs/abc\n"
+    assert text.count("run surrogate/2: abc http://127.0.0.1:5101/#/experiments/1/runs/abc\n"
                       "  made by Dagster run d-123 http://127.0.0.1:3101/runs/d-123") == 1
     assert ":5000" not in text and ":3000" not in text
 

@@ -98,7 +98,7 @@ def test_new_gpu_batch_is_ingested_once_and_backfilled_downstream(home):
     assert not [line for line in lines if LIBRARY_LINE.search(line)], "\n".join(lines)
     assert code is not None, "ran past 1400 s; on screen until then:\n" + "\n".join(lines[-30:])
     assert code == 0, "\n".join(lines[-30:])
-    for start in ("ok kernel_tasks", "ok model_promotion", "promotion: ", "dataset ds-"):
+    for start in ("ok kernel_tasks", "ok model_promotion", "@champion: surrogate/", "dataset ds-"):
         assert any(line.startswith(start) for line in lines), (start, lines)
     # the terminal wraps a long path: the log line goes on until the file name ends
     at = next(i for i, line in enumerate(lines) if line.startswith("log:"))

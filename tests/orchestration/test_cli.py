@@ -315,3 +315,30 @@ def test_the_entry_point_turns_library_progress_bars_off(monkeypatch):
     assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "false"
     assert os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1"
     assert os.environ["TRANSFORMERS_VERBOSITY"] == "error"
+
+
+def test_the_report_names_each_champion_with_its_brier_pairs_and_split(tmp_path):
+    """The decision lines come first in `kernelcast report` and at the end of a run: the version
+    each champion alias names, its kind, its Brier on how many pairs of which split."""
+    from orchestration.cli_report import promotion_lines
+    from orchestration.settings import load_settings
+    from warehouse.db import connect
+    from warehouse.promotions import record_promotion_decision
+
+    settings = load_settings("smoke", tmp_path / "home")
+    settings.home.mkdir(parents=True)
+    assert promotion_lines(settings) == ([], {})  # nothing decided yet
+    score = {"kind": "cost_model", "n_pairs": 2952, "parse_rate": 1.0, "uniform_brier": 0.4375, "failed_gates": []}
+    with connect(settings.warehouse_path) as con:
+        record_promotion_decision(con, "kernelcast-surrogate", "ds-1", "kept", "no gain", 788, {},
+                                  [{**score, "model_version": 5, "kind": "llm", "role": "champion", "n_pairs": 788,
+                                    "brier": 0.2881}], champion_before=5, champion_after=5, challenger_after=1)
+        record_promotion_decision(con, "kernelcast-surrogate", "ds-1", "promoted", "lowest Brier", 2952, {},
+                                  [{**score, "model_version": 1, "role": "challenger", "brier": 0.2461}],
+                                  champion_after=1, alias="champion-external", split="held_out_styles")
+    lines, aliases = promotion_lines(settings)
+    assert lines == ["@champion: surrogate/5 (llm), Brier 0.288 on 788 pairs of in_distribution; kept",
+                     "@champion-external: surrogate/1 (cost_model), Brier 0.246 on 2,952 pairs of held_out_styles; "
+                     "promoted"]
+    assert aliases == {"models:/kernelcast-surrogate/5": ["champion"],
+                       "models:/kernelcast-surrogate/1": ["challenger", "champion-external"]}
