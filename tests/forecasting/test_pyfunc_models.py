@@ -170,3 +170,12 @@ def test_bad_input_is_one_line(registered):
     assert "candidate_source" in str(exc.value)
     out = model.predict(pd.DataFrame({"task": ["no_such_task"], "anchor_source": ["x"], "candidate_source": ["y"]}))
     assert out.loc[0, "refused"].startswith("unknown task 'no_such_task'") and out.loc[0, P].isna().all()
+
+
+def test_the_examples_of_the_source_forecaster_hold():
+    import doctest
+
+    import pipelines.forecasting.sources as sources
+
+    result = doctest.testmod(sources, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 2 and result.failed == 0
