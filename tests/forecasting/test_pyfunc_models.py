@@ -182,3 +182,36 @@ def test_the_examples_of_the_modules_hold(name):
 
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 1 and result.failed == 0
+
+
+def test_forecast_sources_keeps_the_model_and_answers_as_its_pyfunc(registered, read, home):
+    """The in-process call a search makes: the version loaded once, the sources read once (the
+    home's feature cache already holds them: no reader child starts), the pyfunc's numbers."""
+    import mlflow
+
+    from pipelines.forecasting import forecast_sources, open_forecaster
+    from pipelines.forecasting.warm import _OPEN
+
+    uri, versions = registered
+    version = versions["cost_model"][0]
+    src = read[0]
+    ref = f"models:/{NAME}/{version}"
+    first = forecast_sources("softmax", src["anchor"], [src["seed"], src["broken"]], model=ref, home=home)
+    kept = dict(_OPEN)
+    again = forecast_sources("softmax", src["anchor"], [src["row_tile"]], model=ref, home=home)
+    assert dict(_OPEN) == kept and len(kept) == 1  # one forecaster, loaded once
+    (forecaster,) = kept.values()
+    assert all(w.proc is None for w in forecaster.pool._idle) and forecaster.cache.misses == 0
+    mlflow.set_tracking_uri(uri)
+    want = mlflow.pyfunc.load_model(ref).predict(pd.DataFrame({
+        "task": "softmax", "anchor_source": src["anchor"], "candidate_source": [src["seed"], src["row_tile"]]}))
+    assert np.array_equal(first.p[0], want.loc[0, P].to_numpy(dtype=float))
+    assert np.array_equal(again.p[0], want.loc[1, P].to_numpy(dtype=float))
+    assert first.refused[1].startswith("candidate: syntax error") and np.isnan(first.p[1]).all()
+    assert np.allclose(first.expected_log2_speedup[0], want.loc[0, "expected_log2_speedup"])
+    with pytest.raises(ValueError, match="unknown task"):
+        forecast_sources("nope", src["anchor"], [src["seed"]], model=ref, home=home)
+    with open_forecaster(ref, home=home) as f:
+        assert np.array_equal(f.forecast("softmax", src["anchor"], [src["seed"]]).p, first.p[:1])
+    forecaster.close()
+    _OPEN.clear()
