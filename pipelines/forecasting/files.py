@@ -39,7 +39,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -243,7 +243,7 @@ def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, c
     if not files:
         return
     from pipelines.forecasting.source_features import source_features_many
-    from pipelines.generation.aot import compile_many, gave_no_answer
+    from pipelines.generation.aot import gave_no_answer
 
     sources = {i: f.record["source"] for i, f in enumerate(files)}
     rows = _once_per_source(list(sources), sources, lambda first: source_features_many(
@@ -259,8 +259,8 @@ def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, c
     unsure = [i for i, f in enumerate(files) if f.record is not None and f.record["language"] == "triton"
               and rows[i]["compile_status"] != "compiled"]
     if unsure:
-        feats = _once_per_source(unsure, sources, lambda first: compile_many(
-            [files[i].record for i in first], n_workers=min(n_workers, len(first)), timeout_s=compile_timeout_s))
+        feats = _once_per_source(unsure, sources, lambda first: _compile_on_real_input(
+            [files[i].record for i in first], min(n_workers, len(first)), compile_timeout_s, cache))
         for i, f in zip(unsure, feats, strict=True):
             if f.status == "compiled":
                 files[i].record.update({k: v for k, v in f.to_row().items() if k not in _NOT_FEATURES})
@@ -277,6 +277,31 @@ def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, c
             f.record.update({k: v for k, v in row.items() if k not in _SOURCE_BOOKKEEPING})
         else:
             f.notes.append(f"no source features: {row['error']}")
+
+
+def _compile_on_real_input(records: list[dict[str, Any]], n_workers: int, timeout_s: float, cache: Any) -> list[Any]:
+    """pipelines.generation.aot.compile_many of `records`, each answer kept in `cache` (a
+    FeatureCache, or None) beside the source-features rows, so a source whose trace could not
+    compile it is compiled on a real input once, not on every reading."""
+    from pipelines.generation.aot import Features, compile_many
+
+    jobs = [{"source": r["source"], "task": r["task"], "language": "triton", "target": "aot:benchmark"}
+            for r in records]
+    keys = [cache.key(job) if cache is not None else "" for job in jobs]
+    held = [cache.get(k) if cache is not None else None for k in keys]
+    out: list[Any] = [None] * len(records)
+    for i, h in enumerate(held):
+        if h is not None:
+            out[i] = Features(**{**h["features"], "kernels": tuple(h["features"].get("kernels") or ())})
+    todo = [i for i, f in enumerate(out) if f is None]
+    if todo:
+        for i, f in zip(todo, compile_many([records[i] for i in todo], n_workers=n_workers, timeout_s=timeout_s),
+                        strict=True):
+            out[i] = f
+            if cache is not None:  # as a cache row: a status it keeps, the compile's outcome inside
+                cache.put(keys[i], {"status": "ok" if f.status == "compiled" else "failed" if f.status != "error"
+                                    else "error", "error": f.error, "features": {**asdict(f), "kernels": list(f.kernels)}})
+    return out
 
 
 def _import_error(error: str | None) -> str | None:

@@ -215,3 +215,27 @@ def test_forecast_sources_keeps_the_model_and_answers_as_its_pyfunc(registered, 
         assert np.array_equal(f.forecast("softmax", src["anchor"], [src["seed"]]).p, first.p[:1])
     forecaster.close()
     _OPEN.clear()
+
+
+def test_a_source_compiled_on_a_real_input_is_compiled_there_once(tmp_path, monkeypatch):
+    """A kernel whose call reads a value on the host cannot be compiled by its trace; the
+    generator's compile on a real input stands in, and its answer is cached like the trace's:
+    the second reading asks no child at all and gives the same record."""
+    import pipelines.generation.aot as aot
+    from pipelines.forecasting.files import read_kernel_sources
+    from pipelines.forecasting.source_features import FeatureCache
+
+    host = _sources()["seed"] + (
+        "\n\n_on_device = custom_kernel\n\n\ndef custom_kernel(data):\n"
+        "    if not float(data[0].float().abs().max()) >= 0.0:  # a value read on the host\n"
+        "        raise ValueError('nan in the input')\n"
+        "    return _on_device(data)\n")
+    compiled = []
+    real = aot.compile_many
+    monkeypatch.setattr(aot, "compile_many", lambda records, **kw: compiled.extend(records) or real(records, **kw))
+    cache = FeatureCache(tmp_path / "cache")
+    (first,) = read_kernel_sources("softmax", [host], HW, cache=cache)
+    assert len(compiled) == 1 and first.record["n_regs"] > 0
+    again = FeatureCache(tmp_path / "cache")
+    (second,) = read_kernel_sources("softmax", [host], HW, cache=again)
+    assert len(compiled) == 1 and again.misses == 0 and second.record == first.record
