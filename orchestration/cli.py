@@ -506,41 +506,74 @@ def forecast(
     converts the embedded SmolLM2 GGUF into $KERNELCAST_HOME/models, a minute or two on a CPU).
     With --endpoint, any OpenAI-compatible server answers instead."""
     from pipelines.forecasting import file_champion_uri, load_forecaster
-    from pipelines.forecasting.files import read_kernel_files
-    from pipelines.tasks import get_task
+    from pipelines.tasks import TASK_MODULES
 
     settings = _settings(profile)
-    t = get_task(task)
+    if task not in TASK_MODULES:
+        raise CliError(f"unknown task {task!r}; known tasks: {', '.join(TASK_MODULES)}")
     paths = _candidate_files([*candidate, *(more or [])])
     registry_uri = settings.mlflow_uri if (settings.home / "mlflow.db").is_file() else None
     auto = model is None and endpoint is None
-    ref = model or (None if endpoint else file_champion_uri(registry_uri)) or ("" if endpoint else "smollm2")
-    if endpoint is not None and not ref:
+    if endpoint is not None and not model:
         raise CliError("--endpoint needs --model: the served model name")
-    if ref.startswith("baseline:") and ref != "baseline:uniform":
-        raise CliError(f"{ref} forecasts from measured pairs; on files only baseline:uniform applies")
+    if model and model.startswith("baseline:") and model != "baseline:uniform":
+        raise CliError(f"{model} forecasts from measured pairs; on files only baseline:uniform applies")
+    # The files are read (child processes: import, trace, compile) while the forecaster loads here.
+    reading = _read_in_background(settings.home, task, [anchor, *paths], check=check_kernels,
+                                  check_timeout_s=check_timeout_s, allow_incorrect=allow_incorrect,
+                                  all_needed=len(paths) == 1, hardware=hardware)
+    ref = model or (None if endpoint else file_champion_uri(registry_uri)) or ("" if endpoint else "smollm2")
     try:
         forecaster = load_forecaster(ref, tracking_uri=settings.mlflow_uri, home=settings.home,
                                      warehouse_path=settings.warehouse_path, readout=readout, style=style,
                                      endpoint=endpoint, answer_mode=answer_mode)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    files = read_kernel_files(t.name, [anchor, *paths], check=check_kernels, check_timeout_s=check_timeout_s,
-                              allow_incorrect=allow_incorrect, all_needed=len(paths) == 1, hardware=hardware)
+    files = reading()
     head, cands = files[0], files[1:]
     if head.refused:
         raise CliError(f"anchor {anchor}: {head.refused}")
     if len(cands) == 1 and cands[0].refused:
         raise CliError(f"{cands[0].path}: {cands[0].refused}")
     meta = _forecaster_meta(forecaster, ref, auto, readout)
-    results = _forecast_files(forecaster, t.name, hardware, head, cands, single=len(cands) == 1)
-    rows = [{**meta, "task": t.name, "anchor": str(anchor), **r} for r in results]
+    results = _forecast_files(forecaster, task, hardware, head, cands, single=len(cands) == 1)
+    rows = [{**meta, "task": task, "anchor": str(anchor), **r} for r in results]
     if as_json:
         _print_json(rows)
     else:
         _print_forecast_table(rows, meta)
     if any(not r["ok"] for r in rows):
         raise typer.Exit(1)
+
+
+def _read_in_background(home: Path, task: str, paths: list[Path], **options):
+    """Start reading the files (pipelines.forecasting.files) in a thread; the call returned gives
+    their KernelFiles (re-raising what the reading raised). Read sources are kept under
+    <home>/feature-cache, so an anchor read by an earlier command is not read again."""
+    import threading
+
+    from pipelines.forecasting.files import read_kernel_files
+    from pipelines.forecasting.source_features import FeatureCache
+
+    out: dict = {}
+
+    def read() -> None:
+        try:
+            out["files"] = read_kernel_files(task, paths, cache=FeatureCache(home / "feature-cache"), **options)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            out["error"] = exc
+
+    # a daemon: a command that fails while loading its forecaster does not wait for the reading
+    thread = threading.Thread(target=read, name="read-kernel-files", daemon=True)
+    thread.start()
+
+    def result():
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        return out["files"]
+
+    return result
 
 
 def _candidate_files(items: list[Path]) -> list[Path]:

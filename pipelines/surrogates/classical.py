@@ -181,7 +181,9 @@ def fit_many(jobs: Sequence[tuple[str, str, Mapping[str, Any]]], roles: Roles,
 
 
 HELD_OUT_MODEL = "kernelcast-surrogate-held-out"  # held-out task and style versions: scored, never promoted
-CODE_VERSION = "2"  # bump when features or models change: a registered version is re-used only if equal
+# bump when features or models change: a registered version is re-used only if equal
+# (3: every version is a pyfunc model of kernel sources, pipelines.forecasting.pyfunc)
+CODE_VERSION = "3"
 
 
 @dataclass
@@ -291,6 +293,7 @@ def _register(con, fitted: Fitted, roles: Roles, records, tracking_uri: str, tar
               batch: str, key: Mapping[str, str], measurement_ids, tags) -> Registered:
     """Log and register one fitted (or composed) model and record its lineage row."""
     from models.classical.registry import log_classical
+    from pipelines.forecasting.pyfunc import log_classical_sources_model
     from warehouse.lineage import record_model_lineage
 
     split, kind = fitted.split, fitted.kind
@@ -301,6 +304,7 @@ def _register(con, fitted: Fitted, roles: Roles, records, tracking_uri: str, tar
         tags={**dict(tags or {}), **key, "training_batch": batch,
               **({"held_out_task": roles.held_out_task} if split == "held_out_task" else {}),
               **({"held_out_style": split.removeprefix(STYLE_SPLIT_PREFIX)} if is_style_split(split) else {})},
+        model_logger=log_classical_sources_model,
     )
     record_model_lineage(con, target, version, dataset_version, mlflow_run_id=run_id,
                          base_model=kind, git_commit=(tags or {}).get("git_commit"),

