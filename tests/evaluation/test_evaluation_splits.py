@@ -322,3 +322,21 @@ def test_a_bad_external_folder_is_one_line(tmp_path, make, message):
     with pytest.raises(ValueError, match=message) as err:
         read_library_dir(tmp_path / "ext", {"softmax": "ref"})
     assert "\n" not in str(err.value)
+
+
+def test_library_kernels_are_scored_on_what_the_file_reader_gives_a_users_file(tmp_path):
+    """The library split's records are read as `kernelcast forecast` reads files (trace and compile
+    features, cached under the home), so its scores say how forecasters do on a user's file."""
+    from pipelines.forecasting.plan import _as_read
+
+    good = "import torch\n\n\ndef custom_kernel(data):\n    (x,) = data\n    return torch.softmax(x.float(), -1).to(x.dtype)\n"
+    bad = "import not_a_package\n\n\ndef custom_kernel(data):\n    return data[0]\n"
+    records = {k: {"kernel_id": k, "task": "softmax", "source": src, "language": "pytorch", "generator": "library:x"}
+               for k, src in (("good", good), ("bad", bad))}
+    said = []
+    out = _as_read(records, tmp_path, said.append)
+    assert out["good"]["trace_cases"] == 4 and out["good"]["torch_ops"] >= 2 and out["good"]["generator"] == "library:x"
+    assert out["bad"] == records["bad"] and said == [
+        "library kernel bad (softmax) refused by the reader: does not import: ModuleNotFoundError: "
+        "No module named 'not_a_package'"]
+    assert any((tmp_path / "feature-cache").rglob("*"))  # a second run reads the cache
