@@ -718,8 +718,10 @@ def promote(
 @one_line_errors
 def ui(
     profile: str | None = ProfileOpt,
-    dagster_port: int = typer.Option(3000, help="Dagster UI port on 127.0.0.1."),
-    mlflow_port: int = typer.Option(5000, help="MLflow UI port on 127.0.0.1."),
+    dagster_port: int | None = typer.Option(None, min=1, max=65535, help="Dagster UI port on 127.0.0.1 (default: the port "
+                                                        "the home was last served on, else 3000)."),
+    mlflow_port: int | None = typer.Option(None, min=1, max=65535, help="MLflow UI port on 127.0.0.1 (default: the port "
+                                                       "the home was last served on, else 5000)."),
 ) -> None:
     """Serve the Dagster UI and the MLflow UI on 127.0.0.1 until Ctrl-C or SIGTERM."""
     from orchestration.ui import serve

@@ -88,9 +88,9 @@ def test_the_html_report_links_both_runs_and_its_footnotes_match_the_table(tmp_p
     runs = {"models:/kernelcast-surrogate/2": {"run_id": "abc", "mlflow_url": "http://127.0.0.1:5101/#/runs/abc",
                                                "dagster_run_id": "d-1234567890", "dagster_url": dagster_run_url("d-1234567890", 3101)}}
     html = write_report(results, tmp_path, runs=runs, made_by=("d-9", dagster_run_url("d-9", 3101))).read_text()
-    assert '<a href="http://127.0.0.1:5101/#/runs/abc">abc</a>' in html
-    assert '<a href="http://127.0.0.1:3101/runs/d-1234567890">d-123456</a>' in html
-    assert 'made by Dagster run <a href="http://127.0.0.1:3101/runs/d-9">d-9</a>' in html
+    assert '<a data-ui="mlflow" href="http://127.0.0.1:5101/#/runs/abc" title="abc">abc</a>' in html
+    assert '<a data-ui="dagster" href="http://127.0.0.1:3101/runs/d-1234567890" title="d-1234567890">d-123456</a>' in html
+    assert 'made by Dagster run <a data-ui="dagster" href="http://127.0.0.1:3101/runs/d-9">d-9</a>' in html
     notes = footnotes(results)
     assert notes[0].startswith("Oracle (knows the true bin) recovered = 0.971: below 1")  # the held-out twin too
     assert "forecasts: 8 for models:/kernelcast-surrogate/2; 10 for baseline:oracle|held_out_task" in notes[1]
