@@ -92,7 +92,9 @@ def table_lines(table: dict, aliases: dict[str, list[str]] | None = None, links:
         extra = f" {table.get('held_out_task')}" if split == "held_out_task" and table.get("held_out_task") else ""
         same = (table.get("same_as") or {}).get(split)
         if rows and same:
-            lines.append(f"{title}: the same numbers as {split_title(same)} for every forecaster")
+            what = " (generator metadata withheld)" if split == "source_only" else ""
+            lines.append(f"{split.replace('_', ' ')}{what}: the same numbers as {same.replace('_', ' ')}, "
+                         "every forecaster")
         elif rows:
             lines += [f"{title}{extra}:", *text_table(rows, aliases)]
             sel = table.get("selective_external") or {}
@@ -102,7 +104,8 @@ def table_lines(table: dict, aliases: dict[str, list[str]] | None = None, links:
         elif split in empty:
             lines.append(f"{title}{extra}: empty ({empty[split]})")
     if table.get("report"):
-        lines.append(f"report: {table['report']} (one page per split)")
+        line = f"report: {table['report']}"
+        lines.append(line + " (one page per split)" if len(line) <= 80 else line)  # a long path alone
     if not links:
         if table.get("evaluation_run_id") or any(r.get("run_id") for r in table["forecasters"]):
             lines.append("MLflow and Dagster runs of each forecaster: kernelcast report --links (or --json)")

@@ -11,8 +11,9 @@ Evaluation: one run per dataset version; each forecaster's scores are logged und
 and `<split>/<forecaster>/<metric>` on the others, and against its model
 (`mlflow.log_metrics(..., model_id=...)`): a registered version's LoggedModel, or, for the
 reference forecasters (uniform, bin prior, oracle), an external LoggedModel of that name. A plain
-`brier` at run level would be whichever forecaster was logged last. Every registered version
-scored is an input of the run (its "Logged models"), as the eval pairs are its dataset.
+`brier` at run level would be whichever forecaster was logged last. Every forecaster scored is a
+model input of the run (its "Logged models": the registered versions and the reference
+forecasters' stand-ins), as the eval pairs are its dataset.
 
 The store moves with its home: artifact locations are written as absolute `file://` URIs (what
 MLflow's sqlite store keeps), and `open_store` re-roots every location that points into another

@@ -85,6 +85,16 @@ def read_version_forecasts(warehouse_path: str | Path, reports_dir: Path) -> Ver
     return VersionForecasts(version, parts, listing)
 
 
+def home_relative(page: Path, home: Path) -> str:
+    """How the table stores a page: its path under the home (a page elsewhere: absolute).
+
+    >>> home_relative(Path("/h/reports/ds-1/index.html"), Path("/h"))
+    'reports/ds-1/index.html'
+    """
+    page, home = Path(page).resolve(), Path(home).resolve()
+    return str(page.relative_to(home)) if page.is_relative_to(home) else str(page)
+
+
 def page_path(home: Path, stored: str) -> Path:
     """A page the table names, under `home`: the table stores paths relative to the home (older
     tables: absolute paths, returned as they are).
@@ -144,14 +154,10 @@ def evaluate_version(forecasts: VersionForecasts, tracking_uri: str, experiment_
     run_id = log_version_evaluation(tracking_uri, experiment_id, results, version, parts["in_distribution"], out_dir,
                                     made_by[0])
     home = reports_dir.parent
-
-    def under_home(page: Path) -> str:
-        return str(page.resolve().relative_to(home.resolve())) if page.resolve().is_relative_to(home.resolve()) \
-            else str(page)
-
     (out_dir / TABLE_FILE).write_text(json.dumps({
         "dataset_version": version, "held_out_task": listing.get("held_out_task"),
-        "report": under_home(pages["in_distribution"]), "pages": {s: under_home(p) for s, p in pages.items()},
+        "report": home_relative(pages["in_distribution"], home),
+        "pages": {s: home_relative(p, home) for s, p in pages.items()},
         "evaluation_run_id": run_id, "evaluation_run_url": run_url(run_id), "empty_splits": empty,
         "same_as": {s: "in_distribution" for s in ("source_only",) if s in results and s not in pages},
         "evaluation_dagster_run_id": made_by[0], "evaluation_dagster_run_url": made_by[1],
