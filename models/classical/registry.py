@@ -144,8 +144,8 @@ def import_serializer() -> None:
 
     Why: on its first import skops looks up the module of each of scipy.special's ~230 ufuncs in
     every loaded module, and a lookup on one of transformers' lazy modules imports submodules of
-    it. Imported after transformers, that scan took 6-9 s of a smoke run's classical_forecasters
-    (py-spy, 2 cores); before it, well under one. A process that will both load a language
+    it. Imported after transformers, that scan takes seconds (docs/results/operations.md);
+    before it, well under one. A process that will both load a language
     model and log or load classical models (`kernelcast run`) calls this first.
     """
     import skops.io  # noqa: F401

@@ -144,9 +144,8 @@ def _fit_job(kind: str, roles: Roles, split: str, records: Mapping[str, Mapping[
              params: Mapping[str, Any], max_fit: int | None, threads: int = FIT_THREADS) -> Fitted:
     """One fit, its native thread pools capped. One thread per fit, fits side by side: the
     boosted trees run thousands of short OpenMP regions, each waiting for all its threads, and
-    on a shared 2-core host a thread that loses its core stalls every region (measured
-    2026-12-02, load ~20: the smoke cost model's 500 pairs took 84 s with 2 threads, the
-    single-threaded text model 3.6 s)."""
+    on a shared 2-core host a thread that loses its core stalls every region (the measurements:
+    docs/results/operations.md)."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(threads):
