@@ -129,7 +129,12 @@ def evaluate_version(forecasts: VersionForecasts, tracking_uri: str, experiment_
     """
     from pipelines.evaluation.batch import evaluate_splits
     from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
-    from pipelines.evaluation.suite import SPLITS, selective_coverage, write_split_reports
+    from pipelines.evaluation.suite import (
+        SPLITS,
+        selective_coverage,
+        split_folder,
+        write_split_reports,
+    )
 
     version, parts, listing = forecasts.version, forecasts.parts, forecasts.listing
     out_dir = reports_dir / version
@@ -147,8 +152,10 @@ def evaluate_version(forecasts: VersionForecasts, tracking_uri: str, experiment_
     coverage = selective_coverage(parts["external"]) if "external" in parts else None
     pages = write_split_reports(results, out_dir, version, runs, empty, made_by, kinds, promotion, ports_script)
     table_rows = []
-    for split, res in results.items():
-        (pages[split].parent / "metrics.json").write_text(json.dumps(res, indent=1, default=str))
+    for split, res in results.items():  # every split's numbers, a page or not (source only may have none)
+        folder = split_folder(out_dir, split)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "metrics.json").write_text(json.dumps(res, indent=1, default=str))
         table_rows += forecaster_rows(res, kinds, split, sources, runs,
                                       coverage["coverage"] if coverage and split == "external" else None)
     run_id = log_version_evaluation(tracking_uri, experiment_id, results, version, parts["in_distribution"], out_dir,

@@ -117,7 +117,7 @@ def curves_figure(report: dict[str, Any]) -> bytes:
 def comparison_lines(report: dict[str, Any]) -> list[str]:
     """A short text table within 100 columns: per task, each mode's mean final best [interval],
     then the counts and the coverage, one line each."""
-    head = f"{'task':<16}" + "".join(f"{m:>20}" for m in MODES)
+    head = f"{'task':<16}" + "".join(f"{m:>21}" for m in MODES)
     lines = [head]
     for task, modes in report["tasks"].items():
         cells = []
@@ -125,7 +125,7 @@ def comparison_lines(report: dict[str, Any]) -> list[str]:
             r = modes.get(m)
             cells.append(f"{r['final_best_mean']:.3f} [{r['final_best_lo']:.2f},{r['final_best_hi']:.2f}]"
                          if r else "-")
-        lines.append(f"{task[:16]:<16}" + "".join(f"{c:>20}" for c in cells))
+        lines.append(f"{task[:16]:<16}" + "".join(f"{c:>21}" for c in cells))
     s, cov = report["summary"], report["coverage"]
     lines.append(f"filtered beats standard on {s['filtered_beats_standard']}/{s['n_tasks']} tasks, "
                  f"random-filtered on {s['filtered_beats_random']}/{s['n_tasks']} "

@@ -367,3 +367,35 @@ def test_a_source_only_split_that_changes_no_forecast_is_one_line_not_a_second_p
     text = table_lines({"forecasters": rows, "same_as": {"source_only": "in_distribution"}})
     assert "source only (generator metadata withheld): the same numbers as in distribution, every forecaster" in text
     assert sum(line.startswith("forecaster") for line in text) == 2  # in distribution and external tables only
+
+
+def test_a_version_whose_source_only_split_repeats_in_distribution_is_evaluated_and_logged(tmp_path):
+    """The whole evaluation of a version (pages, metrics.json per split, the table, the MLflow
+    run) where source only changes no forecast: no page of its own, its numbers kept."""
+    from types import SimpleNamespace
+
+    from models.registry.tracking import mlflow_experiment
+    from pipelines.evaluation.forecaster_table import TABLE_FILE
+    from pipelines.evaluation.version_report import VersionForecasts, evaluate_version
+
+    frame = _toy_forecasts(3).with_columns(pl.lit("eval").alias("split"))
+    listing = {"held_out_task": None, "empty": {"external": "no kernel outside the templates"},
+               "forecasters": [{"model_ref": r, "kind": "baseline", "source": "reference"}
+                               for r in ("baseline:oracle", "baseline:uniform")]}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    from mlflow import MlflowClient
+
+    experiment = mlflow_experiment(MlflowClient(uri), uri, "kernelcast-evaluation")
+    reports = tmp_path / "home" / "reports"
+    ev = evaluate_version(VersionForecasts("ds-1", {"in_distribution": frame, "source_only": frame}, listing), uri,
+                          experiment, SimpleNamespace(n_boot=0, workers=1), reports, tmp_path / "cache",
+                          ("d-1", "http://127.0.0.1:3000/runs/d-1"), lambda run_id: {}, lambda run_id: f"run {run_id}",
+                          progress=lambda line: None)
+    assert set(ev.pages) == {"in_distribution"} and set(ev.results) == {"in_distribution", "source_only"}
+    folder = reports / "ds-1"
+    assert json.loads((folder / "source_only" / "metrics.json").read_text())["baseline:uniform"]["brier"] == 0.4375
+    table = json.loads((folder / TABLE_FILE).read_text())
+    assert table["same_as"] == {"source_only": "in_distribution"} and table["report"] == "reports/ds-1/index.html"
+    assert {r["split"] for r in table["forecasters"]} == {"in_distribution", "source_only"}
+    metrics = MlflowClient(uri).get_run(ev.run_id).data.metrics
+    assert metrics["baseline-uniform/brier"] == metrics["source_only/baseline-uniform/brier"] == 0.4375

@@ -128,5 +128,10 @@ def test_the_search_comparison_fits_100_columns():
     lines = comparison_lines(report)
     assert max(len(line) for line in lines) <= WIDTH, lines
     assert lines[0].split() == ["task", *MODES] and lines[1].startswith("matmul_bias_gelu")
+    cells = lines[1][16:]
+    assert len(cells.split()) == 2 * len(MODES)  # every value and interval apart from the next
+    cell = {"final_best_mean": 10.987, "final_best_lo": 10.62, "final_best_hi": 11.27}  # the widest a cell gets
+    wide = comparison_lines({**report, "tasks": {"rms_norm": {m: cell for m in MODES}}})[1]
+    assert len(wide.split()) == 1 + 2 * len(MODES) and len(wide) <= WIDTH
     assert lines[-2] == "filtered beats standard on 9/9 tasks, random-filtered on 9/9 (3 seeds, budget 12)"
     assert lines[-1] == "forecaster kind:cost_model: coverage 0.895 of proposed children, 0.920 of measured ones"
