@@ -86,7 +86,7 @@ def ports_script(ports: dict[str, int]) -> str:
     """reports/ui-ports.js: the served ports, as the report pages read them.
 
     >>> ports_script({"dagster": 3001, "mlflow": 5001})
-    'window.KERNELCAST_UI_PORTS = {"dagster": 3001, "mlflow": 5001};\n'
+    'window.KERNELCAST_UI_PORTS = {"dagster": 3001, "mlflow": 5001};\\n'
     """
     return f"window.{PORTS_GLOBAL} = {json.dumps({k: int(ports[k]) for k in ('dagster', 'mlflow')})};\n"
 
