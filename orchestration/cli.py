@@ -290,20 +290,24 @@ def dataset_lines(summary: dict) -> list[str]:
              f"{summary.get('n_tasks', 0)} tasks, {summary.get('n_hardware', 0)} hardware"]
     ds = summary.get("dataset_version")
     if ds:
-        lines.append(f"dataset {ds['dataset_version']} (current): {ds['n_measurements'] or 0:,} of them make "
-                     f"its {ds['n_pairs'] or 0:,} pairs (correct measurements of the labelling protocol)")
+        lines += [f"dataset {ds['dataset_version']} (current): {ds['n_measurements'] or 0:,} of them make "
+                  f"its {ds['n_pairs'] or 0:,} pairs", "  (correct measurements of the labelling protocol)"]
     else:
         lines.append("no dataset version yet: `kernelcast run` curates one")
     rows = [[r["task"], r["hardware_id"], r["measurements"], r["failed"], r["correct_kernels"], *r["by_bin"]]
             for r in summary.get("by_task_hardware", [])]
+    # one space between columns: 13 of them, the 8 bins among them, fit 100 with any GPU type's id
     lines += ["", *aligned_table(["task", "hardware", "measured", "failed", "correct",
-                                  *[f"b{b}" for b in range(1, NUM_BINS + 1)]], rows)]
+                                  *[f"b{b}" for b in range(1, NUM_BINS + 1)]], rows, gap=1)]
     lines += ["", "correct: correct candidate kernels (the reference not counted), b1..b8 their speedup bins:"]
     lines += ["  " + "; ".join(f"b{i + 1} {name}" for i, name in enumerate(BIN_NAMES[j:j + 4], start=j))
               for j in (0, 4)]
     failures = summary.get("by_failure_kind", {})
     if failures:
-        lines.append("failed: " + ", ".join(f"{k} {v:,}" for k, v in failures.items()))
+        import textwrap
+
+        lines += textwrap.wrap("failed: " + ", ".join(f"{k} {v:,}" for k, v in failures.items()), 100,
+                               subsequent_indent="  ")
     return lines
 
 
@@ -718,8 +722,10 @@ def promote(
 @one_line_errors
 def ui(
     profile: str | None = ProfileOpt,
-    dagster_port: int = typer.Option(3000, help="Dagster UI port on 127.0.0.1."),
-    mlflow_port: int = typer.Option(5000, help="MLflow UI port on 127.0.0.1."),
+    dagster_port: int | None = typer.Option(None, min=1, max=65535, help="Dagster UI port on 127.0.0.1 (default: the port "
+                                                        "the home was last served on, else 3000)."),
+    mlflow_port: int | None = typer.Option(None, min=1, max=65535, help="MLflow UI port on 127.0.0.1 (default: the port "
+                                                       "the home was last served on, else 5000)."),
 ) -> None:
     """Serve the Dagster UI and the MLflow UI on 127.0.0.1 until Ctrl-C or SIGTERM."""
     from orchestration.ui import serve

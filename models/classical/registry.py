@@ -4,8 +4,10 @@ A classical model is logged in a run of the experiment `kernelcast-training` and
 version of the surrogate's registered model with the tags `kind` (cost_model / text_model /
 ensemble), `split`, `dataset_version` and `trained_dataset_version` (the same: it is fitted
 here), and a `model_lineage` row, like the LLM. Its run holds what it learned from, as every
-training run does (`models.registry.tracking.log_training_data`): the dataset as an input and
-`measurement_ids.txt`.
+training run does (`models.registry.tracking.log_training_data`): its fit pairs as the input
+dataset, `measurement_ids.txt` (the measurements behind its fit pairs) and
+`calibration_measurement_ids.txt` (behind its calibration pairs), and what the fit measured
+(fit and calibration sizes, calibration Brier and NLL before and after calibrating).
 
 What is logged is chosen by the caller (`model_logger`): the product logs a pyfunc model that
 answers kernel sources (pipelines.forecasting.pyfunc), whose artifacts hold the fitted model as
@@ -44,6 +46,7 @@ def log_classical(
     measurement_ids: list[str] | None = None,
     training_pairs: pd.DataFrame | None = None,
     model_logger: Callable[[BinForecaster, pd.DataFrame], Any] | None = None,
+    calibration_measurement_ids: list[str] | None = None,
 ) -> tuple[str, int]:
     """Log `model` in a new MLflow run and register it as a new version of `name`.
 
@@ -57,11 +60,12 @@ def log_classical(
         metrics: training/calibration figures to log (calibration Brier, fit seconds, ...).
         tags: extra run and version tags (e.g. dagster_run_id, git_commit).
         params: its hyper-parameters (default: `model.get_params()`).
-        measurement_ids: the measurements behind the dataset version (an artifact, and the
-            logged dataset when `training_pairs` is not given).
+        measurement_ids: the measurements behind its fit pairs (an artifact, and the logged
+            dataset when `training_pairs` is not given).
         training_pairs: its fit pairs (pair_id, true_bin): the logged dataset when given.
         model_logger: (model, example) -> MLflow's ModelInfo, called inside the run: what is
             logged (default: the sklearn model, `_log_sklearn`).
+        calibration_measurement_ids: the measurements behind its calibration pairs (an artifact).
     Returns:
         (run id, version number).
     """
@@ -86,7 +90,8 @@ def log_classical(
         mlflow.log_params({k: str(v) for k, v in (params or model.get_params()).items()})
         if metrics:
             mlflow.log_metrics({k: float(v) for k, v in metrics.items()})
-        log_training_data(tracking_uri, run.info.run_id, dataset_version, measurement_ids, training_pairs)
+        log_training_data(tracking_uri, run.info.run_id, dataset_version, measurement_ids, training_pairs,
+                          calibration_measurement_ids=calibration_measurement_ids)
         info = (model_logger or _log_sklearn)(model, example)
         run_id = run.info.run_id
     from models.registry.versions import register_logged_model
@@ -139,8 +144,8 @@ def import_serializer() -> None:
 
     Why: on its first import skops looks up the module of each of scipy.special's ~230 ufuncs in
     every loaded module, and a lookup on one of transformers' lazy modules imports submodules of
-    it. Imported after transformers, that scan took 6-9 s of a smoke run's classical_forecasters
-    (py-spy, 2 cores); before it, well under one. A process that will both load a language
+    it. Imported after transformers, that scan takes seconds (docs/results/operations.md);
+    before it, well under one. A process that will both load a language
     model and log or load classical models (`kernelcast run`) calls this first.
     """
     import skops.io  # noqa: F401

@@ -229,6 +229,23 @@ def _check_head_file(path: Path, variant: str, dataset_version: str) -> None:
                           f"not of {variant} on {dataset_version}: run embed-head again")
 
 
+def _fit_metrics(fit: pl.DataFrame, cal: pl.DataFrame, calibrator: Any) -> list[Any]:
+    """What a committed variant's training run says it did: its fit and calibration sizes, and
+    the calibration Brier and NLL of its forecasts before and after the calibrator fitted here."""
+    import time
+
+    from mlflow.entities import Metric
+
+    from pipelines.surrogates.classical import calibration_metrics
+
+    values = {"fit_pairs": float(fit.height), "calibration_pairs": float(cal["pair_id"].n_unique() if cal.height else 0)}
+    if cal.height:
+        p, y = cal.select(P_COLS).to_numpy(), cal["true_bin"].to_numpy()
+        values |= calibration_metrics(p, y, "before") | calibration_metrics(calibrator.apply(p), y, "after")
+    now = int(time.time() * 1000)
+    return [Metric(k, v, now, 0) for k, v in values.items() if v == v]
+
+
 def _history_metrics(client: Any, run_id: str, history: list[dict[str, Any]]) -> None:
     for epoch in history:
         for k, v in epoch.items():
@@ -255,7 +272,7 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
     from models.registry.tracking import log_training_data, mlflow_experiment
     from models.registry.versions import find_versions, register_logged_model, register_surrogate
     from pipelines.surrogates.classical import HELD_OUT_MODEL
-    from warehouse.datasets import held_measurements
+    from warehouse.datasets import held_measurements, pair_measurement_ids
     from warehouse.lineage import record_model_lineage
 
     training = json.loads((into / TRAINING_FILE).read_text())
@@ -287,11 +304,15 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
         calibrator = fit_calibrator(cal.select(P_COLS).to_numpy(), cal["true_bin"].to_numpy()) if cal.height else Calibrator()
         run_id = client.create_run(experiment, tags={**(run_tags or {}), **key, "trained_on": "nvidia-h200"},
                                    run_name=f"committed-{name}").info.run_id
-        is_held, measurement_ids = held_measurements(con, trained)
         fit = fit_pairs.filter(pl.col("role") == ("held_out_fit" if held else "fit"))
-        log_training_data(tracking_uri, run_id, trained, measurement_ids,
-                          fit.select("pair_id", "true_bin").to_pandas() if fit.height else None, held=is_held)
-        client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500]) for k, v in settings.items()])
+        is_held = held_measurements(con, trained)[0]
+        fit_ids, cal_ids = ((pair_measurement_ids(con, trained, fit), pair_measurement_ids(con, trained, cal))
+                            if is_held else (None, None))
+        log_training_data(tracking_uri, run_id, trained, fit_ids,
+                          fit.select("pair_id", "true_bin").to_pandas() if fit.height else None, held=is_held,
+                          calibration_measurement_ids=cal_ids)
+        client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500]) for k, v in settings.items()],
+                         metrics=_fit_metrics(fit, cal, calibrator))
         _history_metrics(client, run_id, record["history"]["history"])
         client.log_text(run_id, json.dumps(record, indent=1, default=str), "training_record.json")
         tags = {**key, "calibrator": json.dumps(calibrator.to_dict()), "finetune": settings["finetune"],
