@@ -510,6 +510,7 @@ def forecast(
     converts the embedded SmolLM2 GGUF into $KERNELCAST_HOME/models, a minute or two on a CPU).
     With --endpoint, any OpenAI-compatible server answers instead."""
     from pipelines.forecasting import file_champion_uri, load_forecaster
+    from pipelines.forecasting.snapshot import RegistrySnapshot
     from pipelines.tasks import TASK_MODULES
 
     settings = _settings(profile)
@@ -526,11 +527,14 @@ def forecast(
     reading = _read_in_background(settings.home, task, [anchor, *paths], check=check_kernels,
                                   check_timeout_s=check_timeout_s, allow_incorrect=allow_incorrect,
                                   all_needed=len(paths) == 1, hardware=hardware)
-    ref = model or (None if endpoint else file_champion_uri(registry_uri)) or ("" if endpoint else "smollm2")
+    # the registry as an earlier command read it, while the store is unchanged: no MLflow to start
+    snapshot = RegistrySnapshot(settings.home, registry_uri) if registry_uri else None
+    ref = model or (None if endpoint else file_champion_uri(registry_uri, snapshot=snapshot)) or (
+        "" if endpoint else "smollm2")
     try:
         forecaster = load_forecaster(ref, tracking_uri=settings.mlflow_uri, home=settings.home,
                                      warehouse_path=settings.warehouse_path, readout=readout, style=style,
-                                     endpoint=endpoint, answer_mode=answer_mode)
+                                     endpoint=endpoint, answer_mode=answer_mode, snapshot=True)
     except ValueError as exc:
         raise CliError(str(exc)) from None
     files = reading()

@@ -16,7 +16,9 @@ split goes left when x <= threshold.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,7 @@ from models.classical.features import (
 )
 from models.classical.spread import laplace_bins
 
+PORTABLE_FORMAT = "kernelcast-portable-cost-model/1"  # what `save` writes; `load` reads only this
 TREE_FIELDS = ("feature_idx", "num_threshold", "missing_go_to_left", "left", "right", "is_leaf", "value",
                "is_categorical", "bitset_idx")
 
@@ -43,8 +46,10 @@ Compiler = Callable[[list[Mapping[str, Any]], int], list[Mapping[str, Any]]]
 class PortableCostModel:
     """The prediction half of a fitted models.classical.cost_model.CostModel.
 
-    Build one with `from_cost_model`; pickle it (a forecaster file for the search); call
-    `predict_kernels` (the search's hook) or `predict_proba` on a pair frame.
+    Build one with `from_cost_model`; pickle it (a forecaster file for the search) or `save` it
+    (arrays and JSON, read back by `load` without running code: the registry snapshot of
+    pipelines.forecasting.snapshot); call `predict_kernels` (the search's hook) or
+    `predict_proba` on a pair frame.
     """
 
     kind = "cost_model"
@@ -96,6 +101,47 @@ class PortableCostModel:
                    float(model.scale_), model.task_scales_, model.calibrator_, features, name, compile_workers,
                    compiler if compile_workers > 0 else None)
 
+    # ---- a file without pickle --------------------------------------------------------------
+    def save(self, path: str | Path) -> Path:
+        """Write the prediction half to `path` (NumPy .npz: the trees as arrays, the rest as one
+        JSON text), which `load` reads back without running code (no pickle). The kernels'
+        known features and the compiler are not kept."""
+        head = {"format": PORTABLE_FORMAT, "name": self.name, "baseline": self.baseline, "scale": self.scale,
+                "task_scales": self.task_scales, "calibrator": self.calibrator.to_dict(),
+                "space": {"numeric": self.space.numeric, "categorical": self.space.categorical,
+                          "columns": self.space.columns},
+                "order": self.order, "categories": {str(k): v for k, v in self.categories.items()}}
+        path = Path(path)
+        with path.open("wb") as f:
+            np.savez(f, head=np.array(json.dumps(head)), roots=self.roots, bitsets=self.bitsets,
+                     **{f"tree_{k}": v for k, v in self.trees.items()})
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> PortableCostModel:
+        """The model `save` wrote.
+
+        Raises:
+            ValueError: the file is not one `save` wrote (one line).
+        """
+        try:
+            with np.load(path, allow_pickle=False) as z:
+                head = json.loads(str(z["head"]))
+                if head.get("format") != PORTABLE_FORMAT:
+                    raise ValueError(f"format {head.get('format')!r}, not {PORTABLE_FORMAT}")
+                trees = {k: z[f"tree_{k}"] for k in TREE_FIELDS}
+                roots, bitsets = z["roots"], z["bitsets"]
+        except (OSError, KeyError, ValueError, json.JSONDecodeError) as exc:
+            raise ValueError(f"{path}: not a saved portable cost model: {exc}".splitlines()[0]) from None
+        space = FeatureSpace()
+        space.numeric = list(head["space"]["numeric"])
+        space.categorical = {k: list(v) for k, v in head["space"]["categorical"].items()}
+        space.columns = list(head["space"]["columns"])
+        return cls(space, [int(i) for i in head["order"]], {int(k): v for k, v in head["categories"].items()},
+                   trees, roots, bitsets, float(head["baseline"]), float(head["scale"]),
+                   {k: float(v) for k, v in head["task_scales"].items()}, Calibrator.from_dict(head["calibrator"]),
+                   name=str(head["name"]))
+
     # ---- prediction ------------------------------------------------------------------------
     def encode(self, table: pd.DataFrame) -> np.ndarray:
         """The float matrix the trees read: columns in scikit-learn's order, categories as codes."""
@@ -129,7 +175,10 @@ class PortableCostModel:
                                np.where(cat, in_set, np.nan_to_num(v) <= t["num_threshold"][node]))
             nxt = np.where(go_left, t["left"][node], t["right"][node])
             node = np.where(inner, nxt, node)
-        return self.baseline + t["value"][node].sum(axis=1)
+        # tree by tree from the baseline, as scikit-learn adds them (a cumulative sum is that
+        # order; a plain sum pairs them and differs in the last bits)
+        leaves = np.column_stack([np.full(len(x), self.baseline), t["value"][node]])
+        return np.cumsum(leaves, axis=1)[:, -1]
 
     def predict_proba(self, frame: pd.DataFrame) -> np.ndarray:
         """Calibrated (n, 8) probabilities of bins 1..8, as CostModel.predict_proba."""

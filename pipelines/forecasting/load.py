@@ -23,27 +23,42 @@ class WrongKind(ValueError):
     """The version is of a kind the caller does not take (raised before anything loads)."""
 
 
-def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE) -> str | None:
+def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE, snapshot: Any = None) -> str | None:
     """models:/<name>@champion-external when that alias exists, else @champion when it exists,
-    else None (nothing registered, or no tracking URI)."""
+    else None (nothing registered, or no tracking URI). `snapshot` (a
+    pipelines.forecasting.snapshot.RegistrySnapshot of the store) answers what it read before
+    and keeps what it did not."""
     if not tracking_uri:
         return None
-    from models.registry.versions import alias_version
-
     for alias in (CHAMPION_EXTERNAL, CHAMPION):
-        if alias_version(tracking_uri, alias, name) is not None:
+        if _alias_version(tracking_uri, alias, name, snapshot) is not None:
             return f"models:/{name}@{alias}"
     return None
 
 
-def resolve_version(tracking_uri: str, ref: str) -> tuple[str, int, dict[str, Any]]:
+def _alias_version(tracking_uri: str, alias: str, name: str, snapshot: Any) -> int | None:
+    """models.registry.versions.alias_version, through the snapshot when there is one."""
+    if snapshot is not None and snapshot.enabled:
+        known, version = snapshot.alias(name, alias)
+        if known:
+            return version
+    from models.registry.versions import alias_version
+
+    version = alias_version(tracking_uri, alias, name)
+    if snapshot is not None and snapshot.enabled:
+        snapshot.remember_alias(name, alias, version)
+    return version
+
+
+def resolve_version(tracking_uri: str, ref: str, snapshot: Any = None) -> tuple[str, int, dict[str, Any]]:
     """(model name, version, version_info) of "models:/name/N", "models:/name@alias" or
-    "kind:<kind>" (the newest version of that kind of the surrogate's model).
+    "kind:<kind>" (the newest version of that kind of the surrogate's model). `snapshot` (a
+    RegistrySnapshot of the store) answers aliases and versions it read before.
 
     Raises:
         ValueError: a malformed reference, or one that points at no version (one line).
     """
-    from models.registry.versions import alias_version, find_versions, parse_model_uri, version_info
+    from models.registry.versions import find_versions, parse_model_uri
 
     if ref.startswith("kind:"):
         kind = ref.removeprefix("kind:")
@@ -52,11 +67,24 @@ def resolve_version(tracking_uri: str, ref: str) -> tuple[str, int, dict[str, An
             raise ValueError(f"no registered version of kind {kind!r}: run `kernelcast run` first")
         return SURROGATE, found[0]["version"], found[0]
     name, alias, number = parse_model_uri(ref)
-    version = alias_version(tracking_uri, alias, name) if alias else number
-    info = version_info(tracking_uri, version, name) if version is not None else None
+    version = _alias_version(tracking_uri, alias, name, snapshot) if alias else number
+    info = _version_info(tracking_uri, version, name, snapshot) if version is not None else None
     if info is None:
         raise ValueError(f"{ref} points at no version in {tracking_uri}")
     return name, int(version), info
+
+
+def _version_info(tracking_uri: str, version: int, name: str, snapshot: Any) -> dict[str, Any] | None:
+    """models.registry.versions.version_info, through the snapshot when there is one."""
+    held = snapshot.version(name, version) if snapshot is not None and snapshot.enabled else None
+    if held is not None:
+        return held
+    from models.registry.versions import version_info
+
+    info = version_info(tracking_uri, version, name)
+    if info is not None and snapshot is not None and snapshot.enabled:
+        snapshot.remember_version(name, version, info)
+    return info
 
 
 def load_forecaster(
@@ -76,6 +104,7 @@ def load_forecaster(
     cache: bool = True,
     use_committed: bool = True,
     kinds: tuple[str, ...] | None = None,
+    snapshot: bool = False,
 ) -> PairForecaster:
     """The forecaster `ref` names, as an adapter answering `forecast_pairs(pairs, kernels)`.
 
@@ -103,6 +132,10 @@ def load_forecaster(
             version: to read every pair with its head, pipelines.forecasting.embed).
         kinds: the registered kinds the caller takes (None: all); another kind raises WrongKind
             before its model loads.
+        snapshot: read the registry through the home's snapshot (pipelines.forecasting.snapshot:
+            aliases, versions and cost models kept from an earlier read of the unchanged store),
+            so a command starts without MLflow; a cost model then answers as its portable twin
+            (the same forecasts, `model` a PortableCostModel instead of the CostModel).
     Raises:
         ValueError: a reference that names nothing loadable, or what it needs is missing (one line).
         WrongKind: a registered version not of `kinds`.
@@ -132,13 +165,17 @@ def load_forecaster(
     if ref.startswith(("models:/", "kind:")):
         if not tracking_uri:
             raise ValueError(f"{ref} needs the MLflow tracking URI")
+        from pipelines.forecasting.snapshot import RegistrySnapshot
+
+        snap = RegistrySnapshot(home, tracking_uri) if snapshot else None
         return _registered(ref, tracking_uri, home, committed_dir, readout, style, device, cache_dir, table,
-                           use_committed, kinds)
+                           use_committed, kinds, snap)
     return _base(ref.removeprefix("base:"), home, readout, style or "diff", device, cache_dir, table)
 
 
-def _registered(ref, tracking_uri, home, committed_dir, readout, style, device, cache_dir, table, use_committed, kinds):
-    name, version, info = resolve_version(tracking_uri, ref)
+def _registered(ref, tracking_uri, home, committed_dir, readout, style, device, cache_dir, table, use_committed, kinds,
+                snapshot=None):
+    name, version, info = resolve_version(tracking_uri, ref, snapshot)
     tags = info.get("tags", {})
     kind, stored = tags.get("kind", "llm"), f"models:/{name}/{int(version)}"
     if kinds is not None and kind not in kinds:
@@ -147,7 +184,12 @@ def _registered(ref, tracking_uri, home, committed_dir, readout, style, device, 
         from models.classical.registry import load_classical
         from pipelines.forecasting.classical import ClassicalForecaster
 
-        adapter = ClassicalForecaster(load_classical(tracking_uri, name, version), stored, kind)
+        model = snapshot.cost_model(name, version, info) if snapshot is not None and kind == "cost_model" else None
+        if model is None:
+            model = load_classical(tracking_uri, name, version)
+            if snapshot is not None and kind == "cost_model":
+                model = _kept(snapshot, name, version, info, model)
+        adapter = ClassicalForecaster(model, stored, kind)
         adapter.source = f"registered {kind} {ref} (version {version})"
     elif kind != "llm":
         raise ValueError(f"{ref} is a version of unknown kind {kind!r}")
@@ -171,6 +213,15 @@ def _registered(ref, tracking_uri, home, committed_dir, readout, style, device, 
                                       table, stored, ref)
     adapter.version, adapter.uri, adapter.model_name = version, ref, name
     return adapter
+
+
+def _kept(snapshot: Any, name: str, version: int, info: dict[str, Any], model: Any) -> Any:
+    """The cost model's portable twin, kept in the snapshot; the model itself where the twin
+    cannot reproduce it (a loss other than squared error)."""
+    try:
+        return snapshot.keep_cost_model(name, version, info, model)
+    except ValueError:
+        return model
 
 
 def _committed_only(tags: dict[str, str]) -> bool:
