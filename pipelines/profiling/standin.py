@@ -13,10 +13,11 @@ or must not touch the one it has (a compile child on a GPU host):
   numbers, a launcher that runs nothing, binaries "loaded" with their registers and spills read
   from the cubin by cuobjdump);
 - torch.cuda: availability, device count and properties, capability, streams, events, device and
-  stream contexts, synchronisation: answers, no work;
+  stream contexts, synchronisation, NVTX ranges: answers, no work;
 - tensors: every tensor answers `is_cuda` as the GPU's inputs would, and "cuda" means the CPU,
   where the inputs are (fake tensors in the trace of pipelines.forecasting.source_features, real
-  ones in a compile on a real input): `device="cuda"` allocations and moves to the GPU stay there.
+  ones in a compile on a real input): `device="cuda"` (or a device ordinal, `device=0`)
+  allocations and moves to the GPU stay there, and pinning host memory is a no-op.
   `x.device` still says cpu: a launcher that branches on `x.device.type` takes its CPU branch.
 
 Only the standard library, torch and triton are used (the GPU worker's compile children use it).
@@ -348,15 +349,25 @@ def _torch_cuda_answers(spec: DeviceSpec) -> dict[str, Any]:
         "reset_peak_memory_stats": lambda device=None: None,
         "manual_seed": lambda seed: None,
         "manual_seed_all": lambda seed: None,
+        "nvtx": _NVTX,
     }
 
 
+# torch.cuda.nvtx: profiler ranges around a launch mark nothing without a GPU (torch's raise
+# "NVTX functions not installed" in a build without CUDA)
+_NVTX = types.SimpleNamespace(range_push=lambda msg: 0, range_pop=lambda: 0, mark=lambda msg: None,
+                              range_start=lambda msg: 0, range_end=lambda range_id: None,
+                              range=lambda msg, *args, **kwargs: contextlib.nullcontext())
+
+
 def _is_cuda(device: Any) -> bool:
+    """Whether `device` names the GPU: "cuda", "cuda:N", a CUDA torch.device, or a bare ordinal
+    (`device=torch.cuda.current_device()`, `.to(0)`), which means the GPU wherever one is."""
     if isinstance(device, torch.device):
         return device.type == "cuda"
     if isinstance(device, str):
         return device == "cuda" or device.startswith("cuda:")
-    return False
+    return isinstance(device, int) and not isinstance(device, bool) and device >= 0
 
 
 class _Placement(torch.overrides.TorchFunctionMode):
@@ -372,6 +383,8 @@ class _Placement(torch.overrides.TorchFunctionMode):
     def __torch_function__(self, func, types_, args=(), kwargs=None):
         kwargs = dict(kwargs or {})
         name = getattr(func, "__name__", "")
+        if name == "pin_memory" and args and isinstance(args[0], torch.Tensor):
+            return args[0]  # page-locking for faster copies to the GPU: nothing to do where "cuda" is here
         if name in self._MOVES and args and isinstance(args[0], torch.Tensor):
             if _move_target(name, args[1:], kwargs) is not None:
                 t = args[0]

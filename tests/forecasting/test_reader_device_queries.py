@@ -128,3 +128,46 @@ def test_refusals_name_their_cause(tmp_path):
     assert "undefined_name" in f_bad.refused and "\n" not in f_bad.refused
     assert f_host.refused is None and f_host.record is not None
     assert len(f_host.notes) == 1 and f_host.notes[0].startswith("no source features: trace:")
+
+
+def test_a_device_ordinal_pinned_memory_and_nvtx_ranges_are_answered_under_fake_tensors():
+    """Launchers written for one GPU name it by number (`device=torch.cuda.current_device()`,
+    `.to(0)`), pin host buffers before copying them over, and mark profiler ranges; on the stand-in
+    each works as on the GPU (a build without CUDA raises on all three)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with standin.standin_device(), FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.randn(4, 8)
+        for t in (torch.empty(4, device=torch.cuda.current_device()), torch.zeros(3, device=0), x.to(0),
+                  x.to(0, torch.bfloat16), torch.ones(2).pin_memory()):
+            assert t.is_cuda and t[1:].shape[0] == t.shape[0] - 1
+        assert x.to(0, torch.bfloat16).dtype == torch.bfloat16
+        torch.cuda.nvtx.range_push("launch")
+        with torch.cuda.nvtx.range("launch"):
+            torch.cuda.nvtx.mark("here")
+        torch.cuda.nvtx.range_pop()
+    with pytest.raises(RuntimeError):  # outside, the build's own answer again
+        torch.cuda.nvtx.range_push("launch")
+
+
+@pytest.mark.parametrize("fallback", ["normalise_in_torch", "stats_in_torch"])
+def test_a_half_triton_half_pytorch_kernel_traces_and_compiles_on_the_stand_in(fallback):
+    """The softmax template's torch_partial family (a Triton kernel for half the work, PyTorch
+    for the rest, fp32 copies of the input) is read in one child: its trace on fake tensors
+    compiles it for sm_90 and counts its torch ops, so the reader never compiles it a second
+    time on a real input (which it did while the stand-in's fake CUDA tensors took no index,
+    transpose or copy: "PyTorch is not linked with support for cuda devices")."""
+    from pipelines.forecasting.files import read_kernel_sources
+    from pipelines.forecasting.source_features import source_features_many
+    from pipelines.generation import registry
+
+    point = next(p for p in registry.iter_points("softmax") if p.algorithm == "torch_partial"
+                 and p.knobs["fallback"] == fallback and registry.is_valid_point(p))
+    src = registry.render_point(point)
+    (row,) = source_features_many([{"kernel_id": "tp", "task": "softmax", "source": src, "language": "triton"}],
+                                  n_workers=1, hardware="nvidia-h200-sm90")
+    assert (row["status"], row["compile_status"], row["error"]) == ("ok", "compiled", None)
+    assert row["n_regs"] > 0 and row["trace_cases"] == 4 and row["trace_launches"] == 1
+    assert row["torch_ops"] >= 3  # the PyTorch half: casts, exp, divide or reductions
+    (f,) = read_kernel_sources("softmax", [src], "nvidia-h200-sm90")
+    assert f.refused is None and f.notes == [] and f.record["n_regs"] == row["n_regs"]
