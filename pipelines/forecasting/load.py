@@ -181,11 +181,12 @@ def _registered(ref, tracking_uri, home, committed_dir, readout, style, device, 
     if kinds is not None and kind not in kinds:
         raise WrongKind(f"{ref} is a {kind} version")
     if kind in CLASSICAL_KINDS:
-        from models.classical.registry import load_classical
         from pipelines.forecasting.classical import ClassicalForecaster
 
         model = snapshot.cost_model(name, version, info) if snapshot is not None and kind == "cost_model" else None
-        if model is None:
+        if model is None:  # MLflow and scikit-learn imported only here
+            from models.classical.registry import load_classical
+
             model = load_classical(tracking_uri, name, version)
             if snapshot is not None and kind == "cost_model":
                 model = _kept(snapshot, name, version, info, model)

@@ -197,6 +197,18 @@ class _Worker:
                     stream.close()
         self.proc = None
 
+    def kill(self) -> None:
+        """Stop an idle child at once, without its orderly exit (a torch process takes most of a
+        second to tear down): for children whose scratch the parent removes itself."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            self.proc.wait()
+            for stream in (self.proc.stdin, self.proc.stdout):
+                if stream:
+                    stream.close()
+        self.proc = None
+
     def _read(self, timeout_s: float) -> dict | None:
         """The next JSON line, or None on timeout or EOF (the caller tells which by poll())."""
         assert self.proc is not None and self.proc.stdout is not None
