@@ -126,3 +126,19 @@ def test_unknown_triton_candidates_are_compiled_once_for_their_features(fitted):
     feats = portable.features[seed["kernel_id"]]
     assert feats["n_regs"] and feats["n_regs"] > 0 and feats["n_launches"] >= 1
     assert portable.compile_missing([seed]) == 0  # remembered
+
+
+def test_portable_forecasts_are_the_fitted_models_to_the_last_bit_and_survive_a_file_without_pickle(fitted, tmp_path):
+    """Trees added in scikit-learn's order give its numbers exactly (a served model and the
+    command that answers from the twin print the same digits); `save`/`load` keep them."""
+    portable = PortableCostModel.from_cost_model(fitted)
+    frame, _, _ = mixed_pairs(300, 5)
+    frame.loc[frame.index[::5], "a_n_regs"] = np.nan
+    assert np.array_equal(portable.predict_proba(frame), fitted.predict_proba(frame))
+    path = portable.save(tmp_path / "model.npz")
+    with np.load(path, allow_pickle=False) as z:  # arrays and text only
+        assert {"head", "roots", "bitsets"} <= set(z.files)
+    assert np.array_equal(PortableCostModel.load(path).predict_proba(frame), fitted.predict_proba(frame))
+    (tmp_path / "bad.npz").write_bytes(b"not a model")
+    with pytest.raises(ValueError, match="not a saved portable cost model"):
+        PortableCostModel.load(tmp_path / "bad.npz")
