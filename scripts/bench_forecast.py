@@ -155,7 +155,9 @@ def bench_cli(home: Path, task: str, anchor: Path, sources: list[str], repeats: 
     with tempfile.TemporaryDirectory(prefix="bench-forecast-") as tmp:
         for i in range(repeats):
             cand = Path(tmp) / f"candidate_{i}.py"
-            cand.write_text(sources[i])
+            # a comment no run wrote before: the file is read, not answered from the home's
+            # feature cache by an earlier run of this benchmark (the same seed, the same kernels)
+            cand.write_text(f"{sources[i]}\n# bench_forecast {os.getpid()}-{time.time_ns()}\n")
             args = [*cmd, "forecast", "--task", task, "--anchor", str(anchor), "--candidate", str(cand), "--json",
                     *(["--model", model] if model else [])]
             t0 = time.perf_counter()
