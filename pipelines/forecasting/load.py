@@ -38,16 +38,19 @@ def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE) -> str | 
 
 def resolve_version(tracking_uri: str, ref: str) -> tuple[str, int, dict[str, Any]]:
     """(model name, version, version_info) of "models:/name/N", "models:/name@alias" or
-    "kind:<kind>" (the newest version of that kind of the surrogate's model).
+    "kind:<kind>" (the newest version of that kind of the surrogate's model fitted on its
+    reference card, models.registry.hardware).
 
     Raises:
         ValueError: a malformed reference, or one that points at no version (one line).
     """
-    from models.registry.versions import alias_version, find_versions, parse_model_uri, version_info
+    from models.registry.versions import alias_version, parse_model_uri, version_info
 
     if ref.startswith("kind:"):
+        from models.registry.hardware import reference_versions
+
         kind = ref.removeprefix("kind:")
-        found = find_versions(tracking_uri, SURROGATE, kind=kind)
+        found = reference_versions(tracking_uri, SURROGATE, kind=kind)  # never another card's version
         if not found:
             raise ValueError(f"no registered version of kind {kind!r}: run `kernelcast run` first")
         return SURROGATE, found[0]["version"], found[0]

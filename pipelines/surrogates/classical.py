@@ -220,8 +220,8 @@ def train_and_register(
     progress: Callable[[str], None] | None = None,
 ) -> list[Registered]:
     """Fit, calibrate and register every kind for both splits (or re-use a registered version
-    of the same kind, split, dataset version and code); tag them all with `batch` so they are
-    evaluated together as challengers; record lineage rows.
+    of the same kind, split, dataset version, code and card); tag them all with `batch` so they
+    are evaluated together as challengers; record lineage rows.
 
     Args:
         con: a writable warehouse connection (lineage rows).
@@ -244,6 +244,7 @@ def train_and_register(
         One Registered per (kind, split) trained or re-used.
     """
     from models.classical import COMPOSED_KINDS
+    from models.registry.hardware import HARDWARE_TAG
     from models.registry.versions import find_versions, set_version_tag
 
     kinds = list(kinds)
@@ -260,7 +261,9 @@ def train_and_register(
                 kind_params = {"members": {k: dict((params or {}).get(k, {})) for k in fitted_kinds}, **kind_params}
             digest = hashlib.sha256(json.dumps([kind_params, max_fit], sort_keys=True).encode()).hexdigest()[:12]
             key = {"kind": kind, "split": split, "dataset_version": dataset_version,
-                   "code_version": f"{CODE_VERSION}-{digest}"}
+                   "code_version": f"{CODE_VERSION}-{digest}",
+                   # the card it is fitted on (models.registry.hardware): one card's version is never another's
+                   **({HARDWARE_TAG: roles.hardware_id} if roles.hardware_id else {})}
             found = [] if force else find_versions(tracking_uri, target, **key)
             if found:
                 version, run_id = found[0]["version"], found[0]["run_id"]
@@ -396,4 +399,8 @@ def train_classical_surrogates(warehouse_path: Any, tracking_uri: str, surrogate
                                         params=classical_params(surrogate.classical_params),
                                         max_fit=surrogate.classical_max_fit, workers=surrogate.classical_workers,
                                         progress=progress)
+    if roles.hardware_id and registered:
+        from models.registry.hardware import set_reference_hardware
+
+        set_reference_hardware(tracking_uri, name, roles.hardware_id)
     return ClassicalSurrogates(version, registered, roles.fit.height, roles.calibration.height)
