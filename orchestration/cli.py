@@ -445,6 +445,7 @@ def evaluate(
 
 # ---- forecast -----------------------------------------------------------------------------
 CHAMPION_URI = "models:/kernelcast-surrogate@champion"
+SURROGATE_NAME = "kernelcast-surrogate"
 
 
 def _registered_champion(settings) -> int | None:
@@ -471,7 +472,11 @@ def forecast(
         help="Default: models:/kernelcast-surrogate@champion-external when the registry has it, else "
              f"{CHAMPION_URI}, else 'smollm2'. Also models:/kernelcast-surrogate/N, kind:cost_model, "
              "baseline:uniform, 'smollm2' (embedded base model) or a local HF checkpoint dir."),
-    hardware: str = typer.Option("nvidia-h200-sm90", help="Hardware id whose fingerprint goes into the prompt."),
+    hardware: str = typer.Option(
+        "nvidia-h200-sm90",
+        help="Hardware id of the card to forecast for: its fingerprint goes into the prompt, its stand-in device "
+             "reads the files, and without --model its champion answers (@champion-<card>, e.g. champion-h100 for "
+             "nvidia-h100-80gb-hbm3-sm90; else the reference card's champion, and the output says so)."),
     readout: str = typer.Option("logprob", help="logprob (next-token bin probabilities) | verbalized (JSON answer)."),
     style: str | None = typer.Option(None, help="full | diff | compact; default: the surrogate's training style, else diff."),
     endpoint: str | None = typer.Option(
@@ -504,7 +509,9 @@ def forecast(
     Answers from the registered version for kernels from files (@champion-external, else
     @champion) when there is one, whatever its kind, else from the base model (the first call
     converts the embedded SmolLM2 GGUF into $KERNELCAST_HOME/models, a minute or two on a CPU).
-    With --endpoint, any OpenAI-compatible server answers instead."""
+    For a --hardware other than the reference card, the card's own champion (@champion-<card>)
+    answers when it is set; when it is not, the output names the card the answering version was
+    fitted on. With --endpoint, any OpenAI-compatible server answers instead."""
     from pipelines.forecasting import file_champion_uri, load_forecaster
     from pipelines.forecasting.files import read_kernel_files
     from pipelines.tasks import get_task
@@ -514,7 +521,13 @@ def forecast(
     paths = _candidate_files([*candidate, *(more or [])])
     registry_uri = settings.mlflow_uri if (settings.home / "mlflow.db").is_file() else None
     auto = model is None and endpoint is None
-    ref = model or (None if endpoint else file_champion_uri(registry_uri)) or ("" if endpoint else "smollm2")
+    ref = model or (None if endpoint else file_champion_uri(registry_uri))
+    hardware_note = ""
+    if auto and registry_uri:  # the card's own champion, else the reference card's, said so
+        from models.registry.hardware import champion_for_hardware
+
+        ref, hardware_note = champion_for_hardware(registry_uri, hardware, SURROGATE_NAME, ref)
+    ref = ref or ("" if endpoint else "smollm2")
     if endpoint is not None and not ref:
         raise CliError("--endpoint needs --model: the served model name")
     if ref.startswith("baseline:") and ref != "baseline:uniform":
@@ -532,7 +545,8 @@ def forecast(
         raise CliError(f"anchor {anchor}: {head.refused}")
     if len(cands) == 1 and cands[0].refused:
         raise CliError(f"{cands[0].path}: {cands[0].refused}")
-    meta = _forecaster_meta(forecaster, ref, auto, readout)
+    meta = {**_forecaster_meta(forecaster, ref, auto, readout), "hardware_id": hardware,
+            **({"hardware_note": hardware_note} if hardware_note else {})}
     results = _forecast_files(forecaster, t.name, hardware, head, cands, single=len(cands) == 1)
     rows = [{**meta, "task": t.name, "anchor": str(anchor), **r} for r in results]
     if as_json:
@@ -630,6 +644,8 @@ def _print_forecast_table(rows: list[dict], meta: dict) -> None:
     from models.bins import BIN_NAMES
 
     typer.echo(f"forecaster: {meta['source']} ({meta['model_ref']})", err=True)
+    if meta.get("hardware_note"):
+        typer.echo(f"hardware: {meta['hardware_note']}", err=True)
     width = min(48, max(len("file"), *(len(r["file"]) for r in rows)))
     typer.echo(f"{'file':<{width}}  bin  p(bin)  E[log2 S]  p1..p8")
     for r in rows:
@@ -648,7 +664,8 @@ def _print_forecast_table(rows: list[dict], meta: dict) -> None:
 def promote(
     version: int = typer.Option(..., "--version", min=1, help="Registered version of kernelcast-surrogate."),
     alias: str = typer.Option("champion", "--alias",
-                              help="champion | challenger | champion-external | challenger-external."),
+                              help="champion | challenger | champion-external | challenger-external | "
+                                   "champion-<card> (a card other than the reference, e.g. champion-h100)."),
     profile: str | None = ProfileOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -656,6 +673,7 @@ def promote(
 
     The automatic rule (model_promotion asset) is bypassed: use this to roll back or to
     promote a version you have evaluated yourself."""
+    from models.registry.hardware import is_card_alias
     from models.registry.versions import (
         ALIASES,
         DEFAULT_NAME,
@@ -665,8 +683,8 @@ def promote(
     )
 
     settings = _settings(profile)
-    if alias not in ALIASES:
-        raise CliError(f"--alias must be one of {', '.join(ALIASES)}, got {alias!r}")
+    if alias not in ALIASES and not is_card_alias(alias):
+        raise CliError(f"--alias must be one of {', '.join(ALIASES)} or champion-<card>, got {alias!r}")
     if not (settings.home / "mlflow.db").is_file():
         raise CliError(f"no MLflow registry at {settings.home / 'mlflow.db'}; run `kernelcast run` first")
     if version_info(settings.mlflow_uri, version) is None:

@@ -25,6 +25,22 @@ REFERENCE_TAG = "reference_hardware"  # on the registered model: its in-distribu
 CARD_ALIAS = re.compile(r"^champion-(?!external$)[a-z0-9][a-z0-9-]*$")  # champion-h100, not champion-external
 
 
+def champion_for_hardware(tracking_uri: str, hardware_id: str, name: str, fallback: str | None) -> tuple[str | None, str]:
+    """(the model URI that answers for `hardware_id`, a sentence saying which) when the caller
+    named no model: the card's `@champion-<card>` when set; else `fallback` (the reference card's
+    champion), with a sentence naming the card it was fitted on when that is not `hardware_id`
+    (empty when it is, or when the registry does not say)."""
+    found = version_for_hardware(tracking_uri, hardware_id, name)
+    if found is not None:
+        alias, version = found
+        return f"models:/{name}@{alias}", f"@{alias} (version {version}), fitted on {hardware_id}"
+    reference = reference_hardware(tracking_uri, name)
+    if fallback is None or reference is None or reference == hardware_id:
+        return fallback, ""
+    return fallback, (f"no version fitted on {hardware_id} (@{champion_alias(hardware_id)} is not set): "
+                      f"{fallback} answers, fitted on {reference}")
+
+
 def is_card_alias(alias: str) -> bool:
     """Whether an alias is a card's champion.
 

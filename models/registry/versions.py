@@ -259,9 +259,12 @@ def register_surrogate(
 
 
 def set_alias(tracking_uri: str, alias: str, version: int | str, name: str = DEFAULT_NAME) -> None:
-    """Point `alias` (one of ALIASES) at a version (promotion)."""
-    if alias not in ALIASES:
-        raise ValueError(f"alias must be one of {ALIASES}, got {alias!r}")
+    """Point `alias` (one of ALIASES, or a card's champion-<card>: models.registry.hardware) at a
+    version (promotion)."""
+    from models.registry.hardware import is_card_alias
+
+    if alias not in ALIASES and not is_card_alias(alias):
+        raise ValueError(f"alias must be one of {ALIASES} or champion-<card>, got {alias!r}")
     _client(tracking_uri).set_registered_model_alias(name, alias, str(version))
 
 
