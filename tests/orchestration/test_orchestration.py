@@ -24,6 +24,7 @@ EXPECTED_ASSETS = {
     "kernel_tasks", "kernel_candidates", "kernel_measurements", "curated_pairs", "eval_set",
     "rl_training_pool", "discovery_pairs", "forecasts", "calibration_report", "utility_report",
     "base_model", "surrogate_model", "classical_forecasters", "model_promotion", "search_simulation",
+    "card_forecasters", "cross_hardware_report", "card_champions",
 }
 EXPECTED_CHECKS = {
     "references_pass_own_check", "unique_kernel_ids", "parents_exist", "every_kernel_compiled_or_recorded",
