@@ -79,17 +79,35 @@ def _brier(p: np.ndarray, y: np.ndarray) -> float:
     return float(0.5 * ((p - np.eye(NUM_BINS)[y - 1]) ** 2).sum(axis=1).mean()) if len(y) else float("nan")
 
 
+PAIR_KEY = ("hardware_id", "anchor_kernel_id", "candidate_kernel_id")
+
+
+def canonical_order(pairs: pl.DataFrame) -> pl.DataFrame:
+    """Pairs sorted by (hardware, anchor, candidate), which no dataset version changes: a pair id
+    is qualified by its version, so an order by pair id moves whenever anything else in the version
+    does (a second card's pairs, say), and a fit whose optimiser stops at a tolerance (the text
+    model's logistic regression) lands a little elsewhere.
+
+    >>> f = pl.DataFrame({"hardware_id": ["h", "h"], "anchor_kernel_id": ["r", "r"], "candidate_kernel_id": ["b", "a"]})
+    >>> canonical_order(f)["candidate_kernel_id"].to_list()
+    ['a', 'b']
+    """
+    return pairs.sort(list(PAIR_KEY)) if pairs.height and set(PAIR_KEY) <= set(pairs.columns) else pairs
+
+
 def fit_classical(kind: str, roles: Roles, split: str, records: Mapping[str, Mapping[str, Any]],
                   params: Mapping[str, Any] | None = None, max_fit: int | None = None) -> Fitted:
-    """Fit `kind` on the split's fit pairs (the first `max_fit` by pair id, if given),
-    calibrate it on its calibration pairs.
+    """Fit `kind` on the split's fit pairs (the first `max_fit` in `canonical_order`, if given),
+    calibrate it on its calibration pairs; both in `canonical_order`, so the same pairs give the
+    same model in any dataset version.
 
     Raises:
         ValueError: the split has no fit pairs.
     """
     fit, calibration, _ = roles.for_split(split)
+    fit, calibration = canonical_order(fit), canonical_order(calibration)
     if max_fit is not None:
-        fit = fit.sort("pair_id").head(max_fit)
+        fit = fit.head(max_fit)
     if fit.is_empty():
         raise ValueError(f"no fit pairs for split {split!r}")
     model = make_classical(kind, **dict(params or {}))
@@ -334,8 +352,9 @@ def compose(kind: str, members: Sequence[BinForecaster], roles: Roles, split: st
     if kind != "ensemble":
         raise ValueError(f"unknown composed kind {kind!r}")
     fit, calibration, _ = roles.for_split(split)
+    fit, calibration = canonical_order(fit), canonical_order(calibration)
     if max_fit is not None:
-        fit = fit.sort("pair_id").head(max_fit)
+        fit = fit.head(max_fit)
     if fit.is_empty():
         raise ValueError(f"no fit pairs for split {split!r}")
     model = EnsembleModel.from_members(members, fit["task"].to_list(), fit["true_bin"].to_list())

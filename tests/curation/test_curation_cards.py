@@ -166,3 +166,33 @@ def test_bin_agreement_counts_kernels_correct_on_both_cards():
     moved = {f"k{i}" for i in range(96) if i % 3 == 0 and i % 4 == 0 and i % 8 + 1 < 8}  # a bin up on B
     assert overall["task"] == "all" and overall["same"] == pytest.approx(1 - len(moved) / len(both_ids))
     assert overall["within_one"] == 1.0 and overall["mean_shift"] == pytest.approx(len(moved) / len(both_ids))
+
+
+def test_a_fit_does_not_depend_on_the_dataset_versions_pair_ids():
+    """The same pairs under other pair ids (another dataset version: a second card's pairs came)
+    give the same text model: fits take their pairs in (hardware, anchor, candidate) order."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "forecasting"))
+    from test_forecasting_models import toy_pairs
+
+    from models.classical.features import side_records
+    from pipelines.surrogates.classical import fit_classical
+    from pipelines.surrogates.roles import Roles
+
+    frame, y, _ = toy_pairs(160, 0)
+    anchors, cands = side_records(frame, "a"), side_records(frame, "c")
+    records = {r["kernel_id"]: r for r in anchors + cands}
+    base = pl.DataFrame({"hardware_id": [A] * len(y), "anchor_kernel_id": [a["kernel_id"] for a in anchors],
+                         "candidate_kernel_id": [c["kernel_id"] for c in cands], "task": ["softmax"] * len(y),
+                         "true_bin": y.tolist(), "speedup": [1.0] * len(y), "pair_type": ["reference"] * len(y)})
+    predictions = []
+    for version in ("ds-one", "ds-two"):
+        ids = [f"{hash((version, i)) & 0xFFFFFFFF:08x}" for i in range(len(y))]  # another order by id
+        pairs = base.with_columns(pl.Series("pair_id", ids))
+        fit, cal = pairs.head(120).sort("pair_id"), pairs.tail(40).sort("pair_id")  # the same pairs, as a version reads them
+        roles = Roles(fit, cal, cal, fit.head(0), fit.head(0), fit.head(0), None)
+        model = fit_classical("text_model", roles, "in_distribution", records).model
+        predictions.append(model.predict_proba(frame.head(20)))
+    assert np.array_equal(predictions[0], predictions[1])
