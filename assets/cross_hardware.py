@@ -107,6 +107,7 @@ def _log_run(mlflow: MlflowResource, version: str, studies, folder, dagster_run_
     group_name="promotion",
     kinds={"mlflow"},
     deps=["cross_hardware_report"],
+    pool="duckdb_writer",  # it reads the current dataset version: DuckDB locks the file for readers too
 )
 def card_champions(context: dg.AssetExecutionContext, settings: SettingsResource, warehouse: WarehouseResource,
                    mlflow: MlflowResource) -> dg.MaterializeResult:
