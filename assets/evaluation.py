@@ -166,13 +166,14 @@ def forecasts(eval_set, rl_training_pool, discovery_pairs, surrogate_model, clas
 def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsResource,
                        warehouse: WarehouseResource, mlflow: MlflowResource):
     """Evaluate every forecaster of the current dataset version and log the report to MLflow."""
-    from orchestration.links import dagster_run_url, live_ports
+    from orchestration.links import PORTS_SCRIPT, dagster_run_url, live_ports
     from pipelines.evaluation.suite import headline_markdown
     from pipelines.evaluation.version_report import (
         EvaluationError,
         evaluate_version,
         read_version_forecasts,
     )
+    from pipelines.promotion.summary import read_summary
 
     cfg = settings.get()
     mlflow.client()
@@ -181,15 +182,19 @@ def evaluation_reports(context: dg.AssetExecutionContext, settings: SettingsReso
         made_by = (context.run.run_id, dagster_run_url(context.run.run_id, live_ports(cfg.home)["dagster"]))
         ev = evaluate_version(forecasts, mlflow.tracking_uri, mlflow.experiment_id("kernelcast-evaluation"),
                               cfg.evaluation, cfg.reports_dir, cfg.home / "cache" / "evaluation", made_by,
-                              mlflow.run_links, mlflow.run_url, progress=context.log.info)
+                              mlflow.run_links, mlflow.run_url, progress=context.log.info,
+                              promotion=read_summary(warehouse.path).to_json(), ports_script=PORTS_SCRIPT)
     except EvaluationError as exc:
         raise dg.Failure(str(exc)) from None
     main, oracle = ev.main, ev.main.get("baseline:oracle", {})
     common = {"dataset_version": ev.version, "mlflow_run_id": ev.run_id,
               "mlflow_url": dg.MetadataValue.url(mlflow.run_url(ev.run_id)), "splits": ", ".join(ev.results),
               "empty_splits": "; ".join(f"{s}: {w}" for s, w in ev.empty.items()) or "none"}
+    # Under $KERNELCAST_HOME: the metadata stays true when the home is moved (`kernelcast report`
+    # prints the full path).
+    report = ev.pages["in_distribution"].resolve().relative_to(cfg.home.resolve())
     yield dg.MaterializeResult(asset_key="calibration_report", metadata={
-        **common, "report": dg.MetadataValue.path(str(ev.pages["in_distribution"])),
+        **common, "report": dg.MetadataValue.path(f"$KERNELCAST_HOME/{report}"),
         "headline": dg.MetadataValue.md(headline_markdown(main))})
     util = markdown_table(["model", "recovered_mean", "recovered_at_10", "within_20", "random", "discovery F1"],
                           [(m, r.get("recovered_mean"), r.get("recovered_at_10"), r.get("within_20"),

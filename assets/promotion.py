@@ -116,6 +116,7 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
     while external is empty). The decision is `pipelines.promotion.rule.decide_over_splits`."""
     from pipelines.promotion.apply import MODEL_NAME, ForecastListingError, apply_promotion
     from pipelines.promotion.rule import CHAMPION_EXTERNAL, PromotionPolicy
+    from pipelines.promotion.summary import read_summary, write_promotion_script
 
     sur = settings.get().surrogate
     policy = PromotionPolicy(parse_rate_floor=sur.parse_rate_floor, min_brier_gain=sur.min_brier_gain)
@@ -128,6 +129,8 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
     decision, ext = splits.champion, splits.champion_external
     context.log.info(f"promotion: {decision.outcome}: {decision.reason}")
     context.log.info(f"promotion ({CHAMPION_EXTERNAL}): {ext.outcome}: {ext.reason}")
+    if p.dataset_version:  # the report was written before this decision: its pages read the new one
+        write_promotion_script(settings.get().reports_dir / p.dataset_version, read_summary(warehouse.path))
     table = (_scores_table(scored, decision.failures) if scored.champion or scored.challengers
              else "(no registered version has eval forecasts)")
     return dg.MaterializeResult(

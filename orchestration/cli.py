@@ -290,20 +290,24 @@ def dataset_lines(summary: dict) -> list[str]:
              f"{summary.get('n_tasks', 0)} tasks, {summary.get('n_hardware', 0)} hardware"]
     ds = summary.get("dataset_version")
     if ds:
-        lines.append(f"dataset {ds['dataset_version']} (current): {ds['n_measurements'] or 0:,} of them make "
-                     f"its {ds['n_pairs'] or 0:,} pairs (correct measurements of the labelling protocol)")
+        lines += [f"dataset {ds['dataset_version']} (current): {ds['n_measurements'] or 0:,} of them make "
+                  f"its {ds['n_pairs'] or 0:,} pairs", "  (correct measurements of the labelling protocol)"]
     else:
         lines.append("no dataset version yet: `kernelcast run` curates one")
     rows = [[r["task"], r["hardware_id"], r["measurements"], r["failed"], r["correct_kernels"], *r["by_bin"]]
             for r in summary.get("by_task_hardware", [])]
+    # one space between columns: 13 of them, the 8 bins among them, fit 100 with any GPU type's id
     lines += ["", *aligned_table(["task", "hardware", "measured", "failed", "correct",
-                                  *[f"b{b}" for b in range(1, NUM_BINS + 1)]], rows)]
+                                  *[f"b{b}" for b in range(1, NUM_BINS + 1)]], rows, gap=1)]
     lines += ["", "correct: correct candidate kernels (the reference not counted), b1..b8 their speedup bins:"]
     lines += ["  " + "; ".join(f"b{i + 1} {name}" for i, name in enumerate(BIN_NAMES[j:j + 4], start=j))
               for j in (0, 4)]
     failures = summary.get("by_failure_kind", {})
     if failures:
-        lines.append("failed: " + ", ".join(f"{k} {v:,}" for k, v in failures.items()))
+        import textwrap
+
+        lines += textwrap.wrap("failed: " + ", ".join(f"{k} {v:,}" for k, v in failures.items()), 100,
+                               subsequent_indent="  ")
     return lines
 
 
@@ -513,14 +517,22 @@ def forecast(
     answers when it is set; when it is not, the output names the card the answering version was
     fitted on. With --endpoint, any OpenAI-compatible server answers instead."""
     from pipelines.forecasting import file_champion_uri, load_forecaster
-    from pipelines.forecasting.files import read_kernel_files
-    from pipelines.tasks import get_task
+    from pipelines.tasks import TASK_MODULES
 
     settings = _settings(profile)
-    t = get_task(task)
+    if task not in TASK_MODULES:
+        raise CliError(f"unknown task {task!r}; known tasks: {', '.join(TASK_MODULES)}")
     paths = _candidate_files([*candidate, *(more or [])])
     registry_uri = settings.mlflow_uri if (settings.home / "mlflow.db").is_file() else None
     auto = model is None and endpoint is None
+    if endpoint is not None and not model:
+        raise CliError("--endpoint needs --model: the served model name")
+    if model and model.startswith("baseline:") and model != "baseline:uniform":
+        raise CliError(f"{model} forecasts from measured pairs; on files only baseline:uniform applies")
+    # The files are read (child processes: import, trace, compile) while the forecaster loads here.
+    reading = _read_in_background(settings.home, task, [anchor, *paths], check=check_kernels,
+                                  check_timeout_s=check_timeout_s, allow_incorrect=allow_incorrect,
+                                  all_needed=len(paths) == 1, hardware=hardware)
     ref = model or (None if endpoint else file_champion_uri(registry_uri))
     hardware_note = ""
     if auto and registry_uri:  # the card's own champion, else the reference card's, said so
@@ -528,18 +540,13 @@ def forecast(
 
         ref, hardware_note = champion_for_hardware(registry_uri, hardware, SURROGATE_NAME, ref)
     ref = ref or ("" if endpoint else "smollm2")
-    if endpoint is not None and not ref:
-        raise CliError("--endpoint needs --model: the served model name")
-    if ref.startswith("baseline:") and ref != "baseline:uniform":
-        raise CliError(f"{ref} forecasts from measured pairs; on files only baseline:uniform applies")
     try:
         forecaster = load_forecaster(ref, tracking_uri=settings.mlflow_uri, home=settings.home,
                                      warehouse_path=settings.warehouse_path, readout=readout, style=style,
                                      endpoint=endpoint, answer_mode=answer_mode)
     except ValueError as exc:
         raise CliError(str(exc)) from None
-    files = read_kernel_files(t.name, [anchor, *paths], check=check_kernels, check_timeout_s=check_timeout_s,
-                              allow_incorrect=allow_incorrect, all_needed=len(paths) == 1, hardware=hardware)
+    files = reading()
     head, cands = files[0], files[1:]
     if head.refused:
         raise CliError(f"anchor {anchor}: {head.refused}")
@@ -547,14 +554,44 @@ def forecast(
         raise CliError(f"{cands[0].path}: {cands[0].refused}")
     meta = {**_forecaster_meta(forecaster, ref, auto, readout), "hardware_id": hardware,
             **({"hardware_note": hardware_note} if hardware_note else {})}
-    results = _forecast_files(forecaster, t.name, hardware, head, cands, single=len(cands) == 1)
-    rows = [{**meta, "task": t.name, "anchor": str(anchor), **r} for r in results]
+    results = _forecast_files(forecaster, task, hardware, head, cands, single=len(cands) == 1)
+    rows = [{**meta, "task": task, "anchor": str(anchor), **r} for r in results]
     if as_json:
         _print_json(rows)
     else:
         _print_forecast_table(rows, meta)
     if any(not r["ok"] for r in rows):
         raise typer.Exit(1)
+
+
+def _read_in_background(home: Path, task: str, paths: list[Path], **options):
+    """Start reading the files (pipelines.forecasting.files) in a thread; the call returned gives
+    their KernelFiles (re-raising what the reading raised). Read sources are kept under
+    <home>/feature-cache, so an anchor read by an earlier command is not read again."""
+    import threading
+
+    from pipelines.forecasting.files import read_kernel_files
+    from pipelines.forecasting.source_features import FeatureCache
+
+    out: dict = {}
+
+    def read() -> None:
+        try:
+            out["files"] = read_kernel_files(task, paths, cache=FeatureCache(home / "feature-cache"), **options)
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            out["error"] = exc
+
+    # a daemon: a command that fails while loading its forecaster does not wait for the reading
+    thread = threading.Thread(target=read, name="read-kernel-files", daemon=True)
+    thread.start()
+
+    def result():
+        thread.join()
+        if "error" in out:
+            raise out["error"]
+        return out["files"]
+
+    return result
 
 
 def _candidate_files(items: list[Path]) -> list[Path]:
@@ -703,8 +740,10 @@ def promote(
 @one_line_errors
 def ui(
     profile: str | None = ProfileOpt,
-    dagster_port: int = typer.Option(3000, help="Dagster UI port on 127.0.0.1."),
-    mlflow_port: int = typer.Option(5000, help="MLflow UI port on 127.0.0.1."),
+    dagster_port: int | None = typer.Option(None, min=1, max=65535, help="Dagster UI port on 127.0.0.1 (default: the port "
+                                                        "the home was last served on, else 3000)."),
+    mlflow_port: int | None = typer.Option(None, min=1, max=65535, help="MLflow UI port on 127.0.0.1 (default: the port "
+                                                       "the home was last served on, else 5000)."),
 ) -> None:
     """Serve the Dagster UI and the MLflow UI on 127.0.0.1 until Ctrl-C or SIGTERM."""
     from orchestration.ui import serve

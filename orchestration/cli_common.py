@@ -169,9 +169,10 @@ def ensure_tasks(con) -> None:
 TABLE_WIDTH = 100  # every table of the command line fits 100 columns
 
 
-def aligned_table(headers: list[str], rows: list[list], flex: int | None = None, width: int = TABLE_WIDTH) -> list[str]:
+def aligned_table(headers: list[str], rows: list[list], flex: int | None = None, width: int = TABLE_WIDTH,
+                  gap: int = 2) -> list[str]:
     """The command line's one table style (as `kernelcast report` prints): a header line, then
-    one line per row; text left-aligned, numbers right-aligned, two spaces between columns;
+    one line per row; text left-aligned, numbers right-aligned, `gap` spaces between columns;
     column `flex` (e.g. a description) is cut with "..." so that a line fits `width`.
 
     >>> aligned_table(["task", "n", "what"], [["softmax", 12, "row-wise softmax of a long row"]], flex=2, width=24)
@@ -182,7 +183,7 @@ def aligned_table(headers: list[str], rows: list[list], flex: int | None = None,
                for i in range(len(headers))]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     if flex is not None:
-        others = sum(w for i, w in enumerate(widths) if i != flex) + 2 * (len(headers) - 1)
+        others = sum(w for i, w in enumerate(widths) if i != flex) + gap * (len(headers) - 1)
         widths[flex] = max(len(headers[flex]), min(widths[flex], width - others))
 
     def line(values: list[str]) -> str:
@@ -191,6 +192,6 @@ def aligned_table(headers: list[str], rows: list[list], flex: int | None = None,
             if len(v) > widths[i]:
                 v = v[: max(0, widths[i] - 3)] + "..."
             out.append(v.rjust(widths[i]) if numeric[i] else v.ljust(widths[i]))
-        return "  ".join(out).rstrip()
+        return (" " * gap).join(out).rstrip()
 
     return [line(headers)] + [line(r) for r in cells]

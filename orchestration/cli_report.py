@@ -4,13 +4,17 @@
     kernelcast report --json          # {"dataset_version", "held_out_task", "report", "pages",
                                       #  "evaluation_run_id", "evaluation_run_url",
                                       #  "evaluation_dagster_run_id", "evaluation_dagster_run_url",
-                                      #  "empty_splits", "selective_external", "forecasters": [...]}
+                                      #  "empty_splits", "same_as", "selective_external",
+                                      #  "forecasters": [...], "promotion", "aliases"}
     kernelcast report --split external
 
 Each forecaster row of a registered version carries its MLflow run (run_id, mlflow_url) and the
 Dagster run that made it (dagster_run_id, dagster_url). Links are printed on the ports the UIs
-serve this home on now (`kernelcast ui` running: its ports, orchestration.ui.live_ports; else
-3000 and 5000), whatever ports served when the report was written.
+serve this home on now (`kernelcast ui` running: its ports, orchestration.links.live_ports; else
+the ports the home was last served on, else 3000 and 5000), whatever ports served when the
+report was written; the report's pages are paths under the home it is read from (a moved home
+prints its own). A split whose numbers equal another's for every forecaster (`same_as`: source
+only, when no forecaster reads generator metadata) is one line.
 """
 
 from __future__ import annotations
@@ -78,43 +82,27 @@ def relinked(table: dict, ports: dict[str, int]) -> dict:
     return {**move(table), "forecasters": [move(r) for r in table.get("forecasters", [])]}
 
 
-MODEL_NAME = "kernelcast-surrogate"
+def located(table: dict, home) -> dict:
+    """The table with its report pages as paths under `home`, the home it is read from (the
+    table stores them relative to the home it was written in)."""
+    from pipelines.evaluation.version_report import page_path
+
+    out = dict(table)
+    if table.get("report"):
+        out["report"] = str(page_path(home, table["report"]))
+    out["pages"] = {s: str(page_path(home, p)) for s, p in (table.get("pages") or {}).items()}
+    return out
 
 
 def promotion_lines(settings) -> tuple[list[str], dict[str, list[str]]]:
     """The newest promotion decision of each champion alias as one line (the version, its kind,
     its Brier on how many pairs of which split, the outcome), and model ref -> the aliases each
     decision left on it (champions and challengers), read from the warehouse; nothing when no
-    decision was recorded yet."""
-    from warehouse.db import connect
-    from warehouse.promotions import (
-        DECISION_ALIASES,
-        read_promotion_decisions,
-        read_promotion_scores,
-    )
+    decision was recorded yet (pipelines.promotion.summary)."""
+    from pipelines.promotion.summary import read_summary
 
-    if not settings.warehouse_path.exists():
-        return [], {}
-    lines, aliases = [], {}
-    with connect(settings.warehouse_path, read_only=True) as con:
-        for alias in DECISION_ALIASES:
-            found = read_promotion_decisions(con, MODEL_NAME, alias)
-            if found.is_empty():
-                continue
-            d = found.row(0, named=True)
-            champion, challenger = d.get("champion_after"), d.get("challenger_after")
-            scores = {r["model_version"]: r for r in read_promotion_scores(con, d["decision_id"]).to_dicts()}
-            for version, name in ((champion, alias), (challenger, alias.replace("champion", "challenger"))):
-                if version is not None:
-                    aliases.setdefault(f"models:/{MODEL_NAME}/{version}", []).append(name)
-            if champion is None:
-                lines.append(f"@{alias}: none ({d['outcome']}: {d['reason']})")
-                continue
-            sc = scores.get(str(champion)) or {}
-            brier = f"Brier {sc['brier']:.3f} on {sc['n_pairs']:,} pairs" if sc.get("brier") is not None else "not scored"
-            lines.append(f"@{alias}: surrogate/{champion} ({sc.get('kind') or '?'}), {brier} of "
-                         f"{d.get('decided_on_split') or 'in_distribution'}; {d['outcome']}")
-    return lines, aliases
+    summary = read_summary(settings.warehouse_path)
+    return summary.lines(), summary.aliases
 
 
 def table_lines(table: dict, aliases: dict[str, list[str]] | None = None, links: bool = False) -> list[str]:
@@ -129,16 +117,22 @@ def table_lines(table: dict, aliases: dict[str, list[str]] | None = None, links:
         title = split_title(split)
         rows = [r for r in table["forecasters"] if r["split"] == split]
         extra = f" {table.get('held_out_task')}" if split == "held_out_task" and table.get("held_out_task") else ""
-        if rows:
+        same = (table.get("same_as") or {}).get(split)
+        if rows and same:
+            what = " (generator metadata withheld)" if split == "source_only" else ""
+            lines.append(f"{split.replace('_', ' ')}{what}: the same numbers as {same.replace('_', ' ')}, "
+                         "every forecaster")
+        elif rows:
             lines += [f"{title}{extra}:", *text_table(rows, aliases)]
             sel = table.get("selective_external") or {}
             if split == "external" and sel.get("best"):
-                lines.append(f"  cover: coverage at which max-prob-selected forecasts reach the best Brier "
-                             f"({sel['target_brier']:.3f}, {short_name(sel['best'])})")
+                lines += ["  cover: coverage at which the most confident forecasts reach the best Brier,",
+                          f"         {sel['target_brier']:.3f} ({short_name(sel['best'])})"]
         elif split in empty:
             lines.append(f"{title}{extra}: empty ({empty[split]})")
     if table.get("report"):
-        lines.append(f"report: {table['report']} (one page per split)")
+        line = f"report: {table['report']}"
+        lines.append(line + " (one page per split)" if len(line) <= 80 else line)  # a long path alone
     if not links:
         if table.get("evaluation_run_id") or any(r.get("run_id") for r in table["forecasters"]):
             lines.append("MLflow and Dagster runs of each forecaster: kernelcast report --links (or --json)")
@@ -181,9 +175,9 @@ def report(
     known = ordered_splits({*SPLITS, *(r["split"] for r in table["forecasters"])})
     if split is not None and split not in known:
         raise CliError(f"unknown split {split!r}; use one of {', '.join(known)}")
-    table = relinked(table, live_ports(settings.home))
+    table = relinked(located(table, settings.home), live_ports(settings.home))
     if split:
-        table = {**table, "forecasters": [r for r in table["forecasters"] if r["split"] == split]}
+        table = {**table, "forecasters": [r for r in table["forecasters"] if r["split"] == split], "same_as": {}}
     decisions, aliases = promotion_lines(settings)
     cards, heads = cross_hardware_lines(settings, table["dataset_version"])
     if as_json:

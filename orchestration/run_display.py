@@ -38,6 +38,7 @@ QUIET_ENV = {
     "TOKENIZERS_PARALLELISM": "false",
 }
 NAME_WIDTH = 24
+SCREEN_WIDTH = 100  # the run's screen: the CLI caps its console there
 DETAIL_WIDTH = 80 - 16 - NAME_WIDTH  # "  ok NAME  12.3 s  detail" fits 80 columns
 # The live line: spinner, text, a 16-wide bar, "12/15" and "0:01:23" fit 80 columns with 46 of text.
 DESCRIPTION_WIDTH = 46
@@ -206,8 +207,13 @@ class RunDisplay:
                 error = c.severity.value == "ERROR"
                 word = "[red]FAILED check[/]" if error else "[yellow]warning[/]"
                 why = check_reason(c)
-                self.console.print(f"     {word} {c.check_name}" + (f": {escape(why)}" if why else ""),
-                                   highlight=False)
+                head = f"     {word} {c.check_name}"
+                plain = len(f"     {'FAILED check' if error else 'warning'} {c.check_name}: {why}")
+                if why and plain > SCREEN_WIDTH:  # the reason on a line of its own, never wrapped mid-word
+                    self.console.print(head + ":", highlight=False)
+                    self.console.print(f"       {escape(why[:SCREEN_WIDTH - 7])}", highlight=False)
+                else:
+                    self.console.print(head + (f": {escape(why)}" if why else ""), highlight=False)
         elif kind == "STEP_FAILURE":
             self.console.print(f"  [red]FAILED[/] {ev.step_key}", highlight=False)
 

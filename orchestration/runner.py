@@ -58,6 +58,9 @@ concurrency:
     default_limit: 1
 telemetry:
   enabled: false
+# The UI's "Join the Dagster community" dialog covers the first page a new browser opens.
+nux:
+  enabled: false
 """
 PROGRESS = re.compile(r"\[(\d+)/(\d+)\]")
 

@@ -10,18 +10,20 @@ where that log is.
 Both servers run as child process groups; Ctrl-C or SIGTERM stops both (SIGTERM to each group,
 then SIGKILL after a grace period), so nothing is left listening.
 
-The MLflow link printed is its experiment list in the classic-ML view (the UI's own home page
-is a GenAI welcome page); the store is prepared first (the project's experiments, artifact
-locations of this home, no empty Default). The MLflow port reaches every child as
-$KERNELCAST_MLFLOW_PORT (and Dagster's as $KERNELCAST_DAGSTER_PORT), so run links made by the
-Dagster code location point at these servers. While both serve, $KERNELCAST_HOME/ui.json names
-the ports and the serving process: a `kernelcast run` or `kernelcast report` started from
-another terminal builds its links from it (`live_ports`), not from the default ports.
+The MLflow link printed opens the project's training experiment (its id in the link, the
+classic-ML view): MLflow's own home page is a GenAI welcome page and it has no setting for
+another one. The store is prepared first (the project's experiments, artifact locations of this
+home, no empty Default). The MLflow port reaches every child as $KERNELCAST_MLFLOW_PORT (and
+Dagster's as $KERNELCAST_DAGSTER_PORT), so run links made by the Dagster code location point at
+these servers. $KERNELCAST_HOME/ui.json names the ports and, while both serve, the serving
+process: a `kernelcast run` or `kernelcast report` started from another terminal builds its
+links from it (`live_ports`), and after the UIs stop it still names the ports the home was
+served on (the default ports of the next `kernelcast ui`). While both serve,
+reports/ui-ports.js names the ports for the HTML report's pages.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -38,12 +40,24 @@ REPO = Path(__file__).resolve().parent.parent
 from orchestration.links import (  # noqa: E402,F401  (the ports' helpers, below the servers)
     DAGSTER_PORT_ENV,
     DEFAULT_DAGSTER_PORT,
+    PORTS_SCRIPT,
     UI_STATE,
     dagster_run_url,
+    home_ports,
     live_ports,
+    ports_script,
+    record_ports,
     relink,
     served_ports,
 )
+
+
+def default_ports(home: Path) -> dict[str, int]:
+    """The ports `kernelcast ui` serves on when none is given: the ones the home was last served
+    on (links made since name them), else 3000 and 5000."""
+    from models.registry.tracking import DEFAULT_MLFLOW_PORT
+
+    return home_ports(home) or {"dagster": DEFAULT_DAGSTER_PORT, "mlflow": DEFAULT_MLFLOW_PORT}
 
 
 def _commands(settings: Settings, dagster_port: int, mlflow_port: int) -> dict[str, list[str]]:
@@ -81,18 +95,21 @@ def stop(procs: dict[str, subprocess.Popen]) -> None:
             p.wait()
 
 
-def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000) -> None:
-    from models.registry.tracking import MLFLOW_PORT_ENV, experiments_url, prepare_store
+def serve(settings: Settings, dagster_port: int | None = None, mlflow_port: int | None = None) -> None:
+    """Serve both UIs until Ctrl-C or SIGTERM (ports None: `default_ports`)."""
+    from models.registry.tracking import MLFLOW_PORT_ENV, experiment_url, prepare_store
 
     prepare_home(settings)
     import mlflow  # noqa: F401 - configures its loggers on import; quieted right after
 
     for name in ("mlflow", "alembic"):  # the store's first-use INFO lines belong in no terminal
         logging.getLogger(name).setLevel(logging.WARNING)
-    prepare_store(settings.mlflow_uri)
-    os.environ[MLFLOW_PORT_ENV] = str(mlflow_port)  # run links of this process and its children
-    os.environ[DAGSTER_PORT_ENV] = str(dagster_port)
-    state_path = settings.home / UI_STATE
+    defaults = default_ports(settings.home)
+    ports = {"dagster": dagster_port or defaults["dagster"], "mlflow": mlflow_port or defaults["mlflow"]}
+    training_experiment = prepare_store(settings.mlflow_uri)[0]
+    os.environ[MLFLOW_PORT_ENV] = str(ports["mlflow"])  # run links of this process and its children
+    os.environ[DAGSTER_PORT_ENV] = str(ports["dagster"])
+    script = settings.reports_dir / PORTS_SCRIPT
     log_path = settings.home / "logs" / f"ui-{time.strftime('%Y%m%d-%H%M%S')}.log"
     # The servers' Python warnings go to the log like the rest of their output.
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
@@ -107,13 +124,14 @@ def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000)
     signal.signal(signal.SIGINT, _on_signal)
     with open(log_path, "a", buffering=1) as log:
         try:
-            for name, cmd in _commands(settings, dagster_port, mlflow_port).items():
+            for name, cmd in _commands(settings, ports["dagster"], ports["mlflow"]).items():
                 # start_new_session: the server and its own children form one group we can stop.
                 procs[name] = subprocess.Popen(cmd, env=env, cwd=REPO, start_new_session=True,
                                                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
-            state_path.write_text(json.dumps({"pid": os.getpid(), "dagster_port": dagster_port,
-                                              "mlflow_port": mlflow_port, "log": str(log_path)}))
-            print(f"Dagster UI: http://127.0.0.1:{dagster_port}\nMLflow UI:  {experiments_url(mlflow_port)}\n"
+            record_ports(settings.home, ports, os.getpid(), str(log_path))
+            script.write_text(ports_script(ports))
+            print(f"Dagster UI: http://127.0.0.1:{ports['dagster']}\n"
+                  f"MLflow UI:  {experiment_url(training_experiment, ports['mlflow'])}\n"
                   f"log: {log_path}   (Ctrl-C stops both)", flush=True)
             while not stopping:
                 dead = [n for n, p in procs.items() if p.poll() is not None]
@@ -122,6 +140,8 @@ def serve(settings: Settings, dagster_port: int = 3000, mlflow_port: int = 5000)
                                        f"(see {log_path})")
                 time.sleep(0.5)
         finally:
-            state_path.unlink(missing_ok=True)
+            script.unlink(missing_ok=True)
+            if procs:  # the ports stay the home's: links made from now on name them
+                record_ports(settings.home, ports, None, str(log_path))
             stop(procs)
             print("stopped Dagster and MLflow UIs", flush=True)

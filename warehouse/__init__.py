@@ -58,6 +58,7 @@ _EXPORTS: dict[str, str] = {
     "list_dataset_versions": "warehouse.datasets",
     "current_dataset_version": "warehouse.datasets",
     "dataset_measurement_ids": "warehouse.datasets",
+    "pair_measurement_ids": "warehouse.datasets",
     # forecasts
     "write_forecasts": "warehouse.forecasts",
     "read_forecasts": "warehouse.forecasts",

@@ -287,6 +287,44 @@ def dataset_measurement_ids(con: duckdb.DuckDBPyConnection, version: str) -> lis
     return [r[0] for r in rows]
 
 
+def pair_measurement_ids(con: duckdb.DuckDBPyConnection, dataset_version: str, pairs: pl.DataFrame) -> list[str]:
+    """The measurements of a dataset version behind some of its pairs, sorted: those of each
+    pair's anchor and candidate kernels on the pair's hardware (the measurements their labels
+    were averaged from, pipelines.curation.pairs). What a model's fit used, when `pairs` are its
+    fit pairs.
+
+    Args:
+        con: an open connection.
+        dataset_version: the version the pairs belong to.
+        pairs: a frame with task, hardware_id, anchor_kernel_id, candidate_kernel_id, or with
+            pair_id only (the version's stored pairs of those ids; ids it lacks are ignored).
+    Returns:
+        Measurement ids, each once.
+    """
+    if pairs.is_empty():
+        return []
+    kernel_columns = ("task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id")
+    if not set(kernel_columns) <= set(pairs.columns):
+        with registered(con, "_pair_ids", pairs.select(pl.col("pair_id").cast(pl.Utf8)).unique().to_arrow()):
+            pairs = query_frame(con, f"SELECT {', '.join(kernel_columns)} FROM pairs "
+                                     "WHERE dataset_version = ? AND pair_id IN (SELECT pair_id FROM _pair_ids)",
+                                [dataset_version])
+        if pairs.is_empty():
+            return []
+    keys = pl.concat([pairs.select("task", "hardware_id", pl.col(side).alias("kernel_id"))
+                      for side in ("anchor_kernel_id", "candidate_kernel_id")]).unique()
+    with registered(con, "_pair_kernels", keys.to_arrow()):
+        rows = execute(
+            con,
+            "SELECT DISTINCT m.measurement_id FROM dataset_measurements d "
+            "JOIN measurements m ON m.measurement_id = d.measurement_id "
+            "JOIN _pair_kernels k ON k.task = m.task AND k.hardware_id = m.hardware_id AND k.kernel_id = m.kernel_id "
+            "WHERE d.dataset_version = ? ORDER BY 1",
+            [dataset_version],
+        )
+    return [r[0] for r in rows]
+
+
 def held_measurements(con: duckdb.DuckDBPyConnection, dataset_version: str) -> tuple[bool, list[str] | None]:
     """(whether this warehouse holds `dataset_version`, its measurement ids or None): a model's
     lineage names the dataset it was fitted on, and says so when that version is gone."""

@@ -6,11 +6,14 @@ UI while GRPO runs), and it is closed with the final metrics and the measurement
 MLflow callback is not used (report_to="none"): it logs to whatever run is active in the
 process, while here every call names its run and tracking URI.
 
-Evaluation: one run per dataset version; each forecaster's scores are logged against its model
-(`mlflow.log_metrics(..., model_id=..., dataset=...)`): a registered version's LoggedModel, or,
-for the reference forecasters (uniform, bin prior, oracle), an external LoggedModel of that name.
-Metric names stay plain (`brier`, `ece`, ...): the model and the eval dataset are links, not
-parts of the name.
+Evaluation: one run per dataset version; each forecaster's scores are logged under its own name,
+`<forecaster>/<metric>` on the in-distribution split (`surrogate-3/brier`, `baseline-uniform/nll`)
+and `<split>/<forecaster>/<metric>` on the others, and against its model
+(`mlflow.log_metrics(..., model_id=...)`): a registered version's LoggedModel, or, for the
+reference forecasters (uniform, bin prior, oracle), an external LoggedModel of that name. A plain
+`brier` at run level would be whichever forecaster was logged last. Every forecaster scored is a
+model input of the run (its "Logged models": the registered versions and the reference
+forecasters' stand-ins), as the eval pairs are its dataset.
 
 The store moves with its home: artifact locations are written as absolute `file://` URIs (what
 MLflow's sqlite store keeps), and `open_store` re-roots every location that points into another
@@ -34,8 +37,10 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-EVAL_METRICS = ("brier", "crps", "nll", "accuracy", "ece", "aurc", "recovered_mean", "recovered_at_10",
+EVAL_METRICS = ("n", "brier", "crps", "nll", "accuracy", "ece", "aurc", "recovered_mean", "recovered_at_10",
                 "within_20", "parse_rate")
+SPLIT_METRICS = ("n", "brier", "nll", "ece", "accuracy", "recovered_mean")  # of the splits beside in_distribution
+MAIN_SPLIT = "in_distribution"
 _SKIP_KEYS = ("step", "epoch")
 
 
@@ -154,6 +159,16 @@ def experiments_url(port: int | None = None) -> str:
     reads the view from the link's `workflowType`; a page opened without it shows the GenAI view
     unless the user switched views by hand, which the browser then remembers)."""
     return f"{ui_base_url(port)}/#/experiments{ML_VIEW}"
+
+
+def experiment_url(experiment_id: str, port: int | None = None) -> str:
+    """An experiment's runs in the MLflow UI, in the classic-ML view: the page `kernelcast ui`
+    opens on (MLflow has no setting for its first page, which is a GenAI welcome page).
+
+    >>> experiment_url("1", port=5123)
+    'http://127.0.0.1:5123/#/experiments/1?workflowType=machine_learning'
+    """
+    return f"{ui_base_url(port)}/#/experiments/{experiment_id}{ML_VIEW}"
 
 
 def run_url(run_id: str, experiment_id: str | None = None, port: int | None = None) -> str:
@@ -321,20 +336,25 @@ def log_training_data(
     measurement_ids: Sequence[str] | None,
     pairs: Any = None,
     held: bool = True,
+    calibration_measurement_ids: Sequence[str] | None = None,
 ) -> None:
     """What a training run learned from: its dataset as an MLflow input (context "training";
-    source and digest name the DuckDB table and version), the measurement ids as the artifact
-    `measurement_ids.txt`, and the tags `trained_dataset_version` (+ `trained_dataset_held`).
+    source and digest name the DuckDB table and version), the measurement ids as the artifacts
+    `measurement_ids.txt` (its fit) and `calibration_measurement_ids.txt` (its calibration),
+    and the tags `trained_dataset_version` (+ `trained_dataset_held`).
 
     Args:
         tracking_uri: MLflow tracking URI.
         run_id: the training run (any status).
         dataset_version: the dataset version its fit used.
-        measurement_ids: the measurements behind that version; None when not known here (a
-            version trained elsewhere on a dataset this warehouse no longer holds): no artifact.
+        measurement_ids: the measurements behind its fit pairs
+            (warehouse.datasets.pair_measurement_ids); None when not known here (a version
+            trained elsewhere on a dataset this warehouse no longer holds): no artifact.
         pairs: its training pairs (a frame with pair_id and true_bin) when at hand; else the
             measurements are the logged dataset.
         held: whether this warehouse holds that dataset version.
+        calibration_measurement_ids: the measurements behind its calibration pairs; None: no
+            separate calibration (no artifact).
     """
     from mlflow.entities import DatasetInput, InputTag, RunTag
 
@@ -348,6 +368,9 @@ def log_training_data(
     client.log_batch(run_id, tags=[RunTag(TRAINED_TAG, dataset_version), RunTag(HELD_TAG, str(held).lower())])
     if measurement_ids is not None:
         client.log_text(run_id, "".join(f"{m}\n" for m in measurement_ids), "measurement_ids.txt")
+    if calibration_measurement_ids is not None:
+        client.log_text(run_id, "".join(f"{m}\n" for m in calibration_measurement_ids),
+                        "calibration_measurement_ids.txt")
 
 
 def start_training_run(
@@ -423,10 +446,42 @@ def finish_training_run(
     client.set_terminated(run_id, status)
 
 
+def metric_prefix(model_ref: str, split: str = MAIN_SPLIT) -> str:
+    """The name a forecaster's metrics are logged under in the evaluation run (MLflow keys allow
+    letters, digits, `_ - . / :` and spaces; slashes group them in the UI).
+
+    >>> metric_prefix("models:/kernelcast-surrogate/3"), metric_prefix("baseline:uniform|held_out_task", "held_out_task")
+    ('surrogate-3', 'held_out_task/baseline-uniform')
+    >>> metric_prefix("models:/kernelcast-surrogate-held-out/2", "held_out_style:pytorch-programs")
+    'held_out_style-pytorch-programs/held-out-2'
+    """
+    name = model_ref.split("|")[0].replace("models:/kernelcast-surrogate-held-out/", "held-out-").replace(
+        "models:/kernelcast-surrogate/", "surrogate-").replace("models:/", "").replace(":", "-").replace("/", "-")
+    return name if split == MAIN_SPLIT else f"{split.replace(':', '-')}/{name}"
+
+
+def evaluation_metrics(results: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> dict[str, dict[str, float]]:
+    """model_ref -> {metric key: value} of every split's finite scores, keys as `metric_prefix`.
+
+    >>> evaluation_metrics({"in_distribution": {"baseline:uniform": {"brier": 0.4375, "n": 8}},
+    ...                     "external": {"baseline:uniform": {"brier": 0.43, "crps": 0.2}}})
+    {'baseline:uniform': {'baseline-uniform/n': 8.0, 'baseline-uniform/brier': 0.4375, 'external/baseline-uniform/brier': 0.43}}
+    """
+    out: dict[str, dict[str, float]] = {}
+    for split, by_model in results.items():
+        for ref, r in by_model.items():
+            prefix = metric_prefix(ref, split)
+            for k in (EVAL_METRICS if split == MAIN_SPLIT else SPLIT_METRICS):
+                v = r.get(k)
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(float(v)):
+                    out.setdefault(ref.split("|")[0], {})[f"{prefix}/{k}"] = float(v)
+    return out
+
+
 def log_evaluation(
     tracking_uri: str,
     experiment_id: str,
-    results: Mapping[str, Mapping[str, Any]],
+    results: Mapping[str, Mapping[str, Mapping[str, Any]]],
     dataset_version: str,
     eval_pairs: Sequence[str],
     eval_bins: Sequence[int],
@@ -434,33 +489,35 @@ def log_evaluation(
     tags: Mapping[str, str],
     report_dir: str | Path | None = None,
 ) -> str:
-    """One evaluation run; every forecaster's scores logged against its model and the eval pairs.
+    """One evaluation run; every forecaster's scores under its own name, logged against its model.
 
     Args:
         tracking_uri: MLflow tracking URI.
         experiment_id: the evaluation experiment.
-        results: forecaster (model_ref) -> its metrics (`pipelines.evaluation.suite.evaluate_models`).
+        results: split -> forecaster (model_ref) -> its metrics (`pipelines.evaluation.suite.evaluate_models`).
         dataset_version: the dataset version evaluated.
         eval_pairs, eval_bins: the eval pairs (ids, true bins), logged as the run's dataset.
-        model_ids: model_ref -> LoggedModel id of registered versions; any other forecaster
-            gets an external LoggedModel named after it (created once, then re-used).
+        model_ids: model_ref -> LoggedModel id of registered versions (each becomes an input of the
+            run); any other forecaster gets an external LoggedModel named after it (created once,
+            then re-used).
         tags: run tags (dagster_run_id, dataset_version, ...).
         report_dir: a folder logged as the artifact `report`.
     Returns:
         The run id.
     """
     import mlflow
+    from mlflow.entities import LoggedModelInput
 
-    tracking_client(tracking_uri)
+    client = tracking_client(tracking_uri)
     dataset = pairs_dataset(eval_pairs, eval_bins, dataset_version, "eval")
     with mlflow.start_run(experiment_id=experiment_id, run_name=f"evaluation-{dataset_version}") as run:
         mlflow.set_tags(dict(tags))
         mlflow.log_input(dataset, context="evaluation")
-        for ref, r in results.items():
-            values = {k: float(r[k]) for k in EVAL_METRICS if isinstance(r.get(k), (int, float))
-                      and math.isfinite(float(r[k]))}
-            if not values:
-                continue
+        scored = [mid for ref, mid in model_ids.items() if any(ref in {r.split("|")[0] for r in by_model}
+                                                               for by_model in results.values())]
+        if scored:
+            client.log_inputs(run.info.run_id, models=[LoggedModelInput(mid) for mid in sorted(set(scored))])
+        for ref, values in evaluation_metrics(results).items():
             model_id = model_ids.get(ref) or _external_model(experiment_id, ref)
             mlflow.log_metrics(values, model_id=model_id, dataset=dataset)
         if report_dir is not None:

@@ -48,6 +48,13 @@ ALIASES = ("champion", "challenger", "champion-external", "challenger-external")
 # Each champion alias and the challenger alias beside it (a promotion moves the pair together).
 CHALLENGER_OF = {"champion": "challenger", "champion-external": "challenger-external"}
 KINDS = ("llm", "cost_model", "text_model", "ensemble")
+# A version without weights that run here (a head, GRPO, a LoRA whose adapter is not committed)
+# answers only the pairs of its run from committed forecasts: tag WEIGHTS_TAG says so, it is no
+# model of kernel sources, and promotion never makes it a champion (`committed_only`).
+WEIGHTS_TAG = "weights"
+COMMITTED_ONLY = "committed forecasts only"
+# A code-embed version's tag naming its run's artifact of what a new pair needs (embed-head-<variant>.zip).
+EMBED_HEAD_TAG = "embed_head_artifact"
 # Requirements of the logged adapter, pinned as the project pins them (pyproject.toml); stating them
 # spares MLflow from inferring them by loading the model in a subprocess.
 ADAPTER_REQUIREMENTS = ("torch==2.13.0", "transformers==5.17.0", "peft==0.21.2", "accelerate==1.15.0")
@@ -114,6 +121,15 @@ def register_logged_model(
         client.set_registered_model_alias(name, alias, str(version))
     log.info("registered %s version %d (%s)%s", name, version, kind, f" as @{alias}" if alias else "")
     return version
+
+
+def committed_only(tags: Mapping[str, str]) -> bool:
+    """Whether a version's tags say it holds only committed forecasts (it cannot forecast a new pair).
+
+    >>> committed_only({"weights": "committed forecasts only"}), committed_only({"kind": "cost_model"})
+    (True, False)
+    """
+    return tags.get(WEIGHTS_TAG) == COMMITTED_ONLY
 
 
 def model_id_of(tracking_uri: str, version: int | str, name: str = DEFAULT_NAME) -> str | None:

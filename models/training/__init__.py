@@ -13,16 +13,17 @@
     gpu_host/  the trip to a GPU host: the job and bundle files, the host-side trainers
 
     settings = TrainingSettings.profile("smoke", base_model=str(tiny_dir))
-    rows = build_training_rows(read_pairs(con, version, split="train"), kernels, tasks, hardware)
+    train = read_pairs(con, version, split="train")
+    rows = build_training_rows(train, kernels, tasks, hardware)
     result = train_grpo(settings, rows, out_dir, RunTracking("sqlite:///mlflow.db", dataset_version=version,
-                        measurement_ids=dataset_measurement_ids(con, version)))
+                        measurement_ids=pair_measurement_ids(con, version, train)))
 
 The warm-up exists because small models never write the answer format zero-shot, so GRPO would
 see no reward signal (models.training.sft). MLflow gets the resolved settings as params, per-step metrics
 from the trainer's log history (one reward curve per reward function, frac_reward_zero_std,
 loss), parse rates before and after the warm-up, the dataset as an input (name = dataset
-version, source and digest "duckdb:pairs@<version>"), the measurement ids as
-`measurement_ids.txt`, and tags dataset_version, base_model, git_commit, dagster_run_id. TRL's
+version, source and digest "duckdb:pairs@<version>"), the measurements behind its training pairs
+as `measurement_ids.txt`, and tags dataset_version, base_model, git_commit, dagster_run_id. TRL's
 own MLflow callback is not used (report_to="none"): logging here is explicit and works against
 any tracking URI.
 

@@ -23,7 +23,8 @@ class RunTracking:
         tracking_uri: MLflow tracking URI (e.g. "sqlite:///.../mlflow.db").
         experiment: MLflow experiment name.
         dataset_version: the warehouse dataset version the rows come from.
-        measurement_ids: the measurements behind that version (logged as an artifact).
+        measurement_ids: the measurements behind its training pairs (logged as an artifact;
+            warehouse.datasets.pair_measurement_ids).
         tags: extra run tags (e.g. {"dagster_run_id": ...}).
     """
 

@@ -18,7 +18,7 @@ import polars as pl
 from models import baselines
 from pipelines.evaluation import scores, selective
 from pipelines.evaluation.evaluate import evaluate_forecasts, prepare
-from pipelines.evaluation.report import write_report
+from pipelines.evaluation.report import lowest_brier, write_report
 
 REFERENCE_FORECASTERS = ("baseline:uniform", "baseline:bin_prior", "baseline:oracle")
 
@@ -79,34 +79,96 @@ def split_folder(out_dir: Path, split: str) -> Path:
     return out_dir if split == "in_distribution" else out_dir / split.replace(":", "-")
 
 
+SAME_KEYS = ("n", "brier", "nll", "ece", "accuracy", "recovered_mean")  # what "the same numbers" compares
+
+
+def same_scores(a: Mapping[str, Mapping[str, Any]], b: Mapping[str, Mapping[str, Any]], suffix: str) -> bool:
+    """Whether two splits' results give every forecaster the same numbers (`suffix`: the
+    "|<split>" the second split's names may carry).
+
+    >>> same_scores({"m": {"n": 4, "brier": 0.2}}, {"m|source_only": {"n": 4, "brier": 0.2}}, "|source_only")
+    True
+    >>> same_scores({"m": {"n": 4, "brier": 0.2}}, {"m": {"n": 4, "brier": 0.3}}, "|source_only")
+    False
+    """
+    left = {k: v for k, v in a.items()}
+    right = {k.removesuffix(suffix): v for k, v in b.items()}
+    if not left or set(left) != set(right):
+        return False
+    for name, r in left.items():
+        for key in SAME_KEYS:
+            x, y = r.get(key), right[name].get(key)
+            if isinstance(x, float) and isinstance(y, float):
+                if not (x == y or (math.isnan(x) and math.isnan(y)) or abs(x - y) <= 1e-12):
+                    return False
+            elif x != y:
+                return False
+    return True
+
+
+SOURCE_ONLY_SAME = ("source only (generator metadata withheld): the same numbers as in distribution for every "
+                    "forecaster (none of them changed a forecast without the generator's labels), so it has no "
+                    "page of its own")
+SPLIT_NOTES = {
+    "in_distribution": "@champion is decided on this split; @champion-external on the kernels people write "
+                       "(the library split, else the held-out styles, else external).",
+    "held_out_task": "Versions here were fitted without this task (model kernelcast-surrogate-held-out); they are "
+                     "scored, never promoted: how a forecaster does on a task it never saw.",
+    "external": "Kernels the template generator did not write, never learned from: the closest split to a "
+                "user's own files.",
+}
+
+
 def write_split_reports(results: Mapping[str, Mapping[str, Any]], out_dir: Path, version: str,
                         runs: Mapping[str, Any] | None = None,
                         empty: Mapping[str, str] | None = None,
-                        made_by: tuple[str, str] | None = None) -> dict[str, Path]:
+                        made_by: tuple[str, str] | None = None,
+                        kinds: Mapping[str, str] | None = None,
+                        promotion: Mapping[str, Any] | None = None,
+                        ports_script: str | None = None) -> dict[str, Path]:
     """One page per split with results, each linking every other page; the empty splits named
-    with their reason on every page.
+    with their reason on every page. A source-only split that scores every forecaster as in
+    distribution gets no page: the in-distribution page says so.
 
     Args:
         results: split -> {model: `evaluate_forecasts` result}.
-        out_dir: the version's report folder.
+        out_dir: the version's report folder, <reports>/<version> (the pages read its
+            promotion.js when it exists).
         version: the dataset version (titles).
         runs: model -> its run links (`forecaster_table.run_fields`).
         empty: split -> why it has no results.
         made_by: (Dagster run id, URL) of the run writing the report.
+        kinds: model -> its kind.
+        promotion: the promotion decisions known now (`PromotionSummary.to_json()`).
+        ports_script: the name of the file in <reports> naming the UIs' ports while they
+            serve (orchestration.links.PORTS_SCRIPT); None: the links stay as written.
     Returns:
         split -> path of its index.html.
     """
+    from pipelines.promotion.summary import PROMOTION_SCRIPT
     from pipelines.surrogates.roles import ordered_splits, split_title
 
-    present = ordered_splits(s for s in results if results.get(s))
+    merged = ("source_only" in results and "in_distribution" in results
+              and same_scores(results["in_distribution"], results["source_only"], "|source_only"))
+    present = ordered_splits(s for s in results if results.get(s) and not (merged and s == "source_only"))
     pages = {s: split_folder(out_dir, s) / "index.html" for s in present}
+    found = {s: lowest_brier(results[s]) for s in present}
     out = {}
     for split in present:
         here = pages[split].parent
+        bests = [(split_title(s), "" if s == split else os.path.relpath(pages[s], here), *found[s])
+                 for s in present if found[s]]
         links = [(split_title(s), "" if s == split else os.path.relpath(pages[s], here)) for s in present]
+        notes = ([SPLIT_NOTES[split]] if split in SPLIT_NOTES else []) + \
+            ([SOURCE_ONLY_SAME[0].upper() + SOURCE_ONLY_SAME[1:] + "."] if merged and split == "in_distribution" else [])
+        shown = "$KERNELCAST_HOME/" + os.path.relpath(pages[split], out_dir.parent.parent)
         out[split] = write_report(results[split], here, title=f"kernelcast evaluation, dataset {version}, "
                                   f"{split_title(split)}", pages=links, runs=runs, empty=empty,
-                                  made_by=made_by)
+                                  made_by=made_by, kinds=kinds, promotion=promotion, split_notes=notes,
+                                  shown_path=shown,
+                                  ports_script=os.path.relpath(out_dir.parent / ports_script, here)
+                                  if ports_script else None,
+                                  promotion_script=os.path.relpath(out_dir / PROMOTION_SCRIPT, here), bests=bests)
     return out
 
 

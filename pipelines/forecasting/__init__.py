@@ -39,6 +39,13 @@ process); for the others `f.forecast_rows(eval_pairs, records)`; the references 
 (`predict_kernels(anchor, candidates, hardware_id)`), and `file_champion_uri` names the version
 that answers kernels from files: @champion-external when the registry has one, else @champion.
 
+Kernel sources instead of records (a search's mutations; every registered version's MLflow
+pyfunc model, pipelines.forecasting.pyfunc, answers the same way):
+
+    p = forecast_sources("softmax", anchor_src, [cand1, cand2])     # the file champion, kept loaded
+    with open_forecaster("models:/kernelcast-surrogate@champion") as f:
+        f.forecast("softmax", anchor_src, batch).p                  # (n, 8); a reader kept warm
+
 What a forecaster may know of a kernel beyond its source is derived from it here too:
 `pipelines.forecasting.source_features` (the sm_90 compile with its PTX instruction mix, the
 launches and torch ops of one call per benchmark shape on fake tensors, source counts).
@@ -57,6 +64,8 @@ _EXPORTS = {
     "CHAMPION": "load", "CHAMPION_EXTERNAL": "load", "file_champion_uri": "load",
     "load_forecaster": "load", "resolve_version": "load",
     "REFERENCES": "references",
+    "SourceForecast": "sources", "SourceForecaster": "sources",
+    "forecast_sources": "warm", "open_forecaster": "warm",
 }
 
 __all__ = sorted(_EXPORTS)

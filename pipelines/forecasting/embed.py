@@ -20,6 +20,9 @@ adapter that only answers pairs of its run costs nothing more than its committed
 `forecast_rows` keeps the evaluation's rows what they were: with committed forecasts, the pairs
 they hold (a prefill per pair on a CPU for thousands of eval pairs is not what a report should
 start silently); without them, every pair.
+
+`EmbedHeadSourcesModel` is the version as an MLflow pyfunc model of kernel sources
+(pipelines.forecasting.pyfunc): its head file an artifact, the base model a pip requirement.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ import numpy as np
 import polars as pl
 
 from pipelines.forecasting.base import P_COLS, PairForecaster, check_pairs
+from pipelines.forecasting.pyfunc import BASE_MODEL_REQUIREMENTS, SourcesModel, log_sources_model
 
 TOKENS_PER_BATCH = 8192  # a prefill batch on a CPU: a few hundred MB of hidden states at most
 
@@ -198,8 +202,8 @@ def embed_forecaster(tracking_uri: str, name: str, version: int, info: Mapping[s
     Raises:
         ValueError: neither is at hand (one line naming why).
     """
+    from models.registry.versions import EMBED_HEAD_TAG
     from pipelines.forecasting.llm_shards import version_calibrator
-    from pipelines.surrogates.code_ingest import EMBED_HEAD_TAG
 
     tags = info.get("tags", {})
     why = ("registered without its head file (its host run's embeddings.parquet carried no principal axes), "
@@ -229,3 +233,36 @@ def embed_forecaster(tracking_uri: str, name: str, version: int, info: Mapping[s
               + f"{spec['base_model']} read here for new pairs")
     return EmbedHeadForecaster(head, axes, spec, model_ref, version_calibrator(tags), home, committed, table, device,
                                source)
+
+
+# ---- the version as an MLflow pyfunc model of kernel sources ---------------------------------
+
+EMBED_HEAD_ARTIFACT = "embed_head"
+
+
+class EmbedHeadSourcesModel(SourcesModel):
+    """A code-embed version with its head file (artifact `embed_head`): every pair read here, its
+    base model resolved under $KERNELCAST_HOME (the embedded SmolLM2 from its pip package)."""
+
+    def adapter(self, artifacts: Mapping[str, str], config: Mapping[str, Any]) -> PairForecaster:
+        from models.base_model import kernelcast_home
+        from models.training.embed_head import load_embed_head
+        from pipelines.forecasting.llm_shards import version_calibrator
+
+        head, axes, spec = load_embed_head(artifacts[EMBED_HEAD_ARTIFACT])
+        return EmbedHeadForecaster(head, axes, spec, str(config.get("model_ref") or "pyfunc:code-embed"),
+                                   version_calibrator({"calibrator": config.get("calibrator") or "{}"}),
+                                   kernelcast_home(), source=f"code-embed head ({spec['base_model']} read here)")
+
+
+def log_embed_head_model(head_file: str | Path, calibrator: str, base_model: str) -> Any:
+    """The pyfunc model of a code-embed version in the active run: its head file and calibrator
+    (the version's `calibrator` tag, JSON); the base model a pip requirement, not a copy."""
+    from models.training.embed_head import read_head_spec
+
+    spec = read_head_spec(head_file)
+    return log_sources_model(EmbedHeadSourcesModel(), {EMBED_HEAD_ARTIFACT: str(head_file)},
+                             {"kind": "llm", "calibrator": calibrator, "base_model": spec.get("base_model")},
+                             BASE_MODEL_REQUIREMENTS,
+                             {"kind": "llm", "finetune": "embed_head", "base_model": base_model,
+                              "reads": "kernel sources"})

@@ -24,6 +24,11 @@ and refuses a file that fails there. The interpreter lacks parts of Triton and o
 (bf16/fp8 arithmetic, libdevice, device queries), so its refusals say that the interpreter, not
 the kernel, may be at fault; it is off by default.
 
+Sources held as text (a search's mutations, a request to a served model) are read by
+`read_kernel_sources`, the same reading under a name instead of a path. A caller that reads
+again and again passes a `FeaturePool` (children kept up) and a `FeatureCache` (a source read
+once is not read again) of pipelines.forecasting.source_features.
+
 The record leaves generator, algorithm and knobs_json empty: the platform did not write the
 file, and no forecaster needs them. It carries every compile feature the compile returns
 (`Features.to_row()` less its bookkeeping) and every source feature, whatever the feature set.
@@ -34,7 +39,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +51,20 @@ _NOT_FEATURES = ("status", "error", "seconds", "kernels")
 
 @dataclass
 class KernelFile:
-    """One file: its record when it can be forecast, else why not (one line)."""
+    """One file (or source): its record when it can be forecast, else why not (one line).
 
-    path: Path
+    `path` is None for a source handed over as text (`read_kernel_sources`); `name` is what its
+    record's kernel_id says (the path of a file, the given name of a source)."""
+
+    path: Path | None
     record: dict[str, Any] | None = None
     refused: str | None = None
     notes: list[str] = field(default_factory=list)
+    name: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name and self.path is not None:
+            self.name = str(self.path)
 
 
 def language_of(source: str) -> str:
@@ -98,8 +111,8 @@ def _check_line(kind: str | None, message: str) -> str:
 
 def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = False, check_timeout_s: float = 60.0,
                       compile: bool = True, compile_timeout_s: float = 120.0, allow_incorrect: bool = False,
-                      n_workers: int = 2, all_needed: bool = False,
-                      hardware: str | None = None) -> list[KernelFile]:
+                      n_workers: int = 2, all_needed: bool = False, hardware: str | None = None,
+                      cache: Any = None, pool: Any = None) -> list[KernelFile]:
     """A KernelFile per path, in order (the work of the checks and compiles spread over n_workers).
 
     Args:
@@ -114,10 +127,9 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = False, 
             gets a record, so the refusal is known in a moment instead of after every compile.
         hardware: the hardware id forecast for: its stand-in device answers the files' device
             queries (pipelines.profiling.standin.DEVICES; another id or None: the H200).
+        cache: a source_features.FeatureCache: a source read before is not read again.
+        pool: a source_features.FeaturePool whose children stay up between calls.
     """
-    from pipelines.tasks import get_task
-
-    get_task(task)
     files = [KernelFile(Path(p)) for p in paths]
     sources: dict[int, str] = {}
     for i, f in enumerate(files):
@@ -125,8 +137,51 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = False, 
             sources[i] = f.path.read_text()
         except (OSError, UnicodeDecodeError) as exc:
             f.refused = f"cannot be read: {type(exc).__name__}: {exc}".splitlines()[0]
-            continue
-        f.refused = static_refusal(sources[i])
+    return _read(task, files, sources, check=check, check_timeout_s=check_timeout_s, compile=compile,
+                 compile_timeout_s=compile_timeout_s, allow_incorrect=allow_incorrect, n_workers=n_workers,
+                 all_needed=all_needed, hardware=hardware, cache=cache, pool=pool)
+
+
+def read_kernel_sources(task: str, sources: Sequence[str], hardware: str | None = None, *,
+                        names: Sequence[str] | None = None, check: bool = False, check_timeout_s: float = 60.0,
+                        compile: bool = True, compile_timeout_s: float = 120.0, allow_incorrect: bool = False,
+                        n_workers: int = 2, all_needed: bool = False, cache: Any = None,
+                        pool: Any = None) -> list[KernelFile]:
+    """`read_kernel_files` for sources held as text (a search's mutations, a service's request):
+    the same reading, the same refusals, one KernelFile per source (its `path` None).
+
+    Args:
+        task, hardware, check, check_timeout_s, compile, compile_timeout_s, allow_incorrect,
+            n_workers, all_needed, cache, pool: as `read_kernel_files`.
+        sources: kernel module sources.
+        names: each source's kernel_id in its record (default: source-0, source-1, ...).
+    """
+    if names is not None and len(names) != len(sources):
+        raise ValueError(f"{len(sources)} sources but {len(names)} names")
+    files = [KernelFile(None, name=str(names[i]) if names is not None else f"source-{i}")
+             for i in range(len(sources))]
+    texts = {}
+    for i, (f, text) in enumerate(zip(files, sources, strict=True)):
+        if isinstance(text, str):
+            texts[i] = text
+        else:
+            f.refused = f"not a source text: {type(text).__name__}"
+    return _read(task, files, texts, check=check, check_timeout_s=check_timeout_s, compile=compile,
+                 compile_timeout_s=compile_timeout_s, allow_incorrect=allow_incorrect, n_workers=n_workers,
+                 all_needed=all_needed, hardware=hardware, cache=cache, pool=pool)
+
+
+def _read(task: str, files: list[KernelFile], sources: dict[int, str], *, check: bool, check_timeout_s: float,
+          compile: bool, compile_timeout_s: float, allow_incorrect: bool, n_workers: int, all_needed: bool,
+          hardware: str | None, cache: Any, pool: Any) -> list[KernelFile]:
+    """The reading every entry point shares: `sources` holds the text of each file not refused yet."""
+    from pipelines.tasks import TASK_MODULES
+
+    if task not in TASK_MODULES:  # as get_task says it, without loading the task here: the children do
+        raise ValueError(f"unknown task {task!r}; known tasks: {', '.join(TASK_MODULES)}")
+    for i, f in enumerate(files):
+        if f.refused is None:
+            f.refused = static_refusal(sources[i])
     live = [i for i, f in enumerate(files) if f.refused is None]
     if all_needed and len(live) < len(files):
         return files
@@ -148,11 +203,11 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = False, 
         if all_needed and len(live) < len(files):
             return files
     for i in live:
-        files[i].record = {"kernel_id": str(files[i].path), "task": task, "source": sources[i],
+        files[i].record = {"kernel_id": files[i].name, "task": task, "source": sources[i],
                            "language": language_of(sources[i]), "generator": None, "algorithm": None,
                            "knobs_json": None}
     if compile:
-        _add_compiled_features(task, [files[i] for i in live], n_workers, compile_timeout_s, hardware)
+        _add_compiled_features(task, [files[i] for i in live], n_workers, compile_timeout_s, hardware, cache, pool)
     return files
 
 
@@ -173,7 +228,7 @@ _SOURCE_BOOKKEEPING = ("kernel_id", "task", "target", "status", "compile_status"
 
 
 def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, compile_timeout_s: float,
-                           hardware: str | None = None) -> None:
+                           hardware: str | None = None, cache: Any = None, pool: Any = None) -> None:
     """Give each file the features its measured twin has in the warehouse
     (warehouse.kernels.forecast_features: the compile's, overlaid with an ok or partial source
     features row), or refuse a file that does not import, or a Triton file that does not compile
@@ -188,12 +243,12 @@ def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, c
     if not files:
         return
     from pipelines.forecasting.source_features import source_features_many
-    from pipelines.generation.aot import compile_many, gave_no_answer
+    from pipelines.generation.aot import gave_no_answer
 
     sources = {i: f.record["source"] for i, f in enumerate(files)}
     rows = _once_per_source(list(sources), sources, lambda first: source_features_many(
         [files[i].record for i in first], n_workers=min(n_workers, len(first)),
-        timeout_s=compile_timeout_s, hardware=hardware))
+        timeout_s=compile_timeout_s, hardware=hardware, cache=cache, pool=pool))
     for f, row in zip(files, rows, strict=True):
         import_error = _import_error(row["error"])
         if import_error:
@@ -204,8 +259,8 @@ def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, c
     unsure = [i for i, f in enumerate(files) if f.record is not None and f.record["language"] == "triton"
               and rows[i]["compile_status"] != "compiled"]
     if unsure:
-        feats = _once_per_source(unsure, sources, lambda first: compile_many(
-            [files[i].record for i in first], n_workers=min(n_workers, len(first)), timeout_s=compile_timeout_s))
+        feats = _once_per_source(unsure, sources, lambda first: _compile_on_real_input(
+            [files[i].record for i in first], min(n_workers, len(first)), compile_timeout_s, cache))
         for i, f in zip(unsure, feats, strict=True):
             if f.status == "compiled":
                 files[i].record.update({k: v for k, v in f.to_row().items() if k not in _NOT_FEATURES})
@@ -222,6 +277,31 @@ def _add_compiled_features(task: str, files: list[KernelFile], n_workers: int, c
             f.record.update({k: v for k, v in row.items() if k not in _SOURCE_BOOKKEEPING})
         else:
             f.notes.append(f"no source features: {row['error']}")
+
+
+def _compile_on_real_input(records: list[dict[str, Any]], n_workers: int, timeout_s: float, cache: Any) -> list[Any]:
+    """pipelines.generation.aot.compile_many of `records`, each answer kept in `cache` (a
+    FeatureCache, or None) beside the source-features rows, so a source whose trace could not
+    compile it is compiled on a real input once, not on every reading."""
+    from pipelines.generation.aot import Features, compile_many
+
+    jobs = [{"source": r["source"], "task": r["task"], "language": "triton", "target": "aot:benchmark"}
+            for r in records]
+    keys = [cache.key(job) if cache is not None else "" for job in jobs]
+    held = [cache.get(k) if cache is not None else None for k in keys]
+    out: list[Any] = [None] * len(records)
+    for i, h in enumerate(held):
+        if h is not None:
+            out[i] = Features(**{**h["features"], "kernels": tuple(h["features"].get("kernels") or ())})
+    todo = [i for i, f in enumerate(out) if f is None]
+    if todo:
+        for i, f in zip(todo, compile_many([records[i] for i in todo], n_workers=n_workers, timeout_s=timeout_s),
+                        strict=True):
+            out[i] = f
+            if cache is not None:  # as a cache row: a status it keeps, the compile's outcome inside
+                cache.put(keys[i], {"status": "ok" if f.status == "compiled" else "failed" if f.status != "error"
+                                    else "error", "error": f.error, "features": {**asdict(f), "kernels": list(f.kernels)}})
+    return out
 
 
 def _import_error(error: str | None) -> str | None:

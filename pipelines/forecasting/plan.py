@@ -128,6 +128,7 @@ def _fetched_library(warehouse_path, tracking_uri, cfg, version, roles, records,
         learned = {k for f in roles.all_frames() for c in ("candidate_kernel_id", "anchor_kernel_id")
                    for k in f[c].to_list()}
         pairs, fetched_records = read_library_dir(folder, refs, learned - set(refs.values()))
+        fetched_records = _as_read(fetched_records, cfg.home, log)
         rows, fetched_listed = folder_forecasts(listed, pairs, {**records, **fetched_records}, tracking_uri,
                                                 cfg.home, committed, train)
     except ValueError as exc:
@@ -140,6 +141,30 @@ def _fetched_library(warehouse_path, tracking_uri, cfg, version, roles, records,
     note = f"{ENV}={folder}: {pairs.height} pairs of published kernels"
     log(note)
     return (pairs["pair_id"].to_list() if rows.height else []), fetched_listed, note
+
+
+def _as_read(records: dict[str, dict[str, Any]], home: Path, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:
+    """The library kernels' records as `kernelcast forecast` would read their files (the one
+    reader, pipelines.forecasting.files: compile and trace on a stand-in device, features cached
+    by source digest under the home), so the split scores forecasters on what a user's file gives
+    them. A kernel the reader refuses keeps its bare record and the refusal is logged."""
+    from pipelines.forecasting.files import read_kernel_sources
+    from pipelines.forecasting.source_features import FeatureCache
+    from pipelines.forecasting.sources import FEATURE_CACHE_DIR
+
+    out = dict(records)
+    cache = FeatureCache(home / FEATURE_CACHE_DIR)
+    by_task: dict[str, list[str]] = {}
+    for kid, rec in records.items():
+        by_task.setdefault(str(rec.get("task")), []).append(kid)
+    for task, ids in sorted(by_task.items()):
+        read = read_kernel_sources(task, [records[k]["source"] for k in ids], names=ids, cache=cache)
+        for kid, f in zip(ids, read, strict=True):
+            if f.record is not None:
+                out[kid] = {**f.record, **{k: v for k, v in records[kid].items() if v is not None}}
+            else:
+                log(f"library kernel {kid[:12]} ({task}) refused by the reader: {f.refused}")
+    return out
 
 
 # Columns of a reference forecast that describe its pair, not the forecast (the table joins pairs).

@@ -32,11 +32,20 @@ a bad kernel. Runs with the standard library, numpy, torch, triton and pyarrow o
 Statuses of a row: `ok` (compile, where it applies, and trace both worked), `partial` (one of
 them failed; the other's features are kept), `failed` (neither: import error, no custom_kernel),
 `error` (our side: the task input could not be built, a worker would not start).
+
+A caller that reads kernels again and again (a search forecasting its mutations, a service)
+keeps two things warm: a `FeaturePool` (the child processes stay up between calls, so torch,
+triton and each task's inputs are loaded once per child, not once per call) and a
+`FeatureCache` (rows by digest of the source and of everything else that decides them: task,
+language, target, hardware, the feature code and the torch and triton releases; in memory and,
+given a folder, on disk), so a source read once is never read again.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
 import math
 import os
 import shutil
@@ -44,6 +53,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -103,6 +113,8 @@ def source_features_many(
     target: str = "sm_90",
     compile: bool = True,
     hardware: str | None = None,
+    cache: FeatureCache | None = None,
+    pool: FeaturePool | None = None,
 ) -> list[dict[str, Any]]:
     """Source features of many kernel records, in input order; never raises on a bad kernel.
 
@@ -110,7 +122,7 @@ def source_features_many(
         records: mappings with 'source', 'task' (a registry task or one of
             KERNELCAST_TASK_MODULES), optional 'kernel_id' and 'language' ('triton' compiles;
             anything else, e.g. 'pytorch', is traced only).
-        n_workers: child processes in parallel.
+        n_workers: child processes in parallel (with a pool: at most its size).
         timeout_s: limit per kernel after its task input exists; past it the worker is killed.
         progress: called as progress(done, total).
         target: 'sm_<capability>', e.g. 'sm_90'.
@@ -119,6 +131,9 @@ def source_features_many(
             compile features are known already.
         hardware: the hardware id whose stand-in device the kernels see when they ask
             (pipelines.profiling.standin.DEVICES); None or another id: the target's default.
+        cache: rows already read are taken from it, new ones put in it (`FeatureCache`).
+        pool: children kept up between calls (`FeaturePool`); None starts n_workers for this
+            call and stops them at its end.
     Returns:
         One flat row per record (ROW_COLUMNS): status, one-line error, seconds, FEATURE_COLUMNS
         (None where unknown).
@@ -129,50 +144,224 @@ def source_features_many(
     except ValueError:
         return [_row(r, target, {"status": "error", "error": f"unknown target {target!r}"}) for r in items]
     results: list[dict | None] = [None] * len(items)
-    root = tempfile.mkdtemp(prefix="kernelcast-features-")
-    env = _worker_env(os.path.join(root, "triton-cache"))
-    env["KERNELCAST_AOT_WORKDIR"] = root
-    lock = threading.Lock()
-    state = {"next": 0, "done": 0}
-
-    def run_worker() -> None:
-        worker = _Worker(env, module=_MODULE, args=("--child",))
+    jobs = [{"source": str(rec.get("source") or ""), "task": str(rec.get("task") or ""),
+             "language": str(rec.get("language") or "triton"), "target": [capability, 32],
+             "compile": compile, "hardware": hardware} for rec in items]
+    keys = [cache.key(job) if cache is not None else "" for job in jobs]
+    todo = []
+    for i, rec in enumerate(items):
+        hit = cache.get(keys[i]) if cache is not None else None
+        if hit is not None:
+            results[i] = _row(rec, target, hit)
+        else:
+            todo.append(i)
+    done = {"n": len(items) - len(todo)}
+    if progress and done["n"]:
+        progress(done["n"], len(items))
+    if todo:
+        own = pool is None
+        pool = pool or FeaturePool(n_workers)
         try:
-            while True:
-                with lock:
-                    i = state["next"]
-                    state["next"] += 1
-                if i >= len(items):
-                    return
-                rec = items[i]
-                job = {"source": str(rec.get("source") or ""), "task": str(rec.get("task") or ""),
-                       "language": str(rec.get("language") or "triton"), "target": [capability, 32],
-                       "compile": compile, "hardware": hardware}
-                try:
-                    msg = worker.request_raw(job, timeout_s)
-                except Exception as exc:  # noqa: BLE001 - a garbled answer must not stop the batch
-                    worker.stop()
-                    msg = {"status": "error", "error": _one_line(f"worker: {type(exc).__name__}: {exc}")}
-                if msg.get("status") == "compile_failed":  # the worker died or timed out
-                    msg = {**msg, "status": "failed", "compile_status": "compile_failed"}
-                results[i] = _row(rec, target, msg)
-                with lock:
-                    state["done"] += 1
-                    if progress:
-                        progress(state["done"], len(items))
-        finally:
-            worker.stop()
+            def answer(i: int, msg: dict[str, Any]) -> None:
+                results[i] = _row(items[i], target, msg)
+                if cache is not None:
+                    cache.put(keys[i], msg)
+                done["n"] += 1
+                if progress:
+                    progress(done["n"], len(items))
 
-    try:
-        threads = [threading.Thread(target=run_worker, daemon=True) for _ in range(max(1, n_workers))]
+            pool.run([(i, jobs[i]) for i in todo], timeout_s, answer, n_workers)
+        finally:
+            if own:
+                pool.close()
+    return [r if r is not None else _row(items[i], target, {"status": "error", "error": "not run"})
+            for i, r in enumerate(results)]
+
+
+class FeaturePool:
+    """Source-features children kept up between calls (each answers one job at a time).
+
+    A child imports torch and triton when it starts and builds a task's benchmark inputs on its
+    first job of that task; a pool pays that once per child instead of once per call. Children
+    are started on first use, replaced when they die or time out, and stopped by `close` (or at
+    exit of a `with` block).
+
+    Args:
+        size: children at most (one per core is what a compile wants).
+    """
+
+    def __init__(self, size: int = 2):
+        self.size = max(1, int(size))
+        self._root = tempfile.mkdtemp(prefix="kernelcast-features-")
+        self._env = _worker_env(os.path.join(self._root, "triton-cache"))
+        self._env["KERNELCAST_AOT_WORKDIR"] = self._root
+        self._idle = [_Worker(self._env, module=_MODULE, args=("--child",)) for _ in range(self.size)]
+        self._free = threading.Condition()  # a caller waits here while every child is busy
+        self._closed = False
+        # at the latest when the pool is collected or the process exits: children stopped, scratch removed
+        self._finalizer = weakref.finalize(self, _stop_pool, self._idle, self._root)
+
+    def run(self, jobs: list[tuple[Any, dict]], timeout_s: float, answer: Callable[[Any, dict], None],
+            n_workers: int | None = None) -> None:
+        """Answer each (key, job) by `answer(key, message)`, in up to n_workers children at once."""
+        if self._closed:
+            raise RuntimeError("the feature pool is closed")
+        state = {"next": 0}
+        lock = threading.Lock()
+
+        def serve() -> None:
+            with self._free:
+                self._free.wait_for(lambda: self._idle or self._closed)
+                if self._closed:
+                    return
+                worker = self._idle.pop()
+            try:
+                while True:
+                    with lock:
+                        n = state["next"]
+                        state["next"] += 1
+                    if n >= len(jobs):
+                        return
+                    key, job = jobs[n]
+                    try:
+                        msg = worker.request_raw(job, timeout_s)
+                    except Exception as exc:  # noqa: BLE001 - a garbled answer must not stop the batch
+                        worker.stop()
+                        msg = {"status": "error", "error": _one_line(f"worker: {type(exc).__name__}: {exc}")}
+                    if msg.get("status") == "compile_failed":  # the worker died or timed out
+                        msg = {**msg, "status": "failed", "compile_status": "compile_failed"}
+                    answer(key, msg)
+            finally:
+                with self._free:
+                    if self._closed:
+                        worker.stop()
+                    self._idle.append(worker)
+                    self._free.notify()
+
+        width = min(len(jobs), self.size, max(1, n_workers or self.size))
+        threads = [threading.Thread(target=serve, daemon=True) for _ in range(width)]
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-    return [r if r is not None else _row(items[i], target, {"status": "error", "error": "not run"})
-            for i, r in enumerate(results)]
+
+    def close(self) -> None:
+        """Stop the children and remove their scratch folder (a child still answering a job
+        stops when its job is done)."""
+        with self._free:
+            self._closed = True
+            self._free.notify_all()
+        self._finalizer()
+
+    def __enter__(self) -> FeaturePool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _stop_pool(workers: list[Any], root: str) -> None:
+    for worker in list(workers):
+        worker.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+# The code and releases a row depends on beyond its job: a change to any of them reads sources anew.
+_DECIDING_CODE = ("pipelines/forecasting/source_features.py", "pipelines/generation/aot.py",
+                  "pipelines/profiling/standin.py", "pipelines/tasks")
+_code_digest: str | None = None
+
+
+def _feature_code_digest() -> str:
+    """sha256 of the feature code (_DECIDING_CODE) and the torch and triton releases, once a process."""
+    global _code_digest
+    if _code_digest is None:
+        from importlib.metadata import PackageNotFoundError, version
+
+        root = Path(__file__).resolve().parents[2]
+        h = hashlib.sha256()
+        for name in _DECIDING_CODE:
+            path = root / name
+            for f in sorted(path.rglob("*.py")) if path.is_dir() else [path]:
+                h.update(str(f.relative_to(root)).encode() + b"\0" + f.read_bytes() + b"\0")
+        for dist in ("torch", "triton"):
+            try:
+                h.update(f"{dist}=={version(dist)}".encode())
+            except PackageNotFoundError:
+                h.update(f"{dist}: none".encode())
+        _code_digest = h.hexdigest()
+    return _code_digest
+
+
+class FeatureCache:
+    """Source-features answers by digest of what decides them, in memory and optionally on disk.
+
+    The key is the sha256 of the job (source, task, language, target, compile, hardware) and of
+    the feature code and releases (`_feature_code_digest`). Answers of our own failures (status
+    `error`) and of children that crashed or ran out of time (which a less busy machine may not
+    repeat) are not kept.
+
+    Args:
+        folder: where answers are kept across processes (one small JSON file each); None: this
+            process only.
+        max_items: answers kept in memory (the oldest go first).
+    """
+
+    def __init__(self, folder: str | Path | None = None, max_items: int = 4096):
+        self.folder = Path(folder) if folder is not None else None
+        self.max_items = max_items
+        self._memory: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    def key(self, job: Mapping[str, Any]) -> str:
+        fields = {k: job.get(k) for k in ("source", "task", "language", "target", "compile", "hardware")}
+        payload = json.dumps({"job": fields, "code": _feature_code_digest()}, sort_keys=True)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def get(self, key: str) -> dict[str, Any] | None:
+        with self._lock:
+            hit = self._memory.get(key)
+        if hit is None and self.folder is not None:
+            try:
+                hit = json.loads(self._path(key).read_text())
+            except (OSError, ValueError):
+                hit = None
+            if hit is not None:
+                self._remember(key, hit)
+        with self._lock:
+            if hit is None:
+                self.misses += 1
+            else:
+                self.hits += 1
+        return dict(hit) if hit is not None else None
+
+    def put(self, key: str, msg: Mapping[str, Any]) -> None:
+        from pipelines.generation.aot import gave_no_answer
+
+        if msg.get("status") not in STATUSES or msg.get("status") == "error" or gave_no_answer(msg.get("error")):
+            return
+        kept = {k: v for k, v in msg.items() if k != "phase"}
+        self._remember(key, kept)
+        if self.folder is not None:
+            path = self._path(key)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.part")
+                tmp.write_text(json.dumps(kept))
+                tmp.replace(path)
+            except OSError:  # a cache that cannot be written is only slower
+                pass
+
+    def _remember(self, key: str, msg: dict[str, Any]) -> None:
+        with self._lock:
+            self._memory[key] = msg
+            while len(self._memory) > self.max_items:
+                self._memory.pop(next(iter(self._memory)))
+
+    def _path(self, key: str) -> Path:
+        assert self.folder is not None
+        return self.folder / key[:2] / f"{key}.json"
 
 
 def source_features(task: str, source: str, target: str = "sm_90", language: str = "triton",

@@ -583,11 +583,12 @@ class _Capture:
 
     # -- the replacement of Autotuner.run: every config, no benchmarking ---------------------
     def autotune_run(self, tuner, *args, **kwargs):
-        """Every config when compiling (features cover whichever the tuner would pick); the
-        first one only when tracing (one call makes one config's launches). A config past the
-        target's limits is skipped, as the autotuner skips one that runs out of resources on the
-        GPU; the kernel is rejected only when every config is."""
-        configs = tuner.configs if self.do_compile else tuner.configs[:1]
+        """Every config when compiling (features cover whichever the tuner would pick; of a
+        tuner with more than MAX_AUTOTUNE_CONFIGS, that many spread over its list); the first one
+        only when tracing (one call makes one config's launches). A config past the target's
+        limits is skipped, as the autotuner skips one that runs out of resources on the GPU; the
+        kernel is rejected only when every config is."""
+        configs = _spread(tuner.configs, MAX_AUTOTUNE_CONFIGS) if self.do_compile else tuner.configs[:1]
         saved, ret, rejected = self.weight, None, []
         self.weight = saved / max(1, len(configs))
         try:
@@ -655,6 +656,24 @@ _CAPTURES: list[_Capture] = []
 def _direct_launch(name: str, grid: tuple[int, int, int], args: tuple) -> None:
     if _CAPTURES:
         _CAPTURES[-1].direct_launch(name, grid, args)
+
+
+# Configs of one autotuner compiled for the features: a library's tuner may list dozens (block
+# sizes x warps x stages), each a full compile, which took a chunked attention kernel past the
+# compile's time limit on a busy two-core host; an even spread of them keeps the range of
+# registers, shared memory and instruction mix the tuner chooses from.
+MAX_AUTOTUNE_CONFIGS = 8
+
+
+def _spread(items: list, n: int) -> list:
+    """At most `n` items, first and last included, evenly spread.
+
+    >>> _spread(list(range(10)), 4), _spread([1, 2], 4)
+    ([0, 3, 6, 9], [1, 2])
+    """
+    if len(items) <= n:
+        return list(items)
+    return [items[round(i * (len(items) - 1) / (n - 1))] for i in range(n)]
 
 
 def _resolve_task(name: str):

@@ -10,7 +10,7 @@ reads them and says where the two loops' means part: GPU MODE's statistic is the
 
 Per case and loop: calls, median, mean, mean over median, and the slow calls (above `--slow`
 times the loop's median), with how many were the first of a turn and how many the loop's first
-timed call of the case (call by call, harness 11, every call but the first opens a turn); per
+timed call of the case (taken call by call, every call but the first opens a turn); per
 case the speedup of the means and of the medians, and the slow stretches: runs of slow calls in
 the order made, either loop's, with how many calls of each loop they hold.
 """

@@ -64,8 +64,8 @@ class ProcInfo:
     """What the parent reads about one process in one pass over /proc: its status file at once;
     its process group and PID namespace (two more reads) only when asked, which only the
     searches for a child's processes without a uid of their own do. Every kernel's end reads a
-    scan, so its cost is on the measuring path (23 ms a kernel on an H200 host with three reads
-    per process, harness 5)."""
+    scan, so its cost is on the measuring path (tens of milliseconds a kernel with three reads
+    per process)."""
 
     __slots__ = ("pid", "uid", "rss_bytes", "threads", "zombie", "_pgid", "_pidns")
     _UNREAD = object()

@@ -90,14 +90,13 @@ log = logging.getLogger(__name__)
 
 NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
 # gpumode: the kernel's and the reference's timed calls of a case go by turns of this many
-# (Measurer.paired_case_steps); each turn after the first starts with one untimed call. 10 before
-# harness 11: in seven identical-code runs on H100s (2026-12-05) the medians of the two loops
-# agreed and 24 means of 0.1-1 ms cases did not, each by a slow stretch that the mean, the
-# median and the standard error put (as equal slow calls) at 2 to 21 calls (median 9) of 1.4 to
-# 7.7 times the median call (median 2.3); turns of 10 let one stretch fall on one side. Taking
-# turns call by call splits a stretch between both (tests/profiling/test_protocol_fidelity.py: a
-# stretch of 5 to 20 calls at twice the time moves identical code past 2% by turns of 10, not by
-# turns of 1). It costs one untimed call per timed call, under gpumode only.
+# (Measurer.paired_case_steps); each turn after the first starts with one untimed call. GPU
+# MODE's statistic is a mean, and a stretch of slow calls (a few to a few dozen, host or device)
+# that falls on one loop moves that loop's mean alone; taken call by call, a stretch is split
+# between both (tests/profiling/test_protocol_fidelity.py: a stretch of 5 to 20 calls at twice the
+# time moves identical code past 2% by turns of 10, not by turns of 1). It costs one untimed call
+# per timed call, under gpumode only. The runs behind it: docs/results/harness.md, "Settings and
+# the runs behind them".
 PAIRED_TURN_CALLS = 1
 __all__ = ["RECHECK_SEED_SALT", "KernelFailure", "load_kernel", "check_case", "check_all", "Measurer"]
 
@@ -328,8 +327,8 @@ def release_cuda_memory(keep_bytes: int) -> bool:
     more than `keep_bytes`; True if it did. A compile child runs each kernel's launcher on the
     benchmark inputs (launches suppressed, but torch ops in a launcher and its outputs are real
     allocations); without this, a dozen children each kept ~9 GB reserved after trimul's
-    1024 x 1024 pair tensors, and the measuring child's reference then ran out of memory
-    (H200, 2026-11-29: 36 trimul kernels recorded as `infrastructure` failures)."""
+    1024 x 1024 pair tensors, and the measuring child's reference then ran out of memory (the
+    kernels recorded as `infrastructure` failures: docs/results/dataset.md)."""
     if not torch.cuda.is_available() or torch.cuda.memory_reserved() <= keep_bytes:
         return False
     torch.cuda.empty_cache()
@@ -603,9 +602,8 @@ class GpuLookingMeta(torch.Tensor):
 
     A launcher may choose what to compile by where its input lives: the fp8_quant family sets
     `PRE_ROUND = not x.is_cuda`, a constexpr. On plain meta tensors the compile child then built
-    the CPU's variant, and the measuring child compiled the GPU's in its checks (H200, harness 9:
-    a median check of 0.24 s for those 55 kernels against 0.021 s for the family's other 63; their
-    checks took 16.8 s of the 398 s run). Only `is_cuda` changes: its `device` stays meta, so
+    the CPU's variant, and the measuring child compiled the GPU's in its checks, ten times the
+    check time of the family's other kernels (docs/results/harness.md). Only `is_cuda` changes: its `device` stays meta, so
     whatever the launcher allocates "on x.device" stays shape-only, and Triton specialises its
     pointers alike (the storage offset is the meta tensor's). Ops on it keep the class (torch's
     default `__torch_function__`), so `x.contiguous()` still says it is on the GPU."""
@@ -848,8 +846,7 @@ class Measurer:
         """After the GPU ran out of memory: drop the kept inputs and keep half as many from now on.
 
         The cache holds 30% of the GPU; on an 80 GB card, with the verifier's caches and the
-        compile children's CUDA contexts, trimul's largest case then no longer fitted (H100,
-        2026-12-05: every trimul kernel out of memory while timing). The inputs of the task being
+        compile children's CUDA contexts, trimul's largest case may then no longer fit. The inputs of the task being
         measured stay whatever the budget, so a smaller one costs only regenerations on task switches.
         """
         CACHE.clear()
@@ -875,7 +872,7 @@ class Measurer:
             drive(lambda d: d * 2.0, self.time_steps(plain_feed(x)))
         except GpuShared:
             # First use: lazy CUDA set-up inside the timed window makes the wall clock run far past
-            # the events (seen on the H200: 2.4 ms against 0.004 ms). That is what this call is
+            # the events, by hundreds of times. That is what this call is
             # for; the wall-clock check holds from the kernels' calls on.
             pass
         sync(self.device)

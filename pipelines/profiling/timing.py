@@ -7,9 +7,9 @@ kernelcast (default)
     (so no call finds its inputs in cache from the previous one); then a GPU-side spin
     (`torch.cuda._sleep`, `LaunchCover`) keeps the device busy while the host enqueues the
     call, so the events bracket device work only, not the host's launch latency. Without the
-    cover, launch-bound callables (a PyTorch reference of four small ops on a 256x4096
-    input) were timed 2.6x slower in one H200 run than in the next, because compile
-    workers were loading the CPU at the moment (harness 1, 2026-11-29). Each call is
+    cover, a launch-bound callable (a PyTorch reference of a few small ops) is timed as slow as
+    the host is busy: compile workers loading the CPU made one more than twice as slow in one
+    run as in the next. Each call is
     bracketed by its own pair of CUDA events; each call runs on new values in the same buffers
     (Feed). Reps run in chunks until the 95% confidence interval of the MEDIAN is within
     `rse_target` (1%) of it (order statistics, `median_ci_relative`), with a minimum number of
@@ -76,22 +76,20 @@ class TimingSettings:
 
     # Never stop before this many timed calls (unless the time cap hits). Fast kernels make at
     # least a first chunk of FIRST_CHUNK calls anyway; this bounds slow ones (a 37 ms trimul
-    # call), whose interval is tight after three. 8 before harness 8.
+    # call), whose interval is tight after three.
     min_reps: int = 3
     max_reps: int = 1000  # hard cap on timed calls per case
     max_case_s: float = 0.3  # wall-clock cap per case for the timed loop, seconds
     # Stop once the median's 95% interval is within this fraction of it (kernelcast; the mean's
     # standard error for paper), or within `floor_ms` in absolute terms: CUDA events resolve
-    # about half a microsecond, so 1% of a 15 us kernel is a width few reps reach. 0.5% before
-    # harness 8: side by side on one H200 and one batch, 3 and 1% measured 1.30x the correct
-    # kernels an hour with the same labels (255 of 258 in the same bin, Spearman 0.99993, the
-    # median |log2 ratio| 0.0027, as between two runs of one harness; docs/results/harness.md).
+    # about half a microsecond, so 1% of a 15 us kernel is a width few reps reach. Tighter
+    # targets cost calls without moving labels: a run at 0.5% and one at 1% put kernels in the
+    # same bins as two runs of one setting do (docs/results/harness.md).
     rse_target: float = 0.01
     floor_ms: float = 0.0005
     # Untimed calls until this much wall time has passed (at least 2 calls: the enqueue time of
     # the second sizes the launch cover). The kernel was already run by its checks, in a child
-    # that keeps the GPU busy, so this only settles caches; 10 ms before harness 5, 5 ms before
-    # harness 7.
+    # that keeps the GPU busy, so this only settles caches.
     warmup_ms: float = 2.0
 
     @staticmethod
@@ -257,9 +255,8 @@ def keep_output(out: Any) -> Any:
 
     A kernel that builds an nn.Module from the weights (GPU MODE's TriMul template does) returns
     outputs whose autograd graph holds every intermediate of the call; a plain clone kept that
-    graph alive as long as the copy. On an H100 three such TriMul submissions ran out of memory
-    while timed with 65-67 GiB allocated in the measuring child, 10.6 GiB of it kept inputs
-    (2026-12-06); on the H200 the same kernels had fitted.
+    graph alive as long as the copy, and the measuring child of an 80 GB card ran out of memory
+    on such submissions (docs/results/harness.md).
     """
     return clone_data(out, detach=True)
 
@@ -466,8 +463,8 @@ class Feed:
             cannot change it later). Where `keep` is at least the number of salts, the sample
             covers every salt: keep // len(salts) outputs of each salt's calls (a reservoir per
             salt). With one sample for two variants, a kernel right on one variant's values and
-            just past the tolerance on the other's was `ok` or `incorrect` on the draw (H100,
-            2026-12-05: 7 and 9 of one kernel family); covered, it is the same every time.
+            just past the tolerance on the other's is `ok` or `incorrect` on the draw; covered,
+            it is the same every time.
         device: "cuda" | "cpu".
     """
 
@@ -787,9 +784,8 @@ def gpumode_should_stop(durations_ns: list[float], wall_ns: float, max_time_ns: 
 class Turns:
     """Two gpumode loops timed by turns (interleaved_steps): how many timed calls a turn has, and
     which loops' stopping rules have been met. A loop whose rule is met goes on until the other's
-    is too (or its own call cap): the side that stopped first did not meet the other's noisier
-    stretch (identical code on an H100, 2026-12-05: the reference stopped after 3 to 6 calls of a
-    0.5 ms case, the kernel met a slow stretch after it and made 100, a mean 22% apart)."""
+    is too (or its own call cap): the side that stopped first would not meet the other's noisier
+    stretch, and identical code would measure apart (docs/results/harness.md)."""
 
     def __init__(self, calls: int, loops: int = 2, log: list | None = None):
         self.calls = calls
@@ -884,9 +880,8 @@ def collector_paused():
     The measuring child's heap beyond the frozen baseline (the kernel's module, Triton's compiled
     objects, the harness's caches) makes a full collection take milliseconds; one that falls in a
     timed call lengthens it by that much, and under gpumode, whose statistic is the mean of at most
-    100 calls, one such call moved a case by up to 25% (identical code, H100, 2026-12-05: a case's
-    median within 0.5% of the reference's and its mean 7 ms of stalls apart). GPU MODE's own
-    process has a far smaller heap. Cycles made while timing are collected after the case.
+    100 calls, one such call moves a case's mean while its median stays (docs/results/harness.md).
+    GPU MODE's own process has a far smaller heap. Cycles made while timing are collected after the case.
     """
     was = gc.isenabled()
     gc.disable()
@@ -911,11 +906,10 @@ def interleaved_steps(kernel: Steps, reference: Steps, call_reference: Callable[
     makes them, from its one call site), the reference's made here by `call_reference`.
     Returns (the kernel loop's result, the reference loop's result).
 
-    Under gpumode identical code measured 0.63 to 1.26 on single cases of 0.1-0.7 ms on an H100
-    (2026-12-05) with the reference's case timed after the kernel's: GPU MODE's loop times the
-    host's launch work with every call, and the host's speed moved between the two loops (a case's
-    median, not one outlier, went from 0.091 to 0.175 ms). Taken by turns of a few calls, both
-    loops meet the same host. `turn(side)` runs before each turn ("kernel" | "reference"), out of
+    Under gpumode, timed one loop after the other, identical code measured far from 1 on single
+    short cases: GPU MODE's loop times the host's launch work with every call, and the host's
+    speed moves between the two loops (docs/results/harness.md). Taken by turns of a few calls,
+    both loops meet the same host. `turn(side)` runs before each turn ("kernel" | "reference"), out of
     any timed window (the reference's torch switches go in and out there); `seconds` adds up
     each side's wall time.
     """

@@ -39,9 +39,8 @@ Pipeline (one parent, many children; the parent never runs kernel code):
 * --compile-inputs meta (the default on a GPU): compile children run the launchers on
   shape-only meta tensors, so they put no work and no memory on the GPU and the compile pool
   runs while kernels are timed (unphased); a launcher that cannot run on meta tensors is
-  compiled by the measuring child in its warm-up calls instead. Side by side on four H200s
-  (H200s, 2026-11-29) it gave 29% more correct kernels per GPU-hour on the light tasks and
-  7% more on the heavy ones than --compile-inputs device (real GPU inputs, phased: compiles and
+  compiled by the measuring child in its warm-up calls instead. It measures more correct
+  kernels per GPU-hour than --compile-inputs device (real GPU inputs, phased: compiles and
   timing alternate), with the same repeatability (docs/operating.md, "Measuring on a GPU host").
 * A child that crashes, hangs (no progress for --timeout-s) or hits a sticky CUDA error is
   killed and replaced; the kernel gets its failure kind and the batch goes on.
@@ -123,9 +122,9 @@ class WorkerConfig:
     max_reps: int | None = None  # cap on timed calls per case (None: 1000 on GPU, 5 on CPU)
     time_budget_s: float | None = None  # stop cleanly before this much wall time has passed
     limit: int | None = None  # measure at most this many new kernels in this run
-    # Re-time a task's reference after this long (drift). 60 s before harness 9: over a 436 s run on
-    # the H200 the middle of a case's last reference timings moved 0.17% (median over cases; at most
-    # 3.3%, on a 33 us fp8_quant case), while its 262 timings took 17 s of the measuring child.
+    # Re-time a task's reference after this long (drift): a reference's timing drifts by tenths of
+    # a percent over minutes, while re-timing every minute took a few percent of the measuring
+    # child's time (docs/results/harness.md).
     ref_refresh_s: float = 180.0
     recycle_after: int = 500  # restart the measuring child after this many kernels (modules pile up)
     startup_timeout_s: float = 300.0  # for a child to import torch/triton and init CUDA

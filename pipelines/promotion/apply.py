@@ -105,7 +105,7 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
     Raises:
         ForecastListingError: the forecasts asset's listing is missing or unusable.
     """
-    from models.registry.versions import alias_version, find_versions, set_aliases
+    from models.registry.versions import alias_version, committed_only, find_versions, set_aliases
     from pipelines.promotion.rule import (
         CHAMPION,
         CHAMPION_EXTERNAL,
@@ -121,6 +121,7 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
     by_split = score_splits(parts, MODEL_NAME, kinds={v: t.get("kind", LEGACY_KIND) for v, t in tags.items()},
                             rewards={v: t.get("reward", "") for v, t in tags.items()})
     by_split.scores[HELD_OUT_STYLES] = _held_out_style_scores(tracking_uri, parts, tags)
+    _mark_committed_only(by_split.scores, {v for v, t in tags.items() if committed_only(t)})
     splits = decide_over_splits(by_split.scores, champion, champion_ext, policy)
     set_aliases(tracking_uri, splits.champion.promote, splits.challenger, MODEL_NAME, use=CHAMPION,
                 clear_challenger=True)
@@ -133,6 +134,14 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
                                            splits, scored, dagster_run_id)
     _tag_registry(tracking_uri, version, champion, splits, scored, decision_id, ext_decision_id)
     return Promotion(version, policy, champion, by_split, splits, scored, decision_id, ext_decision_id)
+
+
+def _mark_committed_only(scores: dict[str, dict[int, Any]], versions: set[int]) -> None:
+    """Mark the versions holding only committed forecasts in every split's scores, in place: the
+    rule's gate `forecasts_new_pairs` keeps them from either champion and challenger alias."""
+    for split, by_version in scores.items():
+        scores[split] = {v: dataclasses.replace(s, committed_only=True) if v in versions else s
+                         for v, s in by_version.items()}
 
 
 def _held_out_style_scores(tracking_uri: str, parts: dict, tags: dict[int, dict]) -> dict:

@@ -12,7 +12,11 @@ one of them becomes "champion":
      (and at least one evaluated pair);
    - `brier_not_worse_than_uniform`: its Brier (full set: a parse failure scores as the
      uniform distribution, method.md section 3) <= the uniform forecaster's Brier on the
-     same pairs (0.4375).
+     same pairs (0.4375);
+   - `forecasts_new_pairs`: it is a model that forecasts a pair it has not seen, not a
+     version holding only committed forecasts (version tag `weights` = "committed forecasts
+     only", models.registry.versions.committed_only): a champion must answer kernels it was not
+     scored on, which such a version cannot.
 2. No eligible challenger: nothing changes.
 3. The candidate is the eligible challenger with the lowest Brier (ties: the newest version).
 4. No champion yet: the candidate becomes champion.
@@ -62,7 +66,8 @@ from dataclasses import dataclass, field, replace
 
 GATE_PARSE_RATE = "parse_rate_above_floor"
 GATE_BRIER = "brier_not_worse_than_uniform"
-GATES = (GATE_PARSE_RATE, GATE_BRIER)
+GATE_FORECASTS = "forecasts_new_pairs"
+GATES = (GATE_PARSE_RATE, GATE_BRIER, GATE_FORECASTS)
 
 __all__ = [
     "CHAMPION",
@@ -73,6 +78,7 @@ __all__ = [
     "CHALLENGER_EXTERNAL",
     "GATES",
     "GATE_BRIER",
+    "GATE_FORECASTS",
     "GATE_PARSE_RATE",
     "PROMOTION_SPLITS",
     "ChallengerScores",
@@ -126,6 +132,7 @@ class ChallengerScores:
         reward: the reward variant it was trained with (for reports only).
         kind: the version's kind tag (llm, cost_model, text_model; for reports only: the
             rule treats every kind alike).
+        committed_only: it holds only committed forecasts (gate `forecasts_new_pairs`).
     """
 
     version: int
@@ -137,6 +144,7 @@ class ChallengerScores:
     champion_brier: float | None = None
     reward: str = ""
     kind: str = ""
+    committed_only: bool = False
 
 
 @dataclass(frozen=True)
@@ -178,6 +186,8 @@ def gate_failures(scores: ChallengerScores, policy: PromotionPolicy = PromotionP
     ['parse_rate_above_floor']
     >>> gate_failures(ChallengerScores(1, 0, 1.0, 0.30, 0.4375))
     ['parse_rate_above_floor', 'brier_not_worse_than_uniform']
+    >>> gate_failures(ChallengerScores(1, 10, 1.0, 0.30, 0.4375, committed_only=True))
+    ['forecasts_new_pairs']
     """
     failed = []
     if scores.n_pairs <= 0 or not scores.parse_rate >= policy.parse_rate_floor:
@@ -185,6 +195,8 @@ def gate_failures(scores: ChallengerScores, policy: PromotionPolicy = PromotionP
     finite = math.isfinite(scores.brier) and math.isfinite(scores.uniform_brier)
     if scores.n_pairs <= 0 or not finite or scores.brier > scores.uniform_brier:
         failed.append(GATE_BRIER)
+    if scores.committed_only:
+        failed.append(GATE_FORECASTS)
     return failed
 
 

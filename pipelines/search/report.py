@@ -115,21 +115,22 @@ def curves_figure(report: dict[str, Any]) -> bytes:
 
 
 def comparison_lines(report: dict[str, Any]) -> list[str]:
-    """A short text table: per task, each mode's mean final best [interval], then the counts."""
-    head = f"{'task':<18} " + " ".join(f"{m:>22}" for m in MODES)
+    """A short text table within 100 columns: per task, each mode's mean final best [interval],
+    then the counts and the coverage, one line each."""
+    head = f"{'task':<16}" + "".join(f"{m:>21}" for m in MODES)
     lines = [head]
     for task, modes in report["tasks"].items():
         cells = []
         for m in MODES:
             r = modes.get(m)
-            cells.append(f"{r['final_best_mean']:7.3f} [{r['final_best_lo']:.2f},{r['final_best_hi']:.2f}]"
+            cells.append(f"{r['final_best_mean']:.3f} [{r['final_best_lo']:.2f},{r['final_best_hi']:.2f}]"
                          if r else "-")
-        lines.append(f"{task:<18} " + " ".join(f"{c:>22}" for c in cells))
+        lines.append(f"{task[:16]:<16}" + "".join(f"{c:>21}" for c in cells))
     s, cov = report["summary"], report["coverage"]
     lines.append(f"filtered beats standard on {s['filtered_beats_standard']}/{s['n_tasks']} tasks, "
                  f"random-filtered on {s['filtered_beats_random']}/{s['n_tasks']} "
-                 f"(forecaster {report['forecaster']}, {report['plan']['seeds']} seeds, budget "
-                 f"{report['plan']['budget']}); coverage {cov['coverage']:.3f} of proposed children, "
+                 f"({report['plan']['seeds']} seeds, budget {report['plan']['budget']})")
+    lines.append(f"forecaster {report['forecaster']}: coverage {cov['coverage']:.3f} of proposed children, "
                  f"{cov['measured_coverage']:.3f} of measured ones")
     return lines
 

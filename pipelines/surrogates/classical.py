@@ -95,6 +95,24 @@ def canonical_order(pairs: pl.DataFrame) -> pl.DataFrame:
     return pairs.sort(list(PAIR_KEY)) if pairs.height and set(PAIR_KEY) <= set(pairs.columns) else pairs
 
 
+def _nll(p: np.ndarray, y: np.ndarray) -> float:
+    """Mean negative log-likelihood of the true bins (p floored at 1e-12: a zero is a finite miss)."""
+    if not len(y):
+        return float("nan")
+    return float(-np.log(np.clip(np.asarray(p)[np.arange(len(y)), np.asarray(y) - 1], 1e-12, None)).mean())
+
+
+def calibration_metrics(p: np.ndarray, y: np.ndarray, when: str) -> dict[str, float]:
+    """The calibration Brier and NLL of forecasts `p` (n, 8) of true bins `y`, named for `when`
+    ("before" or "after" calibrating).
+
+    >>> m = calibration_metrics(np.full((2, 8), 1 / 8), np.array([1, 8]), "after")
+    >>> round(m["calibration_brier_after"], 4), round(m["calibration_nll_after"], 4)
+    (0.4375, 2.0794)
+    """
+    return {f"calibration_brier_{when}": _brier(p, y), f"calibration_nll_{when}": _nll(p, y)}
+
+
 def fit_classical(kind: str, roles: Roles, split: str, records: Mapping[str, Mapping[str, Any]],
                   params: Mapping[str, Any] | None = None, max_fit: int | None = None) -> Fitted:
     """Fit `kind` on the split's fit pairs (the first `max_fit` in `canonical_order`, if given),
@@ -117,9 +135,9 @@ def fit_classical(kind: str, roles: Roles, split: str, records: Mapping[str, Map
     metrics = {"fit_pairs": float(fit.height), "calibration_pairs": float(calibration.height), "fit_seconds": fit_s}
     if calibration.height:
         cal_frame, y = frame_of(calibration, records), calibration["true_bin"].to_numpy()
-        metrics["calibration_brier_before"] = _brier(model.predict_proba(cal_frame), y)
+        metrics.update(calibration_metrics(model.predict_proba(cal_frame), y, "before"))
         model.calibrate(cal_frame, y)
-        metrics["calibration_brier_after"] = _brier(model.predict_proba(cal_frame), y)
+        metrics.update(calibration_metrics(model.predict_proba(cal_frame), y, "after"))
         metrics["temperature"] = model.calibrator_.temperature
     log.info("%s (%s): fit on %d pairs in %.1f s", kind, split, fit.height, fit_s)
     return Fitted(model, kind, split, metrics)
@@ -144,9 +162,8 @@ def _fit_job(kind: str, roles: Roles, split: str, records: Mapping[str, Mapping[
              params: Mapping[str, Any], max_fit: int | None, threads: int = FIT_THREADS) -> Fitted:
     """One fit, its native thread pools capped. One thread per fit, fits side by side: the
     boosted trees run thousands of short OpenMP regions, each waiting for all its threads, and
-    on a shared 2-core host a thread that loses its core stalls every region (measured
-    2026-12-02, load ~20: the smoke cost model's 500 pairs took 84 s with 2 threads, the
-    single-threaded text model 3.6 s)."""
+    on a shared 2-core host a thread that loses its core stalls every region (the measurements:
+    docs/results/operations.md)."""
     from threadpoolctl import threadpool_limits
 
     with threadpool_limits(threads):
@@ -199,7 +216,9 @@ def fit_many(jobs: Sequence[tuple[str, str, Mapping[str, Any]]], roles: Roles,
 
 
 HELD_OUT_MODEL = "kernelcast-surrogate-held-out"  # held-out task and style versions: scored, never promoted
-CODE_VERSION = "2"  # bump when features or models change: a registered version is re-used only if equal
+# bump when features or models change: a registered version is re-used only if equal
+# (3: every version is a pyfunc model of kernel sources, pipelines.forecasting.pyfunc)
+CODE_VERSION = "3"
 
 
 @dataclass
@@ -229,7 +248,6 @@ def train_and_register(
     dataset_version: str,
     batch: str,
     name: str,
-    measurement_ids: list[str] | None = None,
     tags: Mapping[str, str] | None = None,
     force: bool = False,
     params: Mapping[str, Mapping[str, Any]] | None = None,
@@ -239,7 +257,8 @@ def train_and_register(
 ) -> list[Registered]:
     """Fit, calibrate and register every kind for both splits (or re-use a registered version
     of the same kind, split, dataset version, code and card); tag them all with `batch` so they
-    are evaluated together as challengers; record lineage rows.
+    are evaluated together as challengers; record lineage rows. Each run lists the measurements
+    behind its own fit and calibration pairs (read from `con`).
 
     Args:
         con: a writable warehouse connection (lineage rows).
@@ -251,7 +270,6 @@ def train_and_register(
         dataset_version: the version the roles come from.
         batch: the training batch (the orchestrating run id).
         name: the registered model of in-distribution versions.
-        measurement_ids: the measurements behind the dataset version.
         tags: extra tags (dagster_run_id, git_commit).
         force: train even when an equal version exists.
         params: kind -> hyper-parameter overrides.
@@ -297,31 +315,39 @@ def train_and_register(
     for (slot, split, kind, target, _, key), fitted in zip(planned, fits, strict=True):
         members[(split, kind)] = fitted.model
         slots[slot] = _register(con, fitted, roles, records, tracking_uri, target, dataset_version, batch, key,
-                                measurement_ids, tags)
+                                max_fit, tags)
     for slot, split, kind, target, _, key in composed:
         models = [members.get((split, k)) or _load_member(tracking_uri, slots, split, k) for k in fitted_kinds]
         fitted = compose(kind, [m for m in models if m is not None], roles, split, records, max_fit)
         if progress:
             progress(f"{kind} ({split}): the mean of {', '.join(fitted.model.member_kinds())}")
         slots[slot] = _register(con, fitted, roles, records, tracking_uri, target, dataset_version, batch, key,
-                                measurement_ids, tags)
+                                max_fit, tags)
     return [r for r in slots if r is not None]
 
 
 def _register(con, fitted: Fitted, roles: Roles, records, tracking_uri: str, target: str, dataset_version: str,
-              batch: str, key: Mapping[str, str], measurement_ids, tags) -> Registered:
-    """Log and register one fitted (or composed) model and record its lineage row."""
+              batch: str, key: Mapping[str, str], max_fit: int | None, tags) -> Registered:
+    """Log and register one fitted (or composed) model, with the measurements behind its fit and
+    calibration pairs, and record its lineage row."""
     from models.classical.registry import log_classical
+    from pipelines.forecasting.pyfunc import log_classical_sources_model
+    from warehouse.datasets import pair_measurement_ids
     from warehouse.lineage import record_model_lineage
 
     split, kind = fitted.split, fitted.kind
-    fit, _, _ = roles.for_split(split)
+    fit, calibration, _ = roles.for_split(split)
+    if max_fit is not None:  # the pairs fit_classical used
+        fit = fit.sort("pair_id").head(max_fit)
     run_id, version = log_classical(
         fitted.model, tracking_uri, frame_of(fit.head(8), records), target, dataset_version, split,
-        metrics=fitted.metrics, measurement_ids=measurement_ids,
+        metrics=fitted.metrics, measurement_ids=pair_measurement_ids(con, dataset_version, fit),
+        calibration_measurement_ids=pair_measurement_ids(con, dataset_version, calibration),
+        training_pairs=fit.select("pair_id", "true_bin").to_pandas(),
         tags={**dict(tags or {}), **key, "training_batch": batch,
               **({"held_out_task": roles.held_out_task} if split == "held_out_task" else {}),
               **({"held_out_style": split.removeprefix(STYLE_SPLIT_PREFIX)} if is_style_split(split) else {})},
+        model_logger=log_classical_sources_model,
     )
     record_model_lineage(con, target, version, dataset_version, mlflow_run_id=run_id,
                          base_model=kind, git_commit=(tags or {}).get("git_commit"),
@@ -361,8 +387,8 @@ def compose(kind: str, members: Sequence[BinForecaster], roles: Roles, split: st
     metrics = {"fit_pairs": float(fit.height), "calibration_pairs": float(calibration.height), "fit_seconds": 0.0,
                "members": float(len(members))}
     if calibration.height:
-        metrics["calibration_brier_after"] = _brier(model.predict_proba(frame_of(calibration, records)),
-                                                    calibration["true_bin"].to_numpy())
+        metrics.update(calibration_metrics(model.predict_proba(frame_of(calibration, records)),
+                                           calibration["true_bin"].to_numpy(), "after"))
     return Fitted(model, kind, split, metrics)
 
 
@@ -406,7 +432,6 @@ def train_classical_surrogates(warehouse_path: Any, tracking_uri: str, surrogate
         NoDatasetVersion: nothing curated yet.
     """
     from pipelines.surrogates.export import latest_version, version_roles
-    from warehouse.datasets import dataset_measurement_ids
     from warehouse.db import connect
 
     with connect(warehouse_path) as con:
@@ -414,7 +439,7 @@ def train_classical_surrogates(warehouse_path: Any, tracking_uri: str, surrogate
         roles = version_roles(con, version, surrogate.held_out_task)
         records = kernel_records(con, ids_of(roles.all_frames()))
         registered = train_and_register(con, roles, records, surrogate.classical, tracking_uri, version, batch, name,
-                                        measurement_ids=dataset_measurement_ids(con, version), tags=tags,
+                                        tags=tags,
                                         params=classical_params(surrogate.classical_params),
                                         max_fit=surrogate.classical_max_fit, workers=surrogate.classical_workers,
                                         progress=progress)

@@ -29,7 +29,10 @@ is in the committed folder is registered with it (it can run here on the CPU); w
 for a head variant, the version is a committed-forecasts one (a head's weights, heads.pt, are an
 artifact of its run when the host's output folder is at hand). A code-embed variant whose head
 file is in the committed folder has it as an artifact of its run and the version tag
-`embed_head_artifact` naming it: that version forecasts any pair (pipelines.forecasting.embed).
+`embed_head_artifact` naming it: that version forecasts any pair (pipelines.forecasting.embed) and
+its model is an MLflow pyfunc model of kernel sources (the head file its artifact, the base model
+a pip requirement). The versions without weights that run here are records of their runs,
+tagged `weights` = "committed forecasts only"; promotion never makes one a champion.
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ from typing import Any
 import polars as pl
 
 from models.bins import NUM_BINS
+from models.registry.versions import COMMITTED_ONLY, EMBED_HEAD_TAG, WEIGHTS_TAG
 from models.training.gpu_host.bundle import BundleError, read_bundle
 from models.training.gpu_host.jobfile import write_json
 from pipelines.surrogates.code_embed import embed_head_file
@@ -52,15 +56,9 @@ FORECASTS_FILE = "forecasts.parquet"
 TRAINING_FILE = "training.json"
 CODE_PAIRS_FILE = "code_training_pairs.parquet"
 ROLE_IN_RUN = {"external": "eval"}  # the external pairs are eval-split pairs of the dataset version
-CODE_VERSION = "1"
-# A code-embed version's tag naming its run's artifact of what a new pair needs (embed-head-<variant>.zip).
-EMBED_HEAD_TAG = "embed_head_artifact"
+CODE_VERSION = "2"  # 2: a code-embed version with its head file is a pyfunc model of kernel sources
 EMBED_HEAD_ARTIFACT = "embed_head"
 HEADS_DIR = "heads"  # the committed run folder's code-embed head files
-# A version without weights that run here (a head, GRPO, a LoRA whose adapter is not committed):
-# tag WEIGHTS_TAG says so, and it answers only from its committed forecasts.
-WEIGHTS_TAG = "weights"
-COMMITTED_ONLY = "committed forecasts only"
 LORA_VARIANT = "code-lora"
 
 
@@ -231,6 +229,23 @@ def _check_head_file(path: Path, variant: str, dataset_version: str) -> None:
                           f"not of {variant} on {dataset_version}: run embed-head again")
 
 
+def _fit_metrics(fit: pl.DataFrame, cal: pl.DataFrame, calibrator: Any) -> list[Any]:
+    """What a committed variant's training run says it did: its fit and calibration sizes, and
+    the calibration Brier and NLL of its forecasts before and after the calibrator fitted here."""
+    import time
+
+    from mlflow.entities import Metric
+
+    from pipelines.surrogates.classical import calibration_metrics
+
+    values = {"fit_pairs": float(fit.height), "calibration_pairs": float(cal["pair_id"].n_unique() if cal.height else 0)}
+    if cal.height:
+        p, y = cal.select(P_COLS).to_numpy(), cal["true_bin"].to_numpy()
+        values |= calibration_metrics(p, y, "before") | calibration_metrics(calibrator.apply(p), y, "after")
+    now = int(time.time() * 1000)
+    return [Metric(k, v, now, 0) for k, v in values.items() if v == v]
+
+
 def _history_metrics(client: Any, run_id: str, history: list[dict[str, Any]]) -> None:
     for epoch in history:
         for k, v in epoch.items():
@@ -257,7 +272,7 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
     from models.registry.tracking import log_training_data, mlflow_experiment
     from models.registry.versions import find_versions, register_logged_model, register_surrogate
     from pipelines.surrogates.classical import HELD_OUT_MODEL
-    from warehouse.datasets import held_measurements
+    from warehouse.datasets import held_measurements, pair_measurement_ids
     from warehouse.lineage import record_model_lineage
 
     training = json.loads((into / TRAINING_FILE).read_text())
@@ -289,11 +304,15 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
         calibrator = fit_calibrator(cal.select(P_COLS).to_numpy(), cal["true_bin"].to_numpy()) if cal.height else Calibrator()
         run_id = client.create_run(experiment, tags={**(run_tags or {}), **key, "trained_on": "nvidia-h200"},
                                    run_name=f"committed-{name}").info.run_id
-        is_held, measurement_ids = held_measurements(con, trained)
         fit = fit_pairs.filter(pl.col("role") == ("held_out_fit" if held else "fit"))
-        log_training_data(tracking_uri, run_id, trained, measurement_ids,
-                          fit.select("pair_id", "true_bin").to_pandas() if fit.height else None, held=is_held)
-        client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500]) for k, v in settings.items()])
+        is_held = held_measurements(con, trained)[0]
+        fit_ids, cal_ids = ((pair_measurement_ids(con, trained, fit), pair_measurement_ids(con, trained, cal))
+                            if is_held else (None, None))
+        log_training_data(tracking_uri, run_id, trained, fit_ids,
+                          fit.select("pair_id", "true_bin").to_pandas() if fit.height else None, held=is_held,
+                          calibration_measurement_ids=cal_ids)
+        client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500]) for k, v in settings.items()],
+                         metrics=_fit_metrics(fit, cal, calibrator))
         _history_metrics(client, run_id, record["history"]["history"])
         client.log_text(run_id, json.dumps(record, indent=1, default=str), "training_record.json")
         tags = {**key, "calibrator": json.dumps(calibrator.to_dict()), "finetune": settings["finetune"],
@@ -311,10 +330,16 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
             heads = results / "heads.pt" if results is not None else None
             if settings["finetune"] == "head" and heads is not None and heads.is_file():
                 client.log_artifact(run_id, str(heads), "head")
-            if head_file is not None:
+            if head_file is not None:  # it forecasts any pair: a pyfunc model of kernel sources
+                from pipelines.forecasting.embed import log_embed_head_model
+
                 client.log_artifact(run_id, str(head_file), EMBED_HEAD_ARTIFACT)
+                mlflow.set_tracking_uri(tracking_uri)
+                with mlflow.start_run(run_id=run_id):
+                    logged = log_embed_head_model(head_file, tags["calibrator"], base_model)
+            else:  # no weights here: a record of the run, tagged committed-only (promotion refuses it)
+                logged = mlflow.create_external_model(name=name, experiment_id=experiment, source_run_id=run_id)
             client.set_terminated(run_id, "FINISHED")
-            logged = mlflow.create_external_model(name=name, experiment_id=experiment, source_run_id=run_id)
             version = register_logged_model(tracking_uri, f"models:/{logged.model_id}", model_name, run_id=run_id,
                                             kind="llm", tags={**tags, **({} if head_file else {WEIGHTS_TAG: COMMITTED_ONLY})},
                                             description=({"head": f"head on {base_model}'s hidden states",

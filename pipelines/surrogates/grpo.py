@@ -63,7 +63,7 @@ def train_grpo_surrogates(warehouse_path: str | Path, tracking_uri: str, home: P
     from models.training.settings import TrainingSettings
     from pipelines.surrogates.export import NoDatasetVersion
     from pipelines.surrogates.llm import SURROGATE_MODEL
-    from warehouse.datasets import current_dataset_version, dataset_measurement_ids
+    from warehouse.datasets import current_dataset_version, pair_measurement_ids
     from warehouse.db import connect
     from warehouse.lineage import read_model_lineage
 
@@ -72,8 +72,8 @@ def train_grpo_surrogates(warehouse_path: str | Path, tracking_uri: str, home: P
         version = current_dataset_version(con)
         if version is None:
             raise NoDatasetVersion("no dataset version in the warehouse")
-        measurement_ids = dataset_measurement_ids(con, version)
         train, sources, tasks = _training_inputs(con, version)
+        measurement_ids = pair_measurement_ids(con, version, train)  # behind its training pairs only
         by_hw = fingerprints_or_default(con, train["hardware_id"].unique().to_list())
     identity = base_model_identity(resolve_base_model(sur.base_model, home))
     produced = []

@@ -13,7 +13,8 @@ Lineage tells what the fit used: a committed adapter was trained on the dataset 
 was exported from (training.json), usually older than the run's; its version's tag
 `trained_dataset_version`, its `model_lineage` row and its run's dataset input name that one,
 marked as not held when this warehouse no longer has it. Its run also holds the measurement ids
-(when the warehouse holds that version) and the settings and history of its training.
+behind its fit pairs (when the warehouse holds that version; calibration ones apart for a version
+trained here), its fit size and calibration scores, and the settings and history of its training.
 """
 
 from __future__ import annotations
@@ -97,12 +98,18 @@ def register_committed(
     calibrator = committed[variant].calibrator if variant in committed else None
     settings = record.get("settings", {})
     trained = training.get("dataset_version") or dataset_version
+    from models.registry.tracking import log_training_data
+    from warehouse.datasets import pair_measurement_ids
+
     held, measurement_ids = held_measurements(con, trained)
     run_id = _new_run(tracking_uri, f"committed-{variant}", {**dict(tags or {}), **key, "trained_on": "nvidia-h200"})
-    from models.registry.tracking import log_training_data
-
+    fit = _committed_training_pairs(root, bool(settings.get("held_out")))
+    if held and fit is not None:  # else the whole dataset version's: all it may have used
+        measurement_ids = pair_measurement_ids(con, trained, fit)
     log_training_data(tracking_uri, run_id, trained, measurement_ids,
-                      _committed_training_pairs(root, bool(settings.get("held_out"))), held=held)
+                      fit.select("pair_id", "true_bin").to_pandas() if fit is not None else None, held=held)
+    if fit is not None:
+        mlflow.MlflowClient(tracking_uri).log_metric(run_id, "fit_pairs", float(fit.height), step=0)
     client = mlflow.MlflowClient(tracking_uri)
     client.log_batch(run_id, params=[mlflow.entities.Param(k, str(v)[:500]) for k, v in settings.items()])
     for epoch in (record.get("history") or {}).get("history", []):
@@ -121,15 +128,16 @@ def register_committed(
 
 
 def _committed_training_pairs(root: Path, held_out: bool) -> Any:
-    """The fit pairs (pair_id, true_bin) a committed variant trained on, when its run folder
-    carries them (`kernelcast train collect` writes training_pairs.parquet); else None."""
+    """The fit pairs a committed variant trained on (pair_id, task, hardware_id, anchor and
+    candidate kernel ids, true_bin), when its run folder carries them (`kernelcast train collect`
+    writes training_pairs.parquet); else None."""
     import polars as pl
 
     path = root / TRAINING_PAIRS_FILE
     if not path.is_file():
         return None
     frame = pl.read_parquet(path).filter(pl.col("role") == ("held_out_fit" if held_out else "fit"))
-    return frame.select("pair_id", "true_bin").to_pandas() if frame.height else None
+    return frame if frame.height else None
 
 
 def train_and_register(
@@ -177,8 +185,12 @@ def train_and_register(
     t0 = time.perf_counter()
     result = train_supervised(settings, train_rows, cal_rows, work_dir / "sft")
     from models.backends.transformers_backend import load_model_and_tokenizer
+    from pipelines.surrogates.classical import calibration_metrics
 
     calibrator = None
+    metrics = {"train_seconds": time.perf_counter() - t0, "train_rows": float(result.rows_used),
+               "best_epoch": float(result.best_epoch), "fit_pairs": float(fit.height),
+               "calibration_pairs": float(calibration.height)}
     if cal_rows:
         from peft import PeftModel
 
@@ -186,19 +198,22 @@ def train_and_register(
         model = PeftModel.from_pretrained(base, str(result.model_dir)).eval()
         enc, labels = encode_rows(tokenizer, cal_rows)
         probs = readout_probs(model, tokenizer, enc, labels, settings.tokens_per_batch).numpy()
-        calibrator = fit_calibrator(probs, np.array([r["true_bin"] for r in cal_rows]))
-    metrics = {"train_seconds": time.perf_counter() - t0, "train_rows": float(result.rows_used),
-               "best_epoch": float(result.best_epoch)}
+        y = np.array([r["true_bin"] for r in cal_rows])
+        calibrator = fit_calibrator(probs, y)
+        metrics |= calibration_metrics(probs, y, "before") | calibration_metrics(calibrator.apply(probs), y, "after")
     run_id = _new_run(tracking_uri, "supervised", {**dict(tags or {}), **key})
     import mlflow
 
     from models.registry.tracking import log_training_data
-    from warehouse.datasets import dataset_measurement_ids
+    from warehouse.datasets import pair_measurement_ids
 
-    log_training_data(tracking_uri, run_id, dataset_version, dataset_measurement_ids(con, dataset_version),
-                      fit.select("pair_id", "true_bin").to_pandas())
+    log_training_data(tracking_uri, run_id, dataset_version, pair_measurement_ids(con, dataset_version, fit),
+                      fit.select("pair_id", "true_bin").to_pandas(),
+                      calibration_measurement_ids=pair_measurement_ids(con, dataset_version, calibration))
     client = mlflow.MlflowClient(tracking_uri)
-    client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in settings.as_params().items()])
+    client.log_batch(run_id, params=[mlflow.entities.Param(k, v) for k, v in settings.as_params().items()],
+                     metrics=[mlflow.entities.Metric(k, float(v), int(time.time() * 1000), 0)
+                              for k, v in metrics.items() if v == v])
     for epoch in result.history:
         for k, v in epoch.items():
             if k != "epoch" and isinstance(v, (int, float)):

@@ -1,14 +1,26 @@
 """The kernel task suite. `get_task(name)` and `all_tasks()` are the only entry points.
 
 Each task lives in its own module that defines `TASK: Task`. Imports are lazy so that the GPU
-worker pays only for the task it runs.
+worker pays only for the task it runs, and a process that only names tasks pays for none.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
-from pipelines.tasks.contract import Case, Task, default_device
+if TYPE_CHECKING:
+    from pipelines.tasks.contract import Case, Task, default_device
+
+# The contract (and torch with it) loads on first use: a process that only names tasks (the
+# forecast command checking --task, a reader handing kernels to its children) does not pay it.
+_CONTRACT = ("Case", "Task", "default_device")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _CONTRACT:
+        return getattr(importlib.import_module("pipelines.tasks.contract"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # name -> module; order is the display order.
 TASK_MODULES: dict[str, str] = {

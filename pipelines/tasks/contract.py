@@ -48,7 +48,7 @@ def seeded_generator(seed: int, device: str) -> torch.Generator:
 
     Drawn where they are used: on a GPU host the measuring child and the verifier each generate
     every input they check or time, and drawing the benchmark shapes on the CPU and copying them
-    took a fifth of the measuring child's time on an H200 (harness 5). The values differ between
+    took a fifth of the measuring child's time (docs/results/harness.md). The values differ between
     devices, never between runs or processes on one device; on the CPU they are what
     `torch.Generator().manual_seed(seed)` gives. On "meta" (shapes only: the compile children)
     a CPU generator, which meta factories accept and never draw from."""

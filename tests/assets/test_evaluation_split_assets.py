@@ -80,7 +80,7 @@ def test_reports_and_promotion_over_the_splits(tmp_path, monkeypatch):
     assert run.success, [e.message for e in run.all_events if e.is_failure]
     assert materialized(run) == {"calibration_report", "utility_report", "model_promotion"}
     table = json.loads((folder / "forecasters.table.json").read_text())
-    assert set(table["pages"]) == {"in_distribution", "source_only"} and table["report"] == str(folder / "index.html")
+    assert set(table["pages"]) == {"in_distribution", "source_only"} and table["report"] == "reports/ds-t/index.html"
     assert table["empty_splits"] == {"held_out_task": "no held-out task", "external": "no kernel outside the templates"}
     assert table["evaluation_run_id"] and f"/runs/{table['evaluation_run_id']}" in table["evaluation_run_url"]
     by = {(r["split"], r["name"]): r for r in table["forecasters"]}
@@ -90,6 +90,20 @@ def test_reports_and_promotion_over_the_splits(tmp_path, monkeypatch):
     # source_only while external is empty) goes to the one better from source alone
     assert alias_version(uri, "champion", NAME) == v2
     assert alias_version(uri, "champion-external", NAME) == v1
+    # the report was written before promotion decided: the decision lands beside it for its pages
+    promo = json.loads((folder / "promotion.js").read_text().split(" = ", 1)[1].rstrip(";\n"))
+    assert promo["aliases"][f"models:/{NAME}/{v2}"] == ["champion", "challenger-external"]
+    assert "No promotion decision yet" in (folder / "index.html").read_text()  # what was known when written
+    # the evaluation run: each forecaster's numbers under its name, every split, the versions as inputs
+    from mlflow import MlflowClient
+
+    run = MlflowClient(uri).get_run(table["evaluation_run_id"])
+    assert {f"surrogate-{v1}/brier", f"surrogate-{v2}/brier", "baseline-uniform/brier", f"source_only/surrogate-{v2}/brier",
+            "source_only/baseline-oracle/brier"} <= set(run.data.metrics) and "brier" not in run.data.metrics
+    assert run.data.metrics[f"surrogate-{v2}/brier"] == pytest.approx(by[("in_distribution", f"models:/{NAME}/{v2}")]["brier"])
+    from models.registry.versions import model_id_of
+
+    assert {model_id_of(uri, v1), model_id_of(uri, v2)} <= {m.model_id for m in run.inputs.model_inputs}
 
     # a third version, better in distribution than the champion but worse on source_only, is kept out
     v3 = register_logged_model(uri, f"models:/{mlflow.create_external_model(name='m3', experiment_id=experiment).model_id}",

@@ -161,16 +161,19 @@ def test_base_and_surrogate_are_built_registered_and_traced(graph):
     assert mv.tags["reward"] == "correctness+brier" and mv.tags["prompt_style"] == "compact"
     assert mv.tags["base_model"] == "tiny" and mv.tags["training_batch"] == result.run_id
     run = client.get_run(mv.run_id)
+    from warehouse.datasets import pair_measurement_ids, read_pairs
+
     with connect(settings.warehouse_path, read_only=True) as con:
         version = con.execute("SELECT dataset_version FROM dataset_versions").fetchall()[0][0]
         lineage = con.sql("SELECT * FROM model_lineage").pl().to_dicts()
         n_meas = con.execute("SELECT count(*) FROM dataset_measurements WHERE dataset_version = ?", [version]).fetchall()[0][0]
+        behind_training = pair_measurement_ids(con, version, read_pairs(con, version, "train"))
     assert run.data.tags["dagster_run_id"] == result.run_id
     assert run.data.tags["dataset_version"] == version and len(run.data.tags["git_commit"]) == 40
     assert [i.dataset.name for i in run.inputs.dataset_inputs] == [version]
     ids = Path(mlflow.artifacts.download_artifacts(run_id=mv.run_id, artifact_path="measurement_ids.txt",
                                                    tracking_uri=settings.mlflow_uri)).read_text().split()
-    assert len(ids) == n_meas > 0
+    assert ids == behind_training and 0 < len(ids) <= n_meas  # its training pairs' measurements, not the version's
     assert [(r["model_name"], r["model_version"], r["dataset_version"], r["mlflow_run_id"], r["dagster_run_id"])
             for r in lineage] == [(NAME, "1", version, mv.run_id, result.run_id)]
 

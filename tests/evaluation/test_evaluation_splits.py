@@ -190,9 +190,10 @@ def test_every_page_links_the_others_and_its_footnote_is_the_table_s_number(tmp_
         targets = {(page.parent / h).resolve() for h in hrefs if not h.startswith("http")}
         assert targets == {p.resolve() for s, p in pages.items() if s != split}, split  # every other page, existing
         assert all(t.is_file() for t in targets)
-        assert 'href="http://127.0.0.1:5000/#/runs/abc123">abc123</a>' in html
+        assert '<a data-ui="mlflow" href="http://127.0.0.1:5000/#/runs/abc123" title="abc123">abc123</a>' in html
         assert "external: empty (no kernel outside the templates)" in html
-        assert str(page.resolve()) in html  # the report's path
+        # the report's path under the home (the browser shows where it is opened from)
+        assert f"$KERNELCAST_HOME/{page.relative_to(tmp_path.parent.parent)}" in html
         oracle = results[split]["baseline:oracle"]["recovered_mean"]
         assert oracle < 1.0  # bins tie: the oracle gets its within-bin expectation
         assert f"Oracle (knows the true bin) recovered = {oracle:.3f}" in html
@@ -322,3 +323,79 @@ def test_a_bad_external_folder_is_one_line(tmp_path, make, message):
     with pytest.raises(ValueError, match=message) as err:
         read_library_dir(tmp_path / "ext", {"softmax": "ref"})
     assert "\n" not in str(err.value)
+
+
+def test_library_kernels_are_scored_on_what_the_file_reader_gives_a_users_file(tmp_path):
+    """The library split's records are read as `kernelcast forecast` reads files (trace and compile
+    features, cached under the home), so its scores say how forecasters do on a user's file."""
+    from pipelines.forecasting.plan import _as_read
+
+    good = "import torch\n\n\ndef custom_kernel(data):\n    (x,) = data\n    return torch.softmax(x.float(), -1).to(x.dtype)\n"
+    bad = "import not_a_package\n\n\ndef custom_kernel(data):\n    return data[0]\n"
+    records = {k: {"kernel_id": k, "task": "softmax", "source": src, "language": "pytorch", "generator": "library:x"}
+               for k, src in (("good", good), ("bad", bad))}
+    said = []
+    out = _as_read(records, tmp_path, said.append)
+    assert out["good"]["trace_cases"] == 4 and out["good"]["torch_ops"] >= 2 and out["good"]["generator"] == "library:x"
+    assert out["bad"] == records["bad"] and said == [
+        "library kernel bad (softmax) refused by the reader: does not import: ModuleNotFoundError: "
+        "No module named 'not_a_package'"]
+    assert any((tmp_path / "feature-cache").rglob("*"))  # a second run reads the cache
+
+
+def test_a_source_only_split_that_changes_no_forecast_is_one_line_not_a_second_page(tmp_path):
+    """Where no forecaster reads generator metadata, source only repeats in distribution number for
+    number: the report says so once instead of a page (and `kernelcast report` a table) of copies."""
+    from orchestration.cli_report import table_lines
+    from pipelines.evaluation.forecaster_table import forecaster_rows
+    from pipelines.evaluation.suite import evaluate_models, same_scores, write_split_reports
+
+    same = evaluate_models(_toy_forecasts(0), n_boot=0)
+    results = {"in_distribution": same, "source_only": {f"{k}|source_only": v for k, v in same.items()},
+               "external": evaluate_models(_toy_forecasts(1), n_boot=0)}
+    pages = write_split_reports(results, tmp_path, "ds-1")
+    assert set(pages) == {"in_distribution", "external"} and not (tmp_path / "source_only").exists()
+    html = pages["in_distribution"].read_text()
+    assert "Source only (generator metadata withheld): the same numbers as in distribution for every forecaster" in html
+    assert "source only" not in pages["external"].read_text().split("<nav>")[1].split("</nav>")[0]
+    # one forecaster's number differs: a page of its own
+    changed = {**results["source_only"], "baseline:uniform|source_only": {**same["baseline:uniform"], "brier": 0.5}}
+    assert not same_scores(same, changed, "|source_only")
+    assert "source_only" in write_split_reports({**results, "source_only": changed}, tmp_path / "b", "ds-1")
+
+    rows = [r for s, res in results.items() for r in forecaster_rows(res, {}, s)]
+    text = table_lines({"forecasters": rows, "same_as": {"source_only": "in_distribution"}})
+    assert "source only (generator metadata withheld): the same numbers as in distribution, every forecaster" in text
+    assert sum(line.startswith("forecaster") for line in text) == 2  # in distribution and external tables only
+
+
+def test_a_version_whose_source_only_split_repeats_in_distribution_is_evaluated_and_logged(tmp_path):
+    """The whole evaluation of a version (pages, metrics.json per split, the table, the MLflow
+    run) where source only changes no forecast: no page of its own, its numbers kept."""
+    from types import SimpleNamespace
+
+    from models.registry.tracking import mlflow_experiment
+    from pipelines.evaluation.forecaster_table import TABLE_FILE
+    from pipelines.evaluation.version_report import VersionForecasts, evaluate_version
+
+    frame = _toy_forecasts(3).with_columns(pl.lit("eval").alias("split"))
+    listing = {"held_out_task": None, "empty": {"external": "no kernel outside the templates"},
+               "forecasters": [{"model_ref": r, "kind": "baseline", "source": "reference"}
+                               for r in ("baseline:oracle", "baseline:uniform")]}
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    from mlflow import MlflowClient
+
+    experiment = mlflow_experiment(MlflowClient(uri), uri, "kernelcast-evaluation")
+    reports = tmp_path / "home" / "reports"
+    ev = evaluate_version(VersionForecasts("ds-1", {"in_distribution": frame, "source_only": frame}, listing), uri,
+                          experiment, SimpleNamespace(n_boot=0, workers=1), reports, tmp_path / "cache",
+                          ("d-1", "http://127.0.0.1:3000/runs/d-1"), lambda run_id: {}, lambda run_id: f"run {run_id}",
+                          progress=lambda line: None)
+    assert set(ev.pages) == {"in_distribution"} and set(ev.results) == {"in_distribution", "source_only"}
+    folder = reports / "ds-1"
+    assert json.loads((folder / "source_only" / "metrics.json").read_text())["baseline:uniform"]["brier"] == 0.4375
+    table = json.loads((folder / TABLE_FILE).read_text())
+    assert table["same_as"] == {"source_only": "in_distribution"} and table["report"] == "reports/ds-1/index.html"
+    assert {r["split"] for r in table["forecasters"]} == {"in_distribution", "source_only"}
+    metrics = MlflowClient(uri).get_run(ev.run_id).data.metrics
+    assert metrics["baseline-uniform/brier"] == metrics["source_only/baseline-uniform/brier"] == 0.4375

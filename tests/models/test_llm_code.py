@@ -340,6 +340,14 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
         from warehouse.lineage import lineage_of
 
         assert lineage_of(con, "kernelcast-surrogate", versions["code-head"])["dataset_version"] == "ds-toy"
+    # its training run says what it did: the fit's size, the calibration's size and scores
+    client = mlflow.MlflowClient(uri)
+    run = client.get_run(client.get_model_version("kernelcast-surrogate", str(versions["code-head"])).run_id)
+    fit_n = int((pl.read_parquet(run_dir / "code_training_pairs.parquet")["role"] == "fit").sum())
+    assert run.data.metrics["fit_pairs"] == fit_n > 0 and run.data.metrics["calibration_pairs"] == 6
+    assert run.data.metrics["calibration_brier_after"] <= run.data.metrics["calibration_brier_before"] + 1e-9
+    assert {"calibration_nll_before", "calibration_nll_after"} <= set(run.data.metrics)
+    assert {"measurement_ids.txt", "calibration_measurement_ids.txt"} <= {a.path for a in client.list_artifacts(run.info.run_id)}
     records = {k: {"kernel_id": k, "task": "softmax", "source": "x"} for k in
                set(all_pairs["anchor_kernel_id"].to_list()) | set(all_pairs["candidate_kernel_id"].to_list())}
     rows, listed, jobs = registered_forecasts(uri, "ds-toy", roles, records, tmp_path / "home", run_dir,

@@ -245,6 +245,6 @@ def test_the_html_report_links_its_pages_and_both_uis(served, page, tmp_path):
     assert "source_only/index.html" in hrefs
     assert any(h.startswith(f"http://127.0.0.1:{mport}/#/experiments/") for h in hrefs)  # MLflow runs
     assert any(h.startswith(f"http://127.0.0.1:{dport}/runs/") for h in hrefs)  # Dagster runs
-    page.click("text=source only (metadata withheld)")
+    page.click("text=source only (eval set, generator metadata withheld)")
     assert page.url.endswith("source_only/index.html")
-    assert "source only (metadata withheld)" in page.inner_text("h1")
+    assert "source only (eval set, generator metadata withheld)" in page.inner_text("h1")

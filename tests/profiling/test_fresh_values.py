@@ -184,14 +184,26 @@ def test_memos_and_timer_sniffers_gain_nothing_over_their_honest_twin(tiny_task,
         m = runner.Measurer({"device": "cpu", "protocol": protocol, "max_reps": 20})
         return m.measure({"path": str(path), "task": "tiny_scale"}, lambda phase: None)
 
-    twins = [measure(hostile.NO_GAIN_TWIN) for _ in range(2)]
-    assert all(t["status"] == "ok" for t in twins), [t["error"] for t in twins]
-    twin = [min(ts) for ts in zip(*(_case_times(t, protocol) for t in twins))]  # the faster of two honest runs
+    def honest() -> list[float]:
+        twins = [measure(hostile.NO_GAIN_TWIN) for _ in range(2)]
+        assert all(t["status"] == "ok" for t in twins), [t["error"] for t in twins]
+        return [min(ts) for ts in zip(*(_case_times(t, protocol) for t in twins))]  # the faster of two runs
+
+    twin = honest()
     for name in hostile.NO_GAIN:
-        result = measure(name)
-        if result["status"] != "ok":
-            assert result["failure_kind"] in hostile.KINDS[name], result["error"]
-            continue
-        gain = math.exp(sum(math.log(a / b) for a, b in zip(twin, _case_times(result, protocol))) / len(twin))
-        print(f"{protocol} {name}: {gain:.2f}x its twin")
-        assert gain <= hostile.NO_GAIN_FACTOR, f"{protocol} {name} gained {gain:.1f}x over its honest twin"
+        gains = []
+        # a busy host can make one run of the twin slow; a kernel that gains gains every time (10x to
+        # 139x without fresh values), so a gain over the factor is measured twice more, the twin too
+        for _attempt in range(3):
+            result = measure(name)
+            if result["status"] != "ok":
+                assert result["failure_kind"] in hostile.KINDS[name], result["error"]
+                break
+            gains.append(math.exp(sum(math.log(a / b) for a, b in zip(twin, _case_times(result, protocol)))
+                                  / len(twin)))
+            print(f"{protocol} {name}: {gains[-1]:.2f}x its twin")
+            if gains[-1] <= hostile.NO_GAIN_FACTOR:
+                break
+            twin = honest()
+        assert not gains or min(gains) <= hostile.NO_GAIN_FACTOR, \
+            f"{protocol} {name} gained {min(gains):.1f}x over its honest twin in each of 3 runs"

@@ -92,3 +92,29 @@ def test_a_missing_listing_is_refused(tmp_path):
     _warehouse(db, [v1], listed=False)
     with pytest.raises(ForecastListingError, match="no forecaster listing"):
         apply_promotion(db, uri, PromotionPolicy(), None)
+
+
+def test_a_version_holding_only_committed_forecasts_is_never_promoted(tmp_path):
+    """The better version in distribution (v2) holds only committed forecasts: it fails the gate
+    `forecasts_new_pairs`, so v1 becomes champion and v2 names no alias."""
+    from models.registry.versions import (
+        COMMITTED_ONLY,
+        WEIGHTS_TAG,
+        aliases,
+        find_versions,
+        set_version_tag,
+    )
+    from pipelines.promotion.rule import GATE_FORECASTS
+
+    db, uri = tmp_path / "warehouse.duckdb", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    v1, v2 = _register(uri, 2)
+    set_version_tag(uri, v2, WEIGHTS_TAG, COMMITTED_ONLY, MODEL_NAME)
+    _warehouse(db, [v1, v2])
+    p = apply_promotion(db, uri, PromotionPolicy(), "dagster-run-2")
+    assert p.splits.champion.failures[v2] == [GATE_FORECASTS] and p.splits.champion.failures[v1] == []
+    assert p.splits.champion.promote == v1 and p.eligible == [v1]
+    got = aliases(uri, MODEL_NAME)
+    assert got["champion"] == got["champion-external"] == v1
+    assert v2 not in got.values()
+    tags = {v["version"]: v["tags"] for v in find_versions(uri, MODEL_NAME)}
+    assert tags[v2]["promotion_status"] == f"held back: {GATE_FORECASTS}"

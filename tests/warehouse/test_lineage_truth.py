@@ -9,7 +9,14 @@ import json
 
 import polars as pl
 import pytest
-from test_warehouse_factory import kernel_row, kernel_table, result_row, results_table, write
+from test_warehouse_factory import (
+    H200_ID,
+    kernel_row,
+    kernel_table,
+    result_row,
+    results_table,
+    write,
+)
 
 import warehouse
 from models.classical import CostModel, TextModel
@@ -129,7 +136,7 @@ def test_a_committed_llm_version_names_the_dataset_it_was_trained_on(store, tmp_
     from warehouse.datasets import dataset_measurement_ids
 
     con, uri = store["con"], store["uri"]
-    pairs = [{"pair_id": "p-1", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": store["kernels"][0],
+    pairs = [{"pair_id": "p-1", "task": "softmax", "hardware_id": H200_ID, "anchor_kernel_id": store["kernels"][0],
               "candidate_kernel_id": store["kernels"][1], "true_bin": 3, "roles": ["fit"]},
              {"pair_id": "p-2", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": store["kernels"][0],
               "candidate_kernel_id": store["kernels"][2], "true_bin": 5, "roles": ["eval"]}]
@@ -140,7 +147,9 @@ def test_a_committed_llm_version_names_the_dataset_it_was_trained_on(store, tmp_
     assert info["tags"]["trained_dataset_version"] == "v-old" == read_model_lineage(con, NAME)["dataset_version"][0]
     assert kernels_for_model(con, NAME, out.version) == sorted(store["kernels"][:3])
     tags, inputs, listed = _run_record(uri, out.run_id)
-    assert tags["trained_dataset_version"] == "v-old" and listed == dataset_measurement_ids(con, "v-old")
+    # the measurements behind its one fit pair (kernels 0 and 1), not all of v-old (kernels 0-2)
+    assert tags["trained_dataset_version"] == "v-old" and listed == sorted(store["ids"][:2])
+    assert set(listed) < set(dataset_measurement_ids(con, "v-old"))
     [dataset] = inputs
     assert dataset.dataset.digest.startswith("duckdb:pairs@v-old")  # the fit pairs the collect kept
     assert json.loads(dataset.dataset.profile)["num_rows"] == 1
