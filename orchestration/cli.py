@@ -710,11 +710,11 @@ def promote(
 
     The automatic rule (model_promotion asset) is bypassed: use this to roll back or to
     promote a version you have evaluated yourself."""
-    from models.registry.hardware import is_card_alias
     from models.registry.versions import (
         ALIASES,
         DEFAULT_NAME,
         alias_version,
+        is_card_alias,
         set_alias,
         version_info,
     )

@@ -20,9 +20,15 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+from models.registry.versions import (
+    _client,
+    alias_version,
+    find_versions,
+    set_model_tags,
+)
+
 HARDWARE_TAG = "hardware"  # on a version: the card it was fitted on
 REFERENCE_TAG = "reference_hardware"  # on the registered model: its in-distribution card
-CARD_ALIAS = re.compile(r"^champion-(?!external$)[a-z0-9][a-z0-9-]*$")  # champion-h100, not champion-external
 
 
 def champion_for_hardware(tracking_uri: str, hardware_id: str, name: str, fallback: str | None) -> tuple[str | None, str]:
@@ -39,15 +45,6 @@ def champion_for_hardware(tracking_uri: str, hardware_id: str, name: str, fallba
         return fallback, ""
     return fallback, (f"no version fitted on {hardware_id} (@{champion_alias(hardware_id)} is not set): "
                       f"{fallback} answers, fitted on {reference}")
-
-
-def is_card_alias(alias: str) -> bool:
-    """Whether an alias is a card's champion.
-
-    >>> is_card_alias("champion-h100"), is_card_alias("champion-external"), is_card_alias("champion")
-    (True, False, False)
-    """
-    return bool(CARD_ALIAS.match(alias))
 
 
 def fitted_for(info: dict[str, Any], hardware_id: str | None, reference: str | None = None) -> bool:
@@ -68,8 +65,6 @@ def reference_hardware(tracking_uri: str, name: str) -> str | None:
     """The registered model's reference card, or None (no tag, or no such model)."""
     from mlflow.exceptions import MlflowException
 
-    from models.registry.versions import _client
-
     try:
         return _client(tracking_uri).get_registered_model(name).tags.get(REFERENCE_TAG)
     except MlflowException:  # no such model yet
@@ -78,16 +73,12 @@ def reference_hardware(tracking_uri: str, name: str) -> str | None:
 
 def set_reference_hardware(tracking_uri: str, name: str, hardware_id: str) -> None:
     """Record the registered model's reference card (idempotent)."""
-    from models.registry.versions import set_model_tags
-
     if reference_hardware(tracking_uri, name) != hardware_id:
         set_model_tags(tracking_uri, name, {REFERENCE_TAG: hardware_id})
 
 
 def reference_versions(tracking_uri: str, name: str, **tags: str) -> list[dict[str, Any]]:
     """`find_versions` of `name` left to the versions of its reference card, newest first."""
-    from models.registry.versions import find_versions
-
     reference = reference_hardware(tracking_uri, name)
     return [v for v in find_versions(tracking_uri, name, **tags) if fitted_for(v, reference, reference)]
 
@@ -96,8 +87,6 @@ def version_for_hardware(tracking_uri: str, hardware_id: str, name: str) -> tupl
     """(alias, version) of the champion a forecast for `hardware_id` uses: the card's own
     `@champion-<card>` when it is set; None when the card has none (the caller falls back to the
     reference card's champion and says so)."""
-    from models.registry.versions import alias_version
-
     alias = champion_alias(hardware_id)
     version = alias_version(tracking_uri, alias, name)
     return (alias, int(version)) if version is not None else None

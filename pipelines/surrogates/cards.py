@@ -85,7 +85,6 @@ def train_card_forecasters(warehouse_path: Any, tracking_uri: str, surrogate: An
         train_and_register,
     )
     from pipelines.surrogates.export import latest_version
-    from warehouse.datasets import dataset_measurement_ids
     from warehouse.db import connect
 
     registered, sizes = [], {}
@@ -100,7 +99,7 @@ def train_card_forecasters(warehouse_path: Any, tracking_uri: str, surrogate: An
                 continue
             records = kernel_records(con, ids_of(card_set.all_frames()))
             registered += [(card, r) for r in train_and_register(con, card_set, records, surrogate.classical, tracking_uri, version, batch,
-                                             SURROGATE, measurement_ids=dataset_measurement_ids(con, version),
+                                             SURROGATE,
                                              tags=tags,
                                              params=classical_params(surrogate.classical_params),
                                              max_fit=surrogate.classical_max_fit, workers=surrogate.classical_workers,
