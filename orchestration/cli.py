@@ -149,7 +149,8 @@ def _run_headline(settings) -> list[str]:
         if table is None:
             return headline_lines(version, counts, metrics)
         decisions, aliases = promotion_lines(settings)
-        return headline_lines(version, counts, {})[:1] + decisions + table_lines(table, aliases)
+        cards, _ = cross_hardware_lines(settings, version)
+        return headline_lines(version, counts, {})[:1] + decisions + table_lines(table, aliases) + cards
     except Exception as e:  # noqa: BLE001 - a summary never fails a finished run
         return [f"(no summary: {type(e).__name__}: {e})".splitlines()[0]]
 
@@ -751,7 +752,12 @@ def ui(
     serve(_settings(profile), dagster_port=dagster_port, mlflow_port=mlflow_port)
 
 
-from orchestration.cli_report import newest_table, promotion_lines, table_lines  # noqa: E402
+from orchestration.cli_report import (  # noqa: E402
+    cross_hardware_lines,
+    newest_table,
+    promotion_lines,
+    table_lines,
+)
 from orchestration.cli_report import report as _report  # noqa: E402 - its own module
 from orchestration.cli_search import export_forecaster, search_headline, search_sim  # noqa: E402 - its own module
 from orchestration.measure_cli import measure as _measure  # noqa: E402 - its own module, registered here

@@ -42,10 +42,12 @@ def newest_table(settings) -> dict | None:
 
 
 def cross_hardware_lines(settings, version: str) -> tuple[list[str], list[dict]]:
-    """One line per card other than the reference (pipelines.evaluation.cross_hardware.headline):
-    the best zero-shot, calibrated (at most 300 of the card's pairs) and fitted Brier, the gap to
-    the reference card's in-distribution Brier and the share of kernels in the same bin on both
-    cards; and the headlines themselves. Nothing when the version's report has no such page."""
+    """Three lines per card other than the reference (pipelines.evaluation.cross_hardware.headline),
+    within 100 columns: the card and the share of kernels in the same bin on both cards; the best
+    zero-shot and calibrated (at most 300 of the card's pairs) Brier with the gap to the reference
+    card's in-distribution Brier; the best fitted on all of the card's pairs. Then the page, under
+    the home the report is read from; and the headlines themselves. Nothing when the version's
+    report has no such page."""
     from pipelines.evaluation.cross_hardware import FOLDER, SUMMARY_FILE, headline
 
     path = settings.reports_dir / version / FOLDER / SUMMARY_FILE
@@ -60,11 +62,12 @@ def cross_hardware_lines(settings, version: str) -> tuple[list[str], list[dict]]
     lines = []
     for h in heads:
         gap = f" ({h['calibrated_gap']:+.3f} from in distribution)" if h["calibrated_gap"] is not None else ""
-        same = f"; same bin on both cards {h['same_bin']:.1%}" if h["same_bin"] is not None else ""
-        lines.append(f"cross-hardware {h['hardware_id']}: zero shot {best(h['zero_shot'])}; calibrated "
-                     f"{best(h['calibrated'])}{gap}; fitted on all {best(h['fitted'])}{same}")
+        same = f" (same bin on both cards: {h['same_bin']:.1%} of kernels)" if h["same_bin"] is not None else ""
+        lines += [f"cross-hardware {h['hardware_id']}{same}:",
+                  f"  zero shot {best(h['zero_shot'])}; calibrated {best(h['calibrated'])}{gap}",
+                  f"  fitted on all its pairs {best(h['fitted'])}"]
     if lines:
-        lines.append(f"  page: {summary.get('page')}")
+        lines.append(f"  page: {path.parent / 'index.html'}")
     return lines, heads
 
 
