@@ -164,6 +164,7 @@ def study_cards(warehouse_path: Any, tracking_uri: str, home: Any, surrogate: An
                            params=_params(surrogate), n_boot=n_boot, seed=curation.seed,
                            workers=surrogate.classical_workers, progress=progress)
         study.agreement = bin_agreement(measured, reference, card)
+        study.notes += feature_notes(cr.eval, roles.eval, records, card, reference)
         if not carried:
             study.notes.append(f"no classical version fitted on {reference} in dataset version {version}: "
                                "nothing to carry over")
@@ -172,6 +173,37 @@ def study_cards(warehouse_path: Any, tracking_uri: str, home: Any, surrogate: An
                            "GPU host's work.")
         out.append({**study.to_dict(), "reference_scores": ref_scores, "dataset_version": version})
     return out
+
+
+FEATURE_MARKS = {"compile": "n_regs", "source": "trace_cases"}  # a field each kind of feature record sets
+
+
+def feature_coverage(pairs: Any, records: Mapping[str, Mapping[str, Any]]) -> dict[str, float]:
+    """The share of `pairs`' candidates whose record holds each kind of feature (FEATURE_MARKS).
+
+    >>> import polars as pl
+    >>> f = pl.DataFrame({"candidate_kernel_id": ["a", "b"]})
+    >>> feature_coverage(f, {"a": {"n_regs": 32, "trace_cases": None}, "b": {}})
+    {'compile': 0.5, 'source': 0.0}
+    """
+    ids = pairs["candidate_kernel_id"].to_list()
+    return {kind: (sum(records.get(k, {}).get(mark) is not None for k in ids) / len(ids)) if ids else 0.0
+            for kind, mark in FEATURE_MARKS.items()}
+
+
+def feature_notes(card_eval: Any, reference_eval: Any, records: Mapping[str, Mapping[str, Any]], card: str,
+                  reference: str) -> list[str]:
+    """A sentence when the card's eval candidates hold fewer features than the reference card's:
+    the reference forecasters read what is missing as unknown, so the zero-shot figures then
+    measure that gap as well as the card's (data/features holds a kernel's features once computed,
+    `python -m pipelines.forecasting.source_features`)."""
+    have, want = feature_coverage(card_eval, records), feature_coverage(reference_eval, records)
+    short = [f"{kind} features {have[kind]:.0%} (on {reference} {want[kind]:.0%})" for kind in FEATURE_MARKS
+             if have[kind] + 0.05 < want[kind]]
+    if not short:
+        return []
+    return [f"Of the eval candidates on {card}, fewer hold their features than on {reference}: " + ", ".join(short)
+            + "; the forecasters read the missing ones as unknown."]
 
 
 def _params(surrogate: Any) -> dict[str, dict[str, Any]]:
