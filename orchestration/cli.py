@@ -149,7 +149,8 @@ def _run_headline(settings) -> list[str]:
         if table is None:
             return headline_lines(version, counts, metrics)
         decisions, aliases = promotion_lines(settings)
-        return headline_lines(version, counts, {})[:1] + decisions + table_lines(table, aliases)
+        cards, _ = cross_hardware_lines(settings, version)
+        return headline_lines(version, counts, {})[:1] + decisions + table_lines(table, aliases) + cards
     except Exception as e:  # noqa: BLE001 - a summary never fails a finished run
         return [f"(no summary: {type(e).__name__}: {e})".splitlines()[0]]
 
@@ -475,7 +476,11 @@ def forecast(
         help="Default: models:/kernelcast-surrogate@champion-external when the registry has it, else "
              f"{CHAMPION_URI}, else 'smollm2'. Also models:/kernelcast-surrogate/N, kind:cost_model, "
              "baseline:uniform, 'smollm2' (embedded base model) or a local HF checkpoint dir."),
-    hardware: str = typer.Option("nvidia-h200-sm90", help="Hardware id whose fingerprint goes into the prompt."),
+    hardware: str = typer.Option(
+        "nvidia-h200-sm90",
+        help="Hardware id of the card to forecast for: its fingerprint goes into the prompt, its stand-in device "
+             "reads the files, and without --model its champion answers (@champion-<card>, e.g. champion-h100 for "
+             "nvidia-h100-80gb-hbm3-sm90; else the reference card's champion, and the output says so)."),
     readout: str = typer.Option("logprob", help="logprob (next-token bin probabilities) | verbalized (JSON answer)."),
     style: str | None = typer.Option(None, help="full | diff | compact; default: the surrogate's training style, else diff."),
     endpoint: str | None = typer.Option(
@@ -508,8 +513,11 @@ def forecast(
     Answers from the registered version for kernels from files (@champion-external, else
     @champion) when there is one, whatever its kind, else from the base model (the first call
     converts the embedded SmolLM2 GGUF into $KERNELCAST_HOME/models, a minute or two on a CPU).
-    With --endpoint, any OpenAI-compatible server answers instead."""
+    For a --hardware other than the reference card, the card's own champion (@champion-<card>)
+    answers when it is set; when it is not, the output names the card the answering version was
+    fitted on. With --endpoint, any OpenAI-compatible server answers instead."""
     from pipelines.forecasting import file_champion_uri, load_forecaster
+    from pipelines.forecasting.load import card_champion_uri
     from pipelines.forecasting.snapshot import RegistrySnapshot
     from pipelines.tasks import TASK_MODULES
 
@@ -529,8 +537,11 @@ def forecast(
                                   all_needed=len(paths) == 1, hardware=hardware)
     # the registry as an earlier command read it, while the store is unchanged: no MLflow to start
     snapshot = RegistrySnapshot(settings.home, registry_uri) if registry_uri else None
-    ref = model or (None if endpoint else file_champion_uri(registry_uri, snapshot=snapshot)) or (
-        "" if endpoint else "smollm2")
+    ref = model or (None if endpoint else file_champion_uri(registry_uri, snapshot=snapshot))
+    hardware_note = ""
+    if auto and registry_uri:  # the card's own champion, else the reference card's, said so
+        ref, hardware_note = card_champion_uri(registry_uri, hardware, ref, snapshot=snapshot)
+    ref = ref or ("" if endpoint else "smollm2")
     try:
         forecaster = load_forecaster(ref, tracking_uri=settings.mlflow_uri, home=settings.home,
                                      warehouse_path=settings.warehouse_path, readout=readout, style=style,
@@ -543,7 +554,8 @@ def forecast(
         raise CliError(f"anchor {anchor}: {head.refused}")
     if len(cands) == 1 and cands[0].refused:
         raise CliError(f"{cands[0].path}: {cands[0].refused}")
-    meta = _forecaster_meta(forecaster, ref, auto, readout)
+    meta = {**_forecaster_meta(forecaster, ref, auto, readout), "hardware_id": hardware,
+            **({"hardware_note": hardware_note} if hardware_note else {})}
     results = _forecast_files(forecaster, task, hardware, head, cands, single=len(cands) == 1)
     rows = [{**meta, "task": task, "anchor": str(anchor), **r} for r in results]
     if as_json:
@@ -671,6 +683,8 @@ def _print_forecast_table(rows: list[dict], meta: dict) -> None:
     from models.bins import BIN_NAMES
 
     typer.echo(f"forecaster: {meta['source']} ({meta['model_ref']})", err=True)
+    if meta.get("hardware_note"):
+        typer.echo(f"hardware: {meta['hardware_note']}", err=True)
     width = min(48, max(len("file"), *(len(r["file"]) for r in rows)))
     typer.echo(f"{'file':<{width}}  bin  p(bin)  E[log2 S]  p1..p8")
     for r in rows:
@@ -689,7 +703,8 @@ def _print_forecast_table(rows: list[dict], meta: dict) -> None:
 def promote(
     version: int = typer.Option(..., "--version", min=1, help="Registered version of kernelcast-surrogate."),
     alias: str = typer.Option("champion", "--alias",
-                              help="champion | challenger | champion-external | challenger-external."),
+                              help="champion | challenger | champion-external | challenger-external | "
+                                   "champion-<card> (a card other than the reference, e.g. champion-h100)."),
     profile: str | None = ProfileOpt,
     as_json: bool = JsonOpt,
 ) -> None:
@@ -701,13 +716,14 @@ def promote(
         ALIASES,
         DEFAULT_NAME,
         alias_version,
+        is_card_alias,
         set_alias,
         version_info,
     )
 
     settings = _settings(profile)
-    if alias not in ALIASES:
-        raise CliError(f"--alias must be one of {', '.join(ALIASES)}, got {alias!r}")
+    if alias not in ALIASES and not is_card_alias(alias):
+        raise CliError(f"--alias must be one of {', '.join(ALIASES)} or champion-<card>, got {alias!r}")
     if not (settings.home / "mlflow.db").is_file():
         raise CliError(f"no MLflow registry at {settings.home / 'mlflow.db'}; run `kernelcast run` first")
     if version_info(settings.mlflow_uri, version) is None:
@@ -737,7 +753,12 @@ def ui(
     serve(_settings(profile), dagster_port=dagster_port, mlflow_port=mlflow_port)
 
 
-from orchestration.cli_report import newest_table, promotion_lines, table_lines  # noqa: E402
+from orchestration.cli_report import (  # noqa: E402
+    cross_hardware_lines,
+    newest_table,
+    promotion_lines,
+    table_lines,
+)
 from orchestration.cli_report import report as _report  # noqa: E402 - its own module
 from orchestration.cli_search import export_forecaster, search_headline, search_sim  # noqa: E402 - its own module
 from orchestration.measure_cli import measure as _measure  # noqa: E402 - its own module, registered here

@@ -41,6 +41,36 @@ def newest_table(settings) -> dict | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
+def cross_hardware_lines(settings, version: str) -> tuple[list[str], list[dict]]:
+    """Three lines per card other than the reference (pipelines.evaluation.cross_hardware.headline),
+    within 100 columns: the card and the share of kernels in the same bin on both cards; the best
+    zero-shot and calibrated (at most 300 of the card's pairs) Brier with the gap to the reference
+    card's in-distribution Brier; the best fitted on all of the card's pairs. Then the page, under
+    the home the report is read from; and the headlines themselves. Nothing when the version's
+    report has no such page."""
+    from pipelines.evaluation.cross_hardware import FOLDER, SUMMARY_FILE, headline
+
+    path = settings.reports_dir / version / FOLDER / SUMMARY_FILE
+    if not path.is_file():
+        return [], []
+    summary = json.loads(path.read_text())
+    heads = [headline(card) for card in summary.get("cards", [])]
+
+    def best(h) -> str:
+        return f"{h[0]} {h[1]:.3f}" + (f" on {h[2]} pairs" if len(h) > 2 else "") if h else "-"
+
+    lines = []
+    for h in heads:
+        gap = f" ({h['calibrated_gap']:+.3f} from in distribution)" if h["calibrated_gap"] is not None else ""
+        same = f" (same bin on both cards: {h['same_bin']:.1%} of kernels)" if h["same_bin"] is not None else ""
+        lines += [f"cross-hardware {h['hardware_id']}{same}:",
+                  f"  zero shot {best(h['zero_shot'])}; calibrated {best(h['calibrated'])}{gap}",
+                  f"  fitted on all its pairs {best(h['fitted'])}"]
+    if lines:
+        lines.append(f"  page: {path.parent / 'index.html'}")
+    return lines, heads
+
+
 URL_KEYS = {"mlflow_url": "mlflow", "dagster_url": "dagster", "evaluation_run_url": "mlflow",
             "evaluation_dagster_run_url": "dagster"}
 
@@ -152,9 +182,10 @@ def report(
     if split:
         table = {**table, "forecasters": [r for r in table["forecasters"] if r["split"] == split], "same_as": {}}
     decisions, aliases = promotion_lines(settings)
+    cards, heads = cross_hardware_lines(settings, table["dataset_version"])
     if as_json:
-        _print_json({**table, "promotion": decisions, "aliases": aliases})
+        _print_json({**table, "promotion": decisions, "aliases": aliases, "cross_hardware": heads})
         return
     typer.echo(f"dataset {table['dataset_version']}")
-    for line in decisions + table_lines(table, aliases, links=links):
+    for line in decisions + table_lines(table, aliases, links=links) + ([] if split else cards):
         typer.echo(line)

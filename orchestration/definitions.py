@@ -13,11 +13,20 @@ from orchestration.settings import Settings, load_settings
 
 def stage_defs() -> list[dg.Definitions]:
     """Each stage module ends in a small `defs`; new stages are added here once."""
-    from assets import curation, evaluation, generation, profiling, promotion, tasks, training
+    from assets import (
+        cross_hardware,
+        curation,
+        evaluation,
+        generation,
+        profiling,
+        promotion,
+        tasks,
+        training,
+    )
     from assets import search as search_stage
 
     return [tasks.defs, generation.defs, profiling.defs, curation.defs, training.defs, evaluation.defs,
-            promotion.defs, search_stage.defs]
+            promotion.defs, search_stage.defs, cross_hardware.defs]
 
 
 def build_defs(settings: Settings | None = None, executor: dg.ExecutorDefinition | None = None,

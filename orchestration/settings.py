@@ -55,6 +55,10 @@ class CurationSettings:
     holdout_tasks: tuple[str, ...] = ()
     cross_pairs_per_task: int = 200
     seed: int = 0
+    # The card whose eval set is the in-distribution headline (pipelines.curation.hardware): every
+    # other hardware partition is scored in the cross-hardware settings. A dataset without it
+    # takes the card with the most eval pairs.
+    reference_hardware: str = "nvidia-h200-sm90"
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,10 @@ class EvaluationSettings:
     # A folder of fetched third-party results scored as part of the external split
     # (pipelines.evaluation.library_dir; $KERNELCAST_LIBRARY_DIR); None: none.
     library_dir: str | None = None
+    # The curve of the cross-hardware report (pipelines.surrogates.cross_hardware): Brier of the
+    # reference card's forecasters recalibrated on, and of forecasters fitted on, the first n pairs
+    # of another card, for each n here below the card's pool (0 and all are always there).
+    cross_hardware_pairs: tuple[int, ...] = (100, 300, 1000)
 
 
 @dataclass(frozen=True)
@@ -276,7 +284,7 @@ def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:
             generation=GenerationSettings(kernels_per_task=4, cpu_check_sample=0, workers=1, compile_features=False),
             profiling=ProfilingSettings(max_kernels=20, compile_workers=1),
             curation=CurationSettings(eval_per_bin=3, cross_pairs_per_task=20),
-            evaluation=EvaluationSettings(n_boot=20, repeats=1, lm_models=(), workers=1),
+            evaluation=EvaluationSettings(n_boot=20, repeats=1, lm_models=(), workers=1, cross_hardware_pairs=(30,)),
             # The tiny in-process model (models/tiny.py): training and forecasts take seconds.
             # Real pairs' prompts in the compact style; 10 warm-up steps exercise the code (the
             # tiny model does not learn the format from real prompts in 120 steps either).

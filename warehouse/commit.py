@@ -2,6 +2,11 @@
 measured and every ancestor of those kernels that the committed data does not hold yet, so the
 warehouse keeps full parent-child lineage (kernel_candidates' parents_exist check).
 
+The committed data is every hardware's folder beside the destination: a second GPU type that
+measured rewrites of kernels already committed for the first (the H100 partition's rewrites of
+H200 kernels) brings its measured kernels only, since every partition's ingest reads the kernel
+files of all of them.
+
     python3 -m warehouse.commit --name 2026-11-29-s3 --kernels .gpu-batches/main/kernels.parquet \
         [--kernels MORE_KERNELS.parquet ...] RESULTS.parquet [RESULTS.parquet ...]
 
@@ -28,9 +33,14 @@ from warehouse.errors import WarehouseError
 from warehouse.ingest import ingest_paths
 
 
-def committed_kernel_ids(folder: Path) -> set[str]:
+def committed_kernel_files(dest: Path) -> list[Path]:
+    """The kernel files of the destination and of every other hardware folder beside it."""
+    return sorted({*dest.glob("kernels-*.parquet"), *dest.parent.glob("*/kernels-*.parquet")})
+
+
+def committed_kernel_ids(dest: Path) -> set[str]:
     ids: set[str] = set()
-    for path in folder.glob("kernels-*.parquet"):
+    for path in committed_kernel_files(dest):
         ids.update(pl.read_parquet(path, columns=["kernel_id"])["kernel_id"].to_list())
     return ids
 
@@ -87,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         kernels.write_parquet(staged[kernels_out], compression="zstd")
         for path, frame in results.items():
             frame.write_parquet(staged[outputs[path]], compression="zstd")
-        check_ingest(sorted(args.dest.glob("kernels-*.parquet")), list(staged.values()))
+        check_ingest(committed_kernel_files(args.dest), list(staged.values()))
         for out, path in staged.items():  # same file system: each file lands whole
             os.replace(path, out)
     n_rows = sum(r.height for r in results.values())

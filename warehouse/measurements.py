@@ -43,6 +43,11 @@ def measurements_frame(
     return query_frame(con, sql, params)
 
 
+def kernel_hardware(con: duckdb.DuckDBPyConnection) -> pl.DataFrame:
+    """One row per (kernel_id, hardware_id) with a measurement of the kernel on the hardware, any status."""
+    return query_frame(con, "SELECT DISTINCT kernel_id, hardware_id FROM measurements ORDER BY kernel_id, hardware_id", [])
+
+
 def _records(
     con: duckdb.DuckDBPyConnection, sql: str, params: Sequence[Any] | None = None
 ) -> list[dict[str, Any]]:

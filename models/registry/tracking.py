@@ -525,6 +525,40 @@ def log_evaluation(
     return run.info.run_id
 
 
+def log_cross_hardware(tracking_uri: str, experiment_id: str, dataset_version: str,
+                       studies: Sequence[Mapping[str, Any]], report_dir: str | Path | None = None,
+                       tags: Mapping[str, str] | None = None) -> str:
+    """One run of the cross-hardware settings: per card, setting and forecaster its Brier (metric
+    `<card>/<setting>/<forecaster>/brier`, `@` written `_at_`), per card the share of kernels in the
+    same bin on both cards; the page's folder as the artifact `report`.
+
+    Returns:
+        The run id.
+    """
+    import mlflow
+
+    tracking_client(tracking_uri)
+    with mlflow.start_run(experiment_id=experiment_id, run_name=f"cross-hardware-{dataset_version}") as run:
+        mlflow.set_tags({"dataset_version": dataset_version, "kind": "cross_hardware", **dict(tags or {})})
+        values: dict[str, float] = {}
+        for study in studies:
+            card = str(study["hardware_id"])
+            for setting, part in (study.get("settings") or {}).items():
+                for forecaster, r in part.items():
+                    b = r.get("brier")
+                    if isinstance(b, (int, float)) and math.isfinite(float(b)):
+                        key = f"{card}/{setting}/{forecaster}/brier".replace("@", "_at_").replace(":", "-")
+                        values[key] = float(b)
+            same = next((r["same"] for r in (study.get("agreement") or {}).get("rows", []) if r["task"] == "all"), None)
+            if same is not None:
+                values[f"{card}/same_bin"] = float(same)
+        if values:
+            mlflow.log_metrics(values)
+        if report_dir is not None:
+            mlflow.log_artifacts(str(report_dir), artifact_path="report")
+    return run.info.run_id
+
+
 def _external_model(experiment_id: str, model_ref: str) -> str:
     """The id of the external LoggedModel standing for a forecaster that is not an MLflow model."""
     import mlflow

@@ -45,6 +45,18 @@ MODEL_ARTIFACT = "surrogate"  # the logged model's name in its run
 ADAPTER_ARTIFACT = "adapter"  # a plain peft folder (trained elsewhere, before logging)
 BASE_MODEL_FILE = "base_model.json"
 ALIASES = ("champion", "challenger", "champion-external", "challenger-external")  # -external: kernels from files
+CARD_ALIAS = re.compile(r"^champion-(?!external$)[a-z0-9][a-z0-9-]*$")  # champion-h100, not champion-external
+
+
+def is_card_alias(alias: str) -> bool:
+    """Whether an alias is a card's champion.
+
+    >>> is_card_alias("champion-h100"), is_card_alias("champion-external"), is_card_alias("champion")
+    (True, False, False)
+    """
+    return bool(CARD_ALIAS.match(alias))
+
+
 # Each champion alias and the challenger alias beside it (a promotion moves the pair together).
 CHALLENGER_OF = {"champion": "challenger", "champion-external": "challenger-external"}
 KINDS = ("llm", "cost_model", "text_model", "ensemble")
@@ -275,9 +287,10 @@ def register_surrogate(
 
 
 def set_alias(tracking_uri: str, alias: str, version: int | str, name: str = DEFAULT_NAME) -> None:
-    """Point `alias` (one of ALIASES) at a version (promotion)."""
-    if alias not in ALIASES:
-        raise ValueError(f"alias must be one of {ALIASES}, got {alias!r}")
+    """Point `alias` (one of ALIASES, or a card's champion-<card>: models.registry.hardware) at a
+    version (promotion)."""
+    if alias not in ALIASES and not is_card_alias(alias):
+        raise ValueError(f"alias must be one of {ALIASES} or champion-<card>, got {alias!r}")
     _client(tracking_uri).set_registered_model_alias(name, alias, str(version))
 
 

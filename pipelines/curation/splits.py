@@ -9,7 +9,13 @@
   every kernel that shares an ancestor-or-self with it at most k generations above both.
   For k = 1: the candidate, its parent, its children and its siblings. The task reference
   is never blocked (it anchors every reference pair) and does not link its children.
-  A blocked kernel is blocked on every hardware.
+- Each hardware is split on its own (`make_splits` per `hardware_id`, with the lineage of the
+  kernels measured there): a kernel is blocked in the training pool of the hardware whose eval
+  or external candidates it neighbours. Every forecaster is fitted on the pairs of one hardware
+  (pipelines.surrogates.roles), so a second card's measurements (rewrites of the first card's
+  kernels, say) leave the first card's splits as they were, pair for pair; the cross-hardware
+  settings (pipelines.surrogates.cross_hardware) keep what the reference card's forecasters
+  learned from out of the other card's eval pairs.
 - rl_training_pool: reference and cross pairs whose candidate and anchor are not blocked,
   that are not eval pairs, and whose task is not held out (the paper kept
   gdn_chunk_fwd_o out of training).
@@ -236,17 +242,52 @@ def external_lineage(kernels: Iterable[str], parent_of: Mapping[str, str], k: in
     return out
 
 
+def lineage_on(lineage: pl.DataFrame, hardware_id: str) -> pl.DataFrame:
+    """The rows of a lineage frame for the kernels measured on one hardware, one per kernel (a
+    frame without `hardware_id` is every hardware's lineage, returned as it is).
+
+    >>> f = pl.DataFrame({"hardware_id": ["a", "b", "b"], "kernel_id": ["k", "k", "j"], "parent_kernel_id": [None] * 3})
+    >>> lineage_on(f, "b")["kernel_id"].sort().to_list(), lineage_on(f.drop("hardware_id"), "a").height
+    (['j', 'k'], 3)
+    """
+    if "hardware_id" not in lineage.columns:
+        return lineage
+    return lineage.filter(pl.col("hardware_id") == hardware_id).drop("hardware_id").unique("kernel_id", keep="first")
+
+
 def make_splits(pairs: pl.DataFrame, lineage: pl.DataFrame, config: SplitConfig = SplitConfig()) -> Splits:
-    """Eval set, RL training pool and discovery pairs from all pairs.
+    """Eval set, RL training pool and discovery pairs from all pairs, each hardware on its own.
 
     Args:
         pairs: output of `pairs.build_pairs`.
         lineage: kernel_id, parent_kernel_id (and `generator`, which names the external kernels)
-            of every known kernel (the labels frame will do).
+            of every known kernel (the labels frame will do); with `hardware_id`, the rows of the
+            kernels measured on each hardware, which split that hardware's pairs.
         config: `SplitConfig`.
     Returns:
         `Splits`; each frame carries a `split` column (the external set's is 'eval').
     """
+    cards = sorted(set(pairs["hardware_id"].to_list())) if pairs.height else []
+    if len(cards) <= 1:
+        return _hardware_splits(pairs, lineage_on(lineage, cards[0]) if cards else lineage, config)
+    parts = [_hardware_splits(pairs.filter(pl.col("hardware_id") == hw), lineage_on(lineage, hw), config)
+             for hw in cards]
+
+    def stacked(frames: list[pl.DataFrame]) -> pl.DataFrame:
+        return pl.concat(frames, how="diagonal_relaxed")
+
+    return Splits(
+        eval_set=stacked([p.eval_set for p in parts]),
+        rl_training_pool=stacked([p.rl_training_pool for p in parts]),
+        discovery_pairs=stacked([p.discovery_pairs for p in parts]),
+        shortfall=stacked([p.shortfall for p in parts]),
+        blocked_kernel_ids=frozenset().union(*(p.blocked_kernel_ids for p in parts)),
+        external_set=stacked([p.external_set for p in parts if p.external_set is not None]),
+    )
+
+
+def _hardware_splits(pairs: pl.DataFrame, lineage: pl.DataFrame, config: SplitConfig) -> Splits:
+    """`make_splits` of the pairs of one hardware, with the lineage of its kernels."""
     reference = pairs.filter(pl.col("pair_type") == "reference")
     ref_ids = set(reference["anchor_kernel_id"].to_list())
     external = external_kernel_ids(lineage) - ref_ids
@@ -308,8 +349,17 @@ def find_leakage(
         lineage_k: as in `SplitConfig`.
         holdout_tasks: tasks that must not appear in training.
     Returns:
-        Sorted offending training pair ids.
+        Sorted offending training pair ids. With pairs of several hardware (and a lineage frame
+        with `hardware_id`), each hardware's training pairs are held against its own eval pairs,
+        as `make_splits` draws them.
     """
+    cards = sorted(set(eval_set["hardware_id"].to_list()) | set(training_pool["hardware_id"].to_list())) \
+        if "hardware_id" in eval_set.columns and "hardware_id" in training_pool.columns else []
+    if len(cards) > 1:
+        return sorted({pid for hw in cards for pid in find_leakage(
+            eval_set.filter(pl.col("hardware_id") == hw), training_pool.filter(pl.col("hardware_id") == hw),
+            lineage_on(lineage, hw), lineage_k=lineage_k, holdout_tasks=holdout_tasks)})
+    lineage = lineage_on(lineage, cards[0]) if cards else lineage
     ref_ids = set(eval_set["anchor_kernel_id"].to_list())
     parent_of = lineage_map(lineage, ref_ids)
     blocked = lineage_neighbourhood(eval_set["candidate_kernel_id"].to_list(), parent_of, lineage_k)

@@ -42,7 +42,7 @@ def curate_and_store(warehouse_path: str | Path, curation: Any) -> StoredDataset
     Args:
         warehouse_path: the DuckDB file (written: `pairs`, `dataset_versions`).
         curation: the curation settings (eval_per_bin, lineage_k, holdout_tasks,
-            cross_pairs_per_task, seed).
+            cross_pairs_per_task, seed, reference_hardware).
     """
     from warehouse import checks_curation
     from warehouse.datasets import make_pair_id, write_dataset
@@ -53,7 +53,8 @@ def curate_and_store(warehouse_path: str | Path, curation: Any) -> StoredDataset
         frame = measurements_frame(con)
         refs = checks_curation.reference_kernel_ids(con)
     ds = curate(frame, refs, per_bin=curation.eval_per_bin, lineage_k=curation.lineage_k,
-                holdout_tasks=curation.holdout_tasks, cross_per_task=curation.cross_pairs_per_task, seed=curation.seed)
+                holdout_tasks=curation.holdout_tasks, cross_per_task=curation.cross_pairs_per_task, seed=curation.seed,
+                preferred_hardware=getattr(curation, "reference_hardware", None))
     rows = warehouse_pairs(ds, make_pair_id)
     with connect(warehouse_path) as con:
         added = write_dataset(con, ds.version.version, ds.version.digest, ds.version.counts, ds.measurement_ids, rows)

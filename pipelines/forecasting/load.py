@@ -36,6 +36,40 @@ def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE, snapshot:
     return None
 
 
+def card_champion_uri(tracking_uri: str, hardware_id: str, fallback: str | None, name: str = SURROGATE,
+                      snapshot: Any = None) -> tuple[str | None, str]:
+    """(the model URI that answers for `hardware_id`, a sentence saying which) when the caller
+    named no model: the card's `@champion-<card>` (models.registry.hardware) when set; else
+    `fallback` (the reference card's champion), with a sentence naming the card it was fitted on
+    when that is not `hardware_id` (empty when it is, or when the registry does not say).
+    `snapshot` answers what it read before, as in `file_champion_uri`."""
+    from models.registry.hardware import REFERENCE_TAG, champion_alias
+
+    alias = champion_alias(hardware_id)
+    version = _alias_version(tracking_uri, alias, name, snapshot)
+    if version is not None:
+        return f"models:/{name}@{alias}", f"@{alias} (version {version}), fitted on {hardware_id}"
+    reference = _model_tag(tracking_uri, name, REFERENCE_TAG, snapshot)
+    if fallback is None or reference is None or reference == hardware_id:
+        return fallback, ""
+    return fallback, (f"no version fitted on {hardware_id} (@{alias} is not set): "
+                      f"{fallback} answers, fitted on {reference}")
+
+
+def _model_tag(tracking_uri: str, name: str, key: str, snapshot: Any) -> str | None:
+    """A tag of the registered model, through the snapshot when there is one."""
+    if snapshot is not None and snapshot.enabled:
+        known, value = snapshot.model_tag(name, key)
+        if known:
+            return value
+    from models.registry.hardware import model_tag
+
+    value = model_tag(tracking_uri, name, key)
+    if snapshot is not None and snapshot.enabled:
+        snapshot.remember_model_tag(name, key, value)
+    return value
+
+
 def _alias_version(tracking_uri: str, alias: str, name: str, snapshot: Any) -> int | None:
     """models.registry.versions.alias_version, through the snapshot when there is one."""
     if snapshot is not None and snapshot.enabled:
@@ -52,17 +86,20 @@ def _alias_version(tracking_uri: str, alias: str, name: str, snapshot: Any) -> i
 
 def resolve_version(tracking_uri: str, ref: str, snapshot: Any = None) -> tuple[str, int, dict[str, Any]]:
     """(model name, version, version_info) of "models:/name/N", "models:/name@alias" or
-    "kind:<kind>" (the newest version of that kind of the surrogate's model). `snapshot` (a
-    RegistrySnapshot of the store) answers aliases and versions it read before.
+    "kind:<kind>" (the newest version of that kind of the surrogate's model fitted on its
+    reference card, models.registry.hardware). `snapshot` (a RegistrySnapshot of the store)
+    answers aliases and versions it read before.
 
     Raises:
         ValueError: a malformed reference, or one that points at no version (one line).
     """
-    from models.registry.versions import find_versions, parse_model_uri
+    from models.registry.versions import parse_model_uri
 
     if ref.startswith("kind:"):
+        from models.registry.hardware import reference_versions
+
         kind = ref.removeprefix("kind:")
-        found = find_versions(tracking_uri, SURROGATE, kind=kind)
+        found = reference_versions(tracking_uri, SURROGATE, kind=kind)  # never another card's version
         if not found:
             raise ValueError(f"no registered version of kind {kind!r}: run `kernelcast run` first")
         return SURROGATE, found[0]["version"], found[0]

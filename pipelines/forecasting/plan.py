@@ -19,6 +19,7 @@ from typing import Any
 
 import polars as pl
 
+from pipelines.curation.hardware import on_card
 from pipelines.surrogates.roles import LIBRARY_SPLIT
 
 LIBRARY_DIR_ROWS = "library-dir.parquet"  # forecasts of the library split's kernels, beside the report
@@ -93,11 +94,13 @@ def base_model_jobs(warehouse_path: str | Path, evaluation: Any, version: str) -
         return []
     from pipelines.evaluation.lm_forecasts import sample_pairs
     from pipelines.forecasting.llm_shards import plan_base_job
+    from pipelines.surrogates.export import version_hardware
     from warehouse.datasets import read_pairs
     from warehouse.db import connect
 
     with connect(warehouse_path, read_only=True) as con:
-        evals = sample_pairs(read_pairs(con, version, "eval"), evaluation.lm_pairs_per_task)
+        evals = sample_pairs(on_card(read_pairs(con, version, "eval"), version_hardware(con, version)),
+                             evaluation.lm_pairs_per_task)
         return [plan_base_job(con, spec, evals, evaluation.lm_prompt_style) for spec in evaluation.lm_models]
 
 
@@ -121,7 +124,7 @@ def _fetched_library(warehouse_path, tracking_uri, cfg, version, roles, records,
     refs = dict(roles.eval.select("task", "anchor_kernel_id").unique("task").rows()) if roles.eval.height else {}
     try:
         with connect(warehouse_path, read_only=True) as con:
-            train = read_pairs(con, version, "train")
+            train = on_card(read_pairs(con, version, "train"), roles.hardware_id)
         learned = {k for f in roles.all_frames() for c in ("candidate_kernel_id", "anchor_kernel_id")
                    for k in f[c].to_list()}
         pairs, fetched_records = read_library_dir(folder, refs, learned - set(refs.values()))
@@ -186,6 +189,7 @@ def plan_forecast_step(warehouse_path: str | Path, tracking_uri: str, cfg: Any, 
     """
     from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
     from pipelines.forecasting.llm_shards import expected_pairs, split_jobs, write_shard
+    from pipelines.surrogates.export import version_hardware
     from warehouse.datasets import current_dataset_version, read_pairs
     from warehouse.db import connect
 
@@ -193,9 +197,11 @@ def plan_forecast_step(warehouse_path: str | Path, tracking_uri: str, cfg: Any, 
         version = current_dataset_version(con)
         if version is None:
             raise ValueError("no dataset version yet: materialise curated_pairs first")
-        evals = pl.concat([read_pairs(con, version, "eval"), read_pairs(con, version, "discovery")],
-                          how="diagonal_relaxed")
-        reference = reference_forecasts(evals, read_pairs(con, version, "train"))
+        # The reference card's pairs: another card's are the cross-hardware report's.
+        card = version_hardware(con, version)
+        evals = on_card(pl.concat([read_pairs(con, version, "eval"), read_pairs(con, version, "discovery")],
+                                  how="diagonal_relaxed"), card)
+        reference = reference_forecasts(evals, on_card(read_pairs(con, version, "train"), card))
     try:
         planned = plan_version_forecasts(warehouse_path, tracking_uri, cfg, version, forecast_here, log=log, warn=warn)
         shards = split_jobs(planned.jobs, n_gpus)  # one shard per GPU with work

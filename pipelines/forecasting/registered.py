@@ -89,6 +89,7 @@ def registered_forecasts(
         (rows for the warehouse `forecasts` table, the forecasters they and the jobs belong to,
         the LLM jobs).
     """
+    from models.registry.hardware import fitted_for
     from models.registry.lifecycle import eval_subset
     from models.registry.versions import alias_version, find_versions
     from pipelines.forecasting import load_forecaster
@@ -111,8 +112,10 @@ def registered_forecasts(
     for name, split, pairs in settings:
         if pairs.is_empty():
             continue
+        # A version fitted on another card's pairs is scored in the cross-hardware report, not here.
         versions = {v["version"]: v for v in find_versions(tracking_uri, name, dataset_version=dataset_version)
-                    if name == SURROGATE or version_split(v) == split}
+                    if (name == SURROGATE or version_split(v) == split)
+                    and fitted_for(v, roles.hardware_id, roles.hardware_id)}
         if name == SURROGATE and champion is not None and champion not in versions:
             versions.update({v["version"]: v for v in find_versions(tracking_uri, name) if v["version"] == champion})
         in_dist = split == "in_distribution"

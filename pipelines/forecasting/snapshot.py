@@ -63,7 +63,8 @@ class RegistrySnapshot:
         self.folder = Path(home) / SNAPSHOT_DIR
         self.tracking_uri = tracking_uri
         self.state = store_state(tracking_uri)  # before anything is read from the store
-        self._index: dict[str, Any] = {"uri": tracking_uri, "state": self.state, "aliases": {}, "versions": {}}
+        self._index: dict[str, Any] = {"uri": tracking_uri, "state": self.state, "aliases": {}, "versions": {},
+                                       "model_tags": {}}
         if self.state is None:
             return
         try:
@@ -73,6 +74,7 @@ class RegistrySnapshot:
         if isinstance(held, dict) and held.get("uri") == tracking_uri and held.get("state") == self.state:
             self._index["aliases"] = dict(held.get("aliases") or {})
             self._index["versions"] = dict(held.get("versions") or {})
+            self._index["model_tags"] = dict(held.get("model_tags") or {})
 
     @property
     def enabled(self) -> bool:
@@ -89,6 +91,16 @@ class RegistrySnapshot:
     def version(self, name: str, version: int) -> dict[str, Any] | None:
         """The version's info as models.registry.versions.version_info gave it, if read before."""
         return self._index["versions"].get(f"{name}/{int(version)}")
+
+    def model_tag(self, name: str, key: str) -> tuple[bool, str | None]:
+        """(known, value) of a registered model's tag as read before (None: not set)."""
+        key = f"{name}#{key}"
+        held = self._index["model_tags"]
+        return (key in held, held.get(key))
+
+    def remember_model_tag(self, name: str, key: str, value: str | None) -> None:
+        self._index["model_tags"][f"{name}#{key}"] = value
+        self._save()
 
     def remember_alias(self, name: str, alias: str, version: int | None) -> None:
         self._index["aliases"][f"{name}@{alias}"] = None if version is None else int(version)

@@ -155,8 +155,12 @@ def _held_out_style_scores(tracking_uri: str, parts: dict, tags: dict[int, dict]
     styles = {k: v for k, v in parts.items() if is_style_split(k)}
     if not styles:
         return {}
+    from models.registry.hardware import fitted_for, reference_hardware
+
     same = ("kind", "dataset_version", "code_version")
-    by_key = {tuple(t.get(k) for k in same): v for v, t in sorted(tags.items()) if all(t.get(k) for k in same)}
+    reference = reference_hardware(tracking_uri, MODEL_NAME)  # another card's version is no twin's
+    by_key = {tuple(t.get(k) for k in same): v for v, t in sorted(tags.items())
+              if all(t.get(k) for k in same) and fitted_for({"tags": t}, reference, reference)}
     twin_of = {h["version"]: by_key[key] for h in find_versions(tracking_uri, HELD_OUT_MODEL)
                if (key := tuple(h["tags"].get(k) for k in same)) in by_key}
     return pooled_twin_scores(score_splits(styles, HELD_OUT_MODEL).scores, twin_of)

@@ -79,6 +79,22 @@ def _brier(p: np.ndarray, y: np.ndarray) -> float:
     return float(0.5 * ((p - np.eye(NUM_BINS)[y - 1]) ** 2).sum(axis=1).mean()) if len(y) else float("nan")
 
 
+PAIR_KEY = ("hardware_id", "anchor_kernel_id", "candidate_kernel_id")
+
+
+def canonical_order(pairs: pl.DataFrame) -> pl.DataFrame:
+    """Pairs sorted by (hardware, anchor, candidate), which no dataset version changes: a pair id
+    is qualified by its version, so an order by pair id moves whenever anything else in the version
+    does (a second card's pairs, say), and a fit whose optimiser stops at a tolerance (the text
+    model's logistic regression) lands a little elsewhere.
+
+    >>> f = pl.DataFrame({"hardware_id": ["h", "h"], "anchor_kernel_id": ["r", "r"], "candidate_kernel_id": ["b", "a"]})
+    >>> canonical_order(f)["candidate_kernel_id"].to_list()
+    ['a', 'b']
+    """
+    return pairs.sort(list(PAIR_KEY)) if pairs.height and set(PAIR_KEY) <= set(pairs.columns) else pairs
+
+
 def _nll(p: np.ndarray, y: np.ndarray) -> float:
     """Mean negative log-likelihood of the true bins (p floored at 1e-12: a zero is a finite miss)."""
     if not len(y):
@@ -99,15 +115,17 @@ def calibration_metrics(p: np.ndarray, y: np.ndarray, when: str) -> dict[str, fl
 
 def fit_classical(kind: str, roles: Roles, split: str, records: Mapping[str, Mapping[str, Any]],
                   params: Mapping[str, Any] | None = None, max_fit: int | None = None) -> Fitted:
-    """Fit `kind` on the split's fit pairs (the first `max_fit` by pair id, if given),
-    calibrate it on its calibration pairs.
+    """Fit `kind` on the split's fit pairs (the first `max_fit` in `canonical_order`, if given),
+    calibrate it on its calibration pairs; both in `canonical_order`, so the same pairs give the
+    same model in any dataset version.
 
     Raises:
         ValueError: the split has no fit pairs.
     """
     fit, calibration, _ = roles.for_split(split)
+    fit, calibration = canonical_order(fit), canonical_order(calibration)
     if max_fit is not None:
-        fit = fit.sort("pair_id").head(max_fit)
+        fit = fit.head(max_fit)
     if fit.is_empty():
         raise ValueError(f"no fit pairs for split {split!r}")
     model = make_classical(kind, **dict(params or {}))
@@ -238,8 +256,8 @@ def train_and_register(
     progress: Callable[[str], None] | None = None,
 ) -> list[Registered]:
     """Fit, calibrate and register every kind for both splits (or re-use a registered version
-    of the same kind, split, dataset version and code); tag them all with `batch` so they are
-    evaluated together as challengers; record lineage rows. Each run lists the measurements
+    of the same kind, split, dataset version, code and card); tag them all with `batch` so they
+    are evaluated together as challengers; record lineage rows. Each run lists the measurements
     behind its own fit and calibration pairs (read from `con`).
 
     Args:
@@ -262,6 +280,7 @@ def train_and_register(
         One Registered per (kind, split) trained or re-used.
     """
     from models.classical import COMPOSED_KINDS
+    from models.registry.hardware import HARDWARE_TAG
     from models.registry.versions import find_versions, set_version_tag
 
     kinds = list(kinds)
@@ -278,7 +297,9 @@ def train_and_register(
                 kind_params = {"members": {k: dict((params or {}).get(k, {})) for k in fitted_kinds}, **kind_params}
             digest = hashlib.sha256(json.dumps([kind_params, max_fit], sort_keys=True).encode()).hexdigest()[:12]
             key = {"kind": kind, "split": split, "dataset_version": dataset_version,
-                   "code_version": f"{CODE_VERSION}-{digest}"}
+                   "code_version": f"{CODE_VERSION}-{digest}",
+                   # the card it is fitted on (models.registry.hardware): one card's version is never another's
+                   **({HARDWARE_TAG: roles.hardware_id} if roles.hardware_id else {})}
             found = [] if force else find_versions(tracking_uri, target, **key)
             if found:
                 version, run_id = found[0]["version"], found[0]["run_id"]
@@ -357,8 +378,9 @@ def compose(kind: str, members: Sequence[BinForecaster], roles: Roles, split: st
     if kind != "ensemble":
         raise ValueError(f"unknown composed kind {kind!r}")
     fit, calibration, _ = roles.for_split(split)
+    fit, calibration = canonical_order(fit), canonical_order(calibration)
     if max_fit is not None:
-        fit = fit.sort("pair_id").head(max_fit)
+        fit = fit.head(max_fit)
     if fit.is_empty():
         raise ValueError(f"no fit pairs for split {split!r}")
     model = EnsembleModel.from_members(members, fit["task"].to_list(), fit["true_bin"].to_list())
@@ -421,4 +443,8 @@ def train_classical_surrogates(warehouse_path: Any, tracking_uri: str, surrogate
                                         params=classical_params(surrogate.classical_params),
                                         max_fit=surrogate.classical_max_fit, workers=surrogate.classical_workers,
                                         progress=progress)
+    if roles.hardware_id and registered:
+        from models.registry.hardware import set_reference_hardware
+
+        set_reference_hardware(tracking_uri, name, roles.hardware_id)
     return ClassicalSurrogates(version, registered, roles.fit.height, roles.calibration.height)

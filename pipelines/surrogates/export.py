@@ -48,13 +48,50 @@ def latest_version(con: duckdb.DuckDBPyConnection) -> str:
     return version
 
 
-def version_roles(con: duckdb.DuckDBPyConnection, version: str, held_out_task: str | None = DEFAULT_HELD_OUT_TASK):
-    """`forecasting_roles` of a stored dataset version."""
+def version_hardware(con: duckdb.DuckDBPyConnection, version: str) -> str | None:
+    """The reference card of a stored dataset version (pipelines.curation.hardware)."""
+    from pipelines.curation.hardware import version_reference_hardware
+    from warehouse.datasets import read_dataset_version
+
+    record = read_dataset_version(con, version) or {}
+    return version_reference_hardware(record.get("counts") or {}, read_pairs(con, version, "eval"))
+
+
+def hardware_lineage(con: duckdb.DuckDBPyConnection, hardware_id: str | None) -> pl.DataFrame:
+    """kernel_id, parent_kernel_id and generator (which names the external split) of the kernels a
+    card's roles may see: every kernel but those measured only on other cards (the generated
+    candidates not yet measured anywhere stay, as they did before any second card)."""
+    from warehouse.measurements import kernel_hardware
+
+    lineage = read_kernels(con).select("kernel_id", "parent_kernel_id", "generator")
+    if hardware_id is None:
+        return lineage
+    where = kernel_hardware(con)
+    here = set(where.filter(pl.col("hardware_id") == hardware_id)["kernel_id"].to_list())
+    elsewhere = set(where.filter(pl.col("hardware_id") != hardware_id)["kernel_id"].to_list()) - here
+    return lineage.filter(~pl.col("kernel_id").is_in(list(elsewhere))) if elsewhere else lineage
+
+
+def version_roles(con: duckdb.DuckDBPyConnection, version: str, held_out_task: str | None = DEFAULT_HELD_OUT_TASK,
+                  hardware_id: str | None = None):
+    """`forecasting_roles` of a stored dataset version, on the pairs of one card.
+
+    Args:
+        con: an open connection.
+        version: the dataset version.
+        held_out_task: the held-out-task setting's task.
+        hardware_id: the card (None: the version's reference card; a version of one card is that card).
+    Raises:
+        ValueError: the version has no eval pairs on the card (one line).
+    """
+    hardware_id = hardware_id or version_hardware(con, version)
     train, evals = read_pairs(con, version, "train"), read_pairs(con, version, "eval")
+    if hardware_id is not None:
+        train = train.filter(pl.col("hardware_id") == hardware_id)
+        evals = evals.filter(pl.col("hardware_id") == hardware_id)
     if evals.is_empty():
-        raise ValueError(f"dataset version {version} has no eval pairs")
-    lineage = read_kernels(con).select("kernel_id", "parent_kernel_id", "generator")  # generator: the external split
-    return forecasting_roles(train, evals, lineage, held_out_task)
+        raise ValueError(f"dataset version {version} has no eval pairs" + (f" on {hardware_id}" if hardware_id else ""))
+    return forecasting_roles(train, evals, hardware_lineage(con, hardware_id), held_out_task)
 
 
 def kernel_rows(con: duckdb.DuckDBPyConnection, kernel_ids: Sequence[str], target: str = "sm_90") -> list[dict[str, Any]]:

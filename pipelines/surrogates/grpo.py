@@ -26,12 +26,14 @@ class GrpoSurrogates:
 
 def _training_inputs(con: duckdb.DuckDBPyConnection, version: str):
     """(training pairs, kernel id -> prompt source, task -> description) of `version`."""
+    from pipelines.curation.hardware import on_card
     from pipelines.evaluation.lm_forecasts import prompt_source
+    from pipelines.surrogates.export import version_hardware
     from pipelines.tasks import get_task
     from warehouse.datasets import read_pairs
     from warehouse.kernels import read_kernels
 
-    train = read_pairs(con, version, "train")
+    train = on_card(read_pairs(con, version, "train"), version_hardware(con, version))  # the reference card's
     ids = sorted(set(train["anchor_kernel_id"]) | set(train["candidate_kernel_id"]))
     kernels = read_kernels(con, kernel_ids=ids)
     sources = {r["kernel_id"]: prompt_source(r["task"], r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}

@@ -118,6 +118,7 @@ class Roles:
         held_out_task: the task left out (None: no held-out setting).
         external: reference pairs of the non-template kernels (scored by in-distribution models).
         styles: `held_out_style:<generator>` -> (fit, calibration, eval) of that style held out.
+        hardware_id: the card every frame's pairs were measured on (None: pairs of no single card).
     """
 
     fit: pl.DataFrame
@@ -129,6 +130,7 @@ class Roles:
     held_out_task: str | None
     external: pl.DataFrame | None = None
     styles: dict[str, tuple[pl.DataFrame, pl.DataFrame, pl.DataFrame]] = field(default_factory=dict)
+    hardware_id: str | None = None
 
     def external_pairs(self) -> pl.DataFrame:
         return self.external if self.external is not None else self.eval.head(0)
@@ -202,9 +204,12 @@ def forecasting_roles(
         styles[style_split(generator)] = (style_cal.fit, style_cal.calibration, style_eval.sort("pair_id"))
     empty = train.head(0)
     tasks = set(train["task"].to_list()) | set(eval_set["task"].to_list())
+    cards = set(eval_set["hardware_id"].to_list()) | set(external_pairs["hardware_id"].to_list()) \
+        if "hardware_id" in eval_set.columns else set()
+    card = next(iter(cards)) if len(cards) == 1 else None
     if held_out_task and held_out_task in tasks:
         hot_train, hot_eval = held_out_task_split(train, eval_set, held_out_task)
         hot_cal = calibration_split(hot_train, lineage, per_bin=calibration_per_bin, seed=seed)
         return Roles(cal.fit, cal.calibration, eval_set, hot_cal.fit, hot_cal.calibration, hot_eval, held_out_task,
-                     external_pairs, styles)
-    return Roles(cal.fit, cal.calibration, eval_set, empty, empty, eval_set.head(0), None, external_pairs, styles)
+                     external_pairs, styles, card)
+    return Roles(cal.fit, cal.calibration, eval_set, empty, empty, eval_set.head(0), None, external_pairs, styles, card)
