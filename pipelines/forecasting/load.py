@@ -56,32 +56,36 @@ def card_champion_uri(tracking_uri: str, hardware_id: str, fallback: str | None,
                       f"{fallback} answers, fitted on {reference}")
 
 
-def _model_tag(tracking_uri: str, name: str, key: str, snapshot: Any) -> str | None:
-    """A tag of the registered model, through the snapshot when there is one."""
-    if snapshot is not None and snapshot.enabled:
-        known, value = snapshot.model_tag(name, key)
+def _through_snapshot(snapshot: Any, held: Any, read: Any, keep: Any) -> Any:
+    """`read()` from the store, unless the snapshot `held()` it as (True, value); a value read
+    from the store is kept in the snapshot."""
+    usable = snapshot is not None and snapshot.enabled
+    if usable:
+        known, value = held()
         if known:
             return value
+    value = read()
+    if usable:
+        keep(value)
+    return value
+
+
+def _model_tag(tracking_uri: str, name: str, key: str, snapshot: Any) -> str | None:
+    """A tag of the registered model, through the snapshot when there is one."""
     from models.registry.hardware import model_tag
 
-    value = model_tag(tracking_uri, name, key)
-    if snapshot is not None and snapshot.enabled:
-        snapshot.remember_model_tag(name, key, value)
-    return value
+    return _through_snapshot(snapshot, lambda: snapshot.model_tag(name, key),
+                             lambda: model_tag(tracking_uri, name, key),
+                             lambda value: snapshot.remember_model_tag(name, key, value))
 
 
 def _alias_version(tracking_uri: str, alias: str, name: str, snapshot: Any) -> int | None:
     """models.registry.versions.alias_version, through the snapshot when there is one."""
-    if snapshot is not None and snapshot.enabled:
-        known, version = snapshot.alias(name, alias)
-        if known:
-            return version
     from models.registry.versions import alias_version
 
-    version = alias_version(tracking_uri, alias, name)
-    if snapshot is not None and snapshot.enabled:
-        snapshot.remember_alias(name, alias, version)
-    return version
+    return _through_snapshot(snapshot, lambda: snapshot.alias(name, alias),
+                             lambda: alias_version(tracking_uri, alias, name),
+                             lambda version: snapshot.remember_alias(name, alias, version))
 
 
 def resolve_version(tracking_uri: str, ref: str, snapshot: Any = None) -> tuple[str, int, dict[str, Any]]:

@@ -184,24 +184,23 @@ class _Worker:
             raise RuntimeError("aot worker did not start")
 
     def stop(self) -> None:
+        """Let an idle child exit at the end of its input (killed when stuck)."""
+        self._end(orderly=True)
+
+    def kill(self) -> None:
+        """Stop an idle child at once, without its orderly exit (a torch process takes most of a
+        second to tear down): for children whose scratch the parent removes itself."""
+        self._end(orderly=False)
+
+    def _end(self, orderly: bool) -> None:
         if self.proc is not None:
-            if self.proc.poll() is None:
+            if self.proc.poll() is None and orderly:
                 try:  # a healthy worker exits at end of input; a stuck one is killed
                     self.proc.stdin.close()
                     self.proc.wait(timeout=2)
                 except (OSError, subprocess.TimeoutExpired):
                     self.proc.kill()
-            self.proc.wait()
-            for stream in (self.proc.stdin, self.proc.stdout):
-                if stream:
-                    stream.close()
-        self.proc = None
-
-    def kill(self) -> None:
-        """Stop an idle child at once, without its orderly exit (a torch process takes most of a
-        second to tear down): for children whose scratch the parent removes itself."""
-        if self.proc is not None:
-            if self.proc.poll() is None:
+            elif self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
             for stream in (self.proc.stdin, self.proc.stdout):
