@@ -1,6 +1,6 @@
 """The edges of the eight speedup bins, on the bottom floor: `models.bins` (the bin scheme every
 forecaster, curation step and report uses) and the GPU worker's benchmarks
-(pipelines/profiling/benchmarks.py, numpy only) both read them from here, so there is one
+(benchmarks/profiling.py, numpy only) both read them from here, so there is one
 definition and the worker needs no model code. Import bins from `models.bins` elsewhere."""
 
 from __future__ import annotations

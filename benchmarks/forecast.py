@@ -1,7 +1,7 @@
 """How fast the registered surrogates forecast fresh kernels: warm batches in process, and one
 file through `kernelcast forecast`.
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_forecast.py [--home H] [--task softmax] [--count 40]
+    PYTHONPATH=. .venv/bin/python benchmarks/forecast.py [--home H] [--task softmax] [--count 40]
         [--models champion-external,champion] [--workers 2] [--cli-repeats 3] [--json]
 
 For each model (an alias of models:/kernelcast-surrogate, a models:/ URI, kind:<kind>, ...):
@@ -18,7 +18,7 @@ and kept in <home>/feature-cache, as for a user who forecasts file after file).
 On a GPU host (no mlflow, polars or duckdb; `kernelcast export-forecaster` wrote the cost model
 as a numpy-and-pandas file):
 
-    python3 scripts/bench_forecast.py --forecaster-file F.pkl --task softmax --count 400 --workers 12 \\
+    python3 benchmarks/forecast.py --forecaster-file F.pkl --task softmax --count 400 --workers 12 \\
         [--measured-per-s R]
 
 times the same batch through the exported cost model (its reader the same children, kept up);
