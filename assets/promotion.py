@@ -26,8 +26,6 @@ GROUP = "promotion"
 CHALLENGER_PARSE_RATE_ABOVE_FLOOR = "challenger_parse_rate_above_floor"
 CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM = "challenger_brier_not_worse_than_uniform"
 REGISTERED_FORECASTS_ARE_DISTRIBUTIONS = "registered_forecasts_are_distributions"
-# Gates of the rule: failing one holds a challenger back, a decision shown as a warning.
-PROMOTION_GATES = (CHALLENGER_PARSE_RATE_ABOVE_FLOOR, CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM)
 
 
 def _scores_table(scored, failures) -> str:

@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_NAME = "kernelcast-surrogate"
 MODEL_ARTIFACT = "surrogate"  # the logged model's name in its run
-ADAPTER_ARTIFACT = "adapter"  # a plain peft folder (trained elsewhere, before logging)
 BASE_MODEL_FILE = "base_model.json"
 ALIASES = ("champion", "challenger", "champion-external", "challenger-external")  # -external: kernels from files
 # Each champion alias and the challenger alias beside it (a promotion moves the pair together).

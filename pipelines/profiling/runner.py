@@ -782,16 +782,6 @@ REF_FIRST_GPUMODE = 1  # GPU MODE's loop already makes up to 100 calls a timing
 REF_KEEP = 5  # reference timings kept per case; speedups use their median
 
 
-def middle_timing(timings: list[Timing]) -> Timing:
-    """The timing with the median median_ms (the lower middle for an even count).
-
-    >>> [middle_timing([Timing(m, m, 0.0, 1) for m in ms]).median_ms for ms in ([3.0, 1.0, 2.0], [4.0, 1.0])]
-    [2.0, 1.0]
-    """
-    ordered = sorted(timings, key=lambda t: t.median_ms)
-    return ordered[(len(ordered) - 1) // 2]
-
-
 class Measurer:
     """The measuring child's state: device, L2 flusher, reference timings, settings."""
 
