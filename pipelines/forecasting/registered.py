@@ -25,15 +25,14 @@ from typing import Any
 
 import polars as pl
 
-from models.bins import NUM_BINS
 from pipelines.forecasting.llm_shards import LlmJob, plan_llm_job
 from pipelines.forecasting.load import CLASSICAL_KINDS
 from pipelines.surrogates.classical import HELD_OUT_MODEL
 from pipelines.surrogates.roles import LIBRARY_SPLIT, Roles, held_out_split, strip_metadata
+from warehouse.bin_edges import P_COLS
 
 log = logging.getLogger(__name__)
 
-P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 SURROGATE = "kernelcast-surrogate"
 SOURCE_ONLY_SUFFIX = "|source_only"  # a version's forecasts from records without generator metadata
 

@@ -27,11 +27,11 @@ from models.bins import NUM_BINS
 from models.classical import BinForecaster, make_classical
 from models.classical.features import COMPILE_FIELDS, pair_frame
 from pipelines.surrogates.roles import STYLE_SPLIT_PREFIX, Roles, is_style_split
+from warehouse.bin_edges import P_COLS
 from warehouse.kernels import forecast_features, read_kernels
 
 log = logging.getLogger(__name__)
 
-P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 RECORD_FIELDS = ("kernel_id", "task", "source", "language", "generator", "algorithm", "knobs_json",
                  "parent_kernel_id", "mutation")
 FEATURE_FIELDS = COMPILE_FIELDS  # compile and source features (pipelines.forecasting.source_features)

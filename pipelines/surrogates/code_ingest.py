@@ -45,13 +45,12 @@ from typing import Any
 
 import polars as pl
 
-from models.bins import NUM_BINS
 from models.registry.versions import COMMITTED_ONLY, EMBED_HEAD_TAG, WEIGHTS_TAG
 from models.training.gpu_host.bundle import BundleError, read_bundle
 from models.training.gpu_host.jobfile import write_json
 from pipelines.surrogates.code_embed import embed_head_file
+from warehouse.bin_edges import P_COLS
 
-P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 FORECASTS_FILE = "forecasts.parquet"
 TRAINING_FILE = "training.json"
 CODE_PAIRS_FILE = "code_training_pairs.parquet"
