@@ -86,10 +86,11 @@ def timed_batches(forecast: Any, anchor: str, warmup: list[str], batch: list[str
 
 def bench_registered(model: str, home: Path, task: str, anchor: str, warmup: list[str], batch: list[str],
                      workers: int) -> dict[str, Any]:
+    from models.registry import SURROGATE_MODEL
     from pipelines.forecasting.load import load_forecaster
     from pipelines.forecasting.sources import SourceForecaster
 
-    ref = model if ":" in model else f"models:/kernelcast-surrogate@{model}"
+    ref = model if ":" in model else f"models:/{SURROGATE_MODEL}@{model}"
     uri = f"sqlite:///{(home / 'mlflow.db').resolve()}"
     t0 = time.perf_counter()
     try:

@@ -7,10 +7,10 @@ from typing import Any
 
 import polars as pl
 
+from models.registry import SURROGATE_MODEL
 from pipelines.forecasting.base import PairForecaster
 from pipelines.forecasting.references import REFERENCES, reference_forecaster
 
-SURROGATE = "kernelcast-surrogate"
 CHAMPION = "champion"
 # The champion for kernels from files (a user's, an LLM's mutation), when the registry keeps one
 # apart from the in-distribution @champion; `kernelcast forecast` on files, the search hook and
@@ -23,7 +23,7 @@ class WrongKind(ValueError):
     """The version is of a kind the caller does not take (raised before anything loads)."""
 
 
-def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE) -> str | None:
+def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE_MODEL) -> str | None:
     """models:/<name>@champion-external when that alias exists, else @champion when it exists,
     else None (nothing registered, or no tracking URI)."""
     if not tracking_uri:
@@ -47,10 +47,10 @@ def resolve_version(tracking_uri: str, ref: str) -> tuple[str, int, dict[str, An
 
     if ref.startswith("kind:"):
         kind = ref.removeprefix("kind:")
-        found = find_versions(tracking_uri, SURROGATE, kind=kind)
+        found = find_versions(tracking_uri, SURROGATE_MODEL, kind=kind)
         if not found:
             raise ValueError(f"no registered version of kind {kind!r}: run `kernelcast run` first")
-        return SURROGATE, found[0]["version"], found[0]
+        return SURROGATE_MODEL, found[0]["version"], found[0]
     name, alias, number = parse_model_uri(ref)
     version = alias_version(tracking_uri, alias, name) if alias else number
     info = version_info(tracking_uri, version, name) if version is not None else None
