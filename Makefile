@@ -67,7 +67,7 @@ ui: $(STAMP)
 	$(PYTHON_ENV) $(BIN)/kernelcast ui
 
 lint: $(STAMP)
-	$(BIN)/ruff check orchestration assets pipelines warehouse models tests scripts
+	$(BIN)/ruff check orchestration assets pipelines warehouse models tests scripts benchmarks
 
 clean:
 	rm -rf .kernelcast

@@ -16,6 +16,7 @@ another card's pairs: pipelines.curation.hardware.
 import dagster as dg
 
 from assets._metadata import markdown_table
+from models.registry import SURROGATE_MODEL
 from orchestration.resources import MlflowResource, SettingsResource, WarehouseResource
 
 
@@ -129,7 +130,7 @@ def card_champions(context: dg.AssetExecutionContext, settings: SettingsResource
     if not summary.is_file():
         raise dg.Failure(f"no cross-hardware report of dataset version {version}: materialise cross_hardware_report")
     studies = json.loads(summary.read_text())["cards"]
-    decisions = promote_card_champions(mlflow.tracking_uri, studies, "kernelcast-surrogate")
+    decisions = promote_card_champions(mlflow.tracking_uri, studies, SURROGATE_MODEL)
     for d in decisions:
         context.log.info(f"@{d.alias}: {d.outcome} ({d.reason})")
     return dg.MaterializeResult(metadata={

@@ -26,8 +26,6 @@ GROUP = "promotion"
 CHALLENGER_PARSE_RATE_ABOVE_FLOOR = "challenger_parse_rate_above_floor"
 CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM = "challenger_brier_not_worse_than_uniform"
 REGISTERED_FORECASTS_ARE_DISTRIBUTIONS = "registered_forecasts_are_distributions"
-# Gates of the rule: failing one holds a challenger back, a decision shown as a warning.
-PROMOTION_GATES = (CHALLENGER_PARSE_RATE_ABOVE_FLOOR, CHALLENGER_BRIER_NOT_WORSE_THAN_UNIFORM)
 
 
 def _scores_table(scored, failures) -> str:
@@ -114,7 +112,8 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
     to the best challenger that passes the gates, beats the champion on the same eval pairs and is
     no worse on source_only and external; @champion-external to the best on external (source_only
     while external is empty). The decision is `pipelines.promotion.rule.decide_over_splits`."""
-    from pipelines.promotion.apply import MODEL_NAME, ForecastListingError, apply_promotion
+    from models.registry import SURROGATE_MODEL
+    from pipelines.promotion.apply import ForecastListingError, apply_promotion
     from pipelines.promotion.rule import CHAMPION_EXTERNAL, PromotionPolicy
     from pipelines.promotion.summary import read_summary, write_promotion_script
 
@@ -136,7 +135,7 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
     return dg.MaterializeResult(
         metadata={"outcome": decision.outcome, "reason": decision.reason, "decision_id": p.decision_id,
                   "table": "promotion_decisions", "dataset_version": p.dataset_version or "none",
-                  "registered_model": MODEL_NAME, "common_eval_pairs": len(scored.pairs),
+                  "registered_model": SURROGATE_MODEL, "common_eval_pairs": len(scored.pairs),
                   "promoted": _none(decision.promote), "champion_before": _none(p.champion_before),
                   "champion": _none(splits.champion_after), "versions": dg.MetadataValue.md(table),
                   "champion_external": _none(splits.champion_external_after),

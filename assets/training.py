@@ -5,6 +5,7 @@ import contextlib
 import dagster as dg
 
 from assets._metadata import markdown_table
+from models.registry import SURROGATE_MODEL
 from orchestration.resources import MlflowResource, SettingsResource, WarehouseResource
 
 GROUP = "training"
@@ -83,7 +84,7 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
                                                                           llm.committed_variants))}
                 if llm.committed_variants else {})
     return dg.MaterializeResult(
-        metadata={"dataset_version": llm.dataset_version, "registered_model": "kernelcast-surrogate",
+        metadata={"dataset_version": llm.dataset_version, "registered_model": SURROGATE_MODEL,
                   "versions": str(out.version), "source": out.source, "reused": out.reused, **variants,
                   **{k: float(v) for k, v in out.metrics.items()},
                   **({"trained_dataset_version": trained["dataset_version"], "lineage": trained["note"]} if trained else {}),
@@ -110,7 +111,7 @@ def classical_forecasters(context: dg.AssetExecutionContext, settings: SettingsR
     mlflow.client()
     with _dataset_failures():
         out = train_classical_surrogates(warehouse.path, mlflow.tracking_uri, cfg.surrogate, context.run.run_id,
-                                         "kernelcast-surrogate", _run_tags(context), progress=context.log.info)
+                                         SURROGATE_MODEL, _run_tags(context), progress=context.log.info)
     table = markdown_table(["model", "version", "kind", "split", "trained", "calibration Brier"],
                            [(r.name, r.version, r.kind, r.split, "re-used" if r.reused else "trained",
                              r.metrics.get("calibration_brier_after", "")) for r in out.registered])
@@ -153,7 +154,7 @@ def _grpo_result(grpo, sur, mlflow) -> dg.MaterializeResult:
                             "frac_reward_zero_std", "mlflow run"], rows_md) if rows_md else "(no variants configured)"
     first_run = next((out.run_id for _, out in grpo.produced if out.run_id), None)
     return dg.MaterializeResult(
-        metadata={"dataset_version": grpo.dataset_version, "registered_model": "kernelcast-surrogate",
+        metadata={"dataset_version": grpo.dataset_version, "registered_model": SURROGATE_MODEL,
                   "versions": ", ".join(str(out.version) for _, out in grpo.produced) or "none",
                   "train_rows": grpo.train_rows, "training_profile": sur.training_profile,
                   "variants": dg.MetadataValue.md(table),

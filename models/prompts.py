@@ -32,17 +32,14 @@ import difflib
 import functools
 import io
 import tokenize
-from typing import Any, Literal
+from typing import Any
 
 from models.bins import BIN_NAMES, BIN_RANGES, NUM_BINS
 from models.hardware import hardware_table
 
-PromptStyle = Literal["full", "diff", "compact"]
 PROMPT_STYLES: tuple[str, ...] = ("full", "diff", "compact")
 # Diff lines the compact style keeps (hunk headers included): ~25 tokens each on Triton code.
 COMPACT_DIFF_LINES = 24
-# Bump when the wording changes: cached forecasts and trained models are tied to a prompt.
-PROMPT_VERSION = "1"
 # A style may carry "+features": the compile features of both kernels (registers, spills, shared
 # memory, kernels and launches per call, for sm_90) and the task's benchmark shapes, between
 # the hardware table and the kernels. Facts anyone has before running a kernel, never a runtime.

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import typer
 
+from models.registry import SURROGATE_MODEL  # a package of constants: cheap at start-up
 from orchestration.cli_common import (
     CliError,
     JsonOpt,
@@ -449,7 +450,7 @@ def evaluate(
 
 
 # ---- forecast -----------------------------------------------------------------------------
-CHAMPION_URI = "models:/kernelcast-surrogate@champion"
+CHAMPION_URI = f"models:/{SURROGATE_MODEL}@champion"
 
 
 def _registered_champion(settings) -> int | None:
@@ -714,7 +715,6 @@ def promote(
     promote a version you have evaluated yourself."""
     from models.registry.versions import (
         ALIASES,
-        DEFAULT_NAME,
         alias_version,
         is_card_alias,
         set_alias,
@@ -727,14 +727,14 @@ def promote(
     if not (settings.home / "mlflow.db").is_file():
         raise CliError(f"no MLflow registry at {settings.home / 'mlflow.db'}; run `kernelcast run` first")
     if version_info(settings.mlflow_uri, version) is None:
-        raise CliError(f"{DEFAULT_NAME} has no version {version}")
+        raise CliError(f"{SURROGATE_MODEL} has no version {version}")
     before = alias_version(settings.mlflow_uri, alias)
     set_alias(settings.mlflow_uri, alias, version)
-    report = {"model": DEFAULT_NAME, "alias": alias, "version": version, "previous": before}
+    report = {"model": SURROGATE_MODEL, "alias": alias, "version": version, "previous": before}
     if as_json:
         _print_json(report)
     else:
-        typer.echo(f"{DEFAULT_NAME}@{alias} -> version {version} (was {before if before is not None else 'unset'})")
+        typer.echo(f"{SURROGATE_MODEL}@{alias} -> version {version} (was {before if before is not None else 'unset'})")
 
 
 # ---- ui -----------------------------------------------------------------------------------

@@ -29,5 +29,5 @@ python3 -m orchestration.cli measure --profile gpu --batch data/measurements/h20
   --limit "$n" ${gpus:+--gpus "$gpus"} --out "$out" 2>&1 | tee "$out/measure.txt"
 rc=$?
 cp "$work"/home/logs/measure-*.log "$out/" 2>/dev/null
-python3 scripts/bench_profiling.py throughput "$out"/results-gpu0.parquet 2>&1 | tail -4
+python3 -m benchmarks.profiling throughput "$out"/results-gpu0.parquet 2>&1 | tail -4
 exit $rc

@@ -5,7 +5,7 @@
 #   (b) a live search on two light tasks, standard vs surrogate-filtered at the same measurement
 #       budget, measured by the profiling worker (python3 -m pipelines.search.live);
 #   (c) the autotune hook on softmax: pruned by each forecaster, then exhaustive
-#       (python3 -m pipelines.search.autotune_demo).
+#       (python3 -m benchmarks.autotune_demo).
 #
 #   bash scripts/gpu_search_round.sh --out DIR [PREP=.gpu-search]
 #
@@ -54,7 +54,7 @@ echo "exit $?"; tail -4 "$log_dir/live.log"
 at=(--uniform)
 if [ -f "$prep/forecaster.pkl" ]; then at+=(--forecaster-file "$prep/forecaster.pkl"); fi
 echo "== (c) autotune hook: ${at[*]}"
-timeout 180 python3 -m pipelines.search.autotune_demo --task softmax "${at[@]}" --top-k "${KC_AUTOTUNE_TOPK:-0.25}" \
+timeout 180 python3 -m benchmarks.autotune_demo --task softmax "${at[@]}" --top-k "${KC_AUTOTUNE_TOPK:-0.25}" \
   --device "$device" "${grid[@]}" --out "$out/autotune.json" 2> "$log_dir/autotune.log"
 echo "exit $?"; tail -3 "$log_dir/autotune.log"
 echo "== wall $(( $(date +%s) - t0 )) s; files in $out:"; ls -la "$out"

@@ -29,7 +29,6 @@ CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 WINDOW = {"width": 1400, "height": 900}
-NAME = "kernelcast-surrogate"
 
 
 def _free_port() -> int:
@@ -70,6 +69,7 @@ def main() -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     from playwright.sync_api import sync_playwright
 
+    from models.registry import SURROGATE_MODEL as NAME
     from models.registry.tracking import model_url
 
     state = home / "ui.json"

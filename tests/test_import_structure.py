@@ -6,7 +6,10 @@ the interpreter.
 Counted in imports, the assets stand on orchestration's resources, partitions and settings (every
 asset takes a resource), and the code location (orchestration/definitions.py) collects the assets:
 that is the one arrow allowed up; the CLI, the runner and the rest of orchestration reach assets
-only through the code location."""
+only through the code location.
+
+The benchmarks, demos and fuzzers (benchmarks/) stand on top of every floor: they may import the
+product, nothing in the product may import them."""
 
 from __future__ import annotations
 
@@ -19,13 +22,16 @@ import networkx as nx
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-FLOORS = ("assets", "orchestration", "pipelines", "models", "warehouse")
+FLOORS = ("benchmarks", "assets", "orchestration", "pipelines", "models", "warehouse")
 # The one arrow that may run up: the code location's Definitions collect the assets.
 ALLOWED_UP = {("orchestration.definitions", "assets")}
 # The GPU worker and the task contracts run on bare hosts: these packages reach, among project
 # modules, only each other and the definitions the worker shares with the warehouse (kernel ids and
 # the file formats, stdlib and pyarrow only); everything they reach needs only the worker's stack.
-BARE = ("pipelines.profiling", "pipelines.tasks")
+# The benchmarks a GPU host runs beside the worker are held to the same stack.
+BARE = ("pipelines.profiling", "pipelines.tasks", "benchmarks.call_times", "benchmarks.fault_injection",
+        "benchmarks.harness_bench", "benchmarks.profiling", "benchmarks.protocol_bench",
+        "benchmarks.third_party_batch")
 BARE_SHARED = ("warehouse.ids", "warehouse.formats", "warehouse.bin_edges", "warehouse.fingerprint")
 BARE_THIRD_PARTY = {"numpy", "torch", "triton", "pyarrow"}
 
@@ -138,6 +144,7 @@ def test_graph_sees_the_product(graph):
     modules, arrows, _ = graph
     assert "pipelines.profiling.worker" in modules and "orchestration.cli" in modules
     assert any(a.source == "orchestration.definitions" for a in arrows)
+    assert "benchmarks.fault_injection" in modules
 
 
 def test_no_circles(graph):
@@ -166,10 +173,12 @@ def test_a_circle_and_an_upward_arrow_are_caught():
     made_up = [Arrow("pipelines.a", "pipelines.b", 1, False), Arrow("pipelines.b", "pipelines.a", 9, True),
                Arrow("warehouse.db", "models.bins", 3, False),
                Arrow("orchestration.definitions", "assets.training", 5, False),
-               Arrow("orchestration.runner", "assets.profiling", 7, True)]
+               Arrow("orchestration.runner", "assets.profiling", 7, True),
+               Arrow("pipelines.profiling.runner", "benchmarks.call_times", 2, False)]
     assert circles(made_up) == [["pipelines.a", "pipelines.b"]]
     assert [(a.source, a.target) for a in upward(made_up)] == [("warehouse.db", "models.bins"),
-                                                               ("orchestration.runner", "assets.profiling")]
+                                                               ("orchestration.runner", "assets.profiling"),
+                                                               ("pipelines.profiling.runner", "benchmarks.call_times")]
 
 
 if __name__ == "__main__":

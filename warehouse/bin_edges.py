@@ -1,7 +1,8 @@
 """The edges of the eight speedup bins, on the bottom floor: `models.bins` (the bin scheme every
-forecaster, curation step and report uses) and the GPU worker's benchmarks
-(pipelines/profiling/benchmarks.py, numpy only) both read them from here, so there is one
-definition and the worker needs no model code. Import bins from `models.bins` elsewhere."""
+forecaster, curation step and report uses) and the benchmarks a GPU host runs
+(benchmarks/profiling.py, numpy only) both read them from here, so there is one
+definition and the worker needs no model code. Import bins from `models.bins` elsewhere; the
+probability columns (`P_COLS`) from here, on every floor."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ from collections.abc import Sequence
 import numpy as np
 
 NUM_BINS = 8
+# The columns of a forecast's bin probabilities, p1..p8, in every frame, file and table that holds
+# one: the one definition, imported by every floor from here.
+P_COLS: tuple[str, ...] = tuple(f"p{b}" for b in range(1, NUM_BINS + 1))
 
 # Upper edges of bins 1..7 (bin 8 is open above). Right-closed: S == edge falls in the lower bin.
 BIN_UPPER_EDGES: tuple[float, ...] = (0.25, 0.5, 2**-0.5, 1.0, 2**0.5, 2.0, 4.0)

@@ -11,18 +11,18 @@ import json
 import duckdb
 import polars as pl
 
+from warehouse.bin_edges import P_COLS
 from warehouse.db import execute, query_frame, transaction, where_clause
 from warehouse.errors import ValidationError
 from warehouse.frames import Frame, check_in, conform, dedupe_last, insert_frame, to_polars
 
-P_COLUMNS = tuple(f"p{b}" for b in range(1, 9))
 FORECAST_COLUMNS = (
     "pair_id",
     "model_ref",
     "repeat",
     "predicted_bin",
     "argmax_bin",
-    *P_COLUMNS,
+    *P_COLS,
     "raw_sum",
     "parse_ok",
     "parse_error",
@@ -46,7 +46,7 @@ def _expand_p(rows: pl.DataFrame) -> pl.DataFrame:
     return rows.with_columns(
         [
             pl.col("p").list.get(i, null_on_oob=True).cast(pl.Float64).alias(name)
-            for i, name in enumerate(P_COLUMNS)
+            for i, name in enumerate(P_COLS)
         ]
     ).drop("p")
 
@@ -89,7 +89,7 @@ def _validated(frame: Frame) -> pl.DataFrame:
     check_in(rows, "predicted_bin", range(1, 9), "forecasts", nullable=True)
     check_in(rows, "argmax_bin", range(1, 9), "forecasts", nullable=True)
     parsed = rows.filter(pl.col("parse_ok"))
-    for name in P_COLUMNS:
+    for name in P_COLS:
         col = parsed.get_column(name).cast(pl.Float64)
         if col.null_count():
             raise ValidationError(f"forecasts: a parsed forecast has no {name}")

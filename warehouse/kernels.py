@@ -27,15 +27,6 @@ from warehouse.frames import (
 )
 from warehouse.ids import kernel_id as compute_kernel_id
 
-TASK_COLUMNS = (
-    "task",
-    "description",
-    "contract_version",
-    "source",
-    "correctness_cases",
-    "benchmark_cases",
-    "tolerances",
-)
 KERNEL_COLUMNS = (
     "kernel_id",
     "task",

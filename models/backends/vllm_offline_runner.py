@@ -78,7 +78,7 @@ class Runner:
             if kwargs.get("dtype", "auto") == "auto" and not cpu_has_bf16():
                 # vLLM's "auto" turns a float32 checkpoint into bfloat16, which a CPU without
                 # bf16 instructions emulates: four compact prompts took 66.9 s on an AVX2-only
-                # host against 13.5 s in float32 (scripts/bench_base_model_cpu.py).
+                # host against 13.5 s in float32 (benchmarks/base_model_cpu.py).
                 kwargs["dtype"] = "float32"
         self.vllm = vllm
         self.out = out

@@ -25,8 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from models.registry import SURROGATE_MODEL
 from models.registry.versions import (
-    DEFAULT_NAME,
     alias_version,
     find_versions,
     register_surrogate,
@@ -68,7 +68,7 @@ class SurrogateVersion:
     seconds: float = 0.0
 
 
-def model_ref(version: int, name: str = DEFAULT_NAME) -> str:
+def model_ref(version: int, name: str = SURROGATE_MODEL) -> str:
     """The `model_ref` forecasts of a registered version are stored under.
 
     >>> model_ref(3)
@@ -117,7 +117,7 @@ def train_or_reuse(
     con: Any = None,
     dagster_run_id: str | None = None,
     force: bool = False,
-    name: str = DEFAULT_NAME,
+    name: str = SURROGATE_MODEL,
 ) -> SurrogateVersion:
     """Train one reward variant with `models.training.train_grpo` and register it as
     @challenger, or re-use the registered version trained with the same key.
@@ -178,7 +178,7 @@ def train_or_reuse(
     )
 
 
-def challengers(tracking_uri: str, name: str = DEFAULT_NAME) -> list[int]:
+def challengers(tracking_uri: str, name: str = SURROGATE_MODEL) -> list[int]:
     """The versions of the latest training batch: those sharing the `training_batch` tag of
     the version @challenger points at (ascending); [] when there is no challenger."""
     current = alias_version(tracking_uri, CHALLENGER, name)
@@ -196,7 +196,7 @@ def registered_forecaster(
     home: str | Path,
     cache_dir: str | Path | None = None,
     readout: str = "logprob",
-    name: str = DEFAULT_NAME,
+    name: str = SURROGATE_MODEL,
     device: str | None = None,
     downloads: str | Path | None = None,
 ):
@@ -245,7 +245,7 @@ def registered_forecaster(
     return forecaster, described
 
 
-def registered_prompt_style(tracking_uri: str, version: int, downloads: str | Path, name: str = DEFAULT_NAME) -> str:
+def registered_prompt_style(tracking_uri: str, version: int, downloads: str | Path, name: str = SURROGATE_MODEL) -> str:
     """The prompt style a registered version reads (what `registered_forecaster` describes),
     without loading its weights: prompts can then be built where the warehouse is.
 

@@ -35,6 +35,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
+
 log = logging.getLogger(__name__)
 
 EVAL_METRICS = ("n", "brier", "crps", "nll", "accuracy", "ece", "aurc", "recovered_mean", "recovered_at_10",
@@ -455,8 +457,8 @@ def metric_prefix(model_ref: str, split: str = MAIN_SPLIT) -> str:
     >>> metric_prefix("models:/kernelcast-surrogate-held-out/2", "held_out_style:pytorch-programs")
     'held_out_style-pytorch-programs/held-out-2'
     """
-    name = model_ref.split("|")[0].replace("models:/kernelcast-surrogate-held-out/", "held-out-").replace(
-        "models:/kernelcast-surrogate/", "surrogate-").replace("models:/", "").replace(":", "-").replace("/", "-")
+    name = model_ref.split("|")[0].replace(f"models:/{HELD_OUT_MODEL}/", "held-out-").replace(
+        f"models:/{SURROGATE_MODEL}/", "surrogate-").replace("models:/", "").replace(":", "-").replace("/", "-")
     return name if split == MAIN_SPLIT else f"{split.replace(':', '-')}/{name}"
 
 

@@ -38,11 +38,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from models.registry import SURROGATE_MODEL
+
 log = logging.getLogger(__name__)
 
-DEFAULT_NAME = "kernelcast-surrogate"
 MODEL_ARTIFACT = "surrogate"  # the logged model's name in its run
-ADAPTER_ARTIFACT = "adapter"  # a plain peft folder (trained elsewhere, before logging)
 BASE_MODEL_FILE = "base_model.json"
 ALIASES = ("champion", "challenger", "champion-external", "challenger-external")  # -external: kernels from files
 CARD_ALIAS = re.compile(r"^champion-(?!external$)[a-z0-9][a-z0-9-]*$")  # champion-h100, not champion-external
@@ -89,7 +89,7 @@ def _client(tracking_uri: str):
 def register_logged_model(
     tracking_uri: str,
     model_uri: str,
-    name: str = DEFAULT_NAME,
+    name: str = SURROGATE_MODEL,
     run_id: str | None = None,
     kind: str = "llm",
     tags: Mapping[str, str] | None = None,
@@ -144,7 +144,7 @@ def committed_only(tags: Mapping[str, str]) -> bool:
     return tags.get(WEIGHTS_TAG) == COMMITTED_ONLY
 
 
-def model_id_of(tracking_uri: str, version: int | str, name: str = DEFAULT_NAME) -> str | None:
+def model_id_of(tracking_uri: str, version: int | str, name: str = SURROGATE_MODEL) -> str | None:
     """The LoggedModel id behind a registered version (None: registered from plain files)."""
     info = version_info(tracking_uri, version, name)
     source = (info or {}).get("source") or ""
@@ -203,7 +203,7 @@ def register_surrogate(
     tracking_uri: str,
     run_id: str,
     adapter_dir: str | Path,
-    name: str = DEFAULT_NAME,
+    name: str = SURROGATE_MODEL,
     base_model: str = "smollm2",
     dataset_version: str | None = None,
     alias: str | None = None,
@@ -286,7 +286,7 @@ def register_surrogate(
     return version
 
 
-def set_alias(tracking_uri: str, alias: str, version: int | str, name: str = DEFAULT_NAME) -> None:
+def set_alias(tracking_uri: str, alias: str, version: int | str, name: str = SURROGATE_MODEL) -> None:
     """Point `alias` (one of ALIASES, or a card's champion-<card>: models.registry.hardware) at a
     version (promotion)."""
     if alias not in ALIASES and not is_card_alias(alias):
@@ -295,7 +295,7 @@ def set_alias(tracking_uri: str, alias: str, version: int | str, name: str = DEF
 
 
 def set_aliases(tracking_uri: str, champion: int | str | None = None, challenger: int | str | None = None,
-                name: str = DEFAULT_NAME, *, use: str = "champion", clear_challenger: bool = False,
+                name: str = SURROGATE_MODEL, *, use: str = "champion", clear_challenger: bool = False,
                 ) -> dict[str, int | None]:
     """A promotion's outcome in the registry for one use: the champion alias `use` ("champion" or
     "champion-external") and its challenger alias (CHALLENGER_OF) where given (None leaves an
@@ -323,12 +323,12 @@ def set_aliases(tracking_uri: str, champion: int | str | None = None, challenger
     return {alias: alias_version(tracking_uri, alias, name) for alias in (use, second)}
 
 
-def aliases(tracking_uri: str, name: str = DEFAULT_NAME) -> dict[str, int | None]:
+def aliases(tracking_uri: str, name: str = SURROGATE_MODEL) -> dict[str, int | None]:
     """Each alias of ALIASES -> its version, or None where it is not set."""
     return {alias: alias_version(tracking_uri, alias, name) for alias in ALIASES}
 
 
-def clear_alias(tracking_uri: str, alias: str, name: str = DEFAULT_NAME) -> None:
+def clear_alias(tracking_uri: str, alias: str, name: str = SURROGATE_MODEL) -> None:
     """Remove `alias` (no error when it is not set)."""
     from mlflow.exceptions import MlflowException
 
@@ -340,7 +340,7 @@ def clear_alias(tracking_uri: str, alias: str, name: str = DEFAULT_NAME) -> None
         pass
 
 
-def alias_version(tracking_uri: str, alias: str, name: str = DEFAULT_NAME) -> int | None:
+def alias_version(tracking_uri: str, alias: str, name: str = SURROGATE_MODEL) -> int | None:
     """The version `alias` points at, or None (no such model or alias)."""
     from mlflow.exceptions import MlflowException
 
@@ -350,7 +350,7 @@ def alias_version(tracking_uri: str, alias: str, name: str = DEFAULT_NAME) -> in
         return None
 
 
-def version_info(tracking_uri: str, version: int | str, name: str = DEFAULT_NAME) -> dict[str, Any] | None:
+def version_info(tracking_uri: str, version: int | str, name: str = SURROGATE_MODEL) -> dict[str, Any] | None:
     """{"version", "run_id", "tags", "source"} of one version, or None if it does not exist."""
     from mlflow.exceptions import MlflowException
 
@@ -361,7 +361,7 @@ def version_info(tracking_uri: str, version: int | str, name: str = DEFAULT_NAME
     return {"version": int(mv.version), "run_id": mv.run_id, "tags": dict(mv.tags), "source": mv.source}
 
 
-def find_versions(tracking_uri: str, name: str = DEFAULT_NAME, **tags: str) -> list[dict[str, Any]]:
+def find_versions(tracking_uri: str, name: str = SURROGATE_MODEL, **tags: str) -> list[dict[str, Any]]:
     """Versions of `name` whose tags equal every given tag, newest first (`version_info` dicts).
 
     Returns [] when the model does not exist yet.
@@ -379,7 +379,7 @@ def find_versions(tracking_uri: str, name: str = DEFAULT_NAME, **tags: str) -> l
 
 
 def set_version_tag(
-    tracking_uri: str, version: int | str, key: str, value: str, name: str = DEFAULT_NAME
+    tracking_uri: str, version: int | str, key: str, value: str, name: str = SURROGATE_MODEL
 ) -> None:
     """Set one tag of a model version."""
     _client(tracking_uri).set_model_version_tag(name, str(version), key, value)
@@ -412,7 +412,7 @@ def parse_model_uri(uri: str) -> tuple[str, str | None, int | None]:
 
 
 def resolve_surrogate(
-    tracking_uri: str, uri: str = f"models:/{DEFAULT_NAME}@champion", dst: str | Path = "."
+    tracking_uri: str, uri: str = f"models:/{SURROGATE_MODEL}@champion", dst: str | Path = "."
 ) -> Path | None:
     """Download a registered surrogate (adapter + base model reference) to a local folder.
 

@@ -246,19 +246,16 @@ def head_state(head: BinHead, record: dict[str, Any]) -> dict[str, Any]:
             "settings": record["settings"], "width": record["width"]}
 
 
-def load_head(saved: dict[str, Any]) -> BinHead:
-    """A head from `head_state` output (weights back in float32)."""
-    s = saved["settings"]
-    head = BinHead(int(saved["width"]), int(s["hidden"]), float(s["dropout"]))
-    head.load_state_dict({k: v.float() for k, v in saved["state"].items()})
-    return head.eval()
-
-
 def principal_axes(x: np.ndarray, fit_rows: np.ndarray, k: int) -> dict[str, np.ndarray]:
     """The first `k` principal axes of the rows `fit_rows` of `x` (indices into x), each column
     standardised by the fit rows first: {"mean", "scale": (width,), "axes": (width, k)}, float32.
     Kept with a version so a new pair's hidden-state vector lands on the same coordinates
-    (`project`) as the pairs its head was fitted on."""
+    (`project`) as the pairs its head was fitted on.
+
+    Why: a prefill's hidden-state vector is thousands of numbers wide (2 x layers x hidden + 8),
+    too wide to bring back from a GPU host for every pair and too wide for boosted trees on a few
+    thousand pairs; a few dozen principal coordinates keep most of its variance, fitted on the
+    training rows alone so no eval or external row shapes the axes."""
     xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
     fit = xs[np.asarray(fit_rows)]
     if len(fit) < 2:
@@ -278,20 +275,3 @@ def project(x: np.ndarray, axes: dict[str, np.ndarray]) -> np.ndarray:
     xs = np.nan_to_num(np.asarray(x, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
     z = (xs - axes["mean"].astype(np.float64)) / axes["scale"].astype(np.float64)
     return (z @ axes["axes"].astype(np.float64)).astype(np.float32)
-
-
-def principal_projection(x: np.ndarray, fit_rows: np.ndarray, k: int) -> np.ndarray:
-    """(n, k) float32 coordinates of every row of `x` on the first `k` principal axes of the
-    rows `fit_rows` (indices into x), each column standardised by the fit rows first.
-
-    Why: a prefill's hidden-state vector is thousands of numbers wide (2 x layers x hidden + 8),
-    too wide to bring back from a GPU host for every pair and too wide for boosted trees on a few
-    thousand pairs; a few dozen principal coordinates keep most of its variance, fitted on the
-    training rows alone so no eval or external row shapes the axes.
-
-    >>> rng = np.random.default_rng(0)
-    >>> x = rng.normal(size=(50, 6)).astype(np.float32)
-    >>> principal_projection(x, np.arange(40), 3).shape
-    (50, 3)
-    """
-    return project(x, principal_axes(x, fit_rows, k))

@@ -48,10 +48,10 @@ import polars as pl
 
 from models.bins import NUM_BINS, speedups_to_bins
 from pipelines.evaluation import bootstrap, calibration, discovery, scores, selective, utility
+from warehouse.bin_edges import P_COLS
 
 log = logging.getLogger(__name__)
 
-P_COLS = tuple(f"p{i}" for i in range(1, NUM_BINS + 1))
 REQUIRED = ("pair_id", "task", "true_speedup", *P_COLS)
 TIEBREAK_COLS = ("candidate_kernel_id", "kernel_id", "candidate")
 ANCHOR_COLS = ("anchor_kernel_id", "anchor")

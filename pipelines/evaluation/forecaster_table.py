@@ -16,6 +16,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
+
 TABLE_FILE = "forecasters.table.json"
 
 
@@ -82,8 +84,8 @@ def short_name(ref: str) -> str:
     >>> short_name("models:/kernelcast-surrogate/5"), short_name("models:/kernelcast-surrogate-held-out/3")
     ('surrogate/5', 'held-out/3')
     """
-    return ref.replace("models:/kernelcast-surrogate-held-out/", "held-out/").replace(
-        "models:/kernelcast-surrogate/", "surrogate/")
+    return ref.replace(f"models:/{HELD_OUT_MODEL}/", "held-out/").replace(
+        f"models:/{SURROGATE_MODEL}/", "surrogate/")
 
 
 def text_table(rows: list[dict[str, Any]], aliases: dict[str, list[str]] | None = None) -> list[str]:

@@ -66,10 +66,6 @@ def headline_markdown(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def write_evaluation_report(results: dict[str, dict[str, Any]], out_dir: Path, title: str) -> Path:
-    return write_report(results, out_dir, title=title)
-
-
 # The report's fixed splits; held-out styles and the library join them when they have pairs
 # (pipelines.surrogates.roles.ordered_splits: page order, the in-distribution page the index).
 SPLITS = ("in_distribution", "source_only", "held_out_task", "external")

@@ -182,15 +182,15 @@ def log_version_evaluation(tracking_uri: str, experiment_id: str, results: Mappi
         results: split -> forecaster (model ref) -> its scores.
         frame: the in-distribution forecasts (the eval pairs are logged as the run's dataset).
     """
+    from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
     from models.registry.tracking import log_evaluation
     from models.registry.versions import model_id_of
     from pipelines.promotion.scores import registered_version
-    from pipelines.surrogates.classical import HELD_OUT_MODEL
 
     pairs = frame.filter(pl.col("split") == "eval").unique("pair_id").sort("pair_id")
     model_ids = {}
     for ref in sorted({r.split("|")[0] for split in results.values() for r in split}):
-        for name in ("kernelcast-surrogate", HELD_OUT_MODEL):
+        for name in (SURROGATE_MODEL, HELD_OUT_MODEL):
             v = registered_version(ref, name)
             if v is not None and (mid := model_id_of(tracking_uri, v, name)):
                 model_ids[ref] = mid

@@ -60,7 +60,7 @@ from typing import Any
 # The names below load on first use: `python3 -m pipelines.forecasting.source_features` runs on a
 # bare GPU host (stdlib, numpy, torch, triton, pyarrow), which has no polars for the adapters.
 _EXPORTS = {
-    "P_COLS": "base", "PairForecaster": "base", "single_anchor_pairs": "base",
+    "PairForecaster": "base", "single_anchor_pairs": "base",
     "CHAMPION": "load", "CHAMPION_EXTERNAL": "load", "file_champion_uri": "load",
     "load_forecaster": "load", "resolve_version": "load",
     "REFERENCES": "references",

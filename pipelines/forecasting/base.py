@@ -20,8 +20,8 @@ import numpy as np
 import polars as pl
 
 from models.bins import NUM_BINS
+from warehouse.bin_edges import P_COLS
 
-P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 PAIR_COLUMNS = ("pair_id", "anchor_kernel_id", "candidate_kernel_id", "task", "hardware_id")
 
 

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from pipelines.forecasting.base import P_COLS, PairForecaster
+from pipelines.forecasting.base import PairForecaster
+from warehouse.bin_edges import P_COLS
 
 KEYS = ("hardware_id", "anchor_kernel_id", "candidate_kernel_id")
 

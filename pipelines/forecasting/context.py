@@ -8,7 +8,6 @@ budget for the verbalized one.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 LOGPROB_ANSWER_TOKENS = 16  # the answer prefix ('{"predicted_bin": ') and one bin label, with room
@@ -49,13 +48,3 @@ def check_prompt_fits(tokenizer: Any, config: Any, messages: list[dict], answer_
             f"{limit} tokens; use --style diff or compact, or a model with a longer context"
         )
     return n
-
-
-def check_checkpoint_fits(path: str | Path, messages: list[dict], readout: str, max_new_tokens: int = 512) -> int:
-    """check_prompt_fits for a local HF checkpoint directory (tokenizer and config read from it)."""
-    from transformers import AutoConfig, PreTrainedTokenizerFast
-
-    tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
-    config = AutoConfig.from_pretrained(str(path))
-    budget = LOGPROB_ANSWER_TOKENS if readout == "logprob" else max_new_tokens
-    return check_prompt_fits(tokenizer, config, messages, budget)

@@ -35,8 +35,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from pipelines.forecasting.base import P_COLS, PairForecaster, check_pairs
+from pipelines.forecasting.base import PairForecaster, check_pairs
 from pipelines.forecasting.pyfunc import BASE_MODEL_REQUIREMENTS, SourcesModel, log_sources_model
+from warehouse.bin_edges import P_COLS
 
 TOKENS_PER_BATCH = 8192  # a prefill batch on a CPU: a few hundred MB of hidden states at most
 

@@ -30,8 +30,7 @@ from models.bins import NUM_BINS
 from models.calibration import Calibrator
 from pipelines.forecasting.llm_backend import LlmBackend
 from pipelines.sharding import balanced_shards
-
-P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
+from warehouse.bin_edges import P_COLS
 
 
 class ShardCoverageError(ValueError):

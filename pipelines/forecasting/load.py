@@ -7,10 +7,10 @@ from typing import Any
 
 import polars as pl
 
+from models.registry import SURROGATE_MODEL
 from pipelines.forecasting.base import PairForecaster
 from pipelines.forecasting.references import REFERENCES, reference_forecaster
 
-SURROGATE = "kernelcast-surrogate"
 CHAMPION = "champion"
 # The champion for kernels from files (a user's, an LLM's mutation), when the registry keeps one
 # apart from the in-distribution @champion; `kernelcast forecast` on files, the search hook and
@@ -23,7 +23,7 @@ class WrongKind(ValueError):
     """The version is of a kind the caller does not take (raised before anything loads)."""
 
 
-def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE, snapshot: Any = None) -> str | None:
+def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE_MODEL, snapshot: Any = None) -> str | None:
     """models:/<name>@champion-external when that alias exists, else @champion when it exists,
     else None (nothing registered, or no tracking URI). `snapshot` (a
     pipelines.forecasting.snapshot.RegistrySnapshot of the store) answers what it read before
@@ -36,7 +36,7 @@ def file_champion_uri(tracking_uri: str | None, name: str = SURROGATE, snapshot:
     return None
 
 
-def card_champion_uri(tracking_uri: str, hardware_id: str, fallback: str | None, name: str = SURROGATE,
+def card_champion_uri(tracking_uri: str, hardware_id: str, fallback: str | None, name: str = SURROGATE_MODEL,
                       snapshot: Any = None) -> tuple[str | None, str]:
     """(the model URI that answers for `hardware_id`, a sentence saying which) when the caller
     named no model: the card's `@champion-<card>` (models.registry.hardware) when set; else
@@ -103,10 +103,10 @@ def resolve_version(tracking_uri: str, ref: str, snapshot: Any = None) -> tuple[
         from models.registry.hardware import reference_versions
 
         kind = ref.removeprefix("kind:")
-        found = reference_versions(tracking_uri, SURROGATE, kind=kind)  # never another card's version
+        found = reference_versions(tracking_uri, SURROGATE_MODEL, kind=kind)  # never another card's version
         if not found:
             raise ValueError(f"no registered version of kind {kind!r}: run `kernelcast run` first")
-        return SURROGATE, found[0]["version"], found[0]
+        return SURROGATE_MODEL, found[0]["version"], found[0]
     name, alias, number = parse_model_uri(ref)
     version = _alias_version(tracking_uri, alias, name, snapshot) if alias else number
     info = _version_info(tracking_uri, version, name, snapshot) if version is not None else None

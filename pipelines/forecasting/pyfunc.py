@@ -43,9 +43,9 @@ from pipelines.forecasting.sources import (
     FEATURE_CACHE_DIR,
     INPUT_COLUMNS,
     OPTIONAL_INPUT_COLUMNS,
-    P_COLUMNS,
     SourceForecaster,
 )
+from warehouse.bin_edges import P_COLS
 
 MODEL_ARTIFACT = "model"  # the logged model's name in its run (as the sklearn one was)
 CODE_PACKAGES = ("pipelines", "models", "warehouse")  # what the model imports of the project
@@ -84,7 +84,7 @@ def signature() -> Any:
 
     inputs = Schema([*(ColSpec("string", c) for c in INPUT_COLUMNS),
                      *(ColSpec("string", c, required=False) for c in OPTIONAL_INPUT_COLUMNS)])
-    outputs = Schema([*(ColSpec("double", c) for c in (*P_COLUMNS, "expected_log2_speedup")),
+    outputs = Schema([*(ColSpec("double", c) for c in (*P_COLS, "expected_log2_speedup")),
                       ColSpec("string", "refused", required=False)])
     return ModelSignature(inputs=inputs, outputs=outputs)
 

@@ -25,16 +25,14 @@ from typing import Any
 
 import polars as pl
 
-from models.bins import NUM_BINS
+from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
 from pipelines.forecasting.llm_shards import LlmJob, plan_llm_job
 from pipelines.forecasting.load import CLASSICAL_KINDS
-from pipelines.surrogates.classical import HELD_OUT_MODEL
 from pipelines.surrogates.roles import LIBRARY_SPLIT, Roles, held_out_split, strip_metadata
+from warehouse.bin_edges import P_COLS
 
 log = logging.getLogger(__name__)
 
-P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
-SURROGATE = "kernelcast-surrogate"
 SOURCE_ONLY_SUFFIX = "|source_only"  # a version's forecasts from records without generator metadata
 
 
@@ -106,17 +104,17 @@ def registered_forecasts(
         # The eval and the external pairs: a committed variant forecast both (an ingested host run does).
         targets = pl.concat([roles.eval, external], how="diagonal_relaxed") if external.height else roles.eval
         committed = {v.name: v for v in calibrated_variants(committed_dir, targets, roles.held_out_eval)}
-    champion = alias_version(tracking_uri, "champion", SURROGATE)
-    settings = [(SURROGATE, "in_distribution", roles.eval)]
+    champion = alias_version(tracking_uri, "champion", SURROGATE_MODEL)
+    settings = [(SURROGATE_MODEL, "in_distribution", roles.eval)]
     settings += [(HELD_OUT_MODEL, split, roles.for_split(split)[2]) for split in roles.held_out_splits()]
     for name, split, pairs in settings:
         if pairs.is_empty():
             continue
         # A version fitted on another card's pairs is scored in the cross-hardware report, not here.
         versions = {v["version"]: v for v in find_versions(tracking_uri, name, dataset_version=dataset_version)
-                    if (name == SURROGATE or version_split(v) == split)
+                    if (name == SURROGATE_MODEL or version_split(v) == split)
                     and fitted_for(v, roles.hardware_id, roles.hardware_id)}
-        if name == SURROGATE and champion is not None and champion not in versions:
+        if name == SURROGATE_MODEL and champion is not None and champion not in versions:
             versions.update({v["version"]: v for v in find_versions(tracking_uri, name) if v["version"] == champion})
         in_dist = split == "in_distribution"
         for version, info in sorted(versions.items()):

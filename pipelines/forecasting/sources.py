@@ -35,12 +35,12 @@ from typing import Any
 import numpy as np
 
 from models.bins import BIN_LOG2_VALUES, NUM_BINS
+from warehouse.bin_edges import P_COLS
 
 DEFAULT_HARDWARE = "nvidia-h200-sm90"  # what `kernelcast forecast --hardware` defaults to
 INPUT_COLUMNS = ("task", "anchor_source", "candidate_source")
 OPTIONAL_INPUT_COLUMNS = ("hardware",)
-P_COLUMNS = tuple(f"p{i}" for i in range(1, NUM_BINS + 1))
-OUTPUT_COLUMNS = (*P_COLUMNS, "expected_log2_speedup", "refused")
+OUTPUT_COLUMNS = (*P_COLS, "expected_log2_speedup", "refused")
 FEATURE_CACHE_DIR = "feature-cache"  # under the home
 
 
@@ -138,7 +138,7 @@ class SourceForecaster:
                              f"(and optionally {', '.join(OPTIONAL_INPUT_COLUMNS)})")
         rows = frame.to_dict("records")
         p, refused = self._rows(rows)
-        out = pd.DataFrame(p, columns=list(P_COLUMNS))
+        out = pd.DataFrame(p, columns=list(P_COLS))
         out["expected_log2_speedup"] = expected_log2(p)
         out["refused"] = pd.Series(refused, dtype=object)
         return out

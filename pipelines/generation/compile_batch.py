@@ -22,8 +22,6 @@ import pyarrow.parquet as pq
 
 from pipelines.generation.aot import compile_many
 
-COLUMNS = ("kernel_id", "target", "status", "n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches",
-           "error", "seconds")
 SCHEMA = pa.schema([("kernel_id", pa.string()), ("target", pa.string()), ("status", pa.string()),
                     ("n_regs", pa.int64()), ("n_spills", pa.int64()), ("shared_bytes", pa.int64()),
                     ("n_kernels", pa.int64()), ("n_launches", pa.int64()), ("error", pa.string()),

@@ -176,10 +176,6 @@ def _module_ints(tree: ast.Module) -> dict[str, int]:
     return {k: v[0] for k, v in found.items() if len(v) == 1}
 
 
-def _uses_name(node: ast.AST, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(node))
-
-
 # =============================================================================================
 # Rules
 # =============================================================================================

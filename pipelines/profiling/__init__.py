@@ -22,10 +22,7 @@ and verify), fresh_values (the new values of every timed call, rebuilt by the ve
 output as a file or CUDA IPC handles: ipc_handles), cuda_ipc (the self-test of both ways), integrity (identities a kernel must not change), audit
 (the parent's own account: wall-clock windows, reference timings, speedups), timing (L2 flush,
 CUDA events, adaptive reps, protocols: docs/protocols.md), hardware (fingerprint), results (JSONL
-+ Parquet, resume), taskload (task registry + KERNELCAST_TASK_MODULES overrides), check,
-protocol_bench (the kernelcast-versus-gpumode benchmark's draw and comparison). Benchmarks the
-GPU host runs the same way (`python3 -m pipelines.profiling.<name>`): harness_bench (both
-protocols, GPU MODE submissions, the fault battery), fault_injection (broken and hostile kernels
-against the sandbox), benchmarks (throughput, repeatability and protocol comparison of result
-files).
++ Parquet, resume), taskload (task registry + KERNELCAST_TASK_MODULES overrides), check. The
+benchmarks a GPU host runs beside the worker (the harness under both protocols, the fault battery,
+throughput and repeatability of result files) live in the top-level benchmarks/ folder.
 """

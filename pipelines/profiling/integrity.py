@@ -248,7 +248,7 @@ class HeldBaseline:
     find nothing either, and is skipped. Anything else falls back to that comparison, which
     names the change. Holding the objects also keeps a freed original's id from being reused by
     a replacement. On 2 cores the test takes about a third of the full comparison's time
-    (scripts/bench_integrity.py).
+    (benchmarks/integrity.py).
     """
 
     def __init__(self, extra_modules: tuple[str, ...], baseline: dict[str, tuple]):

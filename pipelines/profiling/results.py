@@ -26,6 +26,9 @@ log = logging.getLogger(__name__)
 
 PROTOCOLS = ("kernelcast", "paper", "gpumode")  # values of the protocol column; timing.py defines them
 RETRIED_KINDS = ("infrastructure",)  # failure kinds a resumed run measures again
+# The prefix of a measuring child's log line that holds one case's timed calls (`worker --call-times`:
+# runner.py writes it, `python3 -m benchmarks.call_times` reads it back).
+CALL_TIMES_TAG = "call-times "
 
 
 def pairs_reference(protocol: str) -> bool:

@@ -47,7 +47,6 @@ from typing import Any
 import torch
 
 from pipelines.profiling import inputs, verify
-from pipelines.profiling.call_times import CALL_TIMES_TAG
 from pipelines.profiling.inputs import (
     CACHE,
     clone_data,
@@ -59,7 +58,7 @@ from pipelines.profiling.inputs import (
     sync,
 )
 from pipelines.profiling.integrity import Watch
-from pipelines.profiling.results import pairs_reference
+from pipelines.profiling.results import CALL_TIMES_TAG, pairs_reference
 from pipelines.profiling.sandbox_policy import GIB, one_line
 from pipelines.profiling.shipping import ShippingError
 from pipelines.profiling.taskload import extra_task_modules, load_task
@@ -783,16 +782,6 @@ REF_FIRST_GPUMODE = 1  # GPU MODE's loop already makes up to 100 calls a timing
 REF_KEEP = 5  # reference timings kept per case; speedups use their median
 
 
-def middle_timing(timings: list[Timing]) -> Timing:
-    """The timing with the median median_ms (the lower middle for an even count).
-
-    >>> [middle_timing([Timing(m, m, 0.0, 1) for m in ms]).median_ms for ms in ([3.0, 1.0, 2.0], [4.0, 1.0])]
-    [2.0, 1.0]
-    """
-    ordered = sorted(timings, key=lambda t: t.median_ms)
-    return ordered[(len(ordered) - 1) // 2]
-
-
 class Measurer:
     """The measuring child's state: device, L2 flusher, reference timings, settings."""
 
@@ -812,7 +801,7 @@ class Measurer:
         # launch-bound cases (docs/protocols.md).
         self.paired_reference = pairs_reference(self.protocol)
         # Diagnostics: each gpumode case's timed calls of both loops, in order, to stderr (the
-        # child's log; `worker --call-times`, read by pipelines.profiling.call_times).
+        # child's log; `worker --call-times`, read by benchmarks.call_times).
         self.call_times = bool(config.get("call_times"))
         max_reps = int(config.get("max_reps") or 0)
         if self.device == "cuda":

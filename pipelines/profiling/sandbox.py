@@ -336,9 +336,6 @@ class Sandbox:
         me = os.getpid()
         return [p for p in scan if p.pid != me and (p.pgid == self.proc.pid or has_marker(p.pid, self.marker))]
 
-    def tree_pids(self) -> list[int]:
-        return [p.pid for p in self.tree()]
-
     def main_pids(self) -> set[int]:
         """The child itself: the jail's process and, in a PID namespace, its first process."""
         pids = {self.proc.pid}

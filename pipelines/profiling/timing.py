@@ -751,11 +751,6 @@ def time_cuda(
     return drive(fn, cuda_steps(plain_feed(data), settings, protocol=protocol, flusher=flusher, launch_cover=launch_cover))
 
 
-def one_call_fn(fn: Callable[[Any], Any], clone_inside: bool) -> Callable[[Any], Any]:
-    """`fn`, or `fn` on a fresh clone of its input (the paper protocol clones inside the window)."""
-    return (lambda d: fn(clone_data(d))) if clone_inside else fn
-
-
 # GPU MODE's eval.py (problems/bioml/trimul): benchmark mode limits.
 GPUMODE_MAX_REPEATS = 100
 GPUMODE_MAX_TIME_NS = 10e9  # stop once mean * calls passes this
@@ -965,11 +960,6 @@ def time_gpumode(fn: Callable[[Any], Any], data: Any, *, device: str, max_repeat
 def gpumode_warmup_steps(feed: Feed, device: str) -> Steps:
     """GPU MODE's warm-up: the benchmark loop on the first case with a 0.1 s budget, untimed."""
     yield from gpumode_steps(feed, device=device, max_time_ns=GPUMODE_WARMUP_NS)
-
-
-def gpumode_warmup(fn: Callable[[Any], Any], data: Any, device: str) -> None:
-    """GPU MODE's warm-up (gpumode_warmup_steps) of `fn` on `data`."""
-    drive(fn, gpumode_warmup_steps(plain_feed(data), device))
 
 
 # The CPU loop's recorded times against a second clock around the same calls, call by call:

@@ -21,7 +21,6 @@ import os
 from triton.runtime.cache import FileCacheManager
 
 SHARED_ENV = "KERNELCAST_TRITON_SHARED"
-MANAGER = "pipelines.profiling.triton_cache:ReadThroughCache"
 
 
 class ReadThroughCache(FileCacheManager):

@@ -824,7 +824,7 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--call-times", action="store_true",
                     help="diagnostics, gpumode: write every timed call of the kernel's and the reference's loops, "
                          "in the order made, into the children's logs in --log-dir; summarise them with "
-                         "`python3 -m pipelines.profiling.call_times LOG_DIR`")
+                         "`python3 -m benchmarks.call_times LOG_DIR`")
     ap.add_argument("--order", choices=("task", "given"), default=d.order,
                     help="task (default): tasks take turns in runs of 64 kernels, torch.compile kernels last; given: the batch's order")
     ap.add_argument("--min-reps", type=int, default=None, help="timed calls per case at least (GPU; default 3)")

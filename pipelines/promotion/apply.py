@@ -11,10 +11,10 @@ from typing import Any
 
 import polars as pl
 
+from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
 from pipelines.promotion.rule import GATE_PARSE_RATE, PromotionPolicy, SplitDecision
 from pipelines.promotion.scores import ScoredSplits, ScoredVersions
 
-MODEL_NAME = "kernelcast-surrogate"
 LEGACY_KIND = "llm"  # versions registered before the `kind` tag existed are LLM adapters
 
 
@@ -54,7 +54,7 @@ def forecast_errors(warehouse_path: str | Path) -> dict[int, str]:
     """version -> why its forecasts of the current version are not distributions (none: {})."""
     from pipelines.promotion.scores import score_splits
 
-    return score_splits(split_forecasts(warehouse_path)[1], MODEL_NAME).errors
+    return score_splits(split_forecasts(warehouse_path)[1], SURROGATE_MODEL).errors
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ class Promotion:
 
 def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: PromotionPolicy,
                     dagster_run_id: str | None) -> Promotion:
-    """Decide and apply this run's promotion of `MODEL_NAME`'s versions (module docstring).
+    """Decide and apply this run's promotion of `SURROGATE_MODEL`'s versions (module docstring).
 
     Args:
         warehouse_path: the DuckDB file (read: forecasts and their listing; written:
@@ -114,18 +114,18 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
     )
     from pipelines.promotion.scores import score_splits
 
-    champion = alias_version(tracking_uri, CHAMPION, MODEL_NAME)
-    champion_ext = alias_version(tracking_uri, CHAMPION_EXTERNAL, MODEL_NAME)
-    tags = {v["version"]: v["tags"] for v in find_versions(tracking_uri, MODEL_NAME)}
+    champion = alias_version(tracking_uri, CHAMPION, SURROGATE_MODEL)
+    champion_ext = alias_version(tracking_uri, CHAMPION_EXTERNAL, SURROGATE_MODEL)
+    tags = {v["version"]: v["tags"] for v in find_versions(tracking_uri, SURROGATE_MODEL)}
     version, parts = split_forecasts(warehouse_path)
-    by_split = score_splits(parts, MODEL_NAME, kinds={v: t.get("kind", LEGACY_KIND) for v, t in tags.items()},
+    by_split = score_splits(parts, SURROGATE_MODEL, kinds={v: t.get("kind", LEGACY_KIND) for v, t in tags.items()},
                             rewards={v: t.get("reward", "") for v, t in tags.items()})
     by_split.scores[HELD_OUT_STYLES] = _held_out_style_scores(tracking_uri, parts, tags)
     _mark_committed_only(by_split.scores, {v for v, t in tags.items() if committed_only(t)})
     splits = decide_over_splits(by_split.scores, champion, champion_ext, policy)
-    set_aliases(tracking_uri, splits.champion.promote, splits.challenger, MODEL_NAME, use=CHAMPION,
+    set_aliases(tracking_uri, splits.champion.promote, splits.challenger, SURROGATE_MODEL, use=CHAMPION,
                 clear_challenger=True)
-    set_aliases(tracking_uri, splits.champion_external.promote, splits.challenger_external, MODEL_NAME,
+    set_aliases(tracking_uri, splits.champion_external.promote, splits.challenger_external, SURROGATE_MODEL,
                 use=CHAMPION_EXTERNAL, clear_challenger=True)
     in_dist = by_split.scores.get("in_distribution", {})
     scored = ScoredVersions([s for v, s in sorted(in_dist.items()) if v != champion], in_dist.get(champion),
@@ -149,7 +149,6 @@ def _held_out_style_scores(tracking_uri: str, parts: dict, tags: dict[int, dict]
     the held-out versions of the same kind, dataset version and code (pipelines.promotion.rule)."""
     from models.registry.versions import find_versions
     from pipelines.promotion.scores import pooled_twin_scores, score_splits
-    from pipelines.surrogates.classical import HELD_OUT_MODEL
     from pipelines.surrogates.roles import is_style_split
 
     styles = {k: v for k, v in parts.items() if is_style_split(k)}
@@ -158,7 +157,7 @@ def _held_out_style_scores(tracking_uri: str, parts: dict, tags: dict[int, dict]
     from models.registry.hardware import fitted_for, reference_hardware
 
     same = ("kind", "dataset_version", "code_version")
-    reference = reference_hardware(tracking_uri, MODEL_NAME)  # another card's version is no twin's
+    reference = reference_hardware(tracking_uri, SURROGATE_MODEL)  # another card's version is no twin's
     by_key = {tuple(t.get(k) for k in same): v for v, t in sorted(tags.items())
               if all(t.get(k) for k in same) and fitted_for({"tags": t}, reference, reference)}
     twin_of = {h["version"]: by_key[key] for h in find_versions(tracking_uri, HELD_OUT_MODEL)
@@ -184,12 +183,12 @@ def _record(warehouse_path: str | Path, version: str | None, policy: PromotionPo
                  "failed_gates": ext.failures.get(v, [])} for v, s in sorted(ext_scores.items())]
     with connect(warehouse_path) as con:
         decision_id = record_promotion_decision(
-            con, MODEL_NAME, version, decision.outcome, decision.reason, len(scored.pairs),
+            con, SURROGATE_MODEL, version, decision.outcome, decision.reason, len(scored.pairs),
             dataclasses.asdict(policy), [{**r, "model_version": r["version"]} for r in rows],
             champion_before=champion, champion_after=splits.champion_after, candidate=decision.candidate,
             dagster_run_id=dagster_run_id, challenger_after=splits.challenger)
         ext_decision_id = record_promotion_decision(
-            con, MODEL_NAME, version, ext.outcome, ext.reason, len(by_split.pairs.get(splits.external_split, [])),
+            con, SURROGATE_MODEL, version, ext.outcome, ext.reason, len(by_split.pairs.get(splits.external_split, [])),
             dataclasses.asdict(policy), ext_rows, champion_before=champion_ext,
             champion_after=splits.champion_external_after, candidate=ext.candidate, dagster_run_id=dagster_run_id,
             alias=CHAMPION_EXTERNAL, split=splits.external_split, challenger_after=splits.challenger_external)
@@ -208,9 +207,9 @@ def _tag_registry(tracking_uri: str, version: str | None, champion: int | None, 
                   f"held back: {', '.join(failed)}" if failed else "eligible, not promoted")
         for key, value in {"promotion_status": status, "promotion_decision_id": decision_id,
                            "promotion_dataset_version": version or ""}.items():
-            set_version_tag(tracking_uri, s.version, key, value, MODEL_NAME)
+            set_version_tag(tracking_uri, s.version, key, value, SURROGATE_MODEL)
     if scored.challengers or champion is not None or splits.champion_external_after is not None:
-        set_model_tags(tracking_uri, MODEL_NAME, {"last_promotion_outcome": decision.outcome,
+        set_model_tags(tracking_uri, SURROGATE_MODEL, {"last_promotion_outcome": decision.outcome,
                                                   "last_promotion_reason": decision.reason[:500],
                                                   "last_promotion_decision_id": decision_id,
                                                   "last_champion_external_outcome": ext.outcome,

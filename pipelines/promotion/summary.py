@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-MODEL_NAME = "kernelcast-surrogate"
+from models.registry import SURROGATE_MODEL
+
 PROMOTION_SCRIPT = "promotion.js"  # beside the report's in-distribution page
 PROMOTION_GLOBAL = "KERNELCAST_PROMOTION"
 # What each champion alias is for, in a reader's words (pipelines.promotion.rule decides them).
@@ -44,7 +45,7 @@ class Decision:
 
     @property
     def ref(self) -> str | None:
-        return None if self.version is None else f"models:/{MODEL_NAME}/{self.version}"
+        return None if self.version is None else f"models:/{SURROGATE_MODEL}/{self.version}"
 
     def line(self) -> str:
         """One line: the version, its kind, its Brier on how many pairs of which split, the outcome.
@@ -73,7 +74,7 @@ class PromotionSummary:
                 "aliases": self.aliases}
 
 
-def read_summary(warehouse_path: str | Path, model_name: str = MODEL_NAME) -> PromotionSummary:
+def read_summary(warehouse_path: str | Path, model_name: str = SURROGATE_MODEL) -> PromotionSummary:
     """The newest decision of each champion alias and the aliases they left (champions and
     challengers); an empty summary before the first decision or without a warehouse."""
     from warehouse.db import connect

@@ -16,7 +16,7 @@ reaches the GPU (docs/method.md section 6).
     simulation_run.py  the asset's simulation: report and curves written, one MLflow run logged
     live.py          python3 -m pipelines.search.live: live search on a GPU host
     autotune.py      prune_configs_by hook for @triton.autotune backed by a forecaster
-    autotune_demo.py python3 -m pipelines.search.autotune_demo: pruned vs exhaustive autotuning
+                     (pruned against exhaustive: python3 -m benchmarks.autotune_demo)
 
 No Dagster here; the GPU-host path (live, measure, autotune) imports no polars, duckdb or mlflow.
 """

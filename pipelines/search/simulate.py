@@ -14,7 +14,7 @@ final best over seeds with a percentile bootstrap interval of that mean.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -201,7 +201,3 @@ def comparison_summary(tasks: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "tasks_filtered_beats_standard": beats("filtered", "standard"),
         "tasks_filtered_beats_random": beats("filtered", "random"),
     }
-
-
-def with_budget(plan: SimulationPlan, budget: int) -> SimulationPlan:
-    return replace(plan, budget=budget)

@@ -30,11 +30,6 @@ def canonical(point: KernelPoint) -> KernelPoint:
     return KernelPoint(point.task, point.algorithm, {k.name: point.knobs[k.name] for k in fam.knobs})
 
 
-def point_of(task: str, child: Child) -> KernelPoint:
-    """The canonical point a Child names."""
-    return canonical(KernelPoint(task, child.algorithm, json.loads(child.knobs_json)))
-
-
 @lru_cache(maxsize=200_000)
 def _render(task: str, algorithm: str, knobs_json: str) -> tuple[str, str]:
     """(source, kernel id) of a point; cached because searches revisit neighbourhoods."""

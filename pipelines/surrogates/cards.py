@@ -18,6 +18,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
+from models.registry import SURROGATE_MODEL
 from pipelines.surrogates.cross_hardware import (
     CardRoles,
     Carried,
@@ -29,7 +30,6 @@ from pipelines.surrogates.cross_hardware import (
 
 log = logging.getLogger(__name__)
 
-SURROGATE = "kernelcast-surrogate"
 
 
 def card_roles_of(con: duckdb.DuckDBPyConnection, version: str, curation: Any,
@@ -99,13 +99,13 @@ def train_card_forecasters(warehouse_path: Any, tracking_uri: str, surrogate: An
                 continue
             records = kernel_records(con, ids_of(card_set.all_frames()))
             registered += [(card, r) for r in train_and_register(con, card_set, records, surrogate.classical, tracking_uri, version, batch,
-                                             SURROGATE,
+                                             SURROGATE_MODEL,
                                              tags=tags,
                                              params=classical_params(surrogate.classical_params),
                                              max_fit=surrogate.classical_max_fit, workers=surrogate.classical_workers,
                                              progress=progress)]
     if registered and roles.hardware_id:
-        set_reference_hardware(tracking_uri, SURROGATE, roles.hardware_id)
+        set_reference_hardware(tracking_uri, SURROGATE_MODEL, roles.hardware_id)
     return CardVersions(version, roles.hardware_id, registered, sizes)
 
 
@@ -118,10 +118,10 @@ def _classical_versions(tracking_uri: str, version: str, hardware_id: str | None
     from pipelines.forecasting.load import CLASSICAL_KINDS
 
     out: dict[str, Carried] = {}
-    for info in find_versions(tracking_uri, SURROGATE, dataset_version=version, split="in_distribution"):
+    for info in find_versions(tracking_uri, SURROGATE_MODEL, dataset_version=version, split="in_distribution"):
         kind = info["tags"].get("kind")
         if kind in CLASSICAL_KINDS and kind not in out and fitted_for(info, hardware_id, reference):
-            ref = f"models:/{SURROGATE}/{info['version']}"
+            ref = f"models:/{SURROGATE_MODEL}/{info['version']}"
             out[kind] = Carried(load_forecaster(ref, tracking_uri=tracking_uri, home=home), ref)
     return out
 

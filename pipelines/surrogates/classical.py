@@ -26,12 +26,13 @@ import polars as pl
 from models.bins import NUM_BINS
 from models.classical import BinForecaster, make_classical
 from models.classical.features import COMPILE_FIELDS, pair_frame
+from models.registry import HELD_OUT_MODEL
 from pipelines.surrogates.roles import STYLE_SPLIT_PREFIX, Roles, is_style_split
+from warehouse.bin_edges import P_COLS
 from warehouse.kernels import forecast_features, read_kernels
 
 log = logging.getLogger(__name__)
 
-P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 RECORD_FIELDS = ("kernel_id", "task", "source", "language", "generator", "algorithm", "knobs_json",
                  "parent_kernel_id", "mutation")
 FEATURE_FIELDS = COMPILE_FIELDS  # compile and source features (pipelines.forecasting.source_features)
@@ -215,7 +216,6 @@ def fit_many(jobs: Sequence[tuple[str, str, Mapping[str, Any]]], roles: Roles,
     return [results[i] for i in range(len(jobs))]
 
 
-HELD_OUT_MODEL = "kernelcast-surrogate-held-out"  # held-out task and style versions: scored, never promoted
 # bump when features or models change: a registered version is re-used only if equal
 # (3: every version is a pyfunc model of kernel sources, pipelines.forecasting.pyfunc)
 CODE_VERSION = "3"

@@ -45,13 +45,13 @@ from typing import Any
 
 import polars as pl
 
-from models.bins import NUM_BINS
+from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
 from models.registry.versions import COMMITTED_ONLY, EMBED_HEAD_TAG, WEIGHTS_TAG
 from models.training.gpu_host.bundle import BundleError, read_bundle
 from models.training.gpu_host.jobfile import write_json
 from pipelines.surrogates.code_embed import embed_head_file
+from warehouse.bin_edges import P_COLS
 
-P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 FORECASTS_FILE = "forecasts.parquet"
 TRAINING_FILE = "training.json"
 CODE_PAIRS_FILE = "code_training_pairs.parquet"
@@ -271,7 +271,6 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
     from models.calibration import Calibrator, fit_calibrator
     from models.registry.tracking import log_training_data, mlflow_experiment
     from models.registry.versions import find_versions, register_logged_model, register_surrogate
-    from pipelines.surrogates.classical import HELD_OUT_MODEL
     from warehouse.datasets import held_measurements, pair_measurement_ids
     from warehouse.lineage import record_model_lineage
 
@@ -285,7 +284,7 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
     for name in variants:
         record = training["variants"][name]
         settings, held = record["settings"], bool(record["settings"].get("held_out"))
-        model_name = HELD_OUT_MODEL if held else "kernelcast-surrogate"
+        model_name = HELD_OUT_MODEL if held else SURROGATE_MODEL
         trained = record["dataset_version"]
         key = {"kind": "llm", "committed_run": run.replace("/", "."), "committed_variant": name,
                "dataset_version": dataset_version or trained, "code_version": CODE_VERSION}
@@ -361,7 +360,6 @@ def register_ingested(con: Any, tracking_uri: str, data_dir: Path, run: str, dat
     """Register every variant `ingest` wrote into the committed run folder `run` (under data_dir)
     for a run scored on `dataset_version`, from the committed folder alone (what `kernelcast run`
     does); (variant, registered model, version) each, re-used when already registered."""
-    from pipelines.surrogates.classical import HELD_OUT_MODEL
 
     into = Path(data_dir) / run
     names = ingested_variants(into)
@@ -370,4 +368,4 @@ def register_ingested(con: Any, tracking_uri: str, data_dir: Path, run: str, dat
     versions = register_variants(con, tracking_uri, Path(data_dir), into, None, names, base_model, dataset_version, run_tags)
     held = {k: bool(v["settings"].get("held_out"))
             for k, v in json.loads((into / TRAINING_FILE).read_text())["variants"].items()}
-    return [(k, HELD_OUT_MODEL if held[k] else "kernelcast-surrogate", v) for k, v in versions.items()]
+    return [(k, HELD_OUT_MODEL if held[k] else SURROGATE_MODEL, v) for k, v in versions.items()]

@@ -22,8 +22,8 @@ import polars as pl
 
 from models.bins import NUM_BINS
 from models.calibration import Calibrator, fit_calibrator
+from warehouse.bin_edges import P_COLS
 
-P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 FORECASTS_FILE = "forecasts.parquet"
 TRAINING_FILE = "training.json"
 KEYS = ("hardware_id", "anchor_kernel_id", "candidate_kernel_id")

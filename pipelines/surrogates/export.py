@@ -147,11 +147,6 @@ def export_job(
     return meta
 
 
-def role_frame(meta: dict[str, Any], pairs: list[dict[str, Any]]) -> pl.DataFrame:
-    """The job's pairs as a frame, one row per (pair, role)."""
-    return pl.DataFrame([{**{k: p.get(k) for k in PAIR_FIELDS}, "role": r} for p in pairs for r in p["roles"]])
-
-
 def row_builder(con: duckdb.DuckDBPyConnection):
     """A function (pairs frame, style) -> training rows, reading sources, compile features,
     tasks and hardware from the warehouse once per call (what the GPU job builds on its host)."""

@@ -11,6 +11,7 @@ from typing import Any
 
 import duckdb
 
+from models.registry import SURROGATE_MODEL
 from models.registry.lifecycle import SurrogateVersion
 
 
@@ -62,7 +63,6 @@ def train_grpo_surrogates(warehouse_path: str | Path, tracking_uri: str, home: P
     from models.training.rows import build_training_rows
     from models.training.settings import TrainingSettings
     from pipelines.surrogates.export import NoDatasetVersion
-    from pipelines.surrogates.llm import SURROGATE_MODEL
     from warehouse.datasets import current_dataset_version, pair_measurement_ids
     from warehouse.db import connect
     from warehouse.lineage import read_model_lineage

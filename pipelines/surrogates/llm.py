@@ -31,6 +31,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
+from models.registry import SURROGATE_MODEL
 from pipelines.surrogates.committed import calibrated_variants, read_committed
 from pipelines.surrogates.remote_results import TRAINING_PAIRS_FILE
 from pipelines.surrogates.roles import Roles
@@ -89,7 +90,7 @@ def register_committed(
         raise FileNotFoundError(f"{adapter}: no committed adapter")
     key = {"kind": "llm", "committed_run": run.replace("/", "."), "committed_variant": variant,
            "dataset_version": dataset_version, "code_version": COMMITTED_CODE_VERSION}
-    found = find_versions(tracking_uri, "kernelcast-surrogate", **key)
+    found = find_versions(tracking_uri, SURROGATE_MODEL, **key)
     if found:
         return LlmVersion(found[0]["version"], found[0]["run_id"], True, f"committed:{run}/{variant}")
     _, training = read_committed(root)
@@ -174,7 +175,7 @@ def train_and_register(
     digest = hashlib.sha256(json.dumps([settings.as_params(), style, max_rows], sort_keys=True).encode()).hexdigest()
     key = {"kind": "llm", "training_key": f"supervised-{digest[:16]}",
            "dataset_version": dataset_version, "code_version": CODE_VERSION}
-    found = find_versions(tracking_uri, "kernelcast-surrogate", **key)
+    found = find_versions(tracking_uri, SURROGATE_MODEL, **key)
     if found:
         return LlmVersion(found[0]["version"], found[0]["run_id"], True, "supervised")
     fit = roles.fit.sort("pair_id")
@@ -227,7 +228,6 @@ def train_and_register(
     return LlmVersion(version, run_id, False, "supervised", metrics)
 
 
-SURROGATE_MODEL = "kernelcast-surrogate"
 LLM_SOURCES = ("committed", "supervised")  # surrogate.llm settings served here (grpo: pipelines.surrogates.grpo)
 
 

@@ -26,8 +26,8 @@ import polars as pl
 
 from models.bins import NUM_BINS
 from models.training.gpu_host.jobfile import JobError, read_job, write_json
+from warehouse.bin_edges import P_COLS
 
-P_COLS = [f"p{i}" for i in range(1, NUM_BINS + 1)]
 FORECASTS_FILE = "forecasts.parquet"
 TRAINING_FILE = "training.json"
 TRAINING_PAIRS_FILE = "training_pairs.parquet"

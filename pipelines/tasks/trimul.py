@@ -45,19 +45,6 @@ from pipelines.tasks.gpumode_utils import DisableCuDNNTF32, match_expected
 RTOL = 2e-2
 ATOL = 2e-2
 
-WEIGHT_NAMES = (
-    "norm.weight",
-    "norm.bias",
-    "left_proj.weight",
-    "right_proj.weight",
-    "left_gate.weight",
-    "right_gate.weight",
-    "out_gate.weight",
-    "to_out_norm.weight",
-    "to_out.weight",
-    "to_out_norm.bias",
-)  # in GPU MODE's draw order: each draw moves the global generator
-
 
 def generate_input(
     seed: int, seqlen: int, bs: int, dim: int, hiddendim: int, nomask: bool, distribution: str

@@ -2,7 +2,7 @@
 to cheat its verdict or its timing.
 
 `render(name, **params)` gives a kernel's source with its targets filled in (paths, a port, a
-secret), so the tests and the fault battery (pipelines/profiling/fault_injection.py) aim them at
+secret), so the tests and the fault battery (benchmarks/fault_injection.py) aim them at
 things they can watch.
 Every kernel returns the right answer only if its attack worked, and otherwise raises with what
 it observed, so an escape shows up as status ok and containment as a failure kind; the tests

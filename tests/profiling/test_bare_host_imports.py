@@ -25,7 +25,7 @@ print('imported', sys.argv[1])
 @pytest.mark.parametrize("module", [
     "pipelines.forecasting.source_features",
     "pipelines.profiling.worker",
-    "pipelines.profiling.call_times",
+    "benchmarks.call_times",
 ])
 def test_gpu_host_module_imports_without_the_platform_stack(module):
     proc = subprocess.run([sys.executable, "-c", _BLOCKER, module], cwd=ROOT, capture_output=True,

@@ -164,8 +164,8 @@ def test_a_slow_stretch_of_the_host_falls_on_both_loops_taken_call_by_call(monke
 
 def test_call_times_record_both_loops_in_the_order_made(tmp_path, monkeypatch, capfd):
     """`worker --call-times`: each gpumode case's timed calls go to the child's log, and
-    pipelines.profiling.call_times reads them back, a loop's calls as many as its reps."""
-    from pipelines.profiling import call_times
+    benchmarks.call_times reads them back, a loop's calls as many as its reps."""
+    from benchmarks import call_times
 
     _load_recorded(tmp_path, monkeypatch)
     kernel = tmp_path / "k.py"
@@ -202,7 +202,7 @@ def test_call_times_record_both_loops_in_the_order_made(tmp_path, monkeypatch, c
 def test_call_times_tell_a_loops_slow_first_call_from_a_slow_turn():
     """Call by call every timed call but a loop's first opens a turn, so the summary also says
     whether a slow call was the loop's first of the case (on the H100, 14 of 31 were)."""
-    from pipelines.profiling import call_times
+    from benchmarks import call_times
 
     # (loop, ms since the first, ms, wall ms, first of a turn): the kernel's first call slow,
     # then the reference's fourth, then two in a row, one of each loop

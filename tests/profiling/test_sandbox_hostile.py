@@ -23,7 +23,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.profiling import fault_injection, jail, layer_probe, sandbox_policy, taskload
+from benchmarks import fault_injection
+from pipelines.profiling import jail, layer_probe, sandbox_policy, taskload
 from pipelines.profiling.check import check_sources
 from pipelines.profiling.worker import WorkerConfig, run_batch
 from warehouse.formats import BATCH_SCHEMA
@@ -301,7 +302,7 @@ def test_jail_as_an_unprivileged_user_enters_its_own_namespaces(open_dir):
 
 @pytest.mark.slow
 def test_the_fault_battery_passes_on_the_cpu(tmp_path, capsys):
-    """pipelines.profiling.fault_injection, the GPU battery, on the interpreter: broken and hostile
+    """benchmarks.fault_injection, the GPU battery, on the interpreter: broken and hostile
     kernels get their kinds, nothing reaches outside (it checks), the worker survives."""
     code = fault_injection.main(["--device", "cpu", "--out-dir", str(tmp_path / "fi")])
     assert code == 0, capsys.readouterr().out[-3000:]

@@ -455,7 +455,7 @@ def test_the_reference_itself_measures_one_under_every_protocol(tmp_path, monkey
 
 
 def test_identical_code_rows_are_a_batch_of_the_reference_itself(tmp_path):
-    from pipelines.profiling import protocol_bench
+    from benchmarks import protocol_bench
     from pipelines.tasks import TASK_MODULES
 
     rows = protocol_bench.identical_code_rows(TASK_MODULES)

@@ -7,8 +7,8 @@ import polars as pl
 import pytest
 
 from models.bins import speedup_to_bin
+from models.registry import SURROGATE_MODEL as MODEL_NAME
 from pipelines.promotion.apply import (
-    MODEL_NAME,
     ForecastListingError,
     apply_promotion,
     forecast_errors,

@@ -13,15 +13,12 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 WRAPPERS = {
-    "bench_profiling.py": "pipelines.profiling.benchmarks",
     "commit_measurements.py": "warehouse.commit",
     "gpu_check_sdpa.py": "models.training.gpu_host.sdpa_check",
-    "gpu_fault_injection.py": "pipelines.profiling.fault_injection",
-    "gpu_harness_bench.py": "pipelines.profiling.harness_bench",
-    "parse_fuzz_bench.py": "models.parse_fuzz",
 }
-GPU_HOST_MODULES = ("pipelines.profiling.worker", "pipelines.profiling.benchmarks", "pipelines.profiling.fault_injection",
-                    "pipelines.profiling.harness_bench", "models.training.gpu_host.sdpa_check")
+GPU_HOST_MODULES = ("pipelines.profiling.worker", "benchmarks.profiling", "benchmarks.fault_injection",
+                    "benchmarks.harness_bench", "benchmarks.call_times", "benchmarks.third_party_batch",
+                    "models.training.gpu_host.sdpa_check")
 
 
 @pytest.mark.parametrize(("script", "module"), sorted(WRAPPERS.items()))

@@ -99,7 +99,7 @@ def test_gpu_search_round_script_runs_every_stage_on_cpu(tmp_path):
 
 
 def test_the_gpu_host_path_imports_no_polars_duckdb_dagster_or_mlflow():
-    code = ("import sys; import pipelines.search.live, pipelines.search.autotune_demo, pipelines.search.autotune; "
+    code = ("import sys; import pipelines.search.live, benchmarks.autotune_demo, pipelines.search.autotune; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('polars', 'duckdb', 'dagster', 'mlflow')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)

@@ -98,8 +98,8 @@ def test_autotune_hook_benchmarks_only_the_forecasters_top_k():
     import torch
     import triton
 
+    from benchmarks.autotune_demo import TUNABLES, _fresh_kernel
     from pipelines.search.autotune import surrogate_pruning
-    from pipelines.search.autotune_demo import TUNABLES, _fresh_kernel
 
     tunable = TUNABLES["softmax"]
     configs = [triton.Config({"BLOCK_N": b}, num_warps=w, num_stages=1) for b in (128, 256, 512) for w in (1, 2)]
@@ -136,7 +136,7 @@ def test_autotune_hook_refuses_bad_top_k_and_ranks_invalid_configs_last():
 
 
 def test_autotune_demo_runs_pruned_then_exhaustive_on_cpu(tmp_path):
-    from pipelines.search.autotune_demo import main
+    from benchmarks.autotune_demo import main
 
     path = tmp_path / "f.pkl"
     path.write_bytes(pickle.dumps(PreferBigBlocks()))

@@ -102,8 +102,8 @@ def _committed_run(root, tiny, trained_on: str, pairs: list[dict] | None) -> Non
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
-    from pipelines.surrogates.committed import P_COLS
     from pipelines.surrogates.remote_results import TRAINING_PAIRS_FILE, training_pairs_frame
+    from warehouse.bin_edges import P_COLS
 
     adapter = root / "adapters" / "lora"
     get_peft_model(AutoModelForCausalLM.from_pretrained(str(tiny)),

@@ -32,10 +32,7 @@ PAIRS_FILE = "pairs.parquet"
 KERNELS_FILE = "kernels.parquet"
 BUNDLE_FORMAT = 1
 ROLES = ("fit", "calibration", "eval", "external", "held_out_fit", "held_out_calibration", "held_out_eval")
-TRAIN_ROLES = ("fit", "calibration", "held_out_fit", "held_out_calibration")
 SCORED_ROLES = ("eval", "external", "held_out_eval")
-# The report split a forecast of each scored role belongs to (pipelines.surrogates.roles.SPLITS).
-SPLIT_OF_ROLE = {"eval": "in_distribution", "external": "external", "held_out_eval": "held_out_task"}
 
 
 class BundleError(ValueError):

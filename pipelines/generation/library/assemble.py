@@ -106,11 +106,6 @@ def _guarded(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> str | None:
     return None
 
 
-def loaded_names(tree: ast.AST) -> set[str]:
-    """Every name read anywhere in `tree` (a Name in Load context)."""
-    return {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
-
-
 _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef, ast.ListComp, ast.SetComp,
            ast.DictComp, ast.GeneratorExp)
 

@@ -4,7 +4,7 @@ For each manifest entry: find its repository among the fetched copies, read its 
 pinned commit, assemble one module with its adapter (assemble.py) and write
 
     FOLDER/<task>/<entry id>.py          the module (a kernel file the worker and
-                                          pipelines.profiling.third_party_batch read)
+                                          benchmarks.third_party_batch read)
     FOLDER/kernels-library.parquet       KERNEL_BATCH_SCHEMA rows: kernel_id = sha256 of the
                                           normalised module, generator "library:<repo>",
                                           algorithm = entry id

@@ -1,6 +1,6 @@
 """Autotune one task's kernel with and without a forecaster pruning the configs.
 
-    python3 -m pipelines.search.autotune_demo --task softmax --forecaster-file F.pkl [--forecaster-file G.pkl]
+    python3 -m benchmarks.autotune_demo --task softmax --forecaster-file F.pkl [--forecaster-file G.pkl]
         [--uniform] [--top-k 0.25] [--case 0] [--device cuda|cpu] --out autotune.json
 
 The kernel is a family of the task's space (softmax: online_two_pass) with its algorithm
@@ -140,7 +140,7 @@ def run_phase(task_obj, tunable: Tunable, configs: list, data, prune: dict | Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m pipelines.search.autotune_demo", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python3 -m benchmarks.autotune_demo", description=__doc__.splitlines()[0])
     ap.add_argument("--task", default="softmax", choices=sorted(TUNABLES))
     ap.add_argument("--forecaster-file", action="append", default=[], help="pickled forecaster (repeatable)")
     ap.add_argument("--uniform", action="store_true", help="also prune with the uniform forecaster (ties: config order)")

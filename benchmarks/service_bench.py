@@ -1,6 +1,6 @@
 """The measuring service on one GPU: a live search to its full budget, then identical code.
 
-    python3 -m pipelines.search.service_bench --out OUT [--tasks softmax,rms_norm,layer_norm]
+    python3 -m benchmarks.service_bench --out OUT [--tasks softmax,rms_norm,layer_norm]
         [--seeds 2] [--budget 12] [--forecaster-file F.pkl] [--identical-tasks ...]
         [--protocols kernelcast,gpumode] [--compile-workers 12] [--deadline-s 270] [--device cuda|cpu]
 
@@ -47,7 +47,7 @@ import pyarrow.parquet as pq
 
 from pipelines.profiling import service_queue as sq
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 IDENTICAL_TOLERANCE = 0.02
 
 
@@ -123,7 +123,7 @@ class Service:
 
 
 def identical_rows(tasks: list[str], copies: int) -> list[dict]:
-    from pipelines.profiling.protocol_bench import identical_code_rows
+    from benchmarks.protocol_bench import identical_code_rows
 
     rows = []
     for r in identical_code_rows(tasks):
@@ -165,7 +165,7 @@ def _service_numbers(status: dict) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python3 -m pipelines.search.service_bench", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python3 -m benchmarks.service_bench", description=__doc__.splitlines()[0])
     ap.add_argument("--out", required=True, help="output folder")
     ap.add_argument("--tasks", default="softmax,rms_norm,layer_norm")
     ap.add_argument("--seeds", type=int, default=2)

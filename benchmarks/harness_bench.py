@@ -1,15 +1,15 @@
 """The harness on the GPU: the same committed kernels under the kernelcast and gpumode protocols,
 published GPU MODE TriMul submissions unmodified under both, and the hostile fault battery.
 
-    python3 -m pipelines.profiling.harness_bench --out OUT --deadline-s 1500     # on one H200
-    python3 -m pipelines.profiling.harness_bench --out /tmp/b --device cpu --n 4 --no-fault   # CPU dry run
-    python3 -m pipelines.profiling.harness_bench --out p1 --part 1/2 ...   # one half of the kernels,
-    python3 -m pipelines.profiling.harness_bench --out p2 --part 2/2 ...   # the other half,
-    python3 -m pipelines.profiling.harness_bench --out all --merge p1 p2   # one report of both
+    python3 -m benchmarks.harness_bench --out OUT --deadline-s 1500     # on one H200
+    python3 -m benchmarks.harness_bench --out /tmp/b --device cpu --n 4 --no-fault   # CPU dry run
+    python3 -m benchmarks.harness_bench --out p1 --part 1/2 ...   # one half of the kernels,
+    python3 -m benchmarks.harness_bench --out p2 --part 2/2 ...   # the other half,
+    python3 -m benchmarks.harness_bench --out all --merge p1 p2   # one report of both
 
 1. Draws --n committed kernels (default 100: 2 trimul, 12 or 13 of each other task) that an earlier
    H200 run measured correct, sources included (data/measurements/h200/kernels-*.parquet,
-   pipelines/profiling/protocol_bench.py), and adds every *.py of --submissions (published TriMul
+   benchmarks/protocol_bench.py), and adds every *.py of --submissions (published TriMul
    submissions, unmodified, task trimul) before the committed kernels, which go round-robin over
    tasks (a run cut short by its budget loses kernels of every task alike).
 2. Runs the profiling worker on that batch under --protocol kernelcast and --protocol gpumode,
@@ -20,7 +20,7 @@ published GPU MODE TriMul submissions unmodified under both, and the hostile fau
    kernels/s under either protocol: 100 kernels and six submissions need about 600 s, more than
    one run on a GPU host may last, so --part K/N measures every N-th kernel (submissions go
    with part 1) and --merge puts the parts' result files into one report.
-3. Runs the fault battery (pipelines/profiling/fault_injection.py: broken and hostile kernels) on
+3. Runs the fault battery (benchmarks/fault_injection.py: broken and hostile kernels) on
    the GPU; --no-fault skips it.
 4. Writes into --out (7 files): results-kernelcast.parquet, results-gpumode.parquet (the committed
    kernels' rows, RESULT_SCHEMA, ingestable), submissions-kernelcast.parquet,
@@ -47,7 +47,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipelines.profiling import protocol_bench as bench
+from benchmarks import protocol_bench as bench
 from pipelines.profiling.sandbox_policy import REPO_ROOT
 from warehouse.formats import RESULT_SCHEMA
 
@@ -163,7 +163,7 @@ def run_fault(work: Path, device: str, gpu: str, seconds: float) -> dict:
     out_dir = work / "fault"
     shutil.rmtree(out_dir, ignore_errors=True)
     env = dict(os.environ, CUDA_VISIBLE_DEVICES=gpu) if device == "cuda" else dict(os.environ)
-    cmd = [sys.executable, "-m", "pipelines.profiling.fault_injection", "--device", device, "--out-dir",
+    cmd = [sys.executable, "-m", "benchmarks.fault_injection", "--device", device, "--out-dir",
            str(out_dir), "--good-copies", "2", "--timeout-s", "15"]
     try:
         proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env, text=True, capture_output=True, timeout=max(seconds, 30.0))

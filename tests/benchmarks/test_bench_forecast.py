@@ -1,4 +1,4 @@
-"""scripts/bench_forecast.py as on a GPU host: no mlflow, polars, duckdb or dagster, the cost model
+"""benchmarks/forecast.py as on a GPU host: no mlflow, polars, duckdb or dagster, the cost model
 from an exported forecaster file; it times its batch and says what it skipped."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def test_the_benchmark_runs_on_a_host_without_the_stack(tmp_path, monkeypatch):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
     env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path / 'site'}:{ROOT}", "OMP_NUM_THREADS": "1"}
-    run = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_forecast.py"), "--forecaster-file",
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "forecast.py"), "--forecaster-file",
                           str(tmp_path / "f.pkl"), "--count", "3", "--workers", "1", "--measured-per-s", "1.5",
                           "--json"], capture_output=True, text=True, env=env, cwd=str(tmp_path), timeout=600)
     assert run.returncode == 0, run.stderr[-2000:]

@@ -1,5 +1,5 @@
 """The harness benchmark's CPU-testable parts: the kernel draw, the protocol comparison, the
-submissions table, and the whole benchmark (pipelines.profiling.harness_bench) on the CPU
+submissions table, and the whole benchmark (benchmarks.harness_bench) on the CPU
 (Triton interpreter) with a GPU MODE-style submission written for these tests."""
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.profiling import harness_bench
-from pipelines.profiling import protocol_bench as bench
+from benchmarks import harness_bench
+from benchmarks import protocol_bench as bench
 from warehouse.formats import RESULT_SCHEMA
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,7 +2,7 @@
 (transformers parsing the file for each use, against once), and vLLM's offline engine reading
 four compact prompts in each given dtype ("auto" is what a user gets):
 
-    python3 scripts/bench_base_model_cpu.py [--vllm-python .vllm-venv/bin/python] [--dtypes auto bfloat16 float32]
+    python3 benchmarks/base_model_cpu.py [--vllm-python .vllm-venv/bin/python] [--dtypes auto bfloat16 float32]
 
 Prints seconds per step. Conversions go into a temporary folder; the second one's files are
 compared with the first's.

@@ -1,6 +1,6 @@
 """Fuzz benchmark of the answer parser (models.parsing): crashes, outcomes and time against length.
 
-    python3 -m models.parse_fuzz [--n 10000] [--seed 0] [--max-chars 8000] [--json]
+    python3 -m benchmarks.parse_fuzz [--n 10000] [--seed 0] [--max-chars 8000] [--json]
 
 The model answers it parses come from here too: `answers(n, seed)` yields (kind, text, expected bin or None), deterministic by seed; the kinds mix
 what a sampled LM writes (an answer in prose, fenced, with braces and quotes in its reasoning),

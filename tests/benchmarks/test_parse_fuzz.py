@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from models.parse_fuzz import HOSTILE, answers, hostile
+from benchmarks.parse_fuzz import HOSTILE, answers, hostile
 from models.parsing import parse_forecast
 
 

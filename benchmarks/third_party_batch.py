@@ -5,7 +5,7 @@ The folder holds third-party code fetched at run time, never part of the reposit
     DIR/<task>/<name>.py      one kernel module per file (custom_kernel(data)), the task from the
                               folder name; `DIR/<task>/` of an unknown task is refused
 
-    python3 -m pipelines.profiling.third_party_batch DIR --out batch.parquet [--names names.json]
+    python3 -m benchmarks.third_party_batch DIR --out batch.parquet [--names names.json]
 
 Every file becomes one batch row in KERNEL_BATCH_SCHEMA: kernel id = sha256 of the normalised
 source (the warehouse's content address, so a measurement of it ingests like any other), generator

@@ -2,7 +2,7 @@
 bootstrap included) on synthetic forecasts, and print a digest of the result, so two checkouts
 can be compared for speed and for identical numbers:
 
-    python3 scripts/bench_evaluation.py [--pairs 2600] [--n-boot 1000] [--repo CHECKOUT]
+    python3 benchmarks/evaluation.py [--pairs 2600] [--n-boot 1000] [--repo CHECKOUT]
 
 Four forecasters are scored (Dirichlet-random, uniform, one-hot oracle, a coarse one with many
 tied scores) over nine tasks, with parent pairs for the discovery metrics.

@@ -1,4 +1,4 @@
-"""The profiling benchmarks (pipelines.profiling.benchmarks) on small result files: the batch
+"""The profiling benchmarks (benchmarks.profiling) on small result files: the batch
 bookkeeping between the calls on a GPU host (subset, remaining) and the repeatability comparison."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.profiling import benchmarks
+from benchmarks import profiling
 
 
 def _results(path: Path, speedups: dict[str, float | None]) -> str:
@@ -31,7 +31,7 @@ def test_remaining_keeps_batch_order_and_retries_only_infrastructure_failures(tm
     pq.write_table(pa.table({"kernel_id": ["k4", "k5"], "status": ["failed", "failed"],
                              "failure_kind": ["incorrect", "infrastructure"]}), run2)
     out = tmp_path / "rest.parquet"
-    report = benchmarks.remaining(str(batch), [run1, str(run2)], str(out))
+    report = profiling.remaining(str(batch), [run1, str(run2)], str(out))
     assert report == {"batch": 5, "done": 2, "remaining": 3, "out": str(out)}
     assert pq.read_table(out).column("kernel_id").to_pylist() == ["k1", "k3", "k5"]
     assert pq.read_table(out).column_names == ["kernel_id", "source"]
@@ -42,15 +42,15 @@ def test_subset_picks_only_correct_kernels_deterministically(tmp_path):
     ids = [f"k{i}" for i in range(10)]
     pq.write_table(pa.table({"kernel_id": ids}), batch)
     run = _results(tmp_path / "r.parquet", {k: (None if k in ("k0", "k1") else 1.0 + i) for i, k in enumerate(ids)})
-    a = benchmarks.subset(run, str(batch), 5, str(tmp_path / "a.parquet"), seed=3)
-    benchmarks.subset(run, str(batch), 5, str(tmp_path / "b.parquet"), seed=3)
+    a = profiling.subset(run, str(batch), 5, str(tmp_path / "a.parquet"), seed=3)
+    profiling.subset(run, str(batch), 5, str(tmp_path / "b.parquet"), seed=3)
     picked = pq.read_table(tmp_path / "a.parquet").column("kernel_id").to_pylist()
     assert a["written"] == 5 and picked == pq.read_table(tmp_path / "b.parquet").column("kernel_id").to_pylist()
     assert not {"k0", "k1"} & set(picked)
 
 
 def test_remaining_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
-    code = benchmarks.main(["remaining", str(tmp_path / "nope.parquet"), str(tmp_path / "r.parquet"),
+    code = profiling.main(["remaining", str(tmp_path / "nope.parquet"), str(tmp_path / "r.parquet"),
                                  "--out", str(tmp_path / "x.parquet")])
     assert code == 2 and capsys.readouterr().err.startswith("error:")
 
@@ -59,7 +59,7 @@ def test_remaining_cli_reports_a_missing_file_in_one_line(tmp_path, capsys):
 def test_compare_measures_the_log2_ratio_between_runs(tmp_path, shift):
     a = _results(tmp_path / "a.parquet", {f"k{i}": 1.0 + i for i in range(20)})
     b = _results(tmp_path / "b.parquet", {f"k{i}": (1.0 + i) * shift for i in range(20)})
-    report = benchmarks.compare(a, b)
+    report = profiling.compare(a, b)
     assert report["common"] == 20 and report["spearman"] == pytest.approx(1.0)
     assert report["median_abs_log2"] == pytest.approx(math.log2(shift), abs=1e-9)
     assert report["p95_abs_log2"] == pytest.approx(math.log2(shift), abs=1e-9)
@@ -78,7 +78,7 @@ def test_throughput_counts_correct_kernels_per_hour_and_the_measuring_share(tmp_
         "measured_at": [t0 + dt.timedelta(seconds=10 * i) for i in range(n)],
         "compile_s": [1.0] * n, "check_s": [0.5, 0.5, 0.5, None], "time_s": [2.0, 2.0, 2.0, None]}), tmp_path / "r.parquet")
     (tmp_path / "s.json").write_text(json.dumps({"elapsed_s": 30.0, "measured_now": n}))
-    report = benchmarks.throughput(str(tmp_path / "r.parquet"), str(tmp_path / "s.json"))
+    report = profiling.throughput(str(tmp_path / "r.parquet"), str(tmp_path / "s.json"))
     assert report["ok_per_gpu_hour"] == pytest.approx(3 / 30 * 3600)
     assert report["ok_per_gpu_hour_steady"] == pytest.approx(3 / 30 * 3600)  # 30 s from first to last row
     assert report["measuring_share"] == pytest.approx(7.5 / 30)
@@ -97,11 +97,11 @@ def test_throughput_many_sums_correct_kernels_over_gpu_seconds(tmp_path):
             "measured_at": [t0 + dt.timedelta(seconds=i) for i in range(n)],
             "compile_s": [1.0] * n, "check_s": [0.1] * n, "time_s": [0.2] * n}), tmp_path / f"results-{name}.parquet")
         (tmp_path / f"summary-{name}.json").write_text(json.dumps({"elapsed_s": wall, "measured_now": n}))
-    report = benchmarks.throughput_many([str(tmp_path / "results-a.parquet"), str(tmp_path / "results-b.parquet")])
+    report = profiling.throughput_many([str(tmp_path / "results-a.parquet"), str(tmp_path / "results-b.parquet")])
     assert (report["correct"], report["gpu_s"]) == (7, 90.0)
     assert report["ok_per_gpu_hour"] == round(7 / 90 * 3600)
     assert report["results-a"].startswith("2 correct in 30.0 s")
     (tmp_path / "summary-b.json").unlink()
     with pytest.raises(OSError, match="no run summary beside it"):
-        benchmarks.throughput_many([str(tmp_path / "results-b.parquet")])
+        profiling.throughput_many([str(tmp_path / "results-b.parquet")])
 

@@ -1,8 +1,8 @@
 """Fault injection for the profiling worker: broken and hostile kernels must fail the right way and
 reach nothing outside their sandbox; good ones get measured.
 
-    python3 -m pipelines.profiling.fault_injection --out-dir OUT/fault             # on the H200
-    python3 -m pipelines.profiling.fault_injection --device cpu --out-dir /tmp/fi  # anywhere (interpreter)
+    python3 -m benchmarks.fault_injection --out-dir OUT/fault             # on the H200
+    python3 -m benchmarks.fault_injection --device cpu --out-dir /tmp/fi  # anywhere (interpreter)
 
 Builds a batch of task `tiny_scale` (y = 2x + 1) kernels: good Triton and PyTorch kernels (several
 copies each, so compiles run in parallel), the broken ones of tests/fixtures_kernels (syntax

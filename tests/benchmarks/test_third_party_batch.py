@@ -7,7 +7,7 @@ import json
 import pyarrow.parquet as pq
 import pytest
 
-from pipelines.profiling.third_party_batch import EXTERNAL_PREFIX, external_rows, main
+from benchmarks.third_party_batch import EXTERNAL_PREFIX, external_rows, main
 from warehouse.ids import kernel_id
 
 KERNEL = "import torch\n\ndef custom_kernel(data):\n    (x,) = data\n    return torch.softmax(x.float(), -1).to(x.dtype)\n"

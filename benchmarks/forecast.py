@@ -1,7 +1,7 @@
 """How fast the registered surrogates forecast fresh kernels: warm batches in process, and one
 file through `kernelcast forecast`.
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_forecast.py [--home H] [--task softmax] [--count 40]
+    PYTHONPATH=. .venv/bin/python benchmarks/forecast.py [--home H] [--task softmax] [--count 40]
         [--models champion-external,champion] [--workers 2] [--cli-repeats 3] [--json]
 
 For each model (an alias of models:/kernelcast-surrogate, a models:/ URI, kind:<kind>, ...):
@@ -18,7 +18,7 @@ and kept in <home>/feature-cache, as for a user who forecasts file after file).
 On a GPU host (no mlflow, polars or duckdb; `kernelcast export-forecaster` wrote the cost model
 as a numpy-and-pandas file):
 
-    python3 scripts/bench_forecast.py --forecaster-file F.pkl --task softmax --count 400 --workers 12 \\
+    python3 benchmarks/forecast.py --forecaster-file F.pkl --task softmax --count 400 --workers 12 \\
         [--measured-per-s R]
 
 times the same batch through the exported cost model (its reader the same children, kept up);
@@ -86,10 +86,11 @@ def timed_batches(forecast: Any, anchor: str, warmup: list[str], batch: list[str
 
 def bench_registered(model: str, home: Path, task: str, anchor: str, warmup: list[str], batch: list[str],
                      workers: int) -> dict[str, Any]:
+    from models.registry import SURROGATE_MODEL
     from pipelines.forecasting.load import load_forecaster
     from pipelines.forecasting.sources import SourceForecaster
 
-    ref = model if ":" in model else f"models:/kernelcast-surrogate@{model}"
+    ref = model if ":" in model else f"models:/{SURROGATE_MODEL}@{model}"
     uri = f"sqlite:///{(home / 'mlflow.db').resolve()}"
     t0 = time.perf_counter()
     try:

@@ -2,7 +2,7 @@
 over every committed kernel, the way kernel_features counts them against a plain `re.findall`
 per pattern, and check both give the same numbers:
 
-    python3 scripts/bench_source_counts.py [--rounds 2]
+    python3 benchmarks/source_counts.py [--rounds 2]
 
 Prints the seconds of each way per round and their ratio.
 """

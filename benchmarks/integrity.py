@@ -2,7 +2,7 @@
 kernel) with its quick "nothing changed" test and with the full comparison alone, in turn, in one
 process, after loading every task as the measuring child does:
 
-    python3 scripts/bench_integrity.py [--calls 200] [--rounds 3]
+    python3 benchmarks/integrity.py [--calls 200] [--rounds 3]
 
 Prints the milliseconds a check of each way per round and their ratio, and checks that both
 find nothing on an untouched process.

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipelines.search import service_bench
+from benchmarks import service_bench
 
 
 @pytest.mark.slow

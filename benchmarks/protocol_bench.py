@@ -1,6 +1,6 @@
 """The kernelcast-versus-gpumode benchmark: which kernels, and what the two protocols' rows say.
 
-scripts/gpu_harness_bench.py runs it on a GPU host; this module holds what it computes, so the
+`python3 -m benchmarks.harness_bench` runs it on a GPU host; this module holds what it computes, so the
 CPU tests check the same code:
 
 * `draw_kernels`: a deterministic draw of committed kernels (data/measurements/<hw>/kernels-*.parquet,

@@ -3,7 +3,7 @@ library set that `python -m pipelines.generation.library build` writes, a style 
 written to a file and read as `kernelcast forecast` reads files (with its default settings),
 one task at a time; prints each refusal and the count per task.
 
-    python scripts/bench_reader.py FOLDER/kernels-library.parquet [--workers 2] [--name-column algorithm]
+    python benchmarks/reader.py FOLDER/kernels-library.parquet [--workers 2] [--name-column algorithm]
 
 The reader is whatever `pipelines.forecasting.files.read_kernel_files` is on the path, so the same
 command on an older checkout (PYTHONPATH=<that checkout>) gives the figures before a change.

@@ -1,16 +1,16 @@
 """Profiling benchmarks from result files: throughput, repeatability, protocol comparison.
 
     # (a) throughput: correct measured kernels per GPU-hour, end to end
-    python3 -m pipelines.profiling.benchmarks throughput RUN.parquet [--summary RUN.summary.json]
+    python3 -m benchmarks.profiling throughput RUN.parquet [--summary RUN.summary.json]
     # ... over several runs (GPUs, calls): each results-X.parquet with its summary-X.json beside it
-    python3 -m pipelines.profiling.benchmarks throughput-many results-X.parquet results-Y.parquet ...
+    python3 -m benchmarks.profiling throughput-many results-X.parquet results-Y.parquet ...
     # (b) repeatability: build a re-measure batch from a run, measure it again, compare
-    python3 -m pipelines.profiling.benchmarks subset RUN.parquet BATCH.parquet --n 200 --out REPEAT_BATCH.parquet
-    python3 -m pipelines.profiling.benchmarks compare RUN.parquet REPEAT.parquet
+    python3 -m benchmarks.profiling subset RUN.parquet BATCH.parquet --n 200 --out REPEAT_BATCH.parquet
+    python3 -m benchmarks.profiling compare RUN.parquet REPEAT.parquet
     # (c) our protocol vs the paper's on the same kernels (and each protocol against itself)
-    python3 -m pipelines.profiling.benchmarks compare KERNELCAST.parquet PAPER.parquet
+    python3 -m benchmarks.profiling compare KERNELCAST.parquet PAPER.parquet
     # the rest of a batch after earlier runs (a later run on the same batch; infrastructure failures are retried)
-    python3 -m pipelines.profiling.benchmarks remaining BATCH.parquet RUN1.parquet [RUN2.parquet ...] --out REST.parquet
+    python3 -m benchmarks.profiling remaining BATCH.parquet RUN1.parquet [RUN2.parquet ...] --out REST.parquet
 
 `compare` joins two result files on kernel_id (both ok) and reports, over the common
 kernels, the median and 95th percentile of |log2(speedup_a / speedup_b)|, the share within

@@ -6,7 +6,7 @@ the order they were made (runner.Measurer.paired_case_steps, timing.Turns.record
 reads them and says where the two loops' means part: GPU MODE's statistic is the mean of at most
 100 calls, so a stretch of slow calls that falls on one loop moves that loop's mean alone.
 
-    python3 -m pipelines.profiling.call_times D [--json] [--slow 1.5]
+    python3 -m benchmarks.call_times D [--json] [--slow 1.5]
 
 Per case and loop: calls, median, mean, mean over median, and the slow calls (above `--slow`
 times the loop's median), with how many were the first of a turn and how many the loop's first
@@ -24,7 +24,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
-CALL_TIMES_TAG = "call-times "  # the prefix of a log line that holds one case's calls (runner.py writes it)
+from pipelines.profiling.results import CALL_TIMES_TAG
+
 SLOW = 1.5  # a call above this many times its loop's median is slow
 
 
@@ -122,7 +123,7 @@ def lines(summaries: Iterable[dict]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m pipelines.profiling.call_times",
+    ap = argparse.ArgumentParser(prog="python3 -m benchmarks.call_times",
                                  description="Summarise the per-call times that `worker --call-times` left in its children's logs.")
     ap.add_argument("log_dir", help="the worker's --log-dir")
     ap.add_argument("--slow", type=float, default=SLOW, help=f"a call above this many times its loop's median is slow (default {SLOW})")

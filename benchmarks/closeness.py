@@ -1,7 +1,7 @@
 """Time allclose_check's torch ops against its fused pass (pipelines/tasks/closeness.py) on the
 tasks' own output shapes and dtypes, side by side on the same tensors:
 
-    python3 -m scripts.bench_closeness [--reps 20] [--tasks softmax,cross_entropy]
+    python3 -m benchmarks.closeness [--reps 20] [--tasks softmax,cross_entropy]
 
 (as a module from the repository root, so the packages import on a GPU host where kernelcast is
 not installed).
