@@ -2,10 +2,10 @@
 applied), a base model or local checkpoint, an OpenAI-compatible endpoint.
 
 The prompt of a pair is the one the surrogate was trained on (made by the training row
-builder, models.training.rows.pair_prompt): task description, the two sources (the task reference shown as its PyTorch
-body), the device's fingerprint, and with "+features" styles the benchmark shapes and each
-side's compile features; a record without compile features shows n/a, one without generator
-metadata is read like any other.
+builder, models.training.rows.pair_prompt): task description, the two sources (the task
+reference shown as its PyTorch body), the device's fingerprint, and with "+features" styles the
+benchmark shapes and each side's compile features; a record without compile features shows
+n/a, one without generator metadata is read like any other.
 
 Numbers: `forecast_pairs` and `forecast_rows` are the evaluation's (an unparsed answer counts as
 uniform, then the version's calibrator applies to every row: llm_shards' rows);
