@@ -1,5 +1,10 @@
 """Training rows: one chat prompt per training pair, with its true bin, and the rows whose prompt
-fits the model's context."""
+fits the model's context.
+
+`pair_prompt` is the one builder of a pair's prompt: the surrogates were trained on its text, so
+the evaluation's and the forecasting adapters' prompts are made by it too (a prompt differing by
+a byte from the training text is a different input to the model).
+"""
 
 from __future__ import annotations
 
@@ -40,37 +45,51 @@ def build_training_rows(
         KeyError: a kernel source or task description is missing (one line naming it).
     """
     per_id = bool(hardware) and all(isinstance(v, Mapping) for v in hardware.values())
-    features = features or {}
     rows = []
     items = pairs.iter_rows(named=True) if hasattr(pairs, "iter_rows") else pairs
     for pair in items:
-        for key in ("anchor_kernel_id", "candidate_kernel_id"):
-            if pair[key] not in kernels:
-                raise KeyError(f"pair {pair.get('pair_id')}: no source for kernel {pair[key]}")
-        if pair["task"] not in tasks:
-            raise KeyError(f"pair {pair.get('pair_id')}: no description for task {pair['task']!r}")
-        task = tasks[pair["task"]]
-        description = task if isinstance(task, str) else task["description"]
-        cases = None if isinstance(task, str) else task.get("benchmark_cases")
         hw = hardware.get(pair.get("hardware_id"), {}) if per_id else hardware
-        rows.append(
-            {
-                "prompt": build_prompt(
-                    pair["task"],
-                    description,
-                    kernels[pair["anchor_kernel_id"]],
-                    kernels[pair["candidate_kernel_id"]],
-                    dict(hw),
-                    style,
-                    benchmark_cases=cases,
-                    anchor_features=features.get(pair["anchor_kernel_id"]),
-                    candidate_features=features.get(pair["candidate_kernel_id"]),
-                ),
-                "true_bin": int(pair["true_bin"]),
-                "pair_id": str(pair["pair_id"]),
-            }
-        )
+        rows.append({"prompt": pair_prompt(pair, kernels, tasks, hw, style, features),
+                     "true_bin": int(pair["true_bin"]), "pair_id": str(pair["pair_id"])})
     return rows
+
+
+def pair_prompt(
+    pair: Mapping[str, Any],
+    kernels: Mapping[str, str],
+    tasks: Mapping[str, str] | Mapping[str, Mapping[str, Any]],
+    hardware: Mapping[str, Any],
+    style: str = "diff",
+    features: Mapping[str, Mapping[str, Any] | None] | None = None,
+) -> list[dict[str, str]]:
+    """The chat messages of one pair, as the surrogates were trained on them.
+
+    Args:
+        pair: task, anchor_kernel_id, candidate_kernel_id (pair_id names it in errors).
+        kernels: kernel_id -> the source the model reads (the task reference as its PyTorch
+            body: pipelines.evaluation.lm_forecasts.prompt_source).
+        tasks: as `build_training_rows`' (the benchmark cases shown by "+features" styles).
+        hardware: the pair's device fingerprint.
+        style: prompt style (models/prompts.py).
+        features: kernel_id -> compile features for "+features" styles (absent or None: n/a).
+    Returns:
+        [{"role": "system", ...}, {"role": "user", ...}].
+    Raises:
+        KeyError: a kernel source or task description is missing (one line naming it).
+    """
+    for key in ("anchor_kernel_id", "candidate_kernel_id"):
+        if pair[key] not in kernels:
+            raise KeyError(f"pair {pair.get('pair_id')}: no source for kernel {pair[key]}")
+    if pair["task"] not in tasks:
+        raise KeyError(f"pair {pair.get('pair_id')}: no description for task {pair['task']!r}")
+    task = tasks[pair["task"]]
+    description = task if isinstance(task, str) else task["description"]
+    cases = None if isinstance(task, str) else task.get("benchmark_cases")
+    features = features or {}
+    return build_prompt(pair["task"], description, kernels[pair["anchor_kernel_id"]],
+                        kernels[pair["candidate_kernel_id"]], dict(hardware), style, benchmark_cases=cases,
+                        anchor_features=features.get(pair["anchor_kernel_id"]),
+                        candidate_features=features.get(pair["candidate_kernel_id"]))
 
 
 def prompt_tokens(tokenizer: Any, prompt: Any) -> int:

@@ -1,8 +1,10 @@
 """Forecasts of a language model (base or trained surrogate) on curated pairs.
 
 Turns each pair into the method's prompt (task description, anchor and candidate sources, the
-measured device's hardware table; never a runtime), runs any `models.backends.Forecaster`, and
-returns rows for the warehouse `forecasts` table. The task reference is stored as a thin wrapper
+measured device's hardware table; never a runtime; with "+features" styles the benchmark shapes
+and each kernel's compile features), runs any `models.backends.Forecaster`, and returns rows for
+the warehouse `forecasts` table. The prompt is the training row builder's
+(models.training.rows.pair_prompt), byte for byte. The task reference is stored as a thin wrapper
 module, so its prompt shows the reference's actual PyTorch code instead.
 """
 
@@ -10,13 +12,13 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import polars as pl
 
 from models.backends import Forecaster, ForecastRequest
-from models.prompts import build_prompt
+from models.training.rows import pair_prompt
 from pipelines.tasks import TASK_MODULES, get_task
 
 
@@ -28,6 +30,12 @@ def prompt_source(task: str, source: str, generator: str | None) -> str:
     return source
 
 
+def task_facts(task: str) -> dict[str, Any]:
+    """What a prompt tells of a task: its description and benchmark cases (the training rows' form)."""
+    spec = get_task(task)
+    return {"description": spec.description, "benchmark_cases": [dict(c) for c in spec.benchmark_cases]}
+
+
 def sample_pairs(pairs: pl.DataFrame, per_task: int | None) -> pl.DataFrame:
     """The first `per_task` pairs of each task by pair id (all when None): deterministic."""
     ordered = pairs.sort("task", "pair_id")
@@ -36,7 +44,8 @@ def sample_pairs(pairs: pl.DataFrame, per_task: int | None) -> pl.DataFrame:
 
 def forecast_pairs(pairs: pl.DataFrame, kernels: dict[str, tuple[str, str | None]], hardware: dict[str, Any],
                    forecaster: Forecaster, model_ref: str, *, style: str = "full", repeats: int = 1,
-                   progress: Callable[[int, int], None] | None = None) -> pl.DataFrame:
+                   progress: Callable[[int, int], None] | None = None,
+                   features: Mapping[str, Mapping[str, Any] | None] | None = None) -> pl.DataFrame:
     """One forecast row per (pair, repeat).
 
     Args:
@@ -45,14 +54,17 @@ def forecast_pairs(pairs: pl.DataFrame, kernels: dict[str, tuple[str, str | None
         hardware: the measured device's fingerprint (see models.hardware).
         forecaster: any backend.
         model_ref: the name the rows are stored under (e.g. 'base:smollm2', 'models:/...@champion').
-        style: 'full' or 'diff' prompts.
+        style: prompt style ('full', 'diff', 'compact', optionally '+features').
         repeats: forecasts per pair.
+        progress: called with (done, total) as forecasts come.
+        features: kernel_id -> compile features, shown by "+features" styles (absent: n/a).
     Returns:
         Rows with pair_id, model_ref and the `Forecast.to_row()` columns.
     """
     requests, ids = [], []
     for row in pairs.iter_rows(named=True):
-        requests.append(ForecastRequest(pair_messages(row, kernels, hardware, style), request_id=row["pair_id"]))
+        requests.append(ForecastRequest(pair_messages(row, kernels, hardware, style, features),
+                                        request_id=row["pair_id"]))
         ids.append(row["pair_id"])
     results = forecaster.forecast(requests, repeats=repeats, progress=progress)
     rows = []
@@ -70,22 +82,33 @@ def pair_sources(con: Any, pairs: pl.DataFrame) -> dict[str, tuple[str, str | No
     return {r["kernel_id"]: (r["source"], r["generator"]) for r in kernels.iter_rows(named=True)}
 
 
-def pair_messages(row: dict[str, Any], kernels: dict[str, tuple[str, str | None]], hardware: dict[str, Any],
-                  style: str) -> list[dict[str, str]]:
-    """The prompt of one pair (a row with task, anchor_kernel_id, candidate_kernel_id)."""
-    task = get_task(row["task"])
-    a_src, a_gen = kernels[row["anchor_kernel_id"]]
-    c_src, c_gen = kernels[row["candidate_kernel_id"]]
-    return build_prompt(task.name, task.description, prompt_source(task.name, a_src, a_gen),
-                        prompt_source(task.name, c_src, c_gen), hardware, style=style)
+def pair_messages(row: Mapping[str, Any], kernels: Mapping[str, tuple[str, str | None]], hardware: Mapping[str, Any],
+                  style: str, features: Mapping[str, Mapping[str, Any] | None] | None = None) -> list[dict[str, str]]:
+    """The prompt of one pair (a row with task, anchor_kernel_id, candidate_kernel_id): the
+    training row builder's, fed each kernel's prompt source and, for "+features", its features."""
+    ids = (row["anchor_kernel_id"], row["candidate_kernel_id"])
+    shown = {k: prompt_source(row["task"], *kernels[k]) for k in ids}
+    return pair_prompt(row, shown, {row["task"]: task_facts(row["task"])}, hardware, style, features)
+
+
+def compiled_features(con: Any, kernel_ids: list[str], target: str = "sm_90") -> dict[str, dict[str, Any]]:
+    """kernel_id -> compile features of the kernels compiled for `target` (others are left out)."""
+    from warehouse.kernels import read_kernel_features
+
+    return {r["kernel_id"]: {k: v for k, v in r.items() if k not in ("kernel_id", "status")}
+            for r in read_kernel_features(con, target, kernel_ids).to_dicts() if r["status"] == "compiled"}
 
 
 def pair_requests(con: Any, pairs: pl.DataFrame, style: str) -> tuple[dict[str, Any], ...]:
     """{"pair_id", "prompt"} per pair, each prompt showing its device's stored fingerprint (the
-    default H200 table for a device the warehouse does not know), read in one pass."""
+    default H200 table for a device the warehouse does not know) and, for "+features" styles,
+    the kernels' stored compile features; read in one pass."""
+    from models.prompts import FEATURES_FLAG
     from models.service import fingerprints_or_default
 
     kernels = pair_sources(con, pairs)
     hardware = fingerprints_or_default(con, pairs["hardware_id"].unique().to_list())
-    return tuple({"pair_id": row["pair_id"], "prompt": pair_messages(row, kernels, hardware[row["hardware_id"]], style)}
+    features = compiled_features(con, list(kernels)) if style.endswith(FEATURES_FLAG) else None
+    return tuple({"pair_id": row["pair_id"],
+                  "prompt": pair_messages(row, kernels, hardware[row["hardware_id"]], style, features)}
                  for row in pairs.iter_rows(named=True))

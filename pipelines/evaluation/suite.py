@@ -20,8 +20,6 @@ from pipelines.evaluation import scores, selective
 from pipelines.evaluation.evaluate import evaluate_forecasts, prepare
 from pipelines.evaluation.report import lowest_brier, write_report
 
-REFERENCE_FORECASTERS = ("baseline:uniform", "baseline:bin_prior", "baseline:oracle")
-
 
 def reference_forecasts(eval_pairs: pl.DataFrame, training_pairs: pl.DataFrame) -> pl.DataFrame:
     """Forecasts of uniform, training-set bin prior and oracle on every eval pair (+ discovery pairs)."""

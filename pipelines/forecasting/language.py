@@ -1,11 +1,11 @@
 """Language-model forecasters as adapters: a registered surrogate version (its calibrator
 applied), a base model or local checkpoint, an OpenAI-compatible endpoint.
 
-The prompt of a pair is the one the surrogate was trained on (pipelines.surrogates.export's
-row builder): task description, the two sources (the task reference shown as its PyTorch
-body), the device's fingerprint, and with "+features" styles the benchmark shapes and each
-side's compile features; a record without compile features shows n/a, one without generator
-metadata is read like any other.
+The prompt of a pair is the one the surrogate was trained on (made by the training row
+builder, models.training.rows.pair_prompt): task description, the two sources (the task
+reference shown as its PyTorch body), the device's fingerprint, and with "+features" styles the
+benchmark shapes and each side's compile features; a record without compile features shows
+n/a, one without generator metadata is read like any other.
 
 Numbers: `forecast_pairs` and `forecast_rows` are the evaluation's (an unparsed answer counts as
 uniform, then the version's calibrator applies to every row: llm_shards' rows);
@@ -36,18 +36,14 @@ def record_features(record: Mapping[str, Any]) -> dict[str, Any] | None:
 
 def pair_prompt(row: Mapping[str, Any], kernels: Mapping[str, Mapping[str, Any]], hardware: Mapping[str, Any],
                 style: str) -> list[dict[str, str]]:
-    """The chat messages of one pair (a row with task, anchor_kernel_id, candidate_kernel_id)."""
-    from models.prompts import build_prompt
-    from pipelines.evaluation.lm_forecasts import prompt_source
-    from pipelines.tasks import get_task
+    """The chat messages of one pair (a row with task, anchor_kernel_id, candidate_kernel_id) from
+    kernel records: the evaluation's prompt (pipelines.evaluation.lm_forecasts.pair_messages, the
+    training row builder's) of each record's source, generator and compile features."""
+    from pipelines.evaluation.lm_forecasts import pair_messages
 
-    task = get_task(row["task"])
-    a, c = kernels[row["anchor_kernel_id"]], kernels[row["candidate_kernel_id"]]
-    return build_prompt(task.name, task.description,
-                        prompt_source(task.name, a.get("source") or "", a.get("generator")),
-                        prompt_source(task.name, c.get("source") or "", c.get("generator")), dict(hardware), style,
-                        benchmark_cases=[dict(x) for x in task.benchmark_cases],
-                        anchor_features=record_features(a), candidate_features=record_features(c))
+    ids = (row["anchor_kernel_id"], row["candidate_kernel_id"])
+    shown = {k: (kernels[k].get("source") or "", kernels[k].get("generator")) for k in ids}
+    return pair_messages(row, shown, hardware, style, {k: record_features(kernels[k]) for k in ids})
 
 
 class HardwareTable:

@@ -187,7 +187,8 @@ def plan_forecast_step(warehouse_path: str | Path, tracking_uri: str, cfg: Any, 
     Raises:
         ValueError: no dataset version, or jobs that cannot be planned or dealt (one line).
     """
-    from pipelines.evaluation.suite import REFERENCE_FORECASTERS, reference_forecasts
+    from models.baselines import REFERENCES
+    from pipelines.evaluation.suite import reference_forecasts
     from pipelines.forecasting.llm_shards import expected_pairs, split_jobs, write_shard
     from pipelines.surrogates.export import version_hardware
     from warehouse.datasets import current_dataset_version, read_pairs
@@ -217,7 +218,7 @@ def plan_forecast_step(warehouse_path: str | Path, tracking_uri: str, cfg: Any, 
     plan = {
         "dataset_version": version, "eval_pairs": evals.height, "single_step": [str(p) for p in single_step],
         "reference_models": sorted(per_model["model_ref"].to_list()),
-        "missing_reference": [m for m in REFERENCE_FORECASTERS
+        "missing_reference": [m for m in REFERENCES
                               if per_model.filter(pl.col("model_ref") == m)["len"].sum() != evals.height],
         "expected": expected_pairs(planned.jobs), "listing": planned.listing,
     }

@@ -1,4 +1,8 @@
-"""The reference forecasters (models.baselines) as adapters: uniform, bin prior, oracle."""
+"""The reference forecasters as adapters of the forecasting interface: uniform, bin prior, oracle.
+
+The probabilities are models.baselines' (the one implementation of the references); these
+classes only read what each needs from the pairs frame and answer as every adapter does.
+"""
 
 from __future__ import annotations
 
@@ -8,10 +12,11 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from models.bins import NUM_BINS, speedups_to_bins
+from models import baselines
+from models.bins import speedups_to_bins
 from pipelines.forecasting.base import PairForecaster
 
-REFERENCES = ("baseline:uniform", "baseline:bin_prior", "baseline:oracle")
+REFERENCES = baselines.REFERENCES
 
 
 class UniformForecaster(PairForecaster):
@@ -20,7 +25,7 @@ class UniformForecaster(PairForecaster):
     kind, model_ref, needs_kernels, source = "baseline", "baseline:uniform", False, "reference"
 
     def _probs(self, pairs, kernels):
-        return np.full((pairs.height, NUM_BINS), 1.0 / NUM_BINS)
+        return baselines.uniform_probs(pairs.height)
 
 
 class BinPriorForecaster(PairForecaster):
@@ -30,14 +35,12 @@ class BinPriorForecaster(PairForecaster):
     kind, model_ref, needs_kernels, source = "baseline", "baseline:bin_prior", False, "reference"
 
     def __init__(self, training_pairs: pl.DataFrame, alpha: float = 1.0):
-        from models.baselines import bin_prior
-
         if training_pairs is None or training_pairs.is_empty():
             raise ValueError("baseline:bin_prior needs training pairs (task and true_bin or speedup)")
-        self.prior = bin_prior(training_pairs, alpha)
+        self.prior = baselines.bin_prior(training_pairs, alpha)
 
     def _probs(self, pairs, kernels):
-        return np.stack([self.prior.get(t, self.prior[None]) for t in pairs["task"].cast(pl.Utf8).to_list()])
+        return baselines.prior_probs(self.prior, pairs["task"].cast(pl.Utf8).to_list())
 
 
 class OracleForecaster(PairForecaster):
@@ -52,11 +55,10 @@ class OracleForecaster(PairForecaster):
             y = speedups_to_bins(pairs["speedup"].cast(pl.Float64).to_numpy())
         else:
             raise ValueError("baseline:oracle needs the pairs' true_bin (or speedup)")
-        if np.any((y < 1) | (y > NUM_BINS)):
-            raise ValueError(f"baseline:oracle: a true_bin outside 1..{NUM_BINS}")
-        p = np.zeros((pairs.height, NUM_BINS))
-        p[np.arange(pairs.height), y - 1] = 1.0
-        return p
+        try:
+            return baselines.one_hot(y)
+        except ValueError as exc:
+            raise ValueError(f"baseline:oracle: {exc}") from None
 
 
 def reference_forecaster(ref: str, training_pairs: pl.DataFrame | None = None) -> PairForecaster:

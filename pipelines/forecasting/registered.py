@@ -25,6 +25,7 @@ from typing import Any
 
 import polars as pl
 
+from models import baselines
 from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
 from pipelines.forecasting.llm_shards import LlmJob, plan_llm_job
 from pipelines.forecasting.load import CLASSICAL_KINDS
@@ -183,10 +184,8 @@ def _forecast_here(info: dict[str, Any], committed: dict[str, Any]) -> bool:
 
 def reference_listing(roles: Roles) -> list[Forecaster]:
     """The reference forecasters (stored once on every eval pair) in the splits that use them."""
-    from pipelines.evaluation.suite import REFERENCE_FORECASTERS
-
     splits = ["in_distribution", "source_only"] + (["external"] if roles.external_pairs().height else [])
-    return [Forecaster(ref, "baseline", split, "reference") for split in splits for ref in REFERENCE_FORECASTERS]
+    return [Forecaster(ref, "baseline", split, "reference") for split in splits for ref in baselines.REFERENCES]
 
 
 def split_pairs(roles: Roles) -> dict[str, list[str]]:
@@ -213,8 +212,6 @@ def empty_reasons(roles: Roles, dataset_version: str) -> dict[str, str]:
 def held_out_reference_forecasts(roles: Roles) -> tuple[pl.DataFrame, list[Forecaster]]:
     """Uniform, bin prior (of the setting's fit pairs: the training pool without the task or the
     style) and oracle on the pairs of each held-out setting, as `<ref>|<split>`."""
-    from models import baselines
-
     frames, listed = [], []
     keep = ["pair_id", "repeat", "parse_ok", "predicted_bin", *P_COLS]
     for split in roles.held_out_splits():

@@ -11,7 +11,9 @@ mutation, and, when known, the compile features n_regs, n_spills, shared_bytes, 
 n_launches. A candidate's score is its expected log2 speedup sum_b p_b r_b (method.md section
 1's representative values r).
 
-Reference forecasters (here, for tests and as floors and ceilings):
+Reference forecasters (here, for tests and as floors and ceilings; their probabilities are
+models.baselines', read off the measured table instead of a pairs frame, in plain Python so
+that a bare GPU host's live search runs them without polars):
     uniform    1/8 everywhere: every candidate ties, so filtering is a random choice
     bin-prior  the task's bin frequencies of its measured kernels against the reference
                (Laplace-smoothed): constant per task, so it ranks like uniform
@@ -37,6 +39,7 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from models import baselines
 from models.bins import BIN_LOG2_VALUES, NUM_BINS, speedup_to_bin
 from pipelines.search.table import MeasuredTable
 
@@ -90,7 +93,7 @@ class UniformForecaster:
     name = "uniform"
 
     def predict_kernels(self, anchor, candidates, hardware_id):
-        return np.full((len(candidates), NUM_BINS), 1.0 / NUM_BINS)
+        return baselines.uniform_probs(len(candidates))
 
 
 class BinPriorForecaster:
@@ -104,21 +107,12 @@ class BinPriorForecaster:
     @classmethod
     def from_table(cls, table: MeasuredTable, alpha: float = 1.0) -> BinPriorForecaster:
         """Laplace-smoothed bin frequencies of each task's correct kernels vs its reference."""
-        counts: dict[str | None, np.ndarray] = {None: np.zeros(NUM_BINS)}
-        for kid, outcome in table.outcomes.items():
-            if not outcome.ok:
-                continue
-            b = speedup_to_bin(outcome.speedup) - 1
-            task = table.task_of.get(kid)
-            counts.setdefault(task, np.zeros(NUM_BINS))[b] += 1
-            counts[None][b] += 1
-        return cls({t: (c + alpha) / (c.sum() + NUM_BINS * alpha) for t, c in counts.items()})
+        correct = [(kid, o) for kid, o in table.outcomes.items() if o.ok]
+        return cls(baselines.bin_prior_of([speedup_to_bin(o.speedup) for _, o in correct],
+                                          [table.task_of.get(kid) for kid, _ in correct], alpha))
 
     def predict_kernels(self, anchor, candidates, hardware_id):
-        rows = [self.prior.get(c.get("task"), self.prior.get(None)) for c in candidates]
-        if any(r is None for r in rows):
-            raise ValueError("bin prior has no pooled distribution")
-        return np.asarray(rows, dtype=np.float64).reshape(len(candidates), NUM_BINS)
+        return baselines.prior_probs(self.prior, [c.get("task") for c in candidates])
 
 
 class OracleForecaster:
@@ -141,16 +135,17 @@ class OracleForecaster:
         return outcome.speedup if outcome is not None and outcome.ok else None
 
     def predict_kernels(self, anchor, candidates, hardware_id):
-        out = np.full((len(candidates), NUM_BINS), 1.0 / NUM_BINS)
+        out = baselines.uniform_probs(len(candidates))
         base = self._anchor_speedup(anchor)
         if base is None:
             return out
+        known: dict[int, int] = {}  # candidate position -> its true bin
         for i, cand in enumerate(candidates):
             outcome = self.table.get(cand["kernel_id"])
-            if outcome is None or outcome.status == "unmeasured":
-                continue
-            out[i] = 0.0
-            out[i, speedup_to_bin(outcome.speedup / base) - 1 if outcome.ok else 0] = 1.0
+            if outcome is not None and outcome.status != "unmeasured":
+                known[i] = speedup_to_bin(outcome.speedup / base) if outcome.ok else 1
+        if known:
+            out[list(known)] = baselines.one_hot(list(known.values()))
         return out
 
 
