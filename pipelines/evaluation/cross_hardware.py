@@ -56,7 +56,7 @@ def curve_figure(study: Mapping[str, Any]) -> bytes:
     """Brier against the card's pairs used: one line per (setting, kind) of the calibrated and
     fitted settings, their zero-shot point at 0; the reference card's in-distribution Brier of
     each kind as a dotted level."""
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(9.5, 4.5), layout="constrained")
     pool = max(study.get("pool_pairs", 0), 1)
     lines: dict[tuple[str, str], list[tuple[int, float]]] = {}
     zero = {r["forecaster"]: r["brier"] for r in study["curve"] if r["setting"] == "zero_shot"}
@@ -81,7 +81,7 @@ def curve_figure(study: Mapping[str, Any]) -> bytes:
     ax.set(xlim=(0.8, pool * 1.3), xlabel=f"pairs of {study['hardware_id']} used (1 = none: zero shot)",
            ylabel="Brier (halved), eval pairs of the card",
            title=f"{study['hardware_id']}: Brier vs pairs of the card")
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # beside the data, never over it
     return _png(fig)
 
 
