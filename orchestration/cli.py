@@ -640,31 +640,12 @@ def _forecast_files(forecaster, task: str, hardware: str, head, cands, single: b
                          schema={k: pl.Utf8 for k in ("pair_id", "anchor_kernel_id", "candidate_kernel_id", "task",
                                                       "hardware_id")})
     answers: dict[str, tuple] = {}  # kernel_id -> (p or None, error or None)
-    if ok and hasattr(forecaster, "forecast_records"):
-        fits = getattr(forecaster, "fits", None)
-        keep = []
-        for row, req in zip(pairs.iter_rows(named=True), forecaster.requests(pairs, kernels), strict=True):
-            try:
-                if fits is not None:
-                    fits(req["prompt"])
-                keep.append(row["pair_id"])
-            except ValueError as exc:
-                if single:
-                    raise CliError(str(exc)) from None
-                answers[row["pair_id"]] = (None, str(exc))
-        todo = pairs.filter(pl.col("pair_id").is_in(keep))
+    if ok:
         try:
-            records = forecaster.forecast_records(todo, kernels) if todo.height else []
+            got = forecaster.answer_pairs(pairs, kernels, strict=single)
         except ValueError as exc:
             raise CliError(str(exc)) from None
-        for pid, rec in zip(todo["pair_id"].to_list(), records, strict=True):
-            answers[pid] = (list(rec.p), None) if rec.parse_ok and rec.p is not None else (None, f"no forecast: {rec.parse_error}")
-    elif ok:
-        try:
-            p = forecaster.forecast_pairs(pairs, kernels)
-        except ValueError as exc:
-            raise CliError(str(exc)) from None
-        answers = {pid: (list(map(float, row)), None) for pid, row in zip(pairs["pair_id"].to_list(), p, strict=True)}
+        answers = dict(zip(pairs["pair_id"].to_list(), got, strict=True))
     out = []
     r = np.asarray(BIN_LOG2_VALUES, dtype=np.float64)
     for c in cands:

@@ -26,7 +26,9 @@
 `pairs` is a polars frame with pair_id, anchor_kernel_id, candidate_kernel_id, task,
 hardware_id (and true_bin for the oracle); `kernels` maps kernel_id -> kernel record (source,
 task, language; generator, algorithm, knobs_json and compile features only when known: no
-adapter requires generator metadata). Language-model adapters also give `forecast_records`
+adapter requires generator metadata). Every adapter gives `answer_pairs` (per pair its
+probabilities or why it has none: what `kernelcast forecast` shows). Language-model adapters
+also give `forecast_records`
 (one `models.forecast.Forecast` per pair, unparsed answers kept with their error) and
 `requests(pairs, kernels)` (the prompts, for the sharded GPU run of llm_shards).
 

@@ -116,6 +116,20 @@ class PairForecaster:
             kernels = {k: with_compile_features(r, self.known_features) for k, r in kernels.items()}
         return np.asarray(self._probs(pairs, kernels), dtype=np.float64)
 
+    def answer_pairs(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]],
+                     strict: bool = False) -> list[tuple[list[float] | None, str | None]]:
+        """Per pair, (its 8 probabilities, None) or (None, why it has no forecast): what a caller
+        that shows each candidate its own answer (`kernelcast forecast`) reads. Here every pair
+        is answered; a language model's adapter may leave a pair without one.
+
+        Args:
+            strict: a pair the forecaster cannot take raises instead of being a row (one
+                candidate: its refusal is the command's error).
+        Raises:
+            ValueError: as `forecast_pairs` (one line).
+        """
+        return [(list(map(float, row)), None) for row in self.forecast_pairs(pairs, kernels)]
+
     def forecast_rows(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]]) -> pl.DataFrame:
         """Rows for the warehouse `forecasts` table, one per pair (repeat 0, parsed)."""
         if pairs.is_empty():

@@ -136,6 +136,28 @@ class LanguageForecaster(PairForecaster):
             out.append(Forecast.from_probabilities(list(p), predicted_bin=int(p.argmax()) + 1, readout=a.readout))
         return out
 
+    def answer_pairs(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]],
+                     strict: bool = False) -> list[tuple[list[float] | None, str | None]]:
+        """Per pair, (its calibrated probabilities, None) or (None, why): a prompt over the base
+        model's context (raised with `strict`), or "no forecast: <parse error>"."""
+        out: list[tuple[list[float] | None, str | None]] = [(None, None)] * pairs.height
+        keep = []
+        for i, r in enumerate(self.requests(pairs, kernels)):
+            if self.fits is not None:
+                try:
+                    self.fits(r["prompt"])
+                except ValueError as exc:
+                    if strict:
+                        raise
+                    out[i] = (None, str(exc))
+                    continue
+            keep.append(i)
+        records = self.forecast_records(pairs[keep], kernels) if keep else []
+        for i, rec in zip(keep, records, strict=True):
+            out[i] = ((list(map(float, rec.p)), None) if rec.parse_ok and rec.p is not None
+                      else (None, f"no forecast: {rec.parse_error}"))
+        return out
+
     def _matrix(self, answers: Sequence[Any]) -> np.ndarray:
         p = np.array([a.p if a.p else [1 / NUM_BINS] * NUM_BINS for a in answers], dtype=np.float64)
         return self._calibrate(p.reshape(-1, NUM_BINS))

@@ -255,6 +255,21 @@ def test_a_registered_llm_forecasts_as_the_evaluation_and_the_old_command_did(tm
     want = Calibrator.from_dict(cal).apply([list(a.p) for a in answers])
     assert all(r.parse_ok for r in records)
     assert np.allclose([r.p for r in records], want, atol=1e-12)
+    # what `kernelcast forecast` shows per candidate: the same numbers; a prompt over the context
+    # is that pair's row (or, strict, the error)
+    assert np.allclose([p for p, _ in f.answer_pairs(pairs, kernels)], want, atol=1e-12)
+    too_long = rows[1]["prompt"]
+
+    def fits(prompt):
+        if prompt == too_long:
+            raise ValueError("the prompt needs 9000 tokens; the model holds 8192")
+
+    f.fits = fits
+    got = f.answer_pairs(pairs, kernels)
+    assert got[1] == (None, "the prompt needs 9000 tokens; the model holds 8192")
+    assert np.allclose([got[0][0], got[2][0]], [want[0], want[2]], atol=1e-12) and got[0][1] is None
+    with pytest.raises(ValueError, match="needs 9000 tokens"):
+        f.answer_pairs(pairs, kernels, strict=True)
 
 
 # ---- kernelcast forecast on files ---------------------------------------------------------

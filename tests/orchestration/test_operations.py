@@ -116,7 +116,8 @@ def test_automation_waits_for_measurements_on_an_empty_instance(settings):
     graph = defs.get_repository_def().asset_graph
     assert {k.to_user_string() for k in REACTING.resolve(graph)} == {
         "curated_pairs", "eval_set", "rl_training_pool", "discovery_pairs", "surrogate_model", "forecasts",
-        "calibration_report", "utility_report", "model_promotion", "classical_forecasters", "search_simulation"}
+        "calibration_report", "utility_report", "model_promotion", "classical_forecasters", "search_simulation",
+        "card_forecasters", "cross_hardware_report", "card_champions"}
     result = dg.evaluate_automation_conditions(defs=defs, instance=dg.DagsterInstance.ephemeral())
     requested = {k.to_user_string() for k in graph.get_all_asset_keys() if result.get_requested_partitions(k)}
     assert requested == {"base_model"}

@@ -140,11 +140,13 @@ def test_measurements_curation_and_evaluation_on_committed_data(settings):
     reports = sorted(settings.reports_dir.rglob("index.html"))
     # in distribution, held-out task and external (the committed non-template kernels), and source
     # only unless every forecaster scored it as in distribution (then that page says so)
-    version_dir = [r for r in reports if r.parent.name not in ("held_out_task", "source_only", "external")][0].parent
+    version_dir = next(r.parent for r in reports if (r.parent / "forecasters.table.json").is_file())
     same_as = json.loads((version_dir / "forecasters.table.json").read_text()).get("same_as") or {}
-    pages = {"in_distribution", "held_out_task", "external"} | ({"source_only"} - set(same_as))
+    # ... and the cross-hardware page (here it says no card but the reference card was measured)
+    pages = {"in_distribution", "held_out_task", "external", "cross_hardware"} | ({"source_only"} - set(same_as))
     assert {"in_distribution" if r.parent == version_dir else r.parent.name for r in reports} == pages
-    assert all("<img" in r.read_text() for r in reports)
+    assert all("<img" in r.read_text() for r in reports if r.parent.name != "cross_hardware")
+    assert "No card but the reference card" in (version_dir / "cross_hardware" / "index.html").read_text()
     assert (version_dir / "source_only" / "metrics.json").exists()  # its numbers, a page or not
     if "source_only" in same_as:
         assert "the same numbers as in distribution" in (version_dir / "index.html").read_text()
