@@ -53,8 +53,11 @@ def cross_hardware_lines(settings, version: str) -> tuple[list[str], list[dict]]
     path = settings.reports_dir / version / FOLDER / SUMMARY_FILE
     if not path.is_file():
         return [], []
-    summary = json.loads(path.read_text())
-    heads = [headline(card) for card in summary.get("cards", [])]
+    try:
+        summary = json.loads(path.read_text())
+        heads = [headline(card) for card in summary.get("cards", [])]
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as exc:  # a cut or hand-edited file
+        return [f"cross-hardware: {path} unreadable ({type(exc).__name__}); the page beside it may hold the figures"], []
 
     def best(h) -> str:
         return f"{h[0]} {h[1]:.3f}" + (f" on {h[2]} pairs" if len(h) > 2 else "") if h else "-"

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+import urllib.request
 from pathlib import Path
 
 UI_STATE = "ui.json"
@@ -111,3 +113,19 @@ def relink(url: str | None, port: int) -> str | None:
     rest = url.removeprefix("http://127.0.0.1:")
     path = rest[len(rest.split("/", 1)[0]):]
     return f"http://127.0.0.1:{port}{path}"
+
+
+def free_port() -> int:
+    """A TCP port of this host free now (the OS picks it), for a UI or server started next."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def answers(url: str, timeout_s: float = 2.0) -> bool:
+    """Whether `url` answers 200 now (a UI or server that has finished starting)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as r:
+            return r.status == 200
+    except Exception:  # noqa: BLE001 - refused, reset, timed out, an HTTP error: not up yet
+        return False

@@ -16,33 +16,19 @@ import argparse
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
+
+from orchestration.links import answers, free_port
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 WINDOW = {"width": 1400, "height": 900}
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _up(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except Exception:
-        return False
 
 
 def _save(page, path: Path) -> None:
@@ -74,7 +60,7 @@ def main() -> int:
 
     state = home / "ui.json"
     kept = state.read_text() if state.is_file() else None
-    dport, mport = _free_port(), _free_port()
+    dport, mport = free_port(), free_port()
     env = {**os.environ, "KERNELCAST_HOME": str(home), "PYTHONPATH": str(REPO)}
     ui = subprocess.Popen([sys.executable, "-m", "orchestration.cli", "ui", "--dagster-port", str(dport),
                            "--mlflow-port", str(mport)], cwd=REPO, env=env, stdout=subprocess.PIPE,
@@ -86,7 +72,7 @@ def main() -> int:
             print(f"kernelcast ui did not start: {printed}", file=sys.stderr)
             return 1
         deadline = time.monotonic() + args.timeout_s
-        while not (_up(f"http://127.0.0.1:{mport}/health") and _up(f"http://127.0.0.1:{dport}/server_info")):
+        while not (answers(f"http://127.0.0.1:{mport}/health") and answers(f"http://127.0.0.1:{dport}/server_info")):
             if ui.poll() is not None or time.monotonic() > deadline:
                 print(f"kernelcast ui did not start: {printed}", file=sys.stderr)
                 return 1

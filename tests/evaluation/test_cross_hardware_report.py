@@ -70,7 +70,7 @@ def test_an_empty_study_list_still_writes_a_page_that_says_so(tmp_path):
     assert "No card but the reference card" in page.read_text()
 
 
-def test_report_prints_one_line_per_card(tmp_path):
+def test_report_prints_three_lines_per_card_within_100_columns(tmp_path):
     from orchestration.cli_report import cross_hardware_lines
 
     settings = SimpleNamespace(reports_dir=tmp_path)
@@ -82,3 +82,7 @@ def test_report_prints_one_line_per_card(tmp_path):
                          "  fitted on all its pairs cost_model 0.300"]
     assert lines[3] == f"  page: {tmp_path / 'ds-x' / 'cross_hardware' / 'index.html'}" and heads[0]["hardware_id"] == CARD
     assert all(len(line) <= 100 for line in lines[:3])
+    summary = tmp_path / "ds-x" / "cross_hardware" / "cross_hardware.json"
+    summary.write_text(summary.read_text()[:50])  # cut short
+    lines, heads = cross_hardware_lines(settings, "ds-x")
+    assert heads == [] and len(lines) == 1 and lines[0].startswith("cross-hardware: ") and "unreadable" in lines[0]

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,18 +20,13 @@ import pytest
 from test_forecasting_models import toy_pairs
 
 from models.classical import CostModel
+from orchestration.links import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 P = [f"p{i}" for i in range(1, 9)]
 TORCH_SOFTMAX = ("import torch\n\n\ndef custom_kernel(data):\n    (x,) = data\n"
                  "    return torch.softmax(x.float(), dim=-1).to(torch.bfloat16)\n")
 START_S = 240.0  # loading MLflow, the model and its code on two busy cores
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _post(url: str, body: dict, timeout: float) -> tuple[int, dict]:
@@ -57,7 +51,7 @@ def served(tmp_path_factory):
     _, version = log_classical(CostModel(max_iter=30).fit(fit, y, l2), uri, fit.head(4), "kernelcast-surrogate",
                                "ds-test", "in_distribution", model_logger=log_classical_sources_model)
     set_alias(uri, "champion-external", version)
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "PYTHONPATH")}
     # as in an activated environment: MLflow starts `uvicorn` from the PATH
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])

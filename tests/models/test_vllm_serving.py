@@ -22,7 +22,6 @@ import json
 import logging
 import math
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,7 @@ import pytest
 from vllm_helpers import smollm2_dir, vllm_python  # beside the tests (pytest's rootdir)
 
 from models.backends.vllm_backend import end_process_group
+from orchestration.links import free_port
 
 log = logging.getLogger(__name__)
 
@@ -42,17 +42,11 @@ SERVED_NAME = "smollm2"
 START_TIMEOUT_S = float(os.environ.get("KERNELCAST_VLLM_START_TIMEOUT", "900"))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def vllm_server(tmp_path_factory):
     python = vllm_python()
     model_dir = smollm2_dir(tmp_path_factory)
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path_factory.mktemp("vllm") / "server.log"
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "1")}
     cmd = [

@@ -14,13 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestration.links import free_port
+
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(url: str) -> int | None:
@@ -38,7 +34,7 @@ def _listening(port: int) -> bool:
 
 @pytest.mark.slow
 def test_ui_serves_both_and_stops_on_sigterm(tmp_path):
-    dport, mport = _free_port(), _free_port()
+    dport, mport = free_port(), free_port()
     env = {**os.environ, "KERNELCAST_HOME": str(tmp_path / "home"), "KERNELCAST_PROFILE": "smoke"}
     proc = subprocess.Popen(
         [sys.executable, "-m", "orchestration.cli", "ui", "--dagster-port", str(dport), "--mlflow-port", str(mport)],

@@ -16,14 +16,14 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
+
+from orchestration.links import answers, free_port
 
 CHROMIUM = Path("/usr/bin/chromium")
 REPO = Path(__file__).resolve().parents[2]
@@ -33,20 +33,6 @@ FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "-
 
 playwright_api = pytest.importorskip("playwright.sync_api", reason="the playwright package drives Chromium")
 pytestmark = [pytest.mark.browser, pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs /usr/bin/chromium")]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _up(url: str) -> bool:
-    try:
-        with urllib.request.urlopen(url, timeout=2) as r:
-            return r.status == 200
-    except Exception:
-        return False
 
 
 def _peaked(y: int, peak: float) -> list[float]:
@@ -130,18 +116,18 @@ def served(tmp_path_factory):
     os.environ.pop("KERNELCAST_MLFLOW_PORT", None)
     settings = load_settings("smoke", home)
     prepare_home(settings)  # DAGSTER_HOME: the instance the UI serves
-    dport, mport = _free_port(), _free_port()
+    dport, mport = free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli", "ui", "--profile", "smoke",
                              "--dagster-port", str(dport), "--mlflow-port", str(mport)],
                             cwd=REPO, env={**os.environ, "KERNELCAST_HOME": str(home)},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 420  # starting took over 3 minutes on a busy shared 2-core machine
-        while not ((home / "ui.json").is_file() and _up(f"http://127.0.0.1:{mport}/health")):
+        while not ((home / "ui.json").is_file() and answers(f"http://127.0.0.1:{mport}/health")):
             assert proc.poll() is None and time.monotonic() < deadline, "kernelcast ui did not start"
             time.sleep(0.5)
         _fill_home(settings)  # while the UI serves: the report's links name its ports (ui.json)
-        while not _up(f"http://127.0.0.1:{dport}/server_info"):
+        while not answers(f"http://127.0.0.1:{dport}/server_info"):
             assert proc.poll() is None and time.monotonic() < deadline, "Dagster did not answer"
             time.sleep(0.5)
         yield settings, dport, mport
