@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -660,21 +661,36 @@ def _forecast_files(forecaster, task: str, hardware: str, head, cands, single: b
     return out
 
 
+FORECAST_ROW = 65  # columns of a forecast row after its file: "  bin  p(bin)  E[log2 S]  p1..p8"
+
+
 def _print_forecast_table(rows: list[dict], meta: dict) -> None:
     """One line per candidate (file, bin, p of it, E[log2 S], the eight probabilities)."""
+    import textwrap
+
     from models.bins import BIN_NAMES
 
-    typer.echo(f"forecaster: {meta['source']} ({meta['model_ref']})", err=True)
+    columns = shutil.get_terminal_size((100, 24)).columns
+    source, ref = meta["source"], meta["model_ref"]
+    # "registered cost_model models:/...@champion-external (version 1)" names its version already
+    lines = [f"forecaster: {source}" if ref in source or "(version " in source else f"forecaster: {source} ({ref})"]
     if meta.get("hardware_note"):
-        typer.echo(f"hardware: {meta['hardware_note']}", err=True)
-    width = min(48, max(len("file"), *(len(r["file"]) for r in rows)))
-    typer.echo(f"{'file':<{width}}  bin  p(bin)  E[log2 S]  p1..p8")
+        lines.append(f"hardware: {meta['hardware_note']}")
+    for line in lines:  # within the terminal, URIs unbroken
+        typer.echo(textwrap.fill(line, columns, subsequent_indent="  ", break_long_words=False), err=True)
+    # The row after the file: bin, p(bin), E[log2 S] and p1..p8 take 65 columns; the bin's name is
+    # shown where the terminal leaves a file column of 24 beside it, else the file gets the room.
+    named = columns - FORECAST_ROW - 2 - max(map(len, BIN_NAMES)) >= 24
+    room = columns - FORECAST_ROW - (2 + max(map(len, BIN_NAMES)) if named else 0)
+    width = max(16, min(48, room, max(len("file"), *(len(r["file"]) for r in rows))))
+    typer.echo(f"{'file':<{width}}  bin  p(bin)  E[log2 S]  p1..p8" + ("  bin name" if named else ""))
     for r in rows:
         name = r["file"] if len(r["file"]) <= width else "..." + r["file"][-(width - 3):]
         if r["ok"]:
             probs = " ".join(f"{p:.2f}" for p in r["p"])
             typer.echo(f"{name:<{width}}  {r['predicted_bin']:>3}  {r['p_bin']:6.3f}  {r['expected_log2']:+9.3f}  {probs}"
-                       f"  {BIN_NAMES[r['predicted_bin'] - 1]}" + "".join(f"  ({n})" for n in r["notes"]))
+                       + (f"  {BIN_NAMES[r['predicted_bin'] - 1]}" if named else "")
+                       + "".join(f"  ({n})" for n in r["notes"]))
         else:
             typer.echo(f"{name:<{width}}  refused: {r['refused']}" if r["refused"] else f"{name:<{width}}  {r['error']}")
 

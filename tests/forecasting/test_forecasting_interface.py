@@ -455,6 +455,17 @@ def test_several_candidates_and_a_folder_one_row_each_with_the_registered_cost_m
     out = table.stdout.strip().splitlines()
     assert out[0].split()[:4] == ["file", "bin", "p(bin)", "E[log2"] and len(out) == 3
     assert "refused: defines no custom_kernel" in out[2]
+    # within a 100-column terminal (the file column gives way, the bin's name stays out); a wide
+    # one names the bin
+    from models.bins import BIN_NAMES
+
+    for columns, named in ((100, False), (160, True)):
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setenv("COLUMNS", str(columns))
+            lines = _invoke("--task", "softmax", "--anchor", str(anchor), "--candidate",
+                            str(files["softmax_triton.py"]), "--no-check").stdout.strip().splitlines()
+        assert all(len(line) <= columns for line in lines), lines
+        assert any(name in lines[1] for name in BIN_NAMES) is named and ("bin name" in lines[0]) is named
 
 
 def test_the_search_and_autotune_hooks_answer_from_the_file_champion(tmp_path):

@@ -75,9 +75,11 @@ def test_a_card_without_a_champion_is_told_which_card_answered(registry, monkeyp
     assert row["hardware_note"].startswith(f"no version fitted on {A100} (@champion-a100 is not set)")
     assert row["hardware_note"].endswith(f"fitted on {H200}")
     monkeypatch.setenv("KERNELCAST_HOME", str(home))
+    monkeypatch.setenv("COLUMNS", "100")
     text = runner.invoke(app, ["forecast", "--task", "softmax", "--anchor", str(SOFTMAX / "pytorch_decomposed.py"),
                                "--candidate", str(SOFTMAX / "native_bf16.py"), "--hardware", A100])
     assert text.exit_code == 0 and f"hardware: no version fitted on {A100}" in text.output
+    assert all(len(line) <= 100 for line in text.output.splitlines()), text.output  # the note wrapped
 
 
 def test_promote_takes_a_card_alias_and_kind_stays_on_the_reference_card(registry, monkeypatch):
