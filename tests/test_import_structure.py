@@ -30,7 +30,7 @@ ALLOWED_UP = {("orchestration.definitions", "assets")}
 # the file formats, stdlib and pyarrow only); everything they reach needs only the worker's stack.
 # The benchmarks a GPU host runs beside the worker are held to the same stack.
 BARE = ("pipelines.profiling", "pipelines.tasks", "benchmarks.call_times", "benchmarks.fault_injection",
-        "benchmarks.harness_bench", "benchmarks.profiling", "benchmarks.protocol_bench",
+        "benchmarks.harness_bench", "benchmarks.independent_timing", "benchmarks.profiling", "benchmarks.protocol_bench",
         "benchmarks.third_party_batch")
 BARE_SHARED = ("warehouse.ids", "warehouse.formats", "warehouse.bin_edges", "warehouse.fingerprint")
 BARE_THIRD_PARTY = {"numpy", "torch", "triton", "pyarrow"}

@@ -13,7 +13,7 @@ import re
 
 import pyarrow as pa
 
-HARNESS_VERSION = "kernelcast-harness-13"  # 2: launch cover, median of reference timings; 3: sandbox, verifier;
+HARNESS_VERSION = "kernelcast-harness-14"  # 2: launch cover, median of reference timings; 3: sandbox, verifier;
 # 4: timed calls on new values with sampled outputs verified, one integrity baseline per child;
 # 5: timed chunks that grow from 16 calls, the median's interval also met by an absolute 0.5 us,
 # a 5 ms warm-up of at least 2 calls; 6: inputs drawn on the GPU (other values, same
@@ -31,6 +31,9 @@ HARNESS_VERSION = "kernelcast-harness-13"  # 2: launch cover, median of referenc
 # case had: the base values of a timed variant rolled along their first dimension and scaled by a
 # factor drawn per call (the verifier rebuilds a kept call's input from its salt and draw), so no
 # memo of earlier answers pays; nothing reachable from a call's frames leads to the timer or the feed
+# 14: kernelcast times a case as a program calling it back to back sees it, the slower of the device
+# time and the host's time per call (both kept); an autotuned kernel is tuned on each benchmark
+# case's inputs before its checks, on a quiet GPU, and the configs it chose are recorded
 
 FAILURE_KINDS = (
     "compile_failed",  # the module does not import / Triton does not compile it
@@ -97,6 +100,13 @@ RESULT_SCHEMA = pa.schema(
         pa.field("time_s", pa.float64()),
         # sandbox layers the kernel ran under, comma-separated (jail.py names them); null: unknown
         pa.field("sandbox", pa.string()),
+        # The host's time per call of each case (ms; kernelcast on a GPU, harness 14 on; null where
+        # not taken): with the device times above, `speedup` is over the slower of the two per case.
+        pa.field("kernel_host_ms", pa.list_(pa.float64())),
+        pa.field("ref_host_ms", pa.list_(pa.float64())),
+        pa.field("device_speedup", pa.float64()),  # the geometric mean over device times alone
+        pa.field("launch_bound", pa.bool_()),  # some case's host time exceeds its device time
+        pa.field("autotune_json", pa.string()),  # {case id: {autotuned kernel: chosen config}}
     ]
 )
 

@@ -12,7 +12,8 @@ runs kernel code, checks the claim against what it saw:
 * `ReferenceBook`: reference timings are kept here, per task and case, as the child takes them;
   a row uses the middle of the last few the parent accepted, never the child's cache.
 * `timing_fields`: the row's per-case lists and speedups are computed here from the kernel's
-  timings and the book.
+  timings and the book. Under kernelcast a case's time is what a program calling the callable
+  back to back sees, the slower of its device time and its host time per call (`program_ms`).
 
 Imports only the standard library.
 """
@@ -56,7 +57,10 @@ def _valid_timing(t: object) -> bool:
         return False
     try:
         med, mean, se, reps = (float(t["median_ms"]), float(t["mean_ms"]), float(t["stderr_ms"]), int(t["reps"]))
+        host = None if t.get("host_ms") is None else float(t["host_ms"])
     except (TypeError, ValueError):
+        return False
+    if host is not None and not (math.isfinite(host) and host >= 0):
         return False
     return med > 0 and mean > 0 and math.isfinite(med) and math.isfinite(mean) and reps >= 1 and not se < 0
 
@@ -107,7 +111,10 @@ class ReferenceBook:
     def add(self, task: str, timings: list[dict]) -> None:
         for t in timings:
             key = (task, t["case_id"])
-            self.timings[key] = (self.timings.get(key, []) + [{k: t[k] for k in TIMING_KEYS}])[-self.keep:]
+            kept = {k: t[k] for k in TIMING_KEYS}
+            if t.get("host_ms") is not None:
+                kept["host_ms"] = t["host_ms"]
+            self.timings[key] = (self.timings.get(key, []) + [kept])[-self.keep:]
 
     def middle(self, task: str, case_id: str) -> dict | None:
         """The kept timing with the median median_ms (the lower middle for an even count).
@@ -129,6 +136,26 @@ def stat(t: dict, protocol: str) -> float:
     return float(t["mean_ms"] if protocol in ("paper", "gpumode") else t["median_ms"])
 
 
+def program_ms(t: dict, protocol: str) -> float:
+    """A case's time as a program calling the callable back to back sees it: under kernelcast the
+    slower of the device time (`stat`) and the host's time per call (timing.host_ms_of), the
+    device time alone where no host time was taken; the protocol's statistic otherwise (gpumode's
+    and paper's events already cover the host's launch work).
+
+    >>> program_ms({"median_ms": 0.05, "mean_ms": 0.05, "host_ms": 0.47}, "kernelcast")
+    0.47
+    >>> program_ms({"median_ms": 0.9, "mean_ms": 0.9, "host_ms": 0.02}, "kernelcast")
+    0.9
+    """
+    device = stat(t, protocol)
+    host = t.get("host_ms")
+    return max(device, float(host)) if protocol == "kernelcast" and host is not None else device
+
+
+def _geomean(values: list[float]) -> float:
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
 def timing_fields(result: dict, book: ReferenceBook, task: str, protocol: str, timed: list[str],
                   recheck_above: float) -> dict | str:
     """The row's timing columns and speedups, or a reason the claim cannot stand.
@@ -148,10 +175,12 @@ def timing_fields(result: dict, book: ReferenceBook, task: str, protocol: str, t
     if any(r is None for r in refs):
         missing = next(c for c, r in zip(case_ids, refs) if r is None)
         return f"no reference timing of case {missing} was taken in view of the parent"
-    speedups = [stat(r, protocol) / stat(k, protocol) for r, k in zip(refs, kt)]
-    if not all(s > 0 and math.isfinite(s) for s in speedups):
+    speedups = [program_ms(r, protocol) / program_ms(k, protocol) for r, k in zip(refs, kt)]
+    device = [stat(r, protocol) / stat(k, protocol) for r, k in zip(refs, kt)]
+    if not all(s > 0 and math.isfinite(s) for s in speedups + device):
         return f"non-positive or non-finite speedups {speedups}"
-    speedup = math.exp(sum(math.log(s) for s in speedups) / len(speedups))
+    speedup = _geomean(speedups)
+    hosts = [t.get("host_ms") for t in kt]
     return {
         "case_ids": case_ids,
         "kernel_median_ms": [float(t["median_ms"]) for t in kt],
@@ -165,4 +194,9 @@ def timing_fields(result: dict, book: ReferenceBook, task: str, protocol: str, t
         "case_speedups": speedups,
         "speedup": speedup,
         "needs_recheck": speedup > recheck_above,
+        "kernel_host_ms": None if all(h is None for h in hosts) else [None if h is None else float(h) for h in hosts],
+        "ref_host_ms": (None if all(r.get("host_ms") is None for r in refs)
+                        else [None if r.get("host_ms") is None else float(r["host_ms"]) for r in refs]),
+        "device_speedup": _geomean(device),
+        "launch_bound": any(h is not None and float(h) > stat(k, protocol) for h, k in zip(hosts, kt)),
     }

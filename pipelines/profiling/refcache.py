@@ -53,6 +53,9 @@ def _valid(entry: object) -> bool:
         values = [float(entry[k]) for k in ("median_ms", "mean_ms", "stderr_ms", "taken_at")] + [int(entry["reps"])]
     except (KeyError, TypeError, ValueError):
         return False
+    host = entry.get("host_ms")
+    if host is not None and not (isinstance(host, (int, float)) and math.isfinite(host) and host >= 0):
+        return False
     return ok and all(math.isfinite(v) for v in values) and values[0] > 0 and values[1] > 0 and values[-1] >= 1
 
 
@@ -89,7 +92,8 @@ class RefCache:
         self.entries = self._read()
         out: dict[str, list[dict]] = {}
         for e in sorted(self._mine(), key=lambda e: float(e["taken_at"])):
-            out.setdefault(e["task"], []).append({"case_id": e["case_id"], **{k: e[k] for k in TIMING_KEYS}})
+            out.setdefault(e["task"], []).append({"case_id": e["case_id"], **{k: e[k] for k in TIMING_KEYS},
+                                                  **({"host_ms": e["host_ms"]} if e.get("host_ms") is not None else {})})
         return out
 
     def _mine(self) -> list[dict]:
@@ -118,6 +122,8 @@ class RefCache:
         for t in timings:
             entry = {"hardware_id": hw, "harness_version": version, "protocol": protocol, "task": task,
                      "case_id": str(t["case_id"]), "taken_at": now, **{k: t[k] for k in TIMING_KEYS}}
+            if t.get("host_ms") is not None:
+                entry["host_ms"] = t["host_ms"]
             if _valid(entry):
                 self.entries.append(entry)
                 self.timed += 1

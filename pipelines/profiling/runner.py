@@ -631,9 +631,15 @@ class AutotuneWatch:
         self.budget_s = budget_s
         self.progress: Callable[[str], None] | None = None
         self.started: dict[int, float] = {}
+        self.tuners: dict[int, Any] = {}  # the autotuners that benchmarked configs in this job
 
     def begin(self, progress: Callable[[str], None] | None) -> None:
-        self.progress, self.started = progress, {}
+        self.progress, self.started, self.tuners = progress, {}, {}
+
+    def choices(self) -> dict[str, str]:
+        """{autotuned kernel: the config it runs now} of every autotuner that tuned in this job."""
+        return {getattr(t.base_fn, "__name__", "kernel"): str(getattr(t, "best_config", None))
+                for t in self.tuners.values()}
 
     def install(self) -> None:
         from triton.runtime.autotuner import Autotuner
@@ -643,6 +649,7 @@ class AutotuneWatch:
         def bench(tuner, *args, config, **meta):
             name = getattr(tuner.base_fn, "__name__", "kernel")
             first = watch.started.setdefault(id(tuner), time.monotonic())
+            watch.tuners[id(tuner)] = tuner
             index = next((i for i, c in enumerate(tuner.configs) if c is config), 0) + 1
             if time.monotonic() - first > watch.budget_s:
                 raise KernelFailure("timeout", f"autotune of {name}: its configs took over the {watch.budget_s:.0f} s "
@@ -793,6 +800,7 @@ class Measurer:
         # Off by default: generation checks the small cases on the CPU, and on the GPU their new shapes
         # would force fresh JIT compiles inside the timing process.
         self.check_correctness_cases = bool(config.get("check_correctness_cases", False))
+        self.tune_first = False  # the job's kernel autotunes: tuned on the benchmark cases before its checks
         self.timed_salts, self.timed_samples = timed_draws(self.device, config)
         # gpumode: each case of the reference is timed right after the kernel's, in the same job
         # (paired_reference_timing), and the row uses that timing. GPU MODE's loop times the host's
@@ -953,6 +961,7 @@ class Measurer:
             phases["reference_s"] = time.perf_counter() - t
             progress("importing kernel")
             t = time.perf_counter()
+            self.tune_first = self.device == "cuda" and "autotune" in Path(path).read_text(encoding="utf-8", errors="replace")
             fn = load_kernel(path, task)
             check_integrity("on import")
             phases["import_s"] = time.perf_counter() - t
@@ -981,6 +990,7 @@ class Measurer:
                           out_of_memory=not job.get("after_out_of_memory"))
         finally:
             t = time.perf_counter()
+            AUTOTUNE.tuners.clear()  # the kernel's autotuners go with its module
             unload_kernel(path)
             restore_torch_flags(self.flags)
             phases["unload_s"] = time.perf_counter() - t
@@ -1073,7 +1083,7 @@ class Measurer:
             phases["verifier_s"] = _JUDGE_CLOCK.seconds - verifier_before
             result["phases"].update(phases)
             result["ref_new"] += mine["ref_new"]
-            result.update({k: mine[k] for k in ("check_s", "time_s") if mine[k] is not None})
+            result.update({k: mine[k] for k in ("check_s", "time_s", "autotune_json") if mine.get(k) is not None})
 
     def _checked_and_timed(self, task, checked: tuple, cases: tuple, progress: Callable[[str], None], result: dict,
                            t0: float) -> Steps:
@@ -1086,6 +1096,8 @@ class Measurer:
         beside a timed call, and one wait serves them all.
         """
         phases = result["phases"]
+        if self.tune_first:
+            result["autotune_json"] = yield from self._tuning_steps(task, cases, progress)
         cids: list[str] = []
         for case in checked:
             progress(f"checking {task.case_id(case)}")
@@ -1140,6 +1152,32 @@ class Measurer:
         check_integrity("after timing")
         result["time_s"] = time.perf_counter() - t_all
         return timings
+
+
+    def _tuning_steps(self, task, cases: tuple, progress: Callable[[str], None]) -> Steps:
+        """One untimed call on each benchmark case's inputs, in order, before the checks: an
+        autotuner benchmarks its configs there as in a plain process that runs the benchmark, on
+        the real inputs with the GPU quiet. Tuned during the checks instead, its benchmarks shared
+        the GPU with the verifier judging the previous case's outputs, and a tuner keyed on the
+        row length kept the config it chose on a check's input for every case of that length.
+        Returns {case id: {kernel: config}} as JSON, or None when no autotuner tuned."""
+        chosen: dict[str, dict[str, str]] = {}
+        for case in cases:
+            cid = task.case_id(case)
+            progress(f"autotuning on {cid}")
+            data = make_input(task, case)
+            sync(self.device)
+            try:
+                out = yield data
+            except KernelFailure:
+                raise  # the autotune budget ran out
+            except Exception as e:
+                raise classify(e, self.device, f"autotuning on case {cid}") from e
+            del out, data
+            sync(self.device)
+            if picks := AUTOTUNE.choices():
+                chosen[cid] = picks
+        return json.dumps(chosen, sort_keys=True) if chosen else None
 
 
 class _JudgeClock:

@@ -105,13 +105,18 @@ class Timing:
     mean_ms: float
     stderr_ms: float  # standard error of the mean, std(ddof=1) / sqrt(reps)
     reps: int
+    # The host's time per call (kernelcast on a GPU; None elsewhere): see host_ms_of.
+    host_ms: float | None = None
 
     def stat(self, protocol: str) -> float:
         """The number speedups are made of: the median (kernelcast) or the mean (paper, gpumode)."""
         return self.mean_ms if protocol in ("paper", "gpumode") else self.median_ms
 
     def as_dict(self) -> dict:
-        return {"median_ms": self.median_ms, "mean_ms": self.mean_ms, "stderr_ms": self.stderr_ms, "reps": self.reps}
+        d = {"median_ms": self.median_ms, "mean_ms": self.mean_ms, "stderr_ms": self.stderr_ms, "reps": self.reps}
+        if self.host_ms is not None:
+            d["host_ms"] = self.host_ms
+        return d
 
 
 class TimingTampered(Exception):
@@ -214,6 +219,24 @@ def summarize(times_ms: list[float] | np.ndarray) -> Timing:
         raise ValueError("no timed calls")
     stderr = float(a.std(ddof=1) / math.sqrt(a.size)) if a.size > 1 else float("inf")
     return Timing(float(np.median(a)), float(a.mean()), stderr, int(a.size))
+
+
+def host_ms_of(enqueue_s: list[float], synced_wall_s: list[float]) -> float:
+    """The host's time per call (ms): the median time the host took to issue a timed call while
+    the launch cover kept the GPU busy ahead of it, or, where less, the median wall time of a call
+    synchronised on its own from an idle GPU (a callable that waits for the GPU inside the call
+    waits for the cover too when it is issued; alone, it waits for its own work only).
+
+    The events of a kernelcast call cover device time alone; a program that calls the kernel
+    back to back is held to the slower of the two, so a Python wrapper that takes 0.47 ms to
+    launch 0.05 ms of GPU work runs at one call per 0.47 ms (audit.program_ms).
+
+    >>> host_ms_of([20e-6, 30e-6, 40e-6], [90e-6, 95e-6])
+    0.03
+    >>> round(host_ms_of([3e-3, 3e-3], [1e-3]), 6)
+    1.0
+    """
+    return float(min(np.median(enqueue_s), np.median(synced_wall_s)) * 1e3)
 
 
 def relative_stderr(times_ms: list[float]) -> float:
@@ -662,6 +685,7 @@ def cuda_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelc
         return (yield from _slow_timed_calls(feed, settings, protocol, flush, cover, spin_s, clone_inside, enqueue_s))
 
     times: tuple[float, ...] = ()  # a tuple: what was recorded cannot be rewritten in place
+    issued_s: list[float] = []  # the host's time to issue each timed call (the cover runs meanwhile)
     start = time.perf_counter()
     size = max(settings.min_reps, FIRST_CHUNK)
     while True:
@@ -673,7 +697,8 @@ def cuda_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelc
         events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(chunk)]
         t_chunk = time.perf_counter()
         for ev_start, ev_end in events:
-            out = yield from _timed_call(feed, flush, cover, spin_s, clone_inside, ev_start, ev_end)
+            out, host_s = yield from _timed_call(feed, flush, cover, spin_s, clone_inside, ev_start, ev_end)
+            issued_s.append(host_s)
             feed.took(out)
             del out
         torch.cuda.synchronize()  # device-wide: work the kernel left on other streams is done too
@@ -682,27 +707,35 @@ def cuda_steps(feed: Feed, settings: TimingSettings, *, protocol: str = "kernelc
         times = times + chunk_ms  # ms
         if _should_stop(list(times), time.perf_counter() - start, settings, median=protocol == "kernelcast"):
             break
-    timing = summarize(times)
     n_probe = wall_check_calls(per_call_s)
     probe_events, probe_walls = yield from _probe_steps(feed, n_probe, clone_inside)
     yield from wall_check_steps(feed, float(np.median(probe_events)), float(np.median(probe_walls)),
                                 float(np.median(enqueue_s[1:] or enqueue_s)), n_probe, clone_inside)
-    return timing
+    return _with_host(summarize(times), cover, issued_s, probe_walls)
+
+
+def _with_host(timing: Timing, cover: LaunchCover | None, issued_s: list[float], synced_wall_s: list[float]) -> Timing:
+    """`timing` with the host's time per call where the calls were covered (kernelcast)."""
+    if cover is None or not issued_s or not synced_wall_s:
+        return timing
+    return Timing(timing.median_ms, timing.mean_ms, timing.stderr_ms, timing.reps, host_ms_of(issued_s, synced_wall_s))
 
 
 def _timed_call(feed: Feed, flush: Callable[[], None] | None, cover: LaunchCover | None, spin_s: float,
                 clone_inside: bool, ev_start: Any, ev_end: Any) -> Steps:
     """One timed call as a step: its new values, the flush and the spin before it, the events
-    around it; returns its output."""
+    around it; returns its output and the host's time to issue it (seconds)."""
     data = feed.fill()
     if flush:
         flush()
     if cover:
         cover.cover(spin_s)
     ev_start.record()
+    t_issue = time.perf_counter()
     out = yield (clone_data(data) if clone_inside else data)
+    host_s = time.perf_counter() - t_issue
     ev_end.record()
-    return out
+    return out, host_s
 
 
 def _slow_timed_calls(feed: Feed, settings: TimingSettings, protocol: str, flush: Callable[[], None] | None,
@@ -713,12 +746,14 @@ def _slow_timed_calls(feed: Feed, settings: TimingSettings, protocol: str, flush
     probe's synchronised wall time; their medians are checked as the probe's are."""
     times: tuple[float, ...] = ()
     walls: list[float] = []
+    issued_s: list[float] = []
     start = time.perf_counter()
     while True:
         before, ev_start, ev_end = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         t_call = time.perf_counter()
         before.record()
-        out = yield from _timed_call(feed, flush, cover, spin_s, clone_inside, ev_start, ev_end)
+        out, host_s = yield from _timed_call(feed, flush, cover, spin_s, clone_inside, ev_start, ev_end)
+        issued_s.append(host_s)
         torch.cuda.synchronize()  # device-wide: work the kernel left on other streams is done too
         wall_s = time.perf_counter() - t_call
         feed.took(out)
@@ -731,7 +766,7 @@ def _slow_timed_calls(feed: Feed, settings: TimingSettings, protocol: str, flush
             break
     yield from wall_check_steps(feed, float(np.median(times)), float(np.median(walls)),
                                 float(np.median(enqueue_s[1:] or enqueue_s)), wall_check_calls(float(np.median(walls))), clone_inside)
-    return summarize(times)
+    return _with_host(summarize(times), cover, issued_s, walls)
 
 
 def time_cuda(
