@@ -41,8 +41,8 @@ class WarehouseResource(dg.ConfigurableResource):
 class MlflowResource(dg.ConfigurableResource):
     """A thin handle on MLflow's tracking store and model registry (sqlite under KERNELCAST_HOME).
 
-    Opening it re-roots artifact locations left by a home this one was copied or moved from
-    (models.registry.tracking.open_store); links to runs follow the MLflow UI's actual port."""
+    Its experiments' artifact locations are relative to the home (models.registry.home_artifacts),
+    so a copied or moved home opens as it was; links to runs follow the MLflow UI's actual port."""
 
     tracking_uri: str
     artifact_root: str
