@@ -1,6 +1,7 @@
 """The measuring queue's failure modes, on the service's own intake (`_ServiceRun._take`,
 `_recover`, `_Lock`) without its measuring children: a corrupt job, a service killed while it
-holds a job, several intakes claiming one job, and a kernel twice in a job. The slow end-to-end runs are in test_measuring_service.py."""
+holds a job, several intakes claiming one job, and duplicates (a kernel twice in a job, a job id
+twice in the queue). The slow end-to-end runs are in test_measuring_service.py."""
 
 from __future__ import annotations
 
@@ -162,3 +163,15 @@ def test_a_kernel_twice_in_a_job_is_measured_once_and_an_empty_job_is_answered(q
     assert run._take(job(queue, "empty", ())) is False
     assert json.loads((queue / sq.JOBS / "empty.rows").read_text())["rows"] == []
 
+
+def test_a_job_id_already_open_waits_until_the_open_job_is_answered(queue):
+    run = intake(queue)
+    assert run._take(job(queue, "same", ("a",))) is True
+    duplicate = job(queue, "same", ("b",))
+    assert run._take(duplicate) is False  # not taken over the open one
+    assert duplicate.exists() and (queue / sq.JOBS / "same.taken").exists()
+    assert [k["kernel_id"] for k in run.queue] == ["same/0"] and run.jobstore.owner == {"same/0": ("same", "a")}
+    run.jobstore.append({"kernel_id": "same/0", "status": "ok"})
+    assert [r["kernel_id"] for r in json.loads((queue / sq.JOBS / "same.rows").read_text())["rows"]] == ["a"]
+    assert run._take(duplicate) is True  # answered: the duplicate is an ordinary job now
+    assert run.jobstore.owner == {"same/0": ("same", "b")}
