@@ -6,8 +6,10 @@ import contextlib
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import dagster as dg
+from pydantic import PrivateAttr
 
 from orchestration.settings import ProfilingSettings, Settings, load_settings
 
@@ -41,8 +43,8 @@ class WarehouseResource(dg.ConfigurableResource):
 class MlflowResource(dg.ConfigurableResource):
     """A thin handle on MLflow's tracking store and model registry (sqlite under KERNELCAST_HOME).
 
-    Opening it re-roots artifact locations left by a home this one was copied or moved from
-    (models.registry.tracking.open_store); links to runs follow the MLflow UI's actual port."""
+    Its experiments' artifact locations are relative to the home (models.registry.home_artifacts),
+    so a copied or moved home opens as it was; links to runs follow the MLflow UI's actual port."""
 
     tracking_uri: str
     artifact_root: str
@@ -92,71 +94,146 @@ class MlflowResource(dg.ConfigurableResource):
 PROFILER_KINDS = ("cuda", "recorded", "batch_file")
 
 
-class ProfilerResource(dg.ConfigurableResource):
-    """Where the measuring steps' measurements come from, and how a step gets its GPU.
+class Profiler(dg.ConfigurableResource):
+    """One way of measuring a partition's batches: how many steps measure here, which GPU a
+    step pins, and what a step does with its batch. One subclass per way (`make_profiler`)."""
 
-    kind:
-        cuda        the project's GPU worker (pipelines/profiling) on this host's GPUs, one step per
-                    GPU, where the host's GPU type is the partition's (settings.profiling; the
-                    interpreter on partition 'cpu' with measure_device="cpu"); elsewhere nothing
-                    is measured.
-        recorded    results already measured, served from the result files under `folder` (the
-                    committed data/measurements/<hw>/ files, a test's): the ingest stores them as
-                    if measured here; kernels without a recorded row stay unmeasured.
-        batch_file  the batch of kernels to measure written to `folder` (default
-                    $KERNELCAST_HOME/outbox) for an outside job runner; nothing is measured here,
-                    its results come back through the inbox sensor.
-
-    On a host of N GPUs the cuda fan-out runs N steps side by side (multiprocess executor) and
-    step i sees only GPU i (CUDA_VISIBLE_DEVICES=i). Under Kubernetes each step runs in its own
-    pod holding one GPU, which the pod sees as device 0: nothing is pinned there.
-    """
-
-    kind: str = "cuda"
-    folder: str = ""
-    pin_gpu_per_step: bool = True
+    kind: ClassVar[str]
 
     def steps(self, profiling: ProfilingSettings, hardware: str) -> int:
         """Measuring steps of partition `hardware` on this host (0: nothing is measured here)."""
+        return 1
+
+    def pinned_gpu(self, gpu: int) -> int | None:
+        """The GPU a measuring step pins (CUDA_VISIBLE_DEVICES), None where nothing runs on one."""
+        return None
+
+    def measure(self, batch: Path, out: Path, hardware: str, home: Path, profiling: ProfilingSettings,
+                compile_workers: int) -> tuple[int, str]:
+        """Measure the kernels of `batch` into the result file `out`.
+
+        Returns:
+            (exit code, a one-line note of what was done); `out` exists only where results came.
+        """
+        raise NotImplementedError
+
+
+class CudaWorkerProfiler(Profiler):
+    """The project's GPU worker (pipelines/profiling) on this host's GPUs, one step per GPU, where
+    the host's GPU type is the partition's (settings.profiling; the interpreter on partition 'cpu'
+    with measure_device="cpu"); elsewhere nothing is measured. With `pin_gpu_per_step` step i sees
+    only GPU i (CUDA_VISIBLE_DEVICES=i); under Kubernetes each step's pod holds one GPU, its
+    device 0, and nothing is pinned."""
+
+    kind: ClassVar[str] = "cuda"
+    pin_gpu_per_step: bool = True
+
+    def steps(self, profiling: ProfilingSettings, hardware: str) -> int:
         from pipelines.profiling.hardware import gpu_count, host_hardware_id
 
-        if self.kind not in PROFILER_KINDS:
-            raise ValueError(f"unknown profiler kind {self.kind!r}; one of {', '.join(PROFILER_KINDS)}")
-        if self.kind == "recorded" and not self.folder:
-            raise ValueError("the recorded profiler needs the folder of its result files")
-        if self.kind != "cuda":
-            return 1
         if not profiling.measure_on_cuda or host_hardware_id(profiling.measure_device) != hardware:
             return 0
         return gpu_count(profiling.gpus, profiling.measure_device)
 
     def pinned_gpu(self, gpu: int) -> int | None:
-        """The GPU a measuring step pins (CUDA_VISIBLE_DEVICES), None where nothing runs on one."""
-        return gpu if self.kind == "cuda" and self.pin_gpu_per_step else None
+        return gpu if self.pin_gpu_per_step else None
 
     def measure(self, batch: Path, out: Path, hardware: str, home: Path, profiling: ProfilingSettings,
                 compile_workers: int) -> tuple[int, str]:
-        """Measure the kernels of `batch` into the result file `out`, by kind.
-
-        Returns:
-            (exit code, a one-line note of what was done); `out` exists only where results came.
-        """
-        if self.kind == "recorded":
-            from pipelines.profiling.recorded import recorded_results
-
-            covered = recorded_results(batch, Path(self.folder), hardware, out)
-            return 0, f"{covered} kernels recorded in {self.folder}"
-        if self.kind == "batch_file":
-            folder = Path(self.folder) if self.folder else home / "outbox"
-            target = folder / hardware / f"{batch.parent.name}-{batch.name}"
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(batch, target)
-            return 0, f"batch written to {target} for a job runner"
         from pipelines.profiling import launch
 
         rc = launch.run_worker(batch, out, device=profiling.measure_device, timeout_s=profiling.timeout_s,
                                compile_workers=compile_workers)
         return rc, f"worker exit code {rc}"
+
+
+class RecordedProfiler(Profiler):
+    """Results already measured, served from the result files under `folder` (the committed
+    data/measurements/<hw>/ files, a test's): the ingest stores them as if measured here;
+    kernels without a recorded row stay unmeasured."""
+
+    kind: ClassVar[str] = "recorded"
+    folder: str
+
+    def measure(self, batch: Path, out: Path, hardware: str, home: Path, profiling: ProfilingSettings,
+                compile_workers: int) -> tuple[int, str]:
+        from pipelines.profiling.recorded import recorded_results
+
+        covered = recorded_results(batch, Path(self.folder), hardware, out)
+        return 0, f"{covered} kernels recorded in {self.folder}"
+
+
+class BatchFileProfiler(Profiler):
+    """The batch of kernels to measure written to `folder` (empty: $KERNELCAST_HOME/outbox) for
+    an outside job runner; nothing is measured here, its results come back through the inbox
+    sensor."""
+
+    kind: ClassVar[str] = "batch_file"
+    folder: str = ""
+
+    def measure(self, batch: Path, out: Path, hardware: str, home: Path, profiling: ProfilingSettings,
+                compile_workers: int) -> tuple[int, str]:
+        folder = Path(self.folder) if self.folder else home / "outbox"
+        target = folder / hardware / f"{batch.parent.name}-{batch.name}"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(batch, target)
+        return 0, f"batch written to {target} for a job runner"
+
+
+def make_profiler(kind: str = "cuda", folder: str = "", pin_gpu_per_step: bool = True) -> Profiler:
+    """The profiler of `kind` with the settings it reads (the others are ignored).
+
+    >>> make_profiler("batch_file", "/shared/outbox").kind
+    'batch_file'
+
+    Raises:
+        ValueError: an unknown kind, or the recorded kind without its folder (one line).
+    """
+    if kind == "cuda":
+        return CudaWorkerProfiler(pin_gpu_per_step=pin_gpu_per_step)
+    if kind == "recorded":
+        if not folder:
+            raise ValueError("the recorded profiler needs the folder of its result files")
+        return RecordedProfiler(folder=folder)
+    if kind == "batch_file":
+        return BatchFileProfiler(folder=folder)
+    raise ValueError(f"unknown profiler kind {kind!r}; one of {', '.join(PROFILER_KINDS)}")
+
+
+class ProfilerResource(dg.ConfigurableResource):
+    """Where the measuring steps' measurements come from, and how a step gets its GPU: the
+    settings users give (in Python or a run's config), and the profiler they choose, made once
+    by `make_profiler`.
+
+    kind:
+        cuda        CudaWorkerProfiler: the project's GPU worker on this host's GPUs.
+        recorded    RecordedProfiler: results already measured, from the files under `folder`.
+        batch_file  BatchFileProfiler: the batch written to `folder` for an outside job runner.
+    """
+
+    kind: str = "cuda"
+    folder: str = ""
+    pin_gpu_per_step: bool = True
+    _profiler: Profiler | None = PrivateAttr(default=None)
+
+    def profiler(self) -> Profiler:
+        """The profiler of this kind (made on first use; a bad kind is a one-line ValueError)."""
+        if self._profiler is None:
+            self._profiler = make_profiler(self.kind, self.folder, self.pin_gpu_per_step)
+        return self._profiler
+
+    def steps(self, profiling: ProfilingSettings, hardware: str) -> int:
+        """Measuring steps of partition `hardware` on this host (0: nothing is measured here)."""
+        return self.profiler().steps(profiling, hardware)
+
+    def pinned_gpu(self, gpu: int) -> int | None:
+        """The GPU a measuring step pins (CUDA_VISIBLE_DEVICES), None where nothing runs on one."""
+        return self.profiler().pinned_gpu(gpu)
+
+    def measure(self, batch: Path, out: Path, hardware: str, home: Path, profiling: ProfilingSettings,
+                compile_workers: int) -> tuple[int, str]:
+        """Measure the kernels of `batch` into the result file `out` (Profiler.measure)."""
+        return self.profiler().measure(batch, out, hardware, home, profiling, compile_workers)
 
 
 class LlmBackendResource(dg.ConfigurableResource):
@@ -166,8 +243,8 @@ class LlmBackendResource(dg.ConfigurableResource):
     child process under `vllm_python`), "openai" (an OpenAI-compatible server at `base_url`;
     `model` names the served model, default the forecast's model ref; `api_key` its bearer
     token, best an EnvVar) or "committed" (the committed GPU forecasts alone: no forward pass
-    here). Whatever the kind, a version with committed GPU forecasts answers from them
-    (pipelines.forecasting.llm_backend).
+    here). Each is its own class in pipelines.forecasting.llm_backend, made by its one factory
+    `llm_backend`; whatever the kind, a version with committed GPU forecasts answers from them.
     """
 
     kind: str = "transformers"
@@ -177,10 +254,10 @@ class LlmBackendResource(dg.ConfigurableResource):
     vllm_python: str = ""
 
     def backend(self) -> LlmBackend:  # noqa: F821 - imported when called: no torch at import time
-        """The plain value the pipelines take (one-line ValueError on a bad kind or a missing base_url)."""
-        from pipelines.forecasting.llm_backend import LlmBackend
+        """The backend the pipelines take (one-line ValueError on a bad kind or a missing base_url)."""
+        from pipelines.forecasting.llm_backend import llm_backend
 
-        return LlmBackend(self.kind, self.base_url, self.model, self.api_key, self.vllm_python)
+        return llm_backend(self.kind, self.base_url, self.model, self.api_key, self.vllm_python)
 
 
 def build_resources(settings: Settings, pin_gpu_per_step: bool = True) -> dict[str, dg.ConfigurableResource]:

@@ -112,7 +112,9 @@ def serve(settings: Settings, dagster_port: int | None = None, mlflow_port: int 
     script = settings.reports_dir / PORTS_SCRIPT
     log_path = settings.home / "logs" / f"ui-{time.strftime('%Y%m%d-%H%M%S')}.log"
     # The servers' Python warnings go to the log like the rest of their output.
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    # MLFLOW_TRACKING_URI: the store whose home the MLflow server resolves `kernelcast-home:`
+    # artifact locations against (models.registry.home_artifacts).
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "MLFLOW_TRACKING_URI": settings.mlflow_uri}
     procs: dict[str, subprocess.Popen] = {}
     stopping = False
 

@@ -15,10 +15,11 @@ reference forecasters (uniform, bin prior, oracle), an external LoggedModel of t
 model input of the run (its "Logged models": the registered versions and the reference
 forecasters' stand-ins), as the eval pairs are its dataset.
 
-The store moves with its home: artifact locations are written as absolute `file://` URIs (what
-MLflow's sqlite store keeps), and `open_store` re-roots every location that points into another
-folder's `mlartifacts/` onto the one beside the database, the first time a process opens it. A
-copied or moved `$KERNELCAST_HOME` therefore reads and writes only its own artifacts.
+The store moves with its home: the project's experiments keep their artifacts at
+`kernelcast-home:/mlartifacts`, a location MLflow resolves through the artifact repository plugin
+of models.registry.home_artifacts against the folder of the sqlite store in use, not an absolute
+path written once. A copied or moved `$KERNELCAST_HOME` therefore reads and writes only its own
+artifacts, and nothing here writes to MLflow's tables but MLflow itself.
 
 This module never imports dagster; the tracking URI is a plain string.
 """
@@ -28,9 +29,7 @@ from __future__ import annotations
 import logging
 import math
 import os
-import sqlite3
 import tempfile
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -47,16 +46,12 @@ _SKIP_KEYS = ("step", "epoch")
 
 
 ARTIFACTS_DIR = "mlartifacts"  # beside mlflow.db: the home's artifact root
+HOME_SCHEME = "kernelcast-home"  # artifact locations relative to the home (models.registry.home_artifacts)
+HOME_ARTIFACT_ROOT = f"{HOME_SCHEME}:/{ARTIFACTS_DIR}"  # the project's experiments' artifact location
 # The MLflow UI's port, set by `kernelcast ui --mlflow-port` for every process it starts; links
 # to runs are built from it (run_url), so they follow the port the UI really listens on.
 MLFLOW_PORT_ENV = "KERNELCAST_MLFLOW_PORT"
 DEFAULT_MLFLOW_PORT = 5000
-# Columns of MLflow's sqlite store that hold artifact locations (others hold ids and text).
-_LOCATION_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
-                     ("logged_models", "artifact_location"), ("model_versions", "source"),
-                     ("model_versions", "storage_location"))
-_opened: set[str] = set()
-_open_lock = threading.Lock()
 
 
 def tracking_client(tracking_uri: str):
@@ -80,46 +75,14 @@ def sqlite_path(tracking_uri: str) -> Path | None:
 
 
 def artifact_root(tracking_uri: str) -> str | None:
-    """The artifact root of a sqlite store: `mlartifacts/` beside its database, as a file URI."""
-    db = sqlite_path(tracking_uri)
-    return (db.parent / ARTIFACTS_DIR).resolve().as_uri() if db is not None else None
+    """The artifact location the project's experiments are created with: for a sqlite store
+    `kernelcast-home:/mlartifacts`, i.e. `mlartifacts/` beside its database wherever it lies;
+    None (MLflow's default) for any other store.
 
-
-def reroot_artifacts(tracking_uri: str) -> int:
-    """Point every artifact location of a sqlite store that lies in another folder's
-    `mlartifacts/` (the store was copied or moved with its home) at this store's own.
-
-    Returns:
-        The number of locations rewritten (0: nothing pointed elsewhere, or no store yet).
+    >>> artifact_root("sqlite:////tmp/home/mlflow.db"), artifact_root("http://127.0.0.1:5000")
+    ('kernelcast-home:/mlartifacts', None)
     """
-    db, root = sqlite_path(tracking_uri), artifact_root(tracking_uri)
-    if db is None or root is None or not db.is_file():
-        return 0
-    marker = f"/{ARTIFACTS_DIR}"
-    with sqlite3.connect(db, timeout=60) as con:
-        tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
-        columns = [(t, c) for t, c in _LOCATION_COLUMNS if t in tables
-                   and c in {r[1] for r in con.execute(f"PRAGMA table_info({t})")}]
-        old_roots: set[str] = set()
-        for table, column in columns:
-            for (value,) in con.execute(f"SELECT DISTINCT {column} FROM {table} WHERE {column} LIKE 'file://%'"):
-                # the root is the path up to its last `/mlartifacts` segment (followed by the
-                # experiment's own folders, or nothing)
-                cut = value.rfind(marker + "/")
-                end = cut + len(marker) if cut >= 0 else (len(value) if value.endswith(marker) else -1)
-                if end > 0 and value[:end] != root:
-                    old_roots.add(value[:end])
-        changed = 0
-        for old in sorted(old_roots, key=len, reverse=True):
-            for table, column in columns:
-                cur = con.execute(
-                    f"UPDATE {table} SET {column} = ? || substr({column}, ?) "
-                    f"WHERE {column} = ? OR substr({column}, 1, ?) = ?",
-                    [root, len(old) + 1, old, len(old) + 1, old + "/"])
-                changed += cur.rowcount
-    if changed:
-        log.info("re-rooted %d artifact locations of %s onto %s", changed, db, root)
-    return changed
+    return HOME_ARTIFACT_ROOT if sqlite_path(tracking_uri) is not None else None
 
 
 def create_store(tracking_uri: str) -> None:
@@ -128,19 +91,16 @@ def create_store(tracking_uri: str) -> None:
     child process on a new home, so they run beside its first jobs (orchestration.runner)."""
     from mlflow import MlflowClient
 
+    open_store(tracking_uri)
     MlflowClient(tracking_uri=tracking_uri, registry_uri=tracking_uri)
 
 
 def open_store(tracking_uri: str) -> None:
-    """Once per process and store: re-root artifact locations left by an older home."""
-    with _open_lock:
-        if tracking_uri in _opened:
-            return
-        db = sqlite_path(tracking_uri)
-        if db is not None and not db.is_file():
-            return  # MLflow creates it; the next open (after the first experiment) checks it
-        reroot_artifacts(tracking_uri)
-        _opened.add(tracking_uri)
+    """Before a store is used in this process: MLflow knows the `kernelcast-home:` scheme its
+    artifact locations use (models.registry.home_artifacts)."""
+    from models.registry.home_artifacts import register
+
+    register()
 
 
 def mlflow_port() -> int:
@@ -213,12 +173,14 @@ def mlflow_experiment(client: Any, tracking_uri: str, name: str) -> str:
     """The experiment id of `name`, created if missing. For a sqlite store its artifacts go
     beside the database file (not ./mlruns in whatever directory the process runs from); the
     store's empty "Default" experiment is retired once ours exists."""
+    import mlflow
+
     open_store(tracking_uri)
     found = client.get_experiment_by_name(name)
     if found is not None:
         return found.experiment_id
+    mlflow.set_tracking_uri(tracking_uri)  # MLflow checks the new location without naming its store
     created = client.create_experiment(name, artifact_location=artifact_root(tracking_uri))
-    open_store(tracking_uri)  # a store created just now is checked from here on
     retire_default_experiment(client)
     return created
 

@@ -1,7 +1,8 @@
-"""Which backend answers the LLM forecasts made here, as one value handed down from the
-orchestration's LLM-backend resource (orchestration.resources.LlmBackendResource).
+"""Which backend answers the LLM forecasts made here: one class per backend, made once by
+`llm_backend` from the orchestration's LLM-backend resource (orchestration.resources.LlmBackendResource)
+and handed down to the shards.
 
-Kinds:
+Kinds (the resource's `kind`):
     transformers  the model in this process (models.backends.transformers_backend), on the step's device
     vllm          vLLM's offline engine in a child process under `vllm_python` (default: see
                   models.backends.vllm_backend.resolve_vllm_python); a registered version's LoRA
@@ -19,45 +20,26 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 LLM_BACKENDS = ("transformers", "vllm", "openai", "committed")
 
 
 @dataclass(frozen=True)
 class LlmBackend:
-    kind: str = "transformers"
-    base_url: str = ""
-    model: str = ""
-    api_key: str = ""
-    vllm_python: str = ""
+    """What answers a language model's forecasts here; one subclass per backend, made by
+    `llm_backend` from the resource's settings.
 
-    def __post_init__(self) -> None:
-        if self.kind not in LLM_BACKENDS:
-            raise ValueError(f"unknown LLM backend {self.kind!r}; one of {', '.join(LLM_BACKENDS)}")
-        if self.kind == "openai" and not self.base_url:
-            raise ValueError("the openai LLM backend needs the server's base_url (e.g. http://127.0.0.1:8000/v1)")
+    A subclass answers `base_forecaster` and `registered_forecaster`; `forecasts_here` says
+    whether it makes forward passes at all.
+    """
 
-    @property
-    def forecasts_here(self) -> bool:
-        """Whether language models make forward passes here (every kind but committed)."""
-        return self.kind != "committed"
+    kind: ClassVar[str]
+    forecasts_here: ClassVar[bool] = True
 
     def base_forecaster(self, spec: str, home: Path, device: str, cache: Any):
         """The forecaster of a base language model ('smollm2', 'tiny' or a checkpoint folder)."""
-        from models.base_model import resolve_base_model
-
-        self._refuse_committed(f"base:{spec}")
-        if self.kind == "openai":
-            return self._served(f"base:{spec}", cache)
-        path = resolve_base_model(spec, home)
-        if self.kind == "vllm":
-            from models.backends.vllm_backend import VLLMOfflineForecaster
-
-            return VLLMOfflineForecaster(path, python=self.vllm_python or None, cache=cache)
-        from models.backends.transformers_backend import TransformersForecaster
-
-        return TransformersForecaster(str(path), readout="logprob", batch_size=1, device=device, cache=cache)
+        raise NotImplementedError
 
     def registered_forecaster(self, tracking_uri: str, name: str, version: int, model_ref: str, home: Path,
                               device: str, downloads: Path, cache: Any) -> tuple[Any, str]:
@@ -66,22 +48,81 @@ class LlmBackend:
         Raises:
             FileNotFoundError: the version does not exist.
         """
-        from models.registry.lifecycle import registered_forecaster, registered_prompt_style
+        raise NotImplementedError
 
-        self._refuse_committed(model_ref)
-        if self.kind == "openai":
-            return self._served(model_ref, cache), registered_prompt_style(tracking_uri, version, downloads, name)
+
+@dataclass(frozen=True)
+class TransformersBackend(LlmBackend):
+    """The model in this process, on the step's device."""
+
+    kind: ClassVar[str] = "transformers"
+
+    def base_forecaster(self, spec: str, home: Path, device: str, cache: Any):
+        from models.backends.transformers_backend import TransformersForecaster
+        from models.base_model import resolve_base_model
+
+        path = resolve_base_model(spec, home)
+        return TransformersForecaster(str(path), readout="logprob", batch_size=1, device=device, cache=cache)
+
+    def registered_forecaster(self, tracking_uri: str, name: str, version: int, model_ref: str, home: Path,
+                              device: str, downloads: Path, cache: Any) -> tuple[Any, str]:
+        from models.registry.lifecycle import registered_forecaster
+
         loaded, described = registered_forecaster(tracking_uri, version, home, cache_dir=None, name=name,
-                                                  device="cpu" if self.kind == "vllm" else device,
-                                                  downloads=downloads)
-        if self.kind == "transformers":
-            loaded.cache = cache
-            return loaded, described["prompt_style"]
-        from models.backends.vllm_backend import VLLMOfflineForecaster
+                                                  device=device, downloads=downloads)
+        loaded.cache = cache
+        return loaded, described["prompt_style"]
 
+
+@dataclass(frozen=True)
+class VllmBackend(LlmBackend):
+    """vLLM's offline engine in a child process under `vllm_python` (empty: the default
+    interpreter, models.backends.vllm_backend.resolve_vllm_python)."""
+
+    kind: ClassVar[str] = "vllm"
+    vllm_python: str = ""
+
+    def base_forecaster(self, spec: str, home: Path, device: str, cache: Any):
+        from models.backends.vllm_backend import VLLMOfflineForecaster
+        from models.base_model import resolve_base_model
+
+        return VLLMOfflineForecaster(resolve_base_model(spec, home), python=self.vllm_python or None, cache=cache)
+
+    def registered_forecaster(self, tracking_uri: str, name: str, version: int, model_ref: str, home: Path,
+                              device: str, downloads: Path, cache: Any) -> tuple[Any, str]:
+        from models.backends.vllm_backend import VLLMOfflineForecaster
+        from models.registry.lifecycle import registered_forecaster
+
+        # Loaded on the CPU only to merge its adapter: the engine loads the merged checkpoint.
+        loaded, described = registered_forecaster(tracking_uri, version, home, cache_dir=None, name=name,
+                                                  device="cpu", downloads=downloads)
         merged = _merged_checkpoint(loaded, home / "surrogates" / "merged" / loaded.model_ref.replace("/", "_"))
         return (VLLMOfflineForecaster(merged, python=self.vllm_python or None, cache=cache, model_ref=loaded.model_ref),
                 described["prompt_style"])
+
+
+@dataclass(frozen=True)
+class OpenAIBackend(LlmBackend):
+    """An OpenAI-compatible server at `base_url` serving the model: `model` names it there
+    (empty: the forecast's model ref), `api_key` its bearer token."""
+
+    kind: ClassVar[str] = "openai"
+    base_url: str = ""
+    model: str = ""
+    api_key: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.base_url:
+            raise ValueError("the openai LLM backend needs the server's base_url (e.g. http://127.0.0.1:8000/v1)")
+
+    def base_forecaster(self, spec: str, home: Path, device: str, cache: Any):
+        return self._served(f"base:{spec}", cache)
+
+    def registered_forecaster(self, tracking_uri: str, name: str, version: int, model_ref: str, home: Path,
+                              device: str, downloads: Path, cache: Any) -> tuple[Any, str]:
+        from models.registry.lifecycle import registered_prompt_style
+
+        return self._served(model_ref, cache), registered_prompt_style(tracking_uri, version, downloads, name)
 
     def _served(self, model_ref: str, cache: Any):
         from models.backends.openai_backend import OpenAIForecaster
@@ -89,9 +130,47 @@ class LlmBackend:
         return OpenAIForecaster(self.base_url, self.model or model_ref, api_key=self.api_key or None,
                                 use_logprobs=True, cache=cache)
 
-    def _refuse_committed(self, model_ref: str) -> None:
-        if not self.forecasts_here:
-            raise ValueError(f"{model_ref} has no committed forecasts and the committed LLM backend makes no forward pass")
+
+@dataclass(frozen=True)
+class CommittedBackend(LlmBackend):
+    """The committed GPU forecasts alone: every forward pass is refused."""
+
+    kind: ClassVar[str] = "committed"
+    forecasts_here: ClassVar[bool] = False
+
+    def base_forecaster(self, spec: str, home: Path, device: str, cache: Any):
+        raise self._refused(f"base:{spec}")
+
+    def registered_forecaster(self, tracking_uri: str, name: str, version: int, model_ref: str, home: Path,
+                              device: str, downloads: Path, cache: Any) -> tuple[Any, str]:
+        raise self._refused(model_ref)
+
+    @staticmethod
+    def _refused(model_ref: str) -> ValueError:
+        return ValueError(f"{model_ref} has no committed forecasts and the committed LLM backend makes no forward pass")
+
+
+def llm_backend(kind: str = "transformers", base_url: str = "", model: str = "", api_key: str = "",
+                vllm_python: str = "") -> LlmBackend:
+    """The backend of `kind` with the settings it reads (the others are ignored).
+
+    >>> llm_backend("vllm", vllm_python="/opt/vllm/bin/python")
+    VllmBackend(vllm_python='/opt/vllm/bin/python')
+    >>> llm_backend("committed").forecasts_here
+    False
+
+    Raises:
+        ValueError: an unknown kind, or the openai kind without its base_url (one line).
+    """
+    if kind == "transformers":
+        return TransformersBackend()
+    if kind == "vllm":
+        return VllmBackend(vllm_python)
+    if kind == "openai":
+        return OpenAIBackend(base_url, model, api_key)
+    if kind == "committed":
+        return CommittedBackend()
+    raise ValueError(f"unknown LLM backend {kind!r}; one of {', '.join(LLM_BACKENDS)}")
 
 
 def _merged_checkpoint(forecaster: Any, folder: Path) -> Path:

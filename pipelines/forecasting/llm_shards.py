@@ -28,7 +28,7 @@ import polars as pl
 
 from models.bins import NUM_BINS
 from models.calibration import Calibrator
-from pipelines.forecasting.llm_backend import LlmBackend
+from pipelines.forecasting.llm_backend import LlmBackend, TransformersBackend
 from pipelines.sharding import balanced_shards
 from warehouse.bin_edges import P_COLS
 
@@ -147,7 +147,7 @@ def forecast_device(gpu: int | None) -> str:
 
 
 def forecast_shard(tracking_uri: str, job: LlmJob, home: Path, device: str,
-                   downloads: Path, backend: LlmBackend = LlmBackend()) -> tuple[pl.DataFrame, int]:
+                   downloads: Path, backend: LlmBackend = TransformersBackend()) -> tuple[pl.DataFrame, int]:
     """Logprob forecasts of one job's pairs on `device`: a registered version's calibrated, a
     base model's as they come.
 
@@ -184,7 +184,7 @@ def forecast_shard(tracking_uri: str, job: LlmJob, home: Path, device: str,
 
 
 def forecast_shard_file(plan: Path, rows: Path, tracking_uri: str, home: Path, device: str, downloads: Path,
-                        log: Callable[[str], None] | None = None, backend: LlmBackend = LlmBackend()) -> int:
+                        log: Callable[[str], None] | None = None, backend: LlmBackend = TransformersBackend()) -> int:
     """Every job of one shard plan (`write_shard`) forecast on `device` by `backend`, the rows
     written to `rows` (Parquet) for the merge; returns the forward passes made.
 

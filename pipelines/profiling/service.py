@@ -190,6 +190,11 @@ class _ServiceRun(_Run):
 
     def _take(self, path: Path) -> bool:
         job_id = path.stem
+        if job_id in self.jobstore.jobs:
+            # A second job under an open job's id (a job file written again by hand or by a
+            # client retrying): taken now it would replace the open job's file and its kernels'
+            # ids; it waits in the queue until the open one is answered.
+            return False
         taken = path.with_suffix(".taken")
         try:
             os.replace(path, taken)  # the claim: a client withdrawing the job now finds it gone

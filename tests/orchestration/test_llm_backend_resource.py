@@ -4,6 +4,7 @@ resource or run config, its defaults from the settings."""
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
 
 import dagster as dg
 import polars as pl
@@ -162,3 +163,16 @@ def test_the_vllm_kind_reads_the_same_distribution_as_transformers(tmp_path, tmp
     # float32 pass by up to 0.023 in a bin's probability (measured 2026-12-02; short prompts stay
     # under 2e-3, tests/models/test_vllm_offline.py).
     assert rows["vllm"] == pytest.approx(rows["transformers"], abs=0.05)
+
+
+@pytest.mark.parametrize(("kind", "cls", "here"), [
+    ("transformers", "TransformersBackend", True), ("vllm", "VllmBackend", True),
+    ("openai", "OpenAIBackend", True), ("committed", "CommittedBackend", False)])
+def test_each_kind_is_its_own_backend(kind, cls, here):
+    backend = LlmBackendResource(kind=kind, base_url="http://127.0.0.1:8000/v1", vllm_python="/opt/vllm/bin/python").backend()
+    assert type(backend).__name__ == cls and backend.kind == kind and backend.forecasts_here is here
+    # each keeps only the settings it reads
+    assert {f for f in vars(backend)} <= {"base_url", "model", "api_key", "vllm_python"}
+    if kind == "committed":
+        with pytest.raises(ValueError, match="base:tiny has no committed forecasts"):
+            backend.base_forecaster("tiny", Path("."), "cpu", None)

@@ -126,3 +126,22 @@ def test_default_profiler_measures_nothing_without_a_gpu_of_the_partition(settin
     run = _run(settings, ProfilerResource())
     assert run.success
     assert _measurements(settings).height == 0
+
+
+@pytest.mark.parametrize(("kind", "folder", "cls"), [
+    ("cuda", "", "CudaWorkerProfiler"), ("recorded", "/data/h200", "RecordedProfiler"),
+    ("batch_file", "", "BatchFileProfiler")])
+def test_each_kind_is_its_own_profiler_made_once(kind, folder, cls):
+    resource = ProfilerResource(kind=kind, folder=folder, pin_gpu_per_step=False)
+    made = resource.profiler()
+    assert type(made).__name__ == cls and made.kind == kind
+    assert resource.profiler() is made  # chosen once, not per call
+    assert resource.pinned_gpu(3) is None  # pinning off, or no GPU at all
+
+
+def test_the_cuda_worker_pins_its_step_gpu_and_a_bad_kind_is_one_line():
+    assert ProfilerResource().pinned_gpu(3) == 3
+    with pytest.raises(ValueError, match="unknown profiler kind 'nope'; one of cuda, recorded, batch_file"):
+        ProfilerResource(kind="nope").profiler()
+    with pytest.raises(ValueError, match="needs the folder"):
+        ProfilerResource(kind="recorded").profiler()

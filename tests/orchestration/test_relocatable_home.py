@@ -1,29 +1,41 @@
 """$KERNELCAST_HOME moves: a home built in one folder, copied elsewhere and the original deleted,
 forecasts, reports and promotes from the copy, and reads nothing of the old place (MLflow's
-artifact locations are re-rooted on open, Dagster's storage is named through $DAGSTER_HOME)."""
+artifact locations are relative to the home, Dagster's storage is named through $DAGSTER_HOME)."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
-import sqlite3
+import subprocess
+import sys
+from pathlib import Path
 
 import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
-from models.registry.tracking import reroot_artifacts
+from models.registry.tracking import HOME_ARTIFACT_ROOT
 from tests.forecasting.test_forecasting_models import toy_pairs
 
 NAME = "kernelcast-surrogate"
+REPO = Path(__file__).resolve().parents[2]
 
 
-def _locations(db) -> list[str]:
-    """Every artifact location MLflow's sqlite store holds."""
-    with sqlite3.connect(db) as con:
-        return [v for sql in ("SELECT artifact_location FROM experiments", "SELECT artifact_uri FROM runs",
-                              "SELECT artifact_location FROM logged_models", "SELECT storage_location FROM model_versions")
-                for (v,) in con.execute(sql) if v]
+def _locations(tracking_uri: str) -> list[str]:
+    """Every artifact location the store holds, read through MLflow: its experiments', runs',
+    logged models' and model versions'."""
+    from mlflow import MlflowClient
+    from mlflow.entities import ViewType
+
+    client = MlflowClient(tracking_uri, registry_uri=tracking_uri)
+    exps = client.search_experiments(view_type=ViewType.ALL)
+    ids = [e.experiment_id for e in exps]
+    runs = client.search_runs(ids, run_view_type=ViewType.ALL)
+    models = client.search_logged_models(ids)
+    versions = client.search_model_versions()
+    return ([e.artifact_location for e in exps if e.experiment_id != "0"] + [r.info.artifact_uri for r in runs]
+            + [m.artifact_location for m in models] + [v.source for v in versions])
 
 
 @dg.asset
@@ -68,8 +80,10 @@ def test_a_copied_home_forecasts_reports_and_promotes_with_the_original_gone(tmp
     old, new = tmp_path / "first", tmp_path / "moved" / "home"
     monkeypatch.setenv("KERNELCAST_HOME", str(old))
     monkeypatch.setenv("DAGSTER_HOME", str(old / "dagster"))
-    _build_home(old)
-    assert any(str(old) in loc for loc in _locations(old / "mlflow.db"))  # MLflow stores absolute paths
+    built = _build_home(old)
+    before = _locations(built.mlflow_uri)
+    assert before and all(loc.startswith(HOME_ARTIFACT_ROOT) for loc in before
+                          if not loc.startswith("models:/")), before  # no absolute path of the first home
     shutil.copytree(old, new)
     shutil.rmtree(old)
 
@@ -92,10 +106,8 @@ def test_a_copied_home_forecasts_reports_and_promotes_with_the_original_gone(tmp
     assert json.loads(promoted.stdout)["version"] == 1
 
     # Nothing points at the old place; new runs write under the copy.
-    locations = _locations(new / "mlflow.db")
+    locations = _locations(settings.mlflow_uri)
     assert locations and not any(str(old) in loc for loc in locations)
-    assert all(loc.startswith((new / "mlartifacts").as_uri()) for loc in locations
-               if "mlartifacts" in loc), locations
     assert not old.exists()
     from mlflow import MlflowClient
 
@@ -104,7 +116,7 @@ def test_a_copied_home_forecasts_reports_and_promotes_with_the_original_gone(tmp
     client = MlflowClient(settings.mlflow_uri)
     run = client.create_run(mlflow_experiment(client, settings.mlflow_uri, "kernelcast-training"))
     log_training_data(settings.mlflow_uri, run.info.run_id, "ds-home", ["m-1"])
-    assert (new / "mlartifacts").as_uri() in client.get_run(run.info.run_id).info.artifact_uri
+    assert client.get_run(run.info.run_id).info.artifact_uri.startswith(HOME_ARTIFACT_ROOT + "/")
     assert list((new / "mlartifacts").rglob("measurement_ids.txt"))
     # The Dagster instance of the copy holds the run made before the move.
     with dg.DagsterInstance.get() as instance:
@@ -112,28 +124,49 @@ def test_a_copied_home_forecasts_reports_and_promotes_with_the_original_gone(tmp
     assert not old.exists()
 
 
-def test_reroot_rewrites_only_locations_inside_another_mlartifacts(tmp_path):
-    from mlflow import MlflowClient
+def test_a_copied_store_reads_and_writes_its_own_artifacts(tmp_path):
+    """The store alone (no home around it): copied, the original deleted, its run's artifact is
+    read from the copy and a new one lands there; the rows are the same before and after."""
+    from models.registry.tracking import mlflow_experiment, tracking_client
 
-    from models.registry.tracking import mlflow_experiment
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    uri = f"sqlite:///{first / 'mlflow.db'}"
+    client = tracking_client(uri)
+    run = client.create_run(mlflow_experiment(client, uri, "kernelcast-training"))
+    client.log_text(run.info.run_id, "m-1\n", "measurement_ids.txt")
+    assert list((first / "mlartifacts").rglob("measurement_ids.txt"))
+    rows = _locations(uri)
+    shutil.copytree(first, second)
+    shutil.rmtree(first)
 
-    store = tmp_path / "a"
-    store.mkdir()
-    uri = f"sqlite:///{store / 'mlflow.db'}"
-    client = MlflowClient(uri)
-    exp = mlflow_experiment(client, uri, "kernelcast-training")
-    client.create_run(exp)
-    assert reroot_artifacts(uri) == 0  # already its own
-    moved = tmp_path / "b"
-    shutil.copytree(store, moved)
-    moved_uri = f"sqlite:///{moved / 'mlflow.db'}"
-    with sqlite3.connect(moved / "mlflow.db") as con:  # a location outside any mlartifacts/ stays
-        con.execute("UPDATE runs SET artifact_uri = 'file:///elsewhere/runs/x'")
-    assert reroot_artifacts(moved_uri) == 1  # the experiment's location
-    locs = _locations(moved / "mlflow.db")
-    assert (moved / "mlartifacts").as_uri() in locs and "file:///elsewhere/runs/x" in locs
-    assert not any(str(store) in loc for loc in locs)
-    assert reroot_artifacts(moved_uri) == 0
+    # A new process opens the copy, as after a move (MLflow caches a run's artifact repository
+    # per run id for the life of a process).
+    moved = f"sqlite:///{second / 'mlflow.db'}"
+    script = ("import sys, mlflow; from models.registry.tracking import tracking_client; "
+              "c = tracking_client(sys.argv[1]); print(mlflow.artifacts.load_text(f'runs:/{sys.argv[2]}/measurement_ids.txt'), end=''); "
+              "c.log_text(sys.argv[2], 'later', 'later.txt')")
+    done = subprocess.run([sys.executable, "-c", script, moved, run.info.run_id], capture_output=True, text=True,
+                          cwd=tmp_path, env={**os.environ, "PYTHONPATH": str(REPO)}, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout == "m-1\n"
+    assert [p.read_text() for p in (second / "mlartifacts").rglob("later.txt")] == ["later"]
+    assert not first.exists() and _locations(moved) == rows
+
+
+def test_a_home_location_needs_a_home_store():
+    """A `kernelcast-home:` location read without a home's sqlite store, or climbing out of the
+    home, is refused with a one-line error."""
+    from mlflow.exceptions import MlflowException
+
+    from models.registry.home_artifacts import resolve
+
+    assert resolve("kernelcast-home:/mlartifacts/1/r/artifacts", "sqlite:////h/mlflow.db") == \
+        "file:///h/mlartifacts/1/r/artifacts"
+    with pytest.raises(MlflowException, match="is not a home's sqlite"):
+        resolve("kernelcast-home:/mlartifacts/1", "http://127.0.0.1:5000")
+    with pytest.raises(MlflowException, match="outside the home"):
+        resolve("kernelcast-home:/mlartifacts/../../etc", "sqlite:////h/mlflow.db")
 
 
 def test_the_default_experiment_is_retired_once_ours_exists(tmp_path):
