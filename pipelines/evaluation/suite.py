@@ -139,7 +139,7 @@ def write_split_reports(results: Mapping[str, Mapping[str, Any]], out_dir: Path,
     Returns:
         split -> path of its index.html.
     """
-    from pipelines.promotion.summary import PROMOTION_SCRIPT
+    from pipelines.evaluation.decisions import PROMOTION_SCRIPT
     from pipelines.surrogates.roles import ordered_splits, split_title
 
     merged = ("source_only" in results and "in_distribution" in results
