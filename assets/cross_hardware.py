@@ -63,8 +63,8 @@ def cross_hardware_report(context: dg.AssetExecutionContext, settings: SettingsR
     fitted on n of its pairs, Brier against n (a curve), and the bin agreement of the kernels
     measured on both cards; its figures logged to an MLflow run."""
     from orchestration.links import dagster_run_url, live_ports
+    from pipelines.evaluation.card_study import study_cards
     from pipelines.evaluation.cross_hardware import headline, write_cross_hardware_report
-    from pipelines.surrogates.cards import study_cards
     from pipelines.surrogates.export import latest_version
     from warehouse.db import connect
 
