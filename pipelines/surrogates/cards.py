@@ -61,10 +61,12 @@ class CardVersions:
 
 
 def train_card_forecasters(warehouse_path: Any, tracking_uri: str, surrogate: Any, curation: Any, batch: str,
-                           tags: Mapping[str, str], progress: Callable[[str], None] | None = None) -> CardVersions:
+                           tags: Mapping[str, str], progress: Callable[[str], None] | None = None, *,
+                           model_logger: Callable[[Any, Any], Any]) -> CardVersions:
     """Fit, calibrate and register the classical kinds on every pair of each target card (its
     `fitted@all` setting), as versions of the surrogate's model tagged with the card; a version
-    of the same kind, dataset version, code and card is re-used.
+    of the same kind, dataset version, code and card is re-used; `model_logger` is what each
+    version is logged as (pipelines.surrogates.classical.train_and_register).
 
     Raises:
         NoDatasetVersion: nothing curated yet.
@@ -95,7 +97,7 @@ def train_card_forecasters(warehouse_path: Any, tracking_uri: str, surrogate: An
                                              tags=tags,
                                              params=classical_params(surrogate.classical_params),
                                              max_fit=surrogate.classical_max_fit, workers=surrogate.classical_workers,
-                                             progress=progress)]
+                                             progress=progress, model_logger=model_logger)]
     if registered and roles.hardware_id:
         set_reference_hardware(tracking_uri, SURROGATE_MODEL, roles.hardware_id)
     return CardVersions(version, roles.hardware_id, registered, sizes)
