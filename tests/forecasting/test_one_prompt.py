@@ -1,5 +1,5 @@
 """A pair's prompt is the training row builder's, byte for byte, wherever it is made: the
-evaluation's (pipelines.evaluation.lm_forecasts, from the warehouse too) and the forecasting
+evaluation's (pipelines.forecasting.lm_forecasts, from the warehouse too) and the forecasting
 adapters' (pipelines.forecasting.language), for every style, "+features" included."""
 
 from __future__ import annotations
