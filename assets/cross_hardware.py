@@ -32,13 +32,15 @@ def card_forecasters(context: dg.AssetExecutionContext, settings: SettingsResour
     (the cross-hardware pool, every fifth pair calibrating), registered as versions of
     models:/kernelcast-surrogate tagged `hardware` with their card."""
     from assets.training import _dataset_failures, _run_tags
+    from pipelines.forecasting.pyfunc import log_classical_sources_model
     from pipelines.surrogates.cards import train_card_forecasters
 
     cfg = settings.get()
     mlflow.client()
     with _dataset_failures():
         out = train_card_forecasters(warehouse.path, mlflow.tracking_uri, cfg.surrogate, cfg.curation,
-                                     context.run.run_id, _run_tags(context), progress=context.log.info)
+                                     context.run.run_id, _run_tags(context), progress=context.log.info,
+                                     model_logger=log_classical_sources_model)
     table = markdown_table(["card", "eval pairs", "fit pairs", "calibration pairs"],
                            [(card, *sizes) for card, sizes in sorted(out.pairs.items())])
     versions = markdown_table(["version", "kind", "card", "trained", "calibration Brier"],
@@ -63,8 +65,8 @@ def cross_hardware_report(context: dg.AssetExecutionContext, settings: SettingsR
     fitted on n of its pairs, Brier against n (a curve), and the bin agreement of the kernels
     measured on both cards; its figures logged to an MLflow run."""
     from orchestration.links import dagster_run_url, live_ports
+    from pipelines.evaluation.card_study import study_cards
     from pipelines.evaluation.cross_hardware import headline, write_cross_hardware_report
-    from pipelines.surrogates.cards import study_cards
     from pipelines.surrogates.export import latest_version
     from warehouse.db import connect
 

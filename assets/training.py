@@ -64,6 +64,7 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
     (settings.surrogate.llm); with the committed adapter, the other variants of its committed run
     that a GPU host's run brought back (code-embed with its head file among them) are registered
     too; lineage in DuckDB `model_lineage`."""
+    from pipelines.forecasting.embed import log_embed_head_model
     from pipelines.surrogates.grpo import train_grpo_surrogates
     from pipelines.surrogates.llm import produce_llm_surrogate
 
@@ -75,7 +76,8 @@ def surrogate_model(context: dg.AssetExecutionContext, settings: SettingsResourc
             return _grpo_result(train_grpo_surrogates(warehouse.path, mlflow.tracking_uri, cfg.home, cfg.surrogate,
                                                       run_id, log=context.log.info), cfg.surrogate, mlflow)
         llm = produce_llm_surrogate(warehouse.path, mlflow.tracking_uri, cfg.home, cfg.data_dir, cfg.surrogate,
-                                    cfg.home / "training" / run_id, _run_tags(context))
+                                    cfg.home / "training" / run_id, _run_tags(context),
+                                    head_logger=log_embed_head_model)
     out, trained = llm.registered, llm.trained
     context.log.info(f"LLM surrogate: version {out.version} ({out.source}, {'re-used' if out.reused else 'registered'})")
     if llm.committed_variants:
@@ -105,13 +107,15 @@ def classical_forecasters(context: dg.AssetExecutionContext, settings: SettingsR
     trained on the current dataset version's fit pairs, calibrated on its calibration split, and
     registered as versions of models:/kernelcast-surrogate (tag kind); their held-out-task twins
     go to models:/kernelcast-surrogate-held-out."""
+    from pipelines.forecasting.pyfunc import log_classical_sources_model
     from pipelines.surrogates.classical import train_classical_surrogates
 
     cfg = settings.get()
     mlflow.client()
     with _dataset_failures():
         out = train_classical_surrogates(warehouse.path, mlflow.tracking_uri, cfg.surrogate, context.run.run_id,
-                                         SURROGATE_MODEL, _run_tags(context), progress=context.log.info)
+                                         SURROGATE_MODEL, _run_tags(context), progress=context.log.info,
+                                         model_logger=log_classical_sources_model)
     table = markdown_table(["model", "version", "kind", "split", "trained", "calibration Brier"],
                            [(r.name, r.version, r.kind, r.split, "re-used" if r.reused else "trained",
                              r.metrics.get("calibration_brier_after", "")) for r in out.registered])

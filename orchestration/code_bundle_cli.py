@@ -37,12 +37,14 @@ def ingest_cli(args: Any) -> int:
         print(f"  {variant}: head file {name}")
     if args.register:
         from models.registry.tracking import prepare_store
+        from pipelines.forecasting.embed import log_embed_head_model
         from warehouse.db import connect
 
         prepare_store(settings.mlflow_uri)
         with connect(settings.warehouse_path) as con:
             versions = register_variants(con, settings.mlflow_uri, settings.data_dir, into, Path(args.results),
-                                         summary["variants"], settings.surrogate.base_model)
+                                         summary["variants"], settings.surrogate.base_model,
+                                         head_logger=log_embed_head_model)
         print("registered: " + ", ".join(f"{k} v{v}" for k, v in versions.items()))
     return 0
 

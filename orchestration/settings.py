@@ -76,7 +76,7 @@ class EvaluationSettings:
     lm_pairs_per_task: int | None = 2  # None: every eval pair
     lm_prompt_style: str = "full"
     # A folder of fetched third-party results scored as part of the external split
-    # (pipelines.evaluation.library_dir; $KERNELCAST_LIBRARY_DIR); None: none.
+    # (pipelines.surrogates.library_dir; $KERNELCAST_LIBRARY_DIR); None: none.
     library_dir: str | None = None
     # The curve of the cross-hardware report (pipelines.surrogates.cross_hardware): Brier of the
     # reference card's forecasters recalibrated on, and of forecasters fitted on, the first n pairs

@@ -9,7 +9,10 @@ that is the one arrow allowed up; the CLI, the runner and the rest of orchestrat
 only through the code location.
 
 The benchmarks, demos and fuzzers (benchmarks/) stand on top of every floor: they may import the
-product, nothing in the product may import them."""
+product, nothing in the product may import them.
+
+Within pipelines/ the rooms stand in the order of the data's walk (ROOMS, lowest first): a room
+imports only the rooms below it, so none reaches another through a circle of rooms."""
 
 from __future__ import annotations
 
@@ -23,6 +26,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FLOORS = ("benchmarks", "assets", "orchestration", "pipelines", "models", "warehouse")
+# The rooms of pipelines/, lowest first: the order the data walks (docs/architecture.md).
+ROOMS = ("pipelines.tasks", "pipelines.profiling", "pipelines.generation", "pipelines.curation",
+         "pipelines.surrogates", "pipelines.forecasting", "pipelines.evaluation", "pipelines.promotion",
+         "pipelines.search")
 # The one arrow that may run up: the code location's Definitions collect the assets.
 ALLOWED_UP = {("orchestration.definitions", "assets")}
 # The GPU worker and the task contracts run on bare hosts: these packages reach, among project
@@ -121,6 +128,16 @@ def upward(arrows: list[Arrow]) -> list[Arrow]:
             and not any(a.source == s and a.target.startswith(t) for s, t in ALLOWED_UP)]
 
 
+def room(module: str) -> int | None:
+    """The place of a module's room in ROOMS; None outside the rooms (pipelines.sharding, the other floors)."""
+    return next((i for i, r in enumerate(ROOMS) if module == r or module.startswith(r + ".")), None)
+
+
+def up_the_rooms(arrows: list[Arrow]) -> list[Arrow]:
+    """Arrows from a room of pipelines/ to a room above it."""
+    return [a for a in arrows if (s := room(a.source)) is not None and (t := room(a.target)) is not None and t > s]
+
+
 def circles(arrows: list[Arrow]) -> list[list[str]]:
     graph = nx.DiGraph((a.source, a.target) for a in arrows)
     return [sorted(c) for c in nx.strongly_connected_components(graph) if len(c) > 1]
@@ -132,6 +149,7 @@ def summary() -> dict[str, int]:
     edges = {(a.source, a.target) for a in arrows}
     return {"modules": len(modules), "arrows": len(edges),
             "upward arrows": len({(a.source, a.target) for a in upward(arrows)}),
+            "arrows up the rooms": len({(a.source, a.target) for a in up_the_rooms(arrows)}),
             "circles": len(circles(arrows)), "imports inside functions": sum(a.in_function for a in arrows)}
 
 
@@ -158,6 +176,17 @@ def test_imports_only_run_down_the_floors(graph):
         f"{a.source}:{a.line} -> {a.target}{' (inside a function)' if a.in_function else ''}" for a in bad)
 
 
+def test_the_rooms_are_every_package_of_pipelines():
+    packages = {f"pipelines.{p.name}" for p in (ROOT / "pipelines").iterdir() if (p / "__init__.py").is_file()}
+    assert packages == set(ROOMS), f"ROOMS lacks {sorted(packages - set(ROOMS))}, names {sorted(set(ROOMS) - packages)}"
+
+
+def test_imports_only_run_down_the_rooms_of_pipelines(graph):
+    bad = up_the_rooms(graph[1])
+    assert not bad, "imports up the rooms of pipelines (" + " < ".join(ROOMS) + "):\n" + "\n".join(
+        f"{a.source}:{a.line} -> {a.target}{' (inside a function)' if a.in_function else ''}" for a in bad)
+
+
 def test_bare_packages_need_only_the_worker_stack(graph):
     _, arrows, external = graph
     reached = {a.source for a in arrows if a.source.startswith(BARE)} | set(BARE_SHARED)
@@ -179,6 +208,20 @@ def test_a_circle_and_an_upward_arrow_are_caught():
     assert [(a.source, a.target) for a in upward(made_up)] == [("warehouse.db", "models.bins"),
                                                                ("orchestration.runner", "assets.profiling"),
                                                                ("pipelines.profiling.runner", "benchmarks.call_times")]
+
+
+def test_an_arrow_up_the_rooms_is_caught():
+    """An import from a lower room to a higher one is caught, inside a function too; arrows down
+    the rooms, within a room, or to a module outside the rooms are not."""
+    made_up = [Arrow("pipelines.surrogates.classical", "pipelines.forecasting.pyfunc", 4, True),
+               Arrow("pipelines.evaluation.report", "pipelines.promotion.summary", 8, False),
+               Arrow("pipelines.promotion.summary", "pipelines.evaluation.decisions", 2, False),
+               Arrow("pipelines.forecasting.plan", "pipelines.forecasting.references", 3, False),
+               Arrow("pipelines.forecasting.llm_shards", "pipelines.sharding", 5, False),
+               Arrow("pipelines.tasks", "warehouse.ids", 6, False)]
+    assert [(a.source, a.target) for a in up_the_rooms(made_up)] == [
+        ("pipelines.surrogates.classical", "pipelines.forecasting.pyfunc"),
+        ("pipelines.evaluation.report", "pipelines.promotion.summary")]
 
 
 if __name__ == "__main__":

@@ -411,6 +411,18 @@ def parse_model_uri(uri: str) -> tuple[str, str | None, int | None]:
     return m.group("name"), m.group("alias"), int(version) if version else None
 
 
+def registered_version(model_ref: str, name: str) -> int | None:
+    """The version number of a forecast's model_ref `models:/<name>/<N>`, else None.
+
+    >>> registered_version("models:/kernelcast-surrogate/3", "kernelcast-surrogate")
+    3
+    >>> registered_version("models:/kernelcast-surrogate/3|verbalized", "kernelcast-surrogate") is None
+    True
+    """
+    m = re.fullmatch(rf"models:/{re.escape(name)}/(\d+)", model_ref)
+    return int(m.group(1)) if m else None
+
+
 def resolve_surrogate(
     tracking_uri: str, uri: str = f"models:/{SURROGATE_MODEL}@champion", dst: str | Path = "."
 ) -> Path | None:

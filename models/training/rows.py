@@ -67,7 +67,7 @@ def pair_prompt(
     Args:
         pair: task, anchor_kernel_id, candidate_kernel_id (pair_id names it in errors).
         kernels: kernel_id -> the source the model reads (the task reference as its PyTorch
-            body: pipelines.evaluation.lm_forecasts.prompt_source).
+            body: pipelines.tasks.prompt_source).
         tasks: as `build_training_rows`' (the benchmark cases shown by "+features" styles).
         hardware: the pair's device fingerprint.
         style: prompt style (models/prompts.py).

@@ -1,6 +1,6 @@
 """The cross-hardware page of a dataset version's report: one section per target card.
 
-For each card (pipelines.surrogates.cross_hardware.CardStudy): the sizes of its pairs, a table
+For each card (pipelines.evaluation.card_study.CardStudy): the sizes of its pairs, a table
 per setting (zero shot, calibrated on n of its pairs, fitted on n of its pairs) with Brier
 [95% interval], CRPS, NLL, accuracy, off-by-one and ECE of each forecaster, the reference card's
 in-distribution and external Brier of the same forecasters beside them, the curve of Brier

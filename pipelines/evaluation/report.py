@@ -8,8 +8,8 @@ aliases marked, its MLflow and Dagster runs; the figures follow (a handful of fo
 folded below (<details>).
 
 What changes after the page is written is read when it is opened: the champions from
-promotion.js beside the report (pipelines.promotion.summary, written by model_promotion after
-the report), the UIs' ports from reports/ui-ports.js (orchestration.links, written while
+promotion.js beside the report (written by model_promotion after the report; its name and the
+decisions' HTML: pipelines.evaluation.decisions), the UIs' ports from reports/ui-ports.js (orchestration.links, written while
 `kernelcast ui` serves), and the page's own path from the browser. Without them the page shows
 what was known when it was written. `write_report` also writes the PNGs beside index.html, so
 they can be logged as artifacts.
@@ -28,8 +28,8 @@ from typing import Any
 import jinja2
 
 from pipelines.evaluation import figures
+from pipelines.evaluation.decisions import decisions_html
 from pipelines.evaluation.forecaster_table import run_fields, short_name
-from pipelines.promotion.summary import decisions_html
 
 log = logging.getLogger(__name__)
 

@@ -1,4 +1,5 @@
-"""The reference forecasters on an eval set, and their evaluation, in one place.
+"""The evaluation of every forecaster on an eval set, in one place (the reference forecasters'
+rows: pipelines.forecasting.references.reference_forecasts).
 
 Used by the `forecasts` / `calibration_report` assets; the LLM surrogate's forecasts join the same
 tables and the same report when it is registered.
@@ -15,20 +16,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 
-from models import baselines
 from pipelines.evaluation import scores, selective
 from pipelines.evaluation.evaluate import evaluate_forecasts, prepare
 from pipelines.evaluation.report import lowest_brier, write_report
-
-
-def reference_forecasts(eval_pairs: pl.DataFrame, training_pairs: pl.DataFrame) -> pl.DataFrame:
-    """Forecasts of uniform, training-set bin prior and oracle on every eval pair (+ discovery pairs)."""
-    frames = [
-        baselines.uniform_forecasts(eval_pairs).with_columns(pl.lit("baseline:uniform").alias("model_ref")),
-        baselines.bin_prior_forecasts(eval_pairs, training_pairs).with_columns(pl.lit("baseline:bin_prior").alias("model_ref")),
-        baselines.oracle_forecasts(eval_pairs).with_columns(pl.lit("baseline:oracle").alias("model_ref")),
-    ]
-    return pl.concat(frames, how="diagonal_relaxed")
 
 
 def evaluate_models(forecasts: pl.DataFrame, *, n_boot: int, seed: int = 0,
@@ -139,7 +129,7 @@ def write_split_reports(results: Mapping[str, Mapping[str, Any]], out_dir: Path,
     Returns:
         split -> path of its index.html.
     """
-    from pipelines.promotion.summary import PROMOTION_SCRIPT
+    from pipelines.evaluation.decisions import PROMOTION_SCRIPT
     from pipelines.surrogates.roles import ordered_splits, split_title
 
     merged = ("source_only" in results and "in_distribution" in results

@@ -184,8 +184,7 @@ def log_version_evaluation(tracking_uri: str, experiment_id: str, results: Mappi
     """
     from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
     from models.registry.tracking import log_evaluation
-    from models.registry.versions import model_id_of
-    from pipelines.promotion.scores import registered_version
+    from models.registry.versions import model_id_of, registered_version
 
     pairs = frame.filter(pl.col("split") == "eval").unique("pair_id").sort("pair_id")
     model_ids = {}

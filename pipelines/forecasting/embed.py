@@ -149,9 +149,8 @@ class EmbedHeadForecaster(PairForecaster):
         model reads of each side (the reference's PyTorch body for a reference), its compile
         features, the bundle's task description and hardware fingerprint where it had them."""
         from models.training.gpu_host.bundle import code_rows
-        from pipelines.evaluation.lm_forecasts import prompt_source
         from pipelines.forecasting.language import record_features
-        from pipelines.tasks import get_task
+        from pipelines.tasks import get_task, prompt_source
 
         tasks, hardware = dict(self.spec.get("tasks") or {}), dict(self.spec.get("hardware") or {})
         sides: dict[str, dict[str, Any]] = {}

@@ -37,9 +37,9 @@ def record_features(record: Mapping[str, Any]) -> dict[str, Any] | None:
 def pair_prompt(row: Mapping[str, Any], kernels: Mapping[str, Mapping[str, Any]], hardware: Mapping[str, Any],
                 style: str) -> list[dict[str, str]]:
     """The chat messages of one pair (a row with task, anchor_kernel_id, candidate_kernel_id) from
-    kernel records: the evaluation's prompt (pipelines.evaluation.lm_forecasts.pair_messages, the
+    kernel records: the evaluation's prompt (pipelines.forecasting.lm_forecasts.pair_messages, the
     training row builder's) of each record's source, generator and compile features."""
-    from pipelines.evaluation.lm_forecasts import pair_messages
+    from pipelines.forecasting.lm_forecasts import pair_messages
 
     ids = (row["anchor_kernel_id"], row["candidate_kernel_id"])
     shown = {k: (kernels[k].get("source") or "", kernels[k].get("generator")) for k in ids}

@@ -78,7 +78,7 @@ def plan_llm_job(tracking_uri: str, name: str, version: int, info: dict[str, Any
 
 def plan_base_job(con: Any, spec: str, pairs: pl.DataFrame, style: str) -> LlmJob:
     """The job of a base language model ('smollm2' or a checkpoint) on `pairs`, stored as base:<spec>."""
-    from pipelines.evaluation.lm_forecasts import pair_requests
+    from pipelines.forecasting.lm_forecasts import pair_requests
 
     return LlmJob(f"base:{spec}", style, pair_requests(con, pairs, style), base_model=spec)
 

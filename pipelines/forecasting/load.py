@@ -267,7 +267,7 @@ def _kept(snapshot: Any, name: str, version: int, info: dict[str, Any], model: A
 
 
 def _committed_only(tags: dict[str, str]) -> bool:
-    from pipelines.surrogates.code_ingest import COMMITTED_ONLY, WEIGHTS_TAG
+    from models.registry.versions import COMMITTED_ONLY, WEIGHTS_TAG
 
     return tags.get(WEIGHTS_TAG) == COMMITTED_ONLY
 

@@ -2,7 +2,7 @@
 
 Every registered forecaster of the version on each report split (pipelines.forecasting.registered),
 the held-out reference forecasters, the fetched external kernels when a folder of them is set
-(pipelines.evaluation.library_dir; their rows go beside the report, they are not warehouse
+(pipelines.surrogates.library_dir; their rows go beside the report, they are not warehouse
 pairs), and the jobs of the language models forecast here: the configured base models on a
 sample of eval pairs and the LLM versions without committed forecasts. With them, the listing
 the store step writes to the warehouse beside the forecasts (who forecast which pairs of which
@@ -92,8 +92,8 @@ def base_model_jobs(warehouse_path: str | Path, evaluation: Any, version: str) -
     """The jobs of each configured base language model on a deterministic sample of eval pairs."""
     if not evaluation.lm_models:
         return []
-    from pipelines.evaluation.lm_forecasts import sample_pairs
     from pipelines.forecasting.llm_shards import plan_base_job
+    from pipelines.forecasting.lm_forecasts import sample_pairs
     from pipelines.surrogates.export import version_hardware
     from warehouse.datasets import read_pairs
     from warehouse.db import connect
@@ -111,8 +111,8 @@ def _fetched_library(warehouse_path, tracking_uri, cfg, version, roles, records,
     written beside the report. Returns (their pair ids, their forecasters, a one-line note: the
     folder and what came of it); a bad folder, or one holding a kernel the version learns from, is
     the report's note, not a failed run."""
-    from pipelines.evaluation.library_dir import ENV, read_library_dir
     from pipelines.forecasting.registered import folder_forecasts
+    from pipelines.surrogates.library_dir import ENV, read_library_dir
     from warehouse.datasets import read_pairs
     from warehouse.db import connect
 
@@ -188,8 +188,8 @@ def plan_forecast_step(warehouse_path: str | Path, tracking_uri: str, cfg: Any, 
         ValueError: no dataset version, or jobs that cannot be planned or dealt (one line).
     """
     from models.baselines import REFERENCES
-    from pipelines.evaluation.suite import reference_forecasts
     from pipelines.forecasting.llm_shards import expected_pairs, split_jobs, write_shard
+    from pipelines.forecasting.references import reference_forecasts
     from pipelines.surrogates.export import version_hardware
     from warehouse.datasets import current_dataset_version, read_pairs
     from warehouse.db import connect

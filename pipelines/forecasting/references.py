@@ -2,6 +2,8 @@
 
 The probabilities are models.baselines' (the one implementation of the references); these
 classes only read what each needs from the pairs frame and answer as every adapter does.
+`reference_forecasts` writes the three's rows for a set of pairs at once (the forecasts step's
+single-step rows, pipelines.forecasting.plan).
 """
 
 from __future__ import annotations
@@ -74,3 +76,13 @@ def reference_forecaster(ref: str, training_pairs: pl.DataFrame | None = None) -
     if ref == "baseline:oracle":
         return OracleForecaster()
     raise ValueError(f"unknown reference forecaster {ref!r}; known: {', '.join(REFERENCES)}")
+
+
+def reference_forecasts(eval_pairs: pl.DataFrame, training_pairs: pl.DataFrame) -> pl.DataFrame:
+    """Forecasts of uniform, training-set bin prior and oracle on every eval pair (+ discovery pairs)."""
+    frames = [
+        baselines.uniform_forecasts(eval_pairs).with_columns(pl.lit("baseline:uniform").alias("model_ref")),
+        baselines.bin_prior_forecasts(eval_pairs, training_pairs).with_columns(pl.lit("baseline:bin_prior").alias("model_ref")),
+        baselines.oracle_forecasts(eval_pairs).with_columns(pl.lit("baseline:oracle").alias("model_ref")),
+    ]
+    return pl.concat(frames, how="diagonal_relaxed")

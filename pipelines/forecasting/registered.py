@@ -274,7 +274,7 @@ def folder_forecasts(
     committed_dir: Path | None,
     training_pairs: pl.DataFrame,
 ) -> tuple[pl.DataFrame, list[Forecaster]]:
-    """Forecasts of the library split's pairs (pipelines.evaluation.library_dir) by the reference
+    """Forecasts of the library split's pairs (pipelines.surrogates.library_dir) by the reference
     forecasters and every in-distribution forecaster listed that answers here; they are not in
     the warehouse, so the rows go beside the report, not to `forecasts`.
 

@@ -50,7 +50,7 @@ def decide_card(study: Mapping[str, Any], before: int | None, name: str) -> Card
     ('promoted', 'kept')
     """
     from models.registry.hardware import champion_alias
-    from pipelines.promotion.scores import registered_version
+    from models.registry.versions import registered_version
 
     card = study["hardware_id"]
     alias = champion_alias(card)

@@ -11,27 +11,15 @@ pairs all of them forecast.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import polars as pl
 
+from models.registry.versions import registered_version
 from pipelines.promotion.rule import ChallengerScores
 
 UNIFORM = "baseline:uniform"
-
-
-def registered_version(model_ref: str, name: str) -> int | None:
-    """The version number of a forecast's model_ref `models:/<name>/<N>`, else None.
-
-    >>> registered_version("models:/kernelcast-surrogate/3", "kernelcast-surrogate")
-    3
-    >>> registered_version("models:/kernelcast-surrogate/3|verbalized", "kernelcast-surrogate") is None
-    True
-    """
-    m = re.fullmatch(rf"models:/{re.escape(name)}/(\d+)", model_ref)
-    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)

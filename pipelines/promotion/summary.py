@@ -9,7 +9,7 @@ alias names, its Brier on how many pairs of which split, and which aliases sit o
 The decisions are read from DuckDB (`promotion_decisions`, `promotion_scores`, written by the
 model_promotion asset). The HTML report is written before promotion decides in the same run, so
 model_promotion writes promotion.js beside the report afterwards, and the report's pages mark the
-champions from it.
+champions from it (how a page shows the decisions, and the file's name: pipelines.evaluation.decisions).
 """
 
 from __future__ import annotations
@@ -20,9 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from models.registry import SURROGATE_MODEL
+from pipelines.evaluation.decisions import PROMOTION_GLOBAL, PROMOTION_SCRIPT, decisions_html
 
-PROMOTION_SCRIPT = "promotion.js"  # beside the report's in-distribution page
-PROMOTION_GLOBAL = "KERNELCAST_PROMOTION"
 # What each champion alias is for, in a reader's words (pipelines.promotion.rule decides them).
 ALIAS_PURPOSE = {
     "champion": "kernels like the ones the platform generates",
@@ -103,28 +102,6 @@ def read_summary(warehouse_path: str | Path, model_name: str = SURROGATE_MODEL) 
                                       sc.get("brier"), sc.get("n_pairs"), d.get("decided_on_split") or "in_distribution",
                                       d["outcome"], d["reason"]))
     return PromotionSummary(decisions, aliases)
-
-
-_DECISIONS = """{% for d in decisions %}<li>{% if d.version is none %}<b>@{{ d.alias }}</b>: none \
-({{ d.outcome }}: {{ d.reason }}){% else %}For {{ d.purpose }}: <b>{{ short(d.ref) }}</b> ({{ d.kind or "?" }}) \
-<span class="badge {{ d.alias }}">@{{ d.alias }}</span> Brier \
-{{ "%.3f"|format(d.brier) if d.brier is not none else "not scored" }}{% if d.n_pairs %} on the \
-{{ "{:,}".format(d.n_pairs) }} {{ d.split }} pairs all versions forecast{% endif %} ({{ d.outcome }}){% endif %}</li>
-{% else %}<li>No promotion decision yet: no version is a champion.</li>{% endfor %}"""
-
-
-def decisions_html(promotion: dict[str, Any] | None) -> str:
-    """The decisions of a summary (`PromotionSummary.to_json()`) as HTML list items, escaped.
-
-    >>> decisions_html(None)
-    '<li>No promotion decision yet: no version is a champion.</li>'
-    """
-    import jinja2
-
-    from pipelines.evaluation.forecaster_table import short_name
-
-    template = jinja2.Environment(autoescape=True).from_string(_DECISIONS)
-    return template.render(decisions=(promotion or {}).get("decisions", []), short=short_name).strip()
 
 
 def promotion_script(summary: PromotionSummary) -> str:

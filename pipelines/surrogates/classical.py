@@ -254,6 +254,8 @@ def train_and_register(
     max_fit: int | None = None,
     workers: int | None = None,
     progress: Callable[[str], None] | None = None,
+    *,
+    model_logger: Callable[[Any, Any], Any],
 ) -> list[Registered]:
     """Fit, calibrate and register every kind for both splits (or re-use a registered version
     of the same kind, split, dataset version, code and card); tag them all with `batch` so they
@@ -270,6 +272,10 @@ def train_and_register(
         dataset_version: the version the roles come from.
         batch: the training batch (the orchestrating run id).
         name: the registered model of in-distribution versions.
+        model_logger: (model, example) -> MLflow's ModelInfo: what each version is logged as
+            (models.classical.registry.log_classical). The product passes
+            pipelines.forecasting.pyfunc.log_classical_sources_model, the pyfunc model of kernel
+            sources; it comes from the caller because the forecasting package stands above this one.
         tags: extra tags (dagster_run_id, git_commit).
         force: train even when an equal version exists.
         params: kind -> hyper-parameter overrides.
@@ -315,23 +321,23 @@ def train_and_register(
     for (slot, split, kind, target, _, key), fitted in zip(planned, fits, strict=True):
         members[(split, kind)] = fitted.model
         slots[slot] = _register(con, fitted, roles, records, tracking_uri, target, dataset_version, batch, key,
-                                max_fit, tags)
+                                max_fit, tags, model_logger)
     for slot, split, kind, target, _, key in composed:
         models = [members.get((split, k)) or _load_member(tracking_uri, slots, split, k) for k in fitted_kinds]
         fitted = compose(kind, [m for m in models if m is not None], roles, split, records, max_fit)
         if progress:
             progress(f"{kind} ({split}): the mean of {', '.join(fitted.model.member_kinds())}")
         slots[slot] = _register(con, fitted, roles, records, tracking_uri, target, dataset_version, batch, key,
-                                max_fit, tags)
+                                max_fit, tags, model_logger)
     return [r for r in slots if r is not None]
 
 
 def _register(con, fitted: Fitted, roles: Roles, records, tracking_uri: str, target: str, dataset_version: str,
-              batch: str, key: Mapping[str, str], max_fit: int | None, tags) -> Registered:
+              batch: str, key: Mapping[str, str], max_fit: int | None, tags,
+              model_logger: Callable[[Any, Any], Any]) -> Registered:
     """Log and register one fitted (or composed) model, with the measurements behind its fit and
     calibration pairs, and record its lineage row."""
     from models.classical.registry import log_classical
-    from pipelines.forecasting.pyfunc import log_classical_sources_model
     from warehouse.datasets import pair_measurement_ids
     from warehouse.lineage import record_model_lineage
 
@@ -347,7 +353,7 @@ def _register(con, fitted: Fitted, roles: Roles, records, tracking_uri: str, tar
         tags={**dict(tags or {}), **key, "training_batch": batch,
               **({"held_out_task": roles.held_out_task} if split == "held_out_task" else {}),
               **({"held_out_style": split.removeprefix(STYLE_SPLIT_PREFIX)} if is_style_split(split) else {})},
-        model_logger=log_classical_sources_model,
+        model_logger=model_logger,
     )
     record_model_lineage(con, target, version, dataset_version, mlflow_run_id=run_id,
                          base_model=kind, git_commit=(tags or {}).get("git_commit"),
@@ -415,8 +421,8 @@ def classical_params(entries: Iterable[tuple[str, str, Any]]) -> dict[str, dict[
 
 
 def train_classical_surrogates(warehouse_path: Any, tracking_uri: str, surrogate: Any, batch: str, name: str,
-                               tags: Mapping[str, str], progress: Callable[[str], None] | None = None
-                               ) -> ClassicalSurrogates:
+                               tags: Mapping[str, str], progress: Callable[[str], None] | None = None, *,
+                               model_logger: Callable[[Any, Any], Any]) -> ClassicalSurrogates:
     """`train_and_register` on the newest dataset version of the warehouse, as the settings ask.
 
     Args:
@@ -428,6 +434,7 @@ def train_classical_surrogates(warehouse_path: Any, tracking_uri: str, surrogate
         name: the registered model of in-distribution versions.
         tags: extra tags (dagster_run_id, git_commit).
         progress: called with a line per finished fit.
+        model_logger: what each version is logged as (`train_and_register`).
     Raises:
         NoDatasetVersion: nothing curated yet.
     """
@@ -442,7 +449,7 @@ def train_classical_surrogates(warehouse_path: Any, tracking_uri: str, surrogate
                                         tags=tags,
                                         params=classical_params(surrogate.classical_params),
                                         max_fit=surrogate.classical_max_fit, workers=surrogate.classical_workers,
-                                        progress=progress)
+                                        progress=progress, model_logger=model_logger)
     if roles.hardware_id and registered:
         from models.registry.hardware import set_reference_hardware
 

@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import shutil
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -255,7 +256,8 @@ def _history_metrics(client: Any, run_id: str, history: list[dict[str, Any]]) ->
 
 def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, results: Path | None,
                       variants: list[str], base_model: str = "smollm2", dataset_version: str | None = None,
-                      run_tags: dict[str, str] | None = None) -> dict[str, int]:
+                      run_tags: dict[str, str] | None = None, *,
+                      head_logger: Callable[[Path, str, str], Any]) -> dict[str, int]:
     """Register every ingested variant (re-used when an equal version exists); name -> version.
 
     Args:
@@ -265,6 +267,11 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
         dataset_version: the dataset version the versions are scored on (tag and key
             `dataset_version`; default: the one each variant was trained on).
         run_tags: further tags of the MLflow runs (dagster_run_id, git_commit).
+        head_logger: (head file, calibrator JSON, base model) -> MLflow's ModelInfo, called in the
+            run of a code-embed variant with its head file: what that version is logged as. The
+            product passes pipelines.forecasting.embed.log_embed_head_model, the pyfunc model of
+            kernel sources; it comes from the caller because the forecasting package stands above
+            this one.
     """
     import mlflow
 
@@ -330,12 +337,10 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
             if settings["finetune"] == "head" and heads is not None and heads.is_file():
                 client.log_artifact(run_id, str(heads), "head")
             if head_file is not None:  # it forecasts any pair: a pyfunc model of kernel sources
-                from pipelines.forecasting.embed import log_embed_head_model
-
                 client.log_artifact(run_id, str(head_file), EMBED_HEAD_ARTIFACT)
                 mlflow.set_tracking_uri(tracking_uri)
                 with mlflow.start_run(run_id=run_id):
-                    logged = log_embed_head_model(head_file, tags["calibrator"], base_model)
+                    logged = head_logger(head_file, tags["calibrator"], base_model)
             else:  # no weights here: a record of the run, tagged committed-only (promotion refuses it)
                 logged = mlflow.create_external_model(name=name, experiment_id=experiment, source_run_id=run_id)
             client.set_terminated(run_id, "FINISHED")
@@ -356,16 +361,19 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
 
 
 def register_ingested(con: Any, tracking_uri: str, data_dir: Path, run: str, dataset_version: str,
-                      base_model: str = "smollm2", run_tags: dict[str, str] | None = None) -> list[tuple[str, str, int]]:
+                      base_model: str = "smollm2", run_tags: dict[str, str] | None = None, *,
+                      head_logger: Callable[[Path, str, str], Any]) -> list[tuple[str, str, int]]:
     """Register every variant `ingest` wrote into the committed run folder `run` (under data_dir)
     for a run scored on `dataset_version`, from the committed folder alone (what `kernelcast run`
-    does); (variant, registered model, version) each, re-used when already registered."""
+    does); (variant, registered model, version) each, re-used when already registered;
+    `head_logger` as for `register_variants`."""
 
     into = Path(data_dir) / run
     names = ingested_variants(into)
     if not names:
         return []
-    versions = register_variants(con, tracking_uri, Path(data_dir), into, None, names, base_model, dataset_version, run_tags)
+    versions = register_variants(con, tracking_uri, Path(data_dir), into, None, names, base_model, dataset_version, run_tags,
+                                 head_logger=head_logger)
     held = {k: bool(v["settings"].get("held_out"))
             for k, v in json.loads((into / TRAINING_FILE).read_text())["variants"].items()}
     return [(k, HELD_OUT_MODEL if held[k] else SURROGATE_MODEL, v) for k, v in versions.items()]

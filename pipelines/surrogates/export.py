@@ -26,9 +26,8 @@ from models.training.gpu_host.jobfile import (
     write_jsonl_gz,
 )
 from models.training.gpu_host.variants import DEFAULT_VARIANTS, Variant
-from pipelines.evaluation.lm_forecasts import prompt_source
 from pipelines.surrogates.roles import DEFAULT_HELD_OUT_TASK, forecasting_roles
-from pipelines.tasks import get_task
+from pipelines.tasks import get_task, prompt_source
 from warehouse.datasets import current_dataset_version, read_pairs
 from warehouse.kernels import read_kernel_features, read_kernels
 

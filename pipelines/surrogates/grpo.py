@@ -28,9 +28,8 @@ class GrpoSurrogates:
 def _training_inputs(con: duckdb.DuckDBPyConnection, version: str):
     """(training pairs, kernel id -> prompt source, task -> description) of `version`."""
     from pipelines.curation.hardware import on_card
-    from pipelines.evaluation.lm_forecasts import prompt_source
     from pipelines.surrogates.export import version_hardware
-    from pipelines.tasks import get_task
+    from pipelines.tasks import get_task, prompt_source
     from warehouse.datasets import read_pairs
     from warehouse.kernels import read_kernels
 

@@ -23,7 +23,7 @@ import hashlib
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -248,7 +248,8 @@ class LlmSurrogate:
 
 
 def produce_llm_surrogate(warehouse_path: str | Path, tracking_uri: str, home: Path, data_dir: Path,
-                          surrogate: Any, work_dir: Path, tags: Mapping[str, str]) -> LlmSurrogate:
+                          surrogate: Any, work_dir: Path, tags: Mapping[str, str], *,
+                          head_logger: Callable[[Path, str, str], Any]) -> LlmSurrogate:
     """Register the committed adapter or train one here (`surrogate.llm`, one of LLM_SOURCES) for
     the newest dataset version of the warehouse. With the committed adapter, the variants a GPU
     host's run brought back into the same committed run folder (`ingest`: the heads, code-embed
@@ -263,6 +264,8 @@ def produce_llm_surrogate(warehouse_path: str | Path, tracking_uri: str, home: P
         surrogate: the surrogate settings.
         work_dir: where a supervised adapter is trained before registration.
         tags: tags of the registered run (dagster_run_id, git_commit).
+        head_logger: what a code-embed variant with its head file is logged as
+            (pipelines.surrogates.code_ingest.register_variants).
     Raises:
         NoDatasetVersion: nothing curated yet.
         UnknownLlmSource: `surrogate.llm` is none of LLM_SOURCES.
@@ -286,7 +289,7 @@ def produce_llm_surrogate(warehouse_path: str | Path, tracking_uri: str, home: P
             out = register_committed(con, tracking_uri, data_dir, sur.committed_run, sur.committed_adapter, version,
                                      sur.base_model, base_path, roles.eval, roles.held_out_eval, tags)
             variants = register_ingested(con, tracking_uri, data_dir, sur.committed_run, version, sur.base_model,
-                                         dict(tags))
+                                         dict(tags), head_logger=head_logger)
         else:
             out = train_and_register(con, tracking_uri, roles, row_builder(con), version, sur.base_model, base_path,
                                      sur.supervised_epochs, sur.supervised_style, sur.supervised_rows, work_dir, tags)

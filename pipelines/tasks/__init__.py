@@ -7,6 +7,7 @@ worker pays only for the task it runs, and a process that only names tasks pays 
 from __future__ import annotations
 
 import importlib
+import inspect
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -51,4 +52,17 @@ def all_tasks() -> list[Task]:
     return [get_task(n) for n in TASK_MODULES]
 
 
-__all__ = ["Case", "Task", "default_device", "get_task", "all_tasks", "task_names", "TASK_MODULES"]
+def prompt_source(task: str, source: str, generator: str | None) -> str:
+    """The code a language model reads for a kernel: the reference's PyTorch body for the reference.
+
+    The task reference is stored as a thin wrapper module; the prompt shows the reference's actual
+    code instead. Here, with the tasks, because the training rows (pipelines.surrogates) and the
+    forecasts (pipelines.forecasting.lm_forecasts) must show the same code.
+    """
+    if generator == "reference" and task in TASK_MODULES:
+        module = importlib.import_module(TASK_MODULES[task])
+        return inspect.getsource(module.ref_kernel)
+    return source
+
+
+__all__ = ["Case", "Task", "default_device", "get_task", "all_tasks", "task_names", "prompt_source", "TASK_MODULES"]

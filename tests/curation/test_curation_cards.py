@@ -11,6 +11,7 @@ from pipelines.curation import build_pairs, find_leakage, labels, make_splits
 from pipelines.curation.dataset import curate
 from pipelines.curation.hardware import reference_hardware
 from pipelines.curation.splits import SplitConfig
+from pipelines.evaluation import card_study
 from pipelines.surrogates import cross_hardware as ch
 
 A, B = "nvidia-h200-sm90", "nvidia-h100-80gb-hbm3-sm90"
@@ -139,7 +140,7 @@ class _Constant:
 def test_the_study_scores_every_setting_and_the_curve(tmp_path):
     card, lab = _card()
     sharp = _Constant([0.01] * 3 + [0.93] + [0.01] * 4)  # always bin 4, overconfident
-    study = ch.study_card(card, {"cost_model": ch.Carried(sharp, "models:/m/1")}, {}, {}, card.pool,
+    study = card_study.study_card(card, {"cost_model": card_study.Carried(sharp, "models:/m/1")}, {}, {}, card.pool,
                           sizes=(16,), kinds=(), n_boot=50)
     zero = study.settings["zero_shot"]
     y = card.eval["true_bin"].to_numpy()
@@ -153,13 +154,13 @@ def test_the_study_scores_every_setting_and_the_curve(tmp_path):
     assert set(study.settings) == {"zero_shot", "calibrated@16", "calibrated@all", "fitted@16", "fitted@all"}
     curve = {(r["setting"], r["n"]) for r in study.curve}
     assert {("zero_shot", 0), ("calibrated", 16), ("calibrated", None)} <= curve
-    study.agreement = ch.bin_agreement(lab, A, B)
+    study.agreement = card_study.bin_agreement(lab, A, B)
     assert study.best("zero_shot") == ("cost_model", pytest.approx(expected))
 
 
 def test_bin_agreement_counts_kernels_correct_on_both_cards():
     _, lab = _card()
-    got = ch.bin_agreement(lab, A, B)
+    got = card_study.bin_agreement(lab, A, B)
     both_ids = {f"k{i}" for i in range(96) if i % 3 == 0}
     assert got["n"] == len(both_ids)
     overall = got["rows"][-1]

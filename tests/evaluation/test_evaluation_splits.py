@@ -284,8 +284,8 @@ def _write_folder(folder, n: int = 6):
 
 
 def test_a_folder_of_published_kernels_becomes_library_pairs_scored_by_the_references(tmp_path):
-    from pipelines.evaluation.library_dir import read_library_dir
     from pipelines.forecasting.registered import folder_forecasts
+    from pipelines.surrogates.library_dir import read_library_dir
 
     _write_folder(tmp_path / "fetched")
     pairs, records = read_library_dir(tmp_path / "fetched", {"softmax": "ref"})
@@ -304,7 +304,7 @@ def test_a_folder_of_published_kernels_becomes_library_pairs_scored_by_the_refer
 def test_a_library_folder_holding_a_kernel_that_is_learned_from_is_refused(tmp_path):
     """No library id may reach a training split: a folder sharing a kernel with the version's
     fit, calibration or eval pairs is refused whole, in one line."""
-    from pipelines.evaluation.library_dir import read_library_dir
+    from pipelines.surrogates.library_dir import read_library_dir
 
     _write_folder(tmp_path / "fetched")
     with pytest.raises(ValueError, match=r"holds 1 kernel\(s\) the dataset version learns from \(e.g. fetched-2\)"):
@@ -317,7 +317,7 @@ def test_a_library_folder_holding_a_kernel_that_is_learned_from_is_refused(tmp_p
     (lambda d: (d.mkdir(), (d / "kernels-x.parquet").write_text("no"), (d / "results-x.parquet").write_text("no")), "unreadable"),
 ])
 def test_a_bad_external_folder_is_one_line(tmp_path, make, message):
-    from pipelines.evaluation.library_dir import read_library_dir
+    from pipelines.surrogates.library_dir import read_library_dir
 
     make(tmp_path / "ext")
     with pytest.raises(ValueError, match=message) as err:

@@ -91,10 +91,12 @@ def embed_bundle(folder: Path) -> dict[str, dict]:
 
 
 def _register(results: Path, bundle: Path, run_dir: Path, data_dir: Path, uri: str, con) -> dict[str, int]:
+    from pipelines.forecasting.embed import log_embed_head_model
     from pipelines.surrogates.code_ingest import ingest, register_variants
 
     summary = ingest(results, bundle, run_dir)
-    return register_variants(con, uri, data_dir, run_dir, results, summary["variants"], "tiny")
+    return register_variants(con, uri, data_dir, run_dir, results, summary["variants"], "tiny",
+                             head_logger=log_embed_head_model)
 
 
 @pytest.fixture(scope="module")
@@ -305,6 +307,7 @@ def test_the_committed_folder_alone_registers_the_versions_with_their_heads(run,
     """`ingest` keeps each head file in the committed run folder (heads/), so `kernelcast run`
     registers the same versions from that folder alone; a later ingest of a run without axes
     takes the head away with the forecasts it belonged to."""
+    from pipelines.forecasting.embed import log_embed_head_model
     from pipelines.surrogates.code_ingest import (
         HEADS_DIR,
         ingest,
@@ -321,7 +324,8 @@ def test_the_committed_folder_alone_registers_the_versions_with_their_heads(run,
     assert not (run["old_dir"] / HEADS_DIR).exists()
     assert ingested_variants(new) == sorted(run["versions"])
     with connect(run["tmp"] / "wh.duckdb") as con:
-        got = register_ingested(con, run["uri"], run["tmp"] / "data", "new", "ds-embed", "tiny")
+        got = register_ingested(con, run["uri"], run["tmp"] / "data", "new", "ds-embed", "tiny",
+                                head_logger=log_embed_head_model)
     assert {v: n for v, _, n in got} == run["versions"]  # re-used: the same key as `ingest --register`'s
     assert ("code-embed-held-out", "kernelcast-surrogate-held-out", run["versions"]["code-embed-held-out"]) in got
     copy = tmp_path / "copy"

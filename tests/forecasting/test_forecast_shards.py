@@ -112,8 +112,8 @@ def test_a_base_model_forecasts_the_same_in_two_shards_as_in_one(tmp_path):
     from models.backends.transformers_backend import TransformersForecaster
     from models.base_model import resolve_base_model
     from models.service import DEFAULT_HARDWARE
-    from pipelines.evaluation.lm_forecasts import forecast_pairs, pair_sources
     from pipelines.forecasting.llm_shards import forecast_shard, plan_base_job
+    from pipelines.forecasting.lm_forecasts import forecast_pairs, pair_sources
     from pipelines.generation.candidates import build_candidates, write_batch
     from warehouse.db import connect
     from warehouse.ingest import ingest_path

@@ -227,9 +227,8 @@ def test_a_registered_llm_forecasts_as_the_evaluation_and_the_old_command_did(tm
     from models.calibration import Calibrator
     from models.registry.lifecycle import registered_forecaster
     from models.training.rows import build_training_rows
-    from pipelines.evaluation.lm_forecasts import prompt_source
     from pipelines.forecasting.llm_shards import LlmJob, _calibrated_rows
-    from pipelines.tasks import get_task
+    from pipelines.tasks import get_task, prompt_source
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     cal = {"temperature": 1.7, "bias": [0.3, -0.2, 0.0, 0.1, 0.0, 0.0, -0.1, 0.2], "objective": "nll", "n_fit": 9}

@@ -1,5 +1,5 @@
 """A pair's prompt is the training row builder's, byte for byte, wherever it is made: the
-evaluation's (pipelines.evaluation.lm_forecasts, from the warehouse too) and the forecasting
+evaluation's (pipelines.forecasting.lm_forecasts, from the warehouse too) and the forecasting
 adapters' (pipelines.forecasting.language), for every style, "+features" included."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import pytest
 from models.prompts import PROMPT_STYLES
 from models.service import DEFAULT_HARDWARE
 from models.training.rows import build_training_rows
-from pipelines.evaluation.lm_forecasts import pair_messages, pair_requests, prompt_source
 from pipelines.forecasting.language import pair_prompt
-from pipelines.tasks import get_task
+from pipelines.forecasting.lm_forecasts import pair_messages, pair_requests
+from pipelines.tasks import get_task, prompt_source
 
 STYLES = [*PROMPT_STYLES, *(f"{s}+features" for s in PROMPT_STYLES)]
 FEATS = {"n_regs": 40, "n_spills": 0, "shared_bytes": 4096, "n_kernels": 1, "n_launches": 2}

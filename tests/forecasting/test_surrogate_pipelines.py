@@ -10,6 +10,8 @@ import pytest
 
 from orchestration.settings import load_settings
 from pipelines.curation.stored import curate_and_store
+from pipelines.forecasting.embed import log_embed_head_model
+from pipelines.forecasting.pyfunc import log_classical_sources_model
 from pipelines.surrogates.classical import train_classical_surrogates
 from pipelines.surrogates.export import NoDatasetVersion
 from pipelines.surrogates.grpo import train_grpo_surrogates
@@ -38,13 +40,14 @@ def test_classical_versions_are_registered_then_reused(curated):
     db, uri, settings, version = curated
     sur = replace(settings.surrogate, classical=("cost_model",), held_out_task=None)
     lines: list[str] = []
-    first = train_classical_surrogates(db, uri, sur, "batch-1", NAME, {"dagster_run_id": "batch-1"}, progress=lines.append)
+    first = train_classical_surrogates(db, uri, sur, "batch-1", NAME, {"dagster_run_id": "batch-1"}, progress=lines.append,
+                                       model_logger=log_classical_sources_model)
     assert first.dataset_version == version and first.fit_pairs > 0 and first.calibration_pairs > 0
     (reg,) = first.registered
     assert (reg.name, reg.kind, reg.split, reg.reused) == (NAME, "cost_model", "in_distribution", False) and lines
     with connect(db, read_only=True) as con:
         assert str(reg.version) in read_model_lineage(con, NAME)["model_version"].to_list()
-    again = train_classical_surrogates(db, uri, sur, "batch-2", NAME, {})
+    again = train_classical_surrogates(db, uri, sur, "batch-2", NAME, {}, model_logger=log_classical_sources_model)
     assert [(r.version, r.reused) for r in again.registered] == [(reg.version, True)]
 
 
@@ -52,13 +55,13 @@ def test_classical_versions_are_registered_then_reused(curated):
 def test_the_supervised_llm_is_trained_registered_and_traced(curated, tmp_path):
     db, uri, settings, version = curated
     llm = produce_llm_surrogate(db, uri, settings.home, settings.data_dir, settings.surrogate, tmp_path / "work",
-                                {"dagster_run_id": "run-1"})
+                                {"dagster_run_id": "run-1"}, head_logger=log_embed_head_model)
     assert llm.dataset_version == version and llm.missing_lineage == []
     assert llm.registered.source == "supervised" and not llm.registered.reused and llm.registered.run_id
     assert llm.trained["dataset_version"] == version
     with pytest.raises(UnknownLlmSource, match="unknown surrogate.llm setting 'nope'"):
         produce_llm_surrogate(db, uri, settings.home, settings.data_dir, replace(settings.surrogate, llm="nope"),
-                              tmp_path / "work", {})
+                              tmp_path / "work", {}, head_logger=log_embed_head_model)
 
 
 @pytest.mark.slow
@@ -77,6 +80,7 @@ def test_no_dataset_version_is_refused(tmp_path):
     settings = load_settings("smoke", tmp_path)
     connect(settings.warehouse_path).close()
     with pytest.raises(NoDatasetVersion):
-        train_classical_surrogates(settings.warehouse_path, settings.mlflow_uri, settings.surrogate, "b", NAME, {})
+        train_classical_surrogates(settings.warehouse_path, settings.mlflow_uri, settings.surrogate, "b", NAME, {},
+                                   model_logger=log_classical_sources_model)
     with pytest.raises(NoDatasetVersion):
         train_grpo_surrogates(settings.warehouse_path, settings.mlflow_uri, tmp_path, settings.surrogate, "b")

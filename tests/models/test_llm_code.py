@@ -292,6 +292,7 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
     import mlflow
     import polars as pl
 
+    from pipelines.forecasting.embed import log_embed_head_model
     from pipelines.forecasting.registered import registered_forecasts
     from pipelines.surrogates.code_ingest import ingest, register_variants
     from pipelines.surrogates.committed import calibrated_variants
@@ -335,8 +336,10 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
     with connect(tmp_path / "wh.duckdb") as con:
         all_pairs = pl.concat([f[r] for r in ("fit", "calibration", "eval", "external", "held_out_eval")]).unique("pair_id")
         write_dataset(con, "ds-toy", "d", {}, [], all_pairs)
-        versions = register_variants(con, uri, data_dir, run_dir, tmp_path / "out", summary["variants"])
-        assert register_variants(con, uri, data_dir, run_dir, tmp_path / "out", summary["variants"]) == versions  # re-used
+        versions = register_variants(con, uri, data_dir, run_dir, tmp_path / "out", summary["variants"],
+                                     head_logger=log_embed_head_model)
+        assert register_variants(con, uri, data_dir, run_dir, tmp_path / "out", summary["variants"],
+                                 head_logger=log_embed_head_model) == versions  # re-used
         from warehouse.lineage import lineage_of
 
         assert lineage_of(con, "kernelcast-surrogate", versions["code-head"])["dataset_version"] == "ds-toy"
@@ -371,6 +374,7 @@ def test_code_lora_is_committed_without_its_adapter(tmp_path, monkeypatch):
     from models.registry.versions import version_info
     from pipelines.forecasting import load_forecaster
     from pipelines.forecasting.committed import CommittedForecaster
+    from pipelines.forecasting.embed import log_embed_head_model
     from pipelines.surrogates.code_ingest import (
         COMMITTED_ONLY,
         WEIGHTS_TAG,
@@ -400,7 +404,8 @@ def test_code_lora_is_committed_without_its_adapter(tmp_path, monkeypatch):
     f = {r: _frame(pairs, r) for r in ("fit", "calibration", "eval", "external")}
     with connect(tmp_path / "wh.duckdb") as con:
         write_dataset(con, "ds-toy", "d", {}, [], pl.concat(list(f.values())).unique("pair_id"))
-        versions = register_variants(con, uri, tmp_path / "data", run_dir, None, ["code-lora"], "tiny")
+        versions = register_variants(con, uri, tmp_path / "data", run_dir, None, ["code-lora"], "tiny",
+                                     head_logger=log_embed_head_model)
     assert version_info(uri, versions["code-lora"])["tags"][WEIGHTS_TAG] == COMMITTED_ONLY
     ref = f"models:/kernelcast-surrogate/{versions['code-lora']}"
     held = load_forecaster(ref, tracking_uri=uri, home=tmp_path / "home", committed_dir=run_dir)

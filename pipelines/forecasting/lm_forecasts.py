@@ -5,13 +5,11 @@ measured device's hardware table; never a runtime; with "+features" styles the b
 and each kernel's compile features), runs any `models.backends.Forecaster`, and returns rows for
 the warehouse `forecasts` table. The prompt is the training row builder's
 (models.training.rows.pair_prompt), byte for byte. The task reference is stored as a thin wrapper
-module, so its prompt shows the reference's actual PyTorch code instead.
+module, so its prompt shows the reference's actual PyTorch code instead (pipelines.tasks.prompt_source).
 """
 
 from __future__ import annotations
 
-import importlib
-import inspect
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -19,15 +17,7 @@ import polars as pl
 
 from models.backends import Forecaster, ForecastRequest
 from models.training.rows import pair_prompt
-from pipelines.tasks import TASK_MODULES, get_task
-
-
-def prompt_source(task: str, source: str, generator: str | None) -> str:
-    """The code the model reads for a kernel: the reference's PyTorch body for the reference."""
-    if generator == "reference" and task in TASK_MODULES:
-        module = importlib.import_module(TASK_MODULES[task])
-        return inspect.getsource(module.ref_kernel)
-    return source
+from pipelines.tasks import get_task, prompt_source
 
 
 def task_facts(task: str) -> dict[str, Any]:

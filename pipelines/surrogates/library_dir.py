@@ -1,6 +1,7 @@
 """The `library` split: published kernels of public libraries and model code, measured from a
 folder outside the repository (`KERNELCAST_LIBRARY_DIR`), read at evaluation time, never
-committed and never learned from.
+committed and never learned from. It is a split's pairs like the others
+(pipelines.surrogates.roles.LIBRARY_SPLIT), read where the forecasts are planned.
 
 The folder holds what the worker writes (pipelines/profiling/formats.py) for the set that
 `python -m pipelines.generation.library build` assembles: `kernels*.parquet` (KERNEL_BATCH_SCHEMA:

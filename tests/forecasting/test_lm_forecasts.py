@@ -6,9 +6,10 @@ import polars as pl
 
 from models.backends.transformers_backend import TransformersForecaster
 from models.tiny import build_tiny_model
-from pipelines.evaluation.lm_forecasts import forecast_pairs, prompt_source, sample_pairs
+from pipelines.forecasting.lm_forecasts import forecast_pairs, sample_pairs
 from pipelines.generation import registry
 from pipelines.generation.reference import reference_record
+from pipelines.tasks import prompt_source
 
 
 def test_reference_prompt_shows_the_pytorch_body():
