@@ -6,3 +6,9 @@ challengers, the champion)."""
 # style twins go to (scored, never promoted): the one definition of both names.
 SURROGATE_MODEL = "kernelcast-surrogate"
 HELD_OUT_MODEL = f"{SURROGATE_MODEL}-held-out"
+
+# Artifact locations relative to the home (models.registry.home_artifacts resolves them): the
+# scheme, the folder beside mlflow.db, and the location the project's experiments are created with.
+HOME_SCHEME = "kernelcast-home"
+ARTIFACTS_DIR = "mlartifacts"  # beside mlflow.db
+HOME_ARTIFACT_ROOT = f"{HOME_SCHEME}:/{ARTIFACTS_DIR}"

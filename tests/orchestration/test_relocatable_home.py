@@ -15,7 +15,7 @@ import dagster as dg
 import pytest
 from typer.testing import CliRunner
 
-from models.registry.tracking import HOME_ARTIFACT_ROOT
+from models.registry import HOME_ARTIFACT_ROOT
 from tests.forecasting.test_forecasting_models import toy_pairs
 
 NAME = "kernelcast-surrogate"
