@@ -20,8 +20,11 @@ jail (the sandbox layers, applied before a child starts), child (a child's entry
 (compile/check/time inside a child), inputs (task inputs and torch's switches, shared by runner
 and verify), fresh_values (the new values of every timed call, rebuilt by the verifier), verify (verdicts from a process the kernel never ran in), shipping (a kernel's
 output as a file or CUDA IPC handles: ipc_handles), cuda_ipc (the self-test of both ways), integrity (identities a kernel must not change), audit
-(the parent's own account: wall-clock windows, reference timings, speedups), timing (L2 flush,
-CUDA events, adaptive reps, protocols: docs/protocols.md), hardware (fingerprint), results (JSONL
+(the parent's own account: wall-clock windows, reference timings, speedups), timing (what the
+timed loops share: settings, statistics, the one call site; protocols: docs/protocols.md) with its
+loops cuda_timing (L2 flush, CUDA events, adaptive reps), gpumode_timing (GPU MODE's loop, loops by
+turns) and cpu_timing, clock_checks (timings held to a second clock) and call_feed (each timed
+call's input values and the outputs kept for the verifier), hardware (fingerprint), results (JSONL
 + Parquet, resume), taskload (task registry + KERNELCAST_TASK_MODULES overrides), check. The
 benchmarks a GPU host runs beside the worker (the harness under both protocols, the fault battery,
 throughput and repeatability of result files) live in the top-level benchmarks/ folder.

@@ -13,7 +13,7 @@ buffers that were timed and judges again, which catches kernels that cache their
 shape or by input address. All device work is synchronised device-wide before anything is read.
 
 Timed calls are verified too: each call runs on values no earlier call of the case had, written
-into the same buffers (timing.Feed, fresh_values.py), and after each call a CSPRNG draw decides
+into the same buffers (call_feed.Feed, fresh_values.py), and after each call a CSPRNG draw decides
 whether its output is among those the verifier judges, on the input it rebuilds from the kept
 salt and draw; every call of a kernel (check, warm-up, timed, re-check) is made by timing.drive
 from the same place, so its stack says nothing about what the call is for, and no name in its
@@ -47,6 +47,15 @@ from typing import Any
 import torch
 
 from pipelines.profiling import inputs, verify
+from pipelines.profiling.call_feed import Feed, plain_feed, top_up_steps
+from pipelines.profiling.cpu_timing import cpu_steps
+from pipelines.profiling.cuda_timing import L2Flusher, LaunchCover, cuda_steps
+from pipelines.profiling.gpumode_timing import (
+    ReferenceFailed,
+    Turns,
+    gpumode_warmup_steps,
+    interleaved_steps,
+)
 from pipelines.profiling.inputs import (
     CACHE,
     clone_data,
@@ -63,25 +72,14 @@ from pipelines.profiling.sandbox_policy import GIB, one_line
 from pipelines.profiling.shipping import ShippingError
 from pipelines.profiling.taskload import extra_task_modules, load_task
 from pipelines.profiling.timing import (
-    Feed,
     GpuShared,
-    L2Flusher,
-    LaunchCover,
-    ReferenceFailed,
     Steps,
     Timing,
     TimingSettings,
     TimingTampered,
-    Turns,
     collector_paused,
-    cpu_steps,
-    cuda_steps,
     drive,
-    gpumode_warmup_steps,
-    interleaved_steps,
     keep_output,
-    plain_feed,
-    top_up_steps,
 )
 from pipelines.profiling.verify import RECHECK_SEED_SALT, recheck_salts, timed_cases, timed_draws
 
@@ -1012,8 +1010,8 @@ class Measurer:
 
     def paired_case_steps(self, task, case: dict, feed: Feed, first: bool, phases: dict) -> Steps:
         """The kernel's timed calls of one case and the reference's, by turns of PAIRED_TURN_CALLS
-        (gpumode; timing.interleaved_steps), until both loops' stopping rules are met
-        (timing.Turns): the reference on its own input through the same feed and loop, with the
+        (gpumode; gpumode_timing.interleaved_steps), until both loops' stopping rules are met
+        (gpumode_timing.Turns): the reference on its own input through the same feed and loop, with the
         torch switches of the first reference timing during its turns and the kernel's again
         during the kernel's. Returns (the kernel's Timing, the reference's as a dict)."""
         cid = task.case_id(case)

@@ -69,7 +69,7 @@ def timed_draws(device: str, config: dict | None = None) -> tuple[tuple[int, ...
     config keys `timed_variants` and `timed_samples` (the worker's --timed-variants and
     --timed-samples) override the defaults: on the CPU 8 variants (each call of a case its own
     values) and one verified output per case; on a GPU two variants and one verified output of
-    each. From as many samples as variants on, the sample covers the variants (timing.Feed): the
+    each. From as many samples as variants on, the sample covers the variants (call_feed.Feed): the
     count is rounded down to a multiple of the variants, so that the plan and the feed agree.
 
     >>> [timed_draws(d, c)[1] for d, c in (("cpu", {}), ("cuda", {}), ("cuda", {"timed_samples": 5}),

@@ -14,7 +14,15 @@ import warnings
 import pytest
 import torch
 
-from pipelines.profiling import audit, integrity, shipping, timing, verify
+from pipelines.profiling import (
+    audit,
+    clock_checks,
+    gpumode_timing,
+    integrity,
+    shipping,
+    timing,
+    verify,
+)
 from pipelines.tasks import get_task
 
 
@@ -156,7 +164,7 @@ def _closure_function():
 
 
 def _change(kind: str, monkeypatch):
-    from pipelines.profiling import runner, timing
+    from pipelines.profiling import clock_checks, runner, timing
 
     if kind == "replaced":
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -178,7 +186,7 @@ def _change(kind: str, monkeypatch):
     elif kind == "module":
         monkeypatch.setitem(sys.modules, "time", types.ModuleType("time"))
     elif kind == "constant":
-        monkeypatch.setattr(timing, "WALL_SLACK_S", 1.0)
+        monkeypatch.setattr(clock_checks, "WALL_SLACK_S", 1.0)
     elif kind == "trace hook":
         sys.settrace(lambda *a: None)
         return lambda: sys.settrace(None)
@@ -361,10 +369,10 @@ def test_rows_take_their_reference_from_the_parents_book():
 def test_gpumode_loop_reuses_one_input_and_stops_by_its_rule():
     seen = []
     data = torch.ones(4)
-    t = timing.time_gpumode(lambda d: seen.append(d) or d, data, device="cpu", max_repeats=100)
+    t = gpumode_timing.time_gpumode(lambda d: seen.append(d) or d, data, device="cpu", max_repeats=100)
     assert all(x is data for x in seen) and 3 <= t.reps <= 100 and t.stat("gpumode") == t.mean_ms
     calls = iter(range(1000))
-    uneven = timing.time_gpumode(lambda d: time.sleep(0.001 if next(calls) % 2 else 0.004), data, device="cpu",
+    uneven = gpumode_timing.time_gpumode(lambda d: time.sleep(0.001 if next(calls) % 2 else 0.004), data, device="cpu",
                                  max_repeats=5)
     assert uneven.reps == 5  # the cap: calls this uneven never reach a 0.1% error in 5
 
@@ -385,12 +393,12 @@ class _LyingEvent:
 def test_events_far_below_the_wall_clock_are_tampering(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _LyingEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(timing, "trusted_call_times", lambda: (0.02, 0.00004))  # our own call: honest
+    monkeypatch.setattr(clock_checks, "trusted_call_times", lambda: (0.02, 0.00004))  # our own call: honest
     with pytest.raises(timing.TimingTampered, match="wall time"):
-        timing.time_gpumode(lambda d: time.sleep(0.003), torch.ones(2), device="cuda", max_repeats=5)
+        gpumode_timing.time_gpumode(lambda d: time.sleep(0.003), torch.ones(2), device="cuda", max_repeats=5)
     with pytest.raises(timing.TimingTampered):
-        timing.check_chunk_wall([50.0, 50.0], wall_s=0.01)  # 100 ms of events in 10 ms
-    timing.check_call_wall(event_ms=1.0, wall_s=0.0012)  # a call's honest overhead passes
+        clock_checks.check_chunk_wall([50.0, 50.0], wall_s=0.01)  # 100 ms of events in 10 ms
+    clock_checks.check_call_wall(event_ms=1.0, wall_s=0.0012)  # a call's honest overhead passes
 
 
 def test_a_shared_gpu_is_told_apart_from_a_kernel_working_off_its_stream():
@@ -400,16 +408,16 @@ def test_a_shared_gpu_is_told_apart_from_a_kernel_working_off_its_stream():
 
     slow_ours, fast_ours = (lambda: (0.07, 0.0025)), (lambda: (0.07, 0.0001))
     with pytest.raises(timing.GpuShared, match="another process") as e:
-        timing.check_kernel_wall(event_ms=0.07, wall_s=0.0025, trusted=slow_ours)
+        clock_checks.check_kernel_wall(event_ms=0.07, wall_s=0.0025, trusted=slow_ours)
     assert classify(e.value, "cuda", "timing case c").kind == "infrastructure"
     with pytest.raises(timing.TimingTampered) as e:
-        timing.check_kernel_wall(event_ms=0.07, wall_s=0.0025, trusted=fast_ours)
+        clock_checks.check_kernel_wall(event_ms=0.07, wall_s=0.0025, trusted=fast_ours)
     assert classify(e.value, "cuda", "timing case c").kind == "tampered"
     calls = []
     with pytest.raises(timing.TimingTampered):  # events longer than the wall: a patched timer, always
-        timing.check_kernel_wall(event_ms=50.0, wall_s=0.01, trusted=lambda: calls.append(1) or (0.07, 0.0025))
+        clock_checks.check_kernel_wall(event_ms=50.0, wall_s=0.01, trusted=lambda: calls.append(1) or (0.07, 0.0025))
     assert calls == []
-    timing.check_kernel_wall(event_ms=1.0, wall_s=0.0012, trusted=slow_ours)  # honest: ours not even asked
+    clock_checks.check_kernel_wall(event_ms=1.0, wall_s=0.0012, trusted=slow_ours)  # honest: ours not even asked
 
 
 def test_layers_that_keep_cuda_from_starting_are_dropped_with_their_reason(monkeypatch):

@@ -11,7 +11,16 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines.profiling import inputs, runner, taskload, timing
+from pipelines.profiling import (
+    call_feed,
+    clock_checks,
+    cpu_timing,
+    cuda_timing,
+    inputs,
+    runner,
+    taskload,
+    timing,
+)
 from pipelines.profiling.hardware import cpu_fingerprint
 from pipelines.profiling.results import ResultStore, now_utc, partial_path
 from pipelines.profiling.sandbox_policy import describe_exit, one_line
@@ -72,10 +81,10 @@ def test_adaptive_stop_rules():
 def test_time_cpu_counts_reps_and_clones_for_paper():
     seen = []
     data = torch.zeros(4)
-    t = timing.time_cpu(lambda d: seen.append(d), data, timing.TimingSettings.for_cpu(4), protocol="paper")
+    t = cpu_timing.time_cpu(lambda d: seen.append(d), data, timing.TimingSettings.for_cpu(4), protocol="paper")
     assert t.reps >= 2 and all(x is not data for x in seen)  # paper: a fresh clone every call
     seen.clear()
-    timing.time_cpu(lambda d: seen.append(d), data, timing.TimingSettings.for_cpu(4))
+    cpu_timing.time_cpu(lambda d: seen.append(d), data, timing.TimingSettings.for_cpu(4))
     assert all(x is data for x in seen)  # kernelcast: the same input, no clone in the window
 
 
@@ -124,7 +133,7 @@ def test_a_kept_output_does_not_keep_the_kernels_autograd_graph_alive(tiny_task,
     assert saved["a"]() is None
 
     if keep == "feed":
-        feed = timing.Feed(x, keep=1)
+        feed = call_feed.Feed(x, keep=1)
         feed.took(kernel(x))
         kept = feed.take_kept()[0].output
     else:
@@ -284,20 +293,20 @@ class _FakeEvent:
 def test_time_cuda_control_flow_with_fake_events(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    flusher = timing.L2Flusher(l2_bytes=1 << 20, device="cpu", min_bytes=1 << 16)
+    flusher = cuda_timing.L2Flusher(l2_bytes=1 << 20, device="cpu", min_bytes=1 << 16)
     assert flusher.nbytes == 2 << 20  # at least twice the L2
     flushes, calls = [], []
     monkeypatch.setattr(flusher, "flush", lambda: flushes.append(1))
     data = torch.ones(8)
     s = timing.TimingSettings(min_reps=5, max_reps=40, max_case_s=0.5, rse_target=0.5, warmup_ms=0.0)
-    t = timing.time_cuda(lambda d: calls.append(d), data, s, flusher=flusher)
+    t = cuda_timing.time_cuda(lambda d: calls.append(d), data, s, flusher=flusher)
     assert 5 <= t.reps <= 40 and t.median_ms >= 0
     # kernelcast: a flush before every call, warm-up included; then the wall-clock probe's calls
-    assert len(flushes) == len(calls) - timing.WALL_CHECK_CALLS
+    assert len(flushes) == len(calls) - clock_checks.WALL_CHECK_CALLS
     assert all(c is data for c in calls)
     flushes.clear()
     calls.clear()
-    t = timing.time_cuda(lambda d: calls.append(d), data, s, protocol="paper", flusher=flusher)
+    t = cuda_timing.time_cuda(lambda d: calls.append(d), data, s, protocol="paper", flusher=flusher)
     assert not flushes and all(c is not data for c in calls)  # paper: no flush, clone in the window
 
 
@@ -308,19 +317,19 @@ def test_a_slow_call_gets_one_warm_up_call_and_no_probe_calls(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    flusher = timing.L2Flusher(l2_bytes=1 << 20, device="cpu", min_bytes=1 << 16)
+    flusher = cuda_timing.L2Flusher(l2_bytes=1 << 20, device="cpu", min_bytes=1 << 16)
     flushes, calls = [], []
     monkeypatch.setattr(flusher, "flush", lambda: flushes.append(1))
     s = timing.TimingSettings(min_reps=3, max_reps=6, max_case_s=2.0, rse_target=1e-9, warmup_ms=0.0)
 
     def slow(d):
         calls.append(d)
-        time.sleep(1.2 * timing.SLOW_CALL_S)
+        time.sleep(1.2 * cuda_timing.SLOW_CALL_S)
 
-    t = timing.time_cuda(slow, torch.ones(8), s, flusher=flusher)
+    t = cuda_timing.time_cuda(slow, torch.ones(8), s, flusher=flusher)
     assert t.reps == 6 and len(calls) == 1 + 6  # one warm-up call, the timed ones, nothing else
     assert len(flushes) == len(calls)
-    assert t.median_ms >= 1e3 * timing.SLOW_CALL_S
+    assert t.median_ms >= 1e3 * cuda_timing.SLOW_CALL_S
 
 
 def test_a_slow_call_with_work_outside_its_events_is_tampered(monkeypatch):
@@ -331,10 +340,10 @@ def test_a_slow_call_with_work_outside_its_events_is_tampered(monkeypatch):
     pending = []
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pending and (pending.clear(), time.sleep(0.02)))
-    monkeypatch.setattr(timing, "trusted_call_times", lambda: (1.0, 1.1e-3))  # our own op: honest
+    monkeypatch.setattr(clock_checks, "trusted_call_times", lambda: (1.0, 1.1e-3))  # our own op: honest
     s = timing.TimingSettings(min_reps=3, max_reps=6, max_case_s=2.0, rse_target=1e-9, warmup_ms=0.0)
     with pytest.raises(timing.TimingTampered, match="wall time"):
-        timing.time_cuda(lambda d: pending.append(1), torch.ones(8), s)
+        cuda_timing.time_cuda(lambda d: pending.append(1), torch.ones(8), s)
 
 
 def test_a_failed_wall_check_is_decided_by_new_calls(monkeypatch):
@@ -346,10 +355,10 @@ def test_a_failed_wall_check_is_decided_by_new_calls(monkeypatch):
     pending, calls = [], []
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pending and (pending.clear(), time.sleep(0.01)))
-    monkeypatch.setattr(timing, "trusted_call_times", lambda: (1.0, 1.1e-3))  # our own op: honest
+    monkeypatch.setattr(clock_checks, "trusted_call_times", lambda: (1.0, 1.1e-3))  # our own op: honest
     stalled = dict(event_ms=0.05, wall_s=2.4e-3, enqueue_s=0.0, n=3)  # what the case's calls read
 
-    timing.drive(lambda d: calls.append(d), timing.wall_check_steps(timing.plain_feed(torch.ones(4)), **stalled))
+    timing.drive(lambda d: calls.append(d), clock_checks.wall_check_steps(call_feed.plain_feed(torch.ones(4)), **stalled))
     assert len(calls) == 3  # honest on the new calls: no verdict
 
     def side_work(d):
@@ -358,10 +367,10 @@ def test_a_failed_wall_check_is_decided_by_new_calls(monkeypatch):
 
     calls.clear()
     with pytest.raises(timing.TimingTampered, match="wall time"):
-        timing.drive(side_work, timing.wall_check_steps(timing.plain_feed(torch.ones(4)), **stalled))
+        timing.drive(side_work, clock_checks.wall_check_steps(call_feed.plain_feed(torch.ones(4)), **stalled))
     assert len(calls) == 3
     calls.clear()
-    timing.drive(side_work, timing.wall_check_steps(timing.plain_feed(torch.ones(4)), 5.0, 5.5e-3, 0.0, 3))
+    timing.drive(side_work, clock_checks.wall_check_steps(call_feed.plain_feed(torch.ones(4)), 5.0, 5.5e-3, 0.0, 3))
     assert not calls  # a check that passes makes no calls
 
 

@@ -18,6 +18,8 @@ import torch
 
 from pipelines.profiling import (
     audit,
+    call_feed,
+    clock_checks,
     fresh_values,
     integrity,
     refcache,
@@ -139,7 +141,7 @@ def test_the_feed_keeps_a_uniform_sample_drawn_after_each_call_and_clones_it():
     variants = {s: torch.arange(4.0) + 10 * s for s in (1, 2, 3)}
     seen_first = {s: 0 for s in variants}
     for _ in range(300):
-        feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=1)
+        feed = call_feed.Feed(data, variants.__getitem__, tuple(variants), keep=1)
         for _ in range(3):
             x = feed.fill()
             assert x is data  # the same buffers, new values
@@ -149,7 +151,7 @@ def test_the_feed_keeps_a_uniform_sample_drawn_after_each_call_and_clones_it():
         seen_first[feed.kept[0].salt] += 1
     # each of the three calls (hence salts, in a random order) is kept about a third of the time
     assert all(60 < n < 140 for n in seen_first.values()), seen_first
-    assert len({tuple(timing.Feed(data, variants.__getitem__, (1, 2, 3))._order) for _ in range(50)}) > 1
+    assert len({tuple(call_feed.Feed(data, variants.__getitem__, (1, 2, 3))._order) for _ in range(50)}) > 1
 
 
 def test_a_sample_as_large_as_the_variants_covers_every_variant_each_time():
@@ -159,7 +161,7 @@ def test_a_sample_as_large_as_the_variants_covers_every_variant_each_time():
     variants = {s: torch.full((4,), float(s)) for s in (7, 9)}
     for calls in (2, 3, 40):
         for _ in range(50):
-            feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=2)
+            feed = call_feed.Feed(data, variants.__getitem__, tuple(variants), keep=2)
             for _ in range(calls):
                 feed.took(feed.fill())
             kept = feed.take_kept()
@@ -254,14 +256,14 @@ def test_the_verifier_accepts_a_timed_output_only_on_a_timed_salt(tiny_task, tmp
 
 
 def test_recorded_cpu_times_are_held_to_a_second_clock():
-    timing.check_recorded_cpu((1.0, 1.0), (1.001, 1.002))
-    timing.check_recorded_cpu((0.01, 0.01, 0.01), (0.011, 12.3, 0.012))  # descheduled once, outside a record
+    clock_checks.check_recorded_cpu((1.0, 1.0), (1.001, 1.002))
+    clock_checks.check_recorded_cpu((0.01, 0.01, 0.01), (0.011, 12.3, 0.012))  # descheduled once, outside a record
     with pytest.raises(timing.TimingTampered, match="recorded"):
-        timing.check_recorded_cpu((0.2, 0.2, 0.2), (1.0, 1.0, 1.0))  # rewritten to a fifth
+        clock_checks.check_recorded_cpu((0.2, 0.2, 0.2), (1.0, 1.0, 1.0))  # rewritten to a fifth
     with pytest.raises(timing.TimingTampered, match="long"):
-        timing.check_recorded_cpu((10.0, 10.0), (1.0, 1.0))  # a clock that runs fast
+        clock_checks.check_recorded_cpu((10.0, 10.0), (1.0, 1.0))  # a clock that runs fast
     with pytest.raises(timing.TimingTampered, match="timed calls"):
-        timing.check_recorded_cpu((1.0,), (1.0, 1.0))  # a record removed
+        clock_checks.check_recorded_cpu((1.0,), (1.0, 1.0))  # a record removed
 
 
 # ---- the integrity baseline --------------------------------------------------------------------
@@ -326,9 +328,9 @@ def test_a_case_with_fewer_calls_than_outputs_to_verify_is_topped_up_not_tampere
     output it asks for; short of them, an honest kernel would be `tampered`."""
     data = torch.zeros(4)
     variants = {s: torch.full((4,), float(s)) for s in range(8)}
-    feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=8)
+    feed = call_feed.Feed(data, variants.__getitem__, tuple(variants), keep=8)
     feed.took(feed.fill())
-    timing.drive(lambda x: x.clone(), timing.top_up_steps(feed))
+    timing.drive(lambda x: x.clone(), call_feed.top_up_steps(feed))
     assert [k.salt for k in feed.kept] == list(range(8)) and feed.short_salt() is None
     assert all(torch.equal(k.output, fresh_values.fresh_copy(variants[k.salt], k.draw)) for k in feed.take_kept())
 
