@@ -17,7 +17,9 @@ Modules: worker (parent event loop, CLI), sandbox (child processes and their cha
 sandbox_policy (what a child may use: layers, limits, environment, visible paths, uid),
 layer_probe (which layers this host provides), processes (/proc reads and kills),
 jail (the sandbox layers, applied before a child starts), child (a child's entry point), runner
-(compile/check/time inside a child), inputs (task inputs and torch's switches, shared by runner
+(check and time inside a child: the Measurer) with kernel_loading (a kernel's import and unload,
+the integrity watch, failure kinds, the autotune watch), checked_calls (a checked call and its
+verdict) and compile_child (the compile role), inputs (task inputs and torch's switches, shared by runner
 and verify), fresh_values (the new values of every timed call, rebuilt by the verifier), verify (verdicts from a process the kernel never ran in), shipping (a kernel's
 output as a file or CUDA IPC handles: ipc_handles), cuda_ipc (the self-test of both ways), integrity (identities a kernel must not change), audit
 (the parent's own account: wall-clock windows, reference timings, speedups), timing (what the

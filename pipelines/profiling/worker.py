@@ -130,7 +130,7 @@ class WorkerConfig:
     startup_timeout_s: float = 300.0  # for a child to import torch/triton and init CUDA
     lookahead: int | None = None  # compiled kernels waiting for the timer at most (None: 4 or 8 x workers)
     phased: bool | None = None  # alternate compile and measure phases (None: on for cuda with device inputs)
-    # "device" | "meta": what compile children run launchers on (runner.COMPILE_INPUTS); None:
+    # "device" | "meta": what compile children run launchers on (compile_child.COMPILE_INPUTS); None:
     # meta on cuda, device on cpu (Triton's interpreter needs values, so meta buys nothing there)
     compile_inputs: str | None = None
     log_dir: str | None = None  # keep children's stderr logs here (default: a temp dir, deleted)

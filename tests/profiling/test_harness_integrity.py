@@ -235,7 +235,7 @@ def test_verifier_judges_shipped_outputs_and_holds_jobs_to_their_plan(tmp_path, 
     task = get_task("softmax")
     v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
     case = task.correctness_cases[0]
-    from pipelines.profiling.runner import make_input
+    from pipelines.profiling.inputs import make_input
 
     good = tmp_path / "good"
     shipping.write_output(good, task.ref_kernel(make_input(task, case)))
@@ -259,7 +259,7 @@ def test_a_check_out_of_gpu_memory_is_retried_with_emptied_caches_then_the_harne
     monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
     task = get_task("softmax")
     v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
-    from pipelines.profiling.runner import make_input
+    from pipelines.profiling.inputs import make_input
 
     good = tmp_path / "good"
     cases = task.correctness_cases
@@ -404,7 +404,7 @@ def test_events_far_below_the_wall_clock_are_tampering(monkeypatch):
 def test_a_shared_gpu_is_told_apart_from_a_kernel_working_off_its_stream():
     """On a GPU another process uses, every synchronised call waits for the other's work: a
     call of our own is as far off as the kernel's, and the row is `infrastructure`, not `tampered`."""
-    from pipelines.profiling.runner import classify
+    from pipelines.profiling.kernel_loading import classify
 
     slow_ours, fast_ours = (lambda: (0.07, 0.0025)), (lambda: (0.07, 0.0001))
     with pytest.raises(timing.GpuShared, match="another process") as e:

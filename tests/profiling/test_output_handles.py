@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from pipelines.profiling import shipping, verify
-from pipelines.profiling.runner import make_input
+from pipelines.profiling.inputs import make_input
 from pipelines.tasks import get_task
 
 

@@ -13,10 +13,13 @@ import torch
 
 from pipelines.profiling import (
     call_feed,
+    checked_calls,
     clock_checks,
+    compile_child,
     cpu_timing,
     cuda_timing,
     inputs,
+    kernel_loading,
     runner,
     taskload,
     timing,
@@ -139,7 +142,7 @@ def test_a_kept_output_does_not_keep_the_kernels_autograd_graph_alive(tiny_task,
     else:
         held: list = []
         case = tiny_task.correctness_cases[0]
-        runner.drive(kernel, runner.check_steps(tiny_task, case, "cpu", held=held))
+        runner.drive(kernel, checked_calls.check_steps(tiny_task, case, "cpu", held=held))
         kept = held[0].output
     gc.collect()
     assert saved["a"]() is None, "the kept copy keeps the call's intermediates alive"
@@ -162,16 +165,16 @@ def test_an_out_of_memory_error_is_read_from_the_device_when_there_is_one(monkey
     here (no GPU on this machine); without them the message is torch's, as on the CPU."""
     e = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity "
                                     "of 79.18 GiB of which 50.44 MiB is free. Process 512 has 7.78 GiB memory in use.")
-    assert runner._describe(e).startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB")
+    assert kernel_loading._describe(e).startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB")
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(0.25 * gib), int(79.18 * gib)))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 65 * gib)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 67 * gib)
     monkeypatch.setattr(inputs.CACHE, "items", {("t", "c", 0): (None, int(10.5 * gib))})
-    text = runner._describe(e)
+    text = kernel_loading._describe(e)
     assert text == ("OutOfMemoryError: CUDA out of memory (asked 512.00 MiB, 0.25 of 79.18 GiB free): this process "
                     "65.00 GiB allocated (10.50 GiB the harness's kept inputs) + 2.00 GiB cached")
-    assert len(runner.classify(e, "cuda", "timing case " + "x" * 100).message) < 300
+    assert len(kernel_loading.classify(e, "cuda", "timing case " + "x" * 100).message) < 300
 
 
 # ---- tasks and checks -------------------------------------------------------------------
@@ -187,22 +190,22 @@ def test_task_override_rejects_bad_syntax(monkeypatch):
 
 
 def _kernel(name: str):
-    return runner.load_kernel(str(FIXTURES / name))
+    return kernel_loading.load_kernel(str(FIXTURES / name))
 
 
 def test_check_case_accepts_good_and_names_the_wrong_case(tiny_task):
-    runner.check_all(tiny_task, _kernel("good_torch.py"), tiny_task.correctness_cases, "cpu")
-    with pytest.raises(runner.KernelFailure) as e:
-        runner.check_all(tiny_task, _kernel("wrong_result.py"), tiny_task.correctness_cases, "cpu")
+    checked_calls.check_all(tiny_task, _kernel("good_torch.py"), tiny_task.correctness_cases, "cpu")
+    with pytest.raises(kernel_loading.KernelFailure) as e:
+        checked_calls.check_all(tiny_task, _kernel("wrong_result.py"), tiny_task.correctness_cases, "cpu")
     assert e.value.kind == "incorrect" and "n=1000" in e.value.message
 
 
 def test_recheck_with_new_seed_catches_cached_results(tiny_task):
     fn = _kernel("cache_by_shape.py")
     case = tiny_task.correctness_cases[0]
-    runner.check_case(tiny_task, fn, case, "cpu")  # first sight of the shape: right
-    with pytest.raises(runner.KernelFailure) as e:
-        runner.check_case(tiny_task, fn, case, "cpu", salt=runner.RECHECK_SEED_SALT)
+    checked_calls.check_case(tiny_task, fn, case, "cpu")  # first sight of the shape: right
+    with pytest.raises(kernel_loading.KernelFailure) as e:
+        checked_calls.check_case(tiny_task, fn, case, "cpu", salt=runner.RECHECK_SEED_SALT)
     assert e.value.kind == "incorrect" and "recheck" in e.value.message
 
 
@@ -211,8 +214,8 @@ def test_recheck_with_new_seed_catches_cached_results(tiny_task):
     [("syntax_error.py", "compile_failed"), ("no_entry_point.py", "compile_failed"), ("raises.py", "runtime_error")],
 )
 def test_failure_kinds_in_process(tiny_task, name, kind):
-    with pytest.raises(runner.KernelFailure) as e:
-        runner.check_all(tiny_task, _kernel(name), tiny_task.correctness_cases, "cpu")
+    with pytest.raises(kernel_loading.KernelFailure) as e:
+        checked_calls.check_all(tiny_task, _kernel(name), tiny_task.correctness_cases, "cpu")
     assert e.value.kind == kind and "\n" not in e.value.message
 
 
@@ -375,9 +378,9 @@ def test_a_failed_wall_check_is_decided_by_new_calls(monkeypatch):
 
 
 def test_cuda_sticky_errors_ask_for_a_restart():
-    f = runner.classify(RuntimeError("CUDA error: an illegal memory access was encountered"), "cuda", "case n=1")
+    f = kernel_loading.classify(RuntimeError("CUDA error: an illegal memory access was encountered"), "cuda", "case n=1")
     assert f.kind == "crashed" and f.restart and f.message.startswith("case n=1: RuntimeError")
-    f = runner.classify(ValueError("bad"), "cpu", "case n=1")
+    f = kernel_loading.classify(ValueError("bad"), "cpu", "case n=1")
     assert f.kind == "runtime_error" and not f.restart
 
 
@@ -386,25 +389,25 @@ def test_launch_suppression_patches_and_restores_triton():
     from triton.runtime.jit import JITFunction
 
     run, bench = JITFunction.run, Autotuner.__dict__["do_bench"]
-    with runner.triton_launches_suppressed():
+    with compile_child.triton_launches_suppressed():
         assert JITFunction.run is not run and isinstance(Autotuner.__dict__["do_bench"], property)
     assert JITFunction.run is run and Autotuner.__dict__["do_bench"] is bench
 
 
 _WARMUP_IN_A_COMPILE_CHILD = """
 import importlib.util, json, sys
-from pipelines.profiling import runner, standin
+from pipelines.profiling import checked_calls, compile_child, kernel_loading, runner, standin
 from pipelines.profiling.taskload import load_task
 
-runner.COMPILE_INPUTS = "meta"
+compile_child.COMPILE_INPUTS = "meta"
 launched, task = [], load_task("softmax")
 with standin.standin_device(on_launch=lambda *a: launched.append(a[1])):
     spec = importlib.util.spec_from_file_location("warmup_kernel", sys.argv[1])
     module = sys.modules["warmup_kernel"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    with runner.triton_launches_suppressed():
+    with compile_child.triton_launches_suppressed():
         for case in task.benchmark_cases[:2]:
-            module.custom_kernel(runner.gpu_looking(runner.meta_input(task, case)))
+            module.custom_kernel(compile_child.gpu_looking(compile_child.meta_input(task, case)))
     suppressed = list(launched)
     kernel, programs = next(iter(module._COMPILED.values()))
     kernel[(programs, 1, 1)]()
@@ -446,20 +449,20 @@ def test_release_cuda_memory_returns_free_blocks_above_the_threshold():
     del x  # freed, but still reserved by the caching allocator
     reserved = torch.cuda.memory_reserved()
     assert reserved >= 512 * 2**20
-    assert runner.release_cuda_memory(keep_bytes=reserved) is False  # at the threshold: kept
-    assert runner.release_cuda_memory(keep_bytes=0) is True
+    assert compile_child.release_cuda_memory(keep_bytes=reserved) is False  # at the threshold: kept
+    assert compile_child.release_cuda_memory(keep_bytes=0) is True
     assert torch.cuda.memory_reserved() < reserved
 
 
 def test_release_cuda_memory_is_a_no_op_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert runner.release_cuda_memory(keep_bytes=0) is False
+    assert compile_child.release_cuda_memory(keep_bytes=0) is False
 
 
 def test_to_meta_keeps_shape_dtype_strides_and_storage_offset():
     x = torch.arange(64, dtype=torch.float32).reshape(8, 8)
     data = (x, [x[:, 1:].t(), x[2:]], {"scale": 0.5, "y": x.to(torch.bfloat16)})
-    meta = runner.to_meta(data)
+    meta = compile_child.to_meta(data)
     pairs = [(data[0], meta[0]), (data[1][0], meta[1][0]), (data[1][1], meta[1][1]), (data[2]["y"], meta[2]["y"])]
     for real, m in pairs:
         assert m.device.type == "meta" and m.dtype == real.dtype
@@ -474,7 +477,7 @@ def test_meta_input_is_drawn_on_the_meta_device_once_and_restores_the_device_set
     task = taskload.load_task("softmax")
     case = task.benchmark_cases[0]
     monkeypatch.setenv("KERNELCAST_DEVICE", "cuda")  # as on a GPU host: tasks would place inputs there
-    runner._META_INPUTS.clear()
+    compile_child._META_INPUTS.clear()
     calls = []
     real_generate = inputs.generate
 
@@ -483,7 +486,7 @@ def test_meta_input_is_drawn_on_the_meta_device_once_and_restores_the_device_set
         return real_generate(task_, case_, salt)
 
     monkeypatch.setattr(inputs, "generate", counting)
-    first, second = runner.meta_input(task, case), runner.meta_input(task, case)
+    first, second = compile_child.meta_input(task, case), compile_child.meta_input(task, case)
     assert calls == ["meta"]  # generated once, on the meta device
     assert __import__("os").environ["KERNELCAST_DEVICE"] == "cuda"
     flat = [t for t in (first if isinstance(first, (tuple, list)) else [first]) if isinstance(t, torch.Tensor)]
@@ -496,7 +499,7 @@ def test_compile_case_leaves_launchers_that_need_values_to_the_measuring_child(m
 
     task = taskload.load_task("softmax")
     case = task.benchmark_cases[0]
-    monkeypatch.setattr(runner, "COMPILE_INPUTS", "meta")
+    monkeypatch.setattr(compile_child, "COMPILE_INPUTS", "meta")
     seen = []
 
     def reads_values(data):
@@ -504,14 +507,14 @@ def test_compile_case_leaves_launchers_that_need_values_to_the_measuring_child(m
         seen.append(x.device.type)
         return x.sum().item()  # cannot run on meta tensors
 
-    runner._compile_case(reads_values, task, case, {"kernel_id": "k"})  # logged, not a failure
+    compile_child._compile_case(reads_values, task, case, {"kernel_id": "k"})  # logged, not a failure
     assert seen == ["meta", "meta"]  # as meta tensors, then as meta tensors that say they are on the GPU
 
     def bad_triton(data):
         raise triton.compiler.errors.CompilationError("k.py", None, "bad tl.dot shape")
 
-    with pytest.raises(runner.KernelFailure) as info:
-        runner._compile_case(bad_triton, task, case, {"kernel_id": "k"})
+    with pytest.raises(kernel_loading.KernelFailure) as info:
+        compile_child._compile_case(bad_triton, task, case, {"kernel_id": "k"})
     assert info.value.kind == "compile_failed"
 
 
@@ -525,8 +528,8 @@ def test_compile_case_also_builds_what_a_launcher_chooses_on_the_gpu(monkeypatch
 
     task = taskload.load_task("fp8_quant")
     case = task.benchmark_cases[0]
-    monkeypatch.setattr(runner, "COMPILE_INPUTS", "meta")
-    runner._META_INPUTS.clear()
+    monkeypatch.setattr(compile_child, "COMPILE_INPUTS", "meta")
+    compile_child._META_INPUTS.clear()
     seen = []
 
     def launcher(data):
@@ -535,12 +538,12 @@ def test_compile_case_also_builds_what_a_launcher_chooses_on_the_gpu(monkeypatch
         out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
         seen.append((x.is_cuda, y.is_cuda, out.device.type, native_specialize_impl(BaseBackend, x, False, True, True)))
 
-    runner._compile_case(launcher, task, case, {"kernel_id": "k"})
+    compile_child._compile_case(launcher, task, case, {"kernel_id": "k"})
     assert [s[:3] for s in seen] == [(False, False, "meta"), (True, True, "meta")]
     assert seen[0][3] == seen[1][3]  # Triton specialises the pointer alike
 
-    x = runner.to_meta(torch.zeros(9, dtype=torch.bfloat16)[1:])
-    g = runner.gpu_looking((x, {"n": 3}))
+    x = compile_child.to_meta(torch.zeros(9, dtype=torch.bfloat16)[1:])
+    g = compile_child.gpu_looking((x, {"n": 3}))
     assert g[0].is_cuda and g[0].device.type == "meta" and g[1] == {"n": 3}
     assert (g[0].shape, g[0].stride(), g[0].data_ptr()) == (x.shape, x.stride(), x.data_ptr())
 
@@ -552,18 +555,18 @@ def test_a_compile_child_on_meta_inputs_checks_cuda_without_work_on_the_gpu(tiny
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append("synchronize"))
     monkeypatch.setattr(torch, "ones", lambda *a, **k: calls.append("op") or torch.full((1,), 1.0))
-    assert runner.cuda_healthy(launch=False) and calls == ["synchronize"]
+    assert kernel_loading.cuda_healthy(launch=False) and calls == ["synchronize"]
     calls.clear()
-    assert runner.cuda_healthy() and calls == ["synchronize", "op"]
+    assert kernel_loading.cuda_healthy() and calls == ["synchronize", "op"]
     monkeypatch.undo()
 
     asked = []
-    monkeypatch.setattr(runner, "cuda_healthy", lambda launch=True: asked.append(launch) or True)
+    monkeypatch.setattr(compile_child, "cuda_healthy", lambda launch=True: asked.append(launch) or True)
     job = {"path": str(FIXTURES / "good_triton.py"), "task": "tiny_scale", "kernel_id": "k"}
     for inputs_kind, launch in (("meta", False), ("device", True)):
-        monkeypatch.setattr(runner, "COMPILE_INPUTS", inputs_kind)
-        monkeypatch.setattr(runner, "_compile_case", lambda *a: None)  # no GPU here to compile for
-        result = runner.run_compile(job, "cuda")
+        monkeypatch.setattr(compile_child, "COMPILE_INPUTS", inputs_kind)
+        monkeypatch.setattr(compile_child, "_compile_case", lambda *a: None)  # no GPU here to compile for
+        result = compile_child.run_compile(job, "cuda")
         assert result["ok"], result
         assert asked[-1] is launch
 
@@ -630,7 +633,7 @@ def test_the_autotune_watch_names_each_config_and_stops_an_autotune_past_its_bud
 
     tried = []
     monkeypatch.setattr(Autotuner, "_bench", lambda tuner, *a, config, **m: tried.append(config) or [1.0])
-    watch = runner.AutotuneWatch(budget_s=0.05)
+    watch = kernel_loading.AutotuneWatch(budget_s=0.05)
     watch.install()  # wraps the stub; monkeypatch puts Triton's own back afterwards
     steps = []
     watch.begin(steps.append)
@@ -639,7 +642,7 @@ def test_the_autotune_watch_names_each_config_and_stops_an_autotune_past_its_bud
     Autotuner._bench(tuner, config="c2")
     assert steps == ["autotune ce_fwd: config 1/3", "autotune ce_fwd: config 2/3"] and tried == ["c1", "c2"]
     time.sleep(0.06)
-    with pytest.raises(runner.KernelFailure) as failure:
+    with pytest.raises(kernel_loading.KernelFailure) as failure:
         Autotuner._bench(tuner, config="c3")
     assert failure.value.kind == "timeout" and tried == ["c1", "c2"]
     assert "autotune of ce_fwd: its configs took over the 0 s budget (2 of 3 tried)" in str(failure.value)

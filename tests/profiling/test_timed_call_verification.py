@@ -22,6 +22,7 @@ from pipelines.profiling import (
     clock_checks,
     fresh_values,
     integrity,
+    kernel_loading,
     refcache,
     runner,
     taskload,
@@ -269,39 +270,39 @@ def test_recorded_cpu_times_are_held_to_a_second_clock():
 # ---- the integrity baseline --------------------------------------------------------------------
 @pytest.fixture
 def started_watch(monkeypatch):
-    holder = runner._WatchHolder()
-    monkeypatch.setattr(runner, "WATCH", holder)
-    monkeypatch.setattr(runner, "_STARTED", [])
+    holder = kernel_loading._WatchHolder()
+    monkeypatch.setattr(kernel_loading, "WATCH", holder)
+    monkeypatch.setattr(kernel_loading, "_STARTED", [])
     w = integrity.Watch()
     holder.watch = w
-    runner._STARTED.append(w)
+    kernel_loading._STARTED.append(w)
     return holder
 
 
 def test_the_watch_cannot_be_switched_off_or_re_based(started_watch, monkeypatch):
-    assert runner.integrity_changes() == []
+    assert kernel_loading.integrity_changes() == []
     started_watch.watch = None  # as a kernel would
-    assert started_watch.watch is not None and "integrity watch" in runner.integrity_changes()[0]
+    assert started_watch.watch is not None and "integrity watch" in kernel_loading.integrity_changes()[0]
     started_watch.meddled = False
     started_watch.watch.rebase()
-    assert "re-base" in runner.integrity_changes()[0]
+    assert "re-base" in kernel_loading.integrity_changes()[0]
 
 
 def test_class_level_patches_of_harness_methods_are_seen(started_watch, monkeypatch):
     started_watch.watch.rebased = False
     monkeypatch.setattr(runner.Measurer, "time_fn", lambda self, fn, data: None)
     monkeypatch.setattr(timing.Timing, "as_dict", lambda self: {})
-    changed = runner.integrity_changes()
+    changed = kernel_loading.integrity_changes()
     assert "pipelines.profiling.runner.Measurer.time_fn" in changed
     assert "pipelines.profiling.timing.Timing.as_dict" in changed
 
 
 def test_a_change_left_at_unload_fails_the_kernel_and_blocks_the_next(started_watch, monkeypatch):
     monkeypatch.setattr(torch, "relu", lambda x: x)  # what a finalizer of the kernel did
-    out = runner._checked_after_unload({"status": "ok", "failure_kind": None})
+    out = kernel_loading._checked_after_unload({"status": "ok", "failure_kind": None})
     assert out["failure_kind"] == "tampered" and out["restart"] and "unloaded" in out["error"]
-    with pytest.raises(runner.KernelFailure) as e:
-        runner.check_state_before_kernel()
+    with pytest.raises(kernel_loading.KernelFailure) as e:
+        kernel_loading.check_state_before_kernel()
     assert e.value.kind == "infrastructure" and e.value.restart
 
 
@@ -518,7 +519,7 @@ def test_reference_timings_of_a_failed_job_are_forgotten_by_the_child_too(tmp_pa
     taskload._loaded.pop("flaky_ref", None)
     task = taskload.load_task("flaky_ref")
     m = runner.Measurer({"device": "cpu", "protocol": "kernelcast", "max_reps": 3})
-    with pytest.raises(runner.KernelFailure) as failed:
+    with pytest.raises(kernel_loading.KernelFailure) as failed:
         m.reference_timings(task, lambda phase: None)
     assert failed.value.kind == "infrastructure" and not any(k[0] == "flaky_ref" for k in m.refs)
     again = m.reference_timings(task, lambda phase: None)
