@@ -20,7 +20,8 @@ jail (the sandbox layers, applied before a child starts), child (a child's entry
 (check and time inside a child: the Measurer) with kernel_loading (a kernel's import and unload,
 the integrity watch, failure kinds, the autotune watch), checked_calls (a checked call and its
 verdict) and compile_child (the compile role), inputs (task inputs and torch's switches, shared by runner
-and verify), fresh_values (the new values of every timed call, rebuilt by the verifier), verify (verdicts from a process the kernel never ran in), shipping (a kernel's
+and verify), fresh_values (the new values of every timed call, rebuilt by the verifier), verify (verdicts from a process the kernel never ran in: the plan and
+the kernel's side; verifier: the verifier process; verdicts: the parent's side), shipping (a kernel's
 output as a file or CUDA IPC handles: ipc_handles), cuda_ipc (the self-test of both ways), integrity (identities a kernel must not change), audit
 (the parent's own account: wall-clock windows, reference timings, speedups), timing (what the
 timed loops share: settings, statistics, the one call site; protocols: docs/protocols.md) with its

@@ -2,7 +2,7 @@
 
 Roles: `compile` (import + compile, see compile_child.run_compile), `check` (correctness on the
 task's correctness cases), `measure` (check + time on the device), all three started through
-the sandbox (jail.py) because they import kernels; and `verify` (verify.Verifier: judges the
+the sandbox (jail.py) because they import kernels; and `verify` (verifier.Verifier: judges the
 outputs the others ship), which never imports a kernel.
 
 The child says {"type": "ready", "info": ...} once its stack is imported (info carries the
@@ -65,7 +65,7 @@ def _start_thread_pools(device: str) -> None:
 def _serve_verifier(config: dict, send, rx: Connection) -> int:
     """The verifier's loop: one verdict per request, until the parent goes away."""
     from pipelines.profiling.processes import hide_from_children
-    from pipelines.profiling.verify import Verifier
+    from pipelines.profiling.verifier import Verifier
 
     hide_from_children()
     try:

@@ -96,7 +96,7 @@ from pipelines.profiling.sandbox_policy import (
     read_only_triton_cache,
     seal_dir,
 )
-from pipelines.profiling.verify import VerifierLink, settle
+from pipelines.profiling.verdicts import VerifierLink, settle
 from warehouse.formats import FAILURE_KINDS, HARNESS_VERSION
 
 NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure

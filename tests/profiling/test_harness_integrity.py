@@ -21,6 +21,8 @@ from pipelines.profiling import (
     integrity,
     shipping,
     timing,
+    verdicts,
+    verifier,
     verify,
 )
 from pipelines.tasks import get_task
@@ -233,7 +235,7 @@ def test_plans_and_their_rechecks():
 def test_verifier_judges_shipped_outputs_and_holds_jobs_to_their_plan(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
     task = get_task("softmax")
-    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    v = verifier.Verifier({"device": "cpu", "protocol": "kernelcast"})
     case = task.correctness_cases[0]
     from pipelines.profiling.inputs import make_input
 
@@ -258,7 +260,7 @@ def test_a_check_out_of_gpu_memory_is_retried_with_emptied_caches_then_the_harne
     input no longer fits beside the measuring child.)"""
     monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
     task = get_task("softmax")
-    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    v = verifier.Verifier({"device": "cpu", "protocol": "kernelcast"})
     from pipelines.profiling.inputs import make_input
 
     good = tmp_path / "good"
@@ -286,9 +288,9 @@ def test_a_check_out_of_gpu_memory_is_retried_with_emptied_caches_then_the_harne
     shipping.write_output(good, task.ref_kernel(make_input(task, cases[1])))
     r = v.handle({**base, "case_id": task.case_id(cases[1]), "path": str(good)})
     assert not r["ok"] and r["infrastructure"] and "ran out of GPU memory twice" in r["message"]
-    link = verify.JobVerdicts(of=2)
+    link = verdicts.JobVerdicts(of=2)
     link.infrastructure = r["message"]
-    row = verify.settle({"status": "failed", "failure_kind": "incorrect", "error": "rejected"}, link)
+    row = verdicts.settle({"status": "failed", "failure_kind": "incorrect", "error": "rejected"}, link)
     assert row["failure_kind"] == "infrastructure"
 
     # any other error of a check stays the kernel's failure
@@ -299,18 +301,18 @@ def test_a_check_out_of_gpu_memory_is_retried_with_emptied_caches_then_the_harne
 
 
 def test_settle_rules():
-    complete = verify.JobVerdicts(of=3, done=3)
-    assert verify.settle({"status": "ok"}, complete)["status"] == "ok"
-    partial = verify.JobVerdicts(of=3, done=2)
-    assert verify.settle({"status": "ok"}, partial)["failure_kind"] == "tampered"
-    failed = verify.JobVerdicts(of=3, done=1, failure="case x: output: wrong")
-    assert verify.settle({"status": "failed", "failure_kind": "incorrect", "error": "rejected"}, failed)["error"] == \
+    complete = verdicts.JobVerdicts(of=3, done=3)
+    assert verdicts.settle({"status": "ok"}, complete)["status"] == "ok"
+    partial = verdicts.JobVerdicts(of=3, done=2)
+    assert verdicts.settle({"status": "ok"}, partial)["failure_kind"] == "tampered"
+    failed = verdicts.JobVerdicts(of=3, done=1, failure="case x: output: wrong")
+    assert verdicts.settle({"status": "failed", "failure_kind": "incorrect", "error": "rejected"}, failed)["error"] == \
         "case x: output: wrong"
-    odd = verify.JobVerdicts(of=3, done=3, unexpected=True)
-    assert verify.settle({"status": "ok"}, odd)["failure_kind"] == "tampered"
-    ours = verify.JobVerdicts(of=3, done=1, infrastructure="verifier died")
-    assert verify.settle({"status": "ok"}, ours)["failure_kind"] == "infrastructure"
-    assert verify.settle({"status": "failed", "failure_kind": "runtime_error"}, verify.JobVerdicts())["failure_kind"] \
+    odd = verdicts.JobVerdicts(of=3, done=3, unexpected=True)
+    assert verdicts.settle({"status": "ok"}, odd)["failure_kind"] == "tampered"
+    ours = verdicts.JobVerdicts(of=3, done=1, infrastructure="verifier died")
+    assert verdicts.settle({"status": "ok"}, ours)["failure_kind"] == "infrastructure"
+    assert verdicts.settle({"status": "failed", "failure_kind": "runtime_error"}, verdicts.JobVerdicts())["failure_kind"] \
         == "runtime_error"
 
 
@@ -318,7 +320,7 @@ def test_flags_a_gpumode_reference_inherits_are_allow_listed():
     assert verify.clean_flags({"torch.backends.cuda.matmul.allow_tf32": True, "os.system": "rm", "matmul_precision": "x"}) \
         == {"torch.backends.cuda.matmul.allow_tf32": True}
     before = torch.backends.cuda.matmul.allow_tf32
-    with verify.global_flags({"torch.backends.cuda.matmul.allow_tf32": not before}):
+    with verifier.global_flags({"torch.backends.cuda.matmul.allow_tf32": not before}):
         assert torch.backends.cuda.matmul.allow_tf32 is (not before)
     assert torch.backends.cuda.matmul.allow_tf32 is before
 

@@ -27,6 +27,8 @@ from pipelines.profiling import (
     runner,
     taskload,
     timing,
+    verdicts,
+    verifier,
     verify,
 )
 from pipelines.profiling.worker import WorkerConfig, run_batch
@@ -178,7 +180,7 @@ def test_a_sample_as_large_as_the_variants_covers_every_variant_each_time():
 
 WRONG_ON_ONE_VARIANT = """
 import torch
-from pipelines.profiling import inputs, taskload, verify
+from pipelines.profiling import inputs, taskload, verdicts, verifier, verify
 
 _task = taskload.load_task("tiny_scale")
 
@@ -210,22 +212,22 @@ def test_timed_call_steps_are_planned_and_a_wrong_one_is_tampered(tiny_task):
     cid = [tiny_task.case_id(c) for c in tiny_task.correctness_cases]
     assert plan == [(cid[0], 0), (cid[1], 0), (cid[0], verify.RECHECK_SEED_SALT), (cid[0], verify.TIMED),
                     (cid[1], verify.TIMED)]
-    v = verify.JobVerdicts(of=5, done=2, failure="case x (a timed call): output: wrong", timed_failure=True)
-    out = verify.settle({"status": "failed", "failure_kind": "incorrect"}, v)
+    v = verdicts.JobVerdicts(of=5, done=2, failure="case x (a timed call): output: wrong", timed_failure=True)
+    out = verdicts.settle({"status": "failed", "failure_kind": "incorrect"}, v)
     assert out["failure_kind"] == "tampered" and "wrong when timed" in out["error"]
     # wrong almost everywhere on a timed call (an idler's empty output) is tampered; one element
     # of 16.8 M a hair past the tolerance on the timed call's own values is incorrect
     for off, kind in (("16000000/16777216", "tampered"), ("1/16777216", "incorrect")):
-        v = verify.JobVerdicts(of=5, done=4, failure=f"case x (a timed call): output: {off} elements off",
+        v = verdicts.JobVerdicts(of=5, done=4, failure=f"case x (a timed call): output: {off} elements off",
                                timed_failure=True)
-        assert verify.settle({"status": "ok"}, v)["failure_kind"] == kind
+        assert verdicts.settle({"status": "ok"}, v)["failure_kind"] == kind
 
 
 def test_the_verifier_accepts_a_timed_output_only_on_a_timed_salt(tiny_task, tmp_path, monkeypatch):
     from pipelines.profiling import shipping
 
     monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
-    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast", "timed_variants": 4})
+    v = verifier.Verifier({"device": "cpu", "protocol": "kernelcast", "timed_variants": 4})
     cases = tiny_task.correctness_cases
     base = {"job": "j", "kind": "measure", "task": "tiny_scale"}
     for case in cases:
@@ -251,7 +253,7 @@ def test_the_verifier_accepts_a_timed_output_only_on_a_timed_salt(tiny_task, tmp
     assert not r["ok"] and r["timed_call"] and not r.get("unexpected")
     r = v.handle({**base, "case_id": cid[0], "salt": verify.TIMED_SALT_BASE + 4, "draw": draw, "path": str(good)})
     assert r["unexpected"]  # not a salt the timed calls draw from
-    other = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    other = verifier.Verifier({"device": "cpu", "protocol": "kernelcast"})
     r = other.handle({**base, "case_id": cid[0], "salt": 0, "draw": draw, "path": str(good)})
     assert r["unexpected"]  # a checked call's input has no transform
 
