@@ -13,7 +13,8 @@ Public API
     warehouse.formats.BATCH_SCHEMA / RESULT_SCHEMA / FAILURE_KINDS               file contracts
     results.read_results(path) -> list[dict]
 
-Modules: worker (parent event loop, CLI), sandbox (child processes and their channel),
+Modules: worker (run_batch and the command line) with worker_loop (the parent's event loop),
+worker_config (a run's settings and batch) and run_summary (what a run reports), sandbox (child processes and their channel),
 sandbox_policy (what a child may use: layers, limits, environment, visible paths, uid),
 layer_probe (which layers this host provides), processes (/proc reads and kills),
 jail (the sandbox layers, applied before a child starts), child (a child's entry point), runner

@@ -321,7 +321,7 @@ class Measurer:
                 self.free_input_cache()
                 if job.get("after_out_of_memory"):
                     result["error"] = f"{f.message} (again, with this process's input cache emptied)"
-                else:  # the parent measures it once more (worker.OOM_RETRY_KEY)
+                else:  # the parent measures it once more (worker_loop.OOM_RETRY_KEY)
                     result["out_of_memory"] = True
             if result["check_s"] is None:
                 result["check_s"] = time.perf_counter() - t0

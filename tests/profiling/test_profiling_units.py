@@ -26,8 +26,9 @@ from pipelines.profiling import (
 )
 from pipelines.profiling.hardware import cpu_fingerprint
 from pipelines.profiling.results import ResultStore, now_utc, partial_path
+from pipelines.profiling.run_summary import RunSummary
 from pipelines.profiling.sandbox_policy import describe_exit, one_line
-from pipelines.profiling.worker import RunSummary, WorkerConfig
+from pipelines.profiling.worker_config import WorkerConfig
 from warehouse.formats import RESULT_SCHEMA
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
@@ -573,7 +574,9 @@ def test_a_compile_child_on_meta_inputs_checks_cuda_without_work_on_the_gpu(tiny
 
 def test_meta_compile_inputs_are_the_gpu_default_and_unphase_the_worker(tmp_path, monkeypatch):
     from pipelines.profiling.sandbox_policy import SKIP_ENV, WANTED_LAYERS
-    from pipelines.profiling.worker import WorkerConfig, _parser, _Run
+    from pipelines.profiling.worker import _parser
+    from pipelines.profiling.worker_config import WorkerConfig
+    from pipelines.profiling.worker_loop import _Run
 
     # A worker probes its sandbox as it starts; for CUDA on a host without a GPU the probe tries
     # again without each layer in turn (over two minutes on 2 cores). No layer bears on what is

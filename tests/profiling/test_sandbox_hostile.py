@@ -26,7 +26,8 @@ import pytest
 from benchmarks import fault_injection
 from pipelines.profiling import jail, layer_probe, sandbox_policy, taskload
 from pipelines.profiling.check import check_sources
-from pipelines.profiling.worker import WorkerConfig, run_batch
+from pipelines.profiling.worker import run_batch
+from pipelines.profiling.worker_config import WorkerConfig
 from warehouse.formats import BATCH_SCHEMA
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"

@@ -31,7 +31,8 @@ from pipelines.profiling import (
     verifier,
     verify,
 )
-from pipelines.profiling.worker import WorkerConfig, run_batch
+from pipelines.profiling.worker import run_batch
+from pipelines.profiling.worker_config import WorkerConfig
 from warehouse.formats import BATCH_SCHEMA, HARNESS_VERSION
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
