@@ -17,7 +17,8 @@ Modules: worker (run_batch and the command line) with worker_loop (the parent's 
 worker_config (a run's settings and batch) and run_summary (what a run reports), sandbox (child processes and their channel),
 sandbox_policy (what a child may use: layers, limits, environment, visible paths, uid),
 layer_probe (which layers this host provides), processes (/proc reads and kills),
-jail (the sandbox layers, applied before a child starts), child (a child's entry point), runner
+jail (the sandbox layers, applied before a child starts: jail_namespaces, jail_mounts,
+jail_privileges, jail_landlock, jail_libc), child (a child's entry point), runner
 (check and time inside a child: the Measurer) with kernel_loading (a kernel's import and unload,
 the integrity watch, failure kinds, the autotune watch), checked_calls (a checked call and its
 verdict) and compile_child (the compile role), inputs (task inputs and torch's switches, shared by runner
