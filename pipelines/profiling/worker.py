@@ -29,7 +29,7 @@ Pipeline (one parent, many children; the parent never runs kernel code):
   the GPU stays free for the timing child. A syntax/import/Triton compile error is
   `compile_failed` here; a child that dies is `crashed`, one that hangs is `timeout`.
 * One measuring child owns the GPU: correctness on every benchmark case (and the small
-  correctness cases), then timing (timing.py: L2 flush, launch cover, CUDA events per call,
+  correctness cases), then timing (cuda_timing.py: L2 flush, launch cover, CUDA events per call,
   adaptive reps). The reference is timed 3 times per task and case when first needed and
   once more every --ref-refresh-s seconds (clock and thermal drift); each row carries the
   median of the last 5 reference timings, the newest at most that old.
