@@ -2,7 +2,7 @@
 
 `python3 -m pipelines.profiling.worker ... --protocol gpumode --call-times --log-dir D` has each
 measuring child write, per case, every timed call of the kernel's loop and the reference's in
-the order they were made (runner.Measurer.paired_case_steps, timing.Turns.record). This module
+the order they were made (runner.Measurer.paired_case_steps, gpumode_timing.Turns.record). This module
 reads them and says where the two loops' means part: GPU MODE's statistic is the mean of at most
 100 calls, so a stretch of slow calls that falls on one loop moves that loop's mean alone.
 

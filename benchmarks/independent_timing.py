@@ -47,7 +47,7 @@ def _time_one(task_name: str, source_path: str | None) -> dict:
     from triton.testing import do_bench
 
     from pipelines.profiling.inputs import generate
-    from pipelines.profiling.runner import load_kernel
+    from pipelines.profiling.kernel_loading import load_kernel
     from pipelines.profiling.taskload import load_task
 
     task = load_task(task_name)

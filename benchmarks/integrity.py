@@ -19,9 +19,9 @@ def main() -> int:
     ap.add_argument("--calls", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
-    from pipelines.profiling import runner
+    from pipelines.profiling import kernel_loading
 
-    watch = runner.start_watch()
+    watch = kernel_loading.start_watch()
     quick = watch.held.unchanged
 
     def full() -> bool:

@@ -142,7 +142,7 @@ def serve_measure(
     and `python3 -m pipelines.search.live` use it while it runs (else a one-shot worker).
     """
     from pipelines.profiling import service
-    from pipelines.profiling.worker import WorkerConfig
+    from pipelines.profiling.worker_config import WorkerConfig
 
     if device not in ("cuda", "cpu"):
         raise ValueError(f"--device must be cuda or cpu, got {device!r}")

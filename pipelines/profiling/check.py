@@ -34,7 +34,7 @@ from pipelines.profiling.processes import scan_processes
 from pipelines.profiling.sandbox import ChildDied, Sandbox, deliver
 from pipelines.profiling.sandbox_policy import SandboxPolicy, make_traversable, one_line
 from pipelines.profiling.taskload import extra_task_modules
-from pipelines.profiling.verify import VerifierLink, settle
+from pipelines.profiling.verdicts import VerifierLink, settle
 
 LIMIT_SCAN_S = 0.2  # how often the parent reads /proc for the children's memory and processes
 

@@ -1,8 +1,8 @@
 """Entry point of a child: `python -P -m pipelines.profiling.child --role R --config JSON`.
 
-Roles: `compile` (import + compile, see runner.run_compile), `check` (correctness on the
+Roles: `compile` (import + compile, see compile_child.run_compile), `check` (correctness on the
 task's correctness cases), `measure` (check + time on the device), all three started through
-the sandbox (jail.py) because they import kernels; and `verify` (verify.Verifier: judges the
+the sandbox (jail.py) because they import kernels; and `verify` (verifier.Verifier: judges the
 outputs the others ship), which never imports a kernel.
 
 The child says {"type": "ready", "info": ...} once its stack is imported (info carries the
@@ -65,7 +65,7 @@ def _start_thread_pools(device: str) -> None:
 def _serve_verifier(config: dict, send, rx: Connection) -> int:
     """The verifier's loop: one verdict per request, until the parent goes away."""
     from pipelines.profiling.processes import hide_from_children
-    from pipelines.profiling.verify import Verifier
+    from pipelines.profiling.verifier import Verifier
 
     hide_from_children()
     try:
@@ -126,12 +126,12 @@ def main(argv: list[str] | None = None) -> int:
             from pipelines.tasks.interpreter_fixes import patch_triton_interpreter
 
             patch_triton_interpreter()  # bf16 tl.dot is wrong in Triton 3.6's interpreter
-        from pipelines.profiling import inputs, runner
+        from pipelines.profiling import compile_child, inputs, kernel_loading, runner
 
-        runner.COMPILE_INPUTS = config.get("compile_inputs", "device")
+        compile_child.COMPILE_INPUTS = config.get("compile_inputs", "device")
         if args.role != "measure":
             # Compile children only need each shape once; keep their cached inputs small, since
-            # a dozen of them share the GPU's memory with the measuring child (runner.run_compile
+            # a dozen of them share the GPU's memory with the measuring child (compile_child.run_compile
             # also returns their allocator's free blocks after each kernel).
             inputs.CACHE.max_bytes = 2 * 2**30
         if args.role == "measure":
@@ -152,8 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.role == "measure":
             measurer.warm()  # torch's lazy first-use set-up happens before the baseline, not after it
         if device == "cuda":
-            runner.AUTOTUNE.install()  # before the baseline: the patched autotuner is the harness's
-        runner.start_watch()  # the baseline of identities, once, before any kernel exists here
+            kernel_loading.AUTOTUNE.install()  # before the baseline: the patched autotuner is the harness's
+        kernel_loading.start_watch()  # the baseline of identities, once, before any kernel exists here
         info["sandbox"] = os.environ.get(LAYERS_ENV, "")
     except Exception as e:  # noqa: BLE001
         send({"type": "fatal", "error": f"{args.role} worker failed to start: {type(e).__name__}: {e}"})
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
         threads_before = len(sys._current_frames())
         try:
             if args.role == "compile":
-                result = runner.run_compile(job, device, lambda phase: send({"type": "progress", "phase": phase}))
+                result = compile_child.run_compile(job, device, lambda phase: send({"type": "progress", "phase": phase}))
             elif args.role == "check":
                 result = runner.run_check(job, device)
             else:

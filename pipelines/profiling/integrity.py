@@ -6,9 +6,10 @@ harness's own functions. `Watch` records, in a clean process before any kernel i
 
 * every callable and submodule of torch, torch.nn.functional, torch.linalg, torch.special,
   torch.fft, torch.cuda, torch.random, time, math, builtins, numpy, and every attribute of the
-  harness modules (runner, timing, fresh_values, verify, shipping, integrity, child; the task modules; the
-  GPU MODE helpers), by object identity, with each Python function's code, defaults and closure,
-  and the method tables of the classes those modules define (`Measurer.time_fn`, `Timing.as_dict`);
+  harness modules (HARNESS_MODULES: runner and the modules it runs kernels with, timing and its
+  loops, fresh_values, verify, shipping, integrity, child; the task modules; the GPU MODE
+  helpers), by object identity, with each Python function's code, defaults and closure, and the
+  method tables of the classes those modules define (`Measurer.time_fn`, `Timing.as_dict`);
 * the method tables of torch.Tensor, its C base, torch.cuda.Event and Stream, torch.Generator;
 * process-wide hooks: trace and profile functions, torch function and dispatch modes, Python
   kernels registered for aten/prims ops on real backends, the dispatcher entries of hot ops,
@@ -41,7 +42,11 @@ WATCHED_MODULES = (
     "torch.backends.cuda", "torch.backends.cudnn", "time", "math", "numpy", "gc",
 )
 HARNESS_MODULES = (
-    "pipelines.profiling.runner", "pipelines.profiling.timing", "pipelines.profiling.verify",
+    "pipelines.profiling.runner", "pipelines.profiling.kernel_loading", "pipelines.profiling.checked_calls",
+    "pipelines.profiling.compile_child", "pipelines.profiling.timing", "pipelines.profiling.call_feed",
+    "pipelines.profiling.clock_checks", "pipelines.profiling.cuda_timing", "pipelines.profiling.gpumode_timing",
+    "pipelines.profiling.cpu_timing", "pipelines.profiling.verify", "pipelines.profiling.verifier",
+    "pipelines.profiling.verdicts",
     "pipelines.profiling.shipping", "pipelines.profiling.ipc_handles", "pipelines.profiling.inputs",
     "pipelines.profiling.fresh_values", "pipelines.profiling.integrity", "pipelines.profiling.child",
     "pipelines.tasks.contract", "pipelines.tasks.gpumode_utils", "pipelines.tasks.gpumode",

@@ -39,7 +39,7 @@ def _via_service(batch: Path, out: Path, device: str, time_budget_s: float | Non
     if not sq.running(device=device):
         return None
     from pipelines.profiling.results import ResultStore
-    from pipelines.profiling.worker import WorkerError, read_batch
+    from pipelines.profiling.worker_config import WorkerError, read_batch
 
     try:
         kernels = read_batch(batch)

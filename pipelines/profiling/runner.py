@@ -13,7 +13,7 @@ buffers that were timed and judges again, which catches kernels that cache their
 shape or by input address. All device work is synchronised device-wide before anything is read.
 
 Timed calls are verified too: each call runs on values no earlier call of the case had, written
-into the same buffers (timing.Feed, fresh_values.py), and after each call a CSPRNG draw decides
+into the same buffers (call_feed.Feed, fresh_values.py), and after each call a CSPRNG draw decides
 whether its output is among those the verifier judges, on the input it rebuilds from the kept
 salt and draw; every call of a kernel (check, warm-up, timed, re-check) is made by timing.drive
 from the same place, so its stack says nothing about what the call is for, and no name in its
@@ -25,67 +25,77 @@ it, and never re-based; before each kernel, after its import, after its checks, 
 and after it was unloaded (its finalizers run then) they must be unchanged, else the kernel is
 `tampered` and the child is replaced. Timings are checked against the wall clock
 (timing.TimingTampered).
+
+This module holds the check role (`run_check`) and the measuring child's `Measurer`; beside it,
+kernel_loading (loading a kernel, the integrity watch, failure kinds, the autotune watch),
+checked_calls (a checked call and its verdict) and compile_child (the compile role).
 """
 
 from __future__ import annotations
 
 import contextlib
-import gc
-import hashlib
-import importlib.util
 import json
-import logging
-import os
-import re
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from pipelines.profiling import inputs, verify
+from pipelines.profiling import verify
+from pipelines.profiling.call_feed import Feed, plain_feed, top_up_steps
+from pipelines.profiling.checked_calls import (
+    _JUDGE_CLOCK,
+    Held,
+    check_all,
+    check_case,
+    check_steps,
+    collect_verdicts,
+    submit_held,
+)
+from pipelines.profiling.cpu_timing import cpu_steps
+from pipelines.profiling.cuda_timing import L2Flusher, LaunchCover, cuda_steps
+from pipelines.profiling.gpumode_timing import (
+    ReferenceFailed,
+    Turns,
+    gpumode_warmup_steps,
+    interleaved_steps,
+)
 from pipelines.profiling.inputs import (
     CACHE,
-    clone_data,
     input_cache_bytes,
     make_input,
-    map_tensors,
     restore_torch_flags,
     snapshot_torch_flags,
     sync,
 )
-from pipelines.profiling.integrity import Watch
+from pipelines.profiling.kernel_loading import (
+    AUTOTUNE,
+    KernelFailure,
+    _checked_after_unload,
+    _describe,
+    _failed,
+    _imported,
+    _task_or_failure,
+    check_integrity,
+    check_state_before_kernel,
+    classify,
+    load_kernel,
+    unload_kernel,
+    use_kernel_cache,
+)
 from pipelines.profiling.results import CALL_TIMES_TAG, pairs_reference
-from pipelines.profiling.sandbox_policy import GIB, one_line
-from pipelines.profiling.shipping import ShippingError
-from pipelines.profiling.taskload import extra_task_modules, load_task
+from pipelines.profiling.sandbox_policy import one_line
 from pipelines.profiling.timing import (
-    Feed,
     GpuShared,
-    L2Flusher,
-    LaunchCover,
-    ReferenceFailed,
     Steps,
     Timing,
     TimingSettings,
-    TimingTampered,
-    Turns,
     collector_paused,
-    cpu_steps,
-    cuda_steps,
     drive,
-    gpumode_warmup_steps,
-    interleaved_steps,
-    keep_output,
-    plain_feed,
-    top_up_steps,
 )
 from pipelines.profiling.verify import RECHECK_SEED_SALT, recheck_salts, timed_cases, timed_draws
-
-log = logging.getLogger(__name__)
 
 NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
 # gpumode: the kernel's and the reference's timed calls of a case go by turns of this many
@@ -97,662 +107,7 @@ NEEDS_RECHECK_ABOVE = 10.0  # speedups above this are flagged for a re-measure
 # per timed call, under gpumode only. The runs behind it: docs/results/harness.md, "Settings and
 # the runs behind them".
 PAIRED_TURN_CALLS = 1
-__all__ = ["RECHECK_SEED_SALT", "KernelFailure", "load_kernel", "check_case", "check_all", "Measurer"]
-
-# Substrings of CUDA errors after which the context is unusable (sticky errors): the child
-# reports the kernel as crashed and exits so the parent starts a fresh one.
-CUDA_FATAL_MARKERS = (
-    "illegal memory access",
-    "unspecified launch failure",
-    "misaligned address",
-    "device-side assert",
-    "illegal instruction",
-    "launch timed out",
-    "uncorrectable ecc",
-    "hardware stack error",
-    "invalid program counter",
-    "warp out-of-range",
-    "cuda error: unknown error",
-)
-
-
-class KernelFailure(Exception):
-    """A kernel-attributable failure with its kind; `restart` asks for a fresh child;
-    `out_of_memory`: the GPU ran out of memory, which the harness's caches may have caused."""
-
-    def __init__(self, kind: str, message: str, restart: bool = False, out_of_memory: bool = False):
-        super().__init__(message)
-        self.kind, self.message, self.restart, self.out_of_memory = kind, message, restart, out_of_memory
-
-
-# ---- loading ---------------------------------------------------------------------------
-def load_kernel(path: str, task=None):
-    """Import the kernel file at `path` as a fresh module; return its `custom_kernel`.
-
-    With `task`, GPU MODE's `task`, `utils` and `reference` modules of that task are importable
-    first (gpumode.install), so GPU MODE submissions import unmodified. Triton needs a real file
-    (it reads the source with inspect), hence a file per kernel.
-    """
-    if task is not None:
-        from pipelines.tasks import gpumode
-
-        gpumode.install(task)
-    name = "kc_kernel_" + hashlib.sha1(path.encode()).hexdigest()[:16]
-    sys.modules.pop(name, None)
-    try:
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # @triton.jit resolves globals through the module
-        spec.loader.exec_module(module)
-    except BaseException as e:
-        sys.modules.pop(name, None)
-        raise KernelFailure("compile_failed", f"import failed: {_describe(e)}") from e
-    fn = getattr(module, "custom_kernel", None)
-    if not callable(fn):
-        sys.modules.pop(name, None)
-        raise KernelFailure("compile_failed", "the module defines no callable custom_kernel(data)")
-    return fn
-
-
-def unload_kernel(path: str) -> None:
-    """Forget the kernel module and empty its namespace: whatever it kept (a cache of outputs,
-    tensors) must not reach the next kernel in this process, even if something still holds the
-    module (a traceback of its failure does)."""
-    module = sys.modules.pop("kc_kernel_" + hashlib.sha1(path.encode()).hexdigest()[:16], None)
-    if module is not None:
-        module.__dict__.clear()
-    gc.collect()
-
-
-class _WatchHolder:
-    """The child's integrity watch (None until `start_watch`, e.g. in in-process tests).
-
-    Set once: a later assignment (a kernel's `WATCH.watch = None`) is refused and remembered,
-    and `check_integrity` reports it."""
-
-    __slots__ = ("_watch", "meddled")
-
-    def __init__(self) -> None:
-        self._watch: Watch | None = None
-        self.meddled = False
-
-    @property
-    def watch(self) -> Watch | None:
-        return self._watch
-
-    @watch.setter
-    def watch(self, value: Watch | None) -> None:
-        if self._watch is not None:
-            self.meddled = True
-            return
-        self._watch = value
-
-
-WATCH = _WatchHolder()
-_STARTED: list[Watch] = []  # the watch start_watch made: a second reference, checked against the holder
-
-
-def start_watch() -> Watch:
-    """Load every task (so their modules are watched too), then record the baseline."""
-    from pipelines.tasks import TASK_MODULES
-
-    modules = []
-    for name in list(TASK_MODULES) + list(extra_task_modules()):
-        try:
-            task = load_task(name)
-        except Exception as e:  # noqa: BLE001 - a broken extra task fails its own jobs later
-            log.warning("task %s not loaded for the integrity watch: %s", name, e)
-            continue
-        module = getattr(task.generate_input, "__module__", None)
-        if module:
-            modules.append(module)
-    watch = Watch(tuple(dict.fromkeys(modules)))
-    WATCH.watch = watch
-    _STARTED.append(watch)
-    # The child's baseline heap (torch, triton, the tasks: ~180,000 objects) lives as long as the
-    # child; frozen, the full collection each unload_kernel makes scans only what came after it:
-    # 0.5 s a collection on a loaded CPU before, under a microsecond after (the H200's unload
-    # phase was 17 s of 183 kernels). Kernels' objects are collected as before.
-    gc.collect()
-    gc.freeze()
-    return watch
-
-
-def integrity_changes() -> list[str]:
-    """What differs from the child's baseline (also: a watch switched off or replaced)."""
-    watch = WATCH.watch
-    if not _STARTED and watch is None:
-        return []  # no watch in this process (in-process tests)
-    if WATCH.meddled or watch is None or not _STARTED or watch is not _STARTED[0]:
-        return ["the integrity watch (switched off or replaced)"]
-    return watch.changes()
-
-
-def check_integrity(when: str) -> None:
-    """Raise `tampered` (and ask for a fresh child) if a watched identity changed."""
-    changed = integrity_changes()
-    if changed:
-        raise KernelFailure("tampered", one_line(f"{when}: the kernel changed {', '.join(changed)}"), restart=True)
-
-
-# ---- errors ----------------------------------------------------------------------------
-def _describe(e: BaseException) -> str:
-    """One line: exception type, message and the deepest line of kernel code involved."""
-    where = ""
-    tb = e.__traceback__
-    while tb is not None:
-        if str(tb.tb_frame.f_globals.get("__name__", "")).startswith("kc_kernel_"):
-            where = f" (kernel line {tb.tb_lineno})"  # the deepest frame in the kernel's own file
-        tb = tb.tb_next
-    text = str(e)
-    if isinstance(e, torch.cuda.OutOfMemoryError):
-        text = _memory_account(text)
-    if type(e).__name__ in ("CompilationError", "UnsupportedLanguageConstruct", "CompileTimeAssertionFailure"):
-        lines = [ln for ln in text.splitlines() if ln.strip()]
-        text = f"{lines[0]} {lines[-1]}" if len(lines) > 1 else text  # position + cause, not the source dump
-    return one_line(f"{type(e).__name__}: {text}{where}")
-
-
-def _memory_account(message: str) -> str:
-    """An out-of-memory message cut to what tells whose memory it was: torch's own message names
-    every process on the GPU and overflows a one-line error before its last part (this process's
-    allocated and cached bytes; seen on an H100: three TriMul submissions, the harness's share
-    unknown). Here: the request, the device's free memory, this process's allocated and cached
-    bytes, and how much of that is the harness's input cache."""
-    asked = re.search(r"Tried to allocate ([0-9.]+ [KMG]iB)", message)
-    try:
-        free, total = torch.cuda.mem_get_info()
-        allocated, reserved = torch.cuda.memory_allocated(), torch.cuda.memory_reserved()
-    except Exception:  # a broken context: torch's message is all there is
-        return message
-    return (f"CUDA out of memory (asked {asked.group(1) if asked else '?'}, {free / GIB:.2f} of {total / GIB:.2f} GiB "
-            f"free): this process {allocated / GIB:.2f} GiB allocated ({CACHE.nbytes() / GIB:.2f} GiB the "
-            f"harness's kept inputs) + {(reserved - allocated) / GIB:.2f} GiB cached")
-
-
-def _is_triton_compile_error(e: BaseException) -> bool:
-    try:
-        from triton.compiler.errors import CompilationError
-        from triton.runtime.errors import OutOfResources, PTXASError
-    except ImportError:  # pragma: no cover - triton is always there in practice
-        return False
-    if isinstance(e, (CompilationError, OutOfResources, PTXASError)):
-        return True
-    # Under TRITON_INTERPRET=1 the kernel body runs as Python: what the compiler would reject
-    # (an undefined name, an attribute tl does not have) surfaces as an InterpreterError.
-    from triton.runtime.errors import InterpreterError
-
-    return isinstance(e, InterpreterError) and isinstance(e.__cause__, (NameError, AttributeError, SyntaxError))
-
-
-def cuda_healthy(launch: bool = True) -> bool:
-    """Whether the CUDA context still works (a sticky error poisons every later call).
-
-    `launch` also runs a one-element op and reads it back. Without it the check only
-    synchronises, which reports a sticky error too: a compile child on meta inputs checks so
-    after each kernel, and puts no work of its own on the GPU while another process times on it
-    (an op of another process can make the GPU switch contexts while a timed kernel runs)."""
-    try:
-        torch.cuda.synchronize()
-        return not launch or float((torch.ones(1, device="cuda") + 1).item()) == 2.0
-    except Exception:  # noqa: BLE001
-        return False
-
-
-def classify(e: BaseException, device: str, what: str) -> KernelFailure:
-    """Map an exception raised by kernel code to a failure kind (and whether to restart)."""
-    if isinstance(e, KernelFailure):
-        return e
-    msg = f"{what}: {_describe(e)}"
-    if isinstance(e, GpuShared):
-        return KernelFailure("infrastructure", msg)
-    if isinstance(e, TimingTampered):
-        return KernelFailure("tampered", msg, restart=True)
-    if _is_triton_compile_error(e):
-        return KernelFailure("compile_failed", msg)
-    if isinstance(e, torch.cuda.OutOfMemoryError):
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
-        return KernelFailure("runtime_error", msg, out_of_memory=True)
-    if device == "cuda":
-        if any(m in str(e).lower() for m in CUDA_FATAL_MARKERS) or not cuda_healthy():
-            return KernelFailure("crashed", msg, restart=True)
-    return KernelFailure("runtime_error", msg)
-
-
-# ---- inputs and checks -----------------------------------------------------------------
-def release_cuda_memory(keep_bytes: int) -> bool:
-    """Give the caching allocator's free blocks back to the device once this process reserves
-    more than `keep_bytes`; True if it did. A compile child runs each kernel's launcher on the
-    benchmark inputs (launches suppressed, but torch ops in a launcher and its outputs are real
-    allocations); without this, a dozen children each kept ~9 GB reserved after trimul's
-    1024 x 1024 pair tensors, and the measuring child's reference then ran out of memory (the
-    kernels recorded as `infrastructure` failures: docs/results/dataset.md)."""
-    if not torch.cuda.is_available() or torch.cuda.memory_reserved() <= keep_bytes:
-        return False
-    torch.cuda.empty_cache()
-    return True
-
-
-def poison_free_memory(device: str, data: Any) -> None:
-    """Fill blocks of freed memory with 0xFF (NaN in every float format), then free them again.
-
-    The kernel's next allocations are likely carved from these blocks (the CUDA caching
-    allocator; the CPU heap, which keeps freed blocks by size, hence blocks the size of each input
-    tensor as well as one of twice the input), so an output element the kernel never writes reads
-    as NaN instead of whatever an earlier correct run (the reference, timed in this process) left.
-    """
-    sizes: list[int] = []
-    map_tensors(data, lambda t: sizes.append(t.numel() * t.element_size()))
-    where = "cuda" if device == "cuda" else "cpu"
-    blocks = [torch.empty(2 * sum(sizes), dtype=torch.uint8, device=where)] if sum(sizes) else []
-    if where == "cpu":
-        blocks += [torch.empty(n, dtype=torch.uint8) for n in sizes for _ in range(2) if n]
-    for b in blocks:
-        b.fill_(0xFF)
-    del blocks
-
-
-def copy_into(target: Any, source: Any) -> Any:
-    """`target` with every tensor's values replaced by `source`'s (same buffers, same objects)."""
-    if isinstance(target, torch.Tensor):
-        target.copy_(source)
-        return target
-    if isinstance(target, (tuple, list)):
-        for t, s in zip(target, source):
-            copy_into(t, s)
-        return target
-    if isinstance(target, dict):
-        for k in target:
-            copy_into(target[k], source[k])
-        return target
-    return target
-
-
-def check_steps(task, case: dict, device: str, salt: int = 0, into: Any = None, held: list | None = None) -> Steps:
-    """One checked call of the kernel on a case, as steps (timing.drive makes the call), and the
-    verifier's verdict on its output; KernelFailure on any problem.
-
-    Args:
-        into: an input the kernel ran on before: the case's values (seed + salt) are written into
-            its buffers and the kernel runs on that very object (the re-checks).
-        held: where given, the output is not judged now: a copy of it (the kernel may reuse its
-            buffer) goes into `held` as a `Held`, for `submit_held` and `collect_verdicts`.
-    Returns:
-        The input the kernel ran on (for a later re-check into its buffers).
-    """
-    cid = task.case_id(case) + (f" (recheck, seed +{salt})" if salt else "")
-    try:
-        data_k = make_input(task, case, salt)
-        if into is not None:
-            data_k = copy_into(into, data_k)
-        sync(device)
-    except Exception as e:
-        raise KernelFailure("infrastructure", f"generate_input failed on {cid}: {_describe(e)}",
-                            out_of_memory=isinstance(e, torch.cuda.OutOfMemoryError)) from e
-    poison_free_memory(device, data_k)
-    try:
-        out = yield data_k
-        sync(device)
-        if held is not None:
-            held.append(Held(case, salt, keep_output(out), cid, None))
-    except Exception as e:
-        raise classify(e, device, f"case {cid}") from e
-    if held is None:
-        judge_output(task, case, salt, out, device, cid)
-    return data_k
-
-
-@dataclass
-class Held:
-    """An output waiting to be shipped to the verifier: a copy the kernel never got. `draw`: the
-    transform a timed call's input had (fresh_values.py); None for a checked call's."""
-
-    case: dict
-    salt: int
-    output: Any
-    cid: str
-    draw: int | None = None
-
-
-def submit_held(task, held: list[Held], device: str) -> list[str]:
-    """Ship each held output for a verdict without waiting (verify.submit); the case ids, in order.
-    The outputs are let go once shipped (the judge keeps what the verifier maps)."""
-    t0 = time.perf_counter()
-    cids = []
-    try:
-        while held:
-            h = held.pop(0)
-            try:
-                verify.submit(task, h.case, h.salt, h.output, verify.flags_json(snapshot_torch_flags()), h.draw)
-            except ShippingError as e:
-                raise KernelFailure("incorrect", f"case {h.cid}: {e}") from e
-            except Exception as e:
-                raise _judge_failure(e, device, h.cid) from e
-            cids.append(h.cid)
-    finally:
-        _JUDGE_CLOCK.seconds += time.perf_counter() - t0
-    return cids
-
-
-def collect_verdicts(cids: list[str], device: str) -> None:
-    """Wait for the verdicts of everything shipped (verify.collect); KernelFailure at the first
-    wrong output, named by `cids` (the case ids submit_held returned, in the same order)."""
-    t0 = time.perf_counter()
-    try:
-        verdicts = verify.collect()
-    except Exception as e:
-        raise _judge_failure(e, device, cids[0] if cids else "?") from e
-    finally:
-        _JUDGE_CLOCK.seconds += time.perf_counter() - t0
-    for (ok, message), cid in zip(verdicts, list(cids) + ["?"] * len(verdicts)):
-        if not ok:
-            raise KernelFailure("incorrect", one_line(f"case {cid}: {message}"))
-
-
-def _judge_failure(e: Exception, device: str, cid: str) -> KernelFailure:
-    """What a failure to get a verdict (not a wrong output) makes of the job."""
-    failure = classify(e, device, f"check on case {cid}")
-    if failure.kind in ("crashed", "tampered"):
-        return failure
-    if isinstance(e, torch.cuda.OutOfMemoryError):
-        return KernelFailure("infrastructure", f"case {cid}: check ran out of GPU memory")
-    return KernelFailure("incorrect", f"case {cid}: check raised {_describe(e)}")
-
-
-def judge_output(task, case: dict, salt: int, out: Any, device: str, cid: str) -> None:
-    """The verifier's verdict on one output (seed + salt); KernelFailure unless it is right."""
-    collect_verdicts(submit_held(task, [Held(case, salt, out, cid)], device), device)
-
-
-def check_case(task, fn: Callable, case: dict, device: str, salt: int = 0, into: Any = None) -> Any:
-    """Run the kernel on one case and have the verifier judge its output (check_steps)."""
-    return drive(fn, check_steps(task, case, device, salt, into))
-
-
-def check_all(task, fn: Callable, cases, device: str, progress: Callable[[str], None] | None = None) -> Any:
-    """check_case on every case in order; returns the first case's input (None without cases)."""
-    first = None
-    for case in cases:
-        if progress:
-            progress(f"checking {task.case_id(case)}")
-        data = check_case(task, fn, case, device)
-        first = data if first is None else first
-    return first
-
-
-# ---- the three roles -------------------------------------------------------------------
-@contextlib.contextmanager
-def triton_launches_suppressed():
-    """Within: every Triton launch compiles (and fills the cache) but does not run.
-
-    Compile workers use this on the benchmark shapes, so the measuring process finds the exact
-    specialisations in TRITON_CACHE_DIR without the compile workers putting load on the GPU
-    it is timing on. Autotuners get a benchmarker that just compiles each config once. A
-    launcher that compiles ahead (`kernel.warmup(...)`) and launches the compiled kernel itself
-    (`kernel[grid](...)`, as launchers sizing a persistent grid from the kernel's registers do)
-    gets a launch that runs nothing: on meta inputs it would run on pointers to nothing.
-    """
-    from triton.compiler.compiler import CompiledKernel
-    from triton.runtime.autotuner import Autotuner
-    from triton.runtime.jit import JITFunction
-
-    orig_run, orig_bench = JITFunction.run, Autotuner.__dict__.get("do_bench")
-    orig_getitem = CompiledKernel.__getitem__
-
-    def run(self, *args, grid, warmup, **kwargs):
-        kernel = orig_run(self, *args, grid=grid, warmup=True, **kwargs)
-        build_launcher(kernel)
-        return kernel
-
-    def compile_only_bench(kernel_call, quantiles=None, **_):
-        kernel_call()
-        return [0.0] * len(quantiles) if quantiles else 0.0
-
-    def launch_nothing(self, grid):
-        return lambda *args, stream=None: None
-
-    JITFunction.run = run
-    Autotuner.do_bench = property(lambda self: compile_only_bench)
-    CompiledKernel.__getitem__ = launch_nothing
-    try:
-        yield
-    finally:
-        JITFunction.run = orig_run
-        CompiledKernel.__getitem__ = orig_getitem
-        if orig_bench is not None:
-            Autotuner.do_bench = orig_bench
-
-
-_LAUNCHERS_BUILT: set[str] = set()
-
-
-def build_launcher(kernel: Any) -> None:
-    """Build the host-side launcher of a compiled Triton kernel into the Triton cache.
-
-    Triton compiles a small C library per kernel signature (with the system's C compiler) on
-    the first launch. Left to the measuring child, that took 7% of its time on an H200 (harness
-    5: 46 ms a kernel); built here, the measuring child finds it in the shared cache. Nothing is
-    loaded on the GPU. Best effort: a launcher that does not build here is built on first launch."""
-    key = getattr(kernel, "hash", None)
-    if kernel is None or not isinstance(key, str) or hasattr(kernel, "result"):
-        return
-    key = f"{key}@{os.environ.get('TRITON_CACHE_DIR', '')}"  # each kernel's cache folder gets its own
-    if key in _LAUNCHERS_BUILT:
-        return
-    _LAUNCHERS_BUILT.add(key)
-    try:
-        from triton.runtime.driver import driver
-
-        driver.active.launcher_cls(kernel.src, kernel.metadata)
-    except Exception as e:  # noqa: BLE001 - the measuring child builds it on first launch instead
-        log.debug("launcher of %s not built ahead: %s", key, e)
-
-
-# What compile children hand the launcher (set by child.py from the worker's --compile-inputs):
-# "device" = real inputs on the GPU (the default: the launcher runs as in the measuring child);
-# "meta" = shape-only tensors on PyTorch's meta device, so a compile child allocates nothing on the
-# GPU and runs no GPU work at all, and compiles may overlap the timing (worker: unphased). A case
-# whose launcher cannot run on meta tensors (it reads values, or mixes devices) is left to the
-# measuring child, which compiles it in its warm-up calls, before anything is timed.
-COMPILE_INPUTS = "device"
-_META_INPUTS: dict[tuple[str, str], Any] = {}
-
-
-def to_meta(data: Any) -> Any:
-    """The same structure with every tensor replaced by a meta tensor of its shape, dtype and
-    strides (its data_ptr keeps the storage offset, so Triton specialises alignment alike).
-
-    >>> x = torch.zeros(4, 8, dtype=torch.bfloat16)
-    >>> m = to_meta((x, [x[:, 1:]], {"n": 3}))
-    >>> m[0].device.type, m[1][0].shape, m[1][0].stride(), m[1][0].data_ptr() % 16, m[2]
-    ('meta', torch.Size([4, 7]), (8, 1), 2, {'n': 3})
-    """
-
-    def meta_like(t: torch.Tensor) -> torch.Tensor:
-        # A meta storage as large as the original, viewed the same way (a plain .to("meta")
-        # would drop a view's storage offset, and with it a misaligned pointer's specialisation).
-        base = torch.empty(t.untyped_storage().nbytes() // t.element_size(), dtype=t.dtype, device="meta")
-        return base.as_strided(t.size(), t.stride(), t.storage_offset())
-
-    return map_tensors(data, meta_like)
-
-
-def meta_input(task, case: dict) -> Any:
-    """The case's input as meta tensors, built once per child: the task draws it on the meta
-    device (shapes, dtypes and strides, no values: never the GPU, nor the seconds and gigabytes
-    trimul's largest case takes on the CPU in each of a dozen compile children)."""
-    key = (task.name, task.case_id(case))
-    if key not in _META_INPUTS:
-        forced = os.environ.get("KERNELCAST_DEVICE")
-        os.environ["KERNELCAST_DEVICE"] = "meta"  # tasks place inputs on default_device()
-        try:
-            _META_INPUTS[key] = to_meta(inputs.generate(task, case))
-        finally:
-            if forced is None:
-                os.environ.pop("KERNELCAST_DEVICE", None)
-            else:
-                os.environ["KERNELCAST_DEVICE"] = forced
-    return clone_data(_META_INPUTS[key])
-
-
-class GpuLookingMeta(torch.Tensor):
-    """A meta tensor that answers `is_cuda` as the GPU input it stands for would.
-
-    A launcher may choose what to compile by where its input lives: the fp8_quant family sets
-    `PRE_ROUND = not x.is_cuda`, a constexpr. On plain meta tensors the compile child then built
-    the CPU's variant, and the measuring child compiled the GPU's in its checks, ten times the
-    check time of the family's other kernels (docs/results/harness.md). Only `is_cuda` changes: its `device` stays meta, so
-    whatever the launcher allocates "on x.device" stays shape-only, and Triton specialises its
-    pointers alike (the storage offset is the meta tensor's). Ops on it keep the class (torch's
-    default `__torch_function__`), so `x.contiguous()` still says it is on the GPU."""
-
-    @property
-    def is_cuda(self) -> bool:  # noqa: D401 - a property of torch.Tensor, answered as on the GPU
-        return True
-
-
-def gpu_looking(data: Any) -> Any:
-    """The same structure with every (meta) tensor as a GpuLookingMeta over the same storage."""
-    return map_tensors(data, lambda t: torch.Tensor._make_subclass(GpuLookingMeta, t))
-
-
-AUTOTUNE_BUDGET_S = 120.0  # all configs one autotuned kernel tries, per job, in compiles or warm-up calls
-
-
-class AutotuneWatch:
-    """Autotuners report each config they try (a job's progress: "autotune <kernel>: config i/n",
-    so a hang names it) and, per job, get AUTOTUNE_BUDGET_S for all their configs: past it the
-    next config raises a `timeout` naming the autotune, instead of the job running until its
-    step's own limit. Installed once per child, before the integrity baseline, so the patched
-    `Autotuner._bench` is the harness's own; each job sets its progress sink with `begin`."""
-
-    def __init__(self, budget_s: float = AUTOTUNE_BUDGET_S):
-        self.budget_s = budget_s
-        self.progress: Callable[[str], None] | None = None
-        self.started: dict[int, float] = {}
-        self.tuners: dict[int, Any] = {}  # the autotuners that benchmarked configs in this job
-
-    def begin(self, progress: Callable[[str], None] | None) -> None:
-        self.progress, self.started, self.tuners = progress, {}, {}
-
-    def choices(self) -> dict[str, str]:
-        """{autotuned kernel: the config it runs now} of every autotuner that tuned in this job."""
-        return {getattr(t.base_fn, "__name__", "kernel"): str(getattr(t, "best_config", None))
-                for t in self.tuners.values()}
-
-    def install(self) -> None:
-        from triton.runtime.autotuner import Autotuner
-
-        watch, original = self, Autotuner._bench
-
-        def bench(tuner, *args, config, **meta):
-            name = getattr(tuner.base_fn, "__name__", "kernel")
-            first = watch.started.setdefault(id(tuner), time.monotonic())
-            watch.tuners[id(tuner)] = tuner
-            index = next((i for i, c in enumerate(tuner.configs) if c is config), 0) + 1
-            if time.monotonic() - first > watch.budget_s:
-                raise KernelFailure("timeout", f"autotune of {name}: its configs took over the {watch.budget_s:.0f} s "
-                                               f"budget ({index - 1} of {len(tuner.configs)} tried)")
-            if watch.progress is not None:
-                watch.progress(f"autotune {name}: config {index}/{len(tuner.configs)}")
-            return original(tuner, *args, config=config, **meta)
-
-        Autotuner._bench = bench
-
-
-AUTOTUNE = AutotuneWatch()
-
-
-def _compile_case(fn, task, case: dict, job: dict) -> None:
-    """Run the launcher on one benchmark case with launches suppressed (see run_compile).
-
-    On meta inputs it runs twice: on meta tensors, then on the same tensors answering `is_cuda`
-    as the GPU's do (GpuLookingMeta). A launcher that does not ask compiles nothing new the
-    second time (Triton finds its kernel in memory); one that asks gets the GPU's variant built
-    here, and one that, told it is on the GPU, asks the device for more than a meta tensor has
-    (`torch.cuda.get_device_properties(x.device)`) still has the first run's compile."""
-    meta = COMPILE_INPUTS == "meta"
-    runs = (lambda: meta_input(task, case), lambda: gpu_looking(meta_input(task, case))) if meta else (
-        lambda: make_input(task, case),)
-    for data in runs:
-        try:
-            fn(data())
-        except KernelFailure:
-            raise  # the autotune budget ran out
-        except Exception as e:
-            if _is_triton_compile_error(e):
-                raise KernelFailure("compile_failed", f"case {task.case_id(case)}: {_describe(e)}") from e
-            # Anything else may be an artefact of not launching (or of meta inputs): the GPU stage decides.
-            log.debug("warm run of %s on %s inputs: %s", job["kernel_id"], COMPILE_INPUTS, e)
-
-
-def _task_or_failure(name: str):
-    try:
-        return load_task(name)
-    except Exception as e:  # noqa: BLE001
-        raise KernelFailure("infrastructure", f"task {name!r}: {_describe(e)}") from e
-
-
-def check_state_before_kernel() -> None:
-    """The state check before each kernel: a process an earlier kernel changed after its own
-    checks (a finalizer, a timer) is replaced before anything else runs in it; the job is
-    `infrastructure` (retried by a resumed run), not this kernel's failure."""
-    before = integrity_changes()
-    if before:
-        raise KernelFailure("infrastructure", one_line(
-            f"this process was changed before the kernel was imported: {', '.join(before)}"), restart=True)
-
-
-def _imported(job: dict):
-    """(task, entry point) of the job's kernel, imported, with nothing tampered with on import."""
-    check_state_before_kernel()
-    task = _task_or_failure(job["task"])
-    fn = load_kernel(job["path"], task)
-    check_integrity("on import")
-    return task, fn
-
-
-def _failed(f: KernelFailure, t0: float, **extra: Any) -> dict:
-    return {"ok": False, "status": "failed", "failure_kind": f.kind, "error": f.message,
-            "seconds": time.perf_counter() - t0, "restart": f.restart, **extra}
-
-
-def use_kernel_cache(job: dict, variable: str) -> None:
-    """Point Triton at the job's own cache folder (the worker made one per kernel): compile
-    children write there (TRITON_CACHE_DIR), the measuring child reads there (triton_cache.SHARED_ENV).
-    Triton reads both each time it opens a cache entry."""
-    folder = job.get("triton_dir")
-    if isinstance(folder, str) and folder:
-        os.environ[variable] = folder
-    elif variable != "TRITON_CACHE_DIR":
-        os.environ.pop(variable, None)  # no folder of its own: nothing shared to read
-
-
-def run_compile(job: dict, device: str, progress: Callable[[str], None] | None = None) -> dict:
-    """Import the kernel; on a GPU also compile it for every benchmark shape without launching."""
-    t0 = time.perf_counter()
-    path = job["path"]
-    AUTOTUNE.begin(progress)
-    use_kernel_cache(job, "TRITON_CACHE_DIR")
-    try:
-        task, fn = _imported(job)
-        source = Path(path).read_text(encoding="utf-8")
-        if device == "cuda" and "triton" in source:
-            with triton_launches_suppressed():
-                for case in task.benchmark_cases:
-                    _compile_case(fn, task, case, job)
-            if not cuda_healthy(launch=COMPILE_INPUTS != "meta"):
-                raise KernelFailure("crashed", "CUDA context broken while compiling", restart=True)
-        check_integrity("while compiling")
-        result = {"ok": True, "seconds": time.perf_counter() - t0}
-    except KernelFailure as f:
-        result = _failed(f, t0)
-    finally:
-        unload_kernel(path)
-        if device == "cuda" and COMPILE_INPUTS != "meta":
-            release_cuda_memory(keep_bytes=CACHE.max_bytes + 2**30)
-    return _checked_after_unload(result)
+__all__ = ["Measurer", "run_check"]
 
 
 def run_check(job: dict, device: str) -> dict:
@@ -771,17 +126,6 @@ def run_check(job: dict, device: str) -> dict:
     finally:
         unload_kernel(path)
     return _checked_after_unload(result)
-
-
-def _checked_after_unload(result: dict) -> dict:
-    """`result`, or `tampered` when the process changed once the kernel was unloaded (what its
-    finalizers did, when its module was emptied, would otherwise greet the next kernel here)."""
-    changed = integrity_changes()
-    if changed and result.get("failure_kind") != "tampered":
-        message = one_line(f"after it was unloaded: the kernel changed {', '.join(changed)}")
-        return {**result, "ok": False, "status": "failed", "failure_kind": "tampered", "error": message,
-                "restart": True}
-    return result
 
 
 REF_FIRST = 3  # timings of each reference case when a task is first measured
@@ -977,7 +321,7 @@ class Measurer:
                 self.free_input_cache()
                 if job.get("after_out_of_memory"):
                     result["error"] = f"{f.message} (again, with this process's input cache emptied)"
-                else:  # the parent measures it once more (worker.OOM_RETRY_KEY)
+                else:  # the parent measures it once more (worker_loop.OOM_RETRY_KEY)
                     result["out_of_memory"] = True
             if result["check_s"] is None:
                 result["check_s"] = time.perf_counter() - t0
@@ -1012,8 +356,8 @@ class Measurer:
 
     def paired_case_steps(self, task, case: dict, feed: Feed, first: bool, phases: dict) -> Steps:
         """The kernel's timed calls of one case and the reference's, by turns of PAIRED_TURN_CALLS
-        (gpumode; timing.interleaved_steps), until both loops' stopping rules are met
-        (timing.Turns): the reference on its own input through the same feed and loop, with the
+        (gpumode; gpumode_timing.interleaved_steps), until both loops' stopping rules are met
+        (gpumode_timing.Turns): the reference on its own input through the same feed and loop, with the
         torch switches of the first reference timing during its turns and the kernel's again
         during the kernel's. Returns (the kernel's Timing, the reference's as a dict)."""
         cid = task.case_id(case)
@@ -1178,13 +522,3 @@ class Measurer:
             if picks := AUTOTUNE.choices():
                 chosen[cid] = picks
         return json.dumps(chosen, sort_keys=True) if chosen else None
-
-
-class _JudgeClock:
-    """Seconds spent waiting for verdicts (shipping an output and the verifier's work)."""
-
-    def __init__(self) -> None:
-        self.seconds = 0.0
-
-
-_JUDGE_CLOCK = _JudgeClock()

@@ -9,7 +9,7 @@
 A worker run pays its start-up (the sandbox probe, torch, CUDA and the children's imports) and
 its reference timings (on the H200 together about 55 s) before its first row, so a live search
 that measured each round with a worker run of its own stopped after two rounds. The service
-pays them once: it is the worker's own event loop (worker._Run: the same compile pool,
+pays them once: it is the worker's own event loop (worker_loop._Run: the same compile pool,
 measuring child, verifier, sandbox, audits, reference book and cache, failure kinds, child
 replacement after a crash, hang or tampering) kept alive while its queue is empty, taking the
 kernels of each job a client drops into its folder (service_queue.py) and writing the job's
@@ -52,7 +52,8 @@ from pipelines.profiling import service_queue as sq
 from pipelines.profiling.queue_order import order_kernels
 from pipelines.profiling.results import PROTOCOLS
 from pipelines.profiling.sandbox_policy import one_line
-from pipelines.profiling.worker import WorkerConfig, WorkerError, _Run
+from pipelines.profiling.worker_config import WorkerConfig, WorkerError
+from pipelines.profiling.worker_loop import _Run
 from warehouse.formats import HARNESS_VERSION
 
 log = logging.getLogger(__name__)

@@ -196,12 +196,12 @@ def custom_kernel(data):
 ''',
     # Replace the harness's check and torch's comparison, then return a wrong answer.
     "patched_check": '''
-import pipelines.profiling.runner as runner
+import pipelines.profiling.checked_calls as checked_calls
 import pipelines.profiling.verify as verify
 
 always = lambda *a, **k: (True, "ok")
 verify.judge = always
-runner.check_case = lambda *a, **k: None
+checked_calls.check_case = lambda *a, **k: None
 torch.allclose = lambda *a, **k: True
 torch.isclose = lambda a, b, **k: torch.ones_like(a, dtype=torch.bool)
 
@@ -350,7 +350,7 @@ def custom_kernel(data):
 ''',
     # Makes the clock run at a fifth of its speed, then asks the integrity watch to re-base.
     "clock_patch_rebase": '''
-import pipelines.profiling.runner as runner
+import pipelines.profiling.kernel_loading as kernel_loading
 
 _done = []
 
@@ -360,16 +360,16 @@ def custom_kernel(data):
         real = time.perf_counter
         t0 = real()
         time.perf_counter = lambda: t0 + (real() - t0) / 5
-        if runner.WATCH.watch is not None:
-            runner.WATCH.watch.rebase()
+        if kernel_loading.WATCH.watch is not None:
+            kernel_loading.WATCH.watch.rebase()
         _done.append(1)
     return _right(data)
 ''',
     # Switches the integrity watch off, then slows the clock.
     "watch_disabled": '''
-import pipelines.profiling.runner as runner
+import pipelines.profiling.kernel_loading as kernel_loading
 
-runner.WATCH.watch = None
+kernel_loading.WATCH.watch = None
 _real = time.perf_counter
 _t0 = _real()
 time.perf_counter = lambda: _t0 + (_real() - _t0) / 5

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pipelines.profiling import fresh_values, runner, taskload, timing
+from pipelines.profiling import call_feed, fresh_values, runner, taskload
 from pipelines.tasks import TASK_MODULES, gdn_chunk_fwd_o
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
@@ -45,7 +45,7 @@ def test_every_call_of_a_case_runs_on_values_no_earlier_call_had():
     data = (torch.zeros(3, 5, dtype=torch.bfloat16), torch.zeros(3, dtype=torch.int64), 0.5)
     variants = {s: (torch.randn(3, 5, generator=torch.Generator().manual_seed(s)).to(torch.bfloat16),
                     torch.tensor([0, 1, 2]), 0.5) for s in (7, 9)}
-    feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=2)
+    feed = call_feed.Feed(data, variants.__getitem__, tuple(variants), keep=2)
     seen = set()
     for _ in range(300):
         x = feed.fill()

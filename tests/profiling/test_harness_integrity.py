@@ -14,7 +14,17 @@ import warnings
 import pytest
 import torch
 
-from pipelines.profiling import audit, integrity, shipping, timing, verify
+from pipelines.profiling import (
+    audit,
+    clock_checks,
+    gpumode_timing,
+    integrity,
+    shipping,
+    timing,
+    verdicts,
+    verifier,
+    verify,
+)
 from pipelines.tasks import get_task
 
 
@@ -156,7 +166,7 @@ def _closure_function():
 
 
 def _change(kind: str, monkeypatch):
-    from pipelines.profiling import runner, timing
+    from pipelines.profiling import clock_checks, runner, timing
 
     if kind == "replaced":
         monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
@@ -178,7 +188,7 @@ def _change(kind: str, monkeypatch):
     elif kind == "module":
         monkeypatch.setitem(sys.modules, "time", types.ModuleType("time"))
     elif kind == "constant":
-        monkeypatch.setattr(timing, "WALL_SLACK_S", 1.0)
+        monkeypatch.setattr(clock_checks, "WALL_SLACK_S", 1.0)
     elif kind == "trace hook":
         sys.settrace(lambda *a: None)
         return lambda: sys.settrace(None)
@@ -225,9 +235,9 @@ def test_plans_and_their_rechecks():
 def test_verifier_judges_shipped_outputs_and_holds_jobs_to_their_plan(tmp_path, monkeypatch):
     monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
     task = get_task("softmax")
-    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    v = verifier.Verifier({"device": "cpu", "protocol": "kernelcast"})
     case = task.correctness_cases[0]
-    from pipelines.profiling.runner import make_input
+    from pipelines.profiling.inputs import make_input
 
     good = tmp_path / "good"
     shipping.write_output(good, task.ref_kernel(make_input(task, case)))
@@ -250,8 +260,8 @@ def test_a_check_out_of_gpu_memory_is_retried_with_emptied_caches_then_the_harne
     input no longer fits beside the measuring child.)"""
     monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
     task = get_task("softmax")
-    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
-    from pipelines.profiling.runner import make_input
+    v = verifier.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    from pipelines.profiling.inputs import make_input
 
     good = tmp_path / "good"
     cases = task.correctness_cases
@@ -278,9 +288,9 @@ def test_a_check_out_of_gpu_memory_is_retried_with_emptied_caches_then_the_harne
     shipping.write_output(good, task.ref_kernel(make_input(task, cases[1])))
     r = v.handle({**base, "case_id": task.case_id(cases[1]), "path": str(good)})
     assert not r["ok"] and r["infrastructure"] and "ran out of GPU memory twice" in r["message"]
-    link = verify.JobVerdicts(of=2)
+    link = verdicts.JobVerdicts(of=2)
     link.infrastructure = r["message"]
-    row = verify.settle({"status": "failed", "failure_kind": "incorrect", "error": "rejected"}, link)
+    row = verdicts.settle({"status": "failed", "failure_kind": "incorrect", "error": "rejected"}, link)
     assert row["failure_kind"] == "infrastructure"
 
     # any other error of a check stays the kernel's failure
@@ -291,18 +301,18 @@ def test_a_check_out_of_gpu_memory_is_retried_with_emptied_caches_then_the_harne
 
 
 def test_settle_rules():
-    complete = verify.JobVerdicts(of=3, done=3)
-    assert verify.settle({"status": "ok"}, complete)["status"] == "ok"
-    partial = verify.JobVerdicts(of=3, done=2)
-    assert verify.settle({"status": "ok"}, partial)["failure_kind"] == "tampered"
-    failed = verify.JobVerdicts(of=3, done=1, failure="case x: output: wrong")
-    assert verify.settle({"status": "failed", "failure_kind": "incorrect", "error": "rejected"}, failed)["error"] == \
+    complete = verdicts.JobVerdicts(of=3, done=3)
+    assert verdicts.settle({"status": "ok"}, complete)["status"] == "ok"
+    partial = verdicts.JobVerdicts(of=3, done=2)
+    assert verdicts.settle({"status": "ok"}, partial)["failure_kind"] == "tampered"
+    failed = verdicts.JobVerdicts(of=3, done=1, failure="case x: output: wrong")
+    assert verdicts.settle({"status": "failed", "failure_kind": "incorrect", "error": "rejected"}, failed)["error"] == \
         "case x: output: wrong"
-    odd = verify.JobVerdicts(of=3, done=3, unexpected=True)
-    assert verify.settle({"status": "ok"}, odd)["failure_kind"] == "tampered"
-    ours = verify.JobVerdicts(of=3, done=1, infrastructure="verifier died")
-    assert verify.settle({"status": "ok"}, ours)["failure_kind"] == "infrastructure"
-    assert verify.settle({"status": "failed", "failure_kind": "runtime_error"}, verify.JobVerdicts())["failure_kind"] \
+    odd = verdicts.JobVerdicts(of=3, done=3, unexpected=True)
+    assert verdicts.settle({"status": "ok"}, odd)["failure_kind"] == "tampered"
+    ours = verdicts.JobVerdicts(of=3, done=1, infrastructure="verifier died")
+    assert verdicts.settle({"status": "ok"}, ours)["failure_kind"] == "infrastructure"
+    assert verdicts.settle({"status": "failed", "failure_kind": "runtime_error"}, verdicts.JobVerdicts())["failure_kind"] \
         == "runtime_error"
 
 
@@ -310,7 +320,7 @@ def test_flags_a_gpumode_reference_inherits_are_allow_listed():
     assert verify.clean_flags({"torch.backends.cuda.matmul.allow_tf32": True, "os.system": "rm", "matmul_precision": "x"}) \
         == {"torch.backends.cuda.matmul.allow_tf32": True}
     before = torch.backends.cuda.matmul.allow_tf32
-    with verify.global_flags({"torch.backends.cuda.matmul.allow_tf32": not before}):
+    with verifier.global_flags({"torch.backends.cuda.matmul.allow_tf32": not before}):
         assert torch.backends.cuda.matmul.allow_tf32 is (not before)
     assert torch.backends.cuda.matmul.allow_tf32 is before
 
@@ -361,10 +371,10 @@ def test_rows_take_their_reference_from_the_parents_book():
 def test_gpumode_loop_reuses_one_input_and_stops_by_its_rule():
     seen = []
     data = torch.ones(4)
-    t = timing.time_gpumode(lambda d: seen.append(d) or d, data, device="cpu", max_repeats=100)
+    t = gpumode_timing.time_gpumode(lambda d: seen.append(d) or d, data, device="cpu", max_repeats=100)
     assert all(x is data for x in seen) and 3 <= t.reps <= 100 and t.stat("gpumode") == t.mean_ms
     calls = iter(range(1000))
-    uneven = timing.time_gpumode(lambda d: time.sleep(0.001 if next(calls) % 2 else 0.004), data, device="cpu",
+    uneven = gpumode_timing.time_gpumode(lambda d: time.sleep(0.001 if next(calls) % 2 else 0.004), data, device="cpu",
                                  max_repeats=5)
     assert uneven.reps == 5  # the cap: calls this uneven never reach a 0.1% error in 5
 
@@ -385,31 +395,31 @@ class _LyingEvent:
 def test_events_far_below_the_wall_clock_are_tampering(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _LyingEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    monkeypatch.setattr(timing, "trusted_call_times", lambda: (0.02, 0.00004))  # our own call: honest
+    monkeypatch.setattr(clock_checks, "trusted_call_times", lambda: (0.02, 0.00004))  # our own call: honest
     with pytest.raises(timing.TimingTampered, match="wall time"):
-        timing.time_gpumode(lambda d: time.sleep(0.003), torch.ones(2), device="cuda", max_repeats=5)
+        gpumode_timing.time_gpumode(lambda d: time.sleep(0.003), torch.ones(2), device="cuda", max_repeats=5)
     with pytest.raises(timing.TimingTampered):
-        timing.check_chunk_wall([50.0, 50.0], wall_s=0.01)  # 100 ms of events in 10 ms
-    timing.check_call_wall(event_ms=1.0, wall_s=0.0012)  # a call's honest overhead passes
+        clock_checks.check_chunk_wall([50.0, 50.0], wall_s=0.01)  # 100 ms of events in 10 ms
+    clock_checks.check_call_wall(event_ms=1.0, wall_s=0.0012)  # a call's honest overhead passes
 
 
 def test_a_shared_gpu_is_told_apart_from_a_kernel_working_off_its_stream():
     """On a GPU another process uses, every synchronised call waits for the other's work: a
     call of our own is as far off as the kernel's, and the row is `infrastructure`, not `tampered`."""
-    from pipelines.profiling.runner import classify
+    from pipelines.profiling.kernel_loading import classify
 
     slow_ours, fast_ours = (lambda: (0.07, 0.0025)), (lambda: (0.07, 0.0001))
     with pytest.raises(timing.GpuShared, match="another process") as e:
-        timing.check_kernel_wall(event_ms=0.07, wall_s=0.0025, trusted=slow_ours)
+        clock_checks.check_kernel_wall(event_ms=0.07, wall_s=0.0025, trusted=slow_ours)
     assert classify(e.value, "cuda", "timing case c").kind == "infrastructure"
     with pytest.raises(timing.TimingTampered) as e:
-        timing.check_kernel_wall(event_ms=0.07, wall_s=0.0025, trusted=fast_ours)
+        clock_checks.check_kernel_wall(event_ms=0.07, wall_s=0.0025, trusted=fast_ours)
     assert classify(e.value, "cuda", "timing case c").kind == "tampered"
     calls = []
     with pytest.raises(timing.TimingTampered):  # events longer than the wall: a patched timer, always
-        timing.check_kernel_wall(event_ms=50.0, wall_s=0.01, trusted=lambda: calls.append(1) or (0.07, 0.0025))
+        clock_checks.check_kernel_wall(event_ms=50.0, wall_s=0.01, trusted=lambda: calls.append(1) or (0.07, 0.0025))
     assert calls == []
-    timing.check_kernel_wall(event_ms=1.0, wall_s=0.0012, trusted=slow_ours)  # honest: ours not even asked
+    clock_checks.check_kernel_wall(event_ms=1.0, wall_s=0.0012, trusted=slow_ours)  # honest: ours not even asked
 
 
 def test_layers_that_keep_cuda_from_starting_are_dropped_with_their_reason(monkeypatch):

@@ -11,7 +11,7 @@ import types
 import pyarrow as pa
 import pytest
 
-from pipelines.profiling import audit, refcache, runner
+from pipelines.profiling import audit, kernel_loading, refcache, runner
 from pipelines.profiling.timing import Timing, drive, host_ms_of
 
 
@@ -95,16 +95,16 @@ def test_the_tuning_pass_calls_the_kernel_once_per_benchmark_case_in_order_and_r
     def fn(data):
         seen.append(data)
         if data[1] == 8:  # the second case's shape tunes a second kernel
-            runner.AUTOTUNE.tuners[2] = types.SimpleNamespace(base_fn=kernel_fn("_rows"), best_config="BLOCK: 128")
+            kernel_loading.AUTOTUNE.tuners[2] = types.SimpleNamespace(base_fn=kernel_fn("_rows"), best_config="BLOCK: 128")
         return data
 
-    runner.AUTOTUNE.begin(None)
-    runner.AUTOTUNE.tuners[1] = types.SimpleNamespace(base_fn=kernel_fn("_softmax"), best_config="BLOCK: 64")
+    kernel_loading.AUTOTUNE.begin(None)
+    kernel_loading.AUTOTUNE.tuners[1] = types.SimpleNamespace(base_fn=kernel_fn("_softmax"), best_config="BLOCK: 64")
     chosen = drive(fn, m._tuning_steps(task, cases, phases.append))
     assert seen == [("input", 4), ("input", 8)] and phases == ["autotuning on n=4", "autotuning on n=8"]
     assert json.loads(chosen) == {"n=4": {"_softmax": "BLOCK: 64"},
                                   "n=8": {"_rows": "BLOCK: 128", "_softmax": "BLOCK: 64"}}
-    runner.AUTOTUNE.begin(None)
+    kernel_loading.AUTOTUNE.begin(None)
     assert drive(fn, m._tuning_steps(task, cases[:1], phases.append)) is None  # nothing tuned
 
 
@@ -116,7 +116,7 @@ def test_a_kernel_that_fails_while_tuning_fails_as_on_its_case(monkeypatch):
     def fn(data):
         raise ValueError("bad shape")
 
-    with pytest.raises(runner.KernelFailure) as e:
+    with pytest.raises(kernel_loading.KernelFailure) as e:
         drive(fn, m._tuning_steps(task, ({"n": 4},), lambda p: None))
     assert "autotuning on case n=4" in e.value.message and "bad shape" in e.value.message
 

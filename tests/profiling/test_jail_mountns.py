@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from pipelines.profiling import jail, layer_probe, sandbox_policy
+from pipelines.profiling import jail_mounts, layer_probe, sandbox_policy
 from tests.profiling.test_sandbox_hostile import _jail
 
 # What the jailed program tries; each line it prints is "<what> ok" or "<what> <error name>".
@@ -106,21 +106,21 @@ def test_the_root_directory_is_never_a_writable_directory(dirs):
 
 
 @pytest.mark.parametrize(("options", "kept", "absent"), [
-    ("rw,relatime", jail.MS_RELATIME, jail.MS_NOSUID | jail.MS_STRICTATIME),
-    ("ro,nosuid,nodev,noexec,relatime", jail.MS_NOSUID | jail.MS_NODEV | jail.MS_NOEXEC, jail.MS_STRICTATIME),
-    ("rw,noatime,nodiratime", jail.MS_NOATIME | jail.MS_NODIRATIME, jail.MS_RELATIME | jail.MS_STRICTATIME),
-    ("rw", jail.MS_STRICTATIME, jail.MS_RELATIME | jail.MS_NOATIME),  # no atime option shown: strictatime
+    ("rw,relatime", jail_mounts.MS_RELATIME, jail_mounts.MS_NOSUID | jail_mounts.MS_STRICTATIME),
+    ("ro,nosuid,nodev,noexec,relatime", jail_mounts.MS_NOSUID | jail_mounts.MS_NODEV | jail_mounts.MS_NOEXEC, jail_mounts.MS_STRICTATIME),
+    ("rw,noatime,nodiratime", jail_mounts.MS_NOATIME | jail_mounts.MS_NODIRATIME, jail_mounts.MS_RELATIME | jail_mounts.MS_STRICTATIME),
+    ("rw", jail_mounts.MS_STRICTATIME, jail_mounts.MS_RELATIME | jail_mounts.MS_NOATIME),  # no atime option shown: strictatime
 ])
 def test_a_read_only_remount_repeats_the_mounts_other_options(options, kept, absent):
-    flags = jail.read_only_remount_flags(options)
-    base = jail.MS_REMOUNT | jail.MS_BIND | jail.MS_RDONLY
+    flags = jail_mounts.read_only_remount_flags(options)
+    base = jail_mounts.MS_REMOUNT | jail_mounts.MS_BIND | jail_mounts.MS_RDONLY
     assert flags & base == base and flags & kept == kept and not flags & absent
 
 
 def test_mountinfo_paths_with_escaped_spaces_and_shared_fields_are_read():
     text = ("27 1 254:0 / / rw,relatime shared:1 - ext4 /dev/vda rw\n"
             "30 27 0:27 / /mnt/with\\040space rw,nosuid master:3 propagate_from:2 - tmpfs tmpfs rw\n")
-    assert jail.read_mountinfo(text) == [("/", "rw,relatime", "shared:1"),
+    assert jail_mounts.read_mountinfo(text) == [("/", "rw,relatime", "shared:1"),
                                          ("/mnt/with space", "rw,nosuid", "master:3 propagate_from:2")]
 
 

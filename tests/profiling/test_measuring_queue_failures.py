@@ -19,7 +19,7 @@ import pytest
 
 from pipelines.profiling import service_queue as sq
 from pipelines.profiling.service import STALE_ROWS_S, JobStore, _Lock, _recover, _ServiceRun
-from pipelines.profiling.worker import WorkerConfig
+from pipelines.profiling.worker_config import WorkerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -160,7 +160,7 @@ def test_a_queue_others_can_enter_is_refused(tmp_path):
 
 def test_the_service_refuses_a_second_instance_and_a_bad_job(tmp_path):
     from pipelines.profiling.service import JobStore, _Lock
-    from pipelines.profiling.worker import WorkerError
+    from pipelines.profiling.worker_config import WorkerError
 
     q = tmp_path / "q"
     sq.make_private(q)

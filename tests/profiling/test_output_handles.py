@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from pipelines.profiling import shipping, verify
-from pipelines.profiling.runner import make_input
+from pipelines.profiling import shipping, verdicts, verifier, verify
+from pipelines.profiling.inputs import make_input
 from pipelines.tasks import get_task
 
 
@@ -25,7 +25,7 @@ def test_a_verifier_without_a_gpu_asks_for_the_file_and_uses_no_step(tmp_path, m
     monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
     task = get_task("softmax")
     case = task.correctness_cases[0]
-    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    v = verifier.Verifier({"device": "cpu", "protocol": "kernelcast"})
     base = {"job": "j1", "kind": "check", "task": "softmax", "salt": 0, "case_id": task.case_id(case)}
     handles = tmp_path / "handles"
     _handle_file(handles, [ENTRY])
@@ -101,7 +101,7 @@ class _VerifierEnd:
 
 
 def test_the_link_passes_a_resend_on_without_counting_it_as_a_verdict():
-    link = verify.VerifierLink(spawn=_VerifierEnd)
+    link = verdicts.VerifierLink(spawn=_VerifierEnd)
     child = _Child()
     request = {"type": "verify", "seq": 1, "case_id": "c", "salt": 0, "file": "out-000001.kco"}
     assert link.forward(child, "j", "check", "softmax", request) is None
@@ -123,7 +123,7 @@ def test_a_cuda_output_arrives_from_another_process_equal_both_ways():
 
 
 def test_the_verifier_gives_back_spare_gpu_memory_only_on_a_gpu():
-    assert verify.release_spare_gpu_memory("cpu") is False
+    assert verifier.release_spare_gpu_memory("cpu") is False
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
@@ -134,9 +134,9 @@ def test_the_verifier_gives_back_what_its_allocator_holds_beyond_the_spare():
     kept = torch.empty(2**20, dtype=torch.uint8, device="cuda")
     del work
     assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() > spare
-    assert verify.release_spare_gpu_memory("cuda", spare) is True
+    assert verifier.release_spare_gpu_memory("cuda", spare) is True
     assert torch.cuda.memory_reserved() - torch.cuda.memory_allocated() <= spare
-    assert verify.release_spare_gpu_memory("cuda", spare) is False and kept.numel() == 2**20
+    assert verifier.release_spare_gpu_memory("cuda", spare) is False and kept.numel() == 2**20
 
 
 @pytest.mark.parametrize("tree", [
@@ -164,7 +164,7 @@ def test_the_verifier_says_how_an_output_came(tmp_path):
 
 # ---- several outputs in flight ------------------------------------------------------------------
 def test_the_link_keeps_several_requests_of_a_job_in_flight_and_answers_them_in_order():
-    link = verify.VerifierLink(spawn=_VerifierEnd)
+    link = verdicts.VerifierLink(spawn=_VerifierEnd)
     child = _Child()
     for seq in (1, 2, 3):
         request = {"type": "verify", "seq": seq, "case_id": "c", "salt": 0, "file": f"out-00000{seq}.kco"}
@@ -190,7 +190,7 @@ def test_outputs_sent_before_a_resend_come_again_after_it_in_plan_order(tmp_path
     monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
     task = get_task("softmax")
     cases = task.correctness_cases[:2]
-    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    v = verifier.Verifier({"device": "cpu", "protocol": "kernelcast"})
     base = {"job": "j1", "kind": "check", "task": "softmax"}
     handles = tmp_path / "handles"
     _handle_file(handles, [ENTRY])

@@ -11,11 +11,24 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from pipelines.profiling import inputs, runner, taskload, timing
+from pipelines.profiling import (
+    call_feed,
+    checked_calls,
+    clock_checks,
+    compile_child,
+    cpu_timing,
+    cuda_timing,
+    inputs,
+    kernel_loading,
+    runner,
+    taskload,
+    timing,
+)
 from pipelines.profiling.hardware import cpu_fingerprint
 from pipelines.profiling.results import ResultStore, now_utc, partial_path
+from pipelines.profiling.run_summary import RunSummary
 from pipelines.profiling.sandbox_policy import describe_exit, one_line
-from pipelines.profiling.worker import RunSummary, WorkerConfig
+from pipelines.profiling.worker_config import WorkerConfig
 from warehouse.formats import RESULT_SCHEMA
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
@@ -72,10 +85,10 @@ def test_adaptive_stop_rules():
 def test_time_cpu_counts_reps_and_clones_for_paper():
     seen = []
     data = torch.zeros(4)
-    t = timing.time_cpu(lambda d: seen.append(d), data, timing.TimingSettings.for_cpu(4), protocol="paper")
+    t = cpu_timing.time_cpu(lambda d: seen.append(d), data, timing.TimingSettings.for_cpu(4), protocol="paper")
     assert t.reps >= 2 and all(x is not data for x in seen)  # paper: a fresh clone every call
     seen.clear()
-    timing.time_cpu(lambda d: seen.append(d), data, timing.TimingSettings.for_cpu(4))
+    cpu_timing.time_cpu(lambda d: seen.append(d), data, timing.TimingSettings.for_cpu(4))
     assert all(x is data for x in seen)  # kernelcast: the same input, no clone in the window
 
 
@@ -124,13 +137,13 @@ def test_a_kept_output_does_not_keep_the_kernels_autograd_graph_alive(tiny_task,
     assert saved["a"]() is None
 
     if keep == "feed":
-        feed = timing.Feed(x, keep=1)
+        feed = call_feed.Feed(x, keep=1)
         feed.took(kernel(x))
         kept = feed.take_kept()[0].output
     else:
         held: list = []
         case = tiny_task.correctness_cases[0]
-        runner.drive(kernel, runner.check_steps(tiny_task, case, "cpu", held=held))
+        runner.drive(kernel, checked_calls.check_steps(tiny_task, case, "cpu", held=held))
         kept = held[0].output
     gc.collect()
     assert saved["a"]() is None, "the kept copy keeps the call's intermediates alive"
@@ -153,16 +166,16 @@ def test_an_out_of_memory_error_is_read_from_the_device_when_there_is_one(monkey
     here (no GPU on this machine); without them the message is torch's, as on the CPU."""
     e = torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 512.00 MiB. GPU 0 has a total capacity "
                                     "of 79.18 GiB of which 50.44 MiB is free. Process 512 has 7.78 GiB memory in use.")
-    assert runner._describe(e).startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB")
+    assert kernel_loading._describe(e).startswith("OutOfMemoryError: CUDA out of memory. Tried to allocate 512.00 MiB")
     gib = 2**30
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda: (int(0.25 * gib), int(79.18 * gib)))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda: 65 * gib)
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda: 67 * gib)
     monkeypatch.setattr(inputs.CACHE, "items", {("t", "c", 0): (None, int(10.5 * gib))})
-    text = runner._describe(e)
+    text = kernel_loading._describe(e)
     assert text == ("OutOfMemoryError: CUDA out of memory (asked 512.00 MiB, 0.25 of 79.18 GiB free): this process "
                     "65.00 GiB allocated (10.50 GiB the harness's kept inputs) + 2.00 GiB cached")
-    assert len(runner.classify(e, "cuda", "timing case " + "x" * 100).message) < 300
+    assert len(kernel_loading.classify(e, "cuda", "timing case " + "x" * 100).message) < 300
 
 
 # ---- tasks and checks -------------------------------------------------------------------
@@ -178,22 +191,22 @@ def test_task_override_rejects_bad_syntax(monkeypatch):
 
 
 def _kernel(name: str):
-    return runner.load_kernel(str(FIXTURES / name))
+    return kernel_loading.load_kernel(str(FIXTURES / name))
 
 
 def test_check_case_accepts_good_and_names_the_wrong_case(tiny_task):
-    runner.check_all(tiny_task, _kernel("good_torch.py"), tiny_task.correctness_cases, "cpu")
-    with pytest.raises(runner.KernelFailure) as e:
-        runner.check_all(tiny_task, _kernel("wrong_result.py"), tiny_task.correctness_cases, "cpu")
+    checked_calls.check_all(tiny_task, _kernel("good_torch.py"), tiny_task.correctness_cases, "cpu")
+    with pytest.raises(kernel_loading.KernelFailure) as e:
+        checked_calls.check_all(tiny_task, _kernel("wrong_result.py"), tiny_task.correctness_cases, "cpu")
     assert e.value.kind == "incorrect" and "n=1000" in e.value.message
 
 
 def test_recheck_with_new_seed_catches_cached_results(tiny_task):
     fn = _kernel("cache_by_shape.py")
     case = tiny_task.correctness_cases[0]
-    runner.check_case(tiny_task, fn, case, "cpu")  # first sight of the shape: right
-    with pytest.raises(runner.KernelFailure) as e:
-        runner.check_case(tiny_task, fn, case, "cpu", salt=runner.RECHECK_SEED_SALT)
+    checked_calls.check_case(tiny_task, fn, case, "cpu")  # first sight of the shape: right
+    with pytest.raises(kernel_loading.KernelFailure) as e:
+        checked_calls.check_case(tiny_task, fn, case, "cpu", salt=runner.RECHECK_SEED_SALT)
     assert e.value.kind == "incorrect" and "recheck" in e.value.message
 
 
@@ -202,8 +215,8 @@ def test_recheck_with_new_seed_catches_cached_results(tiny_task):
     [("syntax_error.py", "compile_failed"), ("no_entry_point.py", "compile_failed"), ("raises.py", "runtime_error")],
 )
 def test_failure_kinds_in_process(tiny_task, name, kind):
-    with pytest.raises(runner.KernelFailure) as e:
-        runner.check_all(tiny_task, _kernel(name), tiny_task.correctness_cases, "cpu")
+    with pytest.raises(kernel_loading.KernelFailure) as e:
+        checked_calls.check_all(tiny_task, _kernel(name), tiny_task.correctness_cases, "cpu")
     assert e.value.kind == kind and "\n" not in e.value.message
 
 
@@ -284,20 +297,20 @@ class _FakeEvent:
 def test_time_cuda_control_flow_with_fake_events(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    flusher = timing.L2Flusher(l2_bytes=1 << 20, device="cpu", min_bytes=1 << 16)
+    flusher = cuda_timing.L2Flusher(l2_bytes=1 << 20, device="cpu", min_bytes=1 << 16)
     assert flusher.nbytes == 2 << 20  # at least twice the L2
     flushes, calls = [], []
     monkeypatch.setattr(flusher, "flush", lambda: flushes.append(1))
     data = torch.ones(8)
     s = timing.TimingSettings(min_reps=5, max_reps=40, max_case_s=0.5, rse_target=0.5, warmup_ms=0.0)
-    t = timing.time_cuda(lambda d: calls.append(d), data, s, flusher=flusher)
+    t = cuda_timing.time_cuda(lambda d: calls.append(d), data, s, flusher=flusher)
     assert 5 <= t.reps <= 40 and t.median_ms >= 0
     # kernelcast: a flush before every call, warm-up included; then the wall-clock probe's calls
-    assert len(flushes) == len(calls) - timing.WALL_CHECK_CALLS
+    assert len(flushes) == len(calls) - clock_checks.WALL_CHECK_CALLS
     assert all(c is data for c in calls)
     flushes.clear()
     calls.clear()
-    t = timing.time_cuda(lambda d: calls.append(d), data, s, protocol="paper", flusher=flusher)
+    t = cuda_timing.time_cuda(lambda d: calls.append(d), data, s, protocol="paper", flusher=flusher)
     assert not flushes and all(c is not data for c in calls)  # paper: no flush, clone in the window
 
 
@@ -308,19 +321,19 @@ def test_a_slow_call_gets_one_warm_up_call_and_no_probe_calls(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: None)
-    flusher = timing.L2Flusher(l2_bytes=1 << 20, device="cpu", min_bytes=1 << 16)
+    flusher = cuda_timing.L2Flusher(l2_bytes=1 << 20, device="cpu", min_bytes=1 << 16)
     flushes, calls = [], []
     monkeypatch.setattr(flusher, "flush", lambda: flushes.append(1))
     s = timing.TimingSettings(min_reps=3, max_reps=6, max_case_s=2.0, rse_target=1e-9, warmup_ms=0.0)
 
     def slow(d):
         calls.append(d)
-        time.sleep(1.2 * timing.SLOW_CALL_S)
+        time.sleep(1.2 * cuda_timing.SLOW_CALL_S)
 
-    t = timing.time_cuda(slow, torch.ones(8), s, flusher=flusher)
+    t = cuda_timing.time_cuda(slow, torch.ones(8), s, flusher=flusher)
     assert t.reps == 6 and len(calls) == 1 + 6  # one warm-up call, the timed ones, nothing else
     assert len(flushes) == len(calls)
-    assert t.median_ms >= 1e3 * timing.SLOW_CALL_S
+    assert t.median_ms >= 1e3 * cuda_timing.SLOW_CALL_S
 
 
 def test_a_slow_call_with_work_outside_its_events_is_tampered(monkeypatch):
@@ -331,10 +344,10 @@ def test_a_slow_call_with_work_outside_its_events_is_tampered(monkeypatch):
     pending = []
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pending and (pending.clear(), time.sleep(0.02)))
-    monkeypatch.setattr(timing, "trusted_call_times", lambda: (1.0, 1.1e-3))  # our own op: honest
+    monkeypatch.setattr(clock_checks, "trusted_call_times", lambda: (1.0, 1.1e-3))  # our own op: honest
     s = timing.TimingSettings(min_reps=3, max_reps=6, max_case_s=2.0, rse_target=1e-9, warmup_ms=0.0)
     with pytest.raises(timing.TimingTampered, match="wall time"):
-        timing.time_cuda(lambda d: pending.append(1), torch.ones(8), s)
+        cuda_timing.time_cuda(lambda d: pending.append(1), torch.ones(8), s)
 
 
 def test_a_failed_wall_check_is_decided_by_new_calls(monkeypatch):
@@ -346,10 +359,10 @@ def test_a_failed_wall_check_is_decided_by_new_calls(monkeypatch):
     pending, calls = [], []
     monkeypatch.setattr(torch.cuda, "Event", _FakeEvent)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: pending and (pending.clear(), time.sleep(0.01)))
-    monkeypatch.setattr(timing, "trusted_call_times", lambda: (1.0, 1.1e-3))  # our own op: honest
+    monkeypatch.setattr(clock_checks, "trusted_call_times", lambda: (1.0, 1.1e-3))  # our own op: honest
     stalled = dict(event_ms=0.05, wall_s=2.4e-3, enqueue_s=0.0, n=3)  # what the case's calls read
 
-    timing.drive(lambda d: calls.append(d), timing.wall_check_steps(timing.plain_feed(torch.ones(4)), **stalled))
+    timing.drive(lambda d: calls.append(d), clock_checks.wall_check_steps(call_feed.plain_feed(torch.ones(4)), **stalled))
     assert len(calls) == 3  # honest on the new calls: no verdict
 
     def side_work(d):
@@ -358,17 +371,17 @@ def test_a_failed_wall_check_is_decided_by_new_calls(monkeypatch):
 
     calls.clear()
     with pytest.raises(timing.TimingTampered, match="wall time"):
-        timing.drive(side_work, timing.wall_check_steps(timing.plain_feed(torch.ones(4)), **stalled))
+        timing.drive(side_work, clock_checks.wall_check_steps(call_feed.plain_feed(torch.ones(4)), **stalled))
     assert len(calls) == 3
     calls.clear()
-    timing.drive(side_work, timing.wall_check_steps(timing.plain_feed(torch.ones(4)), 5.0, 5.5e-3, 0.0, 3))
+    timing.drive(side_work, clock_checks.wall_check_steps(call_feed.plain_feed(torch.ones(4)), 5.0, 5.5e-3, 0.0, 3))
     assert not calls  # a check that passes makes no calls
 
 
 def test_cuda_sticky_errors_ask_for_a_restart():
-    f = runner.classify(RuntimeError("CUDA error: an illegal memory access was encountered"), "cuda", "case n=1")
+    f = kernel_loading.classify(RuntimeError("CUDA error: an illegal memory access was encountered"), "cuda", "case n=1")
     assert f.kind == "crashed" and f.restart and f.message.startswith("case n=1: RuntimeError")
-    f = runner.classify(ValueError("bad"), "cpu", "case n=1")
+    f = kernel_loading.classify(ValueError("bad"), "cpu", "case n=1")
     assert f.kind == "runtime_error" and not f.restart
 
 
@@ -377,25 +390,25 @@ def test_launch_suppression_patches_and_restores_triton():
     from triton.runtime.jit import JITFunction
 
     run, bench = JITFunction.run, Autotuner.__dict__["do_bench"]
-    with runner.triton_launches_suppressed():
+    with compile_child.triton_launches_suppressed():
         assert JITFunction.run is not run and isinstance(Autotuner.__dict__["do_bench"], property)
     assert JITFunction.run is run and Autotuner.__dict__["do_bench"] is bench
 
 
 _WARMUP_IN_A_COMPILE_CHILD = """
 import importlib.util, json, sys
-from pipelines.profiling import runner, standin
+from pipelines.profiling import checked_calls, compile_child, kernel_loading, runner, standin
 from pipelines.profiling.taskload import load_task
 
-runner.COMPILE_INPUTS = "meta"
+compile_child.COMPILE_INPUTS = "meta"
 launched, task = [], load_task("softmax")
 with standin.standin_device(on_launch=lambda *a: launched.append(a[1])):
     spec = importlib.util.spec_from_file_location("warmup_kernel", sys.argv[1])
     module = sys.modules["warmup_kernel"] = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    with runner.triton_launches_suppressed():
+    with compile_child.triton_launches_suppressed():
         for case in task.benchmark_cases[:2]:
-            module.custom_kernel(runner.gpu_looking(runner.meta_input(task, case)))
+            module.custom_kernel(compile_child.gpu_looking(compile_child.meta_input(task, case)))
     suppressed = list(launched)
     kernel, programs = next(iter(module._COMPILED.values()))
     kernel[(programs, 1, 1)]()
@@ -437,20 +450,20 @@ def test_release_cuda_memory_returns_free_blocks_above_the_threshold():
     del x  # freed, but still reserved by the caching allocator
     reserved = torch.cuda.memory_reserved()
     assert reserved >= 512 * 2**20
-    assert runner.release_cuda_memory(keep_bytes=reserved) is False  # at the threshold: kept
-    assert runner.release_cuda_memory(keep_bytes=0) is True
+    assert compile_child.release_cuda_memory(keep_bytes=reserved) is False  # at the threshold: kept
+    assert compile_child.release_cuda_memory(keep_bytes=0) is True
     assert torch.cuda.memory_reserved() < reserved
 
 
 def test_release_cuda_memory_is_a_no_op_without_cuda(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert runner.release_cuda_memory(keep_bytes=0) is False
+    assert compile_child.release_cuda_memory(keep_bytes=0) is False
 
 
 def test_to_meta_keeps_shape_dtype_strides_and_storage_offset():
     x = torch.arange(64, dtype=torch.float32).reshape(8, 8)
     data = (x, [x[:, 1:].t(), x[2:]], {"scale": 0.5, "y": x.to(torch.bfloat16)})
-    meta = runner.to_meta(data)
+    meta = compile_child.to_meta(data)
     pairs = [(data[0], meta[0]), (data[1][0], meta[1][0]), (data[1][1], meta[1][1]), (data[2]["y"], meta[2]["y"])]
     for real, m in pairs:
         assert m.device.type == "meta" and m.dtype == real.dtype
@@ -465,7 +478,7 @@ def test_meta_input_is_drawn_on_the_meta_device_once_and_restores_the_device_set
     task = taskload.load_task("softmax")
     case = task.benchmark_cases[0]
     monkeypatch.setenv("KERNELCAST_DEVICE", "cuda")  # as on a GPU host: tasks would place inputs there
-    runner._META_INPUTS.clear()
+    compile_child._META_INPUTS.clear()
     calls = []
     real_generate = inputs.generate
 
@@ -474,7 +487,7 @@ def test_meta_input_is_drawn_on_the_meta_device_once_and_restores_the_device_set
         return real_generate(task_, case_, salt)
 
     monkeypatch.setattr(inputs, "generate", counting)
-    first, second = runner.meta_input(task, case), runner.meta_input(task, case)
+    first, second = compile_child.meta_input(task, case), compile_child.meta_input(task, case)
     assert calls == ["meta"]  # generated once, on the meta device
     assert __import__("os").environ["KERNELCAST_DEVICE"] == "cuda"
     flat = [t for t in (first if isinstance(first, (tuple, list)) else [first]) if isinstance(t, torch.Tensor)]
@@ -487,7 +500,7 @@ def test_compile_case_leaves_launchers_that_need_values_to_the_measuring_child(m
 
     task = taskload.load_task("softmax")
     case = task.benchmark_cases[0]
-    monkeypatch.setattr(runner, "COMPILE_INPUTS", "meta")
+    monkeypatch.setattr(compile_child, "COMPILE_INPUTS", "meta")
     seen = []
 
     def reads_values(data):
@@ -495,14 +508,14 @@ def test_compile_case_leaves_launchers_that_need_values_to_the_measuring_child(m
         seen.append(x.device.type)
         return x.sum().item()  # cannot run on meta tensors
 
-    runner._compile_case(reads_values, task, case, {"kernel_id": "k"})  # logged, not a failure
+    compile_child._compile_case(reads_values, task, case, {"kernel_id": "k"})  # logged, not a failure
     assert seen == ["meta", "meta"]  # as meta tensors, then as meta tensors that say they are on the GPU
 
     def bad_triton(data):
         raise triton.compiler.errors.CompilationError("k.py", None, "bad tl.dot shape")
 
-    with pytest.raises(runner.KernelFailure) as info:
-        runner._compile_case(bad_triton, task, case, {"kernel_id": "k"})
+    with pytest.raises(kernel_loading.KernelFailure) as info:
+        compile_child._compile_case(bad_triton, task, case, {"kernel_id": "k"})
     assert info.value.kind == "compile_failed"
 
 
@@ -516,8 +529,8 @@ def test_compile_case_also_builds_what_a_launcher_chooses_on_the_gpu(monkeypatch
 
     task = taskload.load_task("fp8_quant")
     case = task.benchmark_cases[0]
-    monkeypatch.setattr(runner, "COMPILE_INPUTS", "meta")
-    runner._META_INPUTS.clear()
+    monkeypatch.setattr(compile_child, "COMPILE_INPUTS", "meta")
+    compile_child._META_INPUTS.clear()
     seen = []
 
     def launcher(data):
@@ -526,12 +539,12 @@ def test_compile_case_also_builds_what_a_launcher_chooses_on_the_gpu(monkeypatch
         out = torch.empty(x.shape, dtype=torch.float8_e4m3fn, device=x.device)
         seen.append((x.is_cuda, y.is_cuda, out.device.type, native_specialize_impl(BaseBackend, x, False, True, True)))
 
-    runner._compile_case(launcher, task, case, {"kernel_id": "k"})
+    compile_child._compile_case(launcher, task, case, {"kernel_id": "k"})
     assert [s[:3] for s in seen] == [(False, False, "meta"), (True, True, "meta")]
     assert seen[0][3] == seen[1][3]  # Triton specialises the pointer alike
 
-    x = runner.to_meta(torch.zeros(9, dtype=torch.bfloat16)[1:])
-    g = runner.gpu_looking((x, {"n": 3}))
+    x = compile_child.to_meta(torch.zeros(9, dtype=torch.bfloat16)[1:])
+    g = compile_child.gpu_looking((x, {"n": 3}))
     assert g[0].is_cuda and g[0].device.type == "meta" and g[1] == {"n": 3}
     assert (g[0].shape, g[0].stride(), g[0].data_ptr()) == (x.shape, x.stride(), x.data_ptr())
 
@@ -543,25 +556,27 @@ def test_a_compile_child_on_meta_inputs_checks_cuda_without_work_on_the_gpu(tiny
     calls = []
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: calls.append("synchronize"))
     monkeypatch.setattr(torch, "ones", lambda *a, **k: calls.append("op") or torch.full((1,), 1.0))
-    assert runner.cuda_healthy(launch=False) and calls == ["synchronize"]
+    assert kernel_loading.cuda_healthy(launch=False) and calls == ["synchronize"]
     calls.clear()
-    assert runner.cuda_healthy() and calls == ["synchronize", "op"]
+    assert kernel_loading.cuda_healthy() and calls == ["synchronize", "op"]
     monkeypatch.undo()
 
     asked = []
-    monkeypatch.setattr(runner, "cuda_healthy", lambda launch=True: asked.append(launch) or True)
+    monkeypatch.setattr(compile_child, "cuda_healthy", lambda launch=True: asked.append(launch) or True)
     job = {"path": str(FIXTURES / "good_triton.py"), "task": "tiny_scale", "kernel_id": "k"}
     for inputs_kind, launch in (("meta", False), ("device", True)):
-        monkeypatch.setattr(runner, "COMPILE_INPUTS", inputs_kind)
-        monkeypatch.setattr(runner, "_compile_case", lambda *a: None)  # no GPU here to compile for
-        result = runner.run_compile(job, "cuda")
+        monkeypatch.setattr(compile_child, "COMPILE_INPUTS", inputs_kind)
+        monkeypatch.setattr(compile_child, "_compile_case", lambda *a: None)  # no GPU here to compile for
+        result = compile_child.run_compile(job, "cuda")
         assert result["ok"], result
         assert asked[-1] is launch
 
 
 def test_meta_compile_inputs_are_the_gpu_default_and_unphase_the_worker(tmp_path, monkeypatch):
     from pipelines.profiling.sandbox_policy import SKIP_ENV, WANTED_LAYERS
-    from pipelines.profiling.worker import WorkerConfig, _parser, _Run
+    from pipelines.profiling.worker import _parser
+    from pipelines.profiling.worker_config import WorkerConfig
+    from pipelines.profiling.worker_loop import _Run
 
     # A worker probes its sandbox as it starts; for CUDA on a host without a GPU the probe tries
     # again without each layer in turn (over two minutes on 2 cores). No layer bears on what is
@@ -621,7 +636,7 @@ def test_the_autotune_watch_names_each_config_and_stops_an_autotune_past_its_bud
 
     tried = []
     monkeypatch.setattr(Autotuner, "_bench", lambda tuner, *a, config, **m: tried.append(config) or [1.0])
-    watch = runner.AutotuneWatch(budget_s=0.05)
+    watch = kernel_loading.AutotuneWatch(budget_s=0.05)
     watch.install()  # wraps the stub; monkeypatch puts Triton's own back afterwards
     steps = []
     watch.begin(steps.append)
@@ -630,7 +645,7 @@ def test_the_autotune_watch_names_each_config_and_stops_an_autotune_past_its_bud
     Autotuner._bench(tuner, config="c2")
     assert steps == ["autotune ce_fwd: config 1/3", "autotune ce_fwd: config 2/3"] and tried == ["c1", "c2"]
     time.sleep(0.06)
-    with pytest.raises(runner.KernelFailure) as failure:
+    with pytest.raises(kernel_loading.KernelFailure) as failure:
         Autotuner._bench(tuner, config="c3")
     assert failure.value.kind == "timeout" and tried == ["c1", "c2"]
     assert "autotune of ce_fwd: its configs took over the 0 s budget (2 of 3 tried)" in str(failure.value)

@@ -22,7 +22,8 @@ import pytest
 from pipelines.profiling import taskload
 from pipelines.profiling.check import check_source, check_sources
 from pipelines.profiling.results import partial_path
-from pipelines.profiling.worker import WorkerConfig, run_batch
+from pipelines.profiling.worker import run_batch
+from pipelines.profiling.worker_config import WorkerConfig
 from warehouse.formats import BATCH_SCHEMA, RESULT_SCHEMA
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
@@ -121,18 +122,18 @@ def test_time_budget_stops_cleanly(tmp_path):
 def test_the_next_kernel_goes_to_the_measuring_child_before_the_last_row_is_written(tmp_path, monkeypatch):
     """A row's write (fsynced) overlaps the next kernel's job instead of holding the measuring
     child idle: when a measured row is recorded, the next compiled kernel is already out."""
-    from pipelines.profiling import worker
+    from pipelines.profiling import worker_loop
 
     batch = write_batch(tmp_path / "batch.parquet", ["good_torch.py"], copies=4)
     busy_when_recorded = []
-    record = worker._Run._record
+    record = worker_loop._Run._record
 
     def watching(self, kernel, result, compile_s, sandbox=""):
         if result.get("status") == "ok":
             busy_when_recorded.append(self.measurer is not None and self.measurer.job is not None)
         record(self, kernel, result, compile_s, sandbox)
 
-    monkeypatch.setattr(worker._Run, "_record", watching)
+    monkeypatch.setattr(worker_loop._Run, "_record", watching)
     # all four compiled before the first is measured, so a next kernel always waits
     cfg = WorkerConfig(device="cpu", compile_workers=2, timeout_s=30.0, max_reps=3, phased=True, lookahead=4)
     run_batch(batch, tmp_path / "out.parquet", cfg)

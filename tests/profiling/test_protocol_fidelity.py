@@ -15,7 +15,15 @@ import time
 import pytest
 import torch
 
-from pipelines.profiling import inputs, refcache, runner, taskload, timing
+from pipelines.profiling import (
+    call_feed,
+    gpumode_timing,
+    inputs,
+    refcache,
+    runner,
+    taskload,
+    timing,
+)
 
 RECORDED_TASK = '''
 import torch
@@ -148,10 +156,10 @@ def test_a_slow_stretch_of_the_host_falls_on_both_loops_taken_call_by_call(monke
             return data
 
         data = torch.ones(4)
-        turns = timing.Turns(turn_calls)
-        loops = [timing.gpumode_steps(timing.plain_feed(data), device="cpu", max_repeats=100, turns=turns)
+        turns = gpumode_timing.Turns(turn_calls)
+        loops = [gpumode_timing.gpumode_steps(call_feed.plain_feed(data), device="cpu", max_repeats=100, turns=turns)
                  for _ in range(2)]
-        k, r = timing.drive(call, timing.interleaved_steps(loops[0], loops[1], call))
+        k, r = timing.drive(call, gpumode_timing.interleaved_steps(loops[0], loops[1], call))
         assert k.reps == r.reps == 100
         return r.mean_ms / k.mean_ms
 
@@ -244,7 +252,7 @@ def _toy_loop(n: int, pause_every: int):
     got = []
     for i in range(n):
         if i and i % pause_every == 0:
-            yield timing.PAUSE
+            yield gpumode_timing.PAUSE
         try:
             got.append((yield i))
         except ValueError:
@@ -265,7 +273,7 @@ def test_interleaved_steps_take_turns_and_keep_each_sides_failures_apart():
         order.append(f"R{x}")
         return -x
 
-    got = timing.drive(kernel, timing.interleaved_steps(_toy_loop(5, 2), _toy_loop(3, 2), reference,
+    got = timing.drive(kernel, gpumode_timing.interleaved_steps(_toy_loop(5, 2), _toy_loop(3, 2), reference,
                                                         turn=lambda side: order.append(side)))
     assert got == ([0, 10, 20, "raised", 40], [0, -1, -2])
     assert order == ["kernel", "K0", "K1", "reference", "R0", "R1", "kernel", "K2", "K3", "reference", "R2",
@@ -274,8 +282,8 @@ def test_interleaved_steps_take_turns_and_keep_each_sides_failures_apart():
     def broken(x):
         raise RuntimeError("the reference's")
 
-    with pytest.raises(timing.ReferenceFailed, match="the reference's"):
-        timing.drive(kernel, timing.interleaved_steps(_toy_loop(2, 1), _toy_loop(2, 1), broken))
+    with pytest.raises(gpumode_timing.ReferenceFailed, match="the reference's"):
+        timing.drive(kernel, gpumode_timing.interleaved_steps(_toy_loop(2, 1), _toy_loop(2, 1), broken))
 
 
 def test_the_cycle_collector_is_off_while_a_case_is_timed_and_back_on_after(tmp_path, monkeypatch):
@@ -318,14 +326,14 @@ def _clocked_loops(monkeypatch, kernel_ms, reference_ms, max_repeats=30, turns=N
 
     data = torch.ones(4)
     if turns is None:
-        k = timing.drive(calls(kernel_ms), timing.gpumode_steps(timing.plain_feed(data), device="cpu",
+        k = timing.drive(calls(kernel_ms), gpumode_timing.gpumode_steps(call_feed.plain_feed(data), device="cpu",
                                                                 max_repeats=max_repeats))
-        r = timing.drive(calls(reference_ms), timing.gpumode_steps(timing.plain_feed(data), device="cpu",
+        r = timing.drive(calls(reference_ms), gpumode_timing.gpumode_steps(call_feed.plain_feed(data), device="cpu",
                                                                    max_repeats=max_repeats))
         return k, r
-    loops = [timing.gpumode_steps(timing.plain_feed(data), device="cpu", max_repeats=max_repeats, turns=turns)
+    loops = [gpumode_timing.gpumode_steps(call_feed.plain_feed(data), device="cpu", max_repeats=max_repeats, turns=turns)
              for _ in range(2)]
-    return timing.drive(calls(kernel_ms), timing.interleaved_steps(loops[0], loops[1], calls(reference_ms)))
+    return timing.drive(calls(kernel_ms), gpumode_timing.interleaved_steps(loops[0], loops[1], calls(reference_ms)))
 
 
 def test_by_turns_a_gpumode_loop_whose_rule_is_met_goes_on_until_the_others_is(monkeypatch):
@@ -337,12 +345,12 @@ def test_by_turns_a_gpumode_loop_whose_rule_is_met_goes_on_until_the_others_is(m
     k, r = _clocked_loops(monkeypatch, steady, noisy)
     assert (k.reps, r.reps) == (3, 30)
     # K 1-3 (met), R 1-10, K 4-10, R 11-20, K 11-20, R 21-30 (cap): K stops as it resumes
-    k, r = _clocked_loops(monkeypatch, steady, noisy, turns=timing.Turns(10))
+    k, r = _clocked_loops(monkeypatch, steady, noisy, turns=gpumode_timing.Turns(10))
     assert (k.reps, r.reps) == (20, 30) and k.mean_ms == pytest.approx(1.0) and r.mean_ms == pytest.approx(2.0)
-    k, r = _clocked_loops(monkeypatch, steady, [2.0], turns=timing.Turns(10))
+    k, r = _clocked_loops(monkeypatch, steady, [2.0], turns=gpumode_timing.Turns(10))
     assert (k.reps, r.reps) == (3, 3)
     # K 1-10, R 1-3 (met), K 11-20, R 4-10, K 21-30 (cap)
-    k, r = _clocked_loops(monkeypatch, noisy, steady, turns=timing.Turns(10))
+    k, r = _clocked_loops(monkeypatch, noisy, steady, turns=gpumode_timing.Turns(10))
     assert (k.reps, r.reps) == (30, 10)
 
 

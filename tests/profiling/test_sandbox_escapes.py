@@ -27,7 +27,8 @@ import pytest
 
 from pipelines.profiling import layer_probe, sandbox, sandbox_policy, shipping, taskload
 from pipelines.profiling.check import check_sources
-from pipelines.profiling.worker import WorkerConfig, run_batch
+from pipelines.profiling.worker import run_batch
+from pipelines.profiling.worker_config import WorkerConfig
 from tests.profiling.test_sandbox_hostile import _jail
 from warehouse.formats import BATCH_SCHEMA
 

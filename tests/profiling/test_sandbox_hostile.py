@@ -24,9 +24,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from benchmarks import fault_injection
-from pipelines.profiling import jail, layer_probe, sandbox_policy, taskload
+from pipelines.profiling import jail, jail_landlock, layer_probe, sandbox_policy, taskload
 from pipelines.profiling.check import check_sources
-from pipelines.profiling.worker import WorkerConfig, run_batch
+from pipelines.profiling.worker import run_batch
+from pipelines.profiling.worker_config import WorkerConfig
 from warehouse.formats import BATCH_SCHEMA
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
@@ -353,7 +354,7 @@ def test_netlock_alone_refuses_tcp_and_abstract_unix_sockets_and_leaves_files_al
     TCP connect to a listener of this process, no abstract Unix socket of it (ABI 6), and writes
     where the child may write still work. For hosts where the network namespace, seccomp and
     Landlock's file rules keep CUDA from starting."""
-    abi = jail.landlock_abi()
+    abi = jail_landlock.landlock_abi()
     if abi < 4:
         pytest.skip(f"Landlock network rules need ABI 4; this kernel has {abi}")
     tcp = socket.socket()

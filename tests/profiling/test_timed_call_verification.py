@@ -18,15 +18,21 @@ import torch
 
 from pipelines.profiling import (
     audit,
+    call_feed,
+    clock_checks,
     fresh_values,
     integrity,
+    kernel_loading,
     refcache,
     runner,
     taskload,
     timing,
+    verdicts,
+    verifier,
     verify,
 )
-from pipelines.profiling.worker import WorkerConfig, run_batch
+from pipelines.profiling.worker import run_batch
+from pipelines.profiling.worker_config import WorkerConfig
 from warehouse.formats import BATCH_SCHEMA, HARNESS_VERSION
 
 FIXTURES = Path(__file__).parent.parent / "fixtures_kernels"
@@ -139,7 +145,7 @@ def test_the_feed_keeps_a_uniform_sample_drawn_after_each_call_and_clones_it():
     variants = {s: torch.arange(4.0) + 10 * s for s in (1, 2, 3)}
     seen_first = {s: 0 for s in variants}
     for _ in range(300):
-        feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=1)
+        feed = call_feed.Feed(data, variants.__getitem__, tuple(variants), keep=1)
         for _ in range(3):
             x = feed.fill()
             assert x is data  # the same buffers, new values
@@ -149,7 +155,7 @@ def test_the_feed_keeps_a_uniform_sample_drawn_after_each_call_and_clones_it():
         seen_first[feed.kept[0].salt] += 1
     # each of the three calls (hence salts, in a random order) is kept about a third of the time
     assert all(60 < n < 140 for n in seen_first.values()), seen_first
-    assert len({tuple(timing.Feed(data, variants.__getitem__, (1, 2, 3))._order) for _ in range(50)}) > 1
+    assert len({tuple(call_feed.Feed(data, variants.__getitem__, (1, 2, 3))._order) for _ in range(50)}) > 1
 
 
 def test_a_sample_as_large_as_the_variants_covers_every_variant_each_time():
@@ -159,7 +165,7 @@ def test_a_sample_as_large_as_the_variants_covers_every_variant_each_time():
     variants = {s: torch.full((4,), float(s)) for s in (7, 9)}
     for calls in (2, 3, 40):
         for _ in range(50):
-            feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=2)
+            feed = call_feed.Feed(data, variants.__getitem__, tuple(variants), keep=2)
             for _ in range(calls):
                 feed.took(feed.fill())
             kept = feed.take_kept()
@@ -175,7 +181,7 @@ def test_a_sample_as_large_as_the_variants_covers_every_variant_each_time():
 
 WRONG_ON_ONE_VARIANT = """
 import torch
-from pipelines.profiling import inputs, taskload, verify
+from pipelines.profiling import inputs, taskload, verdicts, verifier, verify
 
 _task = taskload.load_task("tiny_scale")
 
@@ -207,22 +213,22 @@ def test_timed_call_steps_are_planned_and_a_wrong_one_is_tampered(tiny_task):
     cid = [tiny_task.case_id(c) for c in tiny_task.correctness_cases]
     assert plan == [(cid[0], 0), (cid[1], 0), (cid[0], verify.RECHECK_SEED_SALT), (cid[0], verify.TIMED),
                     (cid[1], verify.TIMED)]
-    v = verify.JobVerdicts(of=5, done=2, failure="case x (a timed call): output: wrong", timed_failure=True)
-    out = verify.settle({"status": "failed", "failure_kind": "incorrect"}, v)
+    v = verdicts.JobVerdicts(of=5, done=2, failure="case x (a timed call): output: wrong", timed_failure=True)
+    out = verdicts.settle({"status": "failed", "failure_kind": "incorrect"}, v)
     assert out["failure_kind"] == "tampered" and "wrong when timed" in out["error"]
     # wrong almost everywhere on a timed call (an idler's empty output) is tampered; one element
     # of 16.8 M a hair past the tolerance on the timed call's own values is incorrect
     for off, kind in (("16000000/16777216", "tampered"), ("1/16777216", "incorrect")):
-        v = verify.JobVerdicts(of=5, done=4, failure=f"case x (a timed call): output: {off} elements off",
+        v = verdicts.JobVerdicts(of=5, done=4, failure=f"case x (a timed call): output: {off} elements off",
                                timed_failure=True)
-        assert verify.settle({"status": "ok"}, v)["failure_kind"] == kind
+        assert verdicts.settle({"status": "ok"}, v)["failure_kind"] == kind
 
 
 def test_the_verifier_accepts_a_timed_output_only_on_a_timed_salt(tiny_task, tmp_path, monkeypatch):
     from pipelines.profiling import shipping
 
     monkeypatch.setenv("KERNELCAST_DEVICE", "cpu")
-    v = verify.Verifier({"device": "cpu", "protocol": "kernelcast", "timed_variants": 4})
+    v = verifier.Verifier({"device": "cpu", "protocol": "kernelcast", "timed_variants": 4})
     cases = tiny_task.correctness_cases
     base = {"job": "j", "kind": "measure", "task": "tiny_scale"}
     for case in cases:
@@ -248,58 +254,58 @@ def test_the_verifier_accepts_a_timed_output_only_on_a_timed_salt(tiny_task, tmp
     assert not r["ok"] and r["timed_call"] and not r.get("unexpected")
     r = v.handle({**base, "case_id": cid[0], "salt": verify.TIMED_SALT_BASE + 4, "draw": draw, "path": str(good)})
     assert r["unexpected"]  # not a salt the timed calls draw from
-    other = verify.Verifier({"device": "cpu", "protocol": "kernelcast"})
+    other = verifier.Verifier({"device": "cpu", "protocol": "kernelcast"})
     r = other.handle({**base, "case_id": cid[0], "salt": 0, "draw": draw, "path": str(good)})
     assert r["unexpected"]  # a checked call's input has no transform
 
 
 def test_recorded_cpu_times_are_held_to_a_second_clock():
-    timing.check_recorded_cpu((1.0, 1.0), (1.001, 1.002))
-    timing.check_recorded_cpu((0.01, 0.01, 0.01), (0.011, 12.3, 0.012))  # descheduled once, outside a record
+    clock_checks.check_recorded_cpu((1.0, 1.0), (1.001, 1.002))
+    clock_checks.check_recorded_cpu((0.01, 0.01, 0.01), (0.011, 12.3, 0.012))  # descheduled once, outside a record
     with pytest.raises(timing.TimingTampered, match="recorded"):
-        timing.check_recorded_cpu((0.2, 0.2, 0.2), (1.0, 1.0, 1.0))  # rewritten to a fifth
+        clock_checks.check_recorded_cpu((0.2, 0.2, 0.2), (1.0, 1.0, 1.0))  # rewritten to a fifth
     with pytest.raises(timing.TimingTampered, match="long"):
-        timing.check_recorded_cpu((10.0, 10.0), (1.0, 1.0))  # a clock that runs fast
+        clock_checks.check_recorded_cpu((10.0, 10.0), (1.0, 1.0))  # a clock that runs fast
     with pytest.raises(timing.TimingTampered, match="timed calls"):
-        timing.check_recorded_cpu((1.0,), (1.0, 1.0))  # a record removed
+        clock_checks.check_recorded_cpu((1.0,), (1.0, 1.0))  # a record removed
 
 
 # ---- the integrity baseline --------------------------------------------------------------------
 @pytest.fixture
 def started_watch(monkeypatch):
-    holder = runner._WatchHolder()
-    monkeypatch.setattr(runner, "WATCH", holder)
-    monkeypatch.setattr(runner, "_STARTED", [])
+    holder = kernel_loading._WatchHolder()
+    monkeypatch.setattr(kernel_loading, "WATCH", holder)
+    monkeypatch.setattr(kernel_loading, "_STARTED", [])
     w = integrity.Watch()
     holder.watch = w
-    runner._STARTED.append(w)
+    kernel_loading._STARTED.append(w)
     return holder
 
 
 def test_the_watch_cannot_be_switched_off_or_re_based(started_watch, monkeypatch):
-    assert runner.integrity_changes() == []
+    assert kernel_loading.integrity_changes() == []
     started_watch.watch = None  # as a kernel would
-    assert started_watch.watch is not None and "integrity watch" in runner.integrity_changes()[0]
+    assert started_watch.watch is not None and "integrity watch" in kernel_loading.integrity_changes()[0]
     started_watch.meddled = False
     started_watch.watch.rebase()
-    assert "re-base" in runner.integrity_changes()[0]
+    assert "re-base" in kernel_loading.integrity_changes()[0]
 
 
 def test_class_level_patches_of_harness_methods_are_seen(started_watch, monkeypatch):
     started_watch.watch.rebased = False
     monkeypatch.setattr(runner.Measurer, "time_fn", lambda self, fn, data: None)
     monkeypatch.setattr(timing.Timing, "as_dict", lambda self: {})
-    changed = runner.integrity_changes()
+    changed = kernel_loading.integrity_changes()
     assert "pipelines.profiling.runner.Measurer.time_fn" in changed
     assert "pipelines.profiling.timing.Timing.as_dict" in changed
 
 
 def test_a_change_left_at_unload_fails_the_kernel_and_blocks_the_next(started_watch, monkeypatch):
     monkeypatch.setattr(torch, "relu", lambda x: x)  # what a finalizer of the kernel did
-    out = runner._checked_after_unload({"status": "ok", "failure_kind": None})
+    out = kernel_loading._checked_after_unload({"status": "ok", "failure_kind": None})
     assert out["failure_kind"] == "tampered" and out["restart"] and "unloaded" in out["error"]
-    with pytest.raises(runner.KernelFailure) as e:
-        runner.check_state_before_kernel()
+    with pytest.raises(kernel_loading.KernelFailure) as e:
+        kernel_loading.check_state_before_kernel()
     assert e.value.kind == "infrastructure" and e.value.restart
 
 
@@ -326,9 +332,9 @@ def test_a_case_with_fewer_calls_than_outputs_to_verify_is_topped_up_not_tampere
     output it asks for; short of them, an honest kernel would be `tampered`."""
     data = torch.zeros(4)
     variants = {s: torch.full((4,), float(s)) for s in range(8)}
-    feed = timing.Feed(data, variants.__getitem__, tuple(variants), keep=8)
+    feed = call_feed.Feed(data, variants.__getitem__, tuple(variants), keep=8)
     feed.took(feed.fill())
-    timing.drive(lambda x: x.clone(), timing.top_up_steps(feed))
+    timing.drive(lambda x: x.clone(), call_feed.top_up_steps(feed))
     assert [k.salt for k in feed.kept] == list(range(8)) and feed.short_salt() is None
     assert all(torch.equal(k.output, fresh_values.fresh_copy(variants[k.salt], k.draw)) for k in feed.take_kept())
 
@@ -516,7 +522,7 @@ def test_reference_timings_of_a_failed_job_are_forgotten_by_the_child_too(tmp_pa
     taskload._loaded.pop("flaky_ref", None)
     task = taskload.load_task("flaky_ref")
     m = runner.Measurer({"device": "cpu", "protocol": "kernelcast", "max_reps": 3})
-    with pytest.raises(runner.KernelFailure) as failed:
+    with pytest.raises(kernel_loading.KernelFailure) as failed:
         m.reference_timings(task, lambda phase: None)
     assert failed.value.kind == "infrastructure" and not any(k[0] == "flaky_ref" for k in m.refs)
     again = m.reference_timings(task, lambda phase: None)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pipelines.profiling.inputs import InputCache
-from pipelines.profiling.verify import ExpectedOutputs
+from pipelines.profiling.verifier import ExpectedOutputs
 from pipelines.tasks import all_tasks, get_task
 
 
