@@ -26,8 +26,6 @@ ALLOWED = {
     "models.backends.vllm_backend": {"VLLMOfflineForecaster"},
     # The cost model's scikit-learn estimator (features in, bins out); ClassicalForecaster wraps it.
     "models.classical.base": {"BinForecaster"},
-    # A row of the evaluation's forecaster listing (a record, not a forecaster): to be renamed.
-    "pipelines.forecasting.registered": {"Forecaster"},
     # Kernel sources in, through any loaded adapter (its `adapter`): the source-reading front of
     # the one interface, still a separate type.
     "pipelines.forecasting.sources": {"SourceForecaster"},
