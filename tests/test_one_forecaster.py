@@ -18,14 +18,6 @@ BASE = ("pipelines.forecasting.base", "PairForecaster")
 
 # module -> classes named *Forecaster allowed outside the one base, each with why it remains.
 ALLOWED = {
-    # The LLM backends: models/ is the floor below pipelines/, so they cannot subclass the base;
-    # LanguageForecaster (a PairForecaster) wraps whichever is loaded.
-    "models.backends": {"Forecaster"},
-    "models.backends.openai_backend": {"OpenAIForecaster"},
-    "models.backends.transformers_backend": {"TransformersForecaster"},
-    "models.backends.vllm_backend": {"VLLMOfflineForecaster"},
-    # The cost model's scikit-learn estimator (features in, bins out); ClassicalForecaster wraps it.
-    "models.classical.base": {"BinForecaster"},
     # Kernel sources in, through any loaded adapter (its `adapter`): the source-reading front of
     # the one interface, still a separate type.
     "pipelines.forecasting.sources": {"SourceForecaster"},
