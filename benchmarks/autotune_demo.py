@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines.forecasting.references import UniformForecaster
 from pipelines.generation import registry
 from pipelines.generation.registry import KernelPoint
 from pipelines.search.autotune import LAUNCH_KNOBS, surrogate_pruning
-from pipelines.search.forecasters import UniformForecaster, forecaster_name, load_forecaster_file
+from pipelines.search.forecasters import forecaster_name, load_forecaster_file
 
 
 @dataclass(frozen=True)

@@ -21,13 +21,6 @@ ALLOWED = {
     # Kernel sources in, through any loaded adapter (its `adapter`): the source-reading front of
     # the one interface, still a separate type.
     "pipelines.forecasting.sources": {"SourceForecaster"},
-    # The search's side: CandidateForecaster is the `predict_kernels` protocol every PairForecaster
-    # already answers; the references read the measured table in plain Python, because a bare GPU
-    # host's live search runs them without polars (their probabilities are models.baselines');
-    # MemoForecaster remembers answers across a simulation's runs (caching the one interface
-    # should hold instead).
-    "pipelines.search.forecasters": {"CandidateForecaster", "UniformForecaster", "BinPriorForecaster",
-                                     "OracleForecaster", "MemoForecaster"},
 }
 
 

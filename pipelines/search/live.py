@@ -35,11 +35,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.forecasting.references import UniformForecaster
 from pipelines.search import space
 from pipelines.search.config import MODES, SearchConfig
 from pipelines.search.driver import SearchRun, drive
 from pipelines.search.events import JsonlLog, to_json
-from pipelines.search.forecasters import UniformForecaster, forecaster_name, load_forecaster_file
+from pipelines.search.forecasters import forecaster_name, load_forecaster_file
 from pipelines.search.measure import LiveMeasurer, MeasureError, write_kernel_batch
 from pipelines.search.simulate import run_summary
 
