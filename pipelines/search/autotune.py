@@ -48,7 +48,7 @@ class ForecastPerfModel:
     """The `perf_model` of `prune_configs_by`: estimated relative time of a config's kernel.
 
     Args:
-        forecaster: asked through `predict_kernels` (a forecaster file's object: pipelines.search.forecasters.load_forecaster_file).
+        forecaster: asked through `predict_kernels` (a forecaster file's: pipelines.search.forecasters.file_forecaster).
         task, algorithm: the family whose points the configs are.
         configs: the autotuner's configs (triton.Config, or mappings of their all_kwargs()).
         fixed_knobs: values of the family's knobs no config sets (algorithm choices).

@@ -87,8 +87,10 @@ def unregister_forecaster(prefix: str) -> None:
     _FACTORIES.pop(prefix, None)
 
 
-def load_forecaster_file(path: str | Path) -> PairForecaster:
-    """A pickled forecaster object (anything with `predict_kernels`), as a PairForecaster.
+def load_forecaster_file(path: str | Path) -> Any:
+    """The pickled forecaster object of a file (anything with `predict_kernels`), as it is
+    (a cost model's `predict_proba` and `features` stay at hand); `file_forecaster` gives it as
+    the search asks it.
 
     Raises:
         ValueError: missing file, unreadable pickle or no `predict_kernels` (one line).
@@ -103,6 +105,17 @@ def load_forecaster_file(path: str | Path) -> PairForecaster:
         raise ValueError(f"cannot load forecaster {p}: {type(exc).__name__}: {exc}".splitlines()[0]) from None
     if not callable(getattr(obj, "predict_kernels", None)):
         raise ValueError(f"{p} holds a {type(obj).__name__}, which has no predict_kernels")
+    return obj
+
+
+def file_forecaster(path: str | Path) -> PairForecaster:
+    """The forecaster of a file as a PairForecaster (a RecordsForecaster around its object,
+    unless it is one already).
+
+    Raises:
+        ValueError: as `load_forecaster_file` (one line).
+    """
+    obj = load_forecaster_file(path)
     return obj if isinstance(obj, PairForecaster) else RecordsForecaster(obj)
 
 
@@ -127,7 +140,7 @@ def resolve_forecaster(name: str, context: ForecasterContext | None = None) -> P
             raise ValueError(f"forecaster {name!r} needs the measured table")
         return table_bin_prior(ctx.table) if name == "bin-prior" else OracleForecaster(ctx.table)
     if name.startswith("file:"):
-        return load_forecaster_file(name.removeprefix("file:"))
+        return file_forecaster(name.removeprefix("file:"))
     matches = sorted((p for p in _FACTORIES if name.startswith(p)), key=len, reverse=True)
     if matches:
         return _FACTORIES[matches[0]](name, ctx)
