@@ -31,10 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from pipelines.forecasting.references import UniformForecaster
 from pipelines.generation import registry
 from pipelines.generation.registry import KernelPoint
 from pipelines.search.autotune import LAUNCH_KNOBS, surrogate_pruning
-from pipelines.search.forecasters import UniformForecaster, forecaster_name, load_forecaster_file
+from pipelines.search.forecasters import file_forecaster, forecaster_name
 
 
 @dataclass(frozen=True)
@@ -170,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     top_k = int(args.top_k) if args.top_k > 1 else max(1, int(args.top_k * len(configs)))
     forecasters = []
     try:
-        forecasters += [(forecaster_name(load_forecaster_file(f), Path(f).name), load_forecaster_file(f))
+        forecasters += [(forecaster_name(file_forecaster(f), Path(f).name), file_forecaster(f))
                         for f in args.forecaster_file]
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)

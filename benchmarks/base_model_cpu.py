@@ -37,7 +37,7 @@ def convert_both(work: Path) -> Path:
 
 def time_vllm(model: Path, python: str, dtypes: list[str]) -> None:
     from models.backends import ForecastRequest
-    from models.backends.vllm_backend import VLLMEngine, VLLMOfflineForecaster
+    from models.backends.vllm_backend import VLLMEngine, VLLMOfflineAnswerer
     from models.prompts import build_prompt
     from pipelines.generation.candidates import build_candidates
 
@@ -47,7 +47,7 @@ def time_vllm(model: Path, python: str, dtypes: list[str]) -> None:
                                 f"p{i}") for i, s in enumerate(sources[1:])]
     for dtype in dtypes:
         engine = VLLMEngine(model, python=python, dtype=dtype)
-        forecaster = VLLMOfflineForecaster(model, engine=engine)
+        forecaster = VLLMOfflineAnswerer(model, engine=engine)
         try:
             t0 = time.perf_counter()
             engine.start()

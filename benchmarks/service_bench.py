@@ -52,10 +52,11 @@ IDENTICAL_TOLERANCE = 0.02
 
 
 def bin_prior_forecaster(folder: Path):
-    """The bin prior (forecasters.BinPriorForecaster) of the committed results' correct kernelcast
+    """The bin prior (pipelines.forecasting.references.BinPriorForecaster) of the committed results' correct kernelcast
     rows, per task, Laplace-smoothed; None when the folder holds none."""
     from models.bins import NUM_BINS, speedup_to_bin
-    from pipelines.search.forecasters import BinPriorForecaster
+    from pipelines.forecasting.base import checked_probs
+    from pipelines.forecasting.references import BinPriorForecaster
 
     counts: dict[str | None, np.ndarray] = {None: np.zeros(NUM_BINS)}
     for path in sorted(Path(folder).glob("results-*.parquet")):
@@ -68,7 +69,7 @@ def bin_prior_forecaster(folder: Path):
                 counts[None][b] += 1
     if counts[None].sum() == 0:
         return None
-    return BinPriorForecaster({t: (c + 1.0) / (c.sum() + NUM_BINS) for t, c in counts.items()})
+    return BinPriorForecaster({t: checked_probs([(c + 1.0) / (c.sum() + NUM_BINS)], 1)[0] for t, c in counts.items()})
 
 
 class Service:

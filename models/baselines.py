@@ -18,9 +18,9 @@ model.
 
 This module is the one implementation of these references. The arithmetic (`uniform_probs`,
 `one_hot`, `bin_prior_of`, `prior_probs`) takes numpy arrays and plain lists and needs only numpy
-at import, because the search's references (pipelines.search.forecasters) run on bare GPU hosts
-without polars; the frame functions below, the forecasting adapters
-(pipelines.forecasting.references) and the search's references all call it.
+at import, because the references' search path (pipelines.forecasting.references,
+`predict_kernels`) runs on bare GPU hosts without polars; the frame functions below and those
+adapters call it.
 """
 
 from __future__ import annotations

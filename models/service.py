@@ -49,11 +49,11 @@ def forecast_pair(task_name: str, task_description: str, anchor_source: str, can
                   hardware: dict[str, Any], model_path: Path, *, readout: str = "logprob",
                   style: str = "diff", cache_dir: Path | None = None) -> tuple[Forecast, str]:
     """Forecast one pair with a local checkpoint. Returns (forecast, model_ref)."""
-    from models.backends.transformers_backend import TransformersForecaster
+    from models.backends.transformers_backend import TransformersAnswerer
     from models.cache import ForecastCache
 
     cache = ForecastCache(cache_dir) if cache_dir else None
-    forecaster = TransformersForecaster(str(model_path), readout=readout, batch_size=1, cache=cache)
+    forecaster = TransformersAnswerer(str(model_path), readout=readout, batch_size=1, cache=cache)
     messages = build_prompt(task_name, task_description, anchor_source, candidate_source, hardware, style=style)
     (result,) = forecaster.forecast([ForecastRequest(messages)])
     return result, forecaster.model_ref

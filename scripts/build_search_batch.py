@@ -25,18 +25,14 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from orchestration.settings import load_settings
+from pipelines.forecasting.references import OracleForecaster, UniformForecaster
 from pipelines.search.coverage import (
     coverage_if_measured,
     frontier,
     task_costs,
     write_frontier_batch,
 )
-from pipelines.search.forecasters import (
-    ForecasterContext,
-    OracleForecaster,
-    UniformForecaster,
-    resolve_forecaster,
-)
+from pipelines.search.forecasters import ForecasterContext, resolve_forecaster
 from pipelines.search.registered import register_search_forecasters
 from pipelines.search.simulate import SimulationPlan, simulate
 from pipelines.search.table import load_table_parquet

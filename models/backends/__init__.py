@@ -1,18 +1,22 @@
-"""Forecasting backends: one interface, several ways to run the surrogate.
+"""Prompt answerers: the ways to run a language model on forecasting prompts, behind one interface.
 
-`Forecaster.forecast(requests, repeats)` returns one `Forecast` per (request, repeat), in
+They answer prompts, not pairs: pipelines.forecasting.language.LanguageForecaster (the product's
+one forecaster type) builds the prompts of its pairs and reads their answers through whichever
+is loaded.
+
+`PromptAnswerer.forecast(requests, repeats)` returns one `Forecast` per (request, repeat), in
 request-major order ([r0 rep0, r0 rep1, ..., r1 rep0, ...]), with tokens and latency filled.
 Implementations:
 
-- `TransformersForecaster` (`models.backends.transformers_backend`): an HF causal LM in
+- `TransformersAnswerer` (`models.backends.transformers_backend`): an HF causal LM in
   process; logprob readout (one forward pass per batch) or verbalized (batched generation).
-- `OpenAIForecaster` (`models.backends.openai_backend`): any OpenAI-compatible chat
+- `OpenAIAnswerer` (`models.backends.openai_backend`): any OpenAI-compatible chat
   completions server (vLLM, llama.cpp server, hosted APIs), threads for concurrency.
-- `VLLMOfflineForecaster` (`models.backends.vllm_backend`): vLLM's offline engine in a child
+- `VLLMOfflineAnswerer` (`models.backends.vllm_backend`): vLLM's offline engine in a child
   process under the vLLM venv's python; logprob readout (the eight label logprobs) or
   verbalized (optionally with structured outputs); `VLLMEngine` shares one engine.
 
-`make_forecaster(name, **kwargs)` builds one by name ("transformers", "openai", "vllm").
+`make_answerer(name, **kwargs)` builds one by name ("transformers", "openai", "vllm").
 
 This base class does what every backend shares: the optional `ForecastCache` (a rerun costs
 nothing), repeats (a deterministic readout - logprob, or greedy decoding - is computed once
@@ -55,7 +59,7 @@ class ForecastRequest:
     request_id: str | None = field(default=None)
 
 
-class Forecaster(ABC):
+class PromptAnswerer(ABC):
     """Base class of the backends; subclasses implement `_run` and `cache_params`.
 
     Attributes:
@@ -153,18 +157,18 @@ class Forecaster(ABC):
         return out
 
 
-# Backend name -> (module, class), for `make_forecaster` and the lazy re-exports below.
+# Backend name -> (module, class), for `make_answerer` and the lazy re-exports below.
 BACKENDS: dict[str, tuple[str, str]] = {
-    "transformers": ("models.backends.transformers_backend", "TransformersForecaster"),
-    "openai": ("models.backends.openai_backend", "OpenAIForecaster"),
-    "vllm": ("models.backends.vllm_backend", "VLLMOfflineForecaster"),
+    "transformers": ("models.backends.transformers_backend", "TransformersAnswerer"),
+    "openai": ("models.backends.openai_backend", "OpenAIAnswerer"),
+    "vllm": ("models.backends.vllm_backend", "VLLMOfflineAnswerer"),
 }
 _EXPORTS = {cls: module for module, cls in BACKENDS.values()}
 _EXPORTS["VLLMEngine"] = "models.backends.vllm_backend"
 
 
-def make_forecaster(backend: str, **kwargs: Any) -> Forecaster:
-    """A Forecaster by backend name; kwargs go to its constructor.
+def make_answerer(backend: str, **kwargs: Any) -> PromptAnswerer:
+    """A PromptAnswerer by backend name; kwargs go to its constructor.
 
     Args:
         backend: "transformers" (in process), "openai" (a chat completions server) or
@@ -173,7 +177,7 @@ def make_forecaster(backend: str, **kwargs: Any) -> Forecaster:
     Raises:
         ValueError: an unknown name.
 
-    >>> make_forecaster("nope")
+    >>> make_answerer("nope")
     Traceback (most recent call last):
     ...
     ValueError: unknown forecasting backend 'nope'; one of openai, transformers, vllm
@@ -201,10 +205,10 @@ __all__ = [
     "BackendError",
     "Forecast",
     "ForecastRequest",
-    "Forecaster",
-    "OpenAIForecaster",
-    "TransformersForecaster",
+    "OpenAIAnswerer",
+    "PromptAnswerer",
+    "TransformersAnswerer",
     "VLLMEngine",
-    "VLLMOfflineForecaster",
-    "make_forecaster",
+    "VLLMOfflineAnswerer",
+    "make_answerer",
 ]

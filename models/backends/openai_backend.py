@@ -1,4 +1,4 @@
-"""An OpenAI-compatible chat completions server as a Forecaster (vLLM, llama.cpp, hosted APIs).
+"""An OpenAI-compatible chat completions server as a PromptAnswerer (vLLM, llama.cpp, hosted APIs).
 
 HTTP with the standard library (urllib): no client dependency, and the request is one POST
 of JSON. Requests run in a thread pool (`concurrency` at a time); transport failures
@@ -34,7 +34,7 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from models.backends import BackendError, Forecaster, Messages
+from models.backends import BackendError, Messages, PromptAnswerer
 from models.forecast import LOGPROB, VERBALIZED, Forecast
 from models.parsing import answer_json_schema, parse_forecast
 from models.prompts import ANSWER_PREFIX, BIN_LABELS, with_answer_prefix
@@ -76,7 +76,7 @@ def label_logprobs(top_logprobs: list[dict[str, Any]]) -> list[float | None]:
     return [math.log(m) if m > 0 else None for m in mass]
 
 
-class OpenAIForecaster(Forecaster):
+class OpenAIAnswerer(PromptAnswerer):
     """Forecast through an OpenAI-compatible `/chat/completions` endpoint.
 
     Args:
@@ -143,7 +143,7 @@ class OpenAIForecaster(Forecaster):
         self.backoff_s = float(backoff_s)
 
     def __repr__(self) -> str:  # never shows the api key
-        return f"OpenAIForecaster(url={self.url!r}, model={self.model!r}, readout={self.readout!r})"
+        return f"OpenAIAnswerer(url={self.url!r}, model={self.model!r}, readout={self.readout!r})"
 
     # --- settings -------------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""An HF causal LM in process as a Forecaster: logprob or verbalized readout, batched.
+"""An HF causal LM in process as a PromptAnswerer: logprob or verbalized readout, batched.
 
 - logprob: the prompt (chat template, generation prompt) plus `ANSWER_PREFIX`, one forward
   pass per batch, the next-token probabilities of the labels "1".."8" renormalised over the
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from models.backends import Forecaster, Messages
+from models.backends import Messages, PromptAnswerer
 from models.forecast import LOGPROB, VERBALIZED, Forecast
 from models.parsing import parse_forecast
 from models.prompts import ANSWER_PREFIX, BIN_LABELS
@@ -142,7 +142,7 @@ def left_pad(
     return ids.to(device), mask.to(device), positions.to(device)
 
 
-class TransformersForecaster(Forecaster):
+class TransformersAnswerer(PromptAnswerer):
     """Forecast with an HF causal LM in this process.
 
     Args:

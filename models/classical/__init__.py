@@ -19,7 +19,7 @@ from typing import Any
 
 # Imported on first use (PEP 562): models.classical.features, .spread and .portable must load on
 # a GPU host that has numpy and pandas but no scikit-learn or scipy.
-_LAZY = {"BinForecaster": "models.classical.base", "CostModel": "models.classical.cost_model",
+_LAZY = {"BinClassifier": "models.classical.base", "CostModel": "models.classical.cost_model",
          "TextModel": "models.classical.text_model", "EnsembleModel": "models.classical.ensemble"}
 
 
@@ -42,4 +42,4 @@ def make_classical(kind: str, **params: Any) -> Any:
 # Kinds composed from fitted members rather than fitted (pipelines.surrogates.classical).
 COMPOSED_KINDS = ("ensemble",)
 
-__all__ = ["COMPOSED_KINDS", "KINDS", "BinForecaster", "CostModel", "EnsembleModel", "TextModel", "make_classical"]
+__all__ = ["COMPOSED_KINDS", "KINDS", "BinClassifier", "CostModel", "EnsembleModel", "TextModel", "make_classical"]

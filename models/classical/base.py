@@ -24,9 +24,11 @@ from models.classical.features import pair_frame
 CLASSES = np.arange(1, NUM_BINS + 1)
 
 
-class BinForecaster(ClassifierMixin, BaseEstimator):
-    """Base class: subclasses implement `_fit(frame, true_bin, log2_speedup)` and
-    `_raw_proba(frame)`; calibration, class bookkeeping and the kernel hook live here."""
+class BinClassifier(ClassifierMixin, BaseEstimator):
+    """Base class of the scikit-learn estimators (pair frame in, bins out; the product's forecaster
+    around one is pipelines.forecasting.classical.ClassicalForecaster): subclasses implement
+    `_fit(frame, true_bin, log2_speedup)` and `_raw_proba(frame)`; calibration, class
+    bookkeeping and the kernel hook live here."""
 
     kind = "classical"
 

@@ -37,14 +37,14 @@ import numpy as np
 import pandas as pd
 from sklearn.ensemble import HistGradientBoostingRegressor
 
-from models.classical.base import BinForecaster
+from models.classical.base import BinClassifier
 from models.classical.features import FeatureSpace, dropout_rows, scale_keys, withhold_metadata
 from models.classical.spread import fit_scales, laplace_bins
 
 DEFAULT_SCALE = 0.3  # before calibration: about the pooled value seen on H200 data
 
 
-class CostModel(BinForecaster):
+class CostModel(BinClassifier):
     """Boosted regression of log2 S with a per-task Laplace spread.
 
     Args:

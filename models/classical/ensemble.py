@@ -8,7 +8,7 @@ the calibration split would learn to trust the members on tasks they were traine
 exactly what a new task does not allow.
 
 It is composed from members that are already fitted and calibrated
-(`EnsembleModel.from_members`), so it costs no fit of its own, and it is a BinForecaster like
+(`EnsembleModel.from_members`), so it costs no fit of its own, and it is a BinClassifier like
 them: logged, registered and loaded as a classical version of kind `ensemble`.
 """
 
@@ -22,11 +22,11 @@ import polars as pl
 
 from models.baselines import bin_prior
 from models.calibration import Calibrator
-from models.classical.base import CLASSES, BinForecaster
+from models.classical.base import CLASSES, BinClassifier
 
 
-class EnsembleModel(BinForecaster):
-    """Mean of `members_` (fitted BinForecasters) and, with `with_prior`, the per-task bin
+class EnsembleModel(BinClassifier):
+    """Mean of `members_` (fitted BinClassifiers) and, with `with_prior`, the per-task bin
     prior of the fit pairs (pooled for a task it never saw); no calibration of its own.
 
     Args:
@@ -41,7 +41,7 @@ class EnsembleModel(BinForecaster):
         self.prior_alpha = prior_alpha
 
     @classmethod
-    def from_members(cls, members: Sequence[BinForecaster], tasks: Sequence[str], true_bin: Sequence[int],
+    def from_members(cls, members: Sequence[BinClassifier], tasks: Sequence[str], true_bin: Sequence[int],
                      with_prior: bool = True, prior_alpha: float = 1.0) -> EnsembleModel:
         """An ensemble of fitted, calibrated `members`, its prior counted from the fit pairs'
         `tasks` and `true_bin` (the pairs the members were fitted on).

@@ -25,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from models.classical.base import BinForecaster
+from models.classical.base import BinClassifier
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ MODEL_ARTIFACT = "model"
 
 
 def log_classical(
-    model: BinForecaster,
+    model: BinClassifier,
     tracking_uri: str,
     example: pd.DataFrame,
     name: str,
@@ -45,7 +45,7 @@ def log_classical(
     params: Mapping[str, Any] | None = None,
     measurement_ids: list[str] | None = None,
     training_pairs: pd.DataFrame | None = None,
-    model_logger: Callable[[BinForecaster, pd.DataFrame], Any] | None = None,
+    model_logger: Callable[[BinClassifier, pd.DataFrame], Any] | None = None,
     calibration_measurement_ids: list[str] | None = None,
 ) -> tuple[str, int]:
     """Log `model` in a new MLflow run and register it as a new version of `name`.
@@ -105,7 +105,7 @@ def log_classical(
     return run_id, version
 
 
-def _sklearn_args(model: BinForecaster, example: pd.DataFrame) -> dict[str, Any]:
+def _sklearn_args(model: BinClassifier, example: pd.DataFrame) -> dict[str, Any]:
     """What MLflow's sklearn flavour needs to store `model`: its signature over the pair frame,
     the pinned requirements and the types skops may load back."""
     import sklearn
@@ -122,7 +122,7 @@ def _sklearn_args(model: BinForecaster, example: pd.DataFrame) -> dict[str, Any]
             "pyfunc_predict_fn": "predict_proba", "skops_trusted_types": trusted}
 
 
-def _log_sklearn(model: BinForecaster, example: pd.DataFrame) -> Any:
+def _log_sklearn(model: BinClassifier, example: pd.DataFrame) -> Any:
     """Log `model` as an MLflow sklearn model of the active run (pair frame in)."""
     import mlflow
 
@@ -130,7 +130,7 @@ def _log_sklearn(model: BinForecaster, example: pd.DataFrame) -> Any:
                                     **_sklearn_args(model, example))
 
 
-def save_classical(model: BinForecaster, path: str | Path, example: pd.DataFrame) -> Path:
+def save_classical(model: BinClassifier, path: str | Path, example: pd.DataFrame) -> Path:
     """`model` as an MLflow sklearn model folder at `path` (the artifact a pyfunc model of
     sources holds; `load_classical` and `mlflow.sklearn.load_model(path)` read it back)."""
     import mlflow
@@ -151,7 +151,7 @@ def import_serializer() -> None:
     import skops.io  # noqa: F401
 
 
-def load_classical(tracking_uri: str, name: str, version: int | str) -> BinForecaster:
+def load_classical(tracking_uri: str, name: str, version: int | str) -> BinClassifier:
     """The registered classical forecaster `name`/`version`: the sklearn model itself, or the one a
     pyfunc model of sources holds as its artifact `model`.
 

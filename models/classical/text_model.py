@@ -20,7 +20,7 @@ from scipy.sparse import hstack
 from sklearn.feature_extraction.text import TfidfVectorizer
 from sklearn.linear_model import LogisticRegression
 
-from models.classical.base import BinForecaster, full_proba
+from models.classical.base import BinClassifier, full_proba
 from models.classical.features import code_text
 
 TOKEN_PATTERN = r"[A-Za-z_][A-Za-z0-9_]*|\d+(?:\.\d+)?|[^\sA-Za-z0-9_]{1,2}"
@@ -47,7 +47,7 @@ def _transform_distinct(vectorizer: TfidfVectorizer, texts: list[str]):
     return vectorizer.transform(list(index))[rows]
 
 
-class TextModel(BinForecaster):
+class TextModel(BinClassifier):
     """TF-IDF n-grams of candidate and anchor code -> multinomial logistic regression.
 
     Args:

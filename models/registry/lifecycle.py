@@ -200,7 +200,7 @@ def registered_forecaster(
     device: str | None = None,
     downloads: str | Path | None = None,
 ):
-    """A `TransformersForecaster` for one registered version, and what it is.
+    """A `TransformersAnswerer` for one registered version, and what it is.
 
     Downloads the adapter into <home>/surrogates/, resolves its base model (base_model.json)
     under <home>/models/ and applies the adapter.
@@ -220,14 +220,14 @@ def registered_forecaster(
     Raises:
         FileNotFoundError: the version does not exist.
     """
-    from models.backends.transformers_backend import TransformersForecaster
+    from models.backends.transformers_backend import TransformersAnswerer
     from models.base_model import resolve_base_model
     from models.cache import ForecastCache
     from models.registry.versions import load_surrogate
 
     info, local, ref = _resolved_version(tracking_uri, version, Path(downloads or Path(home) / "surrogates"), name)
     model, tokenizer = load_surrogate(local, resolve_base_model(ref["base_model"], home), device=device)
-    forecaster = TransformersForecaster(
+    forecaster = TransformersAnswerer(
         model,
         tokenizer,
         readout=readout,

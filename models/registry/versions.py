@@ -501,7 +501,7 @@ def load_surrogate(local_dir: str | Path, base_model_path: str | Path, device: s
         device: "cpu", "cuda", "cuda:1", ...; None: cuda when available.
     Returns:
         (PeftModel in eval mode, PreTrainedTokenizerFast): usable as
-        `TransformersForecaster(model, tokenizer)`.
+        `TransformersAnswerer(model, tokenizer)`.
     """
     import torch
     from peft import PeftModel

@@ -111,14 +111,14 @@ def parse_rate(
         Parse rate in [0, 1] (0.0 for no rows).
     """
     from models.backends import ForecastRequest
-    from models.backends.transformers_backend import TransformersForecaster
+    from models.backends.transformers_backend import TransformersAnswerer
 
     if not rows:
         return 0.0
     was_training = model.training
     # One left-padded batch: on the H200 the row-by-row loop took ~2 minutes for 8 zero-shot
     # rows (each generating the full budget); a batch costs one budget's worth of steps.
-    probe = TransformersForecaster(model, tokenizer, readout="verbalized", temperature=0.0,
+    probe = TransformersAnswerer(model, tokenizer, readout="verbalized", temperature=0.0,
                                    max_new_tokens=max_new_tokens, batch_size=len(rows), model_ref="probe")
     forecasts = probe.forecast([ForecastRequest(r["prompt"]) for r in rows])
     for f in forecasts:

@@ -7,22 +7,63 @@ algorithm, knobs_json and compile features when known). Row i of the answer is p
 distribution over the eight bins of models/bins.py.
 
 `forecast_rows` gives the same forecasts as rows of the warehouse `forecasts` table, and
-`predict_kernels` is the budgeted search's hook (pipelines.search.forecasters), so one adapter
-serves the evaluation, the command line, the search and the autotuner.
+`predict_kernels(anchor, candidates, hardware_id)` is the budgeted search's hook (candidates'
+kernel records against one anchor), so one adapter serves the evaluation, the command line,
+the search and the autotuner. `RecordsForecaster` makes any other object answering
+`predict_kernels` one of them (a forecaster file's cost model, which lives in models/, below
+this package), and remembers its answers when asked to (a simulation's repeated pairs).
+
+polars loads with the frame functions only: a bare GPU host's live search imports this module
+and the references (pipelines.forecasting.references) without it, and their `predict_kernels`
+needs none.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import polars as pl
 
-from models.bins import NUM_BINS
+from models.bins import BIN_LOG2_VALUES, NUM_BINS
 from warehouse.bin_edges import P_COLS
 
+if TYPE_CHECKING:  # see the module docstring
+    import polars as pl
+
 PAIR_COLUMNS = ("pair_id", "anchor_kernel_id", "candidate_kernel_id", "task", "hardware_id")
+_R = np.asarray(BIN_LOG2_VALUES, dtype=np.float64)
+
+
+def checked_probs(p: Any, n: int) -> np.ndarray:
+    """A forecaster's answer as a valid (n, 8) array, rows renormalised.
+
+    Raises:
+        ValueError: wrong shape, non-finite or negative values, or an all-zero row.
+
+    >>> checked_probs([[2, 0, 0, 0, 0, 0, 0, 2]], 1)[0].tolist()
+    [0.5, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.5]
+    """
+    arr = np.asarray(p, dtype=np.float64)
+    if arr.shape != (n, NUM_BINS):
+        raise ValueError(f"forecaster returned shape {arr.shape}, expected ({n}, {NUM_BINS})")
+    if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+        raise ValueError("forecaster returned negative or non-finite probabilities")
+    sums = arr.sum(axis=1)
+    if np.any(sums <= 0):
+        raise ValueError("forecaster returned an all-zero row")
+    return arr / sums[:, None]
+
+
+def expected_log2(p: np.ndarray) -> np.ndarray:
+    """Expected log2-speedup of each row of (n, 8) probabilities: sum_b p_b r_b, r the bins'
+    representative log2 values (method.md section 4); the search's score of a candidate.
+
+    >>> float(expected_log2(np.eye(8)[[7]])[0]), float(expected_log2(np.full((1, 8), 1 / 8))[0])
+    (2.5, 0.0)
+    """
+    return np.asarray(p, dtype=np.float64) @ _R
 
 
 def check_pairs(pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]], needs_kernels: bool = True) -> None:
@@ -41,6 +82,8 @@ def rows_of(pairs: pl.DataFrame, p: np.ndarray, model_ref: str, parse_ok: Sequen
             parse_error: Sequence[str | None] | None = None, raw_sum: Sequence[float | None] | None = None,
             repeat: Sequence[int] | None = None) -> pl.DataFrame:
     """Rows for the warehouse `forecasts` table of forecasts `p` (n, 8) of `pairs`."""
+    import polars as pl
+
     n = pairs.height
     bins = (np.argmax(p, axis=1) + 1).astype(np.int64) if n else np.zeros(0, dtype=np.int64)
     base = pl.DataFrame({
@@ -60,6 +103,8 @@ def single_anchor_pairs(anchor: Mapping[str, Any], candidates: Sequence[Mapping[
     """The pairs frame and kernel records of candidates against one anchor (the search's call).
 
     Kernel ids are made unique per position, so two records under one id stay two kernels."""
+    import polars as pl
+
     kernels: dict[str, Mapping[str, Any]] = {"anchor": anchor}
     rows = []
     for i, c in enumerate(candidates):
@@ -133,6 +178,8 @@ class PairForecaster:
     def forecast_rows(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]]) -> pl.DataFrame:
         """Rows for the warehouse `forecasts` table, one per pair (repeat 0, parsed)."""
         if pairs.is_empty():
+            import polars as pl
+
             return pl.DataFrame()
         return rows_of(pairs, self.forecast_pairs(pairs, kernels), self.model_ref)
 
@@ -147,3 +194,73 @@ class PairForecaster:
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.model_ref!r}, kind={self.kind!r})"
+
+
+class RecordsForecaster(PairForecaster):
+    """Any object answering `predict_kernels(anchor, candidates, hardware_id) -> (n, 8)` as a
+    PairForecaster: a forecaster file's object (models.classical.portable.PortableCostModel
+    cannot descend from this class: models/ stands below pipelines/), or any forecaster whose
+    answers should be remembered.
+
+    With `remember`, answers are kept per (hardware, anchor record, candidate record): a
+    simulation's runs (modes x seeds of a task) propose the same kernels again and again, and a
+    row depends on its anchor and candidate only, so asking once per distinct pair gives every
+    run the same rows without a model call per repeat. Records are compared whole (parent and
+    mutation included), so a candidate proposed from another parent is asked again.
+
+    Args:
+        inner: the object asked.
+        remember: keep its answers (`calls` counts the calls that reached it).
+    """
+
+    def __init__(self, inner: Any, remember: bool = False):
+        if not callable(getattr(inner, "predict_kernels", None)):
+            raise ValueError(f"a {type(inner).__name__} has no predict_kernels")
+        self.inner, self.remember = inner, remember
+        self.kind = str(getattr(inner, "kind", "") or "")
+        self.model_ref = str(getattr(inner, "model_ref", "") or "")
+        self.source = str(getattr(inner, "source", "") or "")
+        self.memo: dict[tuple[str, str, str], np.ndarray] = {}
+        self.calls = 0
+
+    @property
+    def name(self) -> str:  # the inner object's own name, or nothing (the caller's fallback then)
+        return str(getattr(self.inner, "name", "") or "")
+
+    @staticmethod
+    def _key(record: Mapping[str, Any]) -> str:
+        return json.dumps(record, sort_keys=True, default=str)
+
+    def _ask(self, anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]], hardware_id: str) -> np.ndarray:
+        self.calls += 1
+        rows = np.asarray(self.inner.predict_kernels(anchor, list(candidates), hardware_id), dtype=np.float64)
+        if rows.shape != (len(candidates), NUM_BINS):
+            raise ValueError(f"forecaster returned shape {rows.shape}, expected ({len(candidates)}, {NUM_BINS})")
+        return rows
+
+    def predict_kernels(self, anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
+                        hardware_id: str) -> np.ndarray:
+        """The inner object's rows, as answered: the caller validates and normalises them
+        (checked_probs), as it would the inner object's own. An error leaves nothing remembered."""
+        if not self.remember:
+            return self._ask(anchor, candidates, hardware_id)
+        a = self._key(anchor)
+        keys = [(hardware_id, a, self._key(c)) for c in candidates]
+        todo: dict[tuple[str, str, str], Mapping[str, Any]] = {}
+        for k, c in zip(keys, candidates):
+            if k not in self.memo:
+                todo.setdefault(k, c)
+        if todo:
+            self.memo.update(zip(todo, self._ask(anchor, list(todo.values()), hardware_id)))
+        return np.stack([self.memo[k] for k in keys]) if keys else np.zeros((0, NUM_BINS))
+
+    def _probs(self, pairs: pl.DataFrame, kernels: Mapping[str, Mapping[str, Any]]) -> np.ndarray:
+        """The pairs asked per (anchor, hardware), in the pairs' order."""
+        out = np.zeros((pairs.height, NUM_BINS))
+        groups: dict[tuple[str, str], list[int]] = {}
+        for i, (a, h) in enumerate(zip(pairs["anchor_kernel_id"].to_list(), pairs["hardware_id"].to_list())):
+            groups.setdefault((a, h), []).append(i)
+        cands = pairs["candidate_kernel_id"].to_list()
+        for (a, h), idx in groups.items():
+            out[idx] = self.predict_kernels(kernels[a], [kernels[cands[i]] for i in idx], h)
+        return out

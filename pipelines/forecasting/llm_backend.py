@@ -58,11 +58,11 @@ class TransformersBackend(LlmBackend):
     kind: ClassVar[str] = "transformers"
 
     def base_forecaster(self, spec: str, home: Path, device: str, cache: Any):
-        from models.backends.transformers_backend import TransformersForecaster
+        from models.backends.transformers_backend import TransformersAnswerer
         from models.base_model import resolve_base_model
 
         path = resolve_base_model(spec, home)
-        return TransformersForecaster(str(path), readout="logprob", batch_size=1, device=device, cache=cache)
+        return TransformersAnswerer(str(path), readout="logprob", batch_size=1, device=device, cache=cache)
 
     def registered_forecaster(self, tracking_uri: str, name: str, version: int, model_ref: str, home: Path,
                               device: str, downloads: Path, cache: Any) -> tuple[Any, str]:
@@ -83,21 +83,21 @@ class VllmBackend(LlmBackend):
     vllm_python: str = ""
 
     def base_forecaster(self, spec: str, home: Path, device: str, cache: Any):
-        from models.backends.vllm_backend import VLLMOfflineForecaster
+        from models.backends.vllm_backend import VLLMOfflineAnswerer
         from models.base_model import resolve_base_model
 
-        return VLLMOfflineForecaster(resolve_base_model(spec, home), python=self.vllm_python or None, cache=cache)
+        return VLLMOfflineAnswerer(resolve_base_model(spec, home), python=self.vllm_python or None, cache=cache)
 
     def registered_forecaster(self, tracking_uri: str, name: str, version: int, model_ref: str, home: Path,
                               device: str, downloads: Path, cache: Any) -> tuple[Any, str]:
-        from models.backends.vllm_backend import VLLMOfflineForecaster
+        from models.backends.vllm_backend import VLLMOfflineAnswerer
         from models.registry.lifecycle import registered_forecaster
 
         # Loaded on the CPU only to merge its adapter: the engine loads the merged checkpoint.
         loaded, described = registered_forecaster(tracking_uri, version, home, cache_dir=None, name=name,
                                                   device="cpu", downloads=downloads)
         merged = _merged_checkpoint(loaded, home / "surrogates" / "merged" / loaded.model_ref.replace("/", "_"))
-        return (VLLMOfflineForecaster(merged, python=self.vllm_python or None, cache=cache, model_ref=loaded.model_ref),
+        return (VLLMOfflineAnswerer(merged, python=self.vllm_python or None, cache=cache, model_ref=loaded.model_ref),
                 described["prompt_style"])
 
 
@@ -125,9 +125,9 @@ class OpenAIBackend(LlmBackend):
         return self._served(model_ref, cache), registered_prompt_style(tracking_uri, version, downloads, name)
 
     def _served(self, model_ref: str, cache: Any):
-        from models.backends.openai_backend import OpenAIForecaster
+        from models.backends.openai_backend import OpenAIAnswerer
 
-        return OpenAIForecaster(self.base_url, self.model or model_ref, api_key=self.api_key or None,
+        return OpenAIAnswerer(self.base_url, self.model or model_ref, api_key=self.api_key or None,
                                 use_logprobs=True, cache=cache)
 
 

@@ -2,7 +2,7 @@
 
 Turns each pair into the method's prompt (task description, anchor and candidate sources, the
 measured device's hardware table; never a runtime; with "+features" styles the benchmark shapes
-and each kernel's compile features), runs any `models.backends.Forecaster`, and returns rows for
+and each kernel's compile features), runs any `models.backends.PromptAnswerer`, and returns rows for
 the warehouse `forecasts` table. The prompt is the training row builder's
 (models.training.rows.pair_prompt), byte for byte. The task reference is stored as a thin wrapper
 module, so its prompt shows the reference's actual PyTorch code instead (pipelines.tasks.prompt_source).
@@ -15,7 +15,7 @@ from typing import Any
 
 import polars as pl
 
-from models.backends import Forecaster, ForecastRequest
+from models.backends import ForecastRequest, PromptAnswerer
 from models.training.rows import pair_prompt
 from pipelines.tasks import get_task, prompt_source
 
@@ -33,7 +33,7 @@ def sample_pairs(pairs: pl.DataFrame, per_task: int | None) -> pl.DataFrame:
 
 
 def forecast_pairs(pairs: pl.DataFrame, kernels: dict[str, tuple[str, str | None]], hardware: dict[str, Any],
-                   forecaster: Forecaster, model_ref: str, *, style: str = "full", repeats: int = 1,
+                   forecaster: PromptAnswerer, model_ref: str, *, style: str = "full", repeats: int = 1,
                    progress: Callable[[int, int], None] | None = None,
                    features: Mapping[str, Mapping[str, Any] | None] | None = None) -> pl.DataFrame:
     """One forecast row per (pair, repeat).

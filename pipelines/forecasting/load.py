@@ -296,7 +296,7 @@ def _registered_llm(tracking_uri, name, version, tags, home, readout, style, dev
 
 
 def _base(spec, home, readout, style, device, cache_dir, table):
-    from models.backends.transformers_backend import TransformersForecaster
+    from models.backends.transformers_backend import TransformersAnswerer
     from models.base_model import resolve_base_model
     from models.cache import ForecastCache
     from pipelines.forecasting.language import LanguageForecaster
@@ -305,14 +305,14 @@ def _base(spec, home, readout, style, device, cache_dir, table):
         path = resolve_base_model(spec, home)
     except FileNotFoundError as exc:
         raise ValueError(str(exc)) from None
-    backend = TransformersForecaster(str(path), readout=readout, batch_size=1, device=device,
+    backend = TransformersAnswerer(str(path), readout=readout, batch_size=1, device=device,
                                      cache=ForecastCache(cache_dir) if cache_dir else None)
     source = "base model" if spec.strip().lower() in ("smollm2", "tiny") else "local checkpoint"
     return LanguageForecaster(backend, backend.model_ref, style, None, table, source, _fits(backend, readout), readout)
 
 
 def _endpoint(model, endpoint, readout, style, answer_mode, cache_dir, table):
-    from models.backends.openai_backend import ANSWER_MODES, OpenAIForecaster
+    from models.backends.openai_backend import ANSWER_MODES, OpenAIAnswerer
     from models.cache import ForecastCache
     from pipelines.forecasting.language import LanguageForecaster
 
@@ -320,7 +320,7 @@ def _endpoint(model, endpoint, readout, style, answer_mode, cache_dir, table):
         raise ValueError("an endpoint needs the served model name")
     if answer_mode not in ANSWER_MODES:
         raise ValueError(f"answer mode must be one of {', '.join(ANSWER_MODES)}, got {answer_mode!r}")
-    backend = OpenAIForecaster(endpoint, model, use_logprobs=readout == "logprob", answer_mode=answer_mode,
+    backend = OpenAIAnswerer(endpoint, model, use_logprobs=readout == "logprob", answer_mode=answer_mode,
                                cache=ForecastCache(cache_dir) if cache_dir else None)
     return LanguageForecaster(backend, backend.model_ref, style, None, table, f"OpenAI-compatible endpoint {endpoint}",
                               None, readout)

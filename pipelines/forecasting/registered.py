@@ -38,9 +38,10 @@ SOURCE_ONLY_SUFFIX = "|source_only"  # a version's forecasts from records withou
 
 
 @dataclass(frozen=True)
-class Forecaster:
-    """A forecaster of the report: its model_ref, kind, split, where it came from and its MLflow
-    run (the run that logged a registered version; empty for the others)."""
+class ForecasterListing:
+    """A row of the report's forecaster listing (a record, not a forecaster): its model_ref,
+    kind, split, where it came from and its MLflow run (the run that logged a registered
+    version; empty for the others)."""
 
     model_ref: str
     kind: str
@@ -68,7 +69,7 @@ def registered_forecasts(
     llm_cap: int | None,
     progress: Callable[[str], None] = lambda m: None,
     forecast_here: bool = True,
-) -> tuple[pl.DataFrame, list[Forecaster], list[LlmJob]]:
+) -> tuple[pl.DataFrame, list[ForecasterListing], list[LlmJob]]:
     """Forecast rows of every registered and committed forecaster of the version, every split,
     and the LLM versions to forecast here, planned but not run: their forward passes are what
     a host spreads over its GPUs (pipelines.forecasting.llm_shards).
@@ -95,7 +96,7 @@ def registered_forecasts(
     from pipelines.surrogates.committed import calibrated_variants
 
     frames: list[pl.DataFrame] = []
-    listed: list[Forecaster] = []
+    listed: list[ForecasterListing] = []
     jobs: list[LlmJob] = []
     registered_variants: set[str] = set()
     external = roles.external_pairs()
@@ -135,39 +136,39 @@ def registered_forecasts(
                 jobs.append(plan_llm_job(tracking_uri, name, version, info, subset, rows_for,
                                          home / "surrogates" / "plan", ref))
                 source = "forecast here"
-                listed.append(Forecaster(ref, kind, split, source, run_id))
+                listed.append(ForecasterListing(ref, kind, split, source, run_id))
                 if in_dist:
                     # Its prompts are the two sources and their compile features: no algorithm or
                     # knobs_json to withhold, so its source-only forecasts are these rows.
-                    listed.append(Forecaster(ref, kind, "source_only", f"{source} (its prompt carries no metadata)", run_id))
+                    listed.append(ForecasterListing(ref, kind, "source_only", f"{source} (its prompt carries no metadata)", run_id))
                     if external.height:
-                        listed.append(Forecaster(ref, kind, "external", source, run_id))
+                        listed.append(ForecasterListing(ref, kind, "external", source, run_id))
                 continue
             if getattr(adapter, "variant", None):  # a committed variant a version carries: not listed again
                 registered_variants.add(adapter.variant)
             source = "registered" if kind in CLASSICAL_KINDS else getattr(adapter, "source", "registered")
             frames.append(adapter.forecast_rows(pairs, records))
-            listed.append(Forecaster(ref, kind, split, source, run_id))
+            listed.append(ForecasterListing(ref, kind, split, source, run_id))
             if not in_dist:
                 continue
             twin = ref + SOURCE_ONLY_SUFFIX  # the same adapter called on records without generator metadata
             frames.append(adapter.forecast_rows(pairs, stripped).with_columns(pl.lit(twin).alias("model_ref")))
-            listed.append(Forecaster(twin, kind, "source_only", f"{source}, metadata withheld", run_id))
+            listed.append(ForecasterListing(twin, kind, "source_only", f"{source}, metadata withheld", run_id))
             ext_rows = adapter.forecast_rows(external, records) if external.height else pl.DataFrame()
             if ext_rows.height:  # committed forecasts hold only the pairs of their run
                 frames.append(ext_rows)
-                listed.append(Forecaster(ref, kind, "external", source, run_id))
+                listed.append(ForecasterListing(ref, kind, "external", source, run_id))
     for name, variant in sorted(committed.items()):
         if name in registered_variants:
             continue
         ref = f"h200:{name}"
         frames.append(_with_ref(variant.forecasts, ref))
         source = "committed H200 forecasts (weights not committed)"
-        listed.append(Forecaster(ref, "llm", variant.split, source))
+        listed.append(ForecasterListing(ref, "llm", variant.split, source))
         if variant.split == "in_distribution":
-            listed.append(Forecaster(ref, "llm", "source_only", f"{source}; an LLM reads no metadata"))
+            listed.append(ForecasterListing(ref, "llm", "source_only", f"{source}; an LLM reads no metadata"))
             if external.height and variant.forecasts["pair_id"].is_in(external["pair_id"].to_list()).any():
-                listed.append(Forecaster(ref, "llm", "external", source))
+                listed.append(ForecasterListing(ref, "llm", "external", source))
     frames = [f for f in frames if f.height]
     return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), listed, jobs
 
@@ -182,10 +183,10 @@ def _forecast_here(info: dict[str, Any], committed: dict[str, Any]) -> bool:
     return info["tags"].get("kind", "llm") == "llm" and info["tags"].get("committed_variant") not in committed
 
 
-def reference_listing(roles: Roles) -> list[Forecaster]:
+def reference_listing(roles: Roles) -> list[ForecasterListing]:
     """The reference forecasters (stored once on every eval pair) in the splits that use them."""
     splits = ["in_distribution", "source_only"] + (["external"] if roles.external_pairs().height else [])
-    return [Forecaster(ref, "baseline", split, "reference") for split in splits for ref in baselines.REFERENCES]
+    return [ForecasterListing(ref, "baseline", split, "reference") for split in splits for ref in baselines.REFERENCES]
 
 
 def split_pairs(roles: Roles) -> dict[str, list[str]]:
@@ -209,7 +210,7 @@ def empty_reasons(roles: Roles, dataset_version: str) -> dict[str, str]:
     return out
 
 
-def held_out_reference_forecasts(roles: Roles) -> tuple[pl.DataFrame, list[Forecaster]]:
+def held_out_reference_forecasts(roles: Roles) -> tuple[pl.DataFrame, list[ForecasterListing]]:
     """Uniform, bin prior (of the setting's fit pairs: the training pool without the task or the
     style) and oracle on the pairs of each held-out setting, as `<ref>|<split>`."""
     frames, listed = [], []
@@ -220,7 +221,7 @@ def held_out_reference_forecasts(roles: Roles) -> tuple[pl.DataFrame, list[Forec
                 ("baseline:bin_prior", baselines.bin_prior_forecasts(pairs, fit)),
                 ("baseline:oracle", baselines.oracle_forecasts(pairs))]
         frames += [f.select(keep).with_columns(pl.lit(f"{ref}|{split}").alias("model_ref")) for ref, f in made]
-        listed += [Forecaster(f"{ref}|{split}", "baseline", split, "reference") for ref, _ in made]
+        listed += [ForecasterListing(f"{ref}|{split}", "baseline", split, "reference") for ref, _ in made]
     return (pl.concat(frames) if frames else pl.DataFrame()), listed
 
 
@@ -266,14 +267,14 @@ def split_frames(frame: pl.DataFrame, listing: dict[str, Any]) -> dict[str, pl.D
 
 
 def folder_forecasts(
-    listed: list[Forecaster],
+    listed: list[ForecasterListing],
     pairs: pl.DataFrame,
     records: dict[str, dict[str, Any]],
     tracking_uri: str,
     home: Path,
     committed_dir: Path | None,
     training_pairs: pl.DataFrame,
-) -> tuple[pl.DataFrame, list[Forecaster]]:
+) -> tuple[pl.DataFrame, list[ForecasterListing]]:
     """Forecasts of the library split's pairs (pipelines.surrogates.library_dir) by the reference
     forecasters and every in-distribution forecaster listed that answers here; they are not in
     the warehouse, so the rows go beside the report, not to `forecasts`.
@@ -290,7 +291,7 @@ def folder_forecasts(
     for ref in REFERENCES:
         f = load_forecaster(ref, training_pairs=training_pairs)
         frames.append(f.forecast_rows(pairs, records))
-        out.append(Forecaster(ref, "baseline", LIBRARY_SPLIT, "reference"))
+        out.append(ForecasterListing(ref, "baseline", LIBRARY_SPLIT, "reference"))
     seen = set()
     for f in listed:
         if f.split != "in_distribution" or not f.model_ref.startswith("models:/") or f.source == "forecast here" \
@@ -301,7 +302,7 @@ def folder_forecasts(
             .forecast_rows(pairs, records)
         if rows.height:
             frames.append(rows)
-            out.append(Forecaster(f.model_ref, f.kind, LIBRARY_SPLIT, f"{f.source}, on the published kernels",
+            out.append(ForecasterListing(f.model_ref, f.kind, LIBRARY_SPLIT, f"{f.source}, on the published kernels",
                                   f.run_id))
     frames = [f for f in frames if f.height]
     return (pl.concat(frames, how="diagonal_relaxed") if frames else pl.DataFrame()), out

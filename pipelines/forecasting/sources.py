@@ -1,5 +1,9 @@
 """Forecasts of kernel sources: an adapter loaded once, a reader kept warm.
 
+`SourceForecaster` is one of the one forecaster type (a PairForecaster around any loaded
+adapter: pairs and kernel records go to the adapter as they are) whose front door takes kernel
+sources instead of records: it reads them itself (features, cache) and asks the adapter.
+
     f = SourceForecaster(adapter, n_workers=2, cache_dir=home / "feature-cache")
     p = f.forecast("softmax", anchor_src, [cand1, cand2])
     p.p, p.expected_log2_speedup, p.refused    # (n, 8), (n,), a reason or None per candidate
@@ -34,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from models.bins import BIN_LOG2_VALUES, NUM_BINS
+from models.bins import NUM_BINS
+from pipelines.forecasting.base import PairForecaster, expected_log2
 from warehouse.bin_edges import P_COLS
 
 DEFAULT_HARDWARE = "nvidia-h200-sm90"  # what `kernelcast forecast --hardware` defaults to
@@ -62,15 +67,6 @@ class SourceForecast:
         return expected_log2(self.p)
 
 
-def expected_log2(p: np.ndarray) -> np.ndarray:
-    """Expected log2-speedup of each row of (n, 8) probabilities (method.md section 4).
-
-    >>> float(expected_log2(np.eye(8)[[7]])[0]), float(expected_log2(np.full((1, 8), 1 / 8))[0])
-    (2.5, 0.0)
-    """
-    return np.asarray(p, dtype=np.float64) @ np.asarray(BIN_LOG2_VALUES, dtype=np.float64)
-
-
 def source_name(source: str) -> str:
     """The kernel id a source is read under: a digest of its text, so equal sources are one kernel.
 
@@ -80,11 +76,13 @@ def source_name(source: str) -> str:
     return "source-" + hashlib.sha256(source.encode()).hexdigest()[:16]
 
 
-class SourceForecaster:
-    """A forecaster adapter (any kind: pipelines.forecasting.load) answering kernel sources.
+class SourceForecaster(PairForecaster):
+    """A forecaster adapter (any kind: pipelines.forecasting.load) answering kernel sources
+    (`forecast`, `predict`), and, as every PairForecaster, pairs of kernel records (passed to
+    the adapter, one batch at a time).
 
     Args:
-        adapter: a loaded adapter (`forecast_pairs(pairs, kernels) -> (n, 8)`).
+        adapter: a loaded adapter (a PairForecaster: `forecast_pairs(pairs, kernels) -> (n, 8)`).
         n_workers: reader children kept up (compile and trace of new sources).
         cache_dir: where read sources are kept across processes (None: this process only).
         compile_timeout_s: the reader's limit per source.
@@ -95,6 +93,9 @@ class SourceForecaster:
         from pipelines.forecasting.source_features import FeatureCache, FeaturePool
 
         self.adapter = adapter
+        self.kind = getattr(adapter, "kind", "")
+        self.source = getattr(adapter, "source", "")
+        self.needs_kernels = getattr(adapter, "needs_kernels", True)
         self.n_workers = max(1, int(n_workers))
         self.compile_timeout_s = compile_timeout_s
         self.cache = FeatureCache(cache_dir)
@@ -105,6 +106,16 @@ class SourceForecaster:
     @property
     def model_ref(self) -> str:
         return getattr(self.adapter, "model_ref", "")
+
+    def _probs(self, pairs: Any, kernels: Mapping[str, Mapping[str, Any]]) -> np.ndarray:
+        with self._lock:
+            return self.adapter.forecast_pairs(pairs, kernels)
+
+    def answer_pairs(self, pairs: Any, kernels: Mapping[str, Mapping[str, Any]],
+                     strict: bool = False) -> list[tuple[list[float] | None, str | None]]:
+        """The adapter's own answers (a language model's may leave a pair without one)."""
+        with self._lock:
+            return self.adapter.answer_pairs(pairs, kernels, strict)
 
     def forecast(self, task: str, anchor_source: str, candidate_sources: Sequence[str],
                  hardware: str | None = None) -> SourceForecast:

@@ -6,7 +6,7 @@ reaches the GPU (docs/method.md section 6).
     puct.py          PUCT scores, rank prior, lineage-blocked parent batches, archive admission
     engine.py        replay (fold of the log) and next_action (a pure decision)
     space.py         kernels of the task's space by id, their neighbourhoods and kernel mappings
-    forecasters.py   CandidateForecaster (predict_kernels), uniform / bin-prior / oracle, resolver
+    forecasters.py   the forecasters by name (references, files, registered versions), scores
     measure.py       SimulatedMeasurer (the measured table), LiveMeasurer (the profiling worker)
     driver.py        SearchRun and drive: runs in lockstep, one measurement batch per round
     table.py         the measured table from the warehouse or the committed Parquet files

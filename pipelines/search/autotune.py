@@ -30,11 +30,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from pipelines.forecasting.base import PairForecaster, checked_probs, expected_log2
 from pipelines.generation import registry
 from pipelines.generation.registry import KernelPoint
 from pipelines.search import space
 from pipelines.search.config import DEFAULT_HARDWARE
-from pipelines.search.forecasters import CandidateForecaster, checked_probs, expected_log2
 
 # Launch options that stand for family knobs of these names.
 LAUNCH_KNOBS = {"NUM_WARPS": "num_warps", "NUM_STAGES": "num_stages"}
@@ -48,14 +48,14 @@ class ForecastPerfModel:
     """The `perf_model` of `prune_configs_by`: estimated relative time of a config's kernel.
 
     Args:
-        forecaster: anything with `predict_kernels` (pipelines.search.forecasters).
+        forecaster: asked through `predict_kernels` (a forecaster file's: pipelines.search.forecasters.file_forecaster).
         task, algorithm: the family whose points the configs are.
         configs: the autotuner's configs (triton.Config, or mappings of their all_kwargs()).
         fixed_knobs: values of the family's knobs no config sets (algorithm choices).
         hardware_id: passed to the forecaster.
     """
 
-    def __init__(self, forecaster: CandidateForecaster, task: str, algorithm: str,
+    def __init__(self, forecaster: PairForecaster, task: str, algorithm: str,
                  configs: Sequence[Any] = (), fixed_knobs: Mapping[str, Any] | None = None,
                  hardware_id: str = DEFAULT_HARDWARE):
         self.forecaster, self.task, self.algorithm = forecaster, task, algorithm
@@ -120,7 +120,7 @@ class ForecastPerfModel:
 
 
 def registered_autotune_forecaster(tracking_uri: str, home: Any, ref: str | None = None,
-                                   **load_kwargs: Any) -> CandidateForecaster:
+                                   **load_kwargs: Any) -> PairForecaster:
     """The registered forecaster `ref` (default: the file champion, @champion-external when the
     registry has it, else @champion) as the autotuner's forecaster, any kind, with the
     warehouse's compile features filled into the records it sees.
@@ -140,7 +140,7 @@ def registered_autotune_forecaster(tracking_uri: str, home: Any, ref: str | None
     return forecaster.with_known_features(warehouse_compile_features(Path(home) / "warehouse.duckdb"))
 
 
-def surrogate_pruning(forecaster: CandidateForecaster, task: str, algorithm: str, configs: Sequence[Any],
+def surrogate_pruning(forecaster: PairForecaster, task: str, algorithm: str, configs: Sequence[Any],
                       top_k: int | float, fixed_knobs: Mapping[str, Any] | None = None,
                       hardware_id: str = DEFAULT_HARDWARE) -> dict[str, Any]:
     """`prune_configs_by` for @triton.autotune: benchmark only the forecaster's top_k configs.

@@ -27,10 +27,10 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.forecasting.base import PairForecaster
 from pipelines.search import space
 from pipelines.search.driver import SearchRun
 from pipelines.search.events import Child, Outcome, Proposed
-from pipelines.search.forecasters import CandidateForecaster
 from pipelines.search.simulate import SimulationPlan, simulate
 from pipelines.search.table import MeasuredTable
 
@@ -162,7 +162,7 @@ class Imputer:
         return Outcome(kernel_id, "ok", float(min(max(s, lo), hi)))
 
 
-ForecasterFactory = Callable[[MeasuredTable], CandidateForecaster | None]
+ForecasterFactory = Callable[[MeasuredTable], PairForecaster | None]
 
 
 def frontier(

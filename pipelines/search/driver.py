@@ -18,10 +18,10 @@ from typing import Any
 import numpy as np
 
 from models.bins import NUM_BINS
+from pipelines.forecasting.base import PairForecaster, checked_probs
 from pipelines.search import engine, space
 from pipelines.search.config import SearchConfig
 from pipelines.search.events import EventLog, Forecasted, Measured, Started
-from pipelines.search.forecasters import CandidateForecaster, checked_probs
 from pipelines.search.measure import MeasureItem, Measurer
 
 log = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ class SearchRun:
 
     config: SearchConfig
     log: EventLog = field(default_factory=EventLog)
-    forecaster: CandidateForecaster | None = None
+    forecaster: PairForecaster | None = None
     features: dict[str, dict[str, Any]] | None = None  # compile features for kernel mappings
     state: engine.SearchState = field(init=False)
 

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from models.bins import NUM_BINS
+from pipelines.forecasting.base import expected_log2
 from pipelines.search import puct, space
 from pipelines.search.config import SearchConfig
 from pipelines.search.events import (
@@ -43,7 +44,7 @@ from pipelines.search.events import (
     StepCompleted,
     StepStarted,
 )
-from pipelines.search.forecasters import confidence, expected_log2
+from pipelines.search.forecasters import confidence
 
 # Purposes of the seeded draws: distinct streams, so e.g. the random control's choice and the
 # filtered mode's tie-breaking are independent draws of the same distribution.

@@ -35,11 +35,12 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from pipelines.forecasting.references import UniformForecaster
 from pipelines.search import space
 from pipelines.search.config import MODES, SearchConfig
 from pipelines.search.driver import SearchRun, drive
 from pipelines.search.events import JsonlLog, to_json
-from pipelines.search.forecasters import UniformForecaster, forecaster_name, load_forecaster_file
+from pipelines.search.forecasters import file_forecaster, forecaster_name
 from pipelines.search.measure import LiveMeasurer, MeasureError, write_kernel_batch
 from pipelines.search.simulate import run_summary
 
@@ -122,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     forecaster = None
     try:
         if args.forecaster_file:
-            forecaster = load_forecaster_file(args.forecaster_file)
+            forecaster = file_forecaster(args.forecaster_file)
         elif args.forecaster == "uniform":
             forecaster = UniformForecaster()
         elif needs:

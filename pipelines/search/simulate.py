@@ -19,9 +19,10 @@ from typing import Any
 
 import numpy as np
 
+from pipelines.forecasting.base import PairForecaster, RecordsForecaster
 from pipelines.search.config import DEFAULT_HARDWARE, MODES, SearchConfig
 from pipelines.search.driver import SearchRun, drive
-from pipelines.search.forecasters import CandidateForecaster, MemoForecaster, forecaster_name
+from pipelines.search.forecasters import forecaster_name
 from pipelines.search.measure import SimulatedMeasurer
 from pipelines.search.table import MeasuredTable
 
@@ -66,7 +67,7 @@ class SimulationPlan:
 def simulate(
     plan: SimulationPlan,
     table: MeasuredTable,
-    forecaster: CandidateForecaster | None,
+    forecaster: PairForecaster | None,
     progress: Callable[[int, int], None] | None = None,
     forecaster_label: str | None = None,
 ) -> list[SearchRun]:
@@ -87,7 +88,7 @@ def simulate(
     runs: list[SearchRun] = []
     measurer = SimulatedMeasurer(table)
     if forecaster is not None:  # runs of a task propose the same kernels: one forecast per pair
-        forecaster = MemoForecaster(forecaster)
+        forecaster = RecordsForecaster(forecaster, remember=True)
     from threadpoolctl import threadpool_limits
 
     # One native thread: a forecast call is a few hundred rows, too small for OpenMP's threads to

@@ -24,7 +24,7 @@ import numpy as np
 import polars as pl
 
 from models.bins import NUM_BINS
-from models.classical import BinForecaster, make_classical
+from models.classical import BinClassifier, make_classical
 from models.classical.features import COMPILE_FIELDS, pair_frame
 from models.registry import HELD_OUT_MODEL
 from pipelines.surrogates.roles import STYLE_SPLIT_PREFIX, Roles, is_style_split
@@ -70,7 +70,7 @@ def frame_of(pairs: pl.DataFrame, records: Mapping[str, Mapping[str, Any]]):
 class Fitted:
     """A fitted, calibrated classical forecaster and what its fit measured."""
 
-    model: BinForecaster
+    model: BinClassifier
     kind: str
     split: str
     metrics: dict[str, float] = field(default_factory=dict)
@@ -316,7 +316,7 @@ def train_and_register(
             slots.append(None)
     fits = fit_many([(kind, split, kind_params) for _, split, kind, _, kind_params, _ in planned], roles, records,
                     max_fit, workers=workers, progress=progress)
-    members: dict[tuple[str, str], BinForecaster] = {}  # (split, kind) -> fitted model
+    members: dict[tuple[str, str], BinClassifier] = {}  # (split, kind) -> fitted model
     # Registered one at a time, in plan order: MLflow's store and DuckDB are written here.
     for (slot, split, kind, target, _, key), fitted in zip(planned, fits, strict=True):
         members[(split, kind)] = fitted.model
@@ -361,7 +361,7 @@ def _register(con, fitted: Fitted, roles: Roles, records, tracking_uri: str, tar
     return Registered(target, version, kind, split, run_id, reused=False, metrics=fitted.metrics)
 
 
-def _load_member(tracking_uri: str, slots: Sequence[Registered | None], split: str, kind: str) -> BinForecaster | None:
+def _load_member(tracking_uri: str, slots: Sequence[Registered | None], split: str, kind: str) -> BinClassifier | None:
     """A member this run re-used from the registry instead of fitting it."""
     from models.classical.registry import load_classical
 
@@ -371,7 +371,7 @@ def _load_member(tracking_uri: str, slots: Sequence[Registered | None], split: s
     return None
 
 
-def compose(kind: str, members: Sequence[BinForecaster], roles: Roles, split: str,
+def compose(kind: str, members: Sequence[BinClassifier], roles: Roles, split: str,
             records: Mapping[str, Mapping[str, Any]], max_fit: int | None = None) -> Fitted:
     """The `kind` (models.classical.COMPOSED_KINDS) of fitted members: its bin prior counted on
     the split's fit pairs (the ones the members were fitted on), its calibration Brier reported.

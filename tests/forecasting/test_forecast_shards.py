@@ -109,7 +109,7 @@ def test_a_base_model_forecasts_the_same_in_two_shards_as_in_one(tmp_path):
     two shards merged give the rows one shard gives, and those of forecast_pairs in one call."""
     import shutil
 
-    from models.backends.transformers_backend import TransformersForecaster
+    from models.backends.transformers_backend import TransformersAnswerer
     from models.base_model import resolve_base_model
     from models.service import DEFAULT_HARDWARE
     from pipelines.forecasting.llm_shards import forecast_shard, plan_base_job
@@ -138,7 +138,7 @@ def test_a_base_model_forecasts_the_same_in_two_shards_as_in_one(tmp_path):
 
     one, two = sharded(1), sharded(2)
     whole = forecast_pairs(pairs, sources, dict(DEFAULT_HARDWARE),
-                           TransformersForecaster(str(resolve_base_model("tiny", home)), readout="logprob"),
+                           TransformersAnswerer(str(resolve_base_model("tiny", home)), readout="logprob"),
                            "base:tiny", style="full").sort("pair_id")
     p_cols = [f"p{i}" for i in range(1, 9)]
     for other in (two, whole):

@@ -532,3 +532,23 @@ def test_the_context_check_examples_hold():
 
     result = doctest.testmod(context, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 2 and result.failed == 0
+
+
+def test_the_source_forecaster_is_a_pair_forecaster_of_its_adapter():
+    """Pairs of kernel records go through a SourceForecaster to its adapter as they are: the
+    adapter's numbers, its kind and model_ref, and no reader child started for them."""
+    from pipelines.forecasting.base import PairForecaster, single_anchor_pairs
+    from pipelines.forecasting.references import BinPriorForecaster
+    from pipelines.forecasting.sources import SourceForecaster
+
+    adapter = BinPriorForecaster.from_pairs(pl.DataFrame({"task": ["softmax", "softmax", "rms_norm"],
+                                                          "speedup": [1.2, 3.0, 0.4]}))
+    anchor = {"kernel_id": "a", "task": "softmax"}
+    cands = [{"kernel_id": "c1", "task": "softmax"}, {"kernel_id": "c2", "task": "rms_norm"}]
+    pairs, kernels = single_anchor_pairs(anchor, cands, "h")
+    with SourceForecaster(adapter, n_workers=1) as f:
+        assert isinstance(f, PairForecaster) and (f.kind, f.model_ref) == ("baseline", "baseline:bin_prior")
+        np.testing.assert_array_equal(f.forecast_pairs(pairs, kernels), adapter.forecast_pairs(pairs, kernels))
+        np.testing.assert_array_equal(f.predict_kernels(anchor, cands, "h"), adapter.predict_kernels(anchor, cands, "h"))
+        assert f.answer_pairs(pairs, kernels) == adapter.answer_pairs(pairs, kernels)
+        assert all(w.proc is None for w in f.pool._idle)

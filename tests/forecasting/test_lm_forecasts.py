@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from models.backends.transformers_backend import TransformersForecaster
+from models.backends.transformers_backend import TransformersAnswerer
 from models.tiny import build_tiny_model
 from pipelines.forecasting.lm_forecasts import forecast_pairs, sample_pairs
 from pipelines.generation import registry
@@ -28,7 +28,7 @@ def test_forecast_pairs_rows_fit_the_forecasts_table(tmp_path):
     assert sample_pairs(pairs, 1)["pair_id"].to_list() == ["p0"]
     model = build_tiny_model(tmp_path / "tiny")
     rows = forecast_pairs(pairs, kernels, {"device_name": "NVIDIA H200", "sm_count": 132},
-                          TransformersForecaster(str(model), readout="logprob"), "base:tiny", repeats=2)
+                          TransformersAnswerer(str(model), readout="logprob"), "base:tiny", repeats=2)
     assert rows.height == 4 and set(rows["pair_id"]) == {"p0", "p1"}
     assert rows["parse_ok"].all()
     p = rows.select([f"p{i}" for i in range(1, 9)]).to_numpy()

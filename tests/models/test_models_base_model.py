@@ -68,7 +68,7 @@ def test_smollm2_conversion_is_exact_generates_and_is_idempotent(tmp_path_factor
 
     from models.backends import ForecastRequest
     from models.backends.transformers_backend import (
-        TransformersForecaster,
+        TransformersAnswerer,
         load_model_and_tokenizer,
     )
     from models.prompts import build_prompt
@@ -123,7 +123,7 @@ def test_smollm2_conversion_is_exact_generates_and_is_idempotent(tmp_path_factor
     assert n_new >= 1 and text.strip()
 
     # The logprob readout works with SmolLM2's tokenizer (space and digit are separate tokens).
-    forecaster = TransformersForecaster(model, tok, readout="logprob")
+    forecaster = TransformersAnswerer(model, tok, readout="logprob")
     req = ForecastRequest(
         build_prompt(
             "softmax", "Row softmax.", "a = 1\n", "a = 2\n", {"name": "NVIDIA H200"}, "diff"

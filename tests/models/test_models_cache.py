@@ -1,11 +1,11 @@
-"""ForecastCache keys and storage; Forecast round trips; the shared Forecaster logic (no model)."""
+"""ForecastCache keys and storage; Forecast round trips; the shared PromptAnswerer logic (no model)."""
 
 import pickle
 import threading
 
 import pytest
 
-from models.backends import BackendError, Forecaster, ForecastRequest
+from models.backends import BackendError, ForecastRequest, PromptAnswerer
 from models.cache import ForecastCache, cache_key
 from models.forecast import Forecast
 
@@ -59,7 +59,7 @@ def test_pickle_and_threads(tmp_path):
     assert len(cache) == 8 and cache.hits == 8
 
 
-class Echo(Forecaster):
+class Echo(PromptAnswerer):
     """A fake backend: the forecast puts all mass on the bin named by the last digit of the prompt."""
 
     def __init__(self, cache=None, deterministic=True, fail_on=None):

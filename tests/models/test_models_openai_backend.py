@@ -1,4 +1,4 @@
-"""OpenAIForecaster against a real local HTTP server (stdlib http.server) speaking chat completions."""
+"""OpenAIAnswerer against a real local HTTP server (stdlib http.server) speaking chat completions."""
 
 import json
 import math
@@ -7,7 +7,7 @@ import pytest
 from chat_server import ChatServer
 
 from models.backends import BackendError, ForecastRequest
-from models.backends.openai_backend import OpenAIForecaster, label_logprobs
+from models.backends.openai_backend import OpenAIAnswerer, label_logprobs
 from models.cache import ForecastCache
 from models.prompts import ANSWER_PREFIX, build_prompt
 
@@ -79,7 +79,7 @@ def requests_(n=3):
 
 
 def test_verbalized_answers_parse(server):
-    forecaster = OpenAIForecaster(server.base_url, "good", api_key="sk-test", concurrency=3)
+    forecaster = OpenAIAnswerer(server.base_url, "good", api_key="sk-test", concurrency=3)
     out = forecaster.forecast(requests_(3))
     assert len(out) == 3 and len(server.requests) == 3
     for f in out:
@@ -96,13 +96,13 @@ def test_verbalized_answers_parse(server):
 
 
 def test_garbage_reply_is_a_recorded_parse_failure(server):
-    out = OpenAIForecaster(server.base_url, "garbage").forecast(requests_(2))
+    out = OpenAIAnswerer(server.base_url, "garbage").forecast(requests_(2))
     assert [f.parse_ok for f in out] == [False, False]
     assert out[0].parse_error == "no JSON object found" and out[0].text == "I am not sure { maybe"
 
 
 def test_transport_failures_are_retried(server):
-    out = OpenAIForecaster(server.base_url, "flaky", retries=1, backoff_s=0.01).forecast(
+    out = OpenAIAnswerer(server.base_url, "flaky", retries=1, backoff_s=0.01).forecast(
         requests_(2)
     )
     assert all(f.parse_ok for f in out)
@@ -110,25 +110,25 @@ def test_transport_failures_are_retried(server):
 
 
 def test_persistent_failure_raises_after_retries(server):
-    forecaster = OpenAIForecaster(server.base_url, "broken", retries=2, backoff_s=0.01)
+    forecaster = OpenAIAnswerer(server.base_url, "broken", retries=2, backoff_s=0.01)
     with pytest.raises(BackendError, match="HTTP 500"):
         forecaster.forecast(requests_(1))
     assert len(server.requests) == 3
     with pytest.raises(BackendError, match="HTTP 400"):
-        OpenAIForecaster(server.base_url, "bad-request", retries=3, backoff_s=0.01).forecast(
+        OpenAIAnswerer(server.base_url, "bad-request", retries=3, backoff_s=0.01).forecast(
             requests_(1)
         )
     assert len(server.requests) == 4  # a 400 is not retried
 
 
 def test_unreachable_server_raises_backend_error():
-    forecaster = OpenAIForecaster("http://127.0.0.1:9/v1", "good", retries=0, timeout_s=2)
+    forecaster = OpenAIAnswerer("http://127.0.0.1:9/v1", "good", retries=0, timeout_s=2)
     with pytest.raises(BackendError):
         forecaster.forecast(requests_(1))
 
 
 def test_logprob_readout(server):
-    forecaster = OpenAIForecaster(server.base_url, "logprobs", use_logprobs=True)
+    forecaster = OpenAIAnswerer(server.base_url, "logprobs", use_logprobs=True)
     (f,) = forecaster.forecast(requests_(1), repeats=1)
     assert f.parse_ok and f.readout == "logprob" and f.predicted_bin == 6
     assert f.raw_sum == pytest.approx(0.8)  # 0.5 + (0.2 + 0.1 for " 5" and "5")
@@ -147,21 +147,21 @@ def test_logprob_readout(server):
 
 def test_cache_serves_a_rerun_without_requests(server, tmp_path):
     cache = ForecastCache(tmp_path)
-    first = OpenAIForecaster(server.base_url, "good", cache=cache).forecast(requests_(2), repeats=3)
+    first = OpenAIAnswerer(server.base_url, "good", cache=cache).forecast(requests_(2), repeats=3)
     assert len(server.requests) == 2  # greedy: repeats share one request
-    again = OpenAIForecaster(server.base_url, "good", cache=ForecastCache(tmp_path)).forecast(
+    again = OpenAIAnswerer(server.base_url, "good", cache=ForecastCache(tmp_path)).forecast(
         requests_(2), repeats=3
     )
     assert len(server.requests) == 2 and all(f.cached for f in again)
     assert [(f.p, f.repeat) for f in again] == [(f.p, f.repeat) for f in first]
-    sampled = OpenAIForecaster(server.base_url, "good", cache=cache, temperature=0.7)
+    sampled = OpenAIAnswerer(server.base_url, "good", cache=cache, temperature=0.7)
     sampled.forecast(requests_(2), repeats=3)
     assert len(server.requests) == 2 + 6  # sampling: every repeat is its own request and key
 
 
 def test_progress_callback(server):
     seen = []
-    OpenAIForecaster(server.base_url, "good", concurrency=1).forecast(
+    OpenAIAnswerer(server.base_url, "good", concurrency=1).forecast(
         requests_(5), progress=lambda d, t: seen.append((d, t))
     )
     assert seen[-1] == (5, 5)
@@ -170,7 +170,7 @@ def test_progress_callback(server):
 def test_json_schema_mode_sends_the_answer_schema(server):
     from models.parsing import answer_json_schema
 
-    f = OpenAIForecaster(server.base_url, "good", answer_mode="json_schema", reasoning_max_chars=120, concurrency=1)
+    f = OpenAIAnswerer(server.base_url, "good", answer_mode="json_schema", reasoning_max_chars=120, concurrency=1)
     (out,) = f.forecast(requests_(1))
     assert out.parse_ok and out.predicted_bin == 6
     fmt = server.requests[-1]["response_format"]
@@ -181,19 +181,19 @@ def test_json_schema_mode_sends_the_answer_schema(server):
 def test_tool_mode_reads_the_forced_call_and_falls_back_to_content(server):
     from models.backends.openai_backend import TOOL_NAME
 
-    (out,) = OpenAIForecaster(server.base_url, "tool", answer_mode="tool", concurrency=1).forecast(requests_(1))
+    (out,) = OpenAIAnswerer(server.base_url, "tool", answer_mode="tool", concurrency=1).forecast(requests_(1))
     body = server.requests[-1]
     assert body["tool_choice"] == {"type": "function", "function": {"name": TOOL_NAME}}
     assert body["tools"][0]["function"]["parameters"]["required"] == ["predicted_bin", "p", "reasoning"]
     assert out.parse_ok and out.predicted_bin == 2 and out.p[1] == pytest.approx(0.6)
     # A server that answers in plain content instead: the content is parsed
-    (plain,) = OpenAIForecaster(server.base_url, "good", answer_mode="tool", concurrency=1).forecast(requests_(1))
+    (plain,) = OpenAIAnswerer(server.base_url, "good", answer_mode="tool", concurrency=1).forecast(requests_(1))
     assert plain.parse_ok and plain.predicted_bin == 6
 
 
 def test_answer_modes_are_cache_keys_and_validated(server):
-    text = OpenAIForecaster(server.base_url, "good")
-    tool = OpenAIForecaster(server.base_url, "good", answer_mode="tool")
+    text = OpenAIAnswerer(server.base_url, "good")
+    tool = OpenAIAnswerer(server.base_url, "good", answer_mode="tool")
     assert "answer_mode" not in text.cache_params() and tool.cache_params()["answer_mode"] == "tool"
     with pytest.raises(ValueError, match="answer_mode"):
-        OpenAIForecaster(server.base_url, "good", answer_mode="xml")
+        OpenAIAnswerer(server.base_url, "good", answer_mode="xml")

@@ -11,7 +11,7 @@ import torch
 
 import warehouse
 from models.backends import ForecastRequest
-from models.backends.transformers_backend import TransformersForecaster
+from models.backends.transformers_backend import TransformersAnswerer
 from models.prompts import build_prompt
 from models.registry.tracking import mlflow_experiment
 from models.registry.versions import (
@@ -129,10 +129,10 @@ def test_register_alias_resolve_load_forecast(uri, run_id, adapter, tiny, con, t
 
     model, tokenizer = load_surrogate(local, read_base_model_ref(local)["base_model"])
     messages = build_prompt("softmax", "Row softmax.", "a = 1\n", "a = 2\n", {}, style="diff")
-    [forecast] = TransformersForecaster(model, tokenizer).forecast([ForecastRequest(messages)])
+    [forecast] = TransformersAnswerer(model, tokenizer).forecast([ForecastRequest(messages)])
     assert forecast.parse_ok and len(forecast.p) == 8 and math.isclose(sum(forecast.p), 1.0)
     # The adapter is applied: the forecast differs from the bare base model's.
-    [bare] = TransformersForecaster(str(tiny)).forecast([ForecastRequest(messages)])
+    [bare] = TransformersAnswerer(str(tiny)).forecast([ForecastRequest(messages)])
     assert max(abs(a - b) for a, b in zip(forecast.p, bare.p, strict=True)) > 1e-6
 
     # Lineage: model version -> dataset version -> measurements.

@@ -1,4 +1,4 @@
-"""TransformersForecaster on the tiny in-process model: both readouts, batching, cache, repeats."""
+"""TransformersAnswerer on the tiny in-process model: both readouts, batching, cache, repeats."""
 
 import math
 from pathlib import Path
@@ -8,7 +8,7 @@ import torch
 
 from models.backends import ForecastRequest
 from models.backends.transformers_backend import (
-    TransformersForecaster,
+    TransformersAnswerer,
     _common_prefix_len,
     label_split,
 )
@@ -35,8 +35,8 @@ def tiny_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def logprob_forecaster(tiny_dir) -> TransformersForecaster:
-    return TransformersForecaster(str(tiny_dir), readout="logprob", batch_size=3, device="cpu")
+def logprob_forecaster(tiny_dir) -> TransformersAnswerer:
+    return TransformersAnswerer(str(tiny_dir), readout="logprob", batch_size=3, device="cpu")
 
 
 def test_tiny_model_is_deterministic_by_seed(tiny_dir, tmp_path):
@@ -87,9 +87,9 @@ def test_logprob_readout_matches_an_unbatched_forward(logprob_forecaster):
         assert list(f.p) == pytest.approx((probs / probs.sum()).tolist(), rel=1e-4)
 
 
-def _verbalized(base: TransformersForecaster, **settings) -> TransformersForecaster:
+def _verbalized(base: TransformersAnswerer, **settings) -> TransformersAnswerer:
     """A verbalized-readout forecaster on the model and tokenizer `base` already loaded."""
-    return TransformersForecaster(base.model, base.tokenizer, readout="verbalized", **settings)
+    return TransformersAnswerer(base.model, base.tokenizer, readout="verbalized", **settings)
 
 
 def test_verbalized_readout_records_parse_failures(tiny_dir, logprob_forecaster):
@@ -112,7 +112,7 @@ def test_sampling_repeats_differ_and_retries_are_counted(logprob_forecaster):
 def test_cache_hit_makes_no_model_call(tmp_path, monkeypatch):
     model_dir = build_tiny_model(tmp_path / "model", seed=0)
     cache = ForecastCache(tmp_path / "cache")
-    forecaster = TransformersForecaster(
+    forecaster = TransformersAnswerer(
         str(model_dir), readout="logprob", cache=cache, device="cpu"
     )
     reqs = [request(1), request(2)]
@@ -128,24 +128,24 @@ def test_cache_hit_makes_no_model_call(tmp_path, monkeypatch):
     assert all(f.cached for f in second)
     assert [(f.p, f.repeat) for f in second] == [(f.p, f.repeat) for f in first]
     # A fresh forecaster on the same directory (a rerun) hits the same entries.
-    rerun = TransformersForecaster(
+    rerun = TransformersAnswerer(
         str(model_dir), readout="logprob", cache=ForecastCache(tmp_path / "cache")
     )
     monkeypatch.setattr(rerun, "_logprob_batch", no_model)
     assert [f.p for f in rerun.forecast(reqs)] == [f.p for f in first[::2]]
     # New weights saved into the same directory are a different model: no stale hits.
     build_tiny_model(model_dir, seed=1)
-    retrained = TransformersForecaster(str(model_dir), readout="logprob", cache=cache)
+    retrained = TransformersAnswerer(str(model_dir), readout="logprob", cache=cache)
     assert retrained.model_ref != forecaster.model_ref
     assert not any(f.cached for f in retrained.forecast(reqs)) and len(cache) == 4
 
 
 def test_in_memory_model_needs_a_ref_to_cache(logprob_forecaster, tmp_path):
     with pytest.raises(ValueError, match="model_ref"):
-        TransformersForecaster(
+        TransformersAnswerer(
             logprob_forecaster.model, logprob_forecaster.tokenizer, cache=ForecastCache(tmp_path)
         )
     with pytest.raises(ValueError, match="readout"):
-        TransformersForecaster(
+        TransformersAnswerer(
             logprob_forecaster.model, logprob_forecaster.tokenizer, readout="psychic"
         )

@@ -1,4 +1,4 @@
-"""VLLMOfflineForecaster: vLLM's offline engine in a child process, on the embedded SmolLM2.
+"""VLLMOfflineAnswerer: vLLM's offline engine in a child process, on the embedded SmolLM2.
 
 Slow: one engine start (~10-25 s on 2 cores with enforce_eager) for the whole module, plus a
 one-off GGUF conversion of 1.5-4 minutes when $KERNELCAST_HOME has no converted checkpoint.
@@ -10,7 +10,7 @@ One module fixture starts one `VLLMEngine` and serves three forecasters through 
 readout (2 repeats), verbalized with structured outputs (greedy), verbalized sampling (2
 repeats, short budget: mostly recorded parse failures). What is asserted is the plumbing and
 the bookkeeping, not skill: shapes, probabilities summing to 1, the logprob readout agreeing
-with TransformersForecaster on the same checkpoint (one definition), structured completions
+with TransformersAnswerer on the same checkpoint (one definition), structured completions
 being the schema's JSON, parse failures recorded, a second call served from the cache
 without starting vLLM, and the child process gone afterwards. Failure paths (no python,
 engine start failure, a child dying mid-batch, a hung child) run against stand-in runners
@@ -87,16 +87,16 @@ def _requests() -> list[ForecastRequest]:
 
 
 def _forecasters(model_dir, engine, cache):
-    from models.backends import make_forecaster
+    from models.backends import make_answerer
 
-    logprob = make_forecaster(
+    logprob = make_answerer(
         "vllm", model=model_dir, readout="logprob", engine=engine, cache=cache
     )
-    structured = make_forecaster(
+    structured = make_answerer(
         "vllm", model=model_dir, readout="verbalized", engine=engine, cache=cache,
         structured=True, reasoning_max_chars=REASONING_MAX_CHARS, max_tokens=STRUCTURED_MAX_TOKENS,
     )  # fmt: skip
-    sampled = make_forecaster(
+    sampled = make_answerer(
         "vllm", model=model_dir, readout="verbalized", engine=engine, cache=cache,
         temperature=0.8, max_tokens=SAMPLED_MAX_TOKENS, seed=7, batch_size=4,
     )  # fmt: skip
@@ -199,9 +199,9 @@ def test_logprob_readout(served):
 
 def test_logprob_readout_matches_transformers(served, model_dir):
     """Same tokens, same labels, same full-vocabulary softmax as the in-process backend."""
-    from models.backends.transformers_backend import TransformersForecaster
+    from models.backends.transformers_backend import TransformersAnswerer
 
-    hf = TransformersForecaster(str(model_dir), readout="logprob", batch_size=4, device="cpu")
+    hf = TransformersAnswerer(str(model_dir), readout="logprob", batch_size=4, device="cpu")
     reference = hf.forecast(served["requests"])
     for mine, theirs in zip(served["logprob"][::REPEATS], reference, strict=True):
         assert mine.prompt_tokens == theirs.prompt_tokens
@@ -275,9 +275,9 @@ def _one_request():
 
 
 def test_missing_python_is_a_one_line_backend_error(model_dir, tmp_path):
-    from models.backends.vllm_backend import VLLMOfflineForecaster
+    from models.backends.vllm_backend import VLLMOfflineAnswerer
 
-    forecaster = VLLMOfflineForecaster(
+    forecaster = VLLMOfflineAnswerer(
         model_dir, python="/nonexistent/python", cache=ForecastCache(tmp_path)
     )
     with pytest.raises(BackendError) as err:
@@ -288,9 +288,9 @@ def test_missing_python_is_a_one_line_backend_error(model_dir, tmp_path):
 
 def test_engine_start_failure_is_a_one_line_backend_error(model_dir, tmp_path):
     """This venv's python has no vllm: the runner reports the import error and exits."""
-    from models.backends.vllm_backend import VLLMOfflineForecaster
+    from models.backends.vllm_backend import VLLMOfflineAnswerer
 
-    forecaster = VLLMOfflineForecaster(
+    forecaster = VLLMOfflineAnswerer(
         model_dir, python=sys.executable, cache=ForecastCache(tmp_path)
     )
     with pytest.raises(BackendError) as err:
@@ -328,11 +328,11 @@ def _fake_python(tmp_path, mode: str) -> tuple[Path, Path]:
 
 @pytest.mark.parametrize("mode", ["exit", "hang"])
 def test_partial_results_stay_cached_and_child_is_gone(model_dir, tmp_path, mode):
-    from models.backends.vllm_backend import VLLMOfflineForecaster
+    from models.backends.vllm_backend import VLLMOfflineAnswerer
 
     python, pidfile = _fake_python(tmp_path, mode)
     cache = ForecastCache(tmp_path / "cache")
-    forecaster = VLLMOfflineForecaster(model_dir, python=python, cache=cache, timeout_s=3)
+    forecaster = VLLMOfflineAnswerer(model_dir, python=python, cache=cache, timeout_s=3)
     two = _one_request() + [ForecastRequest([{"role": "user", "content": "Another pair."}], "r1")]
     with pytest.raises(BackendError) as err:
         forecaster.forecast(two)
@@ -340,7 +340,7 @@ def test_partial_results_stay_cached_and_child_is_gone(model_dir, tmp_path, mode
     assert "1 of 2 requests failed" in message and "\n" not in message
     assert ("timed out" if mode == "hang" else "exited (code 3)") in message
     assert len(cache) == 1  # the answer that arrived is kept
-    (first,) = VLLMOfflineForecaster(model_dir, python="/nonexistent", cache=cache).forecast(
+    (first,) = VLLMOfflineAnswerer(model_dir, python="/nonexistent", cache=cache).forecast(
         two[:1]
     )
     assert first.cached and first.parse_ok and first.predicted_bin == 1 and first.prompt_tokens == 7

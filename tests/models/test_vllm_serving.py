@@ -112,7 +112,7 @@ def test_llm_mutator_against_vllm(vllm_server):
 
 def test_openai_forecaster_logprob_readout_against_vllm(vllm_server):
     from models.backends import ForecastRequest
-    from models.backends.openai_backend import OpenAIForecaster
+    from models.backends.openai_backend import OpenAIAnswerer
     from models.prompts import build_prompt
     from pipelines.generation.reference import reference_source
     from pipelines.generation.registry import render_point, seed_point
@@ -125,7 +125,7 @@ def test_openai_forecaster_logprob_readout_against_vllm(vllm_server):
         {"name": "NVIDIA H200"},
         "diff",
     )
-    forecaster = OpenAIForecaster(
+    forecaster = OpenAIAnswerer(
         vllm_server, SERVED_NAME, use_logprobs=True, concurrency=1, retries=1, timeout_s=600.0
     )
     (f,) = forecaster.forecast([ForecastRequest(messages, "p0")])
@@ -146,14 +146,14 @@ def test_openai_forecaster_structured_answers_against_vllm(vllm_server, mode):
     set" even when started with --tool-call-parser hermes; tests/models/test_models_openai_backend.py
     covers its request and reply handling.)"""
     from models.backends import ForecastRequest
-    from models.backends.openai_backend import OpenAIForecaster
+    from models.backends.openai_backend import OpenAIAnswerer
     from models.prompts import build_prompt
     from pipelines.generation.reference import reference_source
     from pipelines.generation.registry import render_point, seed_point
 
     messages = build_prompt("softmax", "Row softmax of a matrix.", reference_source("softmax"),
                             render_point(seed_point("softmax")), {"name": "NVIDIA H200"}, "compact")
-    forecaster = OpenAIForecaster(vllm_server, SERVED_NAME, answer_mode=mode, reasoning_max_chars=60,
+    forecaster = OpenAIAnswerer(vllm_server, SERVED_NAME, answer_mode=mode, reasoning_max_chars=60,
                                   max_tokens=200, concurrency=1, retries=1, timeout_s=600.0)
     (f,) = forecaster.forecast([ForecastRequest(messages, "p0")])
     assert f.parse_ok, f.parse_error

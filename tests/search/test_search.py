@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import search_toy
 
+from pipelines.forecasting.base import checked_probs
+from pipelines.forecasting.references import OracleForecaster, UniformForecaster
 from pipelines.search import engine, puct
 from pipelines.search.config import MODES, SearchConfig
 from pipelines.search.driver import SearchRun, drive
@@ -32,9 +34,6 @@ from pipelines.search.events import (
 )
 from pipelines.search.forecasters import (
     ForecasterContext,
-    OracleForecaster,
-    UniformForecaster,
-    checked_probs,
     register_forecaster,
     resolve_forecaster,
     unregister_forecaster,

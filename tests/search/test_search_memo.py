@@ -1,5 +1,6 @@
 """The simulation asks its forecaster once per distinct (anchor, candidate) pair: every run
-gets the rows it would have got from the forecaster itself, with far fewer calls."""
+gets the rows it would have got from the forecaster itself, with far fewer calls. The
+remembering wrapper (RecordsForecaster) is itself a PairForecaster: pairs frames in too."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import numpy as np
 import pytest
 import search_toy
 
-from pipelines.search.forecasters import MemoForecaster, OracleForecaster
+from pipelines.forecasting.base import RecordsForecaster, single_anchor_pairs
+from pipelines.forecasting.references import OracleForecaster
 from pipelines.search.simulate import SimulationPlan, run_summary, simulate
 
 
@@ -51,7 +53,7 @@ def test_memo_gives_the_runs_of_the_forecaster_itself_with_fewer_calls(toy):
 
 def test_memo_remembers_per_pair_and_passes_bad_answers_on(toy):
     inner = Counting(OracleForecaster(toy))
-    memo = MemoForecaster(inner)
+    memo = RecordsForecaster(inner, remember=True)
     anchor = {"kernel_id": "ref", "generator": "reference"}
     kids = sorted(toy.outcomes)[:3]
     cands = [{"kernel_id": k} for k in kids]
@@ -67,4 +69,29 @@ def test_memo_remembers_per_pair_and_passes_bad_answers_on(toy):
             return np.ones((1, 3))
 
     with pytest.raises(ValueError, match="shape"):
-        MemoForecaster(Wrong()).predict_kernels(anchor, cands, "toy-hw")
+        RecordsForecaster(Wrong(), remember=True).predict_kernels(anchor, cands, "toy-hw")
+
+
+def test_the_wrapper_answers_pairs_frames_as_the_records_it_wraps(toy):
+    """A predict_kernels object behind the one interface: forecast_pairs of the single-anchor
+    pairs gives the inner object's rows; an object without predict_kernels is refused."""
+    inner = Counting(OracleForecaster(toy))
+    wrapped = RecordsForecaster(inner)
+    anchor = {"kernel_id": "ref", "generator": "reference", "task": search_toy.TASK}
+    cands = [{"kernel_id": k, "task": search_toy.TASK} for k in sorted(toy.outcomes)[:4]]
+    pairs, kernels = single_anchor_pairs(anchor, cands, "toy-hw")
+    np.testing.assert_array_equal(wrapped.forecast_pairs(pairs, kernels), inner.predict_kernels(anchor, cands, "toy-hw"))
+    assert wrapped.name == "counting" and wrapped.calls == 1 and not wrapped.memo
+    with pytest.raises(ValueError, match="no predict_kernels"):
+        RecordsForecaster(object())
+
+
+def test_the_measured_oracle_answers_frames_and_records_alike(toy):
+    """The search's oracle (measured outcomes) gives the same rows through both doors."""
+    oracle = OracleForecaster(toy)
+    anchor = {"kernel_id": "ref", "generator": "reference", "task": search_toy.TASK}
+    cands = [{"kernel_id": k, "task": search_toy.TASK} for k in sorted(toy.outcomes)] + [{"kernel_id": "nowhere"}]
+    pairs, kernels = single_anchor_pairs(anchor, cands, "toy-hw")
+    rows = oracle.predict_kernels(anchor, cands, "toy-hw")
+    np.testing.assert_array_equal(oracle.forecast_pairs(pairs, kernels), rows)
+    assert rows[-1].tolist() == [0.125] * 8 and (rows[:-1].max(axis=1) == 1.0).all()

@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 import search_toy
 
+from pipelines.forecasting.references import OracleForecaster, UniformForecaster
 from pipelines.search import space
 from pipelines.search.coverage import Imputer, coverage, frontier, proposed, write_frontier_batch
-from pipelines.search.forecasters import OracleForecaster, UniformForecaster
 from pipelines.search.simulate import SimulationPlan, simulate
 from warehouse.formats import KERNEL_BATCH_SCHEMA
 

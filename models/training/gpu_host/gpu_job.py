@@ -235,14 +235,14 @@ def run_grpo_variant(job: Path, run: Path, variant: Variant, stop_at: float, bas
               "split": variant.split, "metrics": result.metrics}
     if result.finished:
         from models.backends import ForecastRequest
-        from models.backends.transformers_backend import TransformersForecaster
+        from models.backends.transformers_backend import TransformersAnswerer
 
         t1 = time.time()
         model, tokenizer = _load_for_eval(merged, folder / "grpo", "lora")  # the GRPO adapter on its base
         calib = rows_for(meta, kernels, pairs, variant.calibration_role, variant.style)
         evals = rows_for(meta, kernels, pairs, variant.eval_role, variant.style)
         forecasts = _evaluate_logprob(model, tokenizer, {variant.calibration_role: calib, variant.eval_role: evals})
-        verbal = TransformersForecaster(model, tokenizer, readout="verbalized", temperature=1.0, max_new_tokens=160,
+        verbal = TransformersAnswerer(model, tokenizer, readout="verbalized", temperature=1.0, max_new_tokens=160,
                                         batch_size=64, model_ref=f"grpo:{variant.name}")
         for r, f in zip(evals, verbal.forecast([ForecastRequest(r["prompt"]) for r in evals]), strict=True):
             forecasts.append({"pair_id": r["pair_id"], "role": variant.eval_role, "readout": "verbalized",
