@@ -13,7 +13,7 @@ program). The task's reference is timed the same way once per task. Nothing of t
 timing is used: not its feed, cover, flush, verifier or statistic. Correctness is the worker's
 business; this only times.
 
-`compare` (anywhere) puts each kernel's worker label (`speedup`, and `device_speedup` where the
+`compare` (anywhere) puts each kernel's worker label (`speedup`, and `program_speedup` where the
 row has it) beside the independent speedup: bins (docs/method.md), the median |log2 ratio|, and
 every kernel whose two figures are more than 1.5x apart, with the row's host and device times per
 case so a disagreement can be explained.
@@ -120,11 +120,11 @@ def compare(results: str, independent: str, names: dict[str, str] | None = None)
     pairs, far = [], []
     for t in timed:
         row = rows[t["kernel_id"]]
-        label, device = float(row["speedup"]), row.get("device_speedup")
+        label, program = float(row["speedup"]), row.get("program_speedup")
         ratio = abs(math.log2(label / t["speedup"]))
         bins = table_bins(checked_speedups([label, t["speedup"]]))
         entry = {"kernel_id": t["kernel_id"], "task": t["task"], "name": (names or {}).get(t["kernel_id"]),
-                 "worker": label, "worker_device_only": device, "independent": t["speedup"],
+                 "worker": label, "worker_program": program, "independent": t["speedup"],
                  "same_bin": bool(bins[0] == bins[1]), "log2_ratio": ratio,
                  "launch_bound": row.get("launch_bound")}
         pairs.append(entry)
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{report['median_abs_log2_ratio']}, {len(report['over_1_5x'])} more than {DISAGREE}x apart")
     for d in report["over_1_5x"]:
         print(f"  {d['task']} {d['name'] or d['kernel_id'][:12]}: worker {d['worker']:.3g}x "
-              f"(device only {d['worker_device_only']}), independent {d['independent']:.3g}x")
+              f"(program {d['worker_program']}), independent {d['independent']:.3g}x")
     return 0
 
 

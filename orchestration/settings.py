@@ -259,11 +259,22 @@ def _with_library_dir_env(settings: Settings) -> Settings:
     return replace(settings, evaluation=replace(settings.evaluation, library_dir=folder))
 
 
+def _with_reference_hardware_env(settings: Settings) -> Settings:
+    """KERNELCAST_REFERENCE_HARDWARE (a hardware id, e.g. nvidia-h100-80gb-hbm3-sm90) on top of the
+    profile (CurationSettings.reference_hardware): the card whose pairs the forecasters learn
+    from and are scored on in every split; the others are the cross-hardware settings."""
+    card = os.environ.get("KERNELCAST_REFERENCE_HARDWARE", "").strip()
+    if not card:
+        return settings
+    return replace(settings, curation=replace(settings.curation, reference_hardware=card))
+
+
 def load_settings(profile: str | None = None, home: str | Path | None = None) -> Settings:
     """Resolve the profile (argument, then KERNELCAST_PROFILE, then 'default') into Settings,
-    with the environment overrides of the fan-out, the LLM mode and the external folder on top
-    (the one place the documented KERNELCAST_* variables are read)."""
-    return _with_library_dir_env(_with_llm_env(_with_fanout_env(_profile_settings(profile, home))))
+    with the environment overrides of the fan-out, the LLM mode, the external folder and the
+    reference card on top (the one place the documented KERNELCAST_* variables are read)."""
+    return _with_reference_hardware_env(
+        _with_library_dir_env(_with_llm_env(_with_fanout_env(_profile_settings(profile, home)))))
 
 
 def _profile_settings(profile: str | None, home: str | Path | None) -> Settings:

@@ -51,7 +51,7 @@ STATUSES = ("ok", "failed")
 _MEASUREMENT_COLUMNS = [f.name for f in RESULT_SCHEMA if f.name != "hardware_json"]
 _LIST_COLUMNS = [f.name for f in RESULT_SCHEMA if pa.types.is_list(f.type) and f.name != "case_ids"]
 # Columns result files written before the worker recorded them lack; read as null.
-_OPTIONAL_RESULT_COLUMNS = ("sandbox", "kernel_host_ms", "ref_host_ms", "device_speedup", "launch_bound",
+_OPTIONAL_RESULT_COLUMNS = ("sandbox", "kernel_host_ms", "ref_host_ms", "program_speedup", "launch_bound",
                             "autotune_json")
 _TIME_LISTS = ("kernel_median_ms", "kernel_mean_ms", "ref_median_ms", "ref_mean_ms")  # ms, finite and > 0
 _STDERR_LISTS = ("kernel_stderr_ms", "ref_stderr_ms")  # >= 0; inf allowed (a single timed call)

@@ -12,8 +12,8 @@ runs kernel code, checks the claim against what it saw:
 * `ReferenceBook`: reference timings are kept here, per task and case, as the child takes them;
   a row uses the middle of the last few the parent accepted, never the child's cache.
 * `timing_fields`: the row's per-case lists and speedups are computed here from the kernel's
-  timings and the book. Under kernelcast a case's time is what a program calling the callable
-  back to back sees, the slower of its device time and its host time per call (`program_ms`).
+  timings and the book: the label is over device times; beside it, under kernelcast, the speedup
+  over the slower of device and host time per case (`program_ms`).
 
 Imports only the standard library.
 """
@@ -137,10 +137,10 @@ def stat(t: dict, protocol: str) -> float:
 
 
 def program_ms(t: dict, protocol: str) -> float:
-    """A case's time as a program calling the callable back to back sees it: under kernelcast the
-    slower of the device time (`stat`) and the host's time per call (timing.host_ms_of), the
-    device time alone where no host time was taken; the protocol's statistic otherwise (gpumode's
-    and paper's events already cover the host's launch work).
+    """A case's time as a program whose host does not keep ahead of the GPU sees it, calling the
+    callable back to back: under kernelcast the slower of the device time (`stat`) and the host's
+    time per call (timing.host_ms_of), the device time alone where no host time was taken; the
+    protocol's statistic otherwise (gpumode's and paper's events already cover the host's work).
 
     >>> program_ms({"median_ms": 0.05, "mean_ms": 0.05, "host_ms": 0.47}, "kernelcast")
     0.47
@@ -175,9 +175,9 @@ def timing_fields(result: dict, book: ReferenceBook, task: str, protocol: str, t
     if any(r is None for r in refs):
         missing = next(c for c, r in zip(case_ids, refs) if r is None)
         return f"no reference timing of case {missing} was taken in view of the parent"
-    speedups = [program_ms(r, protocol) / program_ms(k, protocol) for r, k in zip(refs, kt)]
-    device = [stat(r, protocol) / stat(k, protocol) for r, k in zip(refs, kt)]
-    if not all(s > 0 and math.isfinite(s) for s in speedups + device):
+    speedups = [stat(r, protocol) / stat(k, protocol) for r, k in zip(refs, kt)]
+    program = [program_ms(r, protocol) / program_ms(k, protocol) for r, k in zip(refs, kt)]
+    if not all(s > 0 and math.isfinite(s) for s in speedups + program):
         return f"non-positive or non-finite speedups {speedups}"
     speedup = _geomean(speedups)
     hosts = [t.get("host_ms") for t in kt]
@@ -197,6 +197,6 @@ def timing_fields(result: dict, book: ReferenceBook, task: str, protocol: str, t
         "kernel_host_ms": None if all(h is None for h in hosts) else [None if h is None else float(h) for h in hosts],
         "ref_host_ms": (None if all(r.get("host_ms") is None for r in refs)
                         else [None if r.get("host_ms") is None else float(r["host_ms"]) for r in refs]),
-        "device_speedup": _geomean(device),
+        "program_speedup": _geomean(program),
         "launch_bound": any(h is not None and float(h) > stat(k, protocol) for h, k in zip(hosts, kt)),
     }

@@ -146,9 +146,10 @@ def host_ms_of(enqueue_s: list[float], synced_wall_s: list[float]) -> float:
     synchronised on its own from an idle GPU (a callable that waits for the GPU inside the call
     waits for the cover too when it is issued; alone, it waits for its own work only).
 
-    The events of a kernelcast call cover device time alone; a program that calls the kernel
-    back to back is held to the slower of the two, so a Python wrapper that takes 0.47 ms to
-    launch 0.05 ms of GPU work runs at one call per 0.47 ms (audit.program_ms).
+    The events of a kernelcast call cover device time alone; a program whose host does not keep
+    ahead of the GPU is held to the slower of the two, so a Python wrapper that takes 0.47 ms to
+    launch 0.05 ms of GPU work runs at one call per 0.47 ms there (audit.program_ms). Measured in
+    the worker, beside compile children that load the host, it is an upper bound.
 
     >>> host_ms_of([20e-6, 30e-6, 40e-6], [90e-6, 95e-6])
     0.03

@@ -207,7 +207,7 @@ class _Run:
         }
         for key in ("case_ids", "kernel_median_ms", "kernel_mean_ms", "kernel_stderr_ms", "kernel_reps", "ref_median_ms",
                     "ref_mean_ms", "ref_stderr_ms", "ref_reps", "case_speedups", "speedup", "needs_recheck",
-                    "kernel_host_ms", "ref_host_ms", "device_speedup", "launch_bound", "autotune_json"):
+                    "kernel_host_ms", "ref_host_ms", "program_speedup", "launch_bound", "autotune_json"):
             row[key] = result.get(key) if row["status"] == "ok" else None
         if row["status"] != "ok":
             row["status"], row["speedup"] = "failed", None

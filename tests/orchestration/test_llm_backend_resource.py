@@ -138,6 +138,13 @@ def test_the_documented_external_folder_variable_is_read_in_the_settings(tmp_pat
     assert load_settings("smoke", tmp_path).evaluation.library_dir == str(tmp_path / "fetched")
 
 
+def test_the_reference_card_variable_picks_the_card_forecasters_learn_from(tmp_path, monkeypatch):
+    monkeypatch.delenv("KERNELCAST_REFERENCE_HARDWARE", raising=False)
+    assert load_settings("smoke", tmp_path).curation.reference_hardware == "nvidia-h200-sm90"
+    monkeypatch.setenv("KERNELCAST_REFERENCE_HARDWARE", "nvidia-h100-80gb-hbm3-sm90")
+    assert load_settings("smoke", tmp_path).curation.reference_hardware == "nvidia-h100-80gb-hbm3-sm90"
+
+
 @pytest.mark.slow
 def test_the_vllm_kind_reads_the_same_distribution_as_transformers(tmp_path, tmp_path_factory, settings):
     """SmolLM2's shard through vLLM's offline engine in a child process: the same prompts as

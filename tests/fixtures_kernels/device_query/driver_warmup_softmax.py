@@ -54,5 +54,6 @@ def custom_kernel(data):
             occupancy = min(occupancy, SIZE_SMEM // kernel.metadata.shared)
         entry = _COMPILED[block] = (kernel, max(1, occupancy) * NUM_SM)
     kernel, programs = entry
-    kernel[(min(programs, n_rows), 1, 1)](y, x, x.stride(0), y.stride(0), n_rows, n_cols)
+    # A compiled kernel launched directly takes its constexprs too (Triton 3.6 counts them)
+    kernel[(min(programs, n_rows), 1, 1)](y, x, x.stride(0), y.stride(0), n_rows, n_cols, block, stages)
     return y
