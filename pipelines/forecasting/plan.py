@@ -66,7 +66,8 @@ def plan_version_forecasts(warehouse_path: str | Path, tracking_uri: str, cfg: A
     committed = committed if committed.is_dir() else None
     with connect(warehouse_path, read_only=True) as con:
         roles = version_roles(con, version, cfg.surrogate.held_out_task)
-        records = kernel_records(con, ids_of([roles.eval, roles.held_out_eval, roles.external_pairs()]))
+        style_evals = [frames[2] for frames in roles.styles.values()]  # each held-out style's eval pairs
+        records = kernel_records(con, ids_of([roles.eval, roles.held_out_eval, roles.external_pairs(), *style_evals]))
         rows, listed, jobs = registered_forecasts(tracking_uri, version, roles, records, cfg.home, committed,
                                                   row_builder(con), cfg.surrogate.eval_pairs, progress=log,
                                                   forecast_here=forecast_here)
@@ -121,10 +122,13 @@ def _fetched_library(warehouse_path, tracking_uri, cfg, version, roles, records,
     folder = cfg.evaluation.library_dir
     if not folder:
         return [], [], None
-    refs = dict(roles.eval.select("task", "anchor_kernel_id").unique("task").rows()) if roles.eval.height else {}
     try:
         with connect(warehouse_path, read_only=True) as con:
             train = on_card(read_pairs(con, version, "train"), roles.hardware_id)
+            # Each task's reference kernel on this card (the anchor of its reference pairs): the
+            # kernel the worker timed the published ones against, in every task it has pairs of.
+            on_this_card = on_card(read_pairs(con, version), roles.hardware_id)
+        refs = reference_anchors(on_this_card)
         learned = {k for f in roles.all_frames() for c in ("candidate_kernel_id", "anchor_kernel_id")
                    for k in f[c].to_list()}
         pairs, fetched_records = read_library_dir(folder, refs, learned - set(refs.values()))
@@ -141,6 +145,18 @@ def _fetched_library(warehouse_path, tracking_uri, cfg, version, roles, records,
     note = f"{ENV}={folder}: {pairs.height} pairs of published kernels"
     log(note)
     return (pairs["pair_id"].to_list() if rows.height else []), fetched_listed, note
+
+
+def reference_anchors(pairs: pl.DataFrame) -> dict[str, str]:
+    """task -> its reference kernel: the anchor of the task's reference pairs (the kernel a
+    published kernel's speedup is over), for every task with one.
+
+    >>> reference_anchors(pl.DataFrame({"task": ["a", "a", "b"], "pair_type": ["lineage", "reference", "lineage"],
+    ...                                 "anchor_kernel_id": ["k1", "ref-a", "k2"]}))
+    {'a': 'ref-a'}
+    """
+    refs = pairs.filter(pl.col("pair_type") == "reference").select("task", "anchor_kernel_id").unique()
+    return dict(sorted(refs.rows()))
 
 
 def _as_read(records: dict[str, dict[str, Any]], home: Path, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:

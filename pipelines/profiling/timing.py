@@ -151,7 +151,7 @@ def host_ms_of(enqueue_s: list[float], synced_wall_s: list[float]) -> float:
     launch 0.05 ms of GPU work runs at one call per 0.47 ms there (audit.program_ms). Measured in
     the worker, beside compile children that load the host, it is an upper bound.
 
-    >>> host_ms_of([20e-6, 30e-6, 40e-6], [90e-6, 95e-6])
+    >>> round(host_ms_of([20e-6, 30e-6, 40e-6], [90e-6, 95e-6]), 6)
     0.03
     >>> round(host_ms_of([3e-3, 3e-3], [1e-3]), 6)
     1.0

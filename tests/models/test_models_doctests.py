@@ -22,6 +22,10 @@ MODULES = [
     "models.registry.versions",
     "pipelines.promotion.rule",
     "models.registry.tracking",
+    "models.registry.home_artifacts",
+    "pipelines.forecasting.plan",
+    "pipelines.profiling.audit",
+    "pipelines.profiling.timing",
 ]
 
 
