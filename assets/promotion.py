@@ -110,8 +110,9 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
                     mlflow: MlflowResource) -> dg.MaterializeResult:
     """The promotion decision of this run (DuckDB `promotion_decisions`, MLflow tags): @champion moves
     to the best challenger that passes the gates, beats the champion on the same eval pairs and is
-    no worse on source_only and external; @champion-external to the best on external (source_only
-    while external is empty). The decision is `pipelines.promotion.rule.decide_over_splits`."""
+    no worse on source_only and external; @champion-external to the best on the kernels people
+    write: the library split where the run was given one, else the held-out styles, else external
+    (source_only while external is empty). The decision is `pipelines.promotion.rule.decide_over_splits`."""
     from models.registry import SURROGATE_MODEL
     from pipelines.promotion.apply import ForecastListingError, apply_promotion
     from pipelines.promotion.rule import CHAMPION_EXTERNAL, PromotionPolicy
@@ -121,7 +122,8 @@ def model_promotion(context: dg.AssetExecutionContext, settings: SettingsResourc
     policy = PromotionPolicy(parse_rate_floor=sur.parse_rate_floor, min_brier_gain=sur.min_brier_gain)
     mlflow.client()
     try:
-        p = apply_promotion(warehouse.path, mlflow.tracking_uri, policy, context.run.run_id)
+        p = apply_promotion(warehouse.path, mlflow.tracking_uri, policy, context.run.run_id,
+                            settings.get().reports_dir)
     except ForecastListingError as exc:
         raise dg.Failure(str(exc)) from None
     splits, scored = p.splits, p.scored

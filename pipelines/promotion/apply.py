@@ -14,6 +14,7 @@ import polars as pl
 from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
 from pipelines.promotion.rule import GATE_PARSE_RATE, PromotionPolicy, SplitDecision
 from pipelines.promotion.scores import ScoredSplits, ScoredVersions
+from pipelines.surrogates.roles import LIBRARY_SPLIT
 
 LEGACY_KIND = "llm"  # versions registered before the `kind` tag existed are LLM adapters
 
@@ -93,7 +94,7 @@ class Promotion:
 
 
 def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: PromotionPolicy,
-                    dagster_run_id: str | None) -> Promotion:
+                    dagster_run_id: str | None, reports_dir: str | Path | None = None) -> Promotion:
     """Decide and apply this run's promotion of `SURROGATE_MODEL`'s versions (module docstring).
 
     Args:
@@ -102,6 +103,9 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
         tracking_uri: the MLflow registry (aliases and tags moved there).
         policy: the rule's thresholds.
         dagster_run_id: the run recorded with both decisions.
+        reports_dir: where the forecasts asset left the `library` split's forecasts of each
+            version (<reports_dir>/<version>/library-dir.parquet, when KERNELCAST_LIBRARY_DIR is
+            set); they are scored for @champion-external, which is decided there first.
     Raises:
         ForecastListingError: the forecasts asset's listing is missing or unusable.
     """
@@ -121,6 +125,11 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
     by_split = score_splits(parts, SURROGATE_MODEL, kinds={v: t.get("kind", LEGACY_KIND) for v, t in tags.items()},
                             rewards={v: t.get("reward", "") for v, t in tags.items()})
     by_split.scores[HELD_OUT_STYLES] = _held_out_style_scores(tracking_uri, parts, tags)
+    library = _library_forecasts(reports_dir, version)
+    if library is not None:
+        scored_library = score_splits({LIBRARY_SPLIT: library}, SURROGATE_MODEL)
+        by_split.scores[LIBRARY_SPLIT] = scored_library.scores.get(LIBRARY_SPLIT, {})
+        by_split.pairs[LIBRARY_SPLIT] = scored_library.pairs.get(LIBRARY_SPLIT, [])
     _mark_committed_only(by_split.scores, {v for v, t in tags.items() if committed_only(t)})
     splits = decide_over_splits(by_split.scores, champion, champion_ext, policy)
     set_aliases(tracking_uri, splits.champion.promote, splits.challenger, SURROGATE_MODEL, use=CHAMPION,
@@ -134,6 +143,20 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
                                            splits, scored, dagster_run_id)
     _tag_registry(tracking_uri, version, champion, splits, scored, decision_id, ext_decision_id)
     return Promotion(version, policy, champion, by_split, splits, scored, decision_id, ext_decision_id)
+
+
+def _library_forecasts(reports_dir: str | Path | None, version: str | None) -> pl.DataFrame | None:
+    """The `library` split's forecasts the forecasts asset wrote beside the version's report, or
+    None (no folder given to the run, or no rows)."""
+    from pipelines.forecasting.plan import LIBRARY_DIR_ROWS
+
+    if reports_dir is None or version is None:
+        return None
+    path = Path(reports_dir) / version / LIBRARY_DIR_ROWS
+    if not path.is_file():
+        return None
+    frame = pl.read_parquet(path)
+    return frame if frame.height else None
 
 
 def _mark_committed_only(scores: dict[str, dict[int, Any]], versions: set[int]) -> None:

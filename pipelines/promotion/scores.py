@@ -77,11 +77,16 @@ def score_versions(
         return ScoredVersions([], None, [])
     refs = {v: ref for ref in frame["model_ref"].unique().to_list() if (v := registered_version(ref, name)) is not None}
     pair_sets = {v: set(frame.filter(pl.col("model_ref") == ref)["pair_id"].to_list()) for v, ref in refs.items()}
-    common = set(frame.filter(pl.col("model_ref") == UNIFORM)["pair_id"].to_list())
+    # The uniform reference of a held-out split is listed as "baseline:uniform|<split>".
+    uniform_ref = pl.col("model_ref").cast(pl.Utf8)
+    is_uniform = (uniform_ref == UNIFORM) | uniform_ref.str.starts_with(UNIFORM + "|")
+    uniform_rows = frame.filter(is_uniform)
+    uniform_name = uniform_rows["model_ref"][0] if uniform_rows.height else UNIFORM
+    common = set(uniform_rows["pair_id"].to_list())
     for pairs in pair_sets.values():
         common &= pairs
     pairs = sorted(common)
-    _, _, uniform = _score(frame, UNIFORM, pairs) if pairs else (0, 0.0, float("nan"))
+    _, _, uniform = _score(frame, uniform_name, pairs) if pairs else (0, 0.0, float("nan"))
     scored: dict[int, ChallengerScores] = {}
     errors: dict[int, str] = {}
     for v in sorted(refs):

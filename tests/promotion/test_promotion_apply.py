@@ -6,7 +6,7 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from models.bins import speedup_to_bin
+from models.bins import BIN_LOG2_VALUES, speedup_to_bin
 from models.registry import SURROGATE_MODEL as MODEL_NAME
 from pipelines.promotion.apply import (
     ForecastListingError,
@@ -118,3 +118,46 @@ def test_a_version_holding_only_committed_forecasts_is_never_promoted(tmp_path):
     assert v2 not in got.values()
     tags = {v["version"]: v["tags"] for v in find_versions(uri, MODEL_NAME)}
     assert tags[v2]["promotion_status"] == f"held back: {GATE_FORECASTS}"
+
+
+def test_the_file_champion_is_decided_on_the_library_rows_beside_the_report(tmp_path):
+    """The library split's forecasts live beside the version's report, not in the warehouse: given
+    the reports folder, @champion-external is decided there (v2 is better on the published kernels
+    though v1 is better from source alone)."""
+    from models.registry.versions import aliases
+    from pipelines.forecasting.plan import LIBRARY_DIR_ROWS
+
+    db, uri = tmp_path / "warehouse.duckdb", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    v1, v2 = _register(uri, 2)
+    _warehouse(db, [v1, v2])
+    rows = []
+    for i in range(12):
+        y = 1 + i % 8
+        for ref, p in (("baseline:uniform", [1 / 8] * 8), (f"models:/{MODEL_NAME}/{v1}", _peaked(y, 0.3)),
+                       (f"models:/{MODEL_NAME}/{v2}", _peaked(y, 0.9))):
+            rows.append({"pair_id": f"library:{i}", "model_ref": ref, "repeat": 0, "predicted_bin": y, "argmax_bin": y,
+                         "raw_sum": 1.0, "parse_ok": True, "parse_error": None,
+                         **{f"p{b + 1}": p[b] for b in range(8)}, "task": "softmax", "hardware_id": "h",
+                         "anchor_kernel_id": "ref", "candidate_kernel_id": f"lib{i}",
+                         "speedup": 2.0 ** BIN_LOG2_VALUES[y - 1], "true_bin": y,
+                         "pair_type": "reference", "split": "library"})
+    (tmp_path / "reports" / "ds-t").mkdir(parents=True)
+    pl.DataFrame(rows).write_parquet(tmp_path / "reports" / "ds-t" / LIBRARY_DIR_ROWS)
+    p = apply_promotion(db, uri, PromotionPolicy(), "dagster-run-3", tmp_path / "reports")
+    assert p.splits.external_split == "library" and p.splits.champion_external_after == v2
+    assert aliases(uri, MODEL_NAME)["champion-external"] == v2
+    assert len(p.by_split.pairs["library"]) == 12
+
+
+def test_a_held_out_splits_uniform_reference_is_found_under_its_suffixed_name():
+    from pipelines.promotion.scores import score_versions
+
+    rows = []
+    for i in range(8):
+        for ref, p in (("baseline:uniform|held_out_style:s", [1 / 8] * 8), (f"models:/{MODEL_NAME}-held-out/4", _peaked(i + 1, 0.8))):
+            rows.append({"pair_id": f"q{i}", "model_ref": ref, "parse_ok": True, "predicted_bin": i + 1, "true_bin": i + 1,
+                         "task": "softmax", "speedup": 2.0 ** BIN_LOG2_VALUES[i], "raw_sum": 1.0, "repeat": 0,
+                         **{f"p{b + 1}": p[b] for b in range(8)}})
+    scored = score_versions(pl.DataFrame(rows), f"{MODEL_NAME}-held-out", None)
+    (only,) = scored.challengers
+    assert only.n_pairs == 8 and only.uniform_brier == pytest.approx(0.4375) and only.brier < 0.1
