@@ -122,12 +122,13 @@ def apply_promotion(warehouse_path: str | Path, tracking_uri: str, policy: Promo
     champion_ext = alias_version(tracking_uri, CHAMPION_EXTERNAL, SURROGATE_MODEL)
     tags = {v["version"]: v["tags"] for v in find_versions(tracking_uri, SURROGATE_MODEL)}
     version, parts = split_forecasts(warehouse_path)
-    by_split = score_splits(parts, SURROGATE_MODEL, kinds={v: t.get("kind", LEGACY_KIND) for v, t in tags.items()},
-                            rewards={v: t.get("reward", "") for v, t in tags.items()})
+    kinds = {v: t.get("kind", LEGACY_KIND) for v, t in tags.items()}
+    rewards = {v: t.get("reward", "") for v, t in tags.items()}
+    by_split = score_splits(parts, SURROGATE_MODEL, kinds=kinds, rewards=rewards)
     by_split.scores[HELD_OUT_STYLES] = _held_out_style_scores(tracking_uri, parts, tags)
     library = _library_forecasts(reports_dir, version)
     if library is not None:
-        scored_library = score_splits({LIBRARY_SPLIT: library}, SURROGATE_MODEL)
+        scored_library = score_splits({LIBRARY_SPLIT: library}, SURROGATE_MODEL, kinds=kinds, rewards=rewards)
         by_split.scores[LIBRARY_SPLIT] = scored_library.scores.get(LIBRARY_SPLIT, {})
         by_split.pairs[LIBRARY_SPLIT] = scored_library.pairs.get(LIBRARY_SPLIT, [])
     _mark_committed_only(by_split.scores, {v for v, t in tags.items() if committed_only(t)})

@@ -146,7 +146,7 @@ def test_the_file_champion_is_decided_on_the_library_rows_beside_the_report(tmp_
     p = apply_promotion(db, uri, PromotionPolicy(), "dagster-run-3", tmp_path / "reports")
     assert p.splits.external_split == "library" and p.splits.champion_external_after == v2
     assert aliases(uri, MODEL_NAME)["champion-external"] == v2
-    assert len(p.by_split.pairs["library"]) == 12
+    assert len(p.by_split.pairs["library"]) == 12 and p.by_split.scores["library"][v2].kind == "cost_model"
 
 
 def test_a_held_out_splits_uniform_reference_is_found_under_its_suffixed_name():
