@@ -66,8 +66,7 @@ def plan_version_forecasts(warehouse_path: str | Path, tracking_uri: str, cfg: A
     committed = committed if committed.is_dir() else None
     with connect(warehouse_path, read_only=True) as con:
         roles = version_roles(con, version, cfg.surrogate.held_out_task)
-        style_evals = [frames[2] for frames in roles.styles.values()]  # each held-out style's eval pairs
-        records = kernel_records(con, ids_of([roles.eval, roles.held_out_eval, roles.external_pairs(), *style_evals]))
+        records = kernel_records(con, ids_of(roles.scored_frames()))
         rows, listed, jobs = registered_forecasts(tracking_uri, version, roles, records, cfg.home, committed,
                                                   row_builder(con), cfg.surrogate.eval_pairs, progress=log,
                                                   forecast_here=forecast_here)

@@ -158,6 +158,11 @@ class Roles:
                 "held_out_fit": self.held_out_fit, "held_out_calibration": self.held_out_calibration,
                 "held_out_eval": self.held_out_eval}
 
+    def scored_frames(self) -> list[pl.DataFrame]:
+        """The pair frames forecasts are made of: the eval set, the held-out task's and each held-out
+        style's eval pairs, and the external pairs (their kernels need records to be forecast)."""
+        return [self.eval, self.held_out_eval, self.external_pairs(), *(fs[2] for fs in self.styles.values())]
+
     def all_frames(self) -> list[pl.DataFrame]:
         """Every pair frame of every setting, the held-out styles' and the external pairs included."""
         return [*self.by_name().values(), self.external_pairs(), *(f for fs in self.styles.values() for f in fs)]

@@ -209,6 +209,10 @@ def test_style_kernels_are_learned_from_and_each_style_is_scored_held_out():
     learned = set(roles.fit["candidate_kernel_id"].to_list()) | set(roles.calibration["candidate_kernel_id"].to_list())
     assert style_ids & learned  # the in-distribution forecasters learn from both styles
     assert sorted(roles.styles) == ["held_out_style:library-triton", "held_out_style:pytorch-programs"]
+    # every kernel a forecast is made of gets its record (the held-out styles' eval kernels too)
+    scored = {k for f in roles.scored_frames() for c in ("anchor_kernel_id", "candidate_kernel_id") for k in f[c].to_list()}
+    style_evals = {k for _, _, ev in roles.styles.values() for k in ev["candidate_kernel_id"].to_list()}
+    assert style_evals and style_evals <= scored
     assert roles.held_out_splits() == ["held_out_task", "held_out_style:library-triton",
                                        "held_out_style:pytorch-programs"]
     for gen in ("pytorch-programs", "library-triton"):
