@@ -21,10 +21,6 @@ class CuratedDataset:
     measurement_ids: list[str]
     leakage: list[str]  # training pair ids that leak eval information; must be empty
 
-    def reference_kernel_ids(self) -> dict[str, str]:
-        refs = self.pairs.filter(pl.col("pair_type") == "reference").select("task", "anchor_kernel_id").unique()
-        return dict(refs.iter_rows())
-
 
 def curate(measurements: pl.DataFrame, reference_kernel_ids: dict[str, str], *, per_bin: int, lineage_k: int,
            holdout_tasks: tuple[str, ...], cross_per_task: int, seed: int,

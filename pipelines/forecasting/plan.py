@@ -112,7 +112,9 @@ def _fetched_library(warehouse_path, tracking_uri, cfg, version, roles, records,
     folder and what came of it); a bad folder, or one holding a kernel the version learns from, is
     the report's note, not a failed run."""
     from pipelines.forecasting.registered import folder_forecasts
+    from pipelines.surrogates.classical import kernel_records
     from pipelines.surrogates.library_dir import ENV, read_library_dir
+    from warehouse.checks_curation import reference_kernel_ids
     from warehouse.datasets import read_pairs
     from warehouse.db import connect
 
@@ -124,15 +126,14 @@ def _fetched_library(warehouse_path, tracking_uri, cfg, version, roles, records,
     try:
         with connect(warehouse_path, read_only=True) as con:
             train = on_card(read_pairs(con, version, "train"), roles.hardware_id)
-            # Each task's reference kernel on this card (the anchor of its reference pairs): the
-            # kernel the worker timed the published ones against, in every task it has pairs of.
-            on_this_card = on_card(read_pairs(con, version), roles.hardware_id)
-        refs = reference_anchors(on_this_card)
+            # Each task's reference kernel: what the worker timed the published kernels against.
+            refs = reference_kernel_ids(con)
+            anchors = kernel_records(con, refs.values())
         learned = {k for f in roles.all_frames() for c in ("candidate_kernel_id", "anchor_kernel_id")
                    for k in f[c].to_list()}
         pairs, fetched_records = read_library_dir(folder, refs, learned - set(refs.values()))
         fetched_records = _as_read(fetched_records, cfg.home, log)
-        rows, fetched_listed = folder_forecasts(listed, pairs, {**records, **fetched_records}, tracking_uri,
+        rows, fetched_listed = folder_forecasts(listed, pairs, {**anchors, **records, **fetched_records}, tracking_uri,
                                                 cfg.home, committed, train)
     except ValueError as exc:
         note = f"{ENV}={folder}: {str(exc).splitlines()[0]}"
@@ -144,18 +145,6 @@ def _fetched_library(warehouse_path, tracking_uri, cfg, version, roles, records,
     note = f"{ENV}={folder}: {pairs.height} pairs of published kernels"
     log(note)
     return (pairs["pair_id"].to_list() if rows.height else []), fetched_listed, note
-
-
-def reference_anchors(pairs: pl.DataFrame) -> dict[str, str]:
-    """task -> its reference kernel: the anchor of the task's reference pairs (the kernel a
-    published kernel's speedup is over), for every task with one.
-
-    >>> reference_anchors(pl.DataFrame({"task": ["a", "a", "b"], "pair_type": ["lineage", "reference", "lineage"],
-    ...                                 "anchor_kernel_id": ["k1", "ref-a", "k2"]}))
-    {'a': 'ref-a'}
-    """
-    refs = pairs.filter(pl.col("pair_type") == "reference").select("task", "anchor_kernel_id").unique()
-    return dict(sorted(refs.rows()))
 
 
 def _as_read(records: dict[str, dict[str, Any]], home: Path, log: Callable[[str], None]) -> dict[str, dict[str, Any]]:

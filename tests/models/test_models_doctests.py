@@ -23,7 +23,6 @@ MODULES = [
     "pipelines.promotion.rule",
     "models.registry.tracking",
     "models.registry.home_artifacts",
-    "pipelines.forecasting.plan",
     "pipelines.profiling.audit",
     "pipelines.profiling.timing",
 ]
