@@ -32,7 +32,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from statistics import geometric_mean
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from warehouse.bin_edges import checked_speedups, table_bins
@@ -101,7 +103,7 @@ def time_batch(batch: str, out: str, ids: set[str] | None, limit: int | None, pe
             line = {"kernel_id": r["kernel_id"], "task": r["task"], **got}
             if "ms" in got and "ms" in ref and got["case_ids"] == ref["case_ids"]:
                 ratios = [a / b for a, b in zip(ref["ms"], got["ms"], strict=True)]
-                line["speedup"] = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+                line["speedup"] = geometric_mean(ratios)
                 line["ref_ms"] = ref["ms"]
             f.write(json.dumps(line) + "\n")
             f.flush()
@@ -166,10 +168,18 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(_time_one(args.task, args.path)))
         return 0
     if args.cmd == "time":
-        ids = set(Path(args.ids).read_text().split()) if args.ids else None
-        return time_batch(args.batch, args.out, ids, args.limit, args.per_kernel_s, args.budget_s)
-    names = json.loads(Path(args.names).read_text()) if args.names else None
-    report = compare(args.results, args.independent, names)
+        try:
+            ids = set(Path(args.ids).read_text().split()) if args.ids else None
+            return time_batch(args.batch, args.out, ids, args.limit, args.per_kernel_s, args.budget_s)
+        except (OSError, pa.ArrowException) as exc:
+            print(f"cannot time {args.batch}: {str(exc).splitlines()[0]}", file=sys.stderr)
+            return 2
+    try:
+        names = json.loads(Path(args.names).read_text()) if args.names else None
+        report = compare(args.results, args.independent, names)
+    except (OSError, ValueError, KeyError, pa.ArrowException) as exc:
+        print(f"cannot compare: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else exc}", file=sys.stderr)
+        return 2
     text = json.dumps(report, indent=1)
     if args.out:
         Path(args.out).write_text(text, encoding="utf-8")

@@ -62,10 +62,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"no {ROWS} under {reports}: run `kernelcast run` with KERNELCAST_LIBRARY_DIR set", file=sys.stderr)
         return 1
     kernels = None
-    if args.library_dir:
-        files = sorted(Path(args.library_dir).rglob("kernels*.parquet"))
-        kernels = pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed") if files else None
-    report = library_report(pl.read_parquet(found[-1]), kernels)
+    try:
+        if args.library_dir:
+            files = sorted(Path(args.library_dir).rglob("kernels*.parquet"))
+            kernels = pl.concat([pl.read_parquet(f) for f in files], how="diagonal_relaxed") if files else None
+        report = library_report(pl.read_parquet(found[-1]), kernels)
+    except (OSError, ValueError, pl.exceptions.PolarsError) as exc:
+        print(f"cannot read the library split: {str(exc).splitlines()[0]}", file=sys.stderr)
+        return 2
     print(f"{found[-1]}")
     print(f"{'forecaster':<36} {'n':>4} {'brier':>6} {'spearman':>9} {'accuracy':>9}")
     for ref, s in report["forecasters"].items():

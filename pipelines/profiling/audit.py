@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass, field
+from statistics import geometric_mean
 
 WALL_FACTOR = 1.05  # timed device time may reach the wall time, with clock granularity to spare
 WALL_SLACK_S = 0.02
@@ -152,10 +153,6 @@ def program_ms(t: dict, protocol: str) -> float:
     return max(device, float(host)) if protocol == "kernelcast" and host is not None else device
 
 
-def _geomean(values: list[float]) -> float:
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
 def timing_fields(result: dict, book: ReferenceBook, task: str, protocol: str, timed: list[str],
                   recheck_above: float) -> dict | str:
     """The row's timing columns and speedups, or a reason the claim cannot stand.
@@ -179,7 +176,7 @@ def timing_fields(result: dict, book: ReferenceBook, task: str, protocol: str, t
     program = [program_ms(r, protocol) / program_ms(k, protocol) for r, k in zip(refs, kt)]
     if not all(s > 0 and math.isfinite(s) for s in speedups + program):
         return f"non-positive or non-finite speedups {speedups}"
-    speedup = _geomean(speedups)
+    speedup = geometric_mean(speedups)
     hosts = [t.get("host_ms") for t in kt]
     return {
         "case_ids": case_ids,
@@ -197,6 +194,6 @@ def timing_fields(result: dict, book: ReferenceBook, task: str, protocol: str, t
         "kernel_host_ms": None if all(h is None for h in hosts) else [None if h is None else float(h) for h in hosts],
         "ref_host_ms": (None if all(r.get("host_ms") is None for r in refs)
                         else [None if r.get("host_ms") is None else float(r["host_ms"]) for r in refs]),
-        "program_speedup": _geomean(program),
+        "program_speedup": geometric_mean(program),
         "launch_bound": any(h is not None and float(h) > stat(k, protocol) for h, k in zip(hosts, kt)),
     }

@@ -156,7 +156,10 @@ def _library_forecasts(reports_dir: str | Path | None, version: str | None) -> p
     path = Path(reports_dir) / version / LIBRARY_DIR_ROWS
     if not path.is_file():
         return None
-    frame = pl.read_parquet(path)
+    try:
+        frame = pl.read_parquet(path)
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is one line
+        raise ForecastListingError(f"library split forecasts {path} unreadable: {str(exc).splitlines()[0]}") from None
     return frame if frame.height else None
 
 

@@ -40,3 +40,15 @@ def test_agreement_and_disagreements_are_counted(tmp_path):
     assert [d["kernel_id"] for d in report["over_1_5x"]] == ["b"]
     far = report["over_1_5x"][0]
     assert far["name"] == "softmax/wrapper" and far["worker_program"] == 3.0 and far["kernel_host_ms"] == [0.5]
+
+
+def test_missing_or_corrupt_inputs_are_one_line(tmp_path, capsys):
+    from benchmarks.independent_timing import main
+
+    bad = tmp_path / "bad.parquet"
+    bad.write_bytes(b"no")
+    assert main(["compare", str(tmp_path / "missing.parquet"), str(tmp_path / "i.jsonl")]) == 2
+    assert main(["compare", str(bad), str(tmp_path / "i.jsonl")]) == 2
+    assert main(["time", str(bad), "--out", str(tmp_path / "o.jsonl")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and err[0].startswith("cannot compare") and err[2].startswith("cannot time")

@@ -29,3 +29,14 @@ def test_the_best_forecaster_is_broken_down_by_task_and_source():
     assert report["forecasters"]["models:/m/2"]["spearman"] < 0 and report["forecasters"]["models:/m/2"]["brier"] == pytest.approx(2 / 3)
     assert np.isnan(report["forecasters"]["baseline:uniform"]["spearman"])  # a constant forecast ranks nothing
     assert report["per_task"] == {"a": 0.0, "b": 0.0} and set(report["per_source"]) == {"library:x/a", "library:y/b"}
+
+
+def test_a_home_without_rows_or_with_a_corrupt_file_is_one_line(tmp_path, capsys):
+    from benchmarks.library_split import ROWS, main
+
+    assert main(["--home", str(tmp_path)]) == 1
+    (tmp_path / "reports" / "ds-x").mkdir(parents=True)
+    (tmp_path / "reports" / "ds-x" / ROWS).write_bytes(b"junk")
+    assert main(["--home", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 2 and err[1].startswith("cannot read the library split")

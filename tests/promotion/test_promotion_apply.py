@@ -161,3 +161,15 @@ def test_a_held_out_splits_uniform_reference_is_found_under_its_suffixed_name():
     scored = score_versions(pl.DataFrame(rows), f"{MODEL_NAME}-held-out", None)
     (only,) = scored.challengers
     assert only.n_pairs == 8 and only.uniform_brier == pytest.approx(0.4375) and only.brier < 0.1
+
+
+def test_an_unreadable_library_rows_file_is_one_line_not_a_crash(tmp_path):
+    from pipelines.forecasting.plan import LIBRARY_DIR_ROWS
+
+    db, uri = tmp_path / "warehouse.duckdb", f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (v1,) = _register(uri, 1)
+    _warehouse(db, [v1])
+    (tmp_path / "reports" / "ds-t").mkdir(parents=True)
+    (tmp_path / "reports" / "ds-t" / LIBRARY_DIR_ROWS).write_bytes(b"not parquet")
+    with pytest.raises(ForecastListingError, match="library split forecasts .* unreadable"):
+        apply_promotion(db, uri, PromotionPolicy(), None, tmp_path / "reports")
