@@ -454,15 +454,6 @@ def evaluate(
 CHAMPION_URI = f"models:/{SURROGATE_MODEL}@champion"
 
 
-def _registered_champion(settings) -> int | None:
-    """The @champion version of the local registry, or None (no registry, nothing promoted)."""
-    if not (settings.home / "mlflow.db").is_file():
-        return None  # do not create an MLflow store just to find it empty
-    from models.registry.versions import alias_version
-
-    return alias_version(settings.mlflow_uri, "champion")
-
-
 @app.command()
 @one_line_errors
 def forecast(

@@ -248,7 +248,7 @@ def ingest_compile_features(con: duckdb.DuckDBPyConnection, path: str | Path) ->
     warehouse does not know are left out. Re-ingesting the same file changes nothing.
 
     A source-features file (it has a `compile_status` column) goes to `kernel_source_features`
-    instead, through `ingest_source_features`'s rules.
+    instead (`_ingest_source_frame`: 'error' rows and unknown kernels left out).
 
     Returns:
         Rows inserted or updated.
@@ -334,28 +334,6 @@ def forecast_features(con: duckdb.DuckDBPyConnection, kernel_ids: Iterable[str] 
             feats = {k: v for k, v in r.items() if k not in ("kernel_id", "status", "compile_status", "error")}
             out.setdefault(r["kernel_id"], {}).update(feats)
     return out
-
-
-def ingest_source_features(con: duckdb.DuckDBPyConnection, path: str | Path) -> int:
-    """Upsert a source-features file (pipelines.forecasting.source_features's output: one row
-    per kernel, flat feature columns) for known kernels.
-
-    'error' rows (our side failed) and rows of kernels the warehouse does not know are left out;
-    re-ingesting the same file changes nothing.
-
-    Returns:
-        Rows inserted or updated.
-    Raises:
-        ValidationError: the file is unreadable or lacks a required column (one line).
-    """
-    try:
-        frame = pl.read_parquet(path)
-    except Exception as exc:  # noqa: BLE001 - any unreadable file is one line
-        raise ValidationError(f"{path}: unreadable source-features file ({type(exc).__name__}: {exc})") from None
-    missing = [c for c in ("kernel_id", "target", "status", "compile_status") if c not in frame.columns]
-    if missing:
-        raise ValidationError(f"{path}: source-features file lacks column(s) {', '.join(missing)}")
-    return _ingest_source_frame(con, frame)
 
 
 def _ingest_source_frame(con: duckdb.DuckDBPyConnection, frame: pl.DataFrame) -> int:

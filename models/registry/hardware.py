@@ -16,7 +16,6 @@ This module never imports dagster; the tracking URI is a plain string.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 from typing import Any
 
 from models.registry.versions import (
@@ -94,18 +93,3 @@ def champion_alias(hardware_id: str) -> str:
     'champion-h100'
     """
     return f"champion-{card_name(hardware_id)}"
-
-
-def distinct_cards(hardware_ids: Iterable[str]) -> dict[str, str]:
-    """card name -> hardware id; ValueError when two ids share a name (their aliases would clash).
-
-    >>> distinct_cards(["nvidia-h100-80gb-hbm3-sm90", "nvidia-h200-sm90"])
-    {'h100': 'nvidia-h100-80gb-hbm3-sm90', 'h200': 'nvidia-h200-sm90'}
-    """
-    out: dict[str, str] = {}
-    for hw in sorted(set(hardware_ids)):
-        name = card_name(hw)
-        if name in out:
-            raise ValueError(f"hardware {out[name]} and {hw} share the card name {name!r}; their aliases would clash")
-        out[name] = hw
-    return out

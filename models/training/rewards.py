@@ -17,9 +17,6 @@ functions with weights, which logs one curve per part (`rewards/correctness_rewa
     GRPOTrainer(..., reward_funcs=[correctness_reward, brier_reward],
                 args=GRPOConfig(..., reward_weights=[1.0, w]))
 
-`CalibratedReward(kind, weight)` is the same sum as one picklable callable, for when a single
-reward function is wanted (one curve, named e.g. "correctness_brier").
-
 >>> uniform = '{"predicted_bin": 4, "p": [0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125]}'
 >>> brier_reward([uniform], true_bin=[4]), correctness_reward([uniform, "no answer"], true_bin=[4, 4])
 ([0.5625], [1.0, 0.0])
@@ -29,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any
 
 from models.bins import NUM_BINS
 from models.forecast import Forecast
@@ -184,49 +181,3 @@ def crps_reward(
         _score(f, _true_bin(y), "crps")
         for f, y in zip(_parse_all(completions), true_bin, strict=True)
     ]
-
-
-class CalibratedReward:
-    """correctness + weight * (1 - score) as one picklable reward function.
-
-    Prefer `reward_funcs=[correctness_reward, brier_reward]` with `reward_weights=[1, w]` in
-    TRL (one curve per part); use this when a single function is wanted. Its `__name__`
-    ("correctness_brier" / "correctness_crps") names its TRL curve.
-
-    Args:
-        kind: "brier" or "crps".
-        weight: w, the weight of the calibration part (method.md: defaults to 1, honoured).
-
-    >>> reward = CalibratedReward("brier", weight=2.0)
-    >>> reward(['{"predicted_bin": 4, "p": [0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125, 0.125]}'], true_bin=[4])
-    [2.125]
-    """
-
-    def __init__(self, kind: Literal["brier", "crps"] = "brier", weight: float = 1.0) -> None:
-        if kind not in ("brier", "crps"):
-            raise ValueError(f"kind must be 'brier' or 'crps', got {kind!r}")
-        if not math.isfinite(weight) or weight < 0:
-            raise ValueError(f"weight must be finite and >= 0, got {weight!r}")
-        self.kind = kind
-        self.weight = float(weight)
-        self.__name__ = f"correctness_{kind}"
-
-    def __call__(
-        self,
-        completions: Sequence[Completion],
-        true_bin: Sequence[int],
-        log_metric: Callable[[str, float], None] | None = None,
-        **kwargs: Any,
-    ) -> list[float | None]:
-        forecasts = _parse_all(completions)
-        out: list[float | None] = []
-        for f, y in zip(forecasts, true_bin, strict=True):
-            b = _true_bin(y)
-            correct, calibration = _score(f, b, "correctness"), _score(f, b, self.kind)
-            out.append(None if correct is None else correct + self.weight * calibration)
-        if log_metric is not None and forecasts:
-            log_metric("parse_rate", sum(f.parse_ok for f in forecasts) / len(forecasts))
-        return out
-
-    def __repr__(self) -> str:
-        return f"CalibratedReward(kind={self.kind!r}, weight={self.weight!r})"

@@ -10,8 +10,7 @@ last. With budget fraction f the top k = max(1, ceil(f n)) candidates are measur
 Ties: a group of equal scores that the budget boundary cuts contributes its exact expectation
 over the random orders of the group (`tied_recovered_curve`): a constant forecaster scores
 exactly the random-order expectation, and the one-hot oracle its within-bin expectation, instead
-of whatever the kernel ids happen to sort first. A concrete top-k (for listing) breaks ties by
-kernel id (`rank_order`).
+of whatever the kernel ids happen to sort first.
 
 Budgets are whole percents 1..50, so k is computed in integers (ceil(7 * 100 / 100) must be
 7, and 0.07 * 100 in floating point is 7.000000000000001). A task's curve is the mean of its
@@ -51,40 +50,6 @@ def budget_k(n: int, percents: np.ndarray = BUDGET_PERCENTS) -> np.ndarray:
     """
     pct = np.asarray(percents, dtype=np.int64)
     return np.maximum(1, -(-(pct * n) // 100))
-
-
-def rank_order(score: np.ndarray, parse_ok: np.ndarray, tiebreak: np.ndarray) -> np.ndarray:
-    """Indices of the pool in measuring order.
-
-    Args:
-        score: (n,) higher is measured first.
-        parse_ok: (n,) bool; failures go last whatever their score.
-        tiebreak: (n,) sortable keys (kernel ids); ascending among equal scores.
-    Returns:
-        (n,) int indices.
-
-    >>> rank_order(np.array([1.0, 2.0, 2.0]), np.array([True, True, False]), np.array(["a", "b", "c"])).tolist()
-    [1, 0, 2]
-    """
-    ok = np.asarray(parse_ok, dtype=bool)
-    s = np.where(ok, np.asarray(score, dtype=np.float64), 0.0)
-    # lexsort: last key is primary. Failures last, then score descending, then tiebreak ascending.
-    tb = np.asarray(tiebreak)
-    if tb.dtype.kind not in "iu":  # strings: rank them once (integer codes sort as given)
-        tb = np.unique(tb, return_inverse=True)[1]
-    return np.lexsort((tb, -s, ~ok))
-
-
-def recovered_curve(speedup_in_order: np.ndarray, percents: np.ndarray = BUDGET_PERCENTS) -> np.ndarray:
-    """recovered(f) for a pool already in measuring order.
-
-    >>> recovered_curve(np.array([1.0, 4.0, 2.0]), np.array([1, 50, 100])).tolist()
-    [0.25, 1.0, 1.0]
-    """
-    s = np.asarray(speedup_in_order, dtype=np.float64)
-    best_so_far = np.maximum.accumulate(s)
-    k = budget_k(s.size, percents)
-    return best_so_far[k - 1] / best_so_far[-1]
 
 
 # Kept per (group size, subset size) and per pool size: a report meets a few dozen of each, and

@@ -139,7 +139,6 @@ class SearchState:
     best_curve: list[float] = field(default_factory=list)  # best true speedup after i measurements
     best_kernel: str | None = None
     finished: str | None = None
-    n_events: int = 0
 
     def node(self, kernel_id: str) -> puct.Node | None:
         for n in self.archive:
@@ -158,7 +157,6 @@ def apply(state: SearchState, event: Event) -> SearchState:
     Raises:
         LogError: the event does not fit the state (a log written by something else).
     """
-    state.n_events += 1
     if isinstance(event, Started):
         if state.config is not None:
             raise LogError("a second Started event")

@@ -56,7 +56,6 @@ ZERO_SHOT = "zero_shot"
 CALIBRATED = "calibrated"
 FITTED = "fitted"
 CALIBRATION_EVERY = 5  # of the first n pool pairs, every fifth calibrates a fitted@n forecaster
-DEFAULT_SIZES = (100, 300, 1000)
 
 
 def setting_name(setting: str, n: int | None) -> str:

@@ -486,12 +486,3 @@ def test_forecast_cli_answers_from_the_champion(graph, tmp_path, monkeypatch):
         assert json.loads(res.stdout[res.stdout.index("["):])[0]["model_version"] == 2
     else:
         assert res.output.strip().count("\n") == 0 and f"{NAME}/2" in res.output, res.output
-
-
-def test_no_registry_means_no_champion(tmp_path):
-    from orchestration.cli import _registered_champion
-    from orchestration.settings import load_settings
-
-    settings = load_settings("smoke", home=tmp_path)
-    assert _registered_champion(settings) is None
-    assert not (tmp_path / "mlflow.db").exists()  # looking does not create a store

@@ -15,19 +15,6 @@ def test_budget_k_never_zero_and_exact_ceil():
     assert utility.budget_k(1, np.array([1, 50])).tolist() == [1, 1]
 
 
-def test_rank_order_failures_last_ties_by_id():
-    score = np.array([1.0, 2.0, 2.0, 5.0])
-    ok = np.array([True, True, True, False])
-    ids = np.array(["d", "c", "b", "a"])
-    assert utility.rank_order(score, ok, ids).tolist() == [2, 1, 0, 3]
-
-
-def test_recovered_curve_hand():
-    # order by score: S = 2, 1, 4, 3 ; best = 4
-    curve = utility.recovered_curve(np.array([2.0, 1.0, 4.0, 3.0]), np.array([1, 25, 50, 75]))
-    assert curve.tolist() == [0.5, 0.5, 0.5, 1.0]
-
-
 def test_pool_of_one_recovers_everything():
     u = utility.utility(np.array(["t"]), np.array([0]), np.array([0.7]), np.array([0.0]), np.array([True]), np.array(["k"]))
     assert np.all(u.model["t"] == 1.0) and np.allclose(u.random["t"], 1.0)

@@ -1,13 +1,11 @@
 """GRPO rewards against hand-computed values; TRL's contract (lists in, one float each out)."""
 
 import json
-import pickle
 
 import numpy as np
 import pytest
 
 from models.training.rewards import (
-    CalibratedReward,
     brier_reward,
     brier_score,
     completion_text,
@@ -62,8 +60,6 @@ def test_parse_failure_scores_zero_in_every_part(bad):
         correctness_reward,
         brier_reward,
         crps_reward,
-        CalibratedReward("brier"),
-        CalibratedReward("crps"),
     ):
         assert reward([bad], true_bin=[4]) == [0.0]
 
@@ -126,35 +122,9 @@ def test_trainer_logging_hooks():
     assert metrics["parse_rate"] == 0.5
 
 
-@pytest.mark.parametrize("weight", [0.0, 0.5, 1.0, 3.0])
-def test_calibrated_reward_honours_weight(weight):
-    completions = [UNIFORM, one_hot(4), one_hot(2), "garbage"]
-    y = [4, 4, 4, 4]
-    for kind, part in (("brier", brier_reward), ("crps", crps_reward)):
-        reward = CalibratedReward(kind, weight=weight)
-        expected = [
-            c + weight * s for c, s in zip(correctness_reward(completions, y), part(completions, y))
-        ]
-        assert reward(completions, true_bin=y) == pytest.approx(expected)
-    # Uniform forecast, correct stated bin: 1 + w * 0.5625.
-    assert CalibratedReward("brier", weight)([UNIFORM], true_bin=[4]) == [
-        pytest.approx(1 + weight * 0.5625)
-    ]
-
-
-def test_calibrated_reward_is_picklable_and_named():
-    reward = pickle.loads(pickle.dumps(CalibratedReward("crps", weight=2.0)))
-    assert reward.__name__ == "correctness_crps" and reward.weight == 2.0
-    with pytest.raises(ValueError):
-        CalibratedReward("nll")
-    with pytest.raises(ValueError):
-        CalibratedReward("brier", weight=float("nan"))
-
-
 def test_trl_names_the_curves():
     from trl.trainer.utils import get_callable_name
 
-    assert get_callable_name(CalibratedReward("brier")) == "correctness_brier"
     assert [get_callable_name(f) for f in (correctness_reward, brier_reward)] == [
         "correctness_reward",
         "brier_reward",

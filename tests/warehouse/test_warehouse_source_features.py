@@ -17,7 +17,6 @@ from warehouse.kernels import (
     add_kernels,
     forecast_features,
     ingest_compile_features,
-    ingest_source_features,
     read_kernel_source_features,
 )
 
@@ -46,8 +45,8 @@ def test_a_source_features_file_goes_in_once_and_reads_back_as_columns(con, tmp_
     kids = [kernel_row(i)["kernel_id"] for i in range(3)]
     path = _file(tmp_path, kids)
     # ok and partial rows of known kernels; the 'error' row and the unknown kernel are left out
-    assert ingest_source_features(con, path) == 2
-    assert ingest_source_features(con, path) == 0  # re-ingesting changes nothing
+    assert ingest_compile_features(con, path) == 2
+    assert ingest_compile_features(con, path) == 0  # re-ingesting changes nothing
     back = {r["kernel_id"]: r for r in read_kernel_source_features(con, "sm_90")}
     assert set(back) == set(kids[:2])
     assert back[kids[0]]["n_regs"] == 40.0 and back[kids[0]]["trace_programs_log2"] == 12.5
@@ -85,11 +84,3 @@ def test_bad_source_features_are_one_line_errors(con, tmp_path):
     with pytest.raises(ValidationError, match="status"):
         add_kernel_source_features(con, pl.DataFrame({"kernel_id": [kid], "target": ["sm_90"], "status": ["great"],
                                                       "features": ["{}"]}))
-    bad = tmp_path / "bad.parquet"
-    bad.write_text("not parquet")
-    with pytest.raises(ValidationError, match="unreadable source-features file"):
-        ingest_source_features(con, bad)
-    lacking = tmp_path / "lacking.parquet"
-    pl.DataFrame({"kernel_id": [kid], "target": ["sm_90"], "status": ["ok"]}).write_parquet(lacking)
-    with pytest.raises(ValidationError, match="compile_status"):
-        ingest_source_features(con, lacking)
