@@ -429,6 +429,7 @@ def evaluate(
 
     from pipelines.evaluation.evaluate import evaluate_forecasts
     from pipelines.evaluation.report import write_report
+    from pipelines.evaluation.suite import HEADLINE
 
     try:
         frame = pl.read_parquet(forecasts)
@@ -442,9 +443,7 @@ def evaluate(
     if as_json:
         _print_json({k: v for k, v in result.items() if k != "curves"})
         return
-    keys = ("n", "parse_rate", "brier", "crps", "nll", "accuracy", "off_by_one", "ece", "aurc",
-            "selective_risk_at_50", "recovered_mean", "recovered_at_10", "within_20", "recovered_random_mean")
-    for k in keys:
+    for k in HEADLINE:
         v = result.get(k)
         ci = (result.get("intervals") or {}).get(k)
         typer.echo(f"{k:<22} {v:.4f}" + (f"  [{ci[0]:.4f}, {ci[1]:.4f}]" if ci else "") if isinstance(v, float) else f"{k:<22} {v}")

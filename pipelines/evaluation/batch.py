@@ -28,6 +28,7 @@ from typing import Any
 import polars as pl
 
 from pipelines.evaluation.evaluate import evaluate_forecasts
+from warehouse.bin_edges import P_COLS
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +48,7 @@ def code_digest() -> str:
 
 # The columns `evaluate_forecasts` reads (evaluate.py's module docstring): only they enter the
 # digest, so a forecast written again (a new created_at, another latency) is the same result.
-EVALUATED_COLUMNS = ("pair_id", "task", "true_speedup", "speedup", *(f"p{i}" for i in range(1, 9)), "predicted_bin",
+EVALUATED_COLUMNS = ("pair_id", "task", "true_speedup", "speedup", *P_COLS, "predicted_bin",
                      "repeat", "parse_ok", "candidate_kernel_id", "kernel_id", "candidate", "anchor_kernel_id",
                      "anchor", "hardware_id", "pair_type")
 

@@ -34,17 +34,9 @@ from pipelines.surrogates.cross_hardware import (
     CardRoles,
     setting_name,
 )
+from warehouse.bin_edges import P_COLS
 
 # ---------------------------------------------------------------------------- scores
-
-def _one_hot(y: np.ndarray) -> np.ndarray:
-    return np.eye(NUM_BINS)[np.asarray(y, dtype=np.int64) - 1]
-
-
-def brier_rows(p: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Halved Brier per row (method.md section 3)."""
-    return 0.5 * ((np.asarray(p, dtype=np.float64) - _one_hot(y)) ** 2).sum(axis=1)
-
 
 def scores(p: np.ndarray, pairs: pl.DataFrame, n_boot: int = 0, seed: int = 0) -> dict[str, Any]:
     """n, Brier (and its 95% bootstrap interval over pairs, stratified by task), CRPS, NLL,
@@ -53,7 +45,7 @@ def scores(p: np.ndarray, pairs: pl.DataFrame, n_boot: int = 0, seed: int = 0) -
     p = np.asarray(p, dtype=np.float64)
     if not len(y):
         return {"n": 0}
-    b = brier_rows(p, y)
+    b = sc.brier(p, y)
     pred = p.argmax(axis=1) + 1
     ok = np.ones(len(y), dtype=bool)
     out = {"n": int(len(y)), "brier": float(b.mean()), "crps": float(sc.crps(p, y).mean()),
@@ -76,7 +68,7 @@ def bin_prior(pairs: pl.DataFrame, fit: pl.DataFrame) -> np.ndarray:
     from models.baselines import bin_prior_forecasts
 
     frame = bin_prior_forecasts(pairs, fit)
-    return frame.select([f"p{i}" for i in range(1, NUM_BINS + 1)]).to_numpy()
+    return frame.select(P_COLS).to_numpy()
 
 
 # ---------------------------------------------------------------------------- agreement

@@ -91,7 +91,7 @@ CONVENTIONS = (
     ),
 )
 MAX_VIRTUAL_REPEATS = 60  # lcm of the repeat counts; e.g. counts 1..5 need 60
-NUMERIC_COLUMNS = ("true_speedup", "speedup", *(f"p{i}" for i in range(1, NUM_BINS + 1)), "predicted_bin", "repeat")
+NUMERIC_COLUMNS = ("true_speedup", "speedup", *P_COLS, "predicted_bin", "repeat")
 
 
 @dataclass(frozen=True)

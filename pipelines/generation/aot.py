@@ -366,26 +366,6 @@ def compile_many(
     return [r if r is not None else Features("error", error="not compiled") for r in results]
 
 
-def compile_features(
-    source: str,
-    task: str,
-    target: tuple[int, int] = (90, 32),
-    timeout_s: float = DEFAULT_TIMEOUT_S,
-    case: str = "benchmark",
-) -> Features:
-    """Compile features of one kernel module (a one-worker `compile_many`).
-
-    Args:
-        source: module source defining custom_kernel(data).
-        task: task name (registry or KERNELCAST_TASK_MODULES).
-        target: (compute capability, warp size).
-        timeout_s: time limit for this kernel.
-        case: 'benchmark' or 'correctness' (see the module docstring).
-    """
-    rec = {"source": source, "task": task, "language": "triton"}
-    return compile_many([rec], n_workers=1, timeout_s=timeout_s, target=target, case=case)[0]
-
-
 # =============================================================================================
 # Child side: import, capture launches, compile for the target
 # =============================================================================================

@@ -273,12 +273,3 @@ def write_batch(frame: pl.DataFrame, path: str | os.PathLike) -> Path:
     pq.write_table(batch_table(frame), tmp, compression="zstd")
     os.replace(tmp, out)
     return out
-
-
-def read_batch(path: str | os.PathLike) -> pl.DataFrame:
-    """Read a kernel batch written by `write_batch` (or any superset of KERNEL_BATCH_SCHEMA)."""
-    frame = pl.read_parquet(path)
-    missing = [n for n in KERNEL_BATCH_SCHEMA.names if n not in frame.columns]
-    if missing:
-        raise ValueError(f"{path}: not a kernel batch, missing columns: {', '.join(missing)}")
-    return frame

@@ -42,6 +42,7 @@ from models.training.gpu_host.llm_code import (
     METRICS_FILE,
     SETTINGS,
 )
+from warehouse.bin_edges import P_COLS
 
 EMBED_VARIANT = "code-embed"
 # (components, parts) the variant chooses from by calibration Brier
@@ -192,7 +193,7 @@ def add_embed_variants(results: str | Path, bundle: str | Path, base_model: str 
             summary["ablation"][variant][name] = scores(fit_setting(pairs, embedded, fit_role, cal_role, roles, aparts, ak)[0])
         for role, (chosen, p) in probs.items():
             rows += [{"variant": variant, "role": role, "pair_id": x["pair_id"], "readout": "embed_head", "repeat": 0,
-                      **{f"p{j + 1}": float(v) for j, v in enumerate(row)}} for x, row in zip(chosen, p, strict=True)]
+                      **dict(zip(P_COLS, map(float, row), strict=True))} for x, row in zip(chosen, p, strict=True)]
         metrics["variants"][variant] = {"kind": "embed_head", "setting": setting, "features": True,
                                         "style": metrics.get("variants", {}).get("code-head", {}).get("style"),
                                         "best_epoch": None, "history": [], **record,

@@ -306,7 +306,7 @@ def test_candidates_without_workers_and_batch_roundtrip(toy_space, tmp_path):
     schema = pq.read_schema(path)
     assert schema.names[: len(KERNEL_BATCH_SCHEMA)] == KERNEL_BATCH_SCHEMA.names
     assert pq.ParquetFile(path).metadata.row_group(0).column(0).compression == "ZSTD"
-    back = candidates.read_batch(path)
+    back = pl.read_parquet(path)
     assert back["kernel_id"].to_list() == frame["kernel_id"].to_list()
     with pytest.raises(ValueError, match="mode"):
         candidates.build_candidates(TOY, 2, seed=0, compile=False, mode="nope")
