@@ -4,6 +4,7 @@ written twice (other line endings, trailing spaces, blank lines at the ends) is 
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 
 def normalise_source(source: str) -> str:
@@ -19,3 +20,13 @@ def kernel_id(source: str) -> str:
     True
     """
     return hashlib.sha256(normalise_source(source).encode("utf-8")).hexdigest()
+
+
+def kernel_record(source: str, task: str, language: str, generator: str, generator_version: str,
+                  algorithm: str | None = None, knobs_json: str | None = None,
+                  parent_kernel_id: str | None = None, mutation: str | None = None) -> dict[str, Any]:
+    """A kernel batch row (warehouse.formats.KERNEL_BATCH_SCHEMA's columns, in order), its id
+    the source's. Every generator builds its records here, so none can drift from the schema."""
+    return {"kernel_id": kernel_id(source), "task": task, "source": source, "language": language,
+            "generator": generator, "generator_version": generator_version, "algorithm": algorithm,
+            "knobs_json": knobs_json, "parent_kernel_id": parent_kernel_id, "mutation": mutation}

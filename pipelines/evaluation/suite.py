@@ -54,11 +54,6 @@ def headline_markdown(results: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-# The report's fixed splits; held-out styles and the library join them when they have pairs
-# (pipelines.surrogates.roles.ordered_splits: page order, the in-distribution page the index).
-SPLITS = ("in_distribution", "source_only", "held_out_task", "external")
-
-
 def split_folder(out_dir: Path, split: str) -> Path:
     return out_dir if split == "in_distribution" else out_dir / split.replace(":", "-")
 

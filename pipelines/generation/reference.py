@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from pipelines.tasks import TASK_MODULES
-from warehouse.ids import kernel_id
+from warehouse.ids import kernel_record
 
 GENERATOR = "reference"
 GENERATOR_VERSION = "reference-1"
@@ -47,15 +47,4 @@ def reference_record(task: str) -> dict[str, Any]:
     'reference'
     """
     source = reference_source(task)
-    return {
-        "kernel_id": kernel_id(source),
-        "task": task,
-        "source": source,
-        "language": "pytorch",
-        "generator": GENERATOR,
-        "generator_version": GENERATOR_VERSION,
-        "algorithm": "reference",
-        "knobs_json": "{}",
-        "parent_kernel_id": None,
-        "mutation": None,
-    }
+    return kernel_record(source, task, "pytorch", GENERATOR, GENERATOR_VERSION, "reference", "{}")

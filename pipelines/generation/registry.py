@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pipelines.generation.space import Family
-from warehouse.ids import kernel_id
+from warehouse.ids import kernel_record
 
 FAMILIES_PACKAGE = "pipelines.generation.families"
 
@@ -186,18 +186,8 @@ def make_record(
         knobs_json, parent_kernel_id, mutation.
     """
     src = render_point(point) if source is None else source
-    return {
-        "kernel_id": kernel_id(src),
-        "task": point.task,
-        "source": src,
-        "language": "triton",
-        "generator": GENERATOR,
-        "generator_version": GENERATOR_VERSION,
-        "algorithm": point.algorithm,
-        "knobs_json": point.knobs_json(),
-        "parent_kernel_id": parent_id,
-        "mutation": mutation,
-    }
+    return kernel_record(src, point.task, "triton", GENERATOR, GENERATOR_VERSION, point.algorithm,
+                         point.knobs_json(), parent_id, mutation)
 
 
 def point_from_record(record: Mapping[str, Any]) -> KernelPoint:

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from warehouse.ids import kernel_id
+from warehouse.ids import kernel_record
 
 GENERATOR = "rewrite"
 GENERATOR_VERSION = "rewrite-2"  # 2: load_hints sets an eviction policy or a cache modifier, never both
@@ -698,18 +698,8 @@ def rewrite_source(
 def child_record(parent: Mapping[str, Any], source: str, applied: Sequence[str]) -> dict[str, Any]:
     """KERNEL_BATCH_SCHEMA row of a rewritten child of `parent`: metadata empty, lineage set."""
     names = [a.split(":", 1)[0] for a in applied]
-    return {
-        "kernel_id": kernel_id(source),
-        "task": parent["task"],
-        "source": source,
-        "language": "triton",
-        "generator": f"{GENERATOR}:{names[0]}" if len(names) == 1 else GENERATOR,
-        "generator_version": GENERATOR_VERSION,
-        "algorithm": None,
-        "knobs_json": None,
-        "parent_kernel_id": parent["kernel_id"],
-        "mutation": "; ".join(applied),
-    }
+    return kernel_record(source, parent["task"], "triton", f"{GENERATOR}:{names[0]}" if len(names) == 1 else GENERATOR,
+                         GENERATOR_VERSION, parent_kernel_id=parent["kernel_id"], mutation="; ".join(applied))
 
 
 def rewrite_children(

@@ -15,7 +15,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from warehouse.ids import kernel_id
+from warehouse.ids import kernel_record
 
 GENERATOR_PREFIX = "handwritten"
 GENERATOR_VERSION = "handwritten-1"
@@ -49,18 +49,8 @@ def record(path: Path) -> dict[str, Any]:
         raise ValueError(f"{path}: needs STYLE = '...' and LANGUAGE = 'pytorch' | 'triton'")
     if "def custom_kernel(" not in source:
         raise ValueError(f"{path}: defines no custom_kernel(data)")
-    return {
-        "kernel_id": kernel_id(source),
-        "task": path.parent.name,
-        "source": source,
-        "language": consts["LANGUAGE"],
-        "generator": f"{GENERATOR_PREFIX}:{consts['STYLE']}",
-        "generator_version": GENERATOR_VERSION,
-        "algorithm": None,
-        "knobs_json": None,
-        "parent_kernel_id": None,
-        "mutation": None,
-    }
+    return kernel_record(source, path.parent.name, consts["LANGUAGE"], f"{GENERATOR_PREFIX}:{consts['STYLE']}",
+                         GENERATOR_VERSION)
 
 
 def records(task: str | None = None) -> list[dict[str, Any]]:

@@ -23,8 +23,7 @@ from typing import Any
 
 from pipelines.generation.styles.library_kernels import TASKS, space
 from pipelines.generation.styles.library_kernels.glue import draw
-from warehouse.formats import KERNEL_BATCH_SCHEMA
-from warehouse.ids import kernel_id
+from warehouse.ids import kernel_id, kernel_record
 
 GENERATOR = "library-triton"
 GENERATOR_VERSION = "library-triton-1"
@@ -72,7 +71,7 @@ def generate(task: str, count: int, seed: int) -> list[dict[str, Any]]:
                 continue
             misses[structure.name] = 0
             seen.add(kid)
-            records.append(_record(task, structure.name, choices, source, kid))
+            records.append(_record(task, structure.name, choices, source))
     return records
 
 
@@ -110,20 +109,9 @@ def _restore(choices: dict[str, Any]) -> dict[str, Any]:
     return {k: tuple(v) if isinstance(v, list) else v for k, v in choices.items()}
 
 
-def _record(task: str, algorithm: str, choices: dict[str, Any], source: str, kid: str) -> dict[str, Any]:
-    row = {
-        "kernel_id": kid,
-        "task": task,
-        "source": source,
-        "language": LANGUAGE,
-        "generator": GENERATOR,
-        "generator_version": GENERATOR_VERSION,
-        "algorithm": algorithm,
-        "knobs_json": json.dumps(choices, sort_keys=True),
-        "parent_kernel_id": None,
-        "mutation": None,
-    }
-    return {name: row[name] for name in KERNEL_BATCH_SCHEMA.names}
+def _record(task: str, algorithm: str, choices: dict[str, Any], source: str) -> dict[str, Any]:
+    return kernel_record(source, task, LANGUAGE, GENERATOR, GENERATOR_VERSION, algorithm,
+                         json.dumps(choices, sort_keys=True))
 
 
 __all__ = ["GENERATOR", "GENERATOR_VERSION", "LANGUAGE", "TASKS", "generate", "render", "source_for_check"]

@@ -21,8 +21,7 @@ from typing import Any
 
 from pipelines.generation.styles.pytorch_compositions.compose import TaskSpace, draw, program
 from pipelines.tasks import TASK_MODULES
-from warehouse.formats import KERNEL_BATCH_SCHEMA
-from warehouse.ids import kernel_id
+from warehouse.ids import kernel_id, kernel_record
 
 GENERATOR = "pytorch-programs"
 GENERATOR_VERSION = "pytorch-programs-1"
@@ -84,21 +83,10 @@ def generate(task: str, count: int, seed: int) -> list[dict[str, Any]]:
             misses[comp.name] = 0
             seen.add(kid)
             n_compiled += compiled
-            records.append(_record(task, comp.name, choices, source, kid))
+            records.append(_record(task, comp.name, choices, source))
     return records
 
 
-def _record(task: str, algorithm: str, choices: dict[str, Any], source: str, kid: str) -> dict[str, Any]:
-    row = {
-        "kernel_id": kid,
-        "task": task,
-        "source": source,
-        "language": LANGUAGE,
-        "generator": GENERATOR,
-        "generator_version": GENERATOR_VERSION,
-        "algorithm": algorithm,
-        "knobs_json": json.dumps(choices, sort_keys=True),
-        "parent_kernel_id": None,
-        "mutation": None,
-    }
-    return {name: row[name] for name in KERNEL_BATCH_SCHEMA.names}
+def _record(task: str, algorithm: str, choices: dict[str, Any], source: str) -> dict[str, Any]:
+    return kernel_record(source, task, LANGUAGE, GENERATOR, GENERATOR_VERSION, algorithm,
+                         json.dumps(choices, sort_keys=True))
