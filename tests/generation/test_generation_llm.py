@@ -115,17 +115,6 @@ def test_unreachable_endpoint_is_recorded(parent):
     assert child["llm_failure"] == "request_failed"
 
 
-def test_endpoint_from_env(monkeypatch):
-    monkeypatch.delenv("KERNELCAST_LLM_BASE_URL", raising=False)
-    with pytest.raises(ValueError, match="KERNELCAST_LLM_BASE_URL"):
-        LLMEndpoint.from_env()
-    monkeypatch.setenv("KERNELCAST_LLM_BASE_URL", "http://h:1/v1")
-    monkeypatch.setenv("KERNELCAST_LLM_MODEL", "m")
-    monkeypatch.setenv("KERNELCAST_LLM_API_KEY", "s")
-    ep = LLMEndpoint.from_env(timeout_s=5)
-    assert (ep.base_url, ep.model, ep.api_key, ep.timeout_s) == ("http://h:1/v1", "m", "s", 5)
-
-
 @pytest.mark.parametrize(
     "reply, expected",
     [
