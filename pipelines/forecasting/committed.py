@@ -65,11 +65,6 @@ class CommittedForecaster(PairForecaster):
                 return v.forecasts
         return pl.DataFrame(schema={"pair_id": pl.Utf8, "repeat": pl.Int64})
 
-    def covers(self, pairs: pl.DataFrame) -> np.ndarray:
-        """A boolean per pair: does the variant hold a forecast of it."""
-        held = set(self._variant_rows(pairs)["pair_id"].to_list()) if pairs.height else set()
-        return np.array([p in held for p in pairs["pair_id"].to_list()], dtype=bool)
-
     def held_forecasts(self, pairs: pl.DataFrame) -> dict[str, np.ndarray]:
         """pair_id -> its calibrated forecast (the first repeat), for the pairs of `pairs` it holds."""
         if pairs.is_empty():
