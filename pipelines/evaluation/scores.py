@@ -28,10 +28,7 @@ UNIFORM = np.full(NUM_BINS, 1.0 / NUM_BINS)
 
 def _one_hot(y: np.ndarray) -> np.ndarray:
     """(n,) bins 1..8 -> (n, 8) indicator rows."""
-    y = np.asarray(y, dtype=np.int64)
-    out = np.zeros((y.shape[0], NUM_BINS))
-    out[np.arange(y.shape[0]), y - 1] = 1.0
-    return out
+    return np.eye(NUM_BINS)[np.asarray(y, dtype=np.int64) - 1]
 
 
 def effective_probabilities(p: np.ndarray, parse_ok: np.ndarray) -> np.ndarray:

@@ -147,10 +147,6 @@ class SearchState:
         return None
 
 
-def _log2(s: float) -> float:
-    return math.log2(s)
-
-
 def apply(state: SearchState, event: Event) -> SearchState:
     """Fold one event into `state` (in place) and return it.
 
@@ -210,7 +206,7 @@ def _apply_measured(state: SearchState, event: Measured) -> SearchState:
         state.root_outcome = out
         state.closed.add(out.kernel_id)
         if out.ok:
-            state.archive = [puct.Node(out.kernel_id, _log2(out.speedup), None, ())]
+            state.archive = [puct.Node(out.kernel_id, math.log2(out.speedup), None, ())]
             state.best_curve = [out.speedup]
             state.best_kernel = out.kernel_id
         return state
@@ -257,7 +253,7 @@ def _complete_step(state: SearchState, cur: StepContext) -> None:
         for kid in measure:
             out = cur.outcomes[kid]
             if out.ok:
-                valid.append(puct.Node(kid, _log2(out.speedup), p, (p, *parent.ancestors)))
+                valid.append(puct.Node(kid, math.log2(out.speedup), p, (p, *parent.ancestors)))
         if trusted:
             probs = cur.forecasts[p]
             ids = [c.kernel_id for c in cur.proposals[p]]
