@@ -1,7 +1,7 @@
 """The worker's labels against an independent timing of the same files: Triton's `do_bench`.
 
     python3 -m benchmarks.independent_timing time BATCH.parquet --out independent.jsonl
-        [--ids ids.txt] [--limit N] [--per-kernel-s 120] [--budget-s 300]
+        [--ids ids.txt] [--limit N] [--per-kernel-s 120] [--budget-s 300] [--parallel 1]
     python3 -m benchmarks.independent_timing compare RESULTS.parquet independent.jsonl [--names names.json]
         [--out comparison.json]
 
@@ -11,7 +11,9 @@ program would: the module imported, `custom_kernel` called on each benchmark cas
 flushed before it, the median of its calls; an autotuner tunes in the first call, as in any
 program). The task's reference is timed the same way once per task. Nothing of the worker's
 timing is used: not its feed, cover, flush, verifier or statistic. Correctness is the worker's
-business; this only times.
+business; this only times. With `--parallel N`, N processes start at once, but each takes a
+lock on the GPU before its first GPU work (inputs, compile-on-first-call, timing): only the
+interpreter's start and the imports overlap, so the GPU still runs one program at a time.
 
 `compare` (anywhere) puts each kernel's worker label (`speedup`, and `program_speedup` where the
 row has it) beside the independent speedup: bins (docs/method.md), the median |log2 ratio|, and
@@ -24,6 +26,9 @@ Only the standard library, numpy, torch, triton and pyarrow: it runs on a bare G
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
+import contextlib
+import fcntl
 import json
 import math
 import os
@@ -40,6 +45,7 @@ import pyarrow.parquet as pq
 from warehouse.bin_edges import checked_speedups, table_bins
 
 DISAGREE = 1.5  # two speedups further apart than this are listed, to be explained
+LOCK_ENV = "KERNELCAST_INDEPENDENT_GPU_LOCK"  # the file whose lock a timing process holds on the GPU
 
 
 def _time_one(task_name: str, source_path: str | None) -> dict:
@@ -53,18 +59,35 @@ def _time_one(task_name: str, source_path: str | None) -> dict:
     from pipelines.profiling.taskload import load_task
 
     task = load_task(task_name)
-    fn = task.ref_kernel if source_path is None else load_kernel(source_path, task)
-    case_ids, times = [], []
-    for case in task.benchmark_cases:
-        data = generate(task, case)
-        torch.cuda.synchronize()
-        times.append(float(do_bench(lambda d=data: fn(d), warmup=25, rep=100, return_mode="median")))
-        case_ids.append(task.case_id(case))
-        del data
+    with _gpu_lock():
+        # a module that asks the device at import does so under the lock, like everything after it
+        fn = task.ref_kernel if source_path is None else load_kernel(source_path, task)
+        case_ids, times = [], []
+        for case in task.benchmark_cases:
+            data = generate(task, case)
+            torch.cuda.synchronize()
+            times.append(float(do_bench(lambda d=data: fn(d), warmup=25, rep=100, return_mode="median")))
+            case_ids.append(task.case_id(case))
+            del data
     return {"case_ids": case_ids, "ms": times}
 
 
-def _child(task_name: str, source: str | None, timeout_s: float) -> dict:
+@contextlib.contextmanager
+def _gpu_lock():
+    """Hold the batch's GPU lock (an exclusive flock on LOCK_ENV's file) where one is set."""
+    path = os.environ.get(LOCK_ENV)
+    if not path:
+        yield
+        return
+    with open(path, "a+") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _child(task_name: str, source: str | None, timeout_s: float, lock: str | None = None) -> dict:
     """`_time_one` in a child process (a kernel that hangs or crashes takes only its own row)."""
     with tempfile.TemporaryDirectory(prefix="kc-independent-") as tmp:
         path = None
@@ -73,7 +96,8 @@ def _child(task_name: str, source: str | None, timeout_s: float) -> dict:
             path.write_text(source, encoding="utf-8")
         cmd = [sys.executable, "-m", "benchmarks.independent_timing", "_one", task_name] + ([str(path)] if path else [])
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=os.environ.copy())
+            env = {**os.environ, **({LOCK_ENV: lock} if lock else {})}
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=env)
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout_s:.0f} s"}
         lines = [ln for ln in done.stdout.splitlines() if ln.startswith("{")]
@@ -84,32 +108,43 @@ def _child(task_name: str, source: str | None, timeout_s: float) -> dict:
 
 
 def time_batch(batch: str, out: str, ids: set[str] | None, limit: int | None, per_kernel_s: float,
-               budget_s: float) -> int:
-    """Time the batch's kernels (and each task's reference once) into `out` (JSON lines)."""
+               budget_s: float, parallel: int = 1) -> int:
+    """Time the batch's kernels (and each task's reference once, first) into `out` (JSON lines).
+
+    `parallel` processes at a time, taking turns on the GPU (`_gpu_lock`); the budget stops new
+    kernels from starting, those running finish."""
     rows = pq.read_table(batch, columns=["kernel_id", "task", "source"]).to_pylist()
     if ids is not None:
         rows = [r for r in rows if r["kernel_id"] in ids]
     rows = rows[:limit] if limit else rows
     start, refs, done = time.monotonic(), {}, 0
-    with open(out, "w", encoding="utf-8") as f:
-        for r in rows:
+    with tempfile.TemporaryDirectory(prefix="kc-independent-lock-") as tmp, open(out, "w", encoding="utf-8") as f:
+        lock = str(Path(tmp) / "gpu.lock") if parallel > 1 else None
+        for task_name in dict.fromkeys(r["task"] for r in rows):
+            refs[task_name] = _child(task_name, None, per_kernel_s)
+            f.write(json.dumps({"reference": task_name, **refs[task_name]}) + "\n")
+
+        def one(r: dict) -> dict | None:
             if time.monotonic() - start > budget_s:
-                print(f"budget of {budget_s:.0f} s spent: {done} of {len(rows)} kernels timed", flush=True)
-                break
-            if r["task"] not in refs:
-                refs[r["task"]] = _child(r["task"], None, per_kernel_s)
-                f.write(json.dumps({"reference": r["task"], **refs[r["task"]]}) + "\n")
-            ref, got = refs[r["task"]], _child(r["task"], r["source"], per_kernel_s)
-            line = {"kernel_id": r["kernel_id"], "task": r["task"], **got}
-            if "ms" in got and "ms" in ref and got["case_ids"] == ref["case_ids"]:
-                ratios = [a / b for a, b in zip(ref["ms"], got["ms"], strict=True)]
-                line["speedup"] = geometric_mean(ratios)
-                line["ref_ms"] = ref["ms"]
-            f.write(json.dumps(line) + "\n")
-            f.flush()
-            done += 1
-            print(f"{done}/{len(rows)} {r['task']} {r['kernel_id'][:12]} "
-                  f"{line.get('speedup', line.get('error', '?'))}", flush=True)
+                return None
+            return {"kernel_id": r["kernel_id"], "task": r["task"], **_child(r["task"], r["source"], per_kernel_s, lock)}
+
+        with concurrent.futures.ThreadPoolExecutor(max(1, parallel)) as pool:
+            for line in pool.map(one, rows):
+                if line is None:
+                    continue
+                ref, got = refs[line["task"]], line
+                if "ms" in got and "ms" in ref and got["case_ids"] == ref["case_ids"]:
+                    ratios = [a / b for a, b in zip(ref["ms"], got["ms"], strict=True)]
+                    line["speedup"] = geometric_mean(ratios)
+                    line["ref_ms"] = ref["ms"]
+                f.write(json.dumps(line) + "\n")
+                f.flush()
+                done += 1
+                print(f"{done}/{len(rows)} {line['task']} {line['kernel_id'][:12]} "
+                      f"{line.get('speedup', line.get('error', '?'))}", flush=True)
+        if done < len(rows):
+            print(f"budget of {budget_s:.0f} s spent: {done} of {len(rows)} kernels timed", flush=True)
     return 0
 
 
@@ -155,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--limit", type=int)
     t.add_argument("--per-kernel-s", type=float, default=120.0)
     t.add_argument("--budget-s", type=float, default=300.0)
+    t.add_argument("--parallel", type=int, default=1,
+                   help="processes at once; they take turns on the GPU, only start-up and imports overlap")
     c = sub.add_parser("compare", help="worker results beside the independent timing")
     c.add_argument("results")
     c.add_argument("independent")
@@ -170,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "time":
         try:
             ids = set(Path(args.ids).read_text().split()) if args.ids else None
-            return time_batch(args.batch, args.out, ids, args.limit, args.per_kernel_s, args.budget_s)
+            return time_batch(args.batch, args.out, ids, args.limit, args.per_kernel_s, args.budget_s, args.parallel)
         except (OSError, pa.ArrowException) as exc:
             print(f"cannot time {args.batch}: {str(exc).splitlines()[0]}", file=sys.stderr)
             return 2

@@ -52,3 +52,22 @@ def test_missing_or_corrupt_inputs_are_one_line(tmp_path, capsys):
     assert main(["time", str(bad), "--out", str(tmp_path / "o.jsonl")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and err[0].startswith("cannot compare") and err[2].startswith("cannot time")
+
+
+def test_the_gpu_lock_lets_one_process_time_at_a_time(tmp_path, monkeypatch):
+    """Processes timing in parallel take turns: while one holds the lock, another cannot take it."""
+    import fcntl
+
+    from benchmarks.independent_timing import LOCK_ENV, _gpu_lock
+
+    lock = tmp_path / "gpu.lock"
+    monkeypatch.setenv(LOCK_ENV, str(lock))
+    with _gpu_lock(), open(lock, "a+") as other:
+        try:
+            fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            taken = True
+        except BlockingIOError:
+            taken = False
+    assert not taken
+    with open(lock, "a+") as other:  # released on leaving
+        fcntl.flock(other, fcntl.LOCK_EX | fcntl.LOCK_NB)
