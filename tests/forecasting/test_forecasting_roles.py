@@ -232,9 +232,9 @@ def test_a_style_kernel_anchoring_a_cross_pair_leaves_training_with_its_style():
     cross = pl.DataFrame([{"pair_id": "x-2", "task": "softmax", "hardware_id": "h",
                            "anchor_kernel_id": "pytorch-programs-softmax-5", "candidate_kernel_id": "softmax-0-1",
                            "speedup": 2.0, "true_bin": 6, "pair_type": "cross"}])
-    pairs = pl.concat([pairs, cross], how="diagonal_relaxed")
     splits = make_splits(pairs, lineage)
-    roles = forecasting_roles(splits.rl_training_pool, pl.concat([splits.eval_set, splits.external_set]), lineage,
+    train = pl.concat([splits.rl_training_pool, cross], how="diagonal_relaxed")
+    roles = forecasting_roles(train, pl.concat([splits.eval_set, splits.external_set]), lineage,
                               held_out_task="gdn_chunk_fwd_o", calibration_per_bin=2)
     fit, cal, ev = roles.for_split("held_out_style:pytorch-programs")
     assert "pytorch-programs-softmax-5" in set(ev["candidate_kernel_id"].to_list())
