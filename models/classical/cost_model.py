@@ -46,6 +46,7 @@ from models.classical.features import (
     work_ratio,
 )
 from models.classical.spread import fit_scales, laplace_bins
+from models.classical.work_prior import WorkPrior, launch_kinds
 
 DEFAULT_SCALE = 0.3  # before calibration: about the pooled value seen on H200 data
 
@@ -98,9 +99,7 @@ class CostModel(BinClassifier):
         prior = getattr(self, "prior_", None)  # models pickled before the prior have none
         if prior is None:
             return mu
-        ratio = work_ratio(frame)
-        line = prior.line(ratio)
-        return np.where(prior.novel(launch_kinds(frame)) & np.isfinite(line), line, mu + prior.predict(ratio))
+        return prior.apply(mu, np.zeros(len(mu)), work_ratio(frame), launch_kinds(frame))[0]
 
     def _scales(self, frame: pd.DataFrame) -> np.ndarray:
         scales = np.array([self.task_scales_.get(k, self.task_scales_.get(k.split("|")[0], self.scale_))
@@ -109,8 +108,7 @@ class CostModel(BinClassifier):
         if prior is None:
             return scales
         # the line's forecasts spread as its errors did on the fit pairs, at least as the trees' do
-        novel = prior.novel(launch_kinds(frame)) & np.isfinite(prior.line(work_ratio(frame)))
-        return np.where(novel, np.maximum(scales, prior.scale), scales)
+        return prior.apply(np.zeros(len(scales)), scales, work_ratio(frame), launch_kinds(frame))[1]
 
     def calibrate(self, frame: pd.DataFrame, true_bin, objective: str = "nll"):
         """Calibrate on the calibration pairs, and (with metadata dropout) on the same pairs
@@ -129,90 +127,3 @@ class CostModel(BinClassifier):
         if len(y) == 0:
             return
         self.scale_, self.task_scales_ = fit_scales(self.predict_log2(frame), y, scale_keys(frame))
-
-
-def launch_kinds(frame: pd.DataFrame) -> np.ndarray:
-    """Per pair, what the candidate's traced call launches: 'triton' (Triton kernels, with or
-    without torch ops), 'torch' (torch ops only: a PyTorch program) or 'unknown' (no trace)."""
-    launches = pd.to_numeric(frame.get("c_trace_launches", pd.Series(np.nan, index=frame.index)),
-                             errors="coerce").to_numpy(dtype=np.float64)
-    return np.where(launches > 0, "triton", np.where(launches == 0, "torch", "unknown"))
-
-
-class WorkPrior:
-    """What the cost model forecasts where its trees have no data, from the candidate-minus-anchor
-    log ratio of estimated call time (`d:work:time_log2`, models.classical.features.work_features):
-    a line of log2 S in that ratio, least squares over the fit pairs.
-
-    Why: trees do not extrapolate. Fitted on kernels of one way of writing (Triton kernels, nearly
-    all faster than the reference), they forecast for a PyTorch program that launches ten times the
-    reference's kernels and moves twice its bytes what they learned of Triton kernels. Two uses:
-    - past the fit pairs' range of the ratio, the trees' forecast goes on along the line's slope
-      (more estimated work than any fitted pair, a lower forecast); inside it, the trees alone;
-    - a candidate whose kind of launches (`launch_kinds`: Triton kernels, or torch ops only) fewer
-      than MIN_PAIRS fit pairs had is forecast by the line alone, with the spread of the line's
-      errors on the fit pairs (`scale`, at least the trees' calibrated one).
-    Pairs of kinds the trees saw, inside the range, are the trees' alone, so a forecaster's figures
-    on the pairs it was made for do not move; pairs without a trace are left to the trees.
-
-    Attributes:
-        slope, intercept: the line (slope None: no line, no offset, nothing novel).
-        low, high: the fit pairs' range of the ratio.
-        scale: the mean absolute error of the line on the fit pairs (a Laplace scale).
-        kinds: fit pairs per launch kind.
-    """
-
-    MIN_PAIRS = 20  # fewer pairs with a known ratio: no line; fewer of a launch kind: novel
-
-    def __init__(self, slope: float | None, intercept: float = 0.0, low: float = 0.0, high: float = 0.0,
-                 scale: float = 0.0, kinds: dict[str, int] | None = None):
-        self.slope, self.intercept, self.low, self.high, self.scale = slope, intercept, low, high, scale
-        self.kinds = dict(kinds or {})
-
-    @classmethod
-    def fit(cls, ratio: np.ndarray, log2_speedup: np.ndarray, kinds: np.ndarray | None = None) -> WorkPrior:
-        """The line, range and spread over the pairs whose ratio is known (models.classical.features.
-        work_ratio), and the fit pairs' launch kinds.
-
-        >>> t = np.linspace(-4.0, 1.0, 30)
-        >>> p = WorkPrior.fit(t, -t, np.array(["triton"] * 30))
-        >>> round(p.slope, 3), p.low, p.high, p.kinds
-        (-1.0, -4.0, 1.0, {'triton': 30})
-        >>> [round(float(v), 6) + 0.0 for v in p.predict(np.array([0.0, 3.0, -6.0, np.nan]))]
-        [0.0, -2.0, 2.0, 0.0]
-        >>> p.novel(np.array(["triton", "torch", "unknown"])).tolist()
-        [False, True, False]
-        """
-        y = np.asarray(log2_speedup, dtype=np.float64)
-        x = np.asarray(ratio, dtype=np.float64)
-        known = np.isfinite(x) & np.isfinite(y)
-        if known.sum() < cls.MIN_PAIRS or np.ptp(x[known]) == 0:
-            return cls(None)
-        slope, intercept = np.polyfit(x[known], y[known], 1)
-        scale = float(np.mean(np.abs(y[known] - (intercept + slope * x[known]))))
-        counts = pd.Series(kinds).value_counts().to_dict() if kinds is not None else {}
-        return cls(float(slope), float(intercept), float(x[known].min()), float(x[known].max()), scale,
-                   {str(k): int(v) for k, v in counts.items()})
-
-    def predict(self, ratio: np.ndarray) -> np.ndarray:
-        """The offset of each pair: the slope times how far its ratio lies past the range (0 inside
-        it or unknown)."""
-        x = np.asarray(ratio, dtype=np.float64)
-        if self.slope is None:
-            return np.zeros(len(x))
-        return self.slope * np.where(np.isfinite(x), x - np.clip(x, self.low, self.high), 0.0)
-
-    def line(self, ratio: np.ndarray) -> np.ndarray:
-        """The line at each pair's ratio (NaN where it is unknown or there is no line)."""
-        x = np.asarray(ratio, dtype=np.float64)
-        if self.slope is None:
-            return np.full(len(x), np.nan)
-        return self.intercept + self.slope * x
-
-    def novel(self, kinds: np.ndarray) -> np.ndarray:
-        """Per pair: a known launch kind fewer than MIN_PAIRS fit pairs had (never where there is
-        no line)."""
-        kinds = np.asarray(kinds)
-        if self.slope is None:
-            return np.zeros(len(kinds), dtype=bool)
-        return np.array([k != "unknown" and self.kinds.get(str(k), 0) < self.MIN_PAIRS for k in kinds], dtype=bool)

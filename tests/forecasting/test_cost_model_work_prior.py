@@ -12,7 +12,6 @@ import pytest
 
 from models.bins import speedup_to_bin
 from models.classical import CostModel
-from models.classical.cost_model import WorkPrior, launch_kinds
 from models.classical.features import (
     FeatureSpace,
     kernel_features,
@@ -20,6 +19,7 @@ from models.classical.features import (
     work_features,
     work_ratio,
 )
+from models.classical.work_prior import WorkPrior, launch_kinds
 
 ANCHOR = {"kernel_id": "ref", "task": "softmax", "language": "pytorch", "generator": "reference",
           "source": "def custom_kernel(data):\n    return data[0].float().softmax(-1).bfloat16()\n",
@@ -153,3 +153,18 @@ def test_the_trace_of_tiny_programs_counts_their_launches_and_bytes():
     assert rows[1]["torch_bytes_log2"] > rows[0]["torch_bytes_log2"] + 1.0  # fp32 copies in and out
     assert rows[2]["torch_ops"] > 4 * rows[1]["torch_ops"]  # an op or more per block of 128 rows
     assert work[0]["work:time_log2"] < work[1]["work:time_log2"] < work[2]["work:time_log2"]
+
+
+def test_the_portable_twin_applies_the_prior(tmp_path):
+    from models.classical.portable import PortableCostModel
+
+    frame, log2s = triton_pairs(120)
+    model = fitted(frame, log2s)
+    model.calibrate(*(lambda f, y: (f, [speedup_to_bin(2.0 ** v) for v in y]))(*triton_pairs(40, seed=2)))
+    programs = pair_frame([ANCHOR] * 2, [pytorch_candidate(0, 60.0, 30.0), pytorch_candidate(1, 3.0, 28.0)])
+    both = pd.concat([programs, triton_pairs(5, seed=3)[0]], ignore_index=True)
+    twin = PortableCostModel.from_cost_model(model)
+    loaded = PortableCostModel.load(twin.save(tmp_path / "m.npz"))
+    for m in (twin, loaded):
+        assert np.allclose(m.predict_log2(both), model.predict_log2(both))
+        assert np.allclose(m.predict_proba(both), model.predict_proba(both))
