@@ -29,6 +29,11 @@ forecast time); with the source constants and jit-function names of models.class
 and the committed trace features (data/features/sm_90/source-features-*.parquet), f = 1 scores
 0.268 on every pair (metadata or not) and f = 0.5 scores 0.249 with metadata but 0.290 from the
 source alone, which is what a user's file gives.
+
+Where the trees have no data, the work prior (models.classical.work_prior) forecasts: a candidate
+of a launch kind the fit pairs lacked (a PyTorch program when only Triton kernels were fitted) by
+a line in the candidate-minus-anchor log ratio of estimated call time, and a pair past the fitted
+range of that ratio by the trees extended along the line (docs/results/styles.md).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ def launch_kinds(frame: pd.DataFrame) -> np.ndarray:
 
 class WorkPrior:
     """What the cost model forecasts where its trees have no data, from the candidate-minus-anchor
-    log ratio of estimated call time (`d:work:time_log2`, models.classical.features.work_features):
+    log ratio of estimated call time (models.classical.features.work_ratio of `work:time_log2`):
     a line of log2 S in that ratio, least squares over the fit pairs.
 
     Why: trees do not extrapolate. Fitted on kernels of one way of writing (Triton kernels, nearly
