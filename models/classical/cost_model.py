@@ -29,6 +29,11 @@ forecast time); with the source constants and jit-function names of models.class
 and the committed trace features (data/features/sm_90/source-features-*.parquet), f = 1 scores
 0.268 on every pair (metadata or not) and f = 0.5 scores 0.249 with metadata but 0.290 from the
 source alone, which is what a user's file gives.
+
+Where the trees have no data, the work prior (models.classical.work_prior) forecasts: a candidate
+of a launch kind the fit pairs lacked (a PyTorch program when only Triton kernels were fitted) by
+a line in the candidate-minus-anchor log ratio of estimated call time, and a pair past the fitted
+range of that ratio by the trees extended along the line (docs/results/styles.md).
 """
 
 from __future__ import annotations
@@ -38,8 +43,15 @@ import pandas as pd
 from sklearn.ensemble import HistGradientBoostingRegressor
 
 from models.classical.base import BinClassifier
-from models.classical.features import FeatureSpace, dropout_rows, scale_keys, withhold_metadata
+from models.classical.features import (
+    FeatureSpace,
+    dropout_rows,
+    scale_keys,
+    withhold_metadata,
+    work_ratio,
+)
 from models.classical.spread import fit_scales, laplace_bins
+from models.classical.work_prior import WorkPrior, launch_kinds
 
 DEFAULT_SCALE = 0.3  # before calibration: about the pooled value seen on H200 data
 
@@ -60,34 +72,48 @@ class CostModel(BinClassifier):
     kind = "cost_model"
 
     def __init__(self, max_iter: int = 400, learning_rate: float = 0.05, max_leaf_nodes: int = 31,
-                 min_samples_leaf: int = 20, random_state: int = 0, metadata_dropout: float = 1.0):
+                 min_samples_leaf: int = 20, random_state: int = 0, metadata_dropout: float = 1.0,
+                 work_prior: bool = True):
         self.max_iter = max_iter
         self.learning_rate = learning_rate
         self.max_leaf_nodes = max_leaf_nodes
         self.min_samples_leaf = min_samples_leaf
         self.random_state = random_state
         self.metadata_dropout = metadata_dropout
+        self.work_prior = work_prior
 
     def _fit(self, frame: pd.DataFrame, y: np.ndarray, log2_speedup: np.ndarray | None) -> None:
         if log2_speedup is None:
             raise ValueError("the cost model regresses on log2 speedup: pass log2_speedup")
         frame = withhold_metadata(frame, dropout_rows(frame, self.metadata_dropout, self.random_state))
         self.space_ = FeatureSpace().fit(frame)
+        self.prior_ = WorkPrior.fit(work_ratio(frame), log2_speedup, launch_kinds(frame)) if self.work_prior else None
         self.regressor_ = HistGradientBoostingRegressor(
             categorical_features="from_dtype", max_iter=self.max_iter, learning_rate=self.learning_rate,
             max_leaf_nodes=self.max_leaf_nodes, min_samples_leaf=self.min_samples_leaf,
             early_stopping=False, random_state=self.random_state,
-        ).fit(self.space_.transform(frame), log2_speedup)
+        ).fit(self.space_.transform(frame), log2_speedup)  # the prior's offset is 0 on every fit pair (inside its range)
         self.scale_ = DEFAULT_SCALE
         self.task_scales_: dict[str, float] = {}
 
     def predict_log2(self, frame: pd.DataFrame) -> np.ndarray:
-        """The point forecast of log2 S per pair."""
-        return self.regressor_.predict(self.space_.transform(frame))
+        """The point forecast of log2 S per pair: the trees, plus the work prior past its range;
+        the prior's line alone for a candidate of a kind the trees never saw (WorkPrior)."""
+        table = self.space_.transform(frame)
+        mu = self.regressor_.predict(table)
+        prior = getattr(self, "prior_", None)  # models pickled before the prior have none
+        if prior is None:
+            return mu
+        return prior.apply(mu, np.zeros(len(mu)), work_ratio(frame), launch_kinds(frame))[0]
 
     def _scales(self, frame: pd.DataFrame) -> np.ndarray:
-        return np.array([self.task_scales_.get(k, self.task_scales_.get(k.split("|")[0], self.scale_))
-                         for k in scale_keys(frame)], dtype=np.float64)
+        scales = np.array([self.task_scales_.get(k, self.task_scales_.get(k.split("|")[0], self.scale_))
+                           for k in scale_keys(frame)], dtype=np.float64)
+        prior = getattr(self, "prior_", None)
+        if prior is None:
+            return scales
+        # the line's forecasts spread as its errors did on the fit pairs, at least as the trees' do
+        return prior.apply(np.zeros(len(scales)), scales, work_ratio(frame), launch_kinds(frame))[1]
 
     def calibrate(self, frame: pd.DataFrame, true_bin, objective: str = "nll"):
         """Calibrate on the calibration pairs, and (with metadata dropout) on the same pairs

@@ -187,8 +187,9 @@ def kernel_features(record: Mapping[str, Any]) -> dict[str, Any]:
     """Flat features of one kernel record: family, knobs, compile features, source counts.
 
     Keys: `family` (task/algorithm, or task/<generator> without an algorithm), `generator`,
-    `knob:<NAME>` per knob (numbers stay numbers, other values become strings), the five
-    compile features (NaN when unknown) and `src:<construct>` counts.
+    `knob:<NAME>` per knob (numbers stay numbers, other values become strings), the compile and
+    trace features (NaN when unknown), `work:` features derived from the trace (`work_features`)
+    and `src:<construct>` counts.
 
     >>> f = kernel_features({"task": "softmax", "algorithm": "two_pass", "generator": "kernelcast-space",
     ...                      "knobs_json": '{"BLOCK_N": 256, "exp_impl": "exp2"}', "source": "tl.load(x)\\n"})
@@ -210,7 +211,61 @@ def kernel_features(record: Mapping[str, Any]) -> dict[str, Any]:
             out[f"knob:{name}"] = str(value)
     for name in COMPILE_FIELDS:
         out[name] = _number(record.get(name))
+    out.update(work_features(out))
     out.update(source_features(str(record.get("source") or "")))
+    return out
+
+
+WORK_PREFIX = "work:"
+
+
+def work_ratio(frame: pd.DataFrame, name: str = "work:time_log2") -> np.ndarray:
+    """Per pair of a pair frame, the candidate's `work_features` value minus the anchor's (NaN where
+    either is unknown): for the log2 features, the log ratio of candidate to anchor."""
+    c = _features_of(side_records(frame, "c"))
+    a = _features_of(side_records(frame, "a"))
+    return np.array([_number(fc.get(name)) - _number(fa.get(name)) for fc, fa in zip(c, a, strict=True)],
+                    dtype=np.float64)
+
+
+# Rough rates of a current data-centre GPU for `work_features`' time estimate. Only its order
+# matters: the trees read the estimate, and the candidate-minus-anchor difference of its log
+# (a log ratio) cancels the rates where one term dominates both kernels.
+_BYTES_PER_S = 3e12
+_FLOPS_PER_S = 5e14
+_LAUNCH_S = 5e-6
+
+
+def work_features(fields: Mapping[str, Any]) -> dict[str, float]:
+    """What one call costs, the same way for a PyTorch program and a Triton module, from the
+    trace columns (pipelines.forecasting.source_features): NaN where the trace is unknown.
+
+    - `work:launches_log2`: log2(1 + kernels launched per call), the Triton launches plus the torch
+      ops (every torch op that is not a view or an allocation launches about one kernel);
+    - `work:traffic_log2`: log2 of the bytes the call moves over its input's bytes (upcasts,
+      intermediates written and read again);
+    - `work:time_log2`: log2 of a roofline estimate of the call in microseconds, bytes over a
+      bandwidth plus flops over a peak rate plus a fixed cost per launch (only torch ops' flops
+      are traced, so a Triton GEMM's arithmetic is not in it).
+
+    Their candidate-minus-anchor differences (the `d:` columns of FeatureSpace) are log ratios:
+    a program of a dozen launches against a reference of one, or one that moves twice the bytes.
+
+    >>> w = work_features({"trace_launches": 1.0, "torch_ops": 2.0, "call_bytes_log2": 30.0,
+    ...                    "input_bytes_log2": 29.0, "torch_flops_log2": 0.0})
+    >>> w["work:launches_log2"], w["work:traffic_log2"], round(w["work:time_log2"], 2)
+    (2.0, 1.0, 8.54)
+    """
+    launches_parts = [_number(fields.get(k)) for k in ("trace_launches", "torch_ops")]
+    known = [v for v in launches_parts if v == v]
+    launches = sum(known) if known else math.nan
+    nbytes, inputs, flops = (_number(fields.get(k)) for k in ("call_bytes_log2", "input_bytes_log2", "torch_flops_log2"))
+    out = {"work:launches_log2": math.log2(1.0 + launches) if launches == launches else math.nan,
+           "work:traffic_log2": nbytes - inputs, "work:time_log2": math.nan}
+    if nbytes == nbytes and launches == launches:
+        seconds = ((2.0 ** nbytes - 1.0) / _BYTES_PER_S + (2.0 ** (flops if flops == flops else 0.0) - 1.0) / _FLOPS_PER_S
+                   + launches * _LAUNCH_S)
+        out["work:time_log2"] = math.log2(max(seconds * 1e6, 1e-3))
     return out
 
 
@@ -419,6 +474,8 @@ class FeatureSpace:
         cats: dict[str, set[str]] = {"task": set(frame["task"].astype(str))}
         for f in feats:
             for k, v in f.items():
+                if k.startswith(WORK_PREFIX):
+                    continue  # read by the cost model's work prior (work_ratio), not by its trees
                 if isinstance(v, str):
                     cats.setdefault(k, set()).add(v)
                 else:

@@ -31,8 +31,10 @@ from models.classical.features import (
     pair_frame,
     scale_keys,
     with_compile_features,
+    work_ratio,
 )
 from models.classical.spread import laplace_bins
+from models.classical.work_prior import WorkPrior, launch_kinds
 
 PORTABLE_FORMAT = "kernelcast-portable-cost-model/1"  # what `save` writes; `load` reads only this
 TREE_FIELDS = ("feature_idx", "num_threshold", "missing_go_to_left", "left", "right", "is_leaf", "value",
@@ -58,8 +60,9 @@ class PortableCostModel:
                  trees: dict[str, np.ndarray], roots: np.ndarray, bitsets: np.ndarray, baseline: float,
                  scale: float, task_scales: Mapping[str, float], calibrator: Calibrator,
                  features: Mapping[str, Mapping[str, Any]] | None = None, name: str = "cost_model",
-                 compile_workers: int = 0, compiler: Compiler | None = None):
+                 compile_workers: int = 0, compiler: Compiler | None = None, prior: WorkPrior | None = None):
         self.space, self.order, self.categories = space, order, categories
+        self.prior = prior  # the cost model's work prior (None: a model fitted without one)
         self.trees, self.roots, self.bitsets, self.baseline = trees, roots, bitsets, baseline
         self.scale, self.task_scales, self.calibrator = scale, dict(task_scales), calibrator
         self.features = {k: dict(v) for k, v in (features or {}).items()}
@@ -99,7 +102,7 @@ class PortableCostModel:
         trees, roots, bitsets = _flatten_trees([p for it in reg._predictors for p in it])
         return cls(model.space_, order, categories, trees, roots, bitsets, float(np.ravel(reg._baseline_prediction)[0]),
                    float(model.scale_), model.task_scales_, model.calibrator_, features, name, compile_workers,
-                   compiler if compile_workers > 0 else None)
+                   compiler if compile_workers > 0 else None, getattr(model, "prior_", None))
 
     # ---- a file without pickle --------------------------------------------------------------
     def save(self, path: str | Path) -> Path:
@@ -110,7 +113,8 @@ class PortableCostModel:
                 "task_scales": self.task_scales, "calibrator": self.calibrator.to_dict(),
                 "space": {"numeric": self.space.numeric, "categorical": self.space.categorical,
                           "columns": self.space.columns},
-                "order": self.order, "categories": {str(k): v for k, v in self.categories.items()}}
+                "order": self.order, "categories": {str(k): v for k, v in self.categories.items()},
+                "prior": self.prior.to_dict() if self.prior is not None else None}
         path = Path(path)
         with path.open("wb") as f:
             np.savez(f, head=np.array(json.dumps(head)), roots=self.roots, bitsets=self.bitsets,
@@ -140,7 +144,7 @@ class PortableCostModel:
         return cls(space, [int(i) for i in head["order"]], {int(k): v for k, v in head["categories"].items()},
                    trees, roots, bitsets, float(head["baseline"]), float(head["scale"]),
                    {k: float(v) for k, v in head["task_scales"].items()}, Calibrator.from_dict(head["calibrator"]),
-                   name=str(head["name"]))
+                   name=str(head["name"]), prior=WorkPrior.from_dict(head["prior"]) if head.get("prior") else None)
 
     # ---- prediction ------------------------------------------------------------------------
     def encode(self, table: pd.DataFrame) -> np.ndarray:
@@ -178,7 +182,10 @@ class PortableCostModel:
         # tree by tree from the baseline, as scikit-learn adds them (a cumulative sum is that
         # order; a plain sum pairs them and differs in the last bits)
         leaves = np.column_stack([np.full(len(x), self.baseline), t["value"][node]])
-        return np.cumsum(leaves, axis=1)[:, -1]
+        mu = np.cumsum(leaves, axis=1)[:, -1]
+        if self.prior is None:
+            return mu
+        return self.prior.apply(mu, np.zeros(len(mu)), work_ratio(frame), launch_kinds(frame))[0]
 
     def predict_proba(self, frame: pd.DataFrame) -> np.ndarray:
         """Calibrated (n, 8) probabilities of bins 1..8, as CostModel.predict_proba."""
@@ -186,6 +193,8 @@ class PortableCostModel:
             return np.zeros((0, 8))
         scales = np.array([self.task_scales.get(k, self.task_scales.get(k.split("|")[0], self.scale))
                            for k in scale_keys(frame)], dtype=np.float64)
+        if self.prior is not None:
+            scales = self.prior.apply(np.zeros(len(scales)), scales, work_ratio(frame), launch_kinds(frame))[1]
         return self.calibrator.apply(laplace_bins(self.predict_log2(frame), scales))
 
     def compile_missing(self, records: Sequence[Mapping[str, Any]]) -> int:

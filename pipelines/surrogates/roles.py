@@ -199,8 +199,12 @@ def forecasting_roles(
     train = train.filter(~pl.col("candidate_kernel_id").is_in(list(blocked)) & ~pl.col("anchor_kernel_id").is_in(list(blocked)))
     cal = calibration_split(train, lineage, per_bin=calibration_per_bin, seed=seed)
     styles = {}
+    # The anchors of reference pairs, not every anchor: a style kernel anchoring a cross pair is
+    # still the style's kernel, and its own reference pairs must leave training with the rest.
+    reference_anchors = {a for f in (train, eval_set) for a, t in f.select("anchor_kernel_id", "pair_type").rows()
+                         if t == "reference"} if "pair_type" in train.columns else refs
     for generator, kernels in sorted(style_kernel_ids(lineage).items()):
-        ids = list(kernels - refs)
+        ids = list(kernels - reference_anchors)
         touches = pl.col("candidate_kernel_id").is_in(ids) | pl.col("anchor_kernel_id").is_in(ids)
         style_eval = train.filter(pl.col("candidate_kernel_id").is_in(ids) & (pl.col("pair_type") == "reference"))
         if style_eval.is_empty():

@@ -224,3 +224,20 @@ def test_style_kernels_are_learned_from_and_each_style_is_scored_held_out():
                                                 | set(frame["anchor_kernel_id"].to_list()))
         other = style_ids - mine  # the other style is still learned from
         assert other & (set(fit["candidate_kernel_id"].to_list()) | set(cal["candidate_kernel_id"].to_list()))
+
+
+def test_a_style_kernel_anchoring_a_cross_pair_leaves_training_with_its_style():
+    pairs, lineage = _with_styles()
+    # a style kernel as the anchor of a cross pair: an anchor, but not a reference
+    cross = pl.DataFrame([{"pair_id": "x-2", "task": "softmax", "hardware_id": "h",
+                           "anchor_kernel_id": "pytorch-programs-softmax-5", "candidate_kernel_id": "softmax-0-1",
+                           "speedup": 2.0, "true_bin": 6, "pair_type": "cross"}])
+    splits = make_splits(pairs, lineage)
+    train = pl.concat([splits.rl_training_pool, cross], how="diagonal_relaxed")
+    roles = forecasting_roles(train, pl.concat([splits.eval_set, splits.external_set]), lineage,
+                              held_out_task="gdn_chunk_fwd_o", calibration_per_bin=2)
+    fit, cal, ev = roles.for_split("held_out_style:pytorch-programs")
+    assert "pytorch-programs-softmax-5" in set(ev["candidate_kernel_id"].to_list())
+    for frame in (fit, cal):
+        seen = set(frame["candidate_kernel_id"].to_list()) | set(frame["anchor_kernel_id"].to_list())
+        assert not any(k.startswith("pytorch-programs") for k in seen)
