@@ -135,6 +135,100 @@ def embed_prompts(model: Any, tokenizer: Any, encoded: Sequence[Sequence[int]], 
     return out
 
 
+def prefix_tree(encoded: Sequence[Sequence[int]]) -> list[tuple[int, int, int, list[int], int]]:
+    """The prompts as a tree of shared token runs, parents before children: rows of
+    (parent row or -1, start, end, prompts ending there, a prompt holding the run); a row's run
+    is tokens start..end of every prompt under it (the same ids in each), its parent's run ends
+    at its start.
+
+    Why: causal attention makes the hidden state at a position a function of the ids up to it
+    alone, so a run shared by several prompts (the system prompt, the task, the anchor; the
+    opening docstring of candidates of one family) needs one prefill for all of them.
+
+    >>> prefix_tree([[1, 2, 3], [1, 2, 4, 5], [1, 2, 4]])
+    [(-1, 0, 2, [], 0), (0, 2, 3, [0], 0), (0, 2, 3, [2], 2), (2, 3, 4, [1], 1)]
+    """
+    rows: list[tuple[int, int, int, list[int], int]] = []
+    order = sorted(range(len(encoded)), key=lambda i: (list(encoded[i]), i))
+
+    stack = [(order, -1, 0)] if encoded else []
+    while stack:  # depth first, so a run's cache is freed soon after it is read
+        members, parent, start = stack.pop()
+        # in sorted order, what every member shares is what the first and the last share
+        first, last = encoded[members[0]], encoded[members[-1]]
+        end, n = start, min(len(first), len(last))
+        while end < n and first[end] == last[end]:
+            end += 1
+        rows.append((parent, start, end, [i for i in members if len(encoded[i]) == end], members[0]))
+        groups: dict[int, list[int]] = {}
+        for i in members:
+            if len(encoded[i]) > end:
+                groups.setdefault(int(encoded[i][end]), []).append(i)
+        stack += [(group, len(rows) - 1, end) for group in reversed(groups.values())]
+    return rows
+
+
+@torch.inference_mode()
+def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids: Sequence[int],
+                         layers: Sequence[int] = (-1,)) -> np.ndarray:
+    """`embed_prompts`' rows (same layout, the same numbers up to float round-off), each token
+    run that several prompts share prefilled once (`prefix_tree`): the run's keys and values
+    are the cache its continuations start from, and its per-layer sums of hidden states count
+    in the mean of every prompt under it. For a CPU reading a few prompts of one anchor (the
+    anchor's half of every prompt read once, not once a pair); no padding, one prompt a pass.
+
+    Raises:
+        ValueError: an empty prompt (one line).
+    """
+    from transformers import DynamicCache
+
+    from models.training.supervised import _backbone_and_head
+
+    if any(len(e) == 0 for e in encoded):
+        raise ValueError("an empty prompt has no last token to read")
+    model.eval()
+    backbone, out_emb = _backbone_and_head(model)
+    chosen = resolve_layers(layers, model.config.num_hidden_layers)
+    device = next(model.parameters()).device
+    labels = out_emb[torch.tensor(list(label_ids), device=device)].float()  # (8, hidden)
+    width = 2 * len(chosen) * model.config.hidden_size + NUM_BINS
+    out = np.zeros((len(encoded), width), dtype=np.float32)
+    tree = prefix_tree(encoded)
+    # per row of the tree: the cache (keys, values per layer) and hidden-state sums up to its end
+    states: dict[int, tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]] = {}
+    children = [0] * len(tree)
+    for parent, *_ in tree:
+        if parent >= 0:
+            children[parent] += 1
+    for row, (parent, start, end, ending, holder) in enumerate(tree):
+        kv, sums = states[parent] if parent >= 0 else ([], [torch.zeros(model.config.hidden_size, device=device)
+                                                           for _ in chosen])
+        if end == start:  # nothing shared at the root: each prompt starts its own run
+            states[row] = (kv, sums)
+            continue
+        ids = torch.tensor([list(encoded[holder][start:end])], device=device)
+        cache = DynamicCache(config=model.config)
+        for layer, (k, v) in enumerate(kv):
+            cache.update(k, v, layer)
+        res = backbone(input_ids=ids, position_ids=torch.arange(start, end, device=device).unsqueeze(0),
+                       past_key_values=cache, use_cache=True, output_hidden_states=True)
+        hidden = [res.hidden_states[i][0].float() for i in chosen]
+        sums = [s + h.sum(0) for s, h in zip(sums, hidden, strict=True)]
+        if children[row]:
+            states[row] = ([(layer.keys, layer.values) for layer in res.past_key_values.layers], sums)
+        if ending:
+            parts = []
+            for s, h in zip(sums, hidden, strict=True):
+                parts += [s / end, h[-1]]
+            parts.append(res.last_hidden_state[0, -1].float() @ labels.T)  # the zero-shot label logits
+            out[ending] = torch.cat(parts).cpu().numpy()
+        if parent >= 0:
+            children[parent] -= 1
+            if not children[parent]:
+                states.pop(parent, None)  # every continuation of the parent is read: free its cache
+    return out
+
+
 class BinHead(torch.nn.Module):
     """Standardise, then Linear -> GELU -> Linear onto the eight bins (logits)."""
 

@@ -127,15 +127,23 @@ class EmbedHeadForecaster(PairForecaster):
         """((n, k) principal coordinates, (n, 8) zero-shot logits), float32 as embeddings.parquet
         holds them: the base model's prefill over each pair's prompt, as the host ran it."""
         from models.training.gpu_host.llm_code import fast_encode
-        from models.training.head import embed_prompts, project, truncate_middle
+        from models.training.head import (
+            embed_prompts,
+            embed_prompts_shared,
+            project,
+            truncate_middle,
+        )
 
         model, tokenizer = self._base_model()
         t0 = time.time()
         prompts = self.prompts(rows, kernels)
         limit = int(getattr(model.config, "max_position_embeddings", 8192) or 8192) - 1
         ids, labels = fast_encode(tokenizer, prompts)
-        emb = embed_prompts(model, tokenizer, [truncate_middle(i, limit) for i in ids], labels, self.spec["layers"],
-                            TOKENS_PER_BATCH, autocast=next(model.parameters()).device.type == "cuda")
+        ids = [truncate_middle(i, limit) for i in ids]
+        if next(model.parameters()).device.type == "cuda":  # the host's way: padded batches in bfloat16
+            emb = embed_prompts(model, tokenizer, ids, labels, self.spec["layers"], TOKENS_PER_BATCH, autocast=True)
+        else:  # float32, what the pairs share (the anchor's half of each prompt) prefilled once
+            emb = embed_prompts_shared(model, ids, labels, self.spec["layers"])
         self.seconds["prefill"] = round(time.time() - t0, 3)
         self.seconds["tokens"] = float(sum(min(len(i), limit) for i in ids))
         hidden, zero_shot = emb[:, :-8], emb[:, -8:]
