@@ -13,6 +13,7 @@ uniform forecast in one epoch, while the hidden states of one prefill already se
 a best epoch by calibration NLL and several heads fit in one short GPU run.
 
     emb = embed_prompts(model, tokenizer, encoded, label_ids, layers=(15, -1))
+    emb = embed_prompts_shared(model, encoded, label_ids, layers=(15, -1))  # the same rows, shared runs read once
     head, record = train_head(x_fit, y_fit, x_cal, y_cal, HeadSettings())
     p = head_probs(head, x_eval)
 
@@ -170,19 +171,23 @@ def prefix_tree(encoded: Sequence[Sequence[int]]) -> list[tuple[int, int, int, l
 
 @torch.inference_mode()
 def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids: Sequence[int],
-                         layers: Sequence[int] = (-1,)) -> np.ndarray:
+                         layers: Sequence[int] = (-1,), tokens_per_batch: int = 8192) -> np.ndarray:
     """`embed_prompts`' rows (same layout, the same numbers up to float round-off), each token
     run that several prompts share prefilled once (`prefix_tree`): the run's keys and values
     are the cache its continuations start from, and its per-layer sums of hidden states count
-    in the mean of every prompt under it. For a CPU reading a few prompts of one anchor (the
-    anchor's half of every prompt read once, not once a pair); no padding, one prompt a pass.
+    in the mean of every prompt under it. For a CPU reading prompts of one anchor: the anchor's
+    half of every prompt is read once, not once a pair.
+
+    The runs that go on from one run are read together, at most `tokens_per_batch` padded
+    tokens a pass, padded on the right: under causal attention a token never sees the padding
+    after it, so no mask is needed and no token of a run is read twice.
 
     Raises:
         ValueError: an empty prompt (one line).
     """
     from transformers import DynamicCache
 
-    from models.training.supervised import _backbone_and_head
+    from models.training.supervised import _backbone_and_head, length_batches
 
     if any(len(e) == 0 for e in encoded):
         raise ValueError("an empty prompt has no last token to read")
@@ -194,38 +199,47 @@ def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids
     width = 2 * len(chosen) * model.config.hidden_size + NUM_BINS
     out = np.zeros((len(encoded), width), dtype=np.float32)
     tree = prefix_tree(encoded)
-    # per row of the tree: the cache (keys, values per layer) and hidden-state sums up to its end
-    states: dict[int, tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor]]] = {}
-    children = [0] * len(tree)
-    for parent, *_ in tree:
-        if parent >= 0:
-            children[parent] += 1
-    for row, (parent, start, end, ending, holder) in enumerate(tree):
-        kv, sums = states[parent] if parent >= 0 else ([], [torch.zeros(model.config.hidden_size, device=device)
-                                                           for _ in chosen])
-        if end == start:  # nothing shared at the root: each prompt starts its own run
-            states[row] = (kv, sums)
-            continue
-        ids = torch.tensor([list(encoded[holder][start:end])], device=device)
-        cache = DynamicCache(config=model.config)
-        for layer, (k, v) in enumerate(kv):
-            cache.update(k, v, layer)
-        res = backbone(input_ids=ids, position_ids=torch.arange(start, end, device=device).unsqueeze(0),
-                       past_key_values=cache, use_cache=True, output_hidden_states=True)
-        hidden = [res.hidden_states[i][0].float() for i in chosen]
-        sums = [s + h.sum(0) for s, h in zip(sums, hidden, strict=True)]
-        if children[row]:
-            states[row] = ([(layer.keys, layer.values) for layer in res.past_key_values.layers], sums)
-        if ending:
-            parts = []
-            for s, h in zip(sums, hidden, strict=True):
-                parts += [s / end, h[-1]]
-            parts.append(res.last_hidden_state[0, -1].float() @ labels.T)  # the zero-shot label logits
-            out[ending] = torch.cat(parts).cpu().numpy()
-        if parent >= 0:
-            children[parent] -= 1
-            if not children[parent]:
-                states.pop(parent, None)  # every continuation of the parent is read: free its cache
+    if not tree:
+        return out
+    kids: dict[int, list[int]] = {row: [] for row in range(-1, len(tree))}
+    for row, (parent, *_rest) in enumerate(tree):
+        kids[parent].append(row)
+    # per row whose runs are still to be read: the cache (keys, values per layer) and the
+    # hidden-state sums of the chosen layers up to its end
+    states = {-1: ([], [torch.zeros(model.config.hidden_size, device=device) for _ in chosen])}
+    todo = [-1]
+    if tree[0][1] == tree[0][2]:  # nothing shared by all: the root's run is empty
+        states[0], todo = states.pop(-1), [0]
+    while todo:
+        parent = todo.pop()
+        kv, sums = states.pop(parent)
+        runs = kids[parent]
+        for batch in length_batches([tree[r][2] - tree[r][1] for r in runs], tokens_per_batch):
+            rows = [runs[j] for j in batch]
+            start, longest = tree[rows[0]][1], max(tree[r][2] - tree[r][1] for r in rows)
+            ids = torch.zeros((len(rows), longest), dtype=torch.long)
+            for b, r in enumerate(rows):
+                ids[b, : tree[r][2] - start] = torch.tensor(list(encoded[tree[r][4]][start:tree[r][2]]))
+            cache = DynamicCache(config=model.config)
+            for layer, (k, v) in enumerate(kv):
+                cache.update(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1), layer)
+            res = backbone(input_ids=ids.to(device), past_key_values=cache, use_cache=True, output_hidden_states=True,
+                           position_ids=torch.arange(start, start + longest, device=device).unsqueeze(0))
+            for b, r in enumerate(rows):
+                n = tree[r][2] - start
+                hidden = [res.hidden_states[i][b, :n].float() for i in chosen]
+                row_sums = [s + h.sum(0) for s, h in zip(sums, hidden, strict=True)]
+                if tree[r][3]:
+                    parts = []
+                    for s, h in zip(row_sums, hidden, strict=True):
+                        parts += [s / tree[r][2], h[-1]]
+                    parts.append(res.last_hidden_state[b, n - 1].float() @ labels.T)  # the zero-shot label logits
+                    out[tree[r][3]] = torch.cat(parts).cpu().numpy()
+                if kids[r]:
+                    end = tree[r][2]
+                    states[r] = ([(layer.keys[b:b + 1, :, :end].clone(), layer.values[b:b + 1, :, :end].clone())
+                                  for layer in res.past_key_values.layers], row_sums)
+                    todo.append(r)
     return out
 
 

@@ -233,6 +233,37 @@ def test_a_new_candidate_gets_a_distribution_that_follows_its_source(run):
     assert np.allclose(got[0], answers[1], atol=1e-12) and np.array_equal(got[1], f.committed.forecast_pairs(held, {})[0])
 
 
+def test_new_candidates_of_one_anchor_read_its_half_once_with_the_full_prefills_numbers(run, monkeypatch):
+    """New candidates of one anchor are read on the CPU with what their prompts share (the
+    anchor's half) prefilled once; their design rows and forecasts are those of the earlier
+    reading, a full padded prefill of every prompt (embed_prompts), up to float round-off."""
+    import models.training.head as head_module
+    from models.training.head import embed_prompts
+    from pipelines.forecasting.embed import TOKENS_PER_BATCH
+
+    f = _load(run, run["versions"]["code-embed"], use_committed=False)
+    records = dict(run["records"])
+    rows = []
+    for i, (block, warps) in enumerate([(16, 4), (64, 2), (256, 8), (1024, 4), (2048, 2), (32, 8)]):
+        records[f"new{i}"] = {"kernel_id": f"new{i}", "task": "softmax", "source": kernel_source("softmax", block, warps),
+                              "language": "pytorch", "n_regs": 30 + i, "n_spills": 0, "shared_bytes": 0,
+                              "n_kernels": 1, "n_launches": 1}
+        rows.append({"pair_id": f"n{i}", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": "ref-softmax",
+                     "candidate_kernel_id": f"new{i}"})
+    pairs = pl.concat([pl.DataFrame(rows), _frame([p for p in run["pairs"] if "eval" in p["roles"]][:2])])
+    x_shared, p_shared = f.design(pairs, records), f.head_probs(pairs, records)
+    assert f.seconds["tokens_read"] < 0.75 * f.seconds["tokens"]  # the anchor's half was read once
+
+    def full_prefill(model, encoded, label_ids, layers):
+        return embed_prompts(model, f._base_model()[1], encoded, label_ids, layers, TOKENS_PER_BATCH)
+
+    monkeypatch.setattr(head_module, "embed_prompts_shared", full_prefill)
+    x_full, p_full = f.design(pairs, records), f.head_probs(pairs, records)
+    assert np.allclose(x_shared, x_full, rtol=1e-5, atol=1e-4, equal_nan=True), np.nanmax(np.abs(x_shared - x_full))
+    assert np.abs(p_shared - p_full).max() < 1e-6
+    assert np.abs(p_shared[0] - p_shared[3]).max() > 1e-3  # the candidates are told apart
+
+
 def test_kernelcast_forecast_answers_files_with_the_code_embed_version(run, tmp_path):
     from typer.testing import CliRunner
 
