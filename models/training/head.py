@@ -13,6 +13,7 @@ uniform forecast in one epoch, while the hidden states of one prefill already se
 a best epoch by calibration NLL and several heads fit in one short GPU run.
 
     emb = embed_prompts(model, tokenizer, encoded, label_ids, layers=(15, -1))
+    emb = embed_prompts_shared(model, encoded, label_ids, layers=(15, -1))  # the same rows, shared runs read once
     head, record = train_head(x_fit, y_fit, x_cal, y_cal, HeadSettings())
     p = head_probs(head, x_eval)
 
@@ -132,6 +133,113 @@ def embed_prompts(model: Any, tokenizer: Any, encoded: Sequence[Sequence[int]], 
             parts += [(h * m).sum(1) / m.sum(1).clamp_min(1.0), h[:, -1, :]]
         parts.append(res.last_hidden_state[:, -1, :].float() @ labels.T)  # the zero-shot label logits
         out[batch] = torch.cat(parts, dim=1).cpu().numpy()
+    return out
+
+
+def prefix_tree(encoded: Sequence[Sequence[int]]) -> list[tuple[int, int, int, list[int], int]]:
+    """The prompts as a tree of shared token runs, parents before children: rows of
+    (parent row or -1, start, end, prompts ending there, a prompt holding the run); a row's run
+    is tokens start..end of every prompt under it (the same ids in each), its parent's run ends
+    at its start.
+
+    Why: causal attention makes the hidden state at a position a function of the ids up to it
+    alone, so a run shared by several prompts (the system prompt, the task, the anchor; the
+    opening docstring of candidates of one family) needs one prefill for all of them.
+
+    >>> prefix_tree([[1, 2, 3], [1, 2, 4, 5], [1, 2, 4]])
+    [(-1, 0, 2, [], 0), (0, 2, 3, [0], 0), (0, 2, 3, [2], 2), (2, 3, 4, [1], 1)]
+    """
+    rows: list[tuple[int, int, int, list[int], int]] = []
+    order = sorted(range(len(encoded)), key=lambda i: (list(encoded[i]), i))
+
+    stack = [(order, -1, 0)] if encoded else []
+    while stack:  # depth first, so a run's cache is freed soon after it is read
+        members, parent, start = stack.pop()
+        # in sorted order, what every member shares is what the first and the last share
+        first, last = encoded[members[0]], encoded[members[-1]]
+        end, n = start, min(len(first), len(last))
+        while end < n and first[end] == last[end]:
+            end += 1
+        rows.append((parent, start, end, [i for i in members if len(encoded[i]) == end], members[0]))
+        groups: dict[int, list[int]] = {}
+        for i in members:
+            if len(encoded[i]) > end:
+                groups.setdefault(int(encoded[i][end]), []).append(i)
+        stack += [(group, len(rows) - 1, end) for group in reversed(groups.values())]
+    return rows
+
+
+@torch.inference_mode()
+def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids: Sequence[int],
+                         layers: Sequence[int] = (-1,), tokens_per_batch: int = 8192) -> np.ndarray:
+    """`embed_prompts`' rows (same layout, the same numbers up to float round-off), each token
+    run that several prompts share prefilled once (`prefix_tree`): the run's keys and values
+    are the cache its continuations start from, and its per-layer sums of hidden states count
+    in the mean of every prompt under it. For a CPU reading prompts of one anchor: the anchor's
+    half of every prompt is read once, not once a pair.
+
+    The runs that go on from one run are read together, at most `tokens_per_batch` padded
+    tokens a pass, padded on the right: under causal attention a token never sees the padding
+    after it, so no mask is needed and no token of a run is read twice.
+
+    Raises:
+        ValueError: an empty prompt (one line).
+    """
+    from transformers import DynamicCache
+
+    from models.training.supervised import _backbone_and_head, length_batches
+
+    if any(len(e) == 0 for e in encoded):
+        raise ValueError("an empty prompt has no last token to read")
+    model.eval()
+    backbone, out_emb = _backbone_and_head(model)
+    chosen = resolve_layers(layers, model.config.num_hidden_layers)
+    device = next(model.parameters()).device
+    labels = out_emb[torch.tensor(list(label_ids), device=device)].float()  # (8, hidden)
+    width = 2 * len(chosen) * model.config.hidden_size + NUM_BINS
+    out = np.zeros((len(encoded), width), dtype=np.float32)
+    tree = prefix_tree(encoded)
+    if not tree:
+        return out
+    kids: dict[int, list[int]] = {row: [] for row in range(-1, len(tree))}
+    for row, (parent, *_rest) in enumerate(tree):
+        kids[parent].append(row)
+    # per row whose runs are still to be read: the cache (keys, values per layer) and the
+    # hidden-state sums of the chosen layers up to its end
+    states = {-1: ([], [torch.zeros(model.config.hidden_size, device=device) for _ in chosen])}
+    todo = [-1]
+    if tree[0][1] == tree[0][2]:  # nothing shared by all: the root's run is empty
+        states[0], todo = states.pop(-1), [0]
+    while todo:
+        parent = todo.pop()
+        kv, sums = states.pop(parent)
+        runs = kids[parent]
+        for batch in length_batches([tree[r][2] - tree[r][1] for r in runs], tokens_per_batch):
+            rows = [runs[j] for j in batch]
+            start, longest = tree[rows[0]][1], max(tree[r][2] - tree[r][1] for r in rows)
+            ids = torch.zeros((len(rows), longest), dtype=torch.long)
+            for b, r in enumerate(rows):
+                ids[b, : tree[r][2] - start] = torch.tensor(list(encoded[tree[r][4]][start:tree[r][2]]))
+            cache = DynamicCache(config=model.config)
+            for layer, (k, v) in enumerate(kv):
+                cache.update(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1), layer)
+            res = backbone(input_ids=ids.to(device), past_key_values=cache, use_cache=True, output_hidden_states=True,
+                           position_ids=torch.arange(start, start + longest, device=device).unsqueeze(0))
+            for b, r in enumerate(rows):
+                n = tree[r][2] - start
+                hidden = [res.hidden_states[i][b, :n].float() for i in chosen]
+                row_sums = [s + h.sum(0) for s, h in zip(sums, hidden, strict=True)]
+                if tree[r][3]:
+                    parts = []
+                    for s, h in zip(row_sums, hidden, strict=True):
+                        parts += [s / tree[r][2], h[-1]]
+                    parts.append(res.last_hidden_state[b, n - 1].float() @ labels.T)  # the zero-shot label logits
+                    out[tree[r][3]] = torch.cat(parts).cpu().numpy()
+                if kids[r]:
+                    end = tree[r][2]
+                    states[r] = ([(layer.keys[b:b + 1, :, :end].clone(), layer.values[b:b + 1, :, :end].clone())
+                                  for layer in res.past_key_values.layers], row_sums)
+                    todo.append(r)
     return out
 
 

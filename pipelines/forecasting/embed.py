@@ -9,8 +9,10 @@ style, the layers, the feature names) answers:
   same numbers), when the committed run folder is given and holds the variant;
 - any other pair by doing here what the host did for the pairs of the run: the same prompt from
   the two sources (models.training.gpu_host.bundle.code_rows, the bundle's task and hardware
-  tables kept with the head), the base model's prefill over it on this machine
-  (models.training.head.embed_prompts, the same layers), its coordinates on the stored axes
+  tables kept with the head), the base model's prefill over it on this machine (the same
+  layers; on a CPU models.training.head.embed_prompts_shared, which prefills what the prompts
+  share, the anchor's half of every pair of one anchor, once: the numbers of a full prefill of
+  each prompt up to float round-off, in about half the tokens), its coordinates on the stored axes
   (`project`), the feature vector the bundle would have given
   (pipelines.surrogates.code_bundle.named_feature_vectors), then the trees, their Laplace spreads
   and the version's calibrator.
@@ -127,17 +129,28 @@ class EmbedHeadForecaster(PairForecaster):
         """((n, k) principal coordinates, (n, 8) zero-shot logits), float32 as embeddings.parquet
         holds them: the base model's prefill over each pair's prompt, as the host ran it."""
         from models.training.gpu_host.llm_code import fast_encode
-        from models.training.head import embed_prompts, project, truncate_middle
+        from models.training.head import (
+            embed_prompts,
+            embed_prompts_shared,
+            prefix_tree,
+            project,
+            truncate_middle,
+        )
 
         model, tokenizer = self._base_model()
         t0 = time.time()
         prompts = self.prompts(rows, kernels)
         limit = int(getattr(model.config, "max_position_embeddings", 8192) or 8192) - 1
         ids, labels = fast_encode(tokenizer, prompts)
-        emb = embed_prompts(model, tokenizer, [truncate_middle(i, limit) for i in ids], labels, self.spec["layers"],
-                            TOKENS_PER_BATCH, autocast=next(model.parameters()).device.type == "cuda")
+        ids = [truncate_middle(i, limit) for i in ids]
+        self.seconds["tokens"] = float(sum(len(i) for i in ids))
+        if next(model.parameters()).device.type == "cuda":  # the host's way: padded batches in bfloat16
+            emb = embed_prompts(model, tokenizer, ids, labels, self.spec["layers"], TOKENS_PER_BATCH, autocast=True)
+            self.seconds["tokens_read"] = self.seconds["tokens"]
+        else:  # float32, what the pairs share (the anchor's half of each prompt) prefilled once
+            emb = embed_prompts_shared(model, ids, labels, self.spec["layers"])
+            self.seconds["tokens_read"] = float(sum(end - start for _, start, end, _, _ in prefix_tree(ids)))
         self.seconds["prefill"] = round(time.time() - t0, 3)
-        self.seconds["tokens"] = float(sum(min(len(i), limit) for i in ids))
         hidden, zero_shot = emb[:, :-8], emb[:, -8:]
         if hidden.shape[1] != self.axes["mean"].shape[0]:
             raise ValueError(f"{self.spec['base_model']} with layers {self.spec['layers']} reads {hidden.shape[1]} numbers "

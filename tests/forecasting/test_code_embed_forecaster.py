@@ -164,7 +164,7 @@ def test_embed_head_keeps_what_a_new_pair_needs_only_when_the_run_has_axes(run):
     assert head.columns.sum() <= record["width"] and (out / "embed-head-code-embed.zip").stat().st_size < 4 * 2**20
 
 
-def test_a_pair_of_the_run_gives_the_committed_numbers_read_again_here(run):
+def test_a_pair_of_the_run_gives_the_committed_numbers_read_again_here(run, monkeypatch):
     """(a) The committed forecast as before, and the same pair read again by the base model on
     this CPU through the version's head: the host's raw forecast and the committed one."""
     from pipelines.forecasting.committed import CommittedForecaster
@@ -182,6 +182,15 @@ def test_a_pair_of_the_run_gives_the_committed_numbers_read_again_here(run):
     # forced to read them here: the host's raw forecasts of embed-head, and after the calibrator the committed ones
     again = _load(run, version, committed_dir=run["new_dir"], use_committed=False)
     assert isinstance(again, EmbedHeadForecaster) and again.committed is None
+    # read as this CPU reads new pairs (shared runs once): the host's numbers up to round-off
+    shared_pc, _ = again.reading(pairs.to_dicts(), run["records"])
+    shared_raw = again.head_probs(pairs, run["records"])
+    # read as the host read them (a full padded prefill a batch), for the bit-for-bit checks below
+    import models.training.head as head_module
+    from pipelines.forecasting.embed import TOKENS_PER_BATCH
+
+    monkeypatch.setattr(head_module, "embed_prompts_shared", lambda model, encoded, label_ids, layers: head_module.embed_prompts(
+        model, again._base_model()[1], encoded, label_ids, layers, TOKENS_PER_BATCH))
     raw = again.head_probs(pairs, run["records"])
     host = pl.read_parquet(run["tmp"] / "out" / "forecasts.parquet").filter(pl.col("variant") == "code-embed")
     by_id = {r["pair_id"]: [r[f"p{i}"] for i in range(1, 9)] for r in host.to_dicts()}
@@ -197,6 +206,8 @@ def test_a_pair_of_the_run_gives_the_committed_numbers_read_again_here(run):
     alike = (pc == host_pc).all(1) & (zero_shot == host_zero_shot).all(1)
     assert alike.sum() >= len(scored) // 2
     gaps = np.abs(raw - np.array([by_id[p["pair_id"]] for p in scored])).max(1)
+    assert np.allclose(shared_pc, host_pc, rtol=1e-4, atol=1e-3)
+    assert np.abs(shared_raw - np.array([by_id[p["pair_id"]] for p in scored])).max() < 0.02
     assert gaps[alike].max() < 1e-5 and gaps.max() < 0.02
     again_gaps = np.abs(again.forecast_pairs(pairs, run["records"]) - want).max(1)
     assert again_gaps[alike].max() < 1e-5 and again_gaps.max() < 0.02
@@ -231,6 +242,38 @@ def test_a_new_candidate_gets_a_distribution_that_follows_its_source(run):
     both = pl.concat([pair, held.select(pair.columns)])
     got = f.forecast_pairs(both, records)
     assert np.allclose(got[0], answers[1], atol=1e-12) and np.array_equal(got[1], f.committed.forecast_pairs(held, {})[0])
+
+
+def test_new_candidates_of_one_anchor_read_its_half_once_with_the_full_prefills_numbers(run, monkeypatch):
+    """New candidates of one anchor are read on the CPU with what their prompts share (the
+    anchor's half) prefilled once; their design rows and forecasts are those of the earlier
+    reading, a full padded prefill of every prompt (embed_prompts), up to float round-off."""
+    import models.training.head as head_module
+    from models.training.head import embed_prompts
+    from pipelines.forecasting.embed import TOKENS_PER_BATCH
+
+    f = _load(run, run["versions"]["code-embed"], use_committed=False)
+    records = dict(run["records"])
+    rows = []
+    for i, (block, warps) in enumerate([(16, 4), (64, 2), (256, 8), (1024, 4), (2048, 2), (32, 8)]):
+        records[f"new{i}"] = {"kernel_id": f"new{i}", "task": "softmax", "source": kernel_source("softmax", block, warps),
+                              "language": "pytorch", "n_regs": 30 + i, "n_spills": 0, "shared_bytes": 0,
+                              "n_kernels": 1, "n_launches": 1}
+        rows.append({"pair_id": f"n{i}", "task": "softmax", "hardware_id": "h", "anchor_kernel_id": "ref-softmax",
+                     "candidate_kernel_id": f"new{i}"})
+    new = pl.DataFrame(rows)
+    pairs = pl.concat([new, _frame([p for p in run["pairs"] if "eval" in p["roles"]][:2]).select(new.columns)])
+    x_shared, p_shared = f.design(pairs, records), f.head_probs(pairs, records)
+    assert f.seconds["tokens_read"] < 0.75 * f.seconds["tokens"]  # the anchor's half was read once
+
+    def full_prefill(model, encoded, label_ids, layers):
+        return embed_prompts(model, f._base_model()[1], encoded, label_ids, layers, TOKENS_PER_BATCH)
+
+    monkeypatch.setattr(head_module, "embed_prompts_shared", full_prefill)
+    x_full, p_full = f.design(pairs, records), f.head_probs(pairs, records)
+    assert np.allclose(x_shared, x_full, rtol=1e-4, atol=1e-3, equal_nan=True), np.nanmax(np.abs(x_shared - x_full))
+    assert np.abs(p_shared - p_full).max() < 1e-6
+    assert np.abs(p_shared[0] - p_shared[3]).max() > 1e-3  # the candidates are told apart
 
 
 def test_kernelcast_forecast_answers_files_with_the_code_embed_version(run, tmp_path):

@@ -1,0 +1,81 @@
+"""Reading prompts with their shared token runs prefilled once (models.training.head.
+embed_prompts_shared) gives the rows of one full, padded prefill a batch (embed_prompts) up to
+float round-off, for every way prompts can share: one long prefix, a family's run under it, a
+prompt that ends where another goes on, the same prompt twice, nothing shared."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+LAYERS = (0, 1, -1)
+LABELS = list(range(10, 18))
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from models.backends.transformers_backend import load_model_and_tokenizer
+    from models.base_model import resolve_base_model
+
+    model, tokenizer = load_model_and_tokenizer(resolve_base_model("tiny", tmp_path_factory.mktemp("home")), "cpu",
+                                                "float32")
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model, tokenizer
+
+
+def prompts_sharing_runs(seed: int = 0) -> list[list[int]]:
+    rng = random.Random(seed)
+
+    def tokens(n: int) -> list[int]:
+        return [rng.randrange(5, 400) for _ in range(n)]
+
+    anchor, family = tokens(70), tokens(12)
+    out = [anchor + family + tokens(rng.randint(1, 30)) for _ in range(4)]  # one family under the anchor
+    out += [anchor + tokens(rng.randint(1, 30)) for _ in range(3)]  # other candidates of the anchor
+    out += [anchor[:25], anchor + family]  # prompts another one goes on from
+    out += [tokens(40), out[0]]  # nothing shared; the same prompt twice
+    return out
+
+
+def test_shared_runs_give_the_full_prefills_rows(tiny):
+    from models.training.head import embed_prompts, embed_prompts_shared, prefix_tree
+
+    model, tokenizer = tiny
+    prompts = prompts_sharing_runs()
+    full = embed_prompts(model, tokenizer, prompts, LABELS, LAYERS, tokens_per_batch=4096)
+    shared = embed_prompts_shared(model, prompts, LABELS, LAYERS)
+    assert shared.shape == full.shape and shared.dtype == np.float32
+    assert np.allclose(shared, full, rtol=1e-5, atol=1e-5), np.abs(shared - full).max()
+    assert np.array_equal(shared[0], shared[-1])
+    # each shared run is read once: far fewer tokens than the prompts hold
+    read = sum(end - start for _, start, end, _, _ in prefix_tree(prompts))
+    assert read < 0.6 * sum(map(len, prompts))
+
+
+def test_the_prefix_tree_spells_every_prompt_once():
+    """Each prompt ends at one row, and the runs from the root down to it spell it."""
+    from models.training.head import prefix_tree
+
+    prompts = prompts_sharing_runs(1)
+    tree = prefix_tree(prompts)
+    assert sorted(i for *_, ending, _ in tree for i in ending) == list(range(len(prompts)))
+    for row, (parent, start, end, ending, holder) in enumerate(tree):
+        assert parent < row and start == (tree[parent][2] if parent >= 0 else 0) and end <= len(prompts[holder])
+        for i in ending:
+            spelled, r = [], row
+            while r >= 0:
+                p, s, e, _, h = tree[r]
+                spelled = prompts[h][s:e] + spelled
+                r = p
+            assert spelled == prompts[i]
+    assert prefix_tree([]) == []
+
+
+def test_an_empty_prompt_is_one_line(tiny):
+    from models.training.head import embed_prompts_shared
+
+    with pytest.raises(ValueError, match="an empty prompt has no last token to read"):
+        embed_prompts_shared(tiny[0], [[5, 6], []], LABELS)
