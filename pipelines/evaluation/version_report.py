@@ -129,12 +129,8 @@ def evaluate_version(forecasts: VersionForecasts, tracking_uri: str, experiment_
     """
     from pipelines.evaluation.batch import evaluate_splits
     from pipelines.evaluation.forecaster_table import TABLE_FILE, forecaster_rows
-    from pipelines.evaluation.suite import (
-        SPLITS,
-        selective_coverage,
-        split_folder,
-        write_split_reports,
-    )
+    from pipelines.evaluation.suite import selective_coverage, split_folder, write_split_reports
+    from pipelines.surrogates.roles import SPLITS
 
     version, parts, listing = forecasts.version, forecasts.parts, forecasts.listing
     out_dir = reports_dir / version
