@@ -171,7 +171,8 @@ def prefix_tree(encoded: Sequence[Sequence[int]]) -> list[tuple[int, int, int, l
 
 @torch.inference_mode()
 def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids: Sequence[int],
-                         layers: Sequence[int] = (-1,), tokens_per_batch: int = 8192) -> np.ndarray:
+                         layers: Sequence[int] = (-1,), tokens_per_batch: int = 8192,
+                         tree: list[tuple[int, int, int, list[int], int]] | None = None) -> np.ndarray:
     """`embed_prompts`' rows (same layout, the same numbers up to float round-off), each token
     run that several prompts share prefilled once (`prefix_tree`): the run's keys and values
     are the cache its continuations start from, and its per-layer sums of hidden states count
@@ -181,6 +182,8 @@ def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids
     The runs that go on from one run are read together, at most `tokens_per_batch` padded
     tokens a pass, padded on the right: under causal attention a token never sees the padding
     after it, so no mask is needed and no token of a run is read twice.
+
+    `tree`: `prefix_tree(encoded)` where the caller has it already (it counts the tokens read).
 
     Raises:
         ValueError: an empty prompt (one line).
@@ -198,7 +201,7 @@ def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids
     labels = out_emb[torch.tensor(list(label_ids), device=device)].float()  # (8, hidden)
     width = 2 * len(chosen) * model.config.hidden_size + NUM_BINS
     out = np.zeros((len(encoded), width), dtype=np.float32)
-    tree = prefix_tree(encoded)
+    tree = prefix_tree(encoded) if tree is None else tree
     if not tree:
         return out
     kids: dict[int, list[int]] = {row: [] for row in range(-1, len(tree))}

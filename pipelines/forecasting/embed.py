@@ -148,8 +148,9 @@ class EmbedHeadForecaster(PairForecaster):
             emb = embed_prompts(model, tokenizer, ids, labels, self.spec["layers"], TOKENS_PER_BATCH, autocast=True)
             self.seconds["tokens_read"] = self.seconds["tokens"]
         else:  # float32, what the pairs share (the anchor's half of each prompt) prefilled once
-            emb = embed_prompts_shared(model, ids, labels, self.spec["layers"])
-            self.seconds["tokens_read"] = float(sum(end - start for _, start, end, _, _ in prefix_tree(ids)))
+            tree = prefix_tree(ids)
+            emb = embed_prompts_shared(model, ids, labels, self.spec["layers"], tree=tree)
+            self.seconds["tokens_read"] = float(sum(end - start for _, start, end, _, _ in tree))
         self.seconds["prefill"] = round(time.time() - t0, 3)
         hidden, zero_shot = emb[:, :-8], emb[:, -8:]
         if hidden.shape[1] != self.axes["mean"].shape[0]:

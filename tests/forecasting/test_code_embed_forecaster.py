@@ -189,7 +189,7 @@ def test_a_pair_of_the_run_gives_the_committed_numbers_read_again_here(run, monk
     import models.training.head as head_module
     from pipelines.forecasting.embed import TOKENS_PER_BATCH
 
-    monkeypatch.setattr(head_module, "embed_prompts_shared", lambda model, encoded, label_ids, layers: head_module.embed_prompts(
+    monkeypatch.setattr(head_module, "embed_prompts_shared", lambda model, encoded, label_ids, layers, tree=None: head_module.embed_prompts(
         model, again._base_model()[1], encoded, label_ids, layers, TOKENS_PER_BATCH))
     raw = again.head_probs(pairs, run["records"])
     host = pl.read_parquet(run["tmp"] / "out" / "forecasts.parquet").filter(pl.col("variant") == "code-embed")
@@ -266,7 +266,7 @@ def test_new_candidates_of_one_anchor_read_its_half_once_with_the_full_prefills_
     x_shared, p_shared = f.design(pairs, records), f.head_probs(pairs, records)
     assert f.seconds["tokens_read"] < 0.75 * f.seconds["tokens"]  # the anchor's half was read once
 
-    def full_prefill(model, encoded, label_ids, layers):
+    def full_prefill(model, encoded, label_ids, layers, tree=None):
         return embed_prompts(model, f._base_model()[1], encoded, label_ids, layers, TOKENS_PER_BATCH)
 
     monkeypatch.setattr(head_module, "embed_prompts_shared", full_prefill)
