@@ -26,7 +26,7 @@ the kernel, may be at fault; it is off by default.
 
 Sources held as text (a search's mutations, a request to a served model) are read by
 `read_kernel_sources`, the same reading under a name instead of a path. A caller that reads
-again and again passes a `FeaturePool` (children kept up) and a `FeatureCache` (a source read
+again and again passes a `feature_pool` (children kept up) and a `FeatureCache` (a source read
 once is not read again) of pipelines.forecasting.source_features.
 
 The record leaves generator, algorithm and knobs_json empty: the platform did not write the
@@ -128,7 +128,7 @@ def read_kernel_files(task: str, paths: Sequence[Path], *, check: bool = False, 
         hardware: the hardware id forecast for: its stand-in device answers the files' device
             queries (pipelines.profiling.standin.DEVICES; another id or None: the H200).
         cache: a source_features.FeatureCache: a source read before is not read again.
-        pool: a source_features.FeaturePool whose children stay up between calls.
+        pool: a source_features.feature_pool() whose children stay up between calls.
     """
     files = [KernelFile(Path(p)) for p in paths]
     sources: dict[int, str] = {}

@@ -23,8 +23,10 @@ Source counts (regexes over the code) are computed where the features are read
 (models.classical.features), since they need no sandbox.
 
 Untrusted code runs in child processes (`python -m pipelines.forecasting.source_features
---child`), aot's worker pool and protocol, one-line errors, time limits; nothing here raises on
-a bad kernel. Runs with the standard library, numpy, torch, triton and pyarrow only (a GPU host):
+--child`) of aot's `CompilePool`, the one pool of the sm_90 compile too: its protocol, one-line
+errors, time limits and restarts; only the job handler (`_features_job`) is this module's.
+Nothing here raises on a bad kernel. Runs with the standard library, numpy, torch, triton and
+pyarrow only (a GPU host):
 
     python3 -m pipelines.forecasting.source_features --kernels K1.parquet [K2 ...] \
         --out F.parquet --workers N
@@ -34,7 +36,7 @@ them failed; the other's features are kept), `failed` (neither: import error, no
 `error` (our side: the task input could not be built, a worker would not start).
 
 A caller that reads kernels again and again (a search forecasting its mutations, a service)
-keeps two things warm: a `FeaturePool` (the child processes stay up between calls, so torch,
+keeps two things warm: a `feature_pool` (the child processes stay up between calls, so torch,
 triton and each task's inputs are loaded once per child, not once per call) and a
 `FeatureCache` (rows by digest of the source and of everything else that decides them: task,
 language, target, hardware, the feature code and the torch and triton releases; in memory and,
@@ -48,12 +50,9 @@ import hashlib
 import json
 import math
 import os
-import shutil
 import sys
-import tempfile
 import threading
 import time
-import weakref
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -62,14 +61,14 @@ from pipelines.generation.aot import (
     DEFAULT_TIMEOUT_S,
     PTX_CLASSES,
     SM_COUNT,
+    CompilePool,
     _one_line,
-    _Worker,
-    _worker_env,
 )
 
 Progress = Callable[[int, int], None]  # (done, total)
 STATUSES = ("ok", "partial", "failed", "error")
 _MODULE = "pipelines.forecasting.source_features"
+CHILD = (_MODULE, "--child")  # the reader child's entry: aot's compile loop with `_features_job`
 
 # Resources of the compile: maxima over the module's compiled kernels.
 COMPILE_COLUMNS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches", "num_warps",
@@ -114,7 +113,7 @@ def source_features_many(
     compile: bool = True,
     hardware: str | None = None,
     cache: FeatureCache | None = None,
-    pool: FeaturePool | None = None,
+    pool: CompilePool | None = None,
 ) -> list[dict[str, Any]]:
     """Source features of many kernel records, in input order; never raises on a bad kernel.
 
@@ -132,12 +131,16 @@ def source_features_many(
         hardware: the hardware id whose stand-in device the kernels see when they ask
             (pipelines.profiling.standin.DEVICES); None or another id: the target's default.
         cache: rows already read are taken from it, new ones put in it (`FeatureCache`).
-        pool: children kept up between calls (`FeaturePool`); None starts n_workers for this
+        pool: children kept up between calls (`feature_pool`); None starts n_workers for this
             call and stops them at its end.
     Returns:
         One flat row per record (ROW_COLUMNS): status, one-line error, seconds, FEATURE_COLUMNS
         (None where unknown).
+    Raises:
+        ValueError: `pool` runs other children than this reader's (`feature_pool`).
     """
+    if pool is not None and pool.entry != CHILD:
+        raise ValueError(f"pool of {' '.join(pool.entry)} children, not the source-feature reader's")
     items = list(records)
     try:
         capability = int(str(target).removeprefix("sm_"))
@@ -160,9 +163,11 @@ def source_features_many(
         progress(done["n"], len(items))
     if todo:
         own = pool is None
-        pool = pool or FeaturePool(n_workers)
+        pool = pool or feature_pool(n_workers)
         try:
             def answer(i: int, msg: dict[str, Any]) -> None:
+                if msg.get("status") == "compile_failed":  # the child died or ran out of time
+                    msg = {**msg, "status": "failed", "compile_status": "compile_failed"}
                 results[i] = _row(items[i], target, msg)
                 if cache is not None:
                     cache.put(keys[i], msg)
@@ -178,95 +183,16 @@ def source_features_many(
             for i, r in enumerate(results)]
 
 
-class FeaturePool:
-    """Source-features children kept up between calls (each answers one job at a time).
+def feature_pool(size: int = 2) -> CompilePool:
+    """Reader children to keep up between calls of `source_features_many` (its `pool`).
 
-    A child imports torch and triton when it starts and builds a task's benchmark inputs on its
-    first job of that task; a pool pays that once per child instead of once per call. Children
-    are started on first use, replaced when they die or time out, and stopped by `close` (or at
-    exit of a `with` block).
+    A child imports torch and triton when it starts and builds a task's inputs on its first job
+    of that task; a pool pays that once per child instead of once per call.
 
     Args:
         size: children at most (one per core is what a compile wants).
     """
-
-    def __init__(self, size: int = 2):
-        self.size = max(1, int(size))
-        self._root = tempfile.mkdtemp(prefix="kernelcast-features-")
-        self._env = _worker_env(os.path.join(self._root, "triton-cache"))
-        self._env["KERNELCAST_AOT_WORKDIR"] = self._root
-        self._idle = [_Worker(self._env, module=_MODULE, args=("--child",)) for _ in range(self.size)]
-        self._free = threading.Condition()  # a caller waits here while every child is busy
-        self._closed = False
-        # at the latest when the pool is collected or the process exits: children stopped, scratch removed
-        self._finalizer = weakref.finalize(self, _stop_pool, self._idle, self._root)
-
-    def run(self, jobs: list[tuple[Any, dict]], timeout_s: float, answer: Callable[[Any, dict], None],
-            n_workers: int | None = None) -> None:
-        """Answer each (key, job) by `answer(key, message)`, in up to n_workers children at once."""
-        if self._closed:
-            raise RuntimeError("the feature pool is closed")
-        state = {"next": 0}
-        lock = threading.Lock()
-
-        def serve() -> None:
-            with self._free:
-                self._free.wait_for(lambda: self._idle or self._closed)
-                if self._closed:
-                    return
-                worker = self._idle.pop()
-            try:
-                while True:
-                    with lock:
-                        n = state["next"]
-                        state["next"] += 1
-                    if n >= len(jobs):
-                        return
-                    key, job = jobs[n]
-                    try:
-                        msg = worker.request_raw(job, timeout_s)
-                    except Exception as exc:  # noqa: BLE001 - a garbled answer must not stop the batch
-                        worker.stop()
-                        msg = {"status": "error", "error": _one_line(f"worker: {type(exc).__name__}: {exc}")}
-                    if msg.get("status") == "compile_failed":  # the worker died or timed out
-                        msg = {**msg, "status": "failed", "compile_status": "compile_failed"}
-                    answer(key, msg)
-            finally:
-                with self._free:
-                    if self._closed:
-                        worker.stop()
-                    self._idle.append(worker)
-                    self._free.notify()
-
-        width = min(len(jobs), self.size, max(1, n_workers or self.size))
-        threads = [threading.Thread(target=serve, daemon=True) for _ in range(width)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-
-    def close(self) -> None:
-        """Stop the children and remove their scratch folder (a child still answering a job
-        stops when its job is done)."""
-        with self._free:
-            self._closed = True
-            self._free.notify_all()
-        self._finalizer()
-
-    def __enter__(self) -> FeaturePool:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-
-def _stop_pool(workers: list[Any], root: str) -> None:
-    # idle children are killed rather than asked to exit: their answers are all in, their
-    # scratch is under `root`, and an orderly exit of a process holding torch took 0.8 s of
-    # the 4 s `kernelcast forecast` spends on one file
-    for worker in list(workers):
-        worker.kill()
-    shutil.rmtree(root, ignore_errors=True)
+    return CompilePool(size, CHILD)
 
 
 # The code and releases a row depends on beyond its job: a change to any of them reads sources anew.

@@ -14,7 +14,7 @@ reference; every registered version's pyfunc model is one, pipelines.forecasting
 
 Sources are read by the one file reader (pipelines.forecasting.files.read_kernel_sources: import,
 trace on the benchmark shapes, sm_90 compile, on a stand-in device of the hardware) in a
-`FeaturePool` whose children stay up between calls, and each answer is kept in a `FeatureCache`
+`feature_pool` whose children stay up between calls, and each answer is kept in a `FeatureCache`
 by digest of the source (in memory, and under <home>/feature-cache when a home is given), so an
 anchor is read once per search, not once per batch.
 
@@ -90,7 +90,7 @@ class SourceForecaster(PairForecaster):
 
     def __init__(self, adapter: Any, *, n_workers: int = 2, cache_dir: str | Path | None = None,
                  compile_timeout_s: float = 120.0):
-        from pipelines.forecasting.source_features import FeatureCache, FeaturePool
+        from pipelines.forecasting.source_features import FeatureCache, feature_pool
 
         self.adapter = adapter
         self.kind = getattr(adapter, "kind", "")
@@ -99,7 +99,7 @@ class SourceForecaster(PairForecaster):
         self.n_workers = max(1, int(n_workers))
         self.compile_timeout_s = compile_timeout_s
         self.cache = FeatureCache(cache_dir)
-        self.pool = FeaturePool(self.n_workers)  # its children stop when it is collected, or at exit
+        self.pool = feature_pool(self.n_workers)  # its children stop when it is collected, or at exit
         self._lock = threading.Lock()  # one batch at a time: the adapter need not be thread-safe
         self.seconds = {"read": 0.0, "forecast": 0.0}  # spent so far reading sources, and in the adapter
 

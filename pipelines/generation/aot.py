@@ -15,7 +15,10 @@ unless a launcher mutates its input's shape in PyTorch.
 
 Untrusted code runs in child processes (`python -m pipelines.generation.aot`), each a long-lived
 worker speaking JSON lines on a private pipe; a compile that exceeds its time limit or kills its
-worker is recorded and the worker is replaced. Nothing here raises on a bad kernel.
+worker is recorded and the worker is replaced. Nothing here raises on a bad kernel. The children
+are held by `CompilePool`, which also serves the source-feature reader
+(pipelines.forecasting.source_features): its children run the same loop (`serve_compile_jobs`)
+with their own job handler, so starting, feeding, time limits and restarts live in one place.
 
 Statuses:
     compiled        every launch compiled and fits the target
@@ -41,6 +44,7 @@ import sys
 import tempfile
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -91,7 +95,7 @@ class Features:
 
 
 # =============================================================================================
-# Parent side: the worker pool
+# Parent side: the pool of compile children
 # =============================================================================================
 
 
@@ -140,23 +144,22 @@ def _worker_env(cache_dir: str) -> dict[str, str]:
     return env
 
 
-# request_raw's errors for a child that gave no answer on the kernel itself
+# request's errors for a child that gave no answer on the kernel itself
 _CRASHED, _TIMED_OUT = "worker crashed", "timeout after "
 
 
 def gave_no_answer(error: str | None) -> bool:
-    """Whether a job's error says its child crashed or ran out of time on the kernel (request_raw),
+    """Whether a job's error says its child crashed or ran out of time on the kernel (request),
     so asking another child the same again would cost as much for the same outcome."""
     return bool(error) and (error == _CRASHED or error.startswith(_TIMED_OUT))
 
 
 class _Worker:
-    """One child process; requests are answered in order, one at a time."""
+    """One child process (`python -m <entry>`); requests are answered in order, one at a time."""
 
-    def __init__(self, env: dict[str, str], module: str = "pipelines.generation.aot",
-                 args: tuple[str, ...] = ()):
+    def __init__(self, env: dict[str, str], entry: tuple[str, ...]):
         self.env = env
-        self.command = ("-m", module, *args)  # the child's entry point; same protocol
+        self.command = ("-m", *entry)
         self.proc: subprocess.Popen | None = None
         self.jobs = 0
         self._buf = b""
@@ -226,12 +229,7 @@ class _Worker:
         line, self._buf = self._buf.split(b"\n", 1)
         return json.loads(line)
 
-    def request(self, job: dict, timeout_s: float) -> Features:
-        msg = self.request_raw(job, timeout_s)
-        msg["kernels"] = tuple(msg.get("kernels") or ())
-        return Features(**{k: v for k, v in msg.items() if k in _FEATURE_KEYS})
-
-    def request_raw(self, job: dict, timeout_s: float) -> dict:
+    def request(self, job: dict, timeout_s: float) -> dict:
         """The child's answer to `job` as a dict with at least status, error and seconds."""
         start = time.monotonic()
         try:
@@ -276,7 +274,127 @@ class _Worker:
         return {"status": "error", "error": f"aot worker {what}", "seconds": time.monotonic() - start}
 
 
+# what a compile child runs: `python -m pipelines.generation.aot`, answering compile jobs
+COMPILE_CHILD = ("pipelines.generation.aot",)
+
+
+class CompilePool:
+    """Child processes answering jobs on untrusted kernel modules, one job at a time each.
+
+    The one pool of both readings of a module: the sm_90 compile (`compile_many`, children of
+    COMPILE_CHILD) and the source features (pipelines.forecasting.source_features, its own
+    child entry); each child's main loop is `serve_compile_jobs` with the reading's job handler.
+    Children start on first use (torch and triton are imported once per child, a task's input
+    built once per child), answer under the time limits of `_Worker.request`, are replaced when
+    they die, run out of time or have answered MAX_JOBS_PER_WORKER jobs, and are stopped by
+    `close` (at the end of a `with` block, when the pool is collected, or at exit), which also
+    removes their scratch folder.
+
+    Args:
+        size: children at most (one per core is what a compile wants).
+        entry: the child's `python -m` arguments, e.g. COMPILE_CHILD.
+        cache_dir: the children's Triton cache; None: a private one in the scratch folder
+            (fresh compiles, no litter in ~/.triton).
+    """
+
+    def __init__(self, size: int = 2, entry: tuple[str, ...] = COMPILE_CHILD, cache_dir: str | None = None):
+        self.size = max(1, int(size))
+        self.entry = tuple(entry)
+        # one scratch root: the private Triton cache and every child's module files (a killed
+        # child cannot clean up after itself, so the pool removes it all when it stops)
+        self._root = tempfile.mkdtemp(prefix="kernelcast-compile-")
+        env = _worker_env(cache_dir or os.path.join(self._root, "triton-cache"))
+        env["KERNELCAST_AOT_WORKDIR"] = self._root
+        self._children = tuple(_Worker(env, self.entry) for _ in range(self.size))
+        self._idle = list(self._children)
+        self._free = threading.Condition()  # a caller waits here while every child is busy
+        self._closed = False
+        self._finalizer = weakref.finalize(self, _stop_children, self._idle, self._root)
+
+    @property
+    def running(self) -> int:
+        """Children started and not stopped since."""
+        return sum(w.proc is not None for w in self._children)
+
+    def run(self, jobs: list[tuple[Any, dict]], timeout_s: float, answer: Callable[[Any, dict], None],
+            n_workers: int | None = None) -> None:
+        """Answer each (key, job) by `answer(key, message)`, in up to n_workers children at once.
+
+        `answer` is called one message at a time. A message has at least status and error (one
+        line): the child's own answer, or the pool's when the child gave none (request's errors;
+        status 'error', 'worker: ...' when its answer could not be read).
+        """
+        if self._closed:
+            raise RuntimeError("the compile pool is closed")
+        state = {"next": 0}
+        lock = threading.Lock()
+
+        def serve() -> None:
+            with self._free:
+                self._free.wait_for(lambda: self._idle or self._closed)
+                if self._closed:
+                    return
+                worker = self._idle.pop()
+            try:
+                while True:
+                    with lock:
+                        n = state["next"]
+                        state["next"] += 1
+                    if n >= len(jobs):
+                        return
+                    key, job = jobs[n]
+                    try:
+                        msg = worker.request(job, timeout_s)
+                    except Exception as exc:  # noqa: BLE001 - a garbled answer must not stop the batch
+                        worker.stop()
+                        msg = {"status": "error", "error": _one_line(f"worker: {type(exc).__name__}: {exc}")}
+                    with lock:
+                        answer(key, msg)
+            finally:
+                with self._free:
+                    if self._closed:
+                        worker.stop()
+                    self._idle.append(worker)
+                    self._free.notify()
+
+        width = min(len(jobs), self.size, max(1, n_workers or self.size))
+        threads = [threading.Thread(target=serve, daemon=True) for _ in range(width)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    def close(self) -> None:
+        """Stop the children and remove their scratch folder (a child still answering a job
+        stops when its job is done)."""
+        with self._free:
+            self._closed = True
+            self._free.notify_all()
+        self._finalizer()
+
+    def __enter__(self) -> CompilePool:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def _stop_children(workers: list[_Worker], root: str) -> None:
+    # idle children are killed rather than asked to exit: their answers are all in, their
+    # scratch is under `root`, and an orderly exit of a process holding torch took 0.8 s of
+    # the 4 s `kernelcast forecast` spends on one file
+    for worker in list(workers):
+        worker.kill()
+    shutil.rmtree(root, ignore_errors=True)
+
+
 _FEATURE_KEYS = frozenset(Features.__dataclass_fields__)
+
+
+def _features(msg: dict) -> Features:
+    """A compile child's answer as Features (the launch log and other extras dropped)."""
+    msg["kernels"] = tuple(msg.get("kernels") or ())
+    return Features(**{k: v for k, v in msg.items() if k in _FEATURE_KEYS})
 
 
 def compile_many(
@@ -293,7 +411,7 @@ def compile_many(
     Args:
         records: mappings with 'source' and 'task' (a registry task, or one named in
             KERNELCAST_TASK_MODULES); a 'language' other than 'triton' is skipped.
-        n_workers: child processes compiling in parallel.
+        n_workers: child processes compiling in parallel (a `CompilePool` of this call).
         timeout_s: limit per kernel (after its input exists); past it the worker is killed.
         progress: called as progress(done, total).
         target: (compute capability, warp size), e.g. (90, 32) for H100/H200.
@@ -306,63 +424,23 @@ def compile_many(
     """
     items = list(records)
     results: list[Features | None] = [None] * len(items)
-    # one scratch root for this call: the private Triton cache and every worker's module files
-    # (a killed worker cannot clean up after itself, so the parent removes it all at the end)
-    root = tempfile.mkdtemp(prefix="kernelcast-aot-")
-    env = _worker_env(cache_dir or os.path.join(root, "triton-cache"))
-    env["KERNELCAST_AOT_WORKDIR"] = root
-    lock = threading.Lock()
-    state = {"next": 0, "done": 0}
+    done = {"n": 0}
 
-    def report() -> None:
-        state["done"] += 1
+    def answer(i: int, feats: Features) -> None:
+        results[i] = feats
+        done["n"] += 1
         if progress:
-            progress(state["done"], len(items))
+            progress(done["n"], len(items))
 
-    def run_worker() -> None:
-        worker = _Worker(env)
-        try:
-            while True:
-                with lock:
-                    i = state["next"]
-                    state["next"] += 1
-                if i >= len(items):
-                    return
-                rec = items[i]
-                if (rec.get("language") or "triton") != "triton":
-                    feats = Features(
-                        "skipped", error=f"language {rec.get('language')}: nothing to compile"
-                    )
-                else:
-                    job = {
-                        "source": rec["source"],
-                        "task": rec["task"],
-                        "target": list(target),
-                        "case": case,
-                    }
-                    try:
-                        feats = worker.request(job, timeout_s)
-                    except Exception as exc:  # noqa: BLE001 - a garbled answer must not stop the batch
-                        worker.stop()
-                        feats = Features(
-                            "error", error=_one_line(f"aot worker: {type(exc).__name__}: {exc}")
-                        )
-                results[i] = feats
-                with lock:
-                    report()
-        finally:
-            worker.stop()
-
-    try:
-        threads = [
-            threading.Thread(target=run_worker, daemon=True) for _ in range(max(1, n_workers))
-        ]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
+    jobs = []
+    for i, rec in enumerate(items):
+        if (rec.get("language") or "triton") != "triton":
+            answer(i, Features("skipped", error=f"language {rec.get('language')}: nothing to compile"))
+        else:
+            jobs.append((i, {"source": rec["source"], "task": rec["task"], "target": list(target), "case": case}))
+    if jobs:
+        with CompilePool(n_workers, COMPILE_CHILD, cache_dir) as pool:
+            pool.run(jobs, timeout_s, lambda i, msg: answer(i, _features(msg)))
     return [r if r is not None else Features("error", error="not compiled") for r in results]
 
 

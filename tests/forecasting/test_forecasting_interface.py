@@ -550,4 +550,4 @@ def test_the_source_forecaster_is_a_pair_forecaster_of_its_adapter():
         np.testing.assert_array_equal(f.forecast_pairs(pairs, kernels), adapter.forecast_pairs(pairs, kernels))
         np.testing.assert_array_equal(f.predict_kernels(anchor, cands, "h"), adapter.predict_kernels(anchor, cands, "h"))
         assert f.answer_pairs(pairs, kernels) == adapter.answer_pairs(pairs, kernels)
-        assert all(w.proc is None for w in f.pool._idle)
+        assert f.pool.running == 0

@@ -86,7 +86,7 @@ def read(home, tmp_path_factory):
 
 def test_sources_are_read_as_files_are_and_once(read, home):
     from pipelines.forecasting.files import read_kernel_sources
-    from pipelines.forecasting.source_features import FeatureCache, FeaturePool
+    from pipelines.forecasting.source_features import FeatureCache, feature_pool
 
     src, files, sources, cache = read
     assert [f.name for f in sources] == list(src) and all(f.path is None for f in sources)
@@ -99,9 +99,9 @@ def test_sources_are_read_as_files_are_and_once(read, home):
     assert cache.misses == 3 and cache.hits == 0  # the broken one never reaches the reader
     # a new process's cache finds them on disk: no child is asked, the records are the same
     again = FeatureCache(home / "feature-cache")
-    with FeaturePool(1) as pool:
+    with feature_pool(1) as pool:
         second = read_kernel_sources("softmax", list(src.values()), HW, names=list(src), cache=again, pool=pool)
-        assert all(w.proc is None for w in pool._idle)  # never started
+        assert pool.running == 0  # never started
     assert (again.hits, again.misses) == (3, 0)
     assert [f.record for f in second] == [f.record for f in sources]
     # another hardware is another reading
@@ -201,7 +201,7 @@ def test_forecast_sources_keeps_the_model_and_answers_as_its_pyfunc(registered, 
     again = forecast_sources("softmax", src["anchor"], [src["row_tile"]], model=ref, home=home)
     assert dict(_OPEN) == kept and len(kept) == 1  # one forecaster, loaded once
     (forecaster,) = kept.values()
-    assert all(w.proc is None for w in forecaster.pool._idle) and forecaster.cache.misses == 0
+    assert forecaster.pool.running == 0 and forecaster.cache.misses == 0
     mlflow.set_tracking_uri(uri)
     want = mlflow.pyfunc.load_model(ref).predict(pd.DataFrame({
         "task": "softmax", "anchor_source": src["anchor"], "candidate_source": [src["seed"], src["row_tile"]]}))
