@@ -436,6 +436,8 @@ def compile_many(
     for i, rec in enumerate(items):
         if (rec.get("language") or "triton") != "triton":
             answer(i, Features("skipped", error=f"language {rec.get('language')}: nothing to compile"))
+        elif not isinstance(rec.get("source"), str) or not isinstance(rec.get("task"), str):
+            answer(i, Features("error", error="record without a 'source' and 'task' text"))
         else:
             jobs.append((i, {"source": rec["source"], "task": rec["task"], "target": list(target), "case": case}))
     if jobs:

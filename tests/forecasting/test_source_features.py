@@ -246,3 +246,12 @@ def test_doctests():
     for module in (sf, aot):
         result = doctest.testmod(module)
         assert result.attempted > 0 and result.failed == 0
+
+
+def test_a_pool_of_other_children_is_refused_before_any_starts():
+    with aot.CompilePool(1) as compile_children:
+        with pytest.raises(ValueError, match="not the source-feature reader"):
+            sf.source_features_many([{"task": "softmax", "source": "x = 1\n"}], pool=compile_children)
+        assert compile_children.running == 0
+    with sf.feature_pool(1) as readers:
+        assert readers.entry == sf.CHILD and readers.running == 0

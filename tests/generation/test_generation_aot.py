@@ -110,6 +110,7 @@ def features():
             {"task": "tiny_scale", "source": s, "language": lang} for s, lang in CASES.values()
         ]
         records.append({"task": "no_such_task", "source": GOOD})  # same worker pool, no extra start
+        records.append({"task": "tiny_scale", "language": "triton"})  # no source: never sent to a child
         feats = aot.compile_many(
             records,
             n_workers=2,
@@ -123,7 +124,7 @@ def features():
         else:
             os.environ["KERNELCAST_TASK_MODULES"] = old
     assert seen[-1] == (len(records), len(records))
-    return dict(zip([*CASES, "unknown_task"], feats, strict=True))
+    return dict(zip([*CASES, "unknown_task", "no_source"], feats, strict=True))
 
 
 def test_good_kernel_compiles_with_registers(features):
@@ -186,6 +187,29 @@ def test_timeout_kills_the_worker_and_the_next_kernel_still_compiles(monkeypatch
 def test_unknown_task_is_an_error_not_a_crash(features):
     f = features["unknown_task"]
     assert f.status == "error" and "task input" in f.error
+
+
+def test_record_without_source_is_an_error_not_a_crash(features):
+    f = features["no_source"]
+    assert f.status == "error" and "source" in f.error
+
+
+def test_pool_keeps_its_child_between_runs_and_stops_it_on_close(monkeypatch):
+    monkeypatch.setenv("KERNELCAST_TASK_MODULES", f"tiny_scale={TINY_TASK_FILE}")
+    job = {"source": GOOD, "task": "tiny_scale", "target": [90, 32], "case": "correctness"}
+    answers: list[tuple[str, dict]] = []
+    with aot.CompilePool(1) as pool:
+        assert pool.running == 0  # started on first use only
+        pool.run([("first", job)], 120, lambda key, msg: answers.append((key, msg)))
+        pid = pool._children[0].proc.pid
+        pool.run([("second", job)], 120, lambda key, msg: answers.append((key, msg)))
+        assert pool.running == 1 and pool._children[0].proc.pid == pid  # the same child answered both
+        root = pool._root
+    assert [k for k, _ in answers] == ["first", "second"]
+    assert all(m["status"] == "compiled" for _, m in answers)
+    assert pool.running == 0 and not os.path.exists(root)
+    with pytest.raises(RuntimeError, match="closed"):
+        pool.run([("third", job)], 120, lambda key, msg: None)
 
 
 # The algorithms added for the empty speedup bins (grid-capped persistent kernels, the
