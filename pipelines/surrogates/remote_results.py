@@ -172,11 +172,12 @@ def read_variants_run(results: Any, meta: dict[str, Any], pairs: list[dict[str, 
 def read_run(results: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
     """(forecasts, metrics.json) of an llm_code output folder; JobError when unreadable."""
     root = Path(results)
+    missing = [name for name in ("forecasts.parquet", "metrics.json") if not (root / name).is_file()]
+    if missing:
+        raise JobError(f"{root}: not a host run's output ({' and '.join(missing)} missing)")
     try:
         frame = pl.read_parquet(root / "forecasts.parquet")
         metrics = json.loads((root / "metrics.json").read_text())
-    except FileNotFoundError as e:
-        raise JobError(f"{root}: not a host run's output ({Path(e.filename).name} missing)") from None
     except (OSError, ValueError, pl.exceptions.PolarsError) as e:
         raise JobError(f"{root}: unreadable ({type(e).__name__}: {e})") from None
     return frame, metrics
@@ -276,9 +277,10 @@ def read_code_run(results: Any, meta: dict[str, Any], pairs: list[dict[str, Any]
     """
     from pipelines.surrogates.code_embed import embed_head_file
 
-    if not isinstance(results, (str, Path)):
-        raise JobError("an llm_code run is brought back from its OUT folder (one path)")
-    root = Path(results)
+    paths = [results] if isinstance(results, (str, Path)) else list(results)
+    if len(paths) != 1 or not Path(paths[0]).is_dir():
+        raise JobError("an llm_code run is brought back from its OUT folder (one folder)")
+    root = Path(paths[0])
     frame, metrics = read_run(root)
     if metrics.get("dataset_version") != meta["dataset_version"]:
         raise JobError(f"{root} was trained on {metrics.get('dataset_version')}, the job is {meta['dataset_version']}")

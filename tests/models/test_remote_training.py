@@ -86,6 +86,15 @@ def test_a_job_round_trips_with_its_kind_and_float32_vectors(tmp_path):
     with pytest.raises(JobError, match="unknown job kind"):
         write_job(tmp_path / "x", "sft", meta, kernels.values(), pairs)
     assert len(read_jsonl_gz(tmp_path / "c" / KERNELS_FILE)) == 41
+    # The one ingest reads a code job's host output from its OUT folder, and says what is missing.
+    from pipelines.surrogates.remote_results import ingest
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(JobError, match="not a host run's output \\(forecasts.parquet and metrics.json missing\\)"):
+        ingest(tmp_path / "empty", tmp_path / "c", tmp_path / "into")
+    with pytest.raises(JobError, match="from its OUT folder"):
+        ingest([tmp_path / "empty", tmp_path / "empty"], tmp_path / "c", tmp_path / "into")
+    assert not (tmp_path / "into").exists()
 
 
 def _results_tar(folder: Path, pairs: list[dict], variant: str) -> None:
