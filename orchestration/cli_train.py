@@ -7,8 +7,9 @@
     kernelcast train collect <files>... --job .gpu-job --out data/training/h200/<date>
     kernelcast run                                    # registers the committed adapter, scores it
 
-`collect` writes the committed form (forecasts.parquet, training.json, training_pairs.parquet,
-adapters/); the `surrogate.committed_run` setting names the folder `kernelcast run` reads, and
+`collect` merges the run's variants into the committed form (forecasts.parquet, training.json,
+training_pairs.parquet, adapters/; pipelines/surrogates/remote_results.py, the one ingest of both
+host runs); the `surrogate.committed_run` setting names the folder `kernelcast run` reads, and
 the version it registers records the job's dataset version as the one it was trained on.
 """
 
@@ -48,17 +49,16 @@ def export(
 
 @app.command()
 def collect(
-    files: list[Path] = typer.Argument(..., exists=True, dir_okay=False, help="results.tar and adapter-*.tar of the calls."),
+    files: list[Path] = typer.Argument(..., exists=True, help="results.tar and adapter-*.tar of the calls (or their folder)."),
     job: Path = typer.Option(..., "--job", exists=True, file_okay=False, help="The job folder the host ran."),
     out: Path = typer.Option(..., "--out", help="Committed run folder, e.g. data/training/h200/2026-12-01."),
 ) -> None:
-    """Turn what the GPU host sent back into the committed run folder."""
-    from models.training.gpu_host.jobfile import JobError
+    """Merge what the GPU host sent back into the committed run folder (its other variants stay)."""
     from orchestration.cli_common import CliError
-    from pipelines.surrogates.remote_results import collect as collect_results
+    from pipelines.surrogates.remote_results import JobError, ingest
 
     try:
-        summary = collect_results(files, job, out)
+        summary = ingest(files, job, out)
     except JobError as e:
         raise CliError(str(e)) from e
     typer.echo(f"{summary['forecasts']} forecasts of {', '.join(summary['variants'])}; "

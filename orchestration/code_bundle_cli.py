@@ -1,12 +1,14 @@
-"""The command line of the code-reading LLM's bundle: build it from the warehouse, ingest what a GPU
+"""The command line of the code-reading LLM's job: build it from the warehouse, ingest what a GPU
 host's run sent back (docs/llm-surrogate.md).
 
     python -m orchestration.code_bundle_cli build-bundle --out .gpu-batches/llm-bundle [--warehouse P]
-    python -m orchestration.code_bundle_cli embed-head OUT --bundle B [--base-model smollm2]
-    python -m orchestration.code_bundle_cli ingest OUT --bundle B [--into RUN_DIR] [--register] [--adapter]
+    python -m orchestration.code_bundle_cli embed-head OUT --job JOB [--base-model smollm2]
+    python -m orchestration.code_bundle_cli ingest OUT --job JOB [--into RUN_DIR] [--register] [--adapter]
 
-The domain code is pipelines.surrogates.code_bundle / code_ingest; this module adds the settings'
-defaults (warehouse, data folder, MLflow store), which live on the orchestration floor.
+The job is models/training/gpu_host/job.py's folder of kind "code" (`--bundle` is `--job`'s older
+name). The domain code is pipelines.surrogates.code_bundle (the job), remote_results (the one
+ingest of a host's output) and registration; this module adds the settings' defaults (warehouse,
+data folder, MLflow store), which live on the orchestration floor.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ from typing import Any
 
 from orchestration.settings import load_settings
 from pipelines.surrogates.code_bundle import build_bundle
-from pipelines.surrogates.code_ingest import BundleError, ingest, register_variants
+from pipelines.surrogates.registration import register_variants
+from pipelines.surrogates.remote_results import JobError, ingest
 from pipelines.surrogates.roles import DEFAULT_HELD_OUT_TASK
 
 
@@ -27,12 +30,12 @@ def ingest_cli(args: Any) -> int:
     settings = load_settings(None)
     into = Path(args.into) if args.into else settings.data_dir / settings.surrogate.committed_run
     try:
-        summary = ingest(args.results, args.bundle, into, adapter=args.adapter)
-    except BundleError as e:
+        summary = ingest(args.results, args.job, into, adapter=args.adapter)
+    except JobError as e:
         print(f"error: {e}")
         return 2
     print(f"{summary['forecasts']} forecasts of {', '.join(summary['variants'])} of {summary['dataset_version']} "
-          f"-> {summary['into']}" + ("; adapter adapters/code-lora" if summary["adapter"] else ""))
+          f"-> {summary['into']}" + "".join(f"; adapter adapters/{name}" for name in summary["adapters"]))
     for variant, name in summary["head_files"].items():
         print(f"  {variant}: head file {name}")
     if args.register:
@@ -58,19 +61,19 @@ def _warehouse(path: str | None) -> Path:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m orchestration.code_bundle_cli", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    b = sub.add_parser("build-bundle", help="write the bundle of a dataset version")
+    b = sub.add_parser("build-bundle", help="write the code-reading LLM's job of a dataset version")
     b.add_argument("--out", required=True, type=Path)
     b.add_argument("--warehouse", default=None, help="DuckDB file (default: the settings' warehouse)")
     b.add_argument("--version", default=None, help="dataset version (default: the newest)")
     b.add_argument("--held-out-task", default=DEFAULT_HELD_OUT_TASK)
     e = sub.add_parser("embed-head", help="fit the boosted code-embed variants on a host run's embeddings.parquet")
     e.add_argument("results", type=Path, help="the OUT folder the host run wrote (its forecasts and metrics grow)")
-    e.add_argument("--bundle", required=True, type=Path)
+    e.add_argument("--job", "--bundle", dest="job", required=True, type=Path, help="the job folder the host ran")
     e.add_argument("--base-model", default=None,
                    help="the base model the host run read with (default: the settings' surrogate.base_model)")
     i = sub.add_parser("ingest", help="turn a host run's output into a committed run folder and register it")
     i.add_argument("results", type=Path, help="the OUT folder the host run wrote")
-    i.add_argument("--bundle", required=True, type=Path)
+    i.add_argument("--job", "--bundle", dest="job", required=True, type=Path, help="the job folder the host ran")
     i.add_argument("--into", default=None, type=Path,
                    help="committed run folder (default: the settings' surrogate.committed_run under the data folder)")
     i.add_argument("--register", action="store_true", help="also register every variant in MLflow (settings' home)")
@@ -93,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "embed-head":
             from pipelines.surrogates.code_embed import add_embed_variants
 
-            summary = add_embed_variants(args.results, args.bundle, args.base_model or load_settings(None).surrogate.base_model)
+            summary = add_embed_variants(args.results, args.job, args.base_model or load_settings(None).surrogate.base_model)
             print("added: " + ", ".join(summary["variants"]))
             for variant, name in summary["head_files"].items():
                 print(f"  {variant}: forecasts new pairs (its head: {name})")

@@ -8,12 +8,12 @@ style, the layers, the feature names) answers:
 - a pair its host run holds from its committed forecasts, as `CommittedForecaster` does (the
   same numbers), when the committed run folder is given and holds the variant;
 - any other pair by doing here what the host did for the pairs of the run: the same prompt from
-  the two sources (models.training.gpu_host.bundle.code_rows, the bundle's task and hardware
+  the two sources (models.training.gpu_host.job.training_rows, the job's task and hardware
   tables kept with the head), the base model's prefill over it on this machine (the same
   layers; on a CPU models.training.head.embed_prompts_shared, which prefills what the prompts
   share, the anchor's half of every pair of one anchor, once: the numbers of a full prefill of
   each prompt up to float round-off, in about half the tokens), its coordinates on the stored axes
-  (`project`), the feature vector the bundle would have given
+  (`project`), the feature vector the job would have given
   (pipelines.surrogates.code_bundle.named_feature_vectors), then the trees, their Laplace spreads
   and the version's calibrator.
 
@@ -115,7 +115,7 @@ class EmbedHeadForecaster(PairForecaster):
         keys = [f"pair-{i}" for i in range(len(rows))]  # a frame may hold one pair id twice
         feats = (named_feature_vectors(self.spec["feature_names"], pairs, kernels) if "features" in self.parts
                  else [[] for _ in rows])
-        # The bundle stores the feature vector as float32: the trees were fitted on those values.
+        # The job stores the feature vector as float32: the trees were fitted on those values.
         items = [{"pair_id": key, "features": np.asarray(f, dtype=np.float32).tolist()} for key, f in zip(keys, feats, strict=True)]
         embedded: dict[str, dict[str, list[float]]] = {}
         if {"pc", "zero_shot"} & set(self.parts):
@@ -162,7 +162,7 @@ class EmbedHeadForecaster(PairForecaster):
         """The host's training rows (prompt) of the pairs, from the kernel records: the code the
         model reads of each side (the reference's PyTorch body for a reference), its compile
         features, the bundle's task description and hardware fingerprint where it had them."""
-        from models.training.gpu_host.bundle import code_rows
+        from models.training.gpu_host.job import training_rows
         from pipelines.forecasting.language import record_features
         from pipelines.tasks import get_task, prompt_source
 
@@ -182,7 +182,7 @@ class EmbedHeadForecaster(PairForecaster):
                                         "features": record_features(rec)}
             pairs.append({"pair_id": f"pair-{i}", "task": r["task"], "hardware_id": r["hardware_id"],
                           "anchor_kernel_id": f"{i}:anchor", "candidate_kernel_id": f"{i}:candidate", "true_bin": 0})
-        return code_rows({"tasks": tasks, "hardware": hardware}, sides, pairs, self.style)
+        return training_rows({"tasks": tasks, "hardware": hardware}, sides, pairs, self.style)
 
     def _base_model(self) -> tuple[Any, Any]:
         """The base model and tokenizer, as the host loaded them (float32 on a CPU), once."""

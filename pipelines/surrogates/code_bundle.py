@@ -1,14 +1,15 @@
-"""The code-reading LLM's bundle of a dataset version (models/training/gpu_host/bundle.py), written here.
+"""The code-reading LLM's job of a dataset version (models/training/gpu_host/job.py, kind "code"),
+written here.
 
     python -m orchestration.code_bundle_cli build-bundle --out .gpu-batches/llm-bundle
-    # on the GPU host: python3 -m models.training.gpu_host.llm_code train --bundle ... --out OUT
-    python -m orchestration.code_bundle_cli ingest OUT --bundle .gpu-batches/llm-bundle --register
+    # on the GPU host: python3 -m models.training.gpu_host.llm_code train --job ... --out OUT
+    python -m orchestration.code_bundle_cli ingest OUT --job .gpu-batches/llm-bundle --register
 
 The pairs of every role are the evaluation's (pipelines.surrogates.roles.forecasting_roles on the
 stored dataset version, the external split included), so what a variant is scored on is what
 the report scores; the build refuses a bundle in which a training role touches an eval,
 external or held-out lineage (pipelines.curation.splits.find_leakage, then the bundle's own
-check models.training.gpu_host.bundle.leaking_pairs). Each pair carries its source-derived feature vector:
+check models.training.gpu_host.job.leaking_pairs). Each pair carries its source-derived feature vector:
 the numeric columns of the cost model's feature table (models.classical.features.FeatureSpace,
 fitted on the fit pairs) computed from records with the generator's metadata withheld, as the
 LLM itself never sees `algorithm` or `knobs_json`; signed log1p keeps byte counts and program
@@ -17,9 +18,7 @@ counts in the range of the rest.
 
 from __future__ import annotations
 
-import json
 import math
-import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,16 +26,7 @@ from typing import Any
 import duckdb
 import polars as pl
 
-from models.training.gpu_host.bundle import (
-    BUNDLE_FORMAT,
-    KERNELS_FILE,
-    META_FILE,
-    PAIRS_FILE,
-    kernel_schema,
-    leaking_pairs,
-    pair_schema,
-    write_parquet,
-)
+from models.training.gpu_host.job import leaking_pairs, write_job
 from pipelines.surrogates.roles import DEFAULT_HELD_OUT_TASK, Roles, strip_metadata
 
 PAIR_FIELDS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin", "speedup")
@@ -125,15 +115,14 @@ def named_feature_vectors(names: list[str], pairs: pl.DataFrame,
 
 def build_bundle(con: duckdb.DuckDBPyConnection, out: str | Path, version: str | None = None,
                  held_out_task: str | None = DEFAULT_HELD_OUT_TASK) -> dict[str, Any]:
-    """Write the bundle of a dataset version (default: the newest) into `out`; its meta.json.
+    """Write the code-reading LLM's job of a dataset version (default: the newest) into `out`;
+    its job.json.
 
     Raises:
         ValueError: no dataset version or eval pairs, or a training role leaks (one line).
     """
-    from models.service import fingerprints_or_default
     from pipelines.surrogates.classical import ids_of, kernel_records
-    from pipelines.surrogates.export import kernel_rows, latest_version, version_roles
-    from pipelines.tasks import get_task
+    from pipelines.surrogates.export import job_meta, kernel_rows, latest_version, version_roles
     from warehouse.kernels import read_kernels
 
     version = version or latest_version(con)
@@ -150,31 +139,10 @@ def build_bundle(con: duckdb.DuckDBPyConnection, out: str | Path, version: str |
             row = by_pair.setdefault(p["pair_id"], {**p, "roles": [], "features": vectors.get(p["pair_id"], [])})
             row["roles"].append(role)
     pairs = sorted(by_pair.values(), key=lambda p: p["pair_id"])
-    parents = {k: p for k, p in lineage.select("kernel_id", "parent_kernel_id").rows()}
-    kernels = [{"kernel_id": k["kernel_id"], "task": k["task"], "parent_kernel_id": parents.get(k["kernel_id"]),
-                "prompt_source": k["prompt_source"],
-                "features_json": json.dumps(k["features"], sort_keys=True) if k["features"] else None}
-               for k in kernel_rows(con, ids)]
+    kernels = kernel_rows(con, ids)
     leaks = leaking_pairs(pairs, {k["kernel_id"]: k for k in kernels}, roles.held_out_task)
     if leaks:
-        raise ValueError(f"{len(leaks)} training pairs of the bundle touch a scored lineage (first: {leaks[0]})")
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    write_parquet(folder / PAIRS_FILE, pairs, pair_schema())
-    write_parquet(folder / KERNELS_FILE, kernels, kernel_schema())
-    tasks = sorted({p["task"] for p in pairs})
-    meta = {
-        "format": BUNDLE_FORMAT,
-        "dataset_version": version,
-        "held_out_task": roles.held_out_task,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "tasks": {t: {"description": get_task(t).description,
-                      "benchmark_cases": [dict(c) for c in get_task(t).benchmark_cases]} for t in tasks},
-        "hardware": fingerprints_or_default(con, sorted({p["hardware_id"] for p in pairs})),
-        "feature_names": names,
-        "counts": {role: frame.height for role, frame in frames.items()} | {"kernels": len(kernels)},
-    }
-    tmp = folder / (META_FILE + ".part")
-    tmp.write_text(json.dumps(meta, indent=1, sort_keys=True))
-    tmp.replace(folder / META_FILE)
-    return meta
+        raise ValueError(f"{len(leaks)} training pairs of the job touch a scored lineage (first: {leaks[0]})")
+    meta = {**job_meta(con, version, roles.held_out_task, pairs), "feature_names": names,
+            "counts": {role: frame.height for role, frame in frames.items()} | {"kernels": len(kernels)}}
+    return write_job(out, "code", meta, kernels, pairs)

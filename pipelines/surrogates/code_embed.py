@@ -1,6 +1,6 @@
 """The `code-embed` variants of a host run: boosted trees fitted here on what the LLM read there.
 
-    python -m orchestration.code_bundle_cli embed-head OUT --bundle BUNDLE
+    python -m orchestration.code_bundle_cli embed-head OUT --job JOB
 
 A host run (models/training/gpu_host/llm_code.py) brings back `embeddings.parquet`: per setting
 and pair, principal coordinates of the base model's hidden states over the pair's prompt and the
@@ -18,7 +18,7 @@ recorded, not registered.
 
 When the host run kept each setting's principal axes (embeddings.parquet's metadata), each
 variant's head file OUT/embed-head-<variant>.zip holds what a pair no run held needs: the trees
-and their spreads, k and the parts, the bundle's feature names, task and hardware tables, the
+and their spreads, k and the parts, the job's feature names, task and hardware tables, the
 base model, prompt style and layers, and the first k axes (models.training.embed_head). `ingest
 --register` keeps it with the version, and pipelines.forecasting.embed reads new pairs with it.
 """
@@ -35,7 +35,7 @@ import numpy as np
 import polars as pl
 
 from models.classical.spread import laplace_brier
-from models.training.gpu_host.bundle import BundleError, read_bundle, with_role
+from models.training.gpu_host.job import JobError, read_job, with_role
 from models.training.gpu_host.llm_code import (
     EMBEDDINGS_FILE,
     FORECASTS_FILE,
@@ -55,14 +55,14 @@ def _brier(p: np.ndarray, y: np.ndarray) -> float:
 
 
 def read_embeddings(results: Path) -> dict[str, dict[str, dict[str, list[float]]]]:
-    """setting -> pair_id -> {"pc": [...], "zero_shot": [...]}; BundleError when unreadable."""
+    """setting -> pair_id -> {"pc": [...], "zero_shot": [...]}; JobError when unreadable."""
     path = Path(results) / EMBEDDINGS_FILE
     try:
         frame = pl.read_parquet(path)
     except FileNotFoundError:
-        raise BundleError(f"{results}: no {EMBEDDINGS_FILE} (a host run of this version writes one)") from None
+        raise JobError(f"{results}: no {EMBEDDINGS_FILE} (a host run of this version writes one)") from None
     except (OSError, pl.exceptions.PolarsError) as e:
-        raise BundleError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
+        raise JobError(f"{path}: unreadable ({type(e).__name__}: {e})") from None
     out: dict[str, dict[str, dict[str, list[float]]]] = {}
     for setting, pid, pc, zs in frame.select("setting", "pair_id", "pc", "zero_shot").rows():
         out.setdefault(setting, {})[pid] = {"pc": pc, "zero_shot": zs}
@@ -94,7 +94,7 @@ def fit_setting(pairs: list[dict[str, Any]], embedded: dict[str, dict[str, list[
     fit = [p for p in with_role(pairs, fit_role) if p["pair_id"] in embedded and p.get("speedup")]
     cal = [p for p in with_role(pairs, cal_role) if p["pair_id"] in embedded]
     if not fit or not cal:
-        raise BundleError(f"{fit_role}/{cal_role}: no pairs with embeddings (fit {len(fit)}, calibration {len(cal)})")
+        raise JobError(f"{fit_role}/{cal_role}: no pairs with embeddings (fit {len(fit)}, calibration {len(cal)})")
     settings = EmbedHeadSettings()
     t0 = time.time()
     x_fit = design(fit, embedded, parts, k)
@@ -130,17 +130,17 @@ def read_principal_axes(results: Path) -> dict[str, dict[str, np.ndarray]]:
     try:
         return read_axes(blob)
     except Exception as e:  # noqa: BLE001 - base64, zip and npy each raise their own kind on a damaged blob
-        raise BundleError(f"{results}/{EMBEDDINGS_FILE}: its principal axes are unreadable ({type(e).__name__}: {e})") from None
+        raise JobError(f"{results}/{EMBEDDINGS_FILE}: its principal axes are unreadable ({type(e).__name__}: {e})") from None
 
 
 def head_spec(meta: dict[str, Any], metrics: dict[str, Any], variant: str, setting: str, k: int,
               parts: tuple[str, ...], base_model: str) -> dict[str, Any]:
     """What a new pair's forecast reads besides the trees and the axes: the prompt the host built
-    (style, the bundle's task and hardware tables), the model and layers that read it, and which
+    (style, the job's task and hardware tables), the model and layers that read it, and which
     of its reading the trees take, beside which features."""
     heads = [v for v in metrics.get("variants", {}).values() if v.get("kind") == "head" and v.get("prefill")]
     if not heads:
-        raise BundleError("metrics.json records no prefill of the heads (which layers were read)")
+        raise JobError("metrics.json records no prefill of the heads (which layers were read)")
     return {"variant": variant, "setting": setting, "dataset_version": meta["dataset_version"],
             "base_model": base_model, "style": heads[0].get("style") or "full",
             "layers": [int(x) for x in heads[0]["prefill"]["layers"]], "components": k, "parts": list(parts),
@@ -148,7 +148,7 @@ def head_spec(meta: dict[str, Any], metrics: dict[str, Any], variant: str, setti
             "hardware": meta["hardware"]}
 
 
-def add_embed_variants(results: str | Path, bundle: str | Path, base_model: str = "smollm2") -> dict[str, Any]:
+def add_embed_variants(results: str | Path, job: str | Path, base_model: str = "smollm2") -> dict[str, Any]:
     """Fit `code-embed` (and its held-out twin) from OUT/embeddings.parquet and add them to OUT's
     forecasts and metrics; a summary with the ablations' Brier scores per role.
 
@@ -161,14 +161,14 @@ def add_embed_variants(results: str | Path, bundle: str | Path, base_model: str 
     from models.training.embed_head import save_embed_head
 
     results = Path(results)
-    meta, _, pairs = read_bundle(bundle)
+    meta, _, pairs = read_job(job, "code")
     metrics = json.loads((results / METRICS_FILE).read_text()) if (results / METRICS_FILE).is_file() else None
     if metrics is None or metrics.get("dataset_version") != meta["dataset_version"]:
-        raise BundleError(f"{results} is not a host run of the bundle's dataset version {meta['dataset_version']}")
+        raise JobError(f"{results} is not a host run of the job's dataset version {meta['dataset_version']}")
     if not any(p.get("speedup") for p in pairs):
-        raise BundleError(f"{bundle}: the pairs carry no speedup (a bundle built before the embedding head; build it again)")
+        raise JobError(f"{job}: the pairs carry no speedup (a job built before the embedding head; build it again)")
     if not (results / FORECASTS_FILE).is_file():
-        raise BundleError(f"{results}: no {FORECASTS_FILE} (not a host run's output folder)")
+        raise JobError(f"{results}: no {FORECASTS_FILE} (not a host run's output folder)")
     embeddings = read_embeddings(results)
     axes = read_principal_axes(results)
     rows: list[dict[str, Any]] = []
@@ -205,17 +205,17 @@ def add_embed_variants(results: str | Path, bundle: str | Path, base_model: str 
         target.unlink(missing_ok=True)  # an earlier fit's head would not match these forecasts
         try:
             if setting not in axes:
-                raise BundleError(f"{EMBEDDINGS_FILE} carries no principal axes of {setting} "
+                raise JobError(f"{EMBEDDINGS_FILE} carries no principal axes of {setting} "
                                   "(a host run before they were written)")
             spec = head_spec(meta, metrics, variant, setting, k, parts, base_model)
-        except BundleError as e:
+        except JobError as e:
             summary["not_forecasting_new_pairs"][variant] = str(e)
         else:
             k_axes = k if "pc" in parts else 0  # the trees read the first k coordinates: the rest is not kept
             save_embed_head(target, head, {**axes[setting], "axes": axes[setting]["axes"][:, :k_axes]}, spec)
             summary["head_files"][variant] = metrics["variants"][variant]["head_file"] = target.name
     if not rows:
-        raise BundleError(f"{results}/{EMBEDDINGS_FILE} holds no setting of the bundle")
+        raise JobError(f"{results}/{EMBEDDINGS_FILE} holds no setting of the job")
     old = pl.read_parquet(results / FORECASTS_FILE)
     new = pl.DataFrame(rows, schema=old.schema)
     merged = pl.concat([old.filter(~pl.col("variant").is_in(summary["variants"])), new])

@@ -1,6 +1,6 @@
 """Export a dataset version as a training job for a GPU host (`kernelcast train export`).
 
-The job (models/training/gpu_host/jobfile.py) holds the pairs of every role (pipelines.surrogates.roles),
+The job (models/training/gpu_host/job.py, kind "variants") holds the pairs of every role (pipelines.surrogates.roles),
 the prompt source and compile features of each kernel they use, the task descriptions and
 benchmark cases, the hardware fingerprints and the variants to train; the host builds the
 prompts itself. Nothing about a pair's measured runtime travels but its true bin (the label).
@@ -17,14 +17,7 @@ import duckdb
 import polars as pl
 
 from models.service import fingerprints_or_default
-from models.training.gpu_host.jobfile import (
-    JOB_FILE,
-    JOB_FORMAT,
-    KERNELS_FILE,
-    PAIRS_FILE,
-    write_json,
-    write_jsonl_gz,
-)
+from models.training.gpu_host.job import write_job
 from models.training.gpu_host.variants import DEFAULT_VARIANTS, Variant
 from pipelines.surrogates.roles import DEFAULT_HELD_OUT_TASK, forecasting_roles
 from pipelines.tasks import get_task, prompt_source
@@ -94,11 +87,12 @@ def version_roles(con: duckdb.DuckDBPyConnection, version: str, held_out_task: s
 
 
 def kernel_rows(con: duckdb.DuckDBPyConnection, kernel_ids: Sequence[str], target: str = "sm_90") -> list[dict[str, Any]]:
-    """kernel_id, task, prompt_source and compile features (None if never compiled) per kernel."""
+    """kernel_id, task, parent_kernel_id, prompt_source and compile features (None if never
+    compiled) per kernel: the rows of a job's kernels file."""
     kernels = read_kernels(con, kernel_ids=list(kernel_ids))
     feats = {r["kernel_id"]: r for r in read_kernel_features(con, target, kernel_ids).to_dicts()
              if r["status"] == "compiled"}
-    return [{"kernel_id": k["kernel_id"], "task": k["task"],
+    return [{"kernel_id": k["kernel_id"], "task": k["task"], "parent_kernel_id": k.get("parent_kernel_id"),
              "prompt_source": prompt_source(k["task"], k["source"], k["generator"]),
              "features": ({f: feats[k["kernel_id"]][f] for f in FEATURE_FIELDS} if k["kernel_id"] in feats else None)}
             for k in kernels.to_dicts()]
@@ -126,24 +120,22 @@ def export_job(
             by_pair.setdefault(p["pair_id"], {**p, "roles": []})["roles"].append(role)
     pairs = sorted(by_pair.values(), key=lambda p: p["pair_id"])
     ids = sorted({p[k] for p in pairs for k in ("anchor_kernel_id", "candidate_kernel_id")})
+    kernels = kernel_rows(con, ids)
+    meta = {**job_meta(con, version, roles.held_out_task, pairs), "variants": [v.to_dict() for v in variants],
+            "counts": {role: frame.height for role, frame in roles.by_name().items()} | {"kernels": len(kernels)}}
+    return write_job(out, "variants", meta, kernels, pairs)
+
+
+def job_meta(con: duckdb.DuckDBPyConnection, version: str, held_out_task: str | None,
+             pairs: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The fields of job.json every kind shares: dataset version, held-out task, creation time,
+    the pairs' tasks (description, benchmark cases) and hardware fingerprints."""
     tasks = sorted({p["task"] for p in pairs})
-    folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
-    n_kernels = write_jsonl_gz(folder / KERNELS_FILE, kernel_rows(con, ids))
-    write_jsonl_gz(folder / PAIRS_FILE, pairs)
-    meta = {
-        "format": JOB_FORMAT,
-        "dataset_version": version,
-        "held_out_task": roles.held_out_task,
-        "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "tasks": {t: {"description": get_task(t).description,
-                      "benchmark_cases": [dict(c) for c in get_task(t).benchmark_cases]} for t in tasks},
-        "hardware": fingerprints_or_default(con, sorted({p["hardware_id"] for p in pairs})),
-        "variants": [v.to_dict() for v in variants],
-        "counts": {role: frame.height for role, frame in roles.by_name().items()} | {"kernels": n_kernels},
-    }
-    write_json(folder / JOB_FILE, meta)
-    return meta
+    return {"dataset_version": version, "held_out_task": held_out_task,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "tasks": {t: {"description": get_task(t).description,
+                          "benchmark_cases": [dict(c) for c in get_task(t).benchmark_cases]} for t in tasks},
+            "hardware": fingerprints_or_default(con, sorted({p["hardware_id"] for p in pairs}))}
 
 
 def row_builder(con: duckdb.DuckDBPyConnection):

@@ -254,7 +254,7 @@ def produce_llm_surrogate(warehouse_path: str | Path, tracking_uri: str, home: P
     the newest dataset version of the warehouse. With the committed adapter, the variants a GPU
     host's run brought back into the same committed run folder (`ingest`: the heads, code-embed
     with its head file, code-lora's forecasts) are registered too
-    (pipelines.surrogates.code_ingest.register_ingested).
+    (pipelines.surrogates.registration.register_ingested).
 
     Args:
         warehouse_path: the DuckDB file (written: `model_lineage`).
@@ -265,7 +265,7 @@ def produce_llm_surrogate(warehouse_path: str | Path, tracking_uri: str, home: P
         work_dir: where a supervised adapter is trained before registration.
         tags: tags of the registered run (dagster_run_id, git_commit).
         head_logger: what a code-embed variant with its head file is logged as
-            (pipelines.surrogates.code_ingest.register_variants).
+            (pipelines.surrogates.registration.register_variants).
     Raises:
         NoDatasetVersion: nothing curated yet.
         UnknownLlmSource: `surrogate.llm` is none of LLM_SOURCES.
@@ -284,7 +284,7 @@ def produce_llm_surrogate(warehouse_path: str | Path, tracking_uri: str, home: P
         roles = version_roles(con, version, sur.held_out_task)
         variants: list[tuple[str, str, int]] = []
         if sur.llm == "committed":
-            from pipelines.surrogates.code_ingest import register_ingested
+            from pipelines.surrogates.registration import register_ingested
 
             out = register_committed(con, tracking_uri, data_dir, sur.committed_run, sur.committed_adapter, version,
                                      sur.base_model, base_path, roles.eval, roles.held_out_eval, tags)

@@ -17,15 +17,7 @@ import polars as pl
 import pyarrow.parquet as pq
 import pytest
 
-from models.training.gpu_host.bundle import (
-    BUNDLE_FORMAT,
-    KERNELS_FILE,
-    META_FILE,
-    PAIRS_FILE,
-    kernel_schema,
-    pair_schema,
-    write_parquet,
-)
+from models.training.gpu_host.job import JOB_FILE, read_job, write_job
 
 # roles of the softmax pairs in order; the held-out task's pairs follow
 ROLE_PLAN = ["fit"] * 80 + ["calibration"] * 20 + ["eval"] * 8 + ["external"] * 4
@@ -47,28 +39,28 @@ def records_of(kernels: list[dict]) -> dict[str, dict]:
     """Kernel records as the warehouse and a file give them: source, language, compile features."""
     out = {}
     for k in kernels:
-        feats = json.loads(k["features_json"]) if k["features_json"] else {}
+        feats = k["features"] or {}
         out[k["kernel_id"]] = {"kernel_id": k["kernel_id"], "task": k["task"], "source": k["prompt_source"],
                                "language": "pytorch", "generator": None, "algorithm": None, "knobs_json": None, **feats}
     return out
 
 
 def embed_bundle(folder: Path) -> dict[str, dict]:
-    """A bundle whose feature vectors are the builder's own (pipelines.surrogates.code_bundle.
+    """A job of kind "code" whose feature vectors are the builder's own (pipelines.surrogates.code_bundle.
     feature_vectors on the kernels' records): the speedup follows the candidate's BLOCK_N, so the
     trees have something to split on. Returns the kernel records."""
     from pipelines.surrogates.code_bundle import feature_vectors
 
     rng = random.Random(0)
-    kernels = [{"kernel_id": f"ref-{t}", "task": t, "parent_kernel_id": None, "features_json": None,
+    kernels = [{"kernel_id": f"ref-{t}", "task": t, "parent_kernel_id": None, "features": None,
                 "prompt_source": kernel_source(t, 16, 4)} for t in TASKS]
     pairs = []
     for i, role in enumerate(ROLE_PLAN + ["held_out_eval"] * HELD_OUT_EVAL):
         task = "rms_norm" if role == "held_out_eval" else "softmax"
         b = rng.randint(1, 8)
         kernels.append({"kernel_id": f"k{i}", "task": task, "parent_kernel_id": f"ref-{task}",
-                        "features_json": json.dumps({"n_regs": 24 + 4 * b + rng.randint(0, 3), "n_spills": 0,
-                                                     "shared_bytes": 0, "n_kernels": 1, "n_launches": 1}),
+                        "features": {"n_regs": 24 + 4 * b + rng.randint(0, 3), "n_spills": 0,
+                                     "shared_bytes": 0, "n_kernels": 1, "n_launches": 1},
                         "prompt_source": kernel_source(task, 2 ** (b + 3), rng.choice((2, 4, 8)))})
         roles = [role] + {"fit": ["held_out_fit"], "calibration": ["held_out_calibration"]}.get(role, [])
         pairs.append({"pair_id": f"p{i:03d}", "task": task, "hardware_id": "h", "anchor_kernel_id": f"ref-{task}",
@@ -80,19 +72,15 @@ def embed_bundle(folder: Path) -> dict[str, dict]:
     vectors, names = feature_vectors(frames, records)
     for p in pairs:
         p["features"] = vectors[p["pair_id"]]
-    folder.mkdir(parents=True)
-    write_parquet(folder / PAIRS_FILE, pairs, pair_schema())
-    write_parquet(folder / KERNELS_FILE, kernels, kernel_schema())
-    (folder / META_FILE).write_text(json.dumps({"format": BUNDLE_FORMAT, "dataset_version": "ds-embed",
-                                                "held_out_task": "rms_norm", "tasks": TASKS,
-                                                "hardware": {"h": {"device_name": "NVIDIA H200"}},
-                                                "feature_names": names}))
+    write_job(folder, "code", {"dataset_version": "ds-embed", "held_out_task": "rms_norm", "tasks": TASKS,
+                               "hardware": {"h": {"device_name": "NVIDIA H200"}}, "feature_names": names}, kernels, pairs)
     return records
 
 
 def _register(results: Path, bundle: Path, run_dir: Path, data_dir: Path, uri: str, con) -> dict[str, int]:
     from pipelines.forecasting.embed import log_embed_head_model
-    from pipelines.surrogates.code_ingest import ingest, register_variants
+    from pipelines.surrogates.registration import register_variants
+    from pipelines.surrogates.remote_results import ingest
 
     summary = ingest(results, bundle, run_dir)
     return register_variants(con, uri, data_dir, run_dir, results, summary["variants"], "tiny",
@@ -124,7 +112,7 @@ def run(tmp_path_factory):
 
     uri = f"sqlite:///{(home / 'mlflow.db').resolve()}"
     data_dir = tmp / "data"
-    pairs = pq.read_table(tmp / "b" / PAIRS_FILE).to_pylist()
+    pairs = read_job(tmp / "b")[2]
     frame = pl.DataFrame([{k: p[k] for k in KEYS} | {"speedup": p["speedup"], "pair_type": "reference",
                                                        "split": "train" if {"fit", "calibration"} & set(p["roles"]) else "eval"}
                           for p in pairs])
@@ -159,7 +147,7 @@ def test_embed_head_keeps_what_a_new_pair_needs_only_when_the_run_has_axes(run):
     record = json.loads((out / "metrics.json").read_text())["variants"]["code-embed"]
     assert (spec["components"], spec["parts"]) == (record["components"], record["parts"])
     assert spec["base_model"] == "tiny" and spec["layers"] == [1, -1] and spec["style"] == "full"
-    assert spec["feature_names"] == json.loads((run["tmp"] / "b" / META_FILE).read_text())["feature_names"]
+    assert spec["feature_names"] == json.loads((run["tmp"] / "b" / JOB_FILE).read_text())["feature_names"]
     assert axes["axes"].shape == (axes["mean"].shape[0], spec["components"])  # only the axes the trees read
     assert head.columns.sum() <= record["width"] and (out / "embed-head-code-embed.zip").stat().st_size < 4 * 2**20
 
@@ -213,7 +201,7 @@ def test_a_pair_of_the_run_gives_the_committed_numbers_read_again_here(run, monk
     assert again_gaps[alike].max() < 1e-5 and again_gaps.max() < 0.02
     # the run's feature vectors are what the bundle held
     x = again.design(pairs, run["records"])
-    width = len(json.loads((run["tmp"] / "b" / META_FILE).read_text())["feature_names"])
+    width = len(json.loads((run["tmp"] / "b" / JOB_FILE).read_text())["feature_names"])
     assert np.allclose(x[:, :width], np.array([p["features"] for p in scored], dtype=np.float32), equal_nan=True)
 
 
@@ -235,7 +223,7 @@ def test_a_new_candidate_gets_a_distribution_that_follows_its_source(run):
         rows.append(f.design(pair, records)[0])
     assert f._base is not None and f.seconds["prefill"] > 0  # the base model read it
     assert np.abs(answers[0] - answers[1]).max() > 1e-3
-    width = len(json.loads((run["tmp"] / "b" / META_FILE).read_text())["feature_names"])
+    width = len(json.loads((run["tmp"] / "b" / JOB_FILE).read_text())["feature_names"])
     assert not np.allclose(rows[0][width:], rows[1][width:])  # its reading moved, not only the features
     # a pair of the run beside the new one: each answered its own way, in the frame's order
     held = _frame([p for p in run["pairs"] if "eval" in p["roles"]][:1])
@@ -298,7 +286,7 @@ def test_a_version_without_axes_refuses_a_new_pair_saying_why(run):
     """(c) Registered from a host run without principal axes: the pairs of its run as before, a new
     pair refused in one line naming why; without its committed run folder, refused at load."""
     from pipelines.forecasting.committed import CommittedForecaster
-    from pipelines.surrogates.code_ingest import EMBED_HEAD_TAG
+    from pipelines.surrogates.registration import EMBED_HEAD_TAG
 
     version = run["old_versions"]["code-embed"]
     assert version != run["versions"]["code-embed"]
@@ -351,12 +339,8 @@ def test_the_committed_folder_alone_registers_the_versions_with_their_heads(run,
     registers the same versions from that folder alone; a later ingest of a run without axes
     takes the head away with the forecasts it belonged to."""
     from pipelines.forecasting.embed import log_embed_head_model
-    from pipelines.surrogates.code_ingest import (
-        HEADS_DIR,
-        ingest,
-        ingested_variants,
-        register_ingested,
-    )
+    from pipelines.surrogates.registration import register_ingested
+    from pipelines.surrogates.remote_results import HEADS_DIR, ingest, ingested_variants
     from warehouse.db import connect
 
     new = run["new_dir"]

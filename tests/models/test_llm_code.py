@@ -1,5 +1,5 @@
-"""The code-reading LLM surrogate's host run on the CPU with the tiny model: a bundle in the
-bundle format, the leakage check, the heads and the LoRA run within a time budget, what comes
+"""The code-reading LLM surrogate's host run on the CPU with the tiny model: a job of kind "code"
+in the job format, the leakage check, the heads and the LoRA run within a time budget, what comes
 back, and a second run resumed from it."""
 
 from __future__ import annotations
@@ -11,17 +11,15 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from models.training.gpu_host.bundle import (
-    BUNDLE_FORMAT,
-    KERNELS_FILE,
-    META_FILE,
+from models.training.gpu_host.job import (
+    JOB_FILE,
     PAIRS_FILE,
-    BundleError,
-    kernel_schema,
+    JobError,
     leaking_pairs,
-    pair_schema,
-    read_bundle,
-    write_parquet,
+    read_job,
+    read_jsonl_gz,
+    write_job,
+    write_jsonl_gz,
 )
 
 ROLE_PLAN = (["fit"] * 20 + ["calibration"] * 6 + ["eval"] * 6 + ["external"] * 4)
@@ -30,15 +28,15 @@ ROLE_PLAN = (["fit"] * 20 + ["calibration"] * 6 + ["eval"] * 6 + ["external"] * 
 def toy_bundle(folder: Path, n_features: int = 3) -> None:
     """Two tasks; softmax pairs in the in-distribution roles, rms_norm the held-out task."""
     rng = random.Random(0)
-    kernels = [{"kernel_id": f"ref-{t}", "task": t, "parent_kernel_id": None, "features_json": None,
+    kernels = [{"kernel_id": f"ref-{t}", "task": t, "parent_kernel_id": None, "features": None,
                 "prompt_source": f"def ref_kernel(x): return x.{t}(-1)\n"} for t in ("softmax", "rms_norm")]
     pairs = []
     for i, role in enumerate(ROLE_PLAN + ["held_out_eval"] * 6):
         task = "rms_norm" if role == "held_out_eval" else "softmax"
         b = rng.randint(1, 8)
         kernels.append({"kernel_id": f"k{i}", "task": task, "parent_kernel_id": f"ref-{task}",
-                        "features_json": json.dumps({"n_regs": 32 + b, "n_spills": 0, "shared_bytes": 0,
-                                                     "n_kernels": 1, "n_launches": 1}),
+                        "features": {"n_regs": 32 + b, "n_spills": 0, "shared_bytes": 0,
+                                     "n_kernels": 1, "n_launches": 1},
                         "prompt_source": f"BLOCK_N = {2 ** (b + 3)}\n"})
         roles = [role]
         if role == "fit":
@@ -49,19 +47,15 @@ def toy_bundle(folder: Path, n_features: int = 3) -> None:
                       "candidate_kernel_id": f"k{i}", "true_bin": b, "roles": roles,
                       "features": [float(b), rng.random(), float("nan")][:n_features],
                       "speedup": 2.0 ** (-2.75 + 0.75 * b)})
-    folder.mkdir(parents=True)
-    write_parquet(folder / PAIRS_FILE, pairs, pair_schema())
-    write_parquet(folder / KERNELS_FILE, kernels, kernel_schema())
     tasks = {t: {"description": f"Row {t}.", "benchmark_cases": [{"M": 8, "N": 8}]} for t in ("softmax", "rms_norm")}
-    (folder / META_FILE).write_text(json.dumps({"format": BUNDLE_FORMAT, "dataset_version": "ds-toy",
-                                                "held_out_task": "rms_norm", "tasks": tasks,
-                                                "hardware": {"h": {"device_name": "NVIDIA H200"}},
-                                                "feature_names": ["a", "b", "c"][:n_features]}))
+    write_job(folder, "code", {"dataset_version": "ds-toy", "held_out_task": "rms_norm", "tasks": tasks,
+                               "hardware": {"h": {"device_name": "NVIDIA H200"}},
+                               "feature_names": ["a", "b", "c"][:n_features]}, kernels, pairs)
 
 
-def test_bundle_reads_back_and_a_leak_is_found(tmp_path):
+def test_job_reads_back_and_a_leak_is_found(tmp_path):
     toy_bundle(tmp_path / "b")
-    meta, kernels, pairs = read_bundle(tmp_path / "b")
+    meta, kernels, pairs = read_job(tmp_path / "b", "code")
     assert meta["dataset_version"] == "ds-toy" and len(pairs) == 42 and kernels["k0"]["features"]["n_regs"] >= 33
     assert leaking_pairs(pairs, kernels, "rms_norm") == []
     # A fit candidate that is the child of an eval candidate: its lineage reaches training.
@@ -75,18 +69,27 @@ def test_bundle_reads_back_and_a_leak_is_found(tmp_path):
     assert leaking_pairs(moved, kernels, "rms_norm") == ["p26", "p40"]
 
 
-def test_a_bundle_that_is_not_one_is_one_line(tmp_path):
-    with pytest.raises(BundleError, match="not a bundle"):
-        read_bundle(tmp_path)
-    (tmp_path / META_FILE).write_text(json.dumps({"format": 99}))
-    with pytest.raises(BundleError, match="format 99"):
-        read_bundle(tmp_path)
+def test_a_job_that_is_not_one_or_of_the_other_kind_is_one_line(tmp_path, capsys):
+    with pytest.raises(JobError, match="not a training job"):
+        read_job(tmp_path)
+    (tmp_path / JOB_FILE).write_text(json.dumps({"format": 99}))
+    with pytest.raises(JobError, match="format 99"):
+        read_job(tmp_path)
+    toy_bundle(tmp_path / "b")
+    with pytest.raises(JobError, match="run by models.training.gpu_host.llm_code, not models.training.gpu_host.gpu_job"):
+        read_job(tmp_path / "b", "variants")
+    # gpu_job refuses it before it starts anything
+    from models.training.gpu_host.gpu_job import main
+
+    assert main(["run", "--job", str(tmp_path / "b"), "--run", str(tmp_path / "run"), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "a job of kind 'code'" in err and len(err.strip().splitlines()) == 1
 
 
 def _train(tmp_path: Path, out: str, *extra: str) -> int:
     from models.training.gpu_host.llm_code import main
 
-    return main(["train", "--bundle", str(tmp_path / "b"), "--out", str(tmp_path / out), "--work",
+    return main(["train", "--job", str(tmp_path / "b"), "--out", str(tmp_path / out), "--work",
                  str(tmp_path / f"work-{out}"), "--base-model", "tiny", "--time-budget-s", "400",
                  "--layers", "1,-1", "--lora-epochs", "2", "--tokens-per-batch", "8192",
                  "--head-grid", "2", "--head-epochs", "30", "--grpo-steps", "0", *extra])
@@ -198,23 +201,23 @@ def test_an_embedding_head_without_embeddings_is_one_line(tmp_path, monkeypatch)
     table = pq.read_table(path)
     pq.write_table(table.replace_schema_metadata({AXES_KEY: b"bm90IGEgemlw"}), path)
     before = {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()}
-    with pytest.raises(BundleError, match="principal axes are unreadable"):
+    with pytest.raises(JobError, match="principal axes are unreadable"):
         add_embed_variants(tmp_path / "out", tmp_path / "b")
     assert {f.name: f.read_bytes() for f in (tmp_path / "out").iterdir()} == before
     (tmp_path / "out" / "embeddings.parquet").unlink()
-    with pytest.raises(BundleError, match="no embeddings.parquet"):
+    with pytest.raises(JobError, match="no embeddings.parquet"):
         add_embed_variants(tmp_path / "out", tmp_path / "b")
     (tmp_path / "out" / "forecasts.parquet").unlink()
-    with pytest.raises(BundleError, match="no forecasts.parquet"):
+    with pytest.raises(JobError, match="no forecasts.parquet"):
         add_embed_variants(tmp_path / "out", tmp_path / "b")
 
 
 def test_a_leaking_bundle_is_refused_before_training(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("KERNELCAST_HOME", str(tmp_path / "home"))
     toy_bundle(tmp_path / "b")
-    table = pq.read_table(tmp_path / "b" / PAIRS_FILE).to_pylist()
+    table = read_jsonl_gz(tmp_path / "b" / PAIRS_FILE)
     table[26]["roles"].append("fit")  # an eval pair in training
-    write_parquet(tmp_path / "b" / PAIRS_FILE, table, pair_schema())
+    write_jsonl_gz(tmp_path / "b" / PAIRS_FILE, table)
     assert _train(tmp_path, "out") == 2
     assert "touch a scored split's lineage" in capsys.readouterr().err
     assert not (tmp_path / "out" / "forecasts.parquet").exists()
@@ -262,7 +265,7 @@ def test_the_bundle_build_refuses_a_scored_lineage_in_training():
 def _host_output(folder: Path, bundle: Path) -> None:
     """What a host run returns, written (not trained): two head variants and the boosted one
     fitted back here (its own readout), each role it forecasts."""
-    meta, _, pairs = read_bundle(bundle)
+    meta, _, pairs = read_job(bundle)
     rng = random.Random(1)
     rows = []
     plan = {"code-head": ("calibration", "eval", "external"), "code-head-held-out": ("held_out_calibration", "held_out_eval"),
@@ -294,8 +297,9 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
 
     from pipelines.forecasting.embed import log_embed_head_model
     from pipelines.forecasting.registered import registered_forecasts
-    from pipelines.surrogates.code_ingest import ingest, register_variants
     from pipelines.surrogates.committed import calibrated_variants
+    from pipelines.surrogates.registration import register_variants
+    from pipelines.surrogates.remote_results import ingest
     from pipelines.surrogates.roles import Roles
     from warehouse.datasets import write_dataset
     from warehouse.db import connect
@@ -311,7 +315,7 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
                   "true_bin": [1], **{f"p{i}": [0.125] for i in range(1, 9)}}).write_parquet(run_dir / "forecasts.parquet")
     (run_dir / "training.json").write_text(json.dumps({"dataset_version": "ds-old", "variants": {"old": {"settings": {}}}}))
     summary = ingest(tmp_path / "out", tmp_path / "b", run_dir)
-    assert summary["variants"] == ["code-embed", "code-head", "code-head-held-out"] and not summary["adapter"]
+    assert summary["variants"] == ["code-embed", "code-head", "code-head-held-out"] and summary["adapters"] == []
     training = json.loads((run_dir / "training.json").read_text())
     assert set(training["variants"]) == {"old", "code-embed", "code-head", "code-head-held-out"}
     assert training["variants"]["code-embed"]["settings"]["finetune"] == "embed_head"
@@ -320,7 +324,7 @@ def test_ingest_commits_registers_and_the_report_lists_every_split(tmp_path, mon
     assert set(frame["variant"]) == {"old", "code-embed", "code-head", "code-head-held-out"}
     assert set(frame.filter(pl.col("variant") == "code-head")["role"]) == {"calibration", "eval"}  # external: eval role
 
-    _, _, pairs = read_bundle(tmp_path / "b")
+    _, _, pairs = read_job(tmp_path / "b")
     f = {r: _frame(pairs, r) for r in ("fit", "calibration", "eval", "external", "held_out_fit",
                                        "held_out_calibration", "held_out_eval")}
     roles = Roles(f["fit"], f["calibration"], f["eval"], f["held_out_fit"], f["held_out_calibration"],
@@ -375,18 +379,14 @@ def test_code_lora_is_committed_without_its_adapter(tmp_path, monkeypatch):
     from pipelines.forecasting import load_forecaster
     from pipelines.forecasting.committed import CommittedForecaster
     from pipelines.forecasting.embed import log_embed_head_model
-    from pipelines.surrogates.code_ingest import (
-        COMMITTED_ONLY,
-        WEIGHTS_TAG,
-        ingest,
-        register_variants,
-    )
+    from pipelines.surrogates.registration import COMMITTED_ONLY, WEIGHTS_TAG, register_variants
+    from pipelines.surrogates.remote_results import ingest
     from warehouse.datasets import write_dataset
     from warehouse.db import connect
 
     toy_bundle(tmp_path / "b")
     _host_output(tmp_path / "out", tmp_path / "b")
-    _, _, pairs = read_bundle(tmp_path / "b")
+    _, _, pairs = read_job(tmp_path / "b")
     table = pq.read_table(tmp_path / "out" / "forecasts.parquet")
     lora = [{**r, "variant": "code-lora", "readout": "logprob"} for r in table.to_pylist() if r["variant"] == "code-head"]
     pq.write_table(pa.Table.from_pylist(table.to_pylist() + lora), tmp_path / "out" / "forecasts.parquet")
@@ -396,7 +396,7 @@ def test_code_lora_is_committed_without_its_adapter(tmp_path, monkeypatch):
     stale.mkdir(parents=True)
     (stale / "adapter_model.safetensors").write_bytes(b"an earlier run's")
     summary = ingest(tmp_path / "out", tmp_path / "b", run_dir)
-    assert "code-lora" in summary["variants"] and not summary["adapter"] and not stale.exists()
+    assert "code-lora" in summary["variants"] and summary["adapters"] == [] and not stale.exists()
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     mlflow.set_tracking_uri(uri)
@@ -419,15 +419,15 @@ def test_fast_encode_gives_encode_rows_ids(tmp_path):
     from transformers import PreTrainedTokenizerFast
 
     from models.base_model import resolve_base_model
-    from models.training.gpu_host.bundle import code_rows
+    from models.training.gpu_host.job import training_rows
     from models.training.gpu_host.llm_code import fast_encode
     from models.training.supervised import encode_rows
 
     toy_bundle(tmp_path / "b")
-    meta, kernels, pairs = read_bundle(tmp_path / "b")
+    meta, kernels, pairs = read_job(tmp_path / "b")
     tokenizer = PreTrainedTokenizerFast.from_pretrained(str(resolve_base_model("tiny", tmp_path / "home")))
     for style in ("full", "compact+features"):
-        rows = code_rows(meta, kernels, pairs, style)
+        rows = training_rows(meta, kernels, pairs, style)
         assert fast_encode(tokenizer, rows, chunk=7) == encode_rows(tokenizer, rows)
 
 

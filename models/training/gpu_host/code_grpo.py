@@ -90,7 +90,7 @@ def run_grpo(rows_of: Any, pairs_of: Any, base_path: Path, best: Path, work: Pat
     return rows, record
 
 
-def run_grpo_bounded(bundle: Path, work: Path, base_model: str, style: str, steps: int, warmup_steps: int,
+def run_grpo_bounded(job: Path, work: Path, base_model: str, style: str, steps: int, warmup_steps: int,
                      stop_at: float, kill_at: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """`run_grpo` in a child process that is killed at `kill_at` (time.time()): the format
     warm-up and a GRPO step cannot be interrupted from inside, and the trip's budget must hold.
@@ -102,7 +102,7 @@ def run_grpo_bounded(bundle: Path, work: Path, base_model: str, style: str, step
 
     result = work / "grpo-result.json"
     result.unlink(missing_ok=True)
-    cmd = [sys.executable, "-m", "models.training.gpu_host.code_grpo", "--bundle", str(bundle), "--work", str(work),
+    cmd = [sys.executable, "-m", "models.training.gpu_host.code_grpo", "--job", str(job), "--work", str(work),
            "--base-model", base_model, "--style", style, "--steps", str(steps), "--warmup-steps", str(warmup_steps),
            "--stop-at", str(stop_at), "--result", str(result)]
     timeout = max(1.0, kill_at - time.time())
@@ -129,21 +129,21 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from models.base_model import resolve_base_model
-    from models.training.gpu_host.bundle import code_rows, read_bundle, with_role
+    from models.training.gpu_host.job import read_job, training_rows, with_role
     from models.training.supervised import BEST_DIR
 
     parser = argparse.ArgumentParser(prog="python3 -m models.training.gpu_host.code_grpo")
-    for name in ("--bundle", "--work", "--base-model", "--style", "--result"):
+    for name in ("--job", "--work", "--base-model", "--style", "--result"):
         parser.add_argument(name, required=True)
     parser.add_argument("--steps", type=int, required=True)
     parser.add_argument("--warmup-steps", type=int, required=True)
     parser.add_argument("--stop-at", type=float, required=True)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    meta, kernels, pairs = read_bundle(args.bundle)
+    meta, kernels, pairs = read_job(args.job, "code")
     work = Path(args.work)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    rows, record = run_grpo(lambda role: code_rows(meta, kernels, with_role(pairs, role), args.style),
+    rows, record = run_grpo(lambda role: training_rows(meta, kernels, with_role(pairs, role), args.style),
                             lambda role: with_role(pairs, role), resolve_base_model(args.base_model),
                             work / "sft" / BEST_DIR, work, args.stop_at, args.steps, args.warmup_steps, args.style, device)
     Path(args.result).write_text(json.dumps({"rows": rows, "record": record}, default=str))

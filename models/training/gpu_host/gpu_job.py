@@ -14,7 +14,7 @@ training longer than one invocation goes on across invocations.
 Each variant, when its training finishes, forecasts with its best weights (logprob readout) on
 its calibration pairs and on its eval pairs (the eval set, or every reference pair of the held-out
 task); the temperature is fitted from the calibration forecasts where the results are ingested
-(`kernelcast train ingest`). GRPO variants also forecast with the verbalized readout.
+(`kernelcast train collect`, pipelines/surrogates/remote_results.py). GRPO variants also forecast with the verbalized readout.
 
 Only torch, transformers, peft and accelerate (trl and datasets for GRPO): the host needs
 nothing else of the stack. `KERNELCAST_HOME` says where the base model is converted (once, before
@@ -46,10 +46,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.training.gpu_host.jobfile import (
+from models.training.gpu_host.job import (
     JobError,
-    pairs_with_role,
     read_job,
+    training_rows,
+    with_role,
     write_json,
     write_jsonl_gz,
 )
@@ -57,6 +58,7 @@ from models.training.gpu_host.variants import Variant
 
 log = logging.getLogger("kernelcast.gpu_job")
 
+KIND = "variants"  # the job kind this run reads (models/training/gpu_host/job.py)
 BASE = "base"  # grpo_from value: GRPO straight on the base model
 STATUS_FILE = "status.json"
 FORECASTS_FILE = "forecasts.jsonl.gz"
@@ -81,11 +83,7 @@ def variants_of(meta: dict[str, Any], names: str | None) -> list[Variant]:
 def rows_for(meta: dict[str, Any], kernels: dict[str, dict[str, Any]], pairs: list[dict[str, Any]],
              role: str, style: str) -> list[dict[str, Any]]:
     """Training rows (prompt, true_bin, pair_id) of the pairs serving `role`, in `style`."""
-    from models.training.rows import build_training_rows
-    chosen = pairs_with_role(pairs, role)
-    sources = {k: v["prompt_source"] for k, v in kernels.items()}
-    features = {k: v["features"] for k, v in kernels.items() if v.get("features")}
-    return build_training_rows(chosen, sources, meta["tasks"], meta["hardware"], style=style, features=features)
+    return training_rows(meta, kernels, with_role(pairs, role), style)
 
 
 def _status(folder: Path) -> dict[str, Any]:
@@ -152,7 +150,7 @@ def pack_adapter(best: Path, tar_path: Path) -> None:
 
 def _open_variant(job: Path, run: Path, variant: Variant):
     """(job.json, kernels, pairs, the variant's folder (created), its status so far)."""
-    meta, kernels, pairs = read_job(job)
+    meta, kernels, pairs = read_job(job, KIND)
     folder = run / variant.name
     folder.mkdir(parents=True, exist_ok=True)
     return meta, kernels, pairs, folder, _status(folder)
@@ -256,7 +254,7 @@ def run_grpo_variant(job: Path, run: Path, variant: Variant, stop_at: float, bas
 
 
 def _child(args: argparse.Namespace) -> int:
-    meta, _, _ = read_job(args.job)
+    meta, _, _ = read_job(args.job, KIND)
     variant = variants_of(meta, args.name)[0]
     fn = run_grpo_variant if variant.grpo_from else run_supervised_variant
     status = fn(Path(args.job), Path(args.run), variant, args.stop_at, args.base_model)
@@ -315,7 +313,7 @@ def _run(args: argparse.Namespace) -> int:
     from models.base_model import resolve_base_model
 
     job, run, out = Path(args.job), Path(args.run), Path(args.out)
-    meta, _, _ = read_job(job)
+    meta, _, _ = read_job(job, KIND)
     variants = variants_of(meta, args.variants)
     run.mkdir(parents=True, exist_ok=True)
     deadline = time.time() + args.deadline_s if args.deadline_s else float("inf")
@@ -380,20 +378,17 @@ def fill_features(job: Path, features: Path, out_job: Path) -> int:
     of status 'compiled'); the kernels count that gained features."""
     import pyarrow.parquet as pq
 
-    from models.training.gpu_host.jobfile import JOB_FILE, KERNELS_FILE, PAIRS_FILE, read_jsonl_gz
+    from models.training.gpu_host.job import write_job
 
+    meta, kernels, pairs = read_job(job)
     rows = {r["kernel_id"]: r for r in pq.read_table(features).to_pylist() if r["status"] == "compiled"}
     keys = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
-    kernels = read_jsonl_gz(job / KERNELS_FILE)
     gained = 0
-    for k in kernels:
+    for k in kernels.values():
         if not k.get("features") and k["kernel_id"] in rows:
             k["features"] = {f: rows[k["kernel_id"]][f] for f in keys}
             gained += 1
-    out_job.mkdir(parents=True, exist_ok=True)
-    write_jsonl_gz(out_job / KERNELS_FILE, kernels)
-    for name in (JOB_FILE, PAIRS_FILE):
-        shutil.copy(job / name, out_job / name)
+    write_job(out_job, meta["kind"], meta, kernels.values(), pairs)
     return gained
 
 

@@ -1,7 +1,10 @@
-"""Train the code-reading LLM surrogate variants of a bundle on a GPU host, within a time budget.
+"""Train the code-reading LLM surrogate variants of a job (kind "code") on a GPU host, within a time budget.
 
-    python3 -m models.training.gpu_host.llm_code train --bundle BUNDLE --out OUT --time-budget-s 420 \
+    python3 -m models.training.gpu_host.llm_code train --job JOB --out OUT --time-budget-s 420 \
         [--resume PREVIOUS_OUT]
+
+The job is models/training/gpu_host/job.py's folder (`build-bundle` writes it; `--bundle` is the
+same option's older name).
 
 In order, while the budget lasts (the clock is checked between and inside the steps, and the
 outputs are written before it ends):
@@ -39,17 +42,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from models.training.gpu_host.bundle import (
-    BundleError,
-    code_rows,
+from models.training.gpu_host.job import (
+    JobError,
     leaking_pairs,
-    read_bundle,
+    read_job,
+    training_rows,
     with_role,
-    write_parquet,
 )
 
 log = logging.getLogger("kernelcast.llm_code")
 
+KIND = "code"  # the job kind this run reads (models/training/gpu_host/job.py)
 FORECASTS_FILE = "forecasts.parquet"
 METRICS_FILE = "metrics.json"
 LOG_FILE = "train.log"
@@ -183,7 +186,7 @@ def run_heads(meta, kernels, pairs, model, tokenizer, clock: Clock, layers, toke
     t0 = time.time()
     ordered = sorted(pairs, key=lambda p: p["pair_id"])
     index = {p["pair_id"]: i for i, p in enumerate(ordered)}
-    rows = code_rows(meta, kernels, ordered, style)
+    rows = training_rows(meta, kernels, ordered, style)
     limit = int(getattr(model.config, "max_position_embeddings", 8192) or 8192) - 1
     ids, labels, cut = _encode_all(tokenizer, rows, limit)
     clock.mark("head_tokenize_s", t0)
@@ -400,7 +403,7 @@ def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s:
         log.info("code-lora: %.0f s left, forecasting needs ~%.0f s: not training", clock.left(), eval_s)
         return [], None
     t0 = time.time()
-    train_rows, cal_rows = code_rows(meta, kernels, fit, args.lora_style), code_rows(meta, kernels, cal, args.lora_style)
+    train_rows, cal_rows = training_rows(meta, kernels, fit, args.lora_style), training_rows(meta, kernels, cal, args.lora_style)
     result = train_supervised(settings, train_rows, cal_rows, work / "sft", work / "ckpt", stop_at=stop_at,
                               on_epoch=lambda r: log.info("code-lora %s", json.dumps(r)))
     clock.mark("lora_train_s", t0)
@@ -423,7 +426,7 @@ def run_lora(args, meta, kernels, pairs, clock: Clock, work: Path, tokens_per_s:
         for role, chosen in scored.items():
             if not chosen or clock.left() < WRITE_RESERVE_S:
                 continue
-            enc, labels = encode_rows(tokenizer, code_rows(meta, kernels, chosen, args.lora_style))
+            enc, labels = encode_rows(tokenizer, training_rows(meta, kernels, chosen, args.lora_style))
             probs = readout_probs(model, tokenizer, enc, labels, args.tokens_per_batch, autocast=device == "cuda")
             rows += _forecast_rows(LORA_VARIANT, role, [p["pair_id"] for p in chosen], probs.double().numpy(), "logprob")
         clock.mark("lora_forecast_s", t1)
@@ -452,7 +455,7 @@ def _maybe_grpo(args, pairs, clock: Clock, work: Path, tokens_per_s: float | Non
         metrics["skipped"]["grpo"] = f"{clock.left():.0f} s left; GRPO and its forecasts need ~{GRPO_MIN_S + eval_s:.0f} s"
         return
     t0 = time.time()
-    grpo_rows, record = run_grpo_bounded(args.bundle, work, args.base_model, args.lora_style, args.grpo_steps,
+    grpo_rows, record = run_grpo_bounded(args.job, work, args.base_model, args.lora_style, args.grpo_steps,
                                          args.grpo_warmup_steps, clock.deadline - WRITE_RESERVE_S - eval_s,
                                          clock.deadline - WRITE_RESERVE_S)
     clock.mark("grpo_s", t0)
@@ -478,6 +481,16 @@ def _carry_heads(resume: Path | None) -> tuple[list[dict[str, Any]], dict[str, A
     return rows, {v: variants[v] for v in saved}, saved
 
 
+def _write_parquet(path: Path, rows: list[dict[str, Any]], schema: Any) -> None:
+    """Rows as a zstd Parquet file of `schema` (pyarrow), written whole (tmp, then rename)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    tmp = path.with_name(path.name + ".part")
+    pq.write_table(pa.Table.from_pylist(rows, schema=schema), tmp, compression="zstd")
+    tmp.replace(path)
+
+
 def write_outputs(out: Path, rows: list[dict[str, Any]], metrics: dict[str, Any], heads: dict[str, Any],
                   work: Path, meta: dict[str, Any], embedded: list[dict[str, Any]] | None = None,
                   axes: dict[str, Any] | None = None) -> list[Path]:
@@ -491,13 +504,13 @@ def write_outputs(out: Path, rows: list[dict[str, Any]], metrics: dict[str, Any]
     out.mkdir(parents=True, exist_ok=True)
     schema = pa.schema([("variant", pa.string()), ("role", pa.string()), ("pair_id", pa.string()),
                         ("readout", pa.string()), ("repeat", pa.int64()), *[(f"p{i}", pa.float64()) for i in range(1, 9)]])
-    write_parquet(out / FORECASTS_FILE, rows, schema)
+    _write_parquet(out / FORECASTS_FILE, rows, schema)
     if embedded:
         schema = pa.schema([("setting", pa.string()), ("pair_id", pa.string()),
                             ("pc", pa.list_(pa.float32())), ("zero_shot", pa.list_(pa.float32()))])
         if axes:
             schema = schema.with_metadata({AXES_KEY: axes_bytes(axes)})
-        write_parquet(out / EMBEDDINGS_FILE, embedded, schema)
+        _write_parquet(out / EMBEDDINGS_FILE, embedded, schema)
     if heads:
         tmp = out / (HEADS_FILE + ".part")
         torch.save(heads, tmp)
@@ -546,10 +559,10 @@ def train(args: argparse.Namespace) -> int:
 def _train(args: argparse.Namespace, clock: Clock, out: Path, work: Path) -> int:
     import torch
 
-    meta, kernels, pairs = read_bundle(args.bundle)
+    meta, kernels, pairs = read_job(args.job, KIND)
     leaks = leaking_pairs(pairs, kernels, meta.get("held_out_task"))
     if leaks:
-        raise BundleError(f"{len(leaks)} training pairs touch a scored split's lineage (first: {leaks[0]})")
+        raise JobError(f"{len(leaks)} training pairs touch a scored split's lineage (first: {leaks[0]})")
     device = "cuda" if torch.cuda.is_available() else "cpu"
     metrics: dict[str, Any] = {"dataset_version": meta["dataset_version"], "held_out_task": meta.get("held_out_task"),
                                "device": torch.cuda.get_device_name(0) if device == "cuda" else "cpu",
@@ -604,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m models.training.gpu_host.llm_code", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="fit the heads, then LoRA epochs while the budget lasts")
-    t.add_argument("--bundle", required=True, type=Path)
+    t.add_argument("--job", "--bundle", dest="job", required=True, type=Path, help="the job folder (kind code)")
     t.add_argument("--out", required=True, type=Path, help="what comes back (at most 8 files of 16 MiB)")
     t.add_argument("--time-budget-s", type=float, default=420.0)
     t.add_argument("--resume", type=Path, default=None, help="a previous run's OUT (heads and LoRA checkpoint)")
@@ -629,7 +642,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         return train(args)
-    except (BundleError, ValueError, FileNotFoundError) as e:  # a bad bundle, settings or base model: one line
+    except (ValueError, FileNotFoundError) as e:  # a bad job (JobError), settings or base model: one line
         print(f"error: {e}", file=sys.stderr)
         return 2
 

@@ -1,25 +1,9 @@
-"""A host run of the code-reading LLM (models/training/gpu_host/llm_code.py) brought back: committed, registered.
+"""The variants of a committed run folder registered in MLflow: each a version, with its record.
 
-    python -m orchestration.code_bundle_cli ingest OUT --bundle BUNDLE [--into RUN_DIR] [--register] [--adapter]
+    python -m orchestration.code_bundle_cli ingest OUT --job JOB --register
 
-`ingest` merges the run's variants into a committed run folder (default: the one the settings'
-`surrogate.committed_run` names, so `kernelcast run` reads them) in its format
-(pipelines/surrogates/remote_results.py): rows of forecasts.parquet keyed by (hardware, anchor,
-candidate) with the bundle's dataset version, the variants' records in training.json (each with
-the dataset version it was trained on), their fit pairs in code_training_pairs.parquet and each
-code-embed variant's head file (embed-head-<variant>.zip, written by `embed-head` when the host
-run kept its principal axes; 0.1-1 MB) under heads/. A variant already there is replaced, with
-its head file; the others are kept. The external pairs' forecasts are stored in the eval role:
-they are pairs of the eval split of the dataset version, told apart by their candidate's
-generator (pipelines.surrogates.roles), and the report scores each split on its own pair ids.
-
-The LoRA adapter of `code-lora` stays out of the committed folder, which travels with the
-repository: `code-lora` is then a committed-forecasts variant like the heads. `--adapter` keeps
-it there (adapters/code-lora/, bfloat16, ~5 MB) for a home that wants to run it on the CPU; an
-ingest without it removes an earlier run's adapter, which would not match the new forecasts.
-
-`register_variants` (`--register`, and `kernelcast run` for every variant `ingest` wrote into
-the committed run folder: `register_ingested`) makes each variant a version of
+`register_variants` (`--register`, and `kernelcast run` for every variant an llm_code run
+brought into the committed run folder: `register_ingested`) makes each variant a version of
 models:/kernelcast-surrogate (held-out variants: kernelcast-surrogate-held-out), tag kind=llm
 and committed_variant: the evaluation answers from its committed forecasts
 (pipelines.forecasting.committed) with a calibrator fitted on its calibration forecasts. Its
@@ -33,13 +17,16 @@ file is in the committed folder has it as an artifact of its run and the version
 its model is an MLflow pyfunc model of kernel sources (the head file its artifact, the base model
 a pip requirement). The versions without weights that run here are records of their runs,
 tagged `weights` = "committed forecasts only"; promotion never makes one a champion.
+
+The committed run folder's format, and the one ingest that writes it, are
+pipelines/surrogates/remote_results.py's. The LoRA adapter of `code-lora` stays out of the
+folder, which travels with the repository, unless the ingest was asked to keep it (`--adapter`,
+~5 MB, for a home that wants to run it on the CPU).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
-import tarfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,186 +35,19 @@ import polars as pl
 
 from models.registry import HELD_OUT_MODEL, SURROGATE_MODEL
 from models.registry.versions import COMMITTED_ONLY, EMBED_HEAD_TAG, WEIGHTS_TAG
-from models.training.gpu_host.bundle import BundleError, read_bundle
-from models.training.gpu_host.jobfile import write_json
 from pipelines.surrogates.code_embed import embed_head_file
+from pipelines.surrogates.remote_results import (
+    CODE_PAIRS_FILE,
+    FORECASTS_FILE,
+    HEADS_DIR,
+    TRAINING_FILE,
+    check_head_file,
+    ingested_variants,
+)
 from warehouse.bin_edges import P_COLS
 
-FORECASTS_FILE = "forecasts.parquet"
-TRAINING_FILE = "training.json"
-CODE_PAIRS_FILE = "code_training_pairs.parquet"
-ROLE_IN_RUN = {"external": "eval"}  # the external pairs are eval-split pairs of the dataset version
 CODE_VERSION = "2"  # 2: a code-embed version with its head file is a pyfunc model of kernel sources
 EMBED_HEAD_ARTIFACT = "embed_head"
-HEADS_DIR = "heads"  # the committed run folder's code-embed head files
-LORA_VARIANT = "code-lora"
-
-
-def read_run(results: str | Path) -> tuple[pl.DataFrame, dict[str, Any]]:
-    """(forecasts, metrics.json) of a host run's output folder; BundleError when unreadable."""
-    root = Path(results)
-    try:
-        frame = pl.read_parquet(root / "forecasts.parquet")
-        metrics = json.loads((root / "metrics.json").read_text())
-    except FileNotFoundError as e:
-        raise BundleError(f"{root}: not a host run's output ({Path(e.filename).name} missing)") from None
-    except (OSError, ValueError, pl.exceptions.PolarsError) as e:
-        raise BundleError(f"{root}: unreadable ({type(e).__name__}: {e})") from None
-    return frame, metrics
-
-
-def committed_rows(frame: pl.DataFrame, meta: dict[str, Any], pairs: list[dict[str, Any]]) -> pl.DataFrame:
-    """The run's forecasts in the committed form (keys, true bin, dataset version per row).
-
-    Raises:
-        BundleError: a forecast of a pair the bundle lacks, in a role the pair does not serve,
-            or whose probabilities are not a distribution.
-    """
-    by_id = {p["pair_id"]: p for p in pairs}
-    unknown = sorted(set(frame["pair_id"].to_list()) - set(by_id))
-    if unknown:
-        raise BundleError(f"{len(unknown)} forecasts of pairs the bundle does not hold (first: {unknown[0]})")
-    wrong = [(r, pid) for r, pid in frame.select("role", "pair_id").rows() if r not in by_id[pid]["roles"]]
-    if wrong:
-        raise BundleError(f"{len(wrong)} forecasts in a role their pair does not serve (first: {wrong[0]})")
-    p = frame.select(P_COLS).to_numpy()
-    if len(p) and (abs(p.sum(axis=1) - 1).max() > 1e-4 or p.min() < 0):
-        raise BundleError("forecasts whose probabilities do not sum to 1")
-    keys = pl.DataFrame([{k: by_id[pid][k] for k in ("pair_id", "task", "hardware_id", "anchor_kernel_id",
-                                                       "candidate_kernel_id", "true_bin")} for pid in by_id])
-    out = frame.join(keys, on="pair_id", how="left").with_columns(
-        pl.col("role").replace(ROLE_IN_RUN), pl.lit(meta["dataset_version"]).alias("dataset_version"),
-        pl.lit(True).alias("parse_ok"), pl.lit(None, dtype=pl.Utf8).alias("parse_error"),
-        pl.col("true_bin").cast(pl.Int64), pl.col("repeat").cast(pl.Int64))
-    cols = ["variant", "role", "readout", "repeat", "dataset_version", "pair_id", "task", "hardware_id",
-            "anchor_kernel_id", "candidate_kernel_id", "true_bin", "parse_ok", "parse_error", *P_COLS]
-    return out.select(cols)
-
-
-def variant_records(metrics: dict[str, Any], meta: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """training.json records of the run's variants: settings (name, style, held_out, kind,
-    finetune), status, per-epoch history and the dataset version it was trained on."""
-    out = {}
-    for name, m in metrics.get("variants", {}).items():
-        held = m.get("setting") == "held_out_task"
-        settings = {"name": name, "style": m.get("style"), "held_out": held, "kind": m.get("kind"),
-                    "finetune": {"lora": "lora", "grpo": "grpo", "embed_head": "embed_head"}.get(m.get("kind"), "head"),
-                    **({"features": bool(m.get("features"))} if m.get("kind") in ("head", "embed_head") else {}),
-                    **({"parts": m.get("parts"), "ablation_brier": m.get("ablation_brier")}
-                       if m.get("kind") == "embed_head" else {}),
-                    **{f"head_{k}": v for k, v in (m.get("settings") or {}).items() if m.get("kind") == "head"},
-                    **({"trained": m.get("settings")} if m.get("kind") in ("lora", "grpo") else {})}
-        status = {"name": name, "best_epoch": m.get("best_epoch"), "finished": m.get("finished", True),
-                  "split": "held_out_task" if held else "in_distribution", "evaluated": True,
-                  **{k: m[k] for k in ("fit_pairs", "calibration_pairs", "rows_used", "epochs_run", "seconds",
-                                       "prefill", "width") if k in m}}
-        out[name] = {"settings": settings, "status": status, "history": {"history": m.get("history", [])},
-                     "dataset_version": meta["dataset_version"]}
-    return out
-
-
-def _write_parquet(frame: pl.DataFrame, path: Path) -> None:
-    tmp = path.with_name(path.name + ".part")
-    frame.write_parquet(tmp, compression="zstd")
-    tmp.replace(path)
-
-
-def _adapter_into(results: Path, target: Path) -> bool:
-    """The LoRA variant's best adapter (config + weights in bfloat16) into target; False if none."""
-    import torch
-    from safetensors.torch import load, save_file
-
-    tar_path = results / "lora-best.tar"
-    if not tar_path.is_file():
-        return False
-    with tarfile.open(tar_path) as tar:
-        files = {Path(m.name).name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
-    if "adapter_model.safetensors" not in files or "adapter_config.json" not in files:
-        raise BundleError(f"{tar_path}: no adapter in it")
-    shutil.rmtree(target, ignore_errors=True)
-    target.mkdir(parents=True)
-    weights = load(files["adapter_model.safetensors"])
-    save_file({k: v.to(torch.bfloat16).contiguous() for k, v in weights.items()}, str(target / "adapter_model.safetensors"))
-    (target / "adapter_config.json").write_bytes(files["adapter_config.json"])
-    return True
-
-
-def ingest(results: str | Path, bundle: str | Path, into: str | Path, adapter: bool = False) -> dict[str, Any]:
-    """Merge a host run's variants into the committed run folder `into`; a summary.
-
-    Args:
-        adapter: also keep code-lora's adapter under adapters/code-lora/ (else any there goes).
-    Raises:
-        BundleError: the run is not of the bundle's dataset version, or a head file is not its
-            variant's (nothing written).
-    """
-    from pipelines.surrogates.remote_results import training_pairs_frame
-
-    results, into = Path(results), Path(into)
-    meta, _, pairs = read_bundle(bundle)
-    frame, metrics = read_run(results)
-    if metrics.get("dataset_version") != meta["dataset_version"]:
-        raise BundleError(f"{results} was trained on {metrics.get('dataset_version')}, the bundle is {meta['dataset_version']}")
-    rows = committed_rows(frame, meta, pairs)
-    # A variant without forecasts (a LoRA run that has not finished an epoch yet) waits for a later trip.
-    records = {k: v for k, v in variant_records(metrics, meta).items() if k in set(frame["variant"].to_list())}
-    heads = {}  # variant -> its head file in the results folder, or None (a host run without axes)
-    for name, record in records.items():
-        if record["settings"]["finetune"] == "embed_head":
-            src = results / embed_head_file(name)
-            if src.is_file():
-                _check_head_file(src, name, meta["dataset_version"])
-            heads[name] = src if src.is_file() else None
-    into.mkdir(parents=True, exist_ok=True)
-    new = set(records)
-    if (into / FORECASTS_FILE).is_file():
-        old = pl.read_parquet(into / FORECASTS_FILE).filter(~pl.col("variant").is_in(list(new)))
-        rows = pl.concat([old, rows], how="diagonal_relaxed")
-    training = json.loads((into / TRAINING_FILE).read_text()) if (into / TRAINING_FILE).is_file() else {
-        "dataset_version": meta["dataset_version"], "held_out_task": meta.get("held_out_task"), "variants": {}}
-    training["variants"] = {**training.get("variants", {}), **records}
-    _write_parquet(rows, into / FORECASTS_FILE)
-    _write_parquet(training_pairs_frame(pairs), into / CODE_PAIRS_FILE)
-    write_json(into / TRAINING_FILE, training)
-    for name, src in heads.items():  # an earlier run's head would not match these forecasts: replaced or removed
-        dst = into / HEADS_DIR / embed_head_file(name)
-        if src is None:
-            dst.unlink(missing_ok=True)
-        else:
-            dst.parent.mkdir(exist_ok=True)
-            shutil.copyfile(src, dst.with_name(dst.name + ".part"))
-            dst.with_name(dst.name + ".part").replace(dst)
-    copied = False
-    if LORA_VARIANT in new:
-        target = into / "adapters" / LORA_VARIANT
-        copied = adapter and _adapter_into(results, target)
-        if not copied:
-            shutil.rmtree(target, ignore_errors=True)
-    return {"variants": sorted(new), "forecasts": int(frame.height), "adapter": bool(copied),
-            "head_files": {k: f"{HEADS_DIR}/{v.name}" for k, v in sorted(heads.items()) if v is not None},
-            "dataset_version": meta["dataset_version"], "into": str(into)}
-
-
-def ingested_variants(into: str | Path) -> list[str]:
-    """The variants of a committed run folder that `ingest` wrote: their record names the
-    dataset version they were trained on ([] without a training.json)."""
-    path = Path(into) / TRAINING_FILE
-    if not path.is_file():
-        return []
-    return sorted(k for k, v in json.loads(path.read_text()).get("variants", {}).items() if v.get("dataset_version"))
-
-
-def _check_head_file(path: Path, variant: str, dataset_version: str) -> None:
-    """BundleError (one line) when a results folder's head file is not this variant's of this data."""
-    from models.training.embed_head import read_head_spec
-
-    try:
-        spec = read_head_spec(path)
-    except ValueError as e:
-        raise BundleError(str(e)) from None
-    if (spec.get("variant"), spec.get("dataset_version")) != (variant, dataset_version):
-        raise BundleError(f"{path} is the head of {spec.get('variant')} on {spec.get('dataset_version')}, "
-                          f"not of {variant} on {dataset_version}: run embed-head again")
 
 
 def _fit_metrics(fit: pl.DataFrame, cal: pl.DataFrame, calibrator: Any) -> list[Any]:
@@ -297,7 +117,7 @@ def register_variants(con: Any, tracking_uri: str, data_dir: Path, into: Path, r
                "dataset_version": dataset_version or trained, "code_version": CODE_VERSION}
         head_file = into / HEADS_DIR / embed_head_file(name) if settings["finetune"] == "embed_head" else None
         if head_file is not None and head_file.is_file():
-            _check_head_file(head_file, name, trained)
+            check_head_file(head_file, name, trained)
             # In the key: a version registered before its head was kept is not re-used for one with it.
             key[EMBED_HEAD_TAG] = f"{EMBED_HEAD_ARTIFACT}/{head_file.name}"
         else:
