@@ -435,11 +435,12 @@ def model_flow(repo: Path, folder: Path, notes: list[str]) -> Callable[[], dict[
 
 
 def _commit(repo: Path) -> str:
+    """The last commit of `repo` that changed the product (its floors), not the scripts or docs."""
     import subprocess
 
     try:
-        return subprocess.run(["git", "-C", str(repo), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        return subprocess.run(["git", "-C", str(repo), "log", "-1", "--format=%h", "--", *FLOORS],
+                              capture_output=True, text=True, check=True).stdout.strip() or "unknown"
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -508,7 +509,7 @@ def draw(walks: list[dict[str, Any]], out: Path, title: str) -> None:
         for label, colour in zip(w["values"], COLOURS, strict=False):
             xs = [i for i, c in enumerate(w["calls"]) if c["value"] == label]
             ax.plot(xs, [ys[i] for i in xs], ls="none", marker="o", ms=3.5, color=colour, label=label)
-        ax.legend(fontsize=7, loc="lower right")
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
         ax.set_yticks(range(len(rooms)), rooms, fontsize=8)
         ax.set_ylim(len(rooms) - 0.5, -0.5)
         ax.set_xlim(-1, max(len(ys), 1))
