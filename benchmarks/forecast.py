@@ -123,13 +123,13 @@ def bench_file_forecaster(path: Path, task: str, anchor: str, warmup: list[str],
 
     from pipelines.forecasting.source_features import (
         FeatureCache,
-        FeaturePool,
+        feature_pool,
         source_features_many,
     )
     from pipelines.forecasting.sources import source_name
 
     forecaster = pickle.loads(path.read_bytes())
-    pool, cache = FeaturePool(workers), FeatureCache()
+    pool, cache = feature_pool(workers), FeatureCache()
     forecaster.compiler = lambda records, n: source_features_many(records, n_workers=n, pool=pool, cache=cache)
     forecaster.compile_workers = workers
 
