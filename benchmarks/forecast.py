@@ -6,8 +6,8 @@ file through `kernelcast forecast`.
 
 For each model (an alias of models:/kernelcast-surrogate, a models:/ URI, kind:<kind>, ...):
 load it once (pipelines.forecasting.sources.SourceForecaster: a pool of reader children, read
-sources kept in memory only, so every timed candidate is read), forecast a warm-up batch (the
-children start, the task's inputs are built, a language model loads), then time a batch of
+sources kept in memory only, so every timed candidate is read), forecast a warm-up batch of at least one
+candidate per reader child (the children start, the task's inputs are built, a language model loads), then time a batch of
 `--count` fresh candidates of the task against the task's reference: candidates per second,
 and how the time splits between reading the sources (import, trace, sm_90 compile) and the
 model. Fresh: points of the task's kernel space drawn with `--seed`, none of them in the
@@ -191,8 +191,11 @@ def main(argv: list[str] | None = None) -> int:
     from pipelines.generation.reference import reference_source
 
     anchor = reference_source(args.task)
-    sources = fresh_sources(args.task, WARMUP + args.count + max(0, args.cli_repeats), args.seed)
-    warmup, batch, cli = sources[:WARMUP], sources[WARMUP:WARMUP + args.count], sources[WARMUP + args.count:]
+    # one warm-up candidate per reader child at least: a child's first job imports torch and builds
+    # the task's inputs, which a warm forecaster has done already
+    n_warm = max(WARMUP, args.workers)
+    sources = fresh_sources(args.task, n_warm + args.count + max(0, args.cli_repeats), args.seed)
+    warmup, batch, cli = sources[:n_warm], sources[n_warm:n_warm + args.count], sources[n_warm + args.count:]
     report: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "host": platform.node(), "cpus": os.cpu_count(),
                               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
                               "task": args.task, "workers": args.workers, "models": [], "skipped": []}
