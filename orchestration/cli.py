@@ -740,6 +740,8 @@ def ui(
     serve(_settings(profile), dagster_port=dagster_port, mlflow_port=mlflow_port)
 
 
+from orchestration.cli_measure import measure as _measure  # noqa: E402 - its own module, registered here
+from orchestration.cli_measure import serve_measure as _serve_measure  # noqa: E402
 from orchestration.cli_report import (  # noqa: E402
     cross_hardware_lines,
     newest_table,
@@ -748,16 +750,22 @@ from orchestration.cli_report import (  # noqa: E402
 )
 from orchestration.cli_report import report as _report  # noqa: E402 - its own module
 from orchestration.cli_search import export_forecaster, search_headline, search_sim  # noqa: E402 - its own module
-from orchestration.measure_cli import measure as _measure  # noqa: E402 - its own module, registered here
-from orchestration.measure_cli import serve_measure as _serve_measure  # noqa: E402
+from orchestration.cli_train import app as _train_app  # noqa: E402 - its own module, with `train code`
+
+
+def _with_one_line_errors(group: typer.Typer) -> None:
+    """The same one-line errors as every command, for the commands of `group` and of its groups
+    (`kernelcast train`, `kernelcast train code`)."""
+    for command in group.registered_commands:
+        command.callback = one_line_errors(command.callback)
+    for sub in group.registered_groups:
+        _with_one_line_errors(sub.typer_instance)
+
 
 app.command("search-sim")(search_sim)
 app.command("export-forecaster")(export_forecaster)
 app.command("report")(one_line_errors(_report))
-from orchestration.cli_train import app as _train_app  # noqa: E402 - its own module
-
-for _command in _train_app.registered_commands:  # the same one-line errors as every command
-    _command.callback = one_line_errors(_command.callback)
+_with_one_line_errors(_train_app)
 app.add_typer(_train_app, name="train")
 app.command("measure")(one_line_errors(_measure))
 app.command("serve-measure")(one_line_errors(_serve_measure))

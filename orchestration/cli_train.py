@@ -11,6 +11,9 @@
 training_pairs.parquet, adapters/; pipelines/surrogates/remote_results.py, the one ingest of both
 host runs); the `surrogate.committed_run` setting names the folder `kernelcast run` reads, and
 the version it registers records the job's dataset version as the one it was trained on.
+
+`kernelcast train code build-bundle | embed-head | ingest` is the same trip for the code-reading
+LLM's job (kind "code", orchestration/cli_code.py, docs/llm-surrogate.md).
 """
 
 from __future__ import annotations
@@ -19,7 +22,10 @@ from pathlib import Path
 
 import typer
 
+from orchestration.cli_code import app as code_app  # imports only typer: `--help` stays fast
+
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__.splitlines()[0])
+app.add_typer(code_app, name="code")
 
 
 @app.command()

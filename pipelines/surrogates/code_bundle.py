@@ -1,9 +1,9 @@
 """The code-reading LLM's job of a dataset version (models/training/gpu_host/job.py, kind "code"),
 written here.
 
-    python -m orchestration.code_bundle_cli build-bundle --out .gpu-batches/llm-bundle
+    kernelcast train code build-bundle --out .gpu-batches/llm-bundle
     # on the GPU host: python3 -m models.training.gpu_host.llm_code train --job ... --out OUT
-    python -m orchestration.code_bundle_cli ingest OUT --job .gpu-batches/llm-bundle --register
+    kernelcast train code ingest OUT --job .gpu-batches/llm-bundle --register
 
 The pairs of every role are the evaluation's (pipelines.surrogates.roles.forecasting_roles on the
 stored dataset version, the external split included), so what a variant is scored on is what

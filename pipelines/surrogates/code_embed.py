@@ -1,6 +1,6 @@
 """The `code-embed` variants of a host run: boosted trees fitted here on what the LLM read there.
 
-    python -m orchestration.code_bundle_cli embed-head OUT --job JOB
+    kernelcast train code embed-head OUT --job JOB
 
 A host run (models/training/gpu_host/llm_code.py) brings back `embeddings.parquet`: per setting
 and pair, principal coordinates of the base model's hidden states over the pair's prompt and the

@@ -235,14 +235,18 @@ def test_run_headline_reports_a_broken_report_in_one_line(tmp_path):
 
 
 def _commands() -> list[list[str]]:
+    """Every command and group of the command line, as its words (`train code ingest` included)."""
     import typer
 
-    group = typer.main.get_command(app)
-    out = []
-    for name, cmd in group.commands.items():
-        subs = getattr(cmd, "commands", None)
-        out += [[name, sub] for sub in subs] if subs else [[name]]
-    return out
+    def walk(group, path: list[str]) -> list[list[str]]:
+        out = []
+        for name, cmd in group.commands.items():
+            out.append([*path, name])
+            if getattr(cmd, "commands", None):
+                out += walk(cmd, [*path, name])
+        return out
+
+    return walk(typer.main.get_command(app), [])
 
 
 def test_version():

@@ -6,8 +6,8 @@ says which, so a job given to the other one is refused in one line:
 
     kind "variants"  `kernelcast train export` -> models/training/gpu_host/gpu_job.py: the
                      supervised and GRPO variants listed in job.json (variants.py)
-    kind "code"      `code_bundle_cli build-bundle` -> models/training/gpu_host/llm_code.py: the
-                     code-reading heads, code-lora and its GRPO stage
+    kind "code"      `kernelcast train code build-bundle` -> models/training/gpu_host/llm_code.py:
+                     the code-reading heads, code-lora and its GRPO stage
 
     job.json          format, kind, dataset version, held-out task, tasks (description,
                       benchmark cases), hardware fingerprints, counts per role; "variants" for

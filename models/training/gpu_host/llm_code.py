@@ -3,8 +3,8 @@
     python3 -m models.training.gpu_host.llm_code train --job JOB --out OUT --time-budget-s 420 \
         [--resume PREVIOUS_OUT]
 
-The job is models/training/gpu_host/job.py's folder (`build-bundle` writes it; `--bundle` is the
-same option's older name).
+The job is models/training/gpu_host/job.py's folder (`kernelcast train code build-bundle` writes
+it; `--bundle` is the same option's older name).
 
 In order, while the budget lasts (the clock is checked between and inside the steps, and the
 outputs are written before it ends):
