@@ -5,7 +5,8 @@ nothing it kept reaches the next kernel of the process. The child's integrity wa
 integrity.Watch) is started here once, before any kernel exists, and checked before each kernel,
 after its import and after it is unloaded. `classify` turns an exception of kernel code into a
 `KernelFailure` of one failure kind (and whether the child must be replaced); `AutotuneWatch`
-names the autotune config a kernel is trying and bounds the time all its configs take. Every role
+finds every autotuner a kernel runs, records the configs they chose, names the config one is
+trying and bounds the time all its configs take. Every role
 (compile_child, runner's check and Measurer) uses these; the module is harness code a kernel could
 patch, so the integrity watch covers it (integrity.HARNESS_MODULES).
 """
@@ -263,45 +264,89 @@ def classify(e: BaseException, device: str, what: str) -> KernelFailure:
 AUTOTUNE_BUDGET_S = 120.0  # all configs one autotuned kernel tries, per job, in compiles or warm-up calls
 
 
+def tune_in_memory(tuner, tuning_key, configs, bench_fn) -> bool:
+    """Triton's `Autotuner.check_disk_cache`, in the harness's children: never read nor write a
+    choice on disk; the configs are benchmarked here (`bench_fn`). Returns False: nothing cached.
+
+    An autotuner with `cache_results=True` (or TRITON_CACHE_AUTOTUNING=1) stores its choice in the
+    Triton cache. The compile children, whose benchmarker only compiles (every config 0 ms), stored
+    the first config for every shape in the kernel's cache folder, and the measuring child read it
+    back without tuning: flash-linear-attention's softmax ran 1 warp on rows of 16384 and nothing
+    recorded which config it ran. Neither a stored guess nor another process's timings choose a
+    config here: the measuring child tunes on the real inputs, as a process with an empty cache does."""
+    bench_fn()
+    return False
+
+
 class AutotuneWatch:
-    """Autotuners report each config they try (a job's progress: "autotune <kernel>: config i/n",
-    so a hang names it) and, per job, get AUTOTUNE_BUDGET_S for all their configs: past it the
-    next config raises a `timeout` naming the autotune, instead of the job running until its
-    step's own limit. Installed once per child, before the integrity baseline, so the patched
-    `Autotuner._bench` is the harness's own; each job sets its progress sink with `begin`."""
+    """Every Triton autotuner a kernel runs, found where it runs (the class's `run`, whatever
+    wrapper, heuristic or function built it): the configs it chose (`choices`, since `mark`), each
+    config it tries reported (a job's progress: "autotune <kernel>: config i/n", so a hang names
+    it) and, per job, AUTOTUNE_BUDGET_S for all its configs: past it the next config raises a
+    `timeout` naming the autotune, instead of the job running until its step's own limit. Choices
+    are never read from or written to disk (`tune_in_memory`). Installed once per child, before
+    the integrity baseline, so the patched `Autotuner` methods are the harness's own; each job sets
+    its progress sink with `begin`."""
 
     def __init__(self, budget_s: float = AUTOTUNE_BUDGET_S):
         self.budget_s = budget_s
         self.progress: Callable[[str], None] | None = None
         self.started: dict[int, float] = {}
-        self.tuners: dict[int, Any] = {}  # the autotuners that benchmarked configs in this job
+        self.ran: dict[int, tuple[Any, list[str]]] = {}  # since `mark`: autotuner -> the configs it ran
 
     def begin(self, progress: Callable[[str], None] | None) -> None:
-        self.progress, self.started, self.tuners = progress, {}, {}
+        self.progress, self.started, self.ran = progress, {}, {}
+
+    def mark(self) -> None:
+        """From here on, `choices` names what runs after this point only (one case's call)."""
+        self.ran = {}
+
+    def saw(self, tuner: Any) -> None:
+        """`tuner` ran a kernel with its `best_config` (tuned just now or chosen before)."""
+        config = str(getattr(tuner, "best_config", None))
+        _, configs = self.ran.setdefault(id(tuner), (tuner, []))
+        if config not in configs:
+            configs.append(config)
 
     def choices(self) -> dict[str, str]:
-        """{autotuned kernel: the config it runs now} of every autotuner that tuned in this job."""
-        return {getattr(t.base_fn, "__name__", "kernel"): str(getattr(t, "best_config", None))
-                for t in self.tuners.values()}
+        """{autotuned kernel: the config it ran with} of every autotuner that ran since `mark`; a
+        kernel run with several configs (several shapes in one call) has them joined by " | ", and
+        two autotuners of one function name are told apart as "name", "name#2"."""
+        picks: dict[str, str] = {}
+        for tuner, configs in self.ran.values():
+            name = getattr(getattr(tuner, "base_fn", None), "__name__", "kernel")
+            key, n = name, 1
+            while key in picks:
+                n += 1
+                key = f"{name}#{n}"
+            picks[key] = " | ".join(configs)
+        return picks
 
     def install(self) -> None:
         from triton.runtime.autotuner import Autotuner
 
-        watch, original = self, Autotuner._bench
+        watch, original_bench, original_run = self, Autotuner._bench, Autotuner.run
 
         def bench(tuner, *args, config, **meta):
             name = getattr(tuner.base_fn, "__name__", "kernel")
             first = watch.started.setdefault(id(tuner), time.monotonic())
-            watch.tuners[id(tuner)] = tuner
             index = next((i for i, c in enumerate(tuner.configs) if c is config), 0) + 1
             if time.monotonic() - first > watch.budget_s:
                 raise KernelFailure("timeout", f"autotune of {name}: its configs took over the {watch.budget_s:.0f} s "
                                                f"budget ({index - 1} of {len(tuner.configs)} tried)")
             if watch.progress is not None:
                 watch.progress(f"autotune {name}: config {index}/{len(tuner.configs)}")
-            return original(tuner, *args, config=config, **meta)
+            return original_bench(tuner, *args, config=config, **meta)
+
+        def run(tuner, *args, **kwargs):
+            out = original_run(tuner, *args, **kwargs)
+            watch.saw(tuner)
+            return out
 
         Autotuner._bench = bench
+        Autotuner.run = run
+        if hasattr(Autotuner, "check_disk_cache"):  # Triton >= 3.3: cache_results
+            Autotuner.check_disk_cache = tune_in_memory
 
 
 AUTOTUNE = AutotuneWatch()

@@ -38,7 +38,6 @@ import json
 import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -144,7 +143,9 @@ class Measurer:
         # Off by default: generation checks the small cases on the CPU, and on the GPU their new shapes
         # would force fresh JIT compiles inside the timing process.
         self.check_correctness_cases = bool(config.get("check_correctness_cases", False))
-        self.tune_first = False  # the job's kernel autotunes: tuned on the benchmark cases before its checks
+        # On a GPU every kernel goes through the tuning pass (_tuning_steps): an autotuner is found
+        # where it runs (kernel_loading.AutotuneWatch), not by reading the source for one.
+        self.tune_first = self.device == "cuda"
         self.timed_salts, self.timed_samples = timed_draws(self.device, config)
         # gpumode: each case of the reference is timed right after the kernel's, in the same job
         # (paired_reference_timing), and the row uses that timing. GPU MODE's loop times the host's
@@ -305,7 +306,6 @@ class Measurer:
             phases["reference_s"] = time.perf_counter() - t
             progress("importing kernel")
             t = time.perf_counter()
-            self.tune_first = self.device == "cuda" and "autotune" in Path(path).read_text(encoding="utf-8", errors="replace")
             fn = load_kernel(path, task)
             check_integrity("on import")
             phases["import_s"] = time.perf_counter() - t
@@ -334,7 +334,7 @@ class Measurer:
                           out_of_memory=not job.get("after_out_of_memory"))
         finally:
             t = time.perf_counter()
-            AUTOTUNE.tuners.clear()  # the kernel's autotuners go with its module
+            AUTOTUNE.begin(None)  # the kernel's autotuners go with its module
             unload_kernel(path)
             restore_torch_flags(self.flags)
             phases["unload_s"] = time.perf_counter() - t
@@ -501,16 +501,21 @@ class Measurer:
     def _tuning_steps(self, task, cases: tuple, progress: Callable[[str], None]) -> Steps:
         """One untimed call on each benchmark case's inputs, in order, before the checks: an
         autotuner benchmarks its configs there as in a plain process that runs the benchmark, on
-        the real inputs with the GPU quiet. Tuned during the checks instead, its benchmarks shared
+        the real inputs with the GPU quiet (no verifier at work, no flush or spin around it; its
+        own benchmarker times the configs). Tuned during the checks instead, its benchmarks shared
         the GPU with the verifier judging the previous case's outputs, and a tuner keyed on the
         row length kept the config it chose on a check's input for every case of that length.
-        Returns {case id: {kernel: config}} as JSON, or None when no autotuner tuned."""
+        Every kernel goes through it: one whose autotuner is built in a function, behind a wrapper
+        or in a library it imports is found when it runs (AUTOTUNE), and one without costs a call.
+        Returns {case id: {kernel: config}} as JSON (the configs each autotuner ran with on that
+        case, chosen there or on an earlier case of the same key), or None when none ran."""
         chosen: dict[str, dict[str, str]] = {}
         for case in cases:
             cid = task.case_id(case)
             progress(f"autotuning on {cid}")
             data = make_input(task, case)
             sync(self.device)
+            AUTOTUNE.mark()
             try:
                 out = yield data
             except KernelFailure:

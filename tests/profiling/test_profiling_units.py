@@ -389,10 +389,11 @@ def test_launch_suppression_patches_and_restores_triton():
     from triton.runtime.autotuner import Autotuner
     from triton.runtime.jit import JITFunction
 
-    run, bench = JITFunction.run, Autotuner.__dict__["do_bench"]
+    run, bench, disk = JITFunction.run, Autotuner.__dict__["do_bench"], Autotuner.check_disk_cache
     with compile_child.triton_launches_suppressed():
         assert JITFunction.run is not run and isinstance(Autotuner.__dict__["do_bench"], property)
-    assert JITFunction.run is run and Autotuner.__dict__["do_bench"] is bench
+        assert Autotuner.check_disk_cache is kernel_loading.tune_in_memory  # its 0 ms timings stay here
+    assert JITFunction.run is run and Autotuner.__dict__["do_bench"] is bench and Autotuner.check_disk_cache is disk
 
 
 _WARMUP_IN_A_COMPILE_CHILD = """
@@ -636,6 +637,8 @@ def test_the_autotune_watch_names_each_config_and_stops_an_autotune_past_its_bud
 
     tried = []
     monkeypatch.setattr(Autotuner, "_bench", lambda tuner, *a, config, **m: tried.append(config) or [1.0])
+    monkeypatch.setattr(Autotuner, "run", Autotuner.run)  # install replaces these too
+    monkeypatch.setattr(Autotuner, "check_disk_cache", Autotuner.check_disk_cache)
     watch = kernel_loading.AutotuneWatch(budget_s=0.05)
     watch.install()  # wraps the stub; monkeypatch puts Triton's own back afterwards
     steps = []
