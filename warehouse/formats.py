@@ -13,7 +13,7 @@ import re
 
 import pyarrow as pa
 
-HARNESS_VERSION = "kernelcast-harness-14"  # 2: launch cover, median of reference timings; 3: sandbox, verifier;
+HARNESS_VERSION = "kernelcast-harness-15"  # 2: launch cover, median of reference timings; 3: sandbox, verifier;
 # 4: timed calls on new values with sampled outputs verified, one integrity baseline per child;
 # 5: timed chunks that grow from 16 calls, the median's interval also met by an absolute 0.5 us,
 # a 5 ms warm-up of at least 2 calls; 6: inputs drawn on the GPU (other values, same
@@ -35,6 +35,9 @@ HARNESS_VERSION = "kernelcast-harness-14"  # 2: launch cover, median of referenc
 # speedup over the slower of the two kept as program_speedup; the label stays the device time:
 # docs/protocols.md says why); an autotuned kernel is tuned on each benchmark case's inputs before
 # its checks, on a quiet GPU, and the configs it chose are recorded
+# 15: every kernel gets that tuning pass (not only sources that name autotune), every Autotuner is
+# watched where it runs, and no tuning result is read from or written to Triton's disk cache (the
+# compile children's stand-in timings had stored the first config of `cache_results` autotuners)
 
 FAILURE_KINDS = (
     "compile_failed",  # the module does not import / Triton does not compile it
