@@ -10,9 +10,10 @@ style, the layers, the feature names) answers:
 - any other pair by doing here what the host did for the pairs of the run: the same prompt from
   the two sources (models.training.gpu_host.job.training_rows, the job's task and hardware
   tables kept with the head), the base model's prefill over it on this machine (the same
-  layers; on a CPU models.training.head.embed_prompts_shared, which prefills what the prompts
-  share, the anchor's half of every pair of one anchor, once: the numbers of a full prefill of
-  each prompt up to float round-off, in about half the tokens), its coordinates on the stored axes
+  layers, the weights in bfloat16 as the host's where the CPU computes in it natively,
+  `cpu_reading_dtype`; on a CPU models.training.head.embed_prompts_shared, which prefills what
+  the prompts share, the anchor's half of every pair of one anchor, once: the numbers of a full
+  prefill of each prompt up to round-off, in about half the tokens), its coordinates on the stored axes
   (`project`), the feature vector the job would have given
   (pipelines.surrogates.code_bundle.named_feature_vectors), then the trees, their Laplace spreads
   and the version's calibrator.
@@ -147,7 +148,7 @@ class EmbedHeadForecaster(PairForecaster):
         if next(model.parameters()).device.type == "cuda":  # the host's way: padded batches in bfloat16
             emb = embed_prompts(model, tokenizer, ids, labels, self.spec["layers"], TOKENS_PER_BATCH, autocast=True)
             self.seconds["tokens_read"] = self.seconds["tokens"]
-        else:  # float32, what the pairs share (the anchor's half of each prompt) prefilled once
+        else:  # what the pairs share (the anchor's half of each prompt) prefilled once
             tree = prefix_tree(ids)
             emb = embed_prompts_shared(model, ids, labels, self.spec["layers"], tree=tree)
             self.seconds["tokens_read"] = float(sum(end - start for _, start, end, _, _ in tree))
@@ -185,7 +186,8 @@ class EmbedHeadForecaster(PairForecaster):
         return training_rows({"tasks": tasks, "hardware": hardware}, sides, pairs, self.style)
 
     def _base_model(self) -> tuple[Any, Any]:
-        """The base model and tokenizer, as the host loaded them (float32 on a CPU), once."""
+        """The base model and tokenizer, once: bfloat16 on a GPU, as the host loaded it; on a
+        CPU `cpu_reading_dtype()`."""
         if self._base is None:
             import torch
 
@@ -199,12 +201,31 @@ class EmbedHeadForecaster(PairForecaster):
                 raise ValueError(str(exc)) from None
             device = self.device or ("cuda" if torch.cuda.is_available() else "cpu")
             model, tokenizer = load_model_and_tokenizer(
-                path, device, "bfloat16" if str(device).startswith("cuda") else "float32")
+                path, device, "bfloat16" if str(device).startswith("cuda") else cpu_reading_dtype())
             if tokenizer.pad_token is None:
                 tokenizer.pad_token = tokenizer.eos_token
             self._base = (model, tokenizer)
             self.seconds["load"] = round(time.time() - t0, 3)
         return self._base
+
+
+def cpu_reading_dtype() -> str:
+    """The dtype the base model's weights load in to read prompts on this CPU: "bfloat16" where
+    the CPU computes in it natively (AVX512-BF16 or AMX), else "float32".
+
+    Why bfloat16: the heads were fitted on what the base model read on a GPU host with its weights
+    in bfloat16 (models.training.gpu_host.llm_code), and a bfloat16 reading here lands as near the
+    host's forecasts as a float32 one does (benchmarks/embed_precision.py on eval pairs of the
+    committed run; docs/results/forecasting-speed.md) in less CPU time. A CPU without those
+    instructions emulates bfloat16 slower than it computes float32, so it keeps float32.
+    """
+    import torch
+
+    native = [getattr(torch.cpu, name, None) for name in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    try:
+        return "bfloat16" if any(check() for check in native if check is not None) else "float32"
+    except RuntimeError:  # a build that cannot tell: the reading that works everywhere
+        return "float32"
 
 
 def embed_forecaster(tracking_uri: str, name: str, version: int, info: Mapping[str, Any], home: Path,

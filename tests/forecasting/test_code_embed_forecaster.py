@@ -125,6 +125,16 @@ def run(tmp_path_factory):
             "new_dir": data_dir / "new", "old_dir": data_dir / "old"}
 
 
+@pytest.fixture
+def float32_reading(monkeypatch):
+    """The forecaster reads in float32, as the toy host run read its prompts (llm_code loads the
+    base model in float32 off a GPU): the checks of bit-for-bit agreement with that run, and of
+    the shared prefill against the full one up to float32 round-off, compare like with like."""
+    import pipelines.forecasting.embed as embed_module
+
+    monkeypatch.setattr(embed_module, "cpu_reading_dtype", lambda: "float32")
+
+
 def _frame(pairs: list[dict]) -> pl.DataFrame:
     return pl.DataFrame([{k: p[k] for k in KEYS} for p in pairs])
 
@@ -152,7 +162,7 @@ def test_embed_head_keeps_what_a_new_pair_needs_only_when_the_run_has_axes(run):
     assert head.columns.sum() <= record["width"] and (out / "embed-head-code-embed.zip").stat().st_size < 4 * 2**20
 
 
-def test_a_pair_of_the_run_gives_the_committed_numbers_read_again_here(run, monkeypatch):
+def test_a_pair_of_the_run_gives_the_committed_numbers_read_again_here(run, monkeypatch, float32_reading):
     """(a) The committed forecast as before, and the same pair read again by the base model on
     this CPU through the version's head: the host's raw forecast and the committed one."""
     from pipelines.forecasting.committed import CommittedForecaster
@@ -232,7 +242,8 @@ def test_a_new_candidate_gets_a_distribution_that_follows_its_source(run):
     assert np.allclose(got[0], answers[1], atol=1e-12) and np.array_equal(got[1], f.committed.forecast_pairs(held, {})[0])
 
 
-def test_new_candidates_of_one_anchor_read_its_half_once_with_the_full_prefills_numbers(run, monkeypatch):
+def test_new_candidates_of_one_anchor_read_its_half_once_with_the_full_prefills_numbers(run, monkeypatch,
+                                                                                         float32_reading):
     """New candidates of one anchor are read on the CPU with what their prompts share (the
     anchor's half) prefilled once; their design rows and forecasts are those of the earlier
     reading, a full padded prefill of every prompt (embed_prompts), up to float round-off."""
@@ -262,6 +273,39 @@ def test_new_candidates_of_one_anchor_read_its_half_once_with_the_full_prefills_
     assert np.allclose(x_shared, x_full, rtol=1e-4, atol=1e-3, equal_nan=True), np.nanmax(np.abs(x_shared - x_full))
     assert np.abs(p_shared - p_full).max() < 1e-6
     assert np.abs(p_shared[0] - p_shared[3]).max() > 1e-3  # the candidates are told apart
+
+
+def test_the_cpu_reads_in_bfloat16_where_it_computes_in_it(run, monkeypatch):
+    """Where the CPU has bfloat16 instructions (AVX512-BF16, AMX) the base model loads in
+    bfloat16, as the host's did on its GPU; elsewhere in float32. Either reading forecasts.
+
+    How near the two readings land is measured where it means something: the rows of the shared
+    prefill (tests/models/test_shared_prefill.py) and SmolLM2 against the host's forecasts
+    (benchmarks/embed_precision.py). Not here: the toy's prompts differ in a few digits, its
+    standardised columns vary across them less than bfloat16's round-off, and its coordinates
+    moved by 0.3 to 11 times their spread over the eval pairs (measured)."""
+    import torch
+
+    import pipelines.forecasting.embed as embed_module
+
+    native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+    assert embed_module.cpu_reading_dtype() == ("bfloat16" if native else "float32")
+    for flag in (True, False):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda flag=flag: flag)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda flag=flag: flag)
+        assert embed_module.cpu_reading_dtype() == ("bfloat16" if flag else "float32")
+    monkeypatch.undo()
+
+    pairs = _frame([p for p in run["pairs"] if {"eval", "external"} & set(p["roles"])])
+    readings = {}
+    for dtype in ("float32", "bfloat16"):
+        monkeypatch.setattr(embed_module, "cpu_reading_dtype", lambda dtype=dtype: dtype)
+        f = _load(run, run["versions"]["code-embed"], use_committed=False)
+        p = f.head_probs(pairs, run["records"])
+        assert next(f._base_model()[0].parameters()).dtype == getattr(torch, dtype)
+        assert p.shape == (pairs.height, 8) and np.isfinite(p).all() and np.allclose(p.sum(axis=1), 1.0)
+        readings[dtype] = f.reading(pairs.to_dicts(), run["records"])[0]
+    assert not np.array_equal(readings["float32"], readings["bfloat16"])  # the weights were read in bfloat16
 
 
 def test_kernelcast_forecast_answers_files_with_the_code_embed_version(run, tmp_path):
