@@ -6,8 +6,7 @@
     kernelcast train code embed-head OUT --job JOB [--base-model smollm2]
     kernelcast train code ingest OUT --job JOB [--into RUN_DIR] [--register] [--adapter]
 
-The job is models/training/gpu_host/job.py's folder of kind "code" (`--bundle` is `--job`'s older
-name and still works). The domain code is pipelines.surrogates.code_bundle (the job), code_embed
+The job is models/training/gpu_host/job.py's folder of kind "code". The domain code is pipelines.surrogates.code_bundle (the job), code_embed
 (the boosted heads on the host's embeddings), remote_results (the one ingest of a host's output)
 and registration; this module adds the settings' defaults (warehouse, data folder, MLflow store),
 which live on the orchestration floor. Attached under `kernelcast train` by cli_train.py; errors
@@ -28,8 +27,7 @@ app = typer.Typer(
          "heads on what a GPU host sent back, and bring that run into the committed run folder.",
 )
 
-# The job folder, as every command here names it; `--bundle` was its name before the one job format.
-JOB_HELP = "The job folder the host ran (`build-bundle`'s --out); --bundle is its older name."
+JOB_HELP = "The job folder the host ran (`build-bundle`'s --out)."
 
 
 @app.command("build-bundle")
@@ -64,7 +62,7 @@ def build_bundle(
 def embed_head(
     results: Path = typer.Argument(..., exists=True, file_okay=False,
                                    help="The OUT folder the host run wrote (its forecasts and metrics grow)."),
-    job: Path = typer.Option(..., "--job", "--bundle", help=JOB_HELP),
+    job: Path = typer.Option(..., "--job", help=JOB_HELP),
     base_model: str | None = typer.Option(None, "--base-model",
                                           help="The base model the host run read with "
                                                "(default: the settings' surrogate.base_model)."),
@@ -92,7 +90,7 @@ def embed_head(
 @app.command("ingest")
 def ingest(
     results: Path = typer.Argument(..., exists=True, file_okay=False, help="The OUT folder the host run wrote."),
-    job: Path = typer.Option(..., "--job", "--bundle", help=JOB_HELP),
+    job: Path = typer.Option(..., "--job", help=JOB_HELP),
     into: Path | None = typer.Option(None, "--into", help="Committed run folder (default: the settings' "
                                                            "surrogate.committed_run under the data folder)."),
     register: bool = typer.Option(False, "--register", help="Also register every variant in MLflow (the settings' home)."),

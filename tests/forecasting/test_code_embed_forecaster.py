@@ -100,7 +100,7 @@ def run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("embed")
     home = Path(os.environ["KERNELCAST_HOME"])  # the session's: `kernelcast forecast` reads it too
     records = embed_bundle(tmp / "b")
-    assert main(["train", "--bundle", str(tmp / "b"), "--out", str(tmp / "out"), "--work", str(tmp / "work"),
+    assert main(["train", "--job", str(tmp / "b"), "--out", str(tmp / "out"), "--work", str(tmp / "work"),
                  "--base-model", "tiny", "--time-budget-s", "300", "--layers", "1,-1", "--lora-epochs", "0",
                  "--tokens-per-batch", "8192", "--head-grid", "1", "--head-epochs", "5", "--grpo-steps", "0"]) == 0
     summary = add_embed_variants(tmp / "out", tmp / "b", base_model="tiny")

@@ -1,6 +1,5 @@
 """`kernelcast train code`: the code-reading LLM's job from the command line. Its help says what
-each command does; a host run's OUT folder comes into a committed run folder (under `--job` or
-its older name `--bundle`); a missing folder, a missing warehouse, a run of another dataset
+each command does; a host run's OUT folder comes into a committed run folder (`--job`); a missing folder, a missing warehouse, a run of another dataset
 version or a forecast of a pair the job lacks is one line with exit code 2 and writes nothing."""
 
 from __future__ import annotations
@@ -78,7 +77,7 @@ def test_the_code_group_and_each_command_say_what_they_do():
         own = runner.invoke(app, ["train", "code", command, "--help"], terminal_width=100)
         assert own.exit_code == 0 and summary in " ".join(own.output.split()), own.output
     for command in ("embed-head", "ingest"):
-        assert "--bundle" in runner.invoke(app, ["train", "code", command, "--help"]).output
+        assert "--job" in runner.invoke(app, ["train", "code", command, "--help"]).output
 
 
 def test_ingest_of_a_missing_folder_is_one_line_and_writes_nothing(tmp_path):
@@ -91,12 +90,11 @@ def test_ingest_of_a_missing_folder_is_one_line_and_writes_nothing(tmp_path):
     assert not into.exists()
 
 
-@pytest.mark.parametrize("job_option", ["--job", "--bundle"])
-def test_ingest_brings_a_host_run_into_the_committed_folder(tmp_path, job_option):
+def test_ingest_brings_a_host_run_into_the_committed_folder(tmp_path):
     pairs = _code_job(tmp_path / "job")
     n = _host_run(tmp_path / "out", pairs)
     into = tmp_path / "committed"
-    res = runner.invoke(app, ["train", "code", "ingest", str(tmp_path / "out"), job_option, str(tmp_path / "job"),
+    res = runner.invoke(app, ["train", "code", "ingest", str(tmp_path / "out"), "--job", str(tmp_path / "job"),
                               "--into", str(into)])
     assert res.exit_code == 0, res.output
     assert res.output.splitlines()[0] == f"{n} forecasts of code-head of {DATASET} -> {into}"
@@ -123,7 +121,7 @@ def test_ingest_refuses_a_run_that_does_not_match_the_job_in_one_line(tmp_path):
 def test_embed_head_of_a_run_of_another_dataset_version_is_one_line(tmp_path):
     pairs = _code_job(tmp_path / "job")
     _host_run(tmp_path / "out", pairs, dataset_version="ds-other")
-    res = runner.invoke(app, ["train", "code", "embed-head", str(tmp_path / "out"), "--bundle", str(tmp_path / "job"),
+    res = runner.invoke(app, ["train", "code", "embed-head", str(tmp_path / "out"), "--job", str(tmp_path / "job"),
                               "--base-model", "tiny"])
     assert res.exit_code == 2
     assert f"not a host run of the job's dataset version {DATASET}" in _one_line_error(res)

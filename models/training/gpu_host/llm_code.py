@@ -4,7 +4,7 @@
         [--resume PREVIOUS_OUT]
 
 The job is models/training/gpu_host/job.py's folder (`kernelcast train code build-bundle` writes
-it; `--bundle` is the same option's older name).
+it).
 
 In order, while the budget lasts (the clock is checked between and inside the steps, and the
 outputs are written before it ends):
@@ -617,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python3 -m models.training.gpu_host.llm_code", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     t = sub.add_parser("train", help="fit the heads, then LoRA epochs while the budget lasts")
-    t.add_argument("--job", "--bundle", dest="job", required=True, type=Path, help="the job folder (kind code)")
+    t.add_argument("--job", dest="job", required=True, type=Path, help="the job folder (kind code)")
     t.add_argument("--out", required=True, type=Path, help="what comes back (at most 8 files of 16 MiB)")
     t.add_argument("--time-budget-s", type=float, default=420.0)
     t.add_argument("--resume", type=Path, default=None, help="a previous run's OUT (heads and LoRA checkpoint)")
