@@ -4,12 +4,13 @@
     kernelcast train code build-bundle --out .gpu-batches/llm-bundle [--warehouse P] [--version V]
     # on the GPU host: python3 -m models.training.gpu_host.llm_code train --job JOB --out OUT ...
     kernelcast train code embed-head OUT --job JOB [--base-model smollm2]
-    kernelcast train code ingest OUT --job JOB [--into RUN_DIR] [--register] [--adapter]
+    kernelcast train ingest OUT --job JOB [--into RUN_DIR] [--register] [--adapter]
 
-The job is models/training/gpu_host/job.py's folder of kind "code". The domain code is pipelines.surrogates.code_bundle (the job), code_embed
-(the boosted heads on the host's embeddings), remote_results (the one ingest of a host's output)
-and registration; this module adds the settings' defaults (warehouse, data folder, MLflow store),
-which live on the orchestration floor. Attached under `kernelcast train` by cli_train.py; errors
+The job is models/training/gpu_host/job.py's folder of kind "code". The domain code is
+pipelines.surrogates.code_bundle (the job) and code_embed (the boosted heads on the host's
+embeddings); the run comes back through `kernelcast train ingest` (cli_train.py, the one ingest of
+both kinds of host run). This module adds the settings' defaults (warehouse, data folder), which
+live on the orchestration floor. Attached under `kernelcast train` by cli_train.py; errors
 are one line with exit code 2 like every command's (cli_common.one_line_errors, applied in cli.py).
 """
 
@@ -24,7 +25,7 @@ app = typer.Typer(
     no_args_is_help=True,
     rich_markup_mode="markdown",
     help="The code-reading LLM's job (kind \"code\"): build it from the warehouse, fit its embedding "
-         "heads on what a GPU host sent back, and bring that run into the committed run folder.",
+         "heads on what a GPU host sent back (`kernelcast train ingest` brings the run home).",
 )
 
 JOB_HELP = "The job folder the host ran (`build-bundle`'s --out)."
@@ -85,42 +86,3 @@ def embed_head(
     for variant, scores in summary["ablation"].items():
         for inputs, by_role in scores.items():
             typer.echo(f"  {variant:22s} {inputs:38s} " + "  ".join(f"{r} {b:.4f}" for r, b in by_role.items()))
-
-
-@app.command("ingest")
-def ingest(
-    results: Path = typer.Argument(..., exists=True, file_okay=False, help="The OUT folder the host run wrote."),
-    job: Path = typer.Option(..., "--job", help=JOB_HELP),
-    into: Path | None = typer.Option(None, "--into", help="Committed run folder (default: the settings' "
-                                                           "surrogate.committed_run under the data folder)."),
-    register: bool = typer.Option(False, "--register", help="Also register every variant in MLflow (the settings' home)."),
-    adapter: bool = typer.Option(False, "--adapter", help="Also keep code-lora's adapter (~5 MB) in the run folder "
-                                                          "(default: its forecasts only)."),
-) -> None:
-    """Bring a host run's OUT folder into the committed run folder that `kernelcast run` reads,
-    and register its variants if asked.
-
-    Its variants replace those of the same name, with their head files; the others stay.
-    Nothing is written unless the host's files and the job read."""
-    from orchestration.settings import load_settings
-    from pipelines.surrogates.remote_results import ingest as ingest_run
-
-    settings = load_settings(None)
-    into = into or settings.data_dir / settings.surrogate.committed_run
-    summary = ingest_run(results, job, into, adapter=adapter)  # JobError: a ValueError, one line
-    typer.echo(f"{summary['forecasts']} forecasts of {', '.join(summary['variants'])} of {summary['dataset_version']} "
-               f"-> {summary['into']}" + "".join(f"; adapter adapters/{name}" for name in summary["adapters"]))
-    for variant, name in summary["head_files"].items():
-        typer.echo(f"  {variant}: head file {name}")
-    if register:
-        from models.registry.tracking import prepare_store
-        from pipelines.forecasting.embed import log_embed_head_model
-        from pipelines.surrogates.registration import register_variants
-        from warehouse.db import connect
-
-        prepare_store(settings.mlflow_uri)
-        with connect(settings.warehouse_path) as con:
-            versions = register_variants(con, settings.mlflow_uri, settings.data_dir, into, results,
-                                         summary["variants"], settings.surrogate.base_model,
-                                         head_logger=log_embed_head_model)
-        typer.echo("registered: " + ", ".join(f"{k} v{v}" for k, v in versions.items()))

@@ -3,7 +3,7 @@ written here.
 
     kernelcast train code build-bundle --out .gpu-batches/llm-bundle
     # on the GPU host: python3 -m models.training.gpu_host.llm_code train --job ... --out OUT
-    kernelcast train code ingest OUT --job .gpu-batches/llm-bundle --register
+    kernelcast train ingest OUT --job .gpu-batches/llm-bundle --register
 
 The pairs of every role are the evaluation's (pipelines.surrogates.roles.forecasting_roles on the
 stored dataset version, the external split included), so what a variant is scored on is what

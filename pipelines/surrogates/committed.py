@@ -1,6 +1,6 @@
 """LLM surrogate forecasts made on a GPU host and committed under data/, used where no GPU is.
 
-A committed run (pipelines/surrogates/remote_results.py: `kernelcast train collect`, `ingest`) holds the
+A committed run (pipelines/surrogates/remote_results.py: `kernelcast train ingest`) holds the
 raw logprob-readout forecasts of every variant on its calibration and eval pairs, keyed by
 (hardware, anchor, candidate). Here they are:
 - re-keyed to the pairs of the current dataset version (pair ids carry the version; a pair the

@@ -130,7 +130,7 @@ def register_committed(
 
 def _committed_training_pairs(root: Path, held_out: bool) -> Any:
     """The fit pairs a committed variant trained on (pair_id, task, hardware_id, anchor and
-    candidate kernel ids, true_bin), when its run folder carries them (`kernelcast train collect`
+    candidate kernel ids, true_bin), when its run folder carries them (`kernelcast train ingest`
     writes training_pairs.parquet); else None."""
     import polars as pl
 

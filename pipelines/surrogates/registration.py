@@ -1,6 +1,6 @@
 """The variants of a committed run folder registered in MLflow: each a version, with its record.
 
-    kernelcast train code ingest OUT --job JOB --register
+    kernelcast train ingest OUT --job JOB --register
 
 `register_variants` (`--register`, and `kernelcast run` for every variant an llm_code run
 brought into the committed run folder: `register_ingested`) makes each variant a version of

@@ -1,7 +1,7 @@
 """What a GPU host sent back, brought into a committed run folder: one ingest for both runs.
 
-    kernelcast train collect OUT/results.tar OUT/adapter-*.tar --job JOB --out DIR  # kind "variants"
-    kernelcast train code ingest OUT --job JOB [--into DIR] [--adapter]              # kind "code"
+    kernelcast train ingest OUT/results.tar OUT/adapter-*.tar --job JOB --into DIR  # kind "variants"
+    kernelcast train ingest OUT --job JOB [--into DIR] [--adapter]                  # kind "code"
 
 `ingest(results, job, into)` reads the job (models/training/gpu_host/job.py), reads the host's
 output as the job's kind writes it (gpu_job: results.tar and adapter-<variant>.tar; llm_code:

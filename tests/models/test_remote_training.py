@@ -230,3 +230,20 @@ def test_gpu_check_sdpa_without_a_gpu_is_one_line(capsys):
 
     assert sdpa_check.main([]) == 2
     assert capsys.readouterr().err.strip() == "error: no CUDA GPU here"
+
+
+def test_the_command_line_ingests_a_variants_run(tmp_path):
+    """`kernelcast train ingest` takes a gpu_job run's results.tar and says what it brought."""
+    from typer.testing import CliRunner
+
+    from orchestration.cli import app
+
+    _job(tmp_path / "job", [Variant("full")])
+    _, _, pairs = read_job(tmp_path / "job")
+    _results_tar(tmp_path / "out", pairs, "full")
+    into = tmp_path / "committed"
+    res = CliRunner().invoke(app, ["train", "ingest", str(tmp_path / "out" / "results.tar"), "--job", str(tmp_path / "job"),
+                                   "--into", str(into)])
+    assert res.exit_code == 0, res.output
+    assert res.output.splitlines()[:2] == [f"40 forecasts of full of ds-toy -> {into}", "  24 fit pairs kept beside them"]
+    assert pl.read_parquet(into / "forecasts.parquet").height == 40

@@ -235,7 +235,7 @@ def test_run_headline_reports_a_broken_report_in_one_line(tmp_path):
 
 
 def _commands() -> list[list[str]]:
-    """Every command and group of the command line, as its words (`train code ingest` included)."""
+    """Every command and group of the command line, as its words (`train code embed-head` included)."""
     import typer
 
     def walk(group, path: list[str]) -> list[list[str]]:

@@ -71,19 +71,41 @@ def test_the_code_group_and_each_command_say_what_they_do():
     assert res.exit_code == 0, res.output
     listed = " ".join(res.output.split())
     for command, summary in (("build-bundle", "Write the code-reading LLM's job of a dataset version"),
-                             ("embed-head", "Fit the boosted code-embed variants"),
-                             ("ingest", "Bring a host run's OUT folder into the committed run folder")):
+                             ("embed-head", "Fit the boosted code-embed variants")):
         assert summary in listed, (command, res.output)
         own = runner.invoke(app, ["train", "code", command, "--help"], terminal_width=100)
         assert own.exit_code == 0 and summary in " ".join(own.output.split()), own.output
-    for command in ("embed-head", "ingest"):
-        assert "--job" in runner.invoke(app, ["train", "code", command, "--help"]).output
+    assert "--job" in runner.invoke(app, ["train", "code", "embed-head", "--help"]).output
+    import typer
+
+    train = typer.main.get_command(app).commands["train"]
+    assert set(train.commands["code"].commands) == {"build-bundle", "embed-head"}
+    assert "ingest" in train.commands and "collect" not in train.commands
+
+
+def test_one_ingest_brings_home_both_kinds_of_host_run():
+    res = runner.invoke(app, ["train", "--help"], terminal_width=100)
+    listed = " ".join(res.output.split())
+    assert res.exit_code == 0 and "Bring what a GPU host sent back into the committed run folder" in listed
+    own = runner.invoke(app, ["train", "ingest", "--help"], terminal_width=100)
+    assert own.exit_code == 0 and "--job" in own.output and "--register" in own.output
+
+
+def test_register_of_anything_but_a_code_run_folder_is_refused_before_writing(tmp_path):
+    pairs = _code_job(tmp_path / "job")
+    _host_run(tmp_path / "out", pairs)
+    (tmp_path / "extra.tar").write_bytes(b"")
+    into = tmp_path / "committed"
+    res = runner.invoke(app, ["train", "ingest", str(tmp_path / "out"), str(tmp_path / "extra.tar"),
+                              "--job", str(tmp_path / "job"), "--into", str(into), "--register"])
+    assert res.exit_code == 2 and "give a code run's OUT folder alone" in _one_line_error(res)
+    assert not into.exists()
 
 
 def test_ingest_of_a_missing_folder_is_one_line_and_writes_nothing(tmp_path):
     _code_job(tmp_path / "job")
     into = tmp_path / "committed"
-    res = runner.invoke(app, ["train", "code", "ingest", str(tmp_path / "no-such-out"), "--job", str(tmp_path / "job"),
+    res = runner.invoke(app, ["train", "ingest", str(tmp_path / "no-such-out"), "--job", str(tmp_path / "job"),
                               "--into", str(into)])
     assert res.exit_code == 2
     assert "no-such-out" in _one_line_error(res) and "does not exist" in res.output
@@ -94,7 +116,7 @@ def test_ingest_brings_a_host_run_into_the_committed_folder(tmp_path):
     pairs = _code_job(tmp_path / "job")
     n = _host_run(tmp_path / "out", pairs)
     into = tmp_path / "committed"
-    res = runner.invoke(app, ["train", "code", "ingest", str(tmp_path / "out"), "--job", str(tmp_path / "job"),
+    res = runner.invoke(app, ["train", "ingest", str(tmp_path / "out"), "--job", str(tmp_path / "job"),
                               "--into", str(into)])
     assert res.exit_code == 0, res.output
     assert res.output.splitlines()[0] == f"{n} forecasts of code-head of {DATASET} -> {into}"
@@ -109,10 +131,10 @@ def test_ingest_refuses_a_run_that_does_not_match_the_job_in_one_line(tmp_path):
     _host_run(tmp_path / "other", pairs, dataset_version="ds-other")
     _host_run(tmp_path / "extra", pairs, extra_pair=True)
     into = tmp_path / "committed"
-    res = runner.invoke(app, ["train", "code", "ingest", str(tmp_path / "other"), "--job", str(tmp_path / "job"),
+    res = runner.invoke(app, ["train", "ingest", str(tmp_path / "other"), "--job", str(tmp_path / "job"),
                               "--into", str(into)])
     assert res.exit_code == 2 and "trained on ds-other" in _one_line_error(res)
-    res = runner.invoke(app, ["train", "code", "ingest", str(tmp_path / "extra"), "--job", str(tmp_path / "job"),
+    res = runner.invoke(app, ["train", "ingest", str(tmp_path / "extra"), "--job", str(tmp_path / "job"),
                               "--into", str(into)])
     assert res.exit_code == 2 and "pairs the job does not hold (first: not-in-job)" in _one_line_error(res)
     assert not into.exists()

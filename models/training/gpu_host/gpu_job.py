@@ -14,7 +14,7 @@ training longer than one invocation goes on across invocations.
 Each variant, when its training finishes, forecasts with its best weights (logprob readout) on
 its calibration pairs and on its eval pairs (the eval set, or every reference pair of the held-out
 task); the temperature is fitted from the calibration forecasts where the results are ingested
-(`kernelcast train collect`, pipelines/surrogates/remote_results.py). GRPO variants also forecast with the verbalized readout.
+(`kernelcast train ingest`, pipelines/surrogates/remote_results.py). GRPO variants also forecast with the verbalized readout.
 
 Only torch, transformers, peft and accelerate (trl and datasets for GRPO): the host needs
 nothing else of the stack. `KERNELCAST_HOME` says where the base model is converted (once, before
