@@ -36,7 +36,7 @@ from pipelines.profiling.kernel_loading import (
     _is_triton_compile_error,
     check_integrity,
     cuda_healthy,
-    tune_in_memory,
+    keep_tuning_in_memory,
     unload_kernel,
     use_kernel_cache,
 )
@@ -65,7 +65,7 @@ def triton_launches_suppressed():
     specialisations in TRITON_CACHE_DIR without the compile workers putting load on the GPU
     it is timing on. Autotuners get a benchmarker that just compiles each config once, and keep
     what they then choose to themselves (its timings are not timings): nothing goes to, or comes
-    from, the autotune results on disk (kernel_loading.tune_in_memory). A
+    from, the autotune results on disk (kernel_loading.keep_tuning_in_memory). A
     launcher that compiles ahead (`kernel.warmup(...)`) and launches the compiled kernel itself
     (`kernel[grid](...)`, as launchers sizing a persistent grid from the kernel's registers do)
     gets a launch that runs nothing: on meta inputs it would run on pointers to nothing.
@@ -75,7 +75,6 @@ def triton_launches_suppressed():
     from triton.runtime.jit import JITFunction
 
     orig_run, orig_bench = JITFunction.run, Autotuner.__dict__.get("do_bench")
-    orig_disk = Autotuner.__dict__.get("check_disk_cache")
     orig_getitem = CompiledKernel.__getitem__
 
     def run(self, *args, grid, warmup, **kwargs):
@@ -92,8 +91,7 @@ def triton_launches_suppressed():
 
     JITFunction.run = run
     Autotuner.do_bench = property(lambda self: compile_only_bench)
-    if orig_disk is not None:
-        Autotuner.check_disk_cache = tune_in_memory
+    keep_tuning_in_memory()  # for good: a choice made on stand-in timings never reaches the disk
     CompiledKernel.__getitem__ = launch_nothing
     try:
         yield
@@ -102,8 +100,6 @@ def triton_launches_suppressed():
         CompiledKernel.__getitem__ = orig_getitem
         if orig_bench is not None:
             Autotuner.do_bench = orig_bench
-        if orig_disk is not None:
-            Autotuner.check_disk_cache = orig_disk
 
 
 _LAUNCHERS_BUILT: set[str] = set()

@@ -278,6 +278,15 @@ def tune_in_memory(tuner, tuning_key, configs, bench_fn) -> bool:
     return False
 
 
+def keep_tuning_in_memory() -> None:
+    """From here on in this process, no autotuner reads or writes a choice in Triton's disk cache
+    (`tune_in_memory`): every child of the harness, compiling or measuring, calls this."""
+    from triton.runtime.autotuner import Autotuner
+
+    if hasattr(Autotuner, "check_disk_cache"):  # Triton >= 3.3: cache_results
+        Autotuner.check_disk_cache = tune_in_memory
+
+
 class AutotuneWatch:
     """Every Triton autotuner a kernel runs, found where it runs (the class's `run`, whatever
     wrapper, heuristic or function built it): the configs it chose (`choices`, since `mark`), each
@@ -345,8 +354,7 @@ class AutotuneWatch:
 
         Autotuner._bench = bench
         Autotuner.run = run
-        if hasattr(Autotuner, "check_disk_cache"):  # Triton >= 3.3: cache_results
-            Autotuner.check_disk_cache = tune_in_memory
+        keep_tuning_in_memory()
 
 
 AUTOTUNE = AutotuneWatch()
