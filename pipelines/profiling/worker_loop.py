@@ -56,6 +56,30 @@ LIMIT_SCAN_S = 0.5  # how often the parent reads /proc for the children's memory
 log = logging.getLogger(__name__)
 
 
+def given_order_warning(kernels: list[dict]) -> str | None:
+    """What a batch measured in its own order (`--order given`) will cost, when it costs: each task
+    switch makes the input caches draw that task's inputs again (about a second a case, in the
+    measuring child and the verifier alike), and a torch.compile kernel before others holds the
+    GPU idle while Inductor compiles (docs/results/harness.md, harness 15 on the H100: what such
+    a batch cost). None when the order is cheap.
+
+    >>> given_order_warning([{"task": t, "source": ""} for t in "ab" * 40]).startswith("--order given: the batch switches task 79 times")
+    True
+    >>> given_order_warning([{"task": t, "source": ""} for t in "a" * 40 + "b" * 40]) is None
+    True
+    """
+    switches = sum(a["task"] != b["task"] for a, b in zip(kernels, kernels[1:]))
+    compiled = [uses_torch_compile(k.get("source")) for k in kernels]
+    early = sum(c for i, c in enumerate(compiled) if not all(compiled[i:]))  # compile kernels before plain ones
+    parts = []
+    if switches > max(8, len(kernels) // (TASK_CHUNK // 4)):
+        parts.append(f"the batch switches task {switches} times in {len(kernels)} kernels, and each switch "
+                     "draws that task's inputs again")
+    if early:
+        parts.append(f"{early} torch.compile kernels come before plain ones (Inductor compiles in the measuring child)")
+    return f"--order given: {'; '.join(parts)} (--order task groups tasks and puts torch.compile last)" if parts else None
+
+
 class _Run:
     """The event loop of one worker run; `run_batch` is the public door."""
 
@@ -68,6 +92,8 @@ class _Run:
         self.limited = cfg.limit is not None and len(todo) > cfg.limit
         todo = todo[: cfg.limit] if cfg.limit is not None else todo
         self.queue = deque(order_kernels(todo, chunk=TASK_CHUNK) if cfg.order == "task" else todo)
+        if cfg.order == "given" and (warning := given_order_warning(todo)):
+            log.warning(warning)
         self.keep_warm = False  # the measuring service keeps its measuring child while the queue is empty
         self.last_task: str | None = None  # the task of the kernel measured last
         self.compiled: deque[tuple[dict, float]] = deque()  # (kernel, compile seconds)

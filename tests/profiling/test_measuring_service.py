@@ -291,3 +291,22 @@ def test_the_measure_step_hands_its_shard_to_a_running_service(tmp_path, monkeyp
     assert table.schema.equals(RESULT_SCHEMA) and sorted(rows) == ["a", "b"]
     assert rows["a"]["status"] == "ok" and rows["b"]["failure_kind"] == "runtime_error"
     assert len({r["batch_id"] for r in rows.values()}) == 1
+
+
+def test_a_given_order_that_thrashes_the_input_caches_is_named_at_the_start():
+    """`--order given` keeps the batch's order; one that switches task kernel by kernel, or puts
+    torch.compile kernels before plain ones, is told in one warning; runs of one task are not."""
+    import doctest
+
+    from pipelines.profiling import worker_loop
+    from pipelines.profiling.worker_loop import given_order_warning
+
+    alternating = [{"task": t, "source": "import triton"} for t in ("softmax", "rms_norm") * 30]
+    warning = given_order_warning(alternating)
+    assert warning.startswith("--order given: the batch switches task 59 times in 60 kernels")
+    runs = [{"task": t, "source": "import triton"} for t in ["softmax"] * 64 + ["rms_norm"] * 64]
+    assert given_order_warning(runs) is None
+    compiled_first = [{"task": "softmax", "source": "f = torch.compile(g)"}, *runs]
+    assert "1 torch.compile kernels come before plain ones" in given_order_warning(compiled_first)
+    assert given_order_warning([*runs, {"task": "softmax", "source": "f = torch.compile(g)"}]) is None
+    assert doctest.testmod(worker_loop).failed == 0
