@@ -15,16 +15,18 @@ warm-up batch; every model gets the same ones. Then `kernelcast forecast` on one
 against the same anchor, `--cli-repeats` times, each a new process (the anchor is read once
 and kept in <home>/feature-cache, as for a user who forecasts file after file).
 
-On a GPU host (no mlflow, polars or duckdb; `kernelcast export-forecaster` wrote the cost model
-as a numpy-and-pandas file):
+On a GPU host (no mlflow, polars or duckdb), with the files `kernelcast export-forecaster` wrote
+of the registered versions (a cost model: numpy and pandas; a code-embed version: its head, the
+base model read there from $KERNELCAST_BASE_GGUF, on the GPU in bfloat16):
 
-    python3 benchmarks/forecast.py --forecaster-file F.pkl --task softmax --count 400 --workers 12 \\
-        [--measured-per-s R]
+    python3 benchmarks/forecast.py --forecaster-file COST.pkl --forecaster-file EMBED.pkl \\
+        --task softmax --count 160 --workers 14 [--measured-per-s R]
 
-times the same batch through the exported cost model (its reader the same children, kept up);
-the language-model versions and the command line need the rest of the stack and are skipped
-there, saying so. `--measured-per-s` (the rate the worker measured fresh kernels on that host)
-adds the ratio.
+times the same batch through each file, one after the other in one run (the compiles of the
+candidates a file does not know by the same reader children, kept up; the code-embed file's
+warm-up loads its base model); the registered versions and the command line need the rest of
+the stack and are skipped there, saying so. `--measured-per-s` (the rate the worker measured
+fresh kernels on that host) adds each file's ratio to it.
 
 Figures come with the host's CPU count and the command; nothing here is a threshold.
 """
@@ -118,20 +120,31 @@ def bench_registered(model: str, home: Path, task: str, anchor: str, warmup: lis
 
 def bench_file_forecaster(path: Path, task: str, anchor: str, warmup: list[str], batch: list[str],
                           workers: int) -> dict[str, Any]:
-    """The exported cost model (numpy and pandas), its compiles done by reader children kept up."""
-    import pickle
-
+    """An exported forecaster file (a cost model or a code-embed version), the compiles of the
+    candidates it does not know done by reader children kept up; a file that cannot load or
+    forecast here is reported skipped, in one line."""
     from pipelines.forecasting.source_features import (
         FeatureCache,
         feature_pool,
         source_features_many,
     )
     from pipelines.forecasting.sources import source_name
+    from pipelines.search.forecasters import load_forecaster_file
 
-    forecaster = pickle.loads(path.read_bytes())
+    try:
+        forecaster = load_forecaster_file(path)
+    except ValueError as exc:
+        return {"model": f"file:{path}", "skipped": str(exc)}
     pool, cache = feature_pool(workers), FeatureCache()
-    forecaster.compiler = lambda records, n: source_features_many(records, n_workers=n, pool=pool, cache=cache)
-    forecaster.compile_workers = workers
+    spent = {"read": 0.0}
+
+    def compiler(records: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+        t0 = time.perf_counter()
+        rows = source_features_many(records, n_workers=n, pool=pool, cache=cache)
+        spent["read"] += time.perf_counter() - t0
+        return rows
+
+    forecaster.compiler, forecaster.compile_workers = compiler, workers
 
     def record(src: str) -> dict[str, Any]:
         return {"kernel_id": source_name(src), "task": task, "source": src, "language": "triton"}
@@ -140,11 +153,18 @@ def bench_file_forecaster(path: Path, task: str, anchor: str, warmup: list[str],
         p = forecaster.predict_kernels({**record(a), "language": "pytorch"}, [record(s) for s in sources], HW)
         return p, [None] * len(sources)
 
+    head = {"model": f"file:{path}", "name": getattr(forecaster, "name", None), "kind": getattr(forecaster, "kind", "?")}
     try:
-        return {"model": f"file:{path}", "kind": getattr(forecaster, "kind", "?"),
-                **timed_batches(forecast, anchor, warmup, batch)}
+        res = timed_batches(forecast, anchor, warmup, batch)
+    except ValueError as exc:  # e.g. a code-embed file's base model not found here
+        return {**head, "skipped": str(exc).splitlines()[0]}
     finally:
         pool.close()
+    total = res["warmup_s"] + res["seconds"]
+    out = {**head, **res, "read_and_model_s": [round(spent["read"], 2), round(total - spent["read"], 2)]}
+    if getattr(forecaster, "seconds", None):  # the code-embed reader's split of its last batch
+        out["last_batch"] = dict(forecaster.seconds)
+    return out
 
 
 def bench_cli(home: Path, task: str, anchor: Path, sources: list[str], repeats: int, model: str | None) -> dict:
@@ -181,8 +201,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=2, help="reader children (one a core is what a compile wants)")
     parser.add_argument("--cli-repeats", type=int, default=3, help="0: no `kernelcast forecast` timing")
     parser.add_argument("--cli-model", default=None, help="--model for the command (default: its own default)")
-    parser.add_argument("--forecaster-file", type=Path, default=None,
-                        help="an exported cost model (kernelcast export-forecaster): the GPU host's way")
+    parser.add_argument("--forecaster-file", type=Path, action="append", default=[],
+                        help="a file of kernelcast export-forecaster (a cost model or a code-embed version): the "
+                             "GPU host's way; repeat it to time several in one run")
     parser.add_argument("--measured-per-s", type=float, default=None,
                         help="fresh kernels the worker measured a second on this host (for the ratio)")
     parser.add_argument("--json", action="store_true")
@@ -200,15 +221,14 @@ def main(argv: list[str] | None = None) -> int:
                               "command": " ".join([Path(sys.argv[0]).name, *(argv or sys.argv[1:])]),
                               "task": args.task, "workers": args.workers, "models": [], "skipped": []}
     stack = all(_importable(m) for m in ("mlflow", "polars", "duckdb"))
-    if args.forecaster_file is not None:
-        report["models"].append(bench_file_forecaster(args.forecaster_file, args.task, anchor, warmup, batch,
-                                                      args.workers))
+    for path in args.forecaster_file:
+        report["models"].append(bench_file_forecaster(path, args.task, anchor, warmup, batch, args.workers))
     if stack:
         for model in [m for m in args.models.split(",") if m]:
             report["models"].append(bench_registered(model, args.home, args.task, anchor, warmup, batch, args.workers))
     else:
         report["skipped"].append(f"registered models ({args.models}): this host lacks mlflow, polars or duckdb; "
-                                 "pass --forecaster-file (kernelcast export-forecaster) for the cost model")
+                                 "pass --forecaster-file (kernelcast export-forecaster) for each")
     if stack and args.cli_repeats > 0:
         with tempfile.TemporaryDirectory(prefix="bench-anchor-") as tmp:
             path = Path(tmp) / f"{args.task}_reference.py"
@@ -229,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {m['model']}: skipped: {m['skipped']}")
             continue
         split = f", read/model {m['read_and_model_s'][0]}/{m['read_and_model_s'][1]} s" if "read_and_model_s" in m else ""
-        print(f"  {m['model']} ({m['kind']}{', version ' + str(m['version']) if m.get('version') else ''}): "
+        print(f"  {m['model']}{' ' + m['name'] if m.get('name') else ''} ({m['kind']}{', version ' + str(m['version']) if m.get('version') else ''}): "
               f"{m['per_s']} candidates/s warm ({m['forecast']} forecast, {m['refused']} refused, {m['batch']} in "
               f"{m['seconds']} s; warm-up {m['warmup_s']} s{', load ' + str(m['load_s']) + ' s' if 'load_s' in m else ''}"
               f"{split})" + (f", {m['vs_measured']}x the measured rate" if "vs_measured" in m else ""))

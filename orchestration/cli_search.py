@@ -108,13 +108,16 @@ def search_sim(
 @one_line_errors
 def export_forecaster(
     model: str = typer.Argument("kind:cost_model", help="kind:cost_model, models:/NAME@ALIAS or models:/NAME/VERSION."),
-    out: Path = typer.Option(..., "--out", help="The forecaster file to write (a pickle)."),
+    out: Path = typer.Option(..., "--out", help="The forecaster file to write (a pickle, without base-model weights)."),
     compile_workers: int = typer.Option(12, "--compile-workers", min=0,
                                         help="Where it runs: compile unknown candidates in this many processes (0: never)."),
     profile: str | None = ProfileOpt,
 ) -> None:
-    """Write a registered cost model as a forecaster file that needs numpy and pandas only,
-    for `python3 -m pipelines.search.live --forecaster-file` and the autotune hook on a GPU host."""
+    """Write a registered cost model or code-embed version as a forecaster file for a GPU host
+    without MLflow (`python3 -m pipelines.search.live --forecaster-file`, the autotune hook,
+    benchmarks/forecast.py): a cost model needs numpy and pandas only; a code-embed version
+    (its head, axes and calibrator) also torch, transformers and, for SmolLM2, the gguf package
+    and $KERNELCAST_BASE_GGUF naming the GGUF it reads."""
     import pickle
 
     from pipelines.search.registered import portable_forecaster
@@ -130,6 +133,8 @@ def export_forecaster(
     tmp.replace(out)
     typer.echo(f"{forecaster.name}: {len(forecaster.features)} kernels' compile features -> {out} "
                f"({out.stat().st_size / 1e6:.1f} MB)")
+    if hasattr(forecaster, "host_needs"):
+        typer.echo(f"where it runs it needs {forecaster.host_needs()}")
 
 
 def search_headline(settings) -> list[str]:

@@ -8,10 +8,7 @@ trees, every tree as flat arrays, the per-task Laplace spreads, the calibrator, 
 features of the kernels the warehouse knows (the search's kernel records carry none). Its
 forecasts equal the fitted model's (tests/forecasting/test_portable_cost_model.py compares them).
 
-Tree walk: HistGradientBoostingRegressor's own rule. A missing value follows the node's
-`missing_go_to_left`; a categorical split sends a category left when its bit is set in the
-node's bitset, and an unknown category (encoded as missing) goes the missing way; a numeric
-split goes left when x <= threshold.
+Tree walk: HistGradientBoostingRegressor's own rule (models.classical.tree_walk).
 """
 
 from __future__ import annotations
@@ -34,11 +31,10 @@ from models.classical.features import (
     work_ratio,
 )
 from models.classical.spread import laplace_bins
+from models.classical.tree_walk import TREE_FIELDS, flatten_trees, walk_trees
 from models.classical.work_prior import WorkPrior, launch_kinds
 
 PORTABLE_FORMAT = "kernelcast-portable-cost-model/1"  # what `save` writes; `load` reads only this
-TREE_FIELDS = ("feature_idx", "num_threshold", "missing_go_to_left", "left", "right", "is_leaf", "value",
-               "is_categorical", "bitset_idx")
 
 
 # (kernel records, worker processes) -> one compile-feature row per record (status + COMPILE_FIELDS)
@@ -99,7 +95,7 @@ class PortableCostModel:
         if getattr(reg, "loss", "squared_error") != "squared_error":
             raise ValueError(f"the portable walk reproduces the squared-error loss only, not {reg.loss!r}")
         order, categories = _column_encoding(reg)
-        trees, roots, bitsets = _flatten_trees([p for it in reg._predictors for p in it])
+        trees, roots, bitsets = flatten_trees([p for it in reg._predictors for p in it])
         return cls(model.space_, order, categories, trees, roots, bitsets, float(np.ravel(reg._baseline_prediction)[0]),
                    float(model.scale_), model.task_scales_, model.calibrator_, features, name, compile_workers,
                    compiler if compile_workers > 0 else None, getattr(model, "prior_", None))
@@ -162,27 +158,7 @@ class PortableCostModel:
     def predict_log2(self, frame: pd.DataFrame) -> np.ndarray:
         """The point forecast of log2 S per pair of a pair frame."""
         x = self.encode(self.space.transform(frame))
-        t = self.trees
-        node = np.broadcast_to(self.roots, (len(x), len(self.roots))).copy()
-        rows = np.arange(len(x))[:, None]
-        while True:
-            inner = ~t["is_leaf"][node]
-            if not inner.any():
-                break
-            v = x[rows, t["feature_idx"][node]]
-            missing = np.isnan(v)
-            cat = t["is_categorical"][node]
-            code = np.where(missing | ~cat, 0, v).astype(np.int64)
-            word = self.bitsets[np.minimum(t["bitset_idx"][node], len(self.bitsets) - 1), np.clip(code // 32, 0, self.bitsets.shape[1] - 1)]
-            in_set = ((word >> (code % 32).astype(np.uint32)) & 1).astype(bool) & (code < 32 * self.bitsets.shape[1])
-            go_left = np.where(missing, t["missing_go_to_left"][node],
-                               np.where(cat, in_set, np.nan_to_num(v) <= t["num_threshold"][node]))
-            nxt = np.where(go_left, t["left"][node], t["right"][node])
-            node = np.where(inner, nxt, node)
-        # tree by tree from the baseline, as scikit-learn adds them (a cumulative sum is that
-        # order; a plain sum pairs them and differs in the last bits)
-        leaves = np.column_stack([np.full(len(x), self.baseline), t["value"][node]])
-        mu = np.cumsum(leaves, axis=1)[:, -1]
+        mu = walk_trees(x, self.trees, self.roots, self.bitsets, self.baseline)
         if self.prior is None:
             return mu
         return self.prior.apply(mu, np.zeros(len(mu)), work_ratio(frame), launch_kinds(frame))[0]
@@ -199,18 +175,8 @@ class PortableCostModel:
 
     def compile_missing(self, records: Sequence[Mapping[str, Any]]) -> int:
         """Compile and trace the Triton kernels among `records` whose features are unknown
-        (with the compiler given at construction) and remember them (a failed one is remembered
-        as unknown); how many were done."""
-        todo = {str(r.get("kernel_id")): r for r in records
-                if r.get("source") and (r.get("language") or "triton") == "triton"
-                and str(r.get("kernel_id")) not in self.features and all(r.get(f) is None for f in COMPILE_FIELDS)}
-        if not todo or self.compile_workers <= 0 or self.compiler is None:
-            return 0
-        rows = self.compiler(list(todo.values()), self.compile_workers)
-        for kid, row in zip(todo, rows, strict=True):
-            ok = row["status"] in ("ok", "partial")
-            self.features[kid] = {f: row[f] for f in COMPILE_FIELDS if row.get(f) is not None} if ok else {}
-        return len(todo)
+        (with the compiler given at construction) and remember them (`compile_missing`)."""
+        return compile_missing(records, self.features, self.compiler, self.compile_workers)
 
     def predict_kernels(self, anchor: Mapping[str, Any], candidates: Sequence[Mapping[str, Any]],
                         hardware_id: str) -> np.ndarray:
@@ -219,6 +185,24 @@ class PortableCostModel:
         a = with_compile_features(anchor, self.features)
         return self.predict_proba(pair_frame([a] * len(candidates),
                                              [with_compile_features(c, self.features) for c in candidates]))
+
+
+def compile_missing(records: Sequence[Mapping[str, Any]], features: dict[str, dict[str, Any]],
+                    compiler: Compiler | None, workers: int) -> int:
+    """Compile and trace the Triton kernels among `records` whose compile features neither
+    `features` (kernel id -> features, updated here; a failed compile is remembered as {}) nor
+    the record holds, with `compiler` in `workers` processes; how many were done (0 without a
+    compiler or workers)."""
+    todo = {str(r.get("kernel_id")): r for r in records
+            if r.get("source") and (r.get("language") or "triton") == "triton"
+            and str(r.get("kernel_id")) not in features and all(r.get(f) is None for f in COMPILE_FIELDS)}
+    if not todo or workers <= 0 or compiler is None:
+        return 0
+    rows = compiler(list(todo.values()), workers)
+    for kid, row in zip(todo, rows, strict=True):
+        ok = row["status"] in ("ok", "partial")
+        features[kid] = {f: row[f] for f in COMPILE_FIELDS if row.get(f) is not None} if ok else {}
+    return len(todo)
 
 
 def _column_encoding(reg: Any) -> tuple[list[int], dict[int, list[Any]]]:
@@ -244,33 +228,4 @@ def _column_encoding(reg: Any) -> tuple[list[int], dict[int, list[Any]]]:
     return order, categories
 
 
-def _flatten_trees(predictors: Sequence[Any]) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
-    """Every tree's nodes in one set of arrays (child indices made global) and their bitsets."""
-    parts: dict[str, list[np.ndarray]] = {f: [] for f in TREE_FIELDS}
-    roots, bitsets = [], []
-    n_nodes = n_bitsets = 0
-    for p in predictors:
-        nodes = p.nodes
-        roots.append(n_nodes)
-        for f in TREE_FIELDS:
-            col = np.asarray(nodes[f])
-            if f in ("left", "right"):
-                col = col.astype(np.int64) + n_nodes
-            elif f == "bitset_idx":
-                col = col.astype(np.int64) + n_bitsets
-            parts[f].append(col)
-        raw = np.asarray(p.raw_left_cat_bitsets, dtype=np.uint32).reshape(-1, 8)
-        bitsets.append(raw)
-        n_nodes += len(nodes)
-        n_bitsets += len(raw)
-    trees = {f: np.concatenate(v) for f, v in parts.items()}
-    for f in ("missing_go_to_left", "is_leaf", "is_categorical"):
-        trees[f] = trees[f].astype(bool)
-    trees["feature_idx"] = trees["feature_idx"].astype(np.int64)
-    trees["num_threshold"] = trees["num_threshold"].astype(np.float64)
-    trees["value"] = trees["value"].astype(np.float64)
-    all_bits = np.concatenate(bitsets) if n_bitsets else np.zeros((1, 8), dtype=np.uint32)
-    return trees, np.asarray(roots, dtype=np.int64), all_bits
-
-
-__all__ = ["COMPILE_FIELDS", "PortableCostModel"]
+__all__ = ["COMPILE_FIELDS", "PortableCostModel", "compile_missing"]

@@ -16,6 +16,11 @@ answers is what the language model's reading adds to the features (`ablation` be
     head = fit_embed_head(x_fit, log2_fit, x_cal, y_cal, tasks_cal)
     p = head.predict_proba(x_eval, tasks_eval)   # (n, 8)
     save_embed_head(path, head, axes, spec)      # what a pair no run held needs (load_embed_head)
+    head.portable()                              # the same forecasts without scikit-learn
+
+scikit-learn is imported where the trees are fitted or loaded, not here: a portable head
+(`EmbedHead.portable`, its trees models.classical.tree_walk.FlatTrees) forecasts on a host
+with numpy alone through the same `predict_proba`.
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.ensemble import HistGradientBoostingRegressor
 
 from models.classical.spread import fit_scales, laplace_bins
 
@@ -51,9 +55,12 @@ class EmbedHeadSettings:
 
 @dataclass
 class EmbedHead:
-    """A fitted regression of log2 S and its per-task Laplace spreads."""
+    """A fitted regression of log2 S and its per-task Laplace spreads.
 
-    regressor: HistGradientBoostingRegressor
+    `regressor` is anything with `predict(x) -> (n,)`: scikit-learn's HistGradientBoostingRegressor
+    as fitted, or its FlatTrees twin (`portable`)."""
+
+    regressor: Any
     pooled_scale: float
     task_scales: dict[str, float]
     columns: np.ndarray  # (width,) bool: the columns the fit rows knew (a column never known is dropped)
@@ -69,6 +76,14 @@ class EmbedHead:
         p = laplace_bins(self.predict_log2(x), scales)
         return p / p.sum(axis=1, keepdims=True)
 
+    def portable(self) -> EmbedHead:
+        """This head with its trees as numpy arrays (models.classical.tree_walk.FlatTrees): the
+        same forecasts, picklable and usable where scikit-learn is not installed."""
+        from models.classical.tree_walk import FlatTrees
+
+        trees = self.regressor if isinstance(self.regressor, FlatTrees) else FlatTrees.from_regressor(self.regressor)
+        return EmbedHead(trees, self.pooled_scale, dict(self.task_scales), np.asarray(self.columns, dtype=bool))
+
 
 def fit_embed_head(x_fit: np.ndarray, log2_fit: np.ndarray, x_cal: np.ndarray, y_cal: np.ndarray, tasks_cal,
                    settings: EmbedHeadSettings = EmbedHeadSettings()) -> EmbedHead:
@@ -81,6 +96,8 @@ def fit_embed_head(x_fit: np.ndarray, log2_fit: np.ndarray, x_cal: np.ndarray, y
         raise ValueError(f"an embedding head needs fit and calibration rows (got {len(x_fit)} and {len(x_cal)})")
     if x_fit.shape[1] != x_cal.shape[1]:
         raise ValueError(f"fit rows are {x_fit.shape[1]} wide, calibration rows {x_cal.shape[1]}")
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
     reg = HistGradientBoostingRegressor(max_iter=settings.max_iter, learning_rate=settings.learning_rate,
                                         max_leaf_nodes=settings.max_leaf_nodes,
                                         min_samples_leaf=settings.min_samples_leaf, early_stopping=False,

@@ -23,15 +23,7 @@ import polars as pl
 
 from models.bins import NUM_BINS
 from pipelines.forecasting.base import PairForecaster, check_pairs, rows_of
-
-
-def record_features(record: Mapping[str, Any]) -> dict[str, Any] | None:
-    """The compile features a "+features" prompt shows for a record (None: never compiled)."""
-    from pipelines.surrogates.export import FEATURE_FIELDS
-
-    if all(record.get(f) is None for f in FEATURE_FIELDS):
-        return None
-    return {f: record.get(f) for f in FEATURE_FIELDS}
+from pipelines.forecasting.prompt_records import HardwareTable, record_features
 
 
 def pair_prompt(row: Mapping[str, Any], kernels: Mapping[str, Mapping[str, Any]], hardware: Mapping[str, Any],
@@ -44,23 +36,6 @@ def pair_prompt(row: Mapping[str, Any], kernels: Mapping[str, Mapping[str, Any]]
     ids = (row["anchor_kernel_id"], row["candidate_kernel_id"])
     shown = {k: (kernels[k].get("source") or "", kernels[k].get("generator")) for k in ids}
     return pair_messages(row, shown, hardware, style, {k: record_features(kernels[k]) for k in ids})
-
-
-class HardwareTable:
-    """hardware_id -> fingerprint for prompts: given ones, else the warehouse's, else the H200 default."""
-
-    def __init__(self, warehouse_path: Any = None, given: Mapping[str, Mapping[str, Any]] | None = None):
-        self.warehouse_path, self.known = warehouse_path, {k: dict(v) for k, v in (given or {}).items()}
-
-    def __call__(self, hardware_id: str) -> dict[str, Any]:
-        if hardware_id not in self.known:
-            from pathlib import Path
-
-            from models.service import DEFAULT_HARDWARE, hardware_or_default
-
-            self.known[hardware_id] = (hardware_or_default(Path(self.warehouse_path), hardware_id)
-                                       if self.warehouse_path else dict(DEFAULT_HARDWARE))
-        return self.known[hardware_id]
 
 
 class LanguageForecaster(PairForecaster):

@@ -10,6 +10,9 @@ The kernels the search proposes are looked up in the warehouse for their compile
 (the simulation's kernel records carry only what the generator knows). An LLM version is
 refused in one line, before its weights load: on a CPU it forecasts a pair in seconds, and a
 simulation asks thousands.
+
+`portable_forecaster` writes a version as a forecaster file for a GPU host without MLflow: a
+cost model, or a code-embed version (its head; the base model read where it runs).
 """
 
 from __future__ import annotations
@@ -37,16 +40,12 @@ def search_forecaster(name: str, tracking_uri: str | None, home: Path | str | No
     Raises:
         ValueError: no tracking URI, a name that points at no version, or an LLM version (one line).
     """
-    from pipelines.forecasting import file_champion_uri, load_forecaster
+    from pipelines.forecasting import load_forecaster
     from pipelines.forecasting.load import CLASSICAL_KINDS, WrongKind
 
     if not tracking_uri:
         raise ValueError(f"forecaster {name!r} needs the MLflow tracking URI")
-    ref = name
-    if name == FILE_CHAMPION:
-        ref = file_champion_uri(tracking_uri)
-        if ref is None:
-            raise ValueError("no registered @champion-external or @champion: run `kernelcast run` first")
+    ref = _reference(name, tracking_uri)
     home = Path(home) if home else Path(".")
     try:
         adapter = load_forecaster(ref, tracking_uri=tracking_uri, home=home, kinds=CLASSICAL_KINDS)
@@ -69,19 +68,60 @@ def register_search_forecasters() -> None:
 
 
 def portable_forecaster(name: str, tracking_uri: str, home: Path, compile_workers: int = 12) -> Any:
-    """The registered cost model `name` ("kind:cost_model", "models:/...", "champion") as a
-    models.classical.portable.PortableCostModel: numpy and pandas only, carrying the compile
-    features the warehouse knows and compiling the rest where it runs (`compile_workers`).
+    """The registered version `name` ("kind:cost_model", "models:/...", "champion") as a
+    forecaster file's object, compiling the Triton candidates it does not know where it runs
+    (`compile_workers`), with the compile features the warehouse knows:
+    - a cost model: models.classical.portable.PortableCostModel (numpy and pandas only);
+    - a code-embed version registered with its head file:
+      pipelines.forecasting.embed_file.PortableEmbedForecaster (its head, axes and calibrator;
+      the base model read where it runs).
 
     Raises:
-        ValueError: `name` resolves to no version, or to one that is not a cost model (one line).
+        ValueError: `name` resolves to no version, or to one of another kind (one line).
     """
-    from models.classical.cost_model import CostModel
-    from models.classical.portable import PortableCostModel
+    from pipelines.forecasting.load import resolve_version
     from pipelines.forecasting.source_features import source_features_many
 
-    found = search_forecaster(name, tracking_uri, home)
+    if not tracking_uri:
+        raise ValueError(f"forecaster {name!r} needs the MLflow tracking URI")
+    ref = _reference(name, tracking_uri)
+    _, _, info = resolve_version(tracking_uri, ref)
+    if info.get("tags", {}).get("finetune") == "embed_head":
+        return _portable_embed(ref, tracking_uri, Path(home) if home else Path("."), compile_workers)
+    from models.classical.cost_model import CostModel
+    from models.classical.portable import PortableCostModel
+
+    found = search_forecaster(ref, tracking_uri, home)
     if not isinstance(found.model, CostModel):
-        raise ValueError(f"{found.name} is not a cost model: only cost models export (the text model needs scikit-learn)")
+        raise ValueError(f"{found.name} is not a cost model: cost models and code-embed versions export "
+                         "(the text model needs scikit-learn)")
     return PortableCostModel.from_cost_model(found.model, found.known_features, found.name, compile_workers,
                                              source_features_many)
+
+
+def _portable_embed(ref: str, tracking_uri: str, home: Path, compile_workers: int) -> Any:
+    """The code-embed version `ref` as a PortableEmbedForecaster (ValueError: no head file)."""
+    from pipelines.forecasting import load_forecaster
+    from pipelines.forecasting.embed import EmbedHeadForecaster
+    from pipelines.forecasting.embed_file import PortableEmbedForecaster
+    from pipelines.forecasting.source_features import source_features_many
+
+    adapter = load_forecaster(ref, tracking_uri=tracking_uri, home=home, use_committed=False, cache=False)
+    if not isinstance(adapter, EmbedHeadForecaster):
+        raise ValueError(f"{ref}: a code-embed version without its head file answers only the pairs of its run; "
+                         "it does not export")
+    return PortableEmbedForecaster(adapter, f"{adapter.model_ref} (code-embed)",
+                                   warehouse_compile_features(home / "warehouse.duckdb"), compile_workers,
+                                   source_features_many if compile_workers > 0 else None)
+
+
+def _reference(name: str, tracking_uri: str) -> str:
+    """The registry reference `name` stands for ("champion": the file champion's alias)."""
+    from pipelines.forecasting import file_champion_uri
+
+    if name != FILE_CHAMPION:
+        return name
+    ref = file_champion_uri(tracking_uri)
+    if ref is None:
+        raise ValueError("no registered @champion-external or @champion: run `kernelcast run` first")
+    return ref

@@ -13,12 +13,12 @@ check models.training.gpu_host.job.leaking_pairs). Each pair carries its source-
 the numeric columns of the cost model's feature table (models.classical.features.FeatureSpace,
 fitted on the fit pairs) computed from records with the generator's metadata withheld, as the
 LLM itself never sees `algorithm` or `knobs_json`; signed log1p keeps byte counts and program
-counts in the range of the rest.
+counts in the range of the rest (pipelines.surrogates.embed_rows, which lays the same vector out
+for a pair no bundle held).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -27,6 +27,7 @@ import duckdb
 import polars as pl
 
 from models.training.gpu_host.job import leaking_pairs, write_job
+from pipelines.surrogates.embed_rows import pair_feature_vectors, signed_rows
 from pipelines.surrogates.roles import DEFAULT_HELD_OUT_TASK, Roles, strip_metadata
 
 PAIR_FIELDS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin", "speedup")
@@ -58,17 +59,6 @@ def check_no_leakage(roles: Roles, lineage: pl.DataFrame) -> None:
             raise ValueError(f"{name}: {len(bad)} training pairs leak a scored lineage (first: {bad[0]})")
 
 
-def signed_log(x: float | None) -> float:
-    """sign(x) * log1p(|x|); NaN for a missing value.
-
-    >>> [round(signed_log(v), 3) for v in (0.0, 1.0, -1.0)]
-    [0.0, 0.693, -0.693]
-    """
-    if x is None or not math.isfinite(float(x)):
-        return float("nan")
-    return math.copysign(math.log1p(abs(float(x))), float(x))
-
-
 def feature_vectors(frames: Mapping[str, pl.DataFrame], records: dict[str, dict[str, Any]]) -> tuple[dict[str, list[float]], list[str]]:
     """pair_id -> the pair's source-derived feature vector, and the names of its entries."""
     from models.classical.features import FeatureSpace
@@ -87,12 +77,8 @@ def feature_vectors(frames: Mapping[str, pl.DataFrame], records: dict[str, dict[
             continue
         table = space.transform(frame_of(frame, stripped))
         names = names or [c for c in table.columns if table[c].dtype.kind in "fiub"]
-        out.update(zip(frame["pair_id"].to_list(), _signed_rows(table, names), strict=True))
+        out.update(zip(frame["pair_id"].to_list(), signed_rows(table, names), strict=True))
     return out, names
-
-
-def _signed_rows(table: Any, names: list[str]) -> list[list[float]]:
-    return [[signed_log(v) for v in row] for row in table[names].to_numpy(dtype=float)]
 
 
 def named_feature_vectors(names: list[str], pairs: pl.DataFrame,
@@ -104,13 +90,10 @@ def named_feature_vectors(names: list[str], pairs: pl.DataFrame,
     Raises:
         ValueError: a name that is not a numeric column of the cost model's table (one line).
     """
-    from models.classical.features import FeatureSpace
-    from pipelines.surrogates.classical import frame_of
-
-    if not names or pairs.is_empty():
-        return [[] for _ in range(pairs.height)]
-    space = FeatureSpace.of_numeric_columns(names)
-    return _signed_rows(space.transform(frame_of(pairs, strip_metadata(records))), list(names))
+    if pairs.is_empty():
+        return []
+    return pair_feature_vectors(names, [records[a] for a in pairs["anchor_kernel_id"]],
+                                [records[c] for c in pairs["candidate_kernel_id"]])
 
 
 def build_bundle(con: duckdb.DuckDBPyConnection, out: str | Path, version: str | None = None,

@@ -26,7 +26,6 @@ base model, prompt style and layers, and the first k axes (models.training.embed
 from __future__ import annotations
 
 import json
-import math
 import time
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from models.training.gpu_host.llm_code import (
     METRICS_FILE,
     SETTINGS,
 )
+from pipelines.surrogates.embed_rows import design
 from warehouse.bin_edges import P_COLS
 
 EMBED_VARIANT = "code-embed"
@@ -67,22 +67,6 @@ def read_embeddings(results: Path) -> dict[str, dict[str, dict[str, list[float]]
     for setting, pid, pc, zs in frame.select("setting", "pair_id", "pc", "zero_shot").rows():
         out.setdefault(setting, {})[pid] = {"pc": pc, "zero_shot": zs}
     return out
-
-
-def design(pairs: list[dict[str, Any]], embedded: dict[str, dict[str, list[float]]], parts: tuple[str, ...],
-           k: int = 48) -> np.ndarray:
-    """(n, width) rows of the chosen parts (the first `k` principal coordinates), NaN where a
-    value is missing (the trees route it)."""
-    rows = []
-    for p in pairs:
-        row: list[float] = []
-        for part in parts:
-            if part == "features":
-                row += list(p.get("features") or [])
-            else:
-                row += list(embedded[p["pair_id"]][part])[:k] if part == "pc" else list(embedded[p["pair_id"]][part])
-        rows.append([math.nan if v is None else float(v) for v in row])
-    return np.array(rows, dtype=np.float64)
 
 
 def fit_setting(pairs: list[dict[str, Any]], embedded: dict[str, dict[str, list[float]]], fit_role: str,

@@ -17,7 +17,7 @@ import duckdb
 import polars as pl
 
 from models.service import fingerprints_or_default
-from models.training.gpu_host.job import write_job
+from models.training.gpu_host.job import PROMPT_FEATURES, write_job
 from models.training.gpu_host.variants import DEFAULT_VARIANTS, Variant
 from pipelines.surrogates.roles import DEFAULT_HELD_OUT_TASK, forecasting_roles
 from pipelines.tasks import get_task, prompt_source
@@ -25,7 +25,7 @@ from warehouse.datasets import current_dataset_version, read_pairs
 from warehouse.kernels import read_kernel_features, read_kernels
 
 PAIR_FIELDS = ("pair_id", "task", "hardware_id", "anchor_kernel_id", "candidate_kernel_id", "true_bin", "speedup")
-FEATURE_FIELDS = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
+FEATURE_FIELDS = PROMPT_FEATURES  # the compile features a job's kernel rows carry
 
 
 class NoDatasetVersion(ValueError):

@@ -130,7 +130,7 @@ def float32_reading(monkeypatch):
     """The forecaster reads in float32, as the toy host run read its prompts (llm_code loads the
     base model in float32 off a GPU): the checks of bit-for-bit agreement with that run, and of
     the shared prefill against the full one up to float32 round-off, compare like with like."""
-    import pipelines.forecasting.embed as embed_module
+    import pipelines.forecasting.embed_reader as embed_module
 
     monkeypatch.setattr(embed_module, "cpu_reading_dtype", lambda: "float32")
 
@@ -286,7 +286,7 @@ def test_the_cpu_reads_in_bfloat16_where_it_computes_in_it(run, monkeypatch):
     moved by 0.3 to 11 times their spread over the eval pairs (measured)."""
     import torch
 
-    import pipelines.forecasting.embed as embed_module
+    import pipelines.forecasting.embed_reader as embed_module
 
     native = torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
     assert embed_module.cpu_reading_dtype() == ("bfloat16" if native else "float32")
@@ -436,3 +436,155 @@ def test_a_version_with_its_head_is_a_pyfunc_model_of_sources(run):
     assert committed_only(version_info(run["uri"], old)["tags"])
     assert "python_function" not in Model.load(
         mlflow.artifacts.download_artifacts(artifact_uri=f"models:/kernelcast-surrogate/{old}")).flavors
+
+
+# ---- the version as a forecaster file for a GPU host ------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[2]
+# A host without the platform's stack: these packages are absent in the child, as a package that
+# is not installed is (an import fails, importlib.util.find_spec answers None).
+ABSENT = ("mlflow", "polars", "duckdb", "dagster", "sklearn", "scipy", "skops")
+BLOCKER = f"import sys\nsys.modules.update(dict.fromkeys({ABSENT!r}))\n"
+FILE_CHILD = '''
+import json, pickle, sys
+forecaster = pickle.load(open(sys.argv[1], "rb"))
+ask = json.load(open(sys.argv[2]))
+p = forecaster.predict_kernels(ask["anchor"], ask["candidates"], ask["hardware_id"])
+print(json.dumps({"p": p.tolist(), "trees": type(forecaster.head.regressor).__name__,
+                  "loaded": sorted({m.split(".")[0] for m, mod in sys.modules.items() if mod is not None} & set(ask["absent"]))}))
+'''
+
+
+def _bare_env(tmp_path: Path, home: Path, **extra: str) -> dict[str, str]:
+    (tmp_path / "site").mkdir(exist_ok=True)
+    (tmp_path / "site" / "sitecustomize.py").write_text(BLOCKER)
+    return {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path / 'site'}:{ROOT}", "KERNELCAST_HOME": str(home), **extra}
+
+
+def _new_records(blocks=(16, 64, 1024, 2048)) -> tuple[dict, list[dict]]:
+    anchor = {"kernel_id": "ref-softmax", "task": "softmax", "source": kernel_source("softmax", 16, 4),
+              "language": "pytorch"}
+    cands = [{"kernel_id": f"file-{b}", "task": "softmax", "source": kernel_source("softmax", b, 4 if i % 2 else 8),
+              "language": "pytorch", "n_regs": 30 + 2 * i, "n_spills": 0, "shared_bytes": 0, "n_kernels": 1,
+              "n_launches": 1} for i, b in enumerate(blocks)]
+    return anchor, cands
+
+
+def test_the_head_without_scikit_learn_forecasts_what_the_fitted_one_does():
+    """EmbedHead.portable walks the trees with numpy: the fitted head's probabilities, missing
+    values included, to the last bit."""
+    import pickle
+
+    from models.classical.tree_walk import FlatTrees
+    from models.training.embed_head import EmbedHeadSettings, fit_embed_head
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(300, 6))
+    x[rng.random(x.shape) < 0.1] = np.nan
+    x[:, 5] = np.nan  # a column the fit never knew: dropped by the head
+    y = np.nan_to_num(x[:, 0]) * 1.5 - np.nan_to_num(x[:, 2]) + rng.normal(scale=0.2, size=300)
+    bins = np.clip(np.digitize(y, [-3, -2, -1, 0, 1, 2, 3]) + 1, 1, 8)
+    tasks = ["softmax" if i % 2 else "rms_norm" for i in range(300)]
+    head = fit_embed_head(x[:200], y[:200], x[200:250], bins[200:250], tasks[200:250], EmbedHeadSettings(max_iter=40))
+    portable = pickle.loads(pickle.dumps(head.portable()))
+    assert isinstance(portable.regressor, FlatTrees)
+    assert np.array_equal(portable.predict_log2(x[250:]), head.predict_log2(x[250:]))
+    assert np.array_equal(portable.predict_proba(x[250:], tasks[250:]), head.predict_proba(x[250:], tasks[250:]))
+
+
+def test_the_code_embed_version_exports_to_a_file_that_forecasts_without_the_stack(run, tmp_path):
+    """`kernelcast export-forecaster` of a code-embed version writes its head, axes and
+    calibrator (not the base model's weights); loaded where MLflow, polars, DuckDB, Dagster
+    and scikit-learn cannot be imported, the file forecasts new candidates as the registered
+    version does."""
+    import pickle
+    import subprocess
+    import sys
+
+    from typer.testing import CliRunner
+
+    from orchestration.cli import app
+    from pipelines.forecasting.embed_file import PortableEmbedForecaster
+
+    version = run["versions"]["code-embed"]
+    out = tmp_path / "embed.pkl"
+    res = CliRunner().invoke(app, ["export-forecaster", f"models:/kernelcast-surrogate/{version}", "--out", str(out),
+                                   "--compile-workers", "0"])
+    assert res.exit_code == 0, res.output
+    assert "(code-embed)" in res.output and "the base model 'tiny'" in res.output
+    weights = sum(p.stat().st_size for p in (run["home"] / "models" / "tiny").rglob("*.safetensors"))
+    size = out.stat().st_size
+    print(f"exported code-embed file: {size} bytes (the tiny base model's weights: {weights} bytes)")
+    assert size < min(weights, 20 * 2**20)
+    exported = pickle.loads(out.read_bytes())
+    assert isinstance(exported, PortableEmbedForecaster) and exported._base is None
+
+    anchor, cands = _new_records()
+    want = _load(run, version, use_committed=False).predict_kernels(anchor, cands, "nvidia-h200-sm90")
+    ask = tmp_path / "ask.json"
+    ask.write_text(json.dumps({"anchor": anchor, "candidates": cands, "hardware_id": "nvidia-h200-sm90",
+                               "absent": list(ABSENT)}))
+    child = subprocess.run([sys.executable, "-c", FILE_CHILD, str(out), str(ask)], capture_output=True, text=True,
+                           env=_bare_env(tmp_path, run["home"]), cwd=str(tmp_path), timeout=600)
+    assert child.returncode == 0, child.stderr[-3000:]
+    got = json.loads(child.stdout.splitlines()[-1])
+    assert got["loaded"] == [] and got["trees"] == "FlatTrees"
+    p = np.array(got["p"])
+    assert p.shape == (len(cands), 8) and np.allclose(p.sum(axis=1), 1.0)
+    assert np.abs(p - want).max() < 1e-5, np.abs(p - want).max()
+    assert np.abs(p[0] - p[-1]).max() > 1e-3  # the candidates are told apart
+
+
+def test_a_smollm2_file_reads_its_base_model_from_the_named_gguf_and_says_so(run, monkeypatch, tmp_path):
+    """A file of a SmolLM2 version reads the GGUF $KERNELCAST_BASE_GGUF names; unset or not a
+    file, its first forecast is refused in one line, before anything loads."""
+    from pipelines.forecasting.embed_file import PortableEmbedForecaster
+
+    reader = _load(run, run["versions"]["code-embed"], use_committed=False)
+    reader.spec = {**reader.spec, "base_model": "smollm2"}
+    f = PortableEmbedForecaster(reader, "smollm2 file")
+    assert "$KERNELCAST_BASE_GGUF" in f.host_needs() and "gguf package" in f.host_needs()
+    anchor, cands = _new_records((64,))
+    monkeypatch.delenv("KERNELCAST_BASE_GGUF", raising=False)
+    with pytest.raises(ValueError, match=r"^\$KERNELCAST_BASE_GGUF is not set: point it at SmolLM2") as e:
+        f.predict_kernels(anchor, cands, "h")
+    assert len(str(e.value).splitlines()) == 1
+    monkeypatch.setenv("KERNELCAST_BASE_GGUF", str(tmp_path / "none.gguf"))
+    with pytest.raises(ValueError, match=r"none.gguf, which is not a file$"):
+        f.predict_kernels(anchor, cands, "h")
+    assert f._base is None
+
+
+@pytest.mark.slow
+def test_the_benchmark_times_both_files_beside_one_measured_rate(run, tmp_path, monkeypatch):
+    """benchmarks/forecast.py on a host without the stack, given a cost-model file and a
+    code-embed file: both timed on the same fresh candidates, each with its ratio to the one
+    measured rate."""
+    import pickle
+    import subprocess
+    import sys
+
+    from models.classical import CostModel
+    from models.classical.portable import PortableCostModel
+    from pipelines.search.registered import portable_forecaster
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "forecasting"))
+    from test_forecasting_models import toy_pairs
+
+    fit, y, l2 = toy_pairs(200, 0)
+    cost = tmp_path / "cost.pkl"
+    cost.write_bytes(pickle.dumps(PortableCostModel.from_cost_model(CostModel(max_iter=20).fit(fit, y, l2), name="toy")))
+    embed = tmp_path / "embed.pkl"
+    embed.write_bytes(pickle.dumps(portable_forecaster(f"models:/kernelcast-surrogate/{run['versions']['code-embed']}",
+                                                       run["uri"], run["home"], 0)))
+    bench = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "forecast.py"), "--forecaster-file", str(cost),
+                            "--forecaster-file", str(embed), "--count", "3", "--workers", "1", "--measured-per-s", "1.5",
+                            "--json"], capture_output=True, text=True, env=_bare_env(tmp_path, run["home"]),
+                           cwd=str(tmp_path), timeout=900)
+    assert bench.returncode == 0, bench.stderr[-3000:]
+    report = json.loads(bench.stdout)
+    first, second = report["models"]
+    assert first["kind"] == "cost_model" and second["name"].endswith("(code-embed)"), report["models"]
+    for m in (first, second):
+        assert m["batch"] == m["forecast"] == 3 and m["per_s"] > 0 and m["vs_measured"] == round(m["per_s"] / 1.5, 1)
+    assert second["last_batch"]["prefill"] > 0  # the base model read the batch

@@ -45,6 +45,8 @@ JOB_FORMAT = 2  # 2: one format for both runs, with `kind` (1: job.json of gpu_j
 RUNNERS = {"variants": "models.training.gpu_host.gpu_job", "code": "models.training.gpu_host.llm_code"}  # kind -> run
 ROLES = ("fit", "calibration", "eval", "external", "held_out_fit", "held_out_calibration", "held_out_eval")
 SCORED_ROLES = ("eval", "external", "held_out_eval")
+# the compile features a kernel row's `features` holds: what the "+features" prompt styles show
+PROMPT_FEATURES = ("n_regs", "n_spills", "shared_bytes", "n_kernels", "n_launches")
 
 
 class JobError(ValueError):
