@@ -221,19 +221,28 @@ WORK_PREFIX = "work:"
 
 def work_ratio(frame: pd.DataFrame, name: str = "work:time_log2") -> np.ndarray:
     """Per pair of a pair frame, the candidate's `work_features` value minus the anchor's (NaN where
-    either is unknown): for the log2 features, the log ratio of candidate to anchor."""
+    either is unknown): for the log2 features, the log ratio of candidate to anchor.
+
+    For `work:time_log2` the two estimates share the task's arithmetic (`pair_work_times`): the
+    trace counts only torch ops' flops, so a kernel that does its matrix products in Triton kernels
+    would otherwise look as if it did none against an anchor whose cuBLAS products are counted."""
     c = _features_of(side_records(frame, "c"))
     a = _features_of(side_records(frame, "a"))
+    if name == "work:time_log2":
+        return np.array([tc - ta for tc, ta in (pair_work_times(fc, fa) for fc, fa in zip(c, a, strict=True))],
+                        dtype=np.float64)
     return np.array([_number(fc.get(name)) - _number(fa.get(name)) for fc, fa in zip(c, a, strict=True)],
                     dtype=np.float64)
 
 
-# Rough rates of a current data-centre GPU for `work_features`' time estimate. Only its order
-# matters: the trees read the estimate, and the candidate-minus-anchor difference of its log
-# (a log ratio) cancels the rates where one term dominates both kernels.
-_BYTES_PER_S = 3e12
-_FLOPS_PER_S = 5e14
-_LAUNCH_S = 5e-6
+# Peak rates of an sm_90 card (H100 SXM5 datasheet: 3.35 TB/s HBM3; 989 TFLOPS of dense bf16/fp16
+# on tensor cores; 67 TFLOPS of fp32 on the CUDA cores) for `work_features`' time estimate. Only
+# their proportions matter: the candidate-minus-anchor difference of the estimate's log (a log
+# ratio) cancels the rates where one term dominates both kernels, and the trees never read it.
+_BYTES_PER_S = 3.35e12
+_TENSOR_FLOPS_PER_S = 9.89e14  # matrix products on tensor cores (16-bit operands)
+_CUDA_CORE_FLOPS_PER_S = 6.7e13  # fp32 arithmetic off the tensor cores
+_LAUNCH_S = 5e-6  # host and launch cost of one kernel (a torch op or a Triton launch)
 
 
 def work_features(fields: Mapping[str, Any]) -> dict[str, float]:
@@ -244,9 +253,14 @@ def work_features(fields: Mapping[str, Any]) -> dict[str, float]:
       ops (every torch op that is not a view or an allocation launches about one kernel);
     - `work:traffic_log2`: log2 of the bytes the call moves over its input's bytes (upcasts,
       intermediates written and read again);
-    - `work:time_log2`: log2 of a roofline estimate of the call in microseconds, bytes over a
-      bandwidth plus flops over a peak rate plus a fixed cost per launch (only torch ops' flops
-      are traced, so a Triton GEMM's arithmetic is not in it).
+    - `work:time_log2`: log2 of a roofline estimate of the call in microseconds (`_time_log2`):
+      bytes over a bandwidth or the traced flops over the tensor-core rate, whichever is longer,
+      or a fixed cost per launch if that is (only torch ops' flops are traced: `pair_work_times`
+      adds what a pair's other kernel shows);
+    - `work:bytes_log2`, `work:launches`, `work:flops_log2`: the terms of that estimate (no traced
+      flops count as none in it);
+    - `work:tensor_cores`: 1 where the compiled PTX has tensor-core instructions (mma, wgmma),
+      0 where it has none, NaN where nothing was compiled (a PyTorch program).
 
     Their candidate-minus-anchor differences (the `d:` columns of FeatureSpace) are log ratios:
     a program of a dozen launches against a reference of one, or one that moves twice the bytes.
@@ -254,19 +268,67 @@ def work_features(fields: Mapping[str, Any]) -> dict[str, float]:
     >>> w = work_features({"trace_launches": 1.0, "torch_ops": 2.0, "call_bytes_log2": 30.0,
     ...                    "input_bytes_log2": 29.0, "torch_flops_log2": 0.0})
     >>> w["work:launches_log2"], w["work:traffic_log2"], round(w["work:time_log2"], 2)
-    (2.0, 1.0, 8.54)
+    (2.0, 1.0, 8.32)
     """
     launches_parts = [_number(fields.get(k)) for k in ("trace_launches", "torch_ops")]
     known = [v for v in launches_parts if v == v]
     launches = sum(known) if known else math.nan
     nbytes, inputs, flops = (_number(fields.get(k)) for k in ("call_bytes_log2", "input_bytes_log2", "torch_flops_log2"))
+    mma = [_number(fields.get(k)) for k in ("ptx_mma", "ptx_wgmma")]
+    compiled = _number(fields.get("ptx_instructions"))
+    tensor = 1.0 if any(v > 0 for v in mma) else (0.0 if compiled > 0 else math.nan)
     out = {"work:launches_log2": math.log2(1.0 + launches) if launches == launches else math.nan,
-           "work:traffic_log2": nbytes - inputs, "work:time_log2": math.nan}
+           "work:traffic_log2": nbytes - inputs, "work:time_log2": math.nan, "work:bytes_log2": nbytes,
+           "work:launches": launches, "work:flops_log2": flops, "work:tensor_cores": tensor}
     if nbytes == nbytes and launches == launches:
-        seconds = ((2.0 ** nbytes - 1.0) / _BYTES_PER_S + (2.0 ** (flops if flops == flops else 0.0) - 1.0) / _FLOPS_PER_S
-                   + launches * _LAUNCH_S)
-        out["work:time_log2"] = math.log2(max(seconds * 1e6, 1e-3))
+        out["work:time_log2"] = _time_log2(nbytes, launches, 2.0 ** flops - 1.0 if flops == flops else 0.0, 0.0, tensor)
     return out
+
+
+def _time_log2(nbytes_log2: float, launches: float, traced_flops: float, hidden_flops: float, tensor: float) -> float:
+    """log2 of the roofline estimate in microseconds: the device's time, the larger of the bytes
+    over the bandwidth and the arithmetic over its units' rates (traced flops, torch's matrix
+    products, on tensor cores; flops the trace does not see on the units that do them), or the
+    host's, a fixed cost per launch, whichever is longer: launches are asynchronous, so the host
+    queues the next kernel while the device runs the last, and a call of many small ops waits
+    on the host."""
+    hidden_rate = _CUDA_CORE_FLOPS_PER_S if tensor == 0.0 else _TENSOR_FLOPS_PER_S
+    device = max((2.0 ** nbytes_log2 - 1.0) / _BYTES_PER_S, traced_flops / _TENSOR_FLOPS_PER_S + hidden_flops / hidden_rate)
+    seconds = max(device, launches * _LAUNCH_S)
+    return math.log2(max(seconds * 1e6, 1e-3))
+
+
+def pair_work_times(fc: Mapping[str, Any], fa: Mapping[str, Any]) -> tuple[float, float]:
+    """The `work:time_log2` estimates of a pair's candidate and anchor (their `work_features`),
+    both counting the task's arithmetic: NaN where a side's trace is unknown.
+
+    Both kernels compute the same output, so both do at least the arithmetic the larger traced
+    count shows. The trace counts only the flops of torch's matrix products (FlopCounterMode), so
+    a side that shows fewer does the rest where the trace cannot see: in its Triton kernels, on
+    tensor cores if its PTX has tensor-core instructions and on the CUDA cores if it has none; in a
+    PyTorch program, in elementwise ops and reductions (a product written as a broadcast multiply
+    and a sum), on the CUDA cores.
+
+    >>> def kernel(**fields): return {**fields, **work_features(fields)}
+    >>> ref = kernel(trace_launches=0.0, torch_ops=3.0, call_bytes_log2=28.0, torch_flops_log2=36.0)
+    >>> mma = kernel(trace_launches=1.0, torch_ops=1.0, call_bytes_log2=27.0, ptx_instructions=900.0, ptx_wgmma=8.0)
+    >>> fma = kernel(trace_launches=1.0, torch_ops=1.0, call_bytes_log2=27.0, ptx_instructions=900.0)
+    >>> [round(t - a, 2) for t, a in (pair_work_times(mma, ref), pair_work_times(fma, ref))]
+    [-0.21, 3.68]
+    """
+    c_flops, a_flops = (2.0 ** f["work:flops_log2"] - 1.0 if f.get("work:flops_log2") == f.get("work:flops_log2")
+                        else 0.0 for f in (fc, fa))
+    task_flops = max(c_flops, a_flops)
+    out = []
+    for f, traced in ((fc, c_flops), (fa, a_flops)):
+        nbytes, launches = _number(f.get("work:bytes_log2")), _number(f.get("work:launches"))
+        if nbytes != nbytes or launches != launches:
+            out.append(math.nan)
+            continue
+        triton = _number(f.get("trace_launches")) > 0
+        tensor = _number(f.get("work:tensor_cores")) if triton else 0.0  # a program's unseen flops: CUDA cores
+        out.append(_time_log2(nbytes, launches, traced, task_flops - traced, tensor))
+    return out[0], out[1]
 
 
 # source_features of the sources this process has seen, by their text: a kernel's record comes

@@ -78,7 +78,58 @@ def test_work_ratio_is_the_candidate_minus_anchor_log_ratio():
     frame = pair_frame([ANCHOR, ANCHOR], [pytorch_candidate(0, 3.0, 28.0), pytorch_candidate(1, 3.0, 29.0)])
     ratio = work_ratio(frame)
     assert ratio[0] == pytest.approx(0.0)  # the anchor's own work
-    assert 0.8 < ratio[1] < 1.0  # twice the bytes: less than one doubling of the time (same launches)
+    assert ratio[1] == pytest.approx(1.0, abs=1e-3)  # twice the bytes of a bytes-bound call: twice the time
+
+
+GEMM_REF = {"kernel_id": "gemm-ref", "task": "matmul_bias_gelu", "language": "pytorch", "generator": "reference",
+            "source": "def custom_kernel(data):\n    a, b, bias = data\n    return (a @ b + bias)\n",
+            "trace_launches": 0.0, "torch_ops": 3.0, "call_bytes_log2": 29.0, "input_bytes_log2": 26.0,
+            "torch_flops_log2": 37.0}
+
+
+def gemm_candidate(i: int, wgmma: float, nbytes: float = 27.0) -> dict:
+    """A Triton GEMM (one launch): the trace counts none of its flops; its PTX tells whether its
+    dots run on tensor cores."""
+    return {"kernel_id": f"g{i}", "task": "matmul_bias_gelu", "language": "triton", "generator": "library-triton",
+            "source": TRITON.format(n=64), "trace_launches": 1.0, "torch_ops": 1.0, "call_bytes_log2": nbytes,
+            "input_bytes_log2": 26.0, "torch_flops_log2": 0.0, "ptx_instructions": 2000.0, "ptx_wgmma": wgmma}
+
+
+def test_a_triton_gemm_does_the_anchors_arithmetic_at_the_rate_of_its_units():
+    """The trace counts the reference's cuBLAS flops but none of a Triton kernel's: the pair's
+    estimates share the larger count, on tensor cores where the PTX has them, else on CUDA cores."""
+    frame = pair_frame([GEMM_REF] * 3, [gemm_candidate(0, 16.0), gemm_candidate(1, 0.0),
+                                        {**GEMM_REF, "kernel_id": "same"}])
+    tensor, cuda_cores, same = work_ratio(frame)
+    assert same == pytest.approx(0.0)
+    # fewer bytes, the same tensor-core arithmetic: a little faster, not 2^-3 of the time
+    assert -1.0 < tensor < 0.0
+    assert cuda_cores > tensor + 2.0  # 2^37 flops at the fp32 rate, a fraction of the tensor cores'
+    # the candidate as the anchor: the same arithmetic, the ratio's sign turned
+    swapped = pair_frame([gemm_candidate(0, 16.0)], [GEMM_REF])
+    assert work_ratio(swapped)[0] == pytest.approx(-tensor)
+
+
+def test_a_program_whose_products_the_trace_cannot_see_does_them_on_cuda_cores():
+    """A product written as a broadcast multiply and a sum is no matrix op for the flop counter:
+    the program does the anchor's arithmetic off the tensor cores."""
+    program = {**GEMM_REF, "kernel_id": "bcast", "generator": "pytorch-programs", "torch_flops_log2": 0.0}
+    ratio = work_ratio(pair_frame([GEMM_REF], [program]))[0]
+    assert ratio > 2.0
+    kind = work_features({**GEMM_REF, **{"ptx_instructions": 10.0}})["work:tensor_cores"]
+    assert kind == 0.0 and math.isnan(work_features(GEMM_REF)["work:tensor_cores"])
+
+
+def test_a_call_of_many_small_ops_waits_on_the_host_and_a_large_one_on_the_device():
+    """Launches are asynchronous: the estimate is the longer of the host's queueing and the device's
+    roofline, not their sum."""
+    small = [work_features({"trace_launches": 0.0, "torch_ops": 400.0, "call_bytes_log2": b, "input_bytes_log2": 20.0})
+             for b in (20.0, 21.0)]
+    assert small[0]["work:time_log2"] == pytest.approx(small[1]["work:time_log2"])  # 400 launches, either way
+    assert small[0]["work:time_log2"] == pytest.approx(math.log2(400 * 5.0))
+    large = [work_features({"trace_launches": 0.0, "torch_ops": 4.0, "call_bytes_log2": b, "input_bytes_log2": 30.0})
+             for b in (31.0, 32.0)]
+    assert large[1]["work:time_log2"] - large[0]["work:time_log2"] == pytest.approx(1.0, abs=1e-3)  # bytes-bound
 
 
 def test_work_features_are_not_columns_of_the_trees():
