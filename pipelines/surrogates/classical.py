@@ -217,8 +217,9 @@ def fit_many(jobs: Sequence[tuple[str, str, Mapping[str, Any]]], roles: Roles,
 
 
 # bump when features or models change: a registered version is re-used only if equal
-# (3: every version is a pyfunc model of kernel sources, pipelines.forecasting.pyfunc)
-CODE_VERSION = "3"
+# (3: every version is a pyfunc model of kernel sources, pipelines.forecasting.pyfunc;
+#  4: the work prior counts the same arithmetic on both sides of a pair, host and device overlapping)
+CODE_VERSION = "4"
 
 
 @dataclass
