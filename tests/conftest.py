@@ -16,6 +16,14 @@ if not torch.cuda.is_available():
 
     patch_triton_interpreter()  # bf16 tl.dot is wrong in Triton 3.6's interpreter
 
+# skops (MLflow's format for the classical forecasters) scans every loaded module on its first
+# import; after transformers is loaded that scan imports transformers' lazy submodules and takes
+# seconds instead of well under one (models.classical.registry.import_serializer). A test process
+# runs tests of both, in whatever order the files come: import it first, as `kernelcast run` does.
+from models.classical.registry import import_serializer  # noqa: E402
+
+import_serializer()
+
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
     THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
