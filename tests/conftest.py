@@ -2,6 +2,7 @@
 rendered kernels are imported from files; each test process (pytest-xdist) keeps to its share of
 the cores."""
 
+import gc
 import hashlib
 import os
 
@@ -15,6 +16,14 @@ if not torch.cuda.is_available():
     from pipelines.tasks.interpreter_fixes import patch_triton_interpreter
 
     patch_triton_interpreter()  # bf16 tl.dot is wrong in Triton 3.6's interpreter
+
+# skops (MLflow's format for the classical forecasters) scans every loaded module on its first
+# import; after transformers is loaded that scan imports transformers' lazy submodules and takes
+# seconds instead of well under one (models.classical.registry.import_serializer). A test process
+# runs tests of both, in whatever order the files come: import it first, as `kernelcast run` does.
+from models.classical.registry import import_serializer  # noqa: E402
+
+import_serializer()
 
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
 if _WORKERS > 1:
@@ -45,6 +54,20 @@ def pytest_collection_modifyitems(config, items):
         return
     slow = {item.path for item in items if item.get_closest_marker("slow") is not None}
     items.sort(key=lambda item: item.path not in slow)  # stable: a file's tests keep their order
+
+
+@pytest.fixture(autouse=True)
+def frozen_heap():
+    """Everything the test process held before this test (the libraries, the fixtures, what earlier
+    tests left) frozen while it runs: a full collection, which every kernel unload makes
+    (pipelines.profiling.kernel_loading.unload_kernel), then scans only what the test made. The
+    measuring child freezes its baseline heap the same way (start_watch); a test process that ran
+    Dagster, MLflow and transformers before measuring in process holds many times that heap, and
+    each collection scanned it all (tests/profiling/test_fresh_values.py: 35 s in a whole run,
+    4 s alone). What the test makes is collected as before; the rest is unfrozen after it."""
+    gc.freeze()
+    yield
+    gc.unfreeze()
 
 
 @pytest.fixture(scope="session", autouse=True)

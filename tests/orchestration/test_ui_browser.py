@@ -5,9 +5,15 @@ experiments, no GenAI welcome page, no Default), the registered model with its a
 page reached through the HTML report's link, Dagster's asset page and the run that made the
 report, and the report's pages. Assertions read the pages' text (DOM), never pixels.
 
-Runs where /usr/bin/chromium and the playwright package exist (Debian's `chromium` package;
-playwright drives it, its own browser download is not used); skipped elsewhere. The screenshots
-go to $KERNELCAST_UI_SHOTS when set (docs/images/ for docs/ui.md), else to the test's folder.
+The same `kernelcast ui`, started on a new home, is then stopped with SIGTERM: it served Dagster
+(through `dg dev`) and MLflow on 127.0.0.1, quietly (their own output goes to a log file under
+$KERNELCAST_HOME/logs), and stops both cleanly. One start serves both checks: starting the two
+UIs is most of either's time.
+
+The browser tests run where /usr/bin/chromium and the playwright package exist (Debian's
+`chromium` package; playwright drives it, its own browser download is not used); skipped
+elsewhere, where the serving test still runs. The screenshots go to $KERNELCAST_UI_SHOTS when set
+(docs/images/ for docs/ui.md), else to the test's folder.
 """
 
 from __future__ import annotations
@@ -16,9 +22,11 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -31,8 +39,19 @@ NAME = "kernelcast-surrogate"
 FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
          "--disable-component-update", "--disable-sync"]
 
-playwright_api = pytest.importorskip("playwright.sync_api", reason="the playwright package drives Chromium")
-pytestmark = [pytest.mark.browser, pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs /usr/bin/chromium")]
+try:
+    from playwright import sync_api as playwright_api
+except ImportError:  # the browser tests skip; the serving test does not need it
+    playwright_api = None
+
+
+def in_browser(test):
+    """Mark a test that drives Chromium: skipped where playwright or /usr/bin/chromium is missing."""
+    for mark in (pytest.mark.browser,
+                 pytest.mark.skipif(playwright_api is None, reason="the playwright package drives Chromium"),
+                 pytest.mark.skipif(not CHROMIUM.is_file(), reason="needs /usr/bin/chromium")):
+        test = mark(test)
+    return test
 
 
 def _peaked(y: int, peak: float) -> list[float]:
@@ -105,8 +124,8 @@ def _fill_home(settings) -> None:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    """`kernelcast ui` on free ports over a filled home: (settings, dagster port, mlflow port)."""
-    from orchestration.runner import prepare_home
+    """`kernelcast ui` on free ports, started on a new home: (settings, dagster port, mlflow port,
+    the process). Both UIs answer when it is handed out."""
     from orchestration.settings import load_settings
 
     home = tmp_path_factory.mktemp("ui") / "home"
@@ -115,27 +134,37 @@ def served(tmp_path_factory):
     os.environ.pop("KERNELCAST_LIBRARY_DIR", None)
     os.environ.pop("KERNELCAST_MLFLOW_PORT", None)
     settings = load_settings("smoke", home)
-    prepare_home(settings)  # DAGSTER_HOME: the instance the UI serves
     dport, mport = free_port(), free_port()
     proc = subprocess.Popen([sys.executable, "-m", "orchestration.cli", "ui", "--profile", "smoke",
                              "--dagster-port", str(dport), "--mlflow-port", str(mport)],
-                            cwd=REPO, env={**os.environ, "KERNELCAST_HOME": str(home)},
+                            cwd=REPO, env={**os.environ, "KERNELCAST_HOME": str(home), "KERNELCAST_PROFILE": "smoke"},
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 420  # starting took over 3 minutes on a busy shared 2-core machine
-        while not ((home / "ui.json").is_file() and answers(f"http://127.0.0.1:{mport}/health")):
-            assert proc.poll() is None and time.monotonic() < deadline, "kernelcast ui did not start"
+        while not ((home / "ui.json").is_file() and answers(f"http://127.0.0.1:{mport}/health")
+                   and answers(f"http://127.0.0.1:{dport}/server_info")):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "kernelcast ui did not start"
             time.sleep(0.5)
-        _fill_home(settings)  # while the UI serves: the report's links name its ports (ui.json)
-        while not answers(f"http://127.0.0.1:{dport}/server_info"):
-            assert proc.poll() is None and time.monotonic() < deadline, "Dagster did not answer"
-            time.sleep(0.5)
-        yield settings, dport, mport
+        yield settings, dport, mport, proc
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.communicate(timeout=60)
+        if proc.poll() is None:  # the last test stops it itself
+            proc.send_signal(signal.SIGTERM)
+            proc.communicate(timeout=60)
         for k, v in saved.items():
             os.environ.pop(k, None) if v is None else os.environ.__setitem__(k, v)
+
+
+@pytest.fixture(scope="module")
+def filled(served):
+    """The served home filled while the UI serves (the report's links name its ports, ui.json):
+    (settings, dagster port, mlflow port)."""
+    from orchestration.runner import prepare_home
+
+    settings, dport, mport, _ = served
+    prepare_home(settings)  # DAGSTER_HOME: the instance the UI serves, here too
+    _fill_home(settings)
+    return settings, dport, mport
 
 
 @pytest.fixture(scope="module")
@@ -172,10 +201,11 @@ def _text_when(page, needle: str, timeout_s: float = 30) -> str:
     return page.inner_text("body")
 
 
-def test_mlflow_opens_on_the_project_and_shows_the_aliases_and_runs(served, page, tmp_path):
+@in_browser
+def test_mlflow_opens_on_the_project_and_shows_the_aliases_and_runs(filled, page, tmp_path):
     from models.registry.tracking import experiments_url, model_url
 
-    settings, dport, mport = served
+    settings, dport, mport = filled
     page.goto(experiments_url(mport))
     text = _text_when(page, "kernelcast-training")
     # the assistant panel opens once on a first visit to localhost (no server option turns it off)
@@ -202,8 +232,9 @@ def test_mlflow_opens_on_the_project_and_shows_the_aliases_and_runs(served, page
     assert "Evaluation runs" not in text  # the classic-ML view of a training run, not GenAI's
 
 
-def test_dagster_shows_the_assets_and_the_run_that_made_the_report(served, page, tmp_path):
-    settings, dport, _ = served
+@in_browser
+def test_dagster_shows_the_assets_and_the_run_that_made_the_report(filled, page, tmp_path):
+    settings, dport, _ = filled
     page.goto(f"http://127.0.0.1:{dport}/assets/model_promotion")
     _text_when(page, "model_promotion", timeout_s=60)
     _dismiss(page, 'button:has-text("Skip")')  # Dagster's "Join the community" dialog, first visit only
@@ -219,8 +250,9 @@ def test_dagster_shows_the_assets_and_the_run_that_made_the_report(served, page,
     assert table["evaluation_dagster_run_id"][:8] in text
 
 
-def test_the_html_report_links_its_pages_and_both_uis(served, page, tmp_path):
-    settings, dport, mport = served
+@in_browser
+def test_the_html_report_links_its_pages_and_both_uis(filled, page, tmp_path):
+    settings, dport, mport = filled
     index = settings.reports_dir / "ds-ui" / "index.html"
     page.goto(index.as_uri())
     text = page.inner_text("body")
@@ -234,3 +266,39 @@ def test_the_html_report_links_its_pages_and_both_uis(served, page, tmp_path):
     page.click("text=source only (eval set, generator metadata withheld)")
     assert page.url.endswith("source_only/index.html")
     assert "source only (eval set, generator metadata withheld)" in page.inner_text("h1")
+
+
+def _get(url: str) -> int | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as r:
+            return r.status
+    except Exception:
+        return None
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@pytest.mark.slow
+def test_ui_serves_both_and_stops_on_sigterm(served):
+    """Last in this file: it stops the UI the tests above read."""
+    settings, dport, mport, proc = served
+    try:
+        assert proc.poll() is None
+        assert _get(f"http://127.0.0.1:{dport}/server_info") == 200, "Dagster UI did not answer"
+        assert _get(f"http://127.0.0.1:{mport}/health") == 200, "MLflow UI did not answer"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0, out
+    assert "stopped Dagster and MLflow UIs" in out
+    lines = [line for line in out.splitlines() if line.strip()]
+    # The two URLs, the log, the stop line: no daemon INFO, access log or deprecation warning.
+    assert len(lines) == 4, out
+    assert f"http://127.0.0.1:{dport}" in lines[0] and f"http://127.0.0.1:{mport}" in lines[1]
+    log = Path(lines[2].split("log: ", 1)[1].split()[0])
+    assert log.parent == settings.home / "logs" and log.stat().st_size > 0
+    time.sleep(1)
+    assert not _listening(dport) and not _listening(mport)
