@@ -34,7 +34,7 @@ from models.classical.portable import Compiler, compile_missing
 from pipelines.forecasting.embed_reader import EmbedReader
 
 
-class PortableEmbedForecaster(EmbedReader):
+class PortableEmbedHead(EmbedReader):
     """The prediction half of a code-embed version, for a forecaster file.
 
     Args:

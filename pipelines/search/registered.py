@@ -73,7 +73,7 @@ def portable_forecaster(name: str, tracking_uri: str, home: Path, compile_worker
     (`compile_workers`), with the compile features the warehouse knows:
     - a cost model: models.classical.portable.PortableCostModel (numpy and pandas only);
     - a code-embed version registered with its head file:
-      pipelines.forecasting.embed_file.PortableEmbedForecaster (its head, axes and calibrator;
+      pipelines.forecasting.embed_file.PortableEmbedHead (its head, axes and calibrator;
       the base model read where it runs).
 
     Raises:
@@ -100,17 +100,17 @@ def portable_forecaster(name: str, tracking_uri: str, home: Path, compile_worker
 
 
 def _portable_embed(ref: str, tracking_uri: str, home: Path, compile_workers: int) -> Any:
-    """The code-embed version `ref` as a PortableEmbedForecaster (ValueError: no head file)."""
+    """The code-embed version `ref` as a PortableEmbedHead (ValueError: no head file)."""
     from pipelines.forecasting import load_forecaster
     from pipelines.forecasting.embed import EmbedHeadForecaster
-    from pipelines.forecasting.embed_file import PortableEmbedForecaster
+    from pipelines.forecasting.embed_file import PortableEmbedHead
     from pipelines.forecasting.source_features import source_features_many
 
     adapter = load_forecaster(ref, tracking_uri=tracking_uri, home=home, use_committed=False, cache=False)
     if not isinstance(adapter, EmbedHeadForecaster):
         raise ValueError(f"{ref}: a code-embed version without its head file answers only the pairs of its run; "
                          "it does not export")
-    return PortableEmbedForecaster(adapter, f"{adapter.model_ref} (code-embed)",
+    return PortableEmbedHead(adapter, f"{adapter.model_ref} (code-embed)",
                                    warehouse_compile_features(home / "warehouse.duckdb"), compile_workers,
                                    source_features_many if compile_workers > 0 else None)
 

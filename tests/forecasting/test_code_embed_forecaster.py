@@ -504,7 +504,7 @@ def test_the_code_embed_version_exports_to_a_file_that_forecasts_without_the_sta
     from typer.testing import CliRunner
 
     from orchestration.cli import app
-    from pipelines.forecasting.embed_file import PortableEmbedForecaster
+    from pipelines.forecasting.embed_file import PortableEmbedHead
 
     version = run["versions"]["code-embed"]
     out = tmp_path / "embed.pkl"
@@ -517,7 +517,7 @@ def test_the_code_embed_version_exports_to_a_file_that_forecasts_without_the_sta
     print(f"exported code-embed file: {size} bytes (the tiny base model's weights: {weights} bytes)")
     assert size < min(weights, 20 * 2**20)
     exported = pickle.loads(out.read_bytes())
-    assert isinstance(exported, PortableEmbedForecaster) and exported._base is None
+    assert isinstance(exported, PortableEmbedHead) and exported._base is None
 
     anchor, cands = _new_records()
     want = _load(run, version, use_committed=False).predict_kernels(anchor, cands, "nvidia-h200-sm90")
@@ -538,11 +538,11 @@ def test_the_code_embed_version_exports_to_a_file_that_forecasts_without_the_sta
 def test_a_smollm2_file_reads_its_base_model_from_the_named_gguf_and_says_so(run, monkeypatch, tmp_path):
     """A file of a SmolLM2 version reads the GGUF $KERNELCAST_BASE_GGUF names; unset or not a
     file, its first forecast is refused in one line, before anything loads."""
-    from pipelines.forecasting.embed_file import PortableEmbedForecaster
+    from pipelines.forecasting.embed_file import PortableEmbedHead
 
     reader = _load(run, run["versions"]["code-embed"], use_committed=False)
     reader.spec = {**reader.spec, "base_model": "smollm2"}
-    f = PortableEmbedForecaster(reader, "smollm2 file")
+    f = PortableEmbedHead(reader, "smollm2 file")
     assert "$KERNELCAST_BASE_GGUF" in f.host_needs() and "gguf package" in f.host_needs()
     anchor, cands = _new_records((64,))
     monkeypatch.delenv("KERNELCAST_BASE_GGUF", raising=False)
