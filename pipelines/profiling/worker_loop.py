@@ -70,7 +70,8 @@ def given_order_warning(kernels: list[dict]) -> str | None:
     """
     switches = sum(a["task"] != b["task"] for a, b in zip(kernels, kernels[1:]))
     compiled = [uses_torch_compile(k.get("source")) for k in kernels]
-    early = sum(c for i, c in enumerate(compiled) if not all(compiled[i:]))  # compile kernels before plain ones
+    last_plain = max((i for i, c in enumerate(compiled) if not c), default=-1)
+    early = sum(compiled[:last_plain])  # torch.compile kernels before the last plain one
     parts = []
     if switches > max(8, len(kernels) // (TASK_CHUNK // 4)):
         parts.append(f"the batch switches task {switches} times in {len(kernels)} kernels, and each switch "
