@@ -188,9 +188,8 @@ def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids
     Raises:
         ValueError: an empty prompt (one line).
     """
-    from transformers import DynamicCache
-
-    from models.training.supervised import _backbone_and_head, length_batches
+    from models.training.prefix_attention import PrefixAttention
+    from models.training.supervised import _backbone_and_head
 
     if any(len(e) == 0 for e in encoded):
         raise ValueError("an empty prompt has no last token to read")
@@ -213,6 +212,19 @@ def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids
     todo = [-1]
     if tree[0][1] == tree[0][2]:  # nothing shared by all: the root's run is empty
         states[0], todo = states.pop(-1), [0]
+    with PrefixAttention.use(backbone) as prefix:
+        _read_runs(backbone, prefix, encoded, tree, kids, states, todo, chosen, labels, out, tokens_per_batch)
+    return out
+
+
+def _read_runs(backbone: Any, prefix: Any, encoded: Sequence[Sequence[int]],
+               tree: list[tuple[int, int, int, list[int], int]], kids: dict[int, list[int]], states: dict[int, Any],
+               todo: list[int], chosen: list[int], labels: torch.Tensor, out: np.ndarray, tokens_per_batch: int) -> None:
+    """embed_prompts_shared's walk of the tree: each parent's runs read in batches after its
+    keys and values (`prefix`: models.training.prefix_attention.PrefixAttention)."""
+    from models.training.supervised import length_batches
+
+    device = next(backbone.parameters()).device
     while todo:
         parent = todo.pop()
         kv, sums = states.pop(parent)
@@ -223,10 +235,8 @@ def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids
             ids = torch.zeros((len(rows), longest), dtype=torch.long)
             for b, r in enumerate(rows):
                 ids[b, : tree[r][2] - start] = torch.tensor(list(encoded[tree[r][4]][start:tree[r][2]]))
-            cache = DynamicCache(config=model.config)
-            for layer, (k, v) in enumerate(kv):
-                cache.update(k.expand(len(rows), -1, -1, -1), v.expand(len(rows), -1, -1, -1), layer)
-            res = backbone(input_ids=ids.to(device), past_key_values=cache, use_cache=True, output_hidden_states=True,
+            prefix.kv = kv
+            res = backbone(input_ids=ids.to(device), use_cache=True, output_hidden_states=True,
                            position_ids=torch.arange(start, start + longest, device=device).unsqueeze(0))
             for b, r in enumerate(rows):
                 n = tree[r][2] - start
@@ -238,12 +248,11 @@ def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids
                         parts += [s / tree[r][2], h[-1]]
                     parts.append(res.last_hidden_state[b, n - 1].float() @ labels.T)  # the zero-shot label logits
                     out[tree[r][3]] = torch.cat(parts).cpu().numpy()
-                if kids[r]:
-                    end = tree[r][2]
-                    states[r] = ([(layer.keys[b:b + 1, :, :end].clone(), layer.values[b:b + 1, :, :end].clone())
-                                  for layer in res.past_key_values.layers], row_sums)
+                if kids[r]:  # its children's prefix: the parent's keys and values, then its own
+                    own = [(layer.keys[b:b + 1, :, :n], layer.values[b:b + 1, :, :n]) for layer in res.past_key_values.layers]
+                    states[r] = ([(torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(kv, own, strict=True)]
+                                 if kv else [(k.clone(), v.clone()) for k, v in own], row_sums)
                     todo.append(r)
-    return out
 
 
 class BinHead(torch.nn.Module):

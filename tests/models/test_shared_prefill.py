@@ -106,3 +106,34 @@ def test_an_empty_prompt_is_one_line(tiny):
 
     with pytest.raises(ValueError, match="an empty prompt has no last token to read"):
         embed_prompts_shared(tiny[0], [[5, 6], []], LABELS)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_prefix_then_causal_is_the_masked_attention_over_prefix_and_row(monkeypatch, dtype, tol):
+    """The two flash passes a CPU takes (prefix once for all rows, own keys causal), combined by
+    their log-sum-exps, give each row what one masked attention over its whole sequence gives,
+    with grouped-query heads; and the masked pass other devices take is that same attention."""
+    from models.training import prefix_attention
+
+    g = torch.Generator().manual_seed(0)
+    rows, heads, kv_heads, n, p, dim = 3, 6, 2, 37, 50, 16
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=g).to(dtype)
+
+    q, k, v = randn(rows, heads, n, dim), randn(rows, kv_heads, n, dim), randn(rows, kv_heads, n, dim)
+    pk, pv = randn(1, kv_heads, p, dim), randn(1, kv_heads, p, dim)
+    expected = torch.stack([
+        torch.nn.functional.scaled_dot_product_attention(
+            q[r:r + 1].float(), torch.cat([pk, k[r:r + 1]], 2).float().repeat_interleave(3, 1),
+            torch.cat([pv, v[r:r + 1]], 2).float().repeat_interleave(3, 1),
+            attn_mask=torch.ones(n, p + n, dtype=torch.bool).tril(p))[0] for r in range(rows)])
+    split = prefix_attention.prefix_then_causal(q, k, v, pk, pv)
+    assert split.shape == q.shape and split.dtype == dtype
+    assert torch.allclose(split.float(), expected, atol=tol)
+    monkeypatch.setattr(prefix_attention, "_FLASH_CPU", None)
+    assert torch.allclose(prefix_attention.prefix_then_causal(q, k, v, pk, pv).float(), expected, atol=tol)
+    no_prefix = prefix_attention.prefix_then_causal(q, k, v, None, None).float()
+    causal = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(3, 1), v.float().repeat_interleave(3, 1), is_causal=True)
+    assert torch.allclose(no_prefix, causal, atol=tol)
