@@ -63,7 +63,10 @@ def prefix_then_causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 
 
 class PrefixAttention:
-    """The prefix of the pass under way, per layer: (keys, values), one row each, or none."""
+    """The prefix of the pass under way, per layer: (keys, values), one row each, or none.
+
+    Process-wide, as the attention implementation a model's config names is: one read at a time
+    in a process (the forecasters read their batches one after the other)."""
 
     kv: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()
 
