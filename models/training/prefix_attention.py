@@ -24,6 +24,7 @@ prefix. Right padding needs no mask: a real token never attends to the padding a
 from __future__ import annotations
 
 import contextlib
+import threading
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -65,10 +66,11 @@ def prefix_then_causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tens
 class PrefixAttention:
     """The prefix of the pass under way, per layer: (keys, values), one row each, or none.
 
-    Process-wide, as the attention implementation a model's config names is: one read at a time
-    in a process (the forecasters read their batches one after the other)."""
+    Process-wide, as the attention implementation a model's config names is, so reads take turns
+    (a served model may be asked from several threads at once)."""
 
     kv: Sequence[tuple[torch.Tensor, torch.Tensor]] = ()
+    _turn = threading.Lock()
 
     @classmethod
     @contextlib.contextmanager
@@ -79,13 +81,14 @@ class PrefixAttention:
 
         AttentionInterface.register(NAME, _attention)
         AttentionMaskInterface.register(NAME, _no_mask)
-        config = model.config
-        before = config._attn_implementation
-        config._attn_implementation = NAME
-        try:
-            yield cls
-        finally:
-            config._attn_implementation, cls.kv = before, ()
+        with cls._turn:
+            config = model.config
+            before = config._attn_implementation
+            config._attn_implementation = NAME
+            try:
+                yield cls
+            finally:
+                config._attn_implementation, cls.kv = before, ()
 
 
 def _attention(module: Any, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,

@@ -137,3 +137,18 @@ def test_prefix_then_causal_is_the_masked_attention_over_prefix_and_row(monkeypa
     causal = torch.nn.functional.scaled_dot_product_attention(
         q.float(), k.float().repeat_interleave(3, 1), v.float().repeat_interleave(3, 1), is_causal=True)
     assert torch.allclose(no_prefix, causal, atol=tol)
+
+
+def test_reads_from_two_threads_at_once_give_each_its_own_rows(tiny):
+    """A served model may be asked from several threads: the prefix each pass reads is its own."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from models.training.head import embed_prompts_shared
+
+    model, _ = tiny
+    batches = [prompts_sharing_runs(seed) for seed in (2, 3, 4, 5)]
+    alone = [embed_prompts_shared(model, b, LABELS, LAYERS) for b in batches]
+    with ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda b: embed_prompts_shared(model, b, LABELS, LAYERS), batches))
+    for a, t in zip(alone, together, strict=True):
+        assert np.array_equal(a, t)
