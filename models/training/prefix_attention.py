@@ -34,29 +34,25 @@ NAME = "kernelcast_shared_prefix"
 _FLASH_CPU = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _heads(kv: torch.Tensor, groups: int) -> torch.Tensor:
-    """Key or value heads repeated for the query heads that share them (grouped-query attention)."""
-    return kv if groups == 1 else kv.repeat_interleave(groups, dim=1)
-
-
 def prefix_then_causal(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, prefix_key: torch.Tensor | None,
                        prefix_value: torch.Tensor | None, scale: float | None = None) -> torch.Tensor:
     """Each row's queries (B, H, n, D) over the prefix's keys (1, H_kv, p, D), then causally over
     its own (B, H_kv, n, D). Returns (B, H, n, D)."""
     rows, heads, n, dim = query.shape
-    groups = heads // key.shape[1]
-    key, value = _heads(key, groups), _heads(value, groups)
     p = 0 if prefix_key is None else prefix_key.shape[2]
     if p and (_FLASH_CPU is None or query.device.type != "cpu"):  # one masked pass over the prefix and the row
-        keys = torch.cat([_heads(prefix_key, groups).expand(rows, -1, -1, -1), key], 2)
-        values = torch.cat([_heads(prefix_value, groups).expand(rows, -1, -1, -1), value], 2)
+        keys = torch.cat([prefix_key.expand(rows, -1, -1, -1), key], 2)
+        values = torch.cat([prefix_value.expand(rows, -1, -1, -1), value], 2)
         mask = torch.ones(n, p + n, dtype=torch.bool, device=query.device).tril(p)
-        return torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale)
+        return torch.nn.functional.scaled_dot_product_attention(query, keys, values, attn_mask=mask, scale=scale,
+                                                                enable_gqa=True)
     if not p:
-        return torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale)
+        return torch.nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=scale,
+                                                                enable_gqa=True)
+    # the CPU flash kernel shares each key head among its group of query heads itself
     own, own_lse = _FLASH_CPU(query, key, value, 0.0, True, scale=scale)[:2]
     flat = query.transpose(0, 1).reshape(1, heads, rows * n, dim)
-    pre, pre_lse = _FLASH_CPU(flat, _heads(prefix_key, groups), _heads(prefix_value, groups), 0.0, False, scale=scale)[:2]
+    pre, pre_lse = _FLASH_CPU(flat, prefix_key, prefix_value, 0.0, False, scale=scale)[:2]
     pre = pre.reshape(heads, rows, n, dim).transpose(0, 1)
     pre_lse = pre_lse.reshape(heads, rows, n).transpose(0, 1)
     own_share = torch.sigmoid(own_lse - pre_lse).unsqueeze(-1)  # exp(own_lse - logaddexp(own_lse, pre_lse))
