@@ -175,7 +175,7 @@ def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids
                          tree: list[tuple[int, int, int, list[int], int]] | None = None) -> np.ndarray:
     """`embed_prompts`' rows (same layout, the same numbers up to float round-off), each token
     run that several prompts share prefilled once (`prefix_tree`): the run's keys and values
-    are the cache its continuations start from, and its per-layer sums of hidden states count
+    are the prefix its continuations attend to, and its per-layer sums of hidden states count
     in the mean of every prompt under it. For a CPU reading prompts of one anchor: the anchor's
     half of every prompt is read once, not once a pair.
 
@@ -189,7 +189,7 @@ def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids
         ValueError: an empty prompt (one line).
     """
     from models.training.prefix_attention import PrefixAttention
-    from models.training.supervised import _backbone_and_head
+    from models.training.supervised import _backbone_and_head, length_batches
 
     if any(len(e) == 0 for e in encoded):
         raise ValueError("an empty prompt has no last token to read")
@@ -206,53 +206,44 @@ def embed_prompts_shared(model: Any, encoded: Sequence[Sequence[int]], label_ids
     kids: dict[int, list[int]] = {row: [] for row in range(-1, len(tree))}
     for row, (parent, *_rest) in enumerate(tree):
         kids[parent].append(row)
-    # per row whose runs are still to be read: the cache (keys, values per layer) and the
+    # per row whose runs are still to be read: its keys and values per layer and the
     # hidden-state sums of the chosen layers up to its end
     states = {-1: ([], [torch.zeros(model.config.hidden_size, device=device) for _ in chosen])}
     todo = [-1]
     if tree[0][1] == tree[0][2]:  # nothing shared by all: the root's run is empty
         states[0], todo = states.pop(-1), [0]
+    # the runs that go on from one run read in batches after its keys and values, the prefix
+    # each pass attends to (models.training.prefix_attention)
     with PrefixAttention.use(backbone) as prefix:
-        _read_runs(backbone, prefix, encoded, tree, kids, states, todo, chosen, labels, out, tokens_per_batch)
+        while todo:
+            parent = todo.pop()
+            kv, sums = states.pop(parent)
+            runs = kids[parent]
+            for batch in length_batches([tree[r][2] - tree[r][1] for r in runs], tokens_per_batch):
+                rows = [runs[j] for j in batch]
+                start, longest = tree[rows[0]][1], max(tree[r][2] - tree[r][1] for r in rows)
+                ids = torch.zeros((len(rows), longest), dtype=torch.long)
+                for b, r in enumerate(rows):
+                    ids[b, : tree[r][2] - start] = torch.tensor(list(encoded[tree[r][4]][start:tree[r][2]]))
+                prefix.kv = kv
+                res = backbone(input_ids=ids.to(device), use_cache=True, output_hidden_states=True,
+                               position_ids=torch.arange(start, start + longest, device=device).unsqueeze(0))
+                for b, r in enumerate(rows):
+                    n = tree[r][2] - start
+                    hidden = [res.hidden_states[i][b, :n].float() for i in chosen]
+                    row_sums = [s + h.sum(0) for s, h in zip(sums, hidden, strict=True)]
+                    if tree[r][3]:
+                        parts = []
+                        for s, h in zip(row_sums, hidden, strict=True):
+                            parts += [s / tree[r][2], h[-1]]
+                        parts.append(res.last_hidden_state[b, n - 1].float() @ labels.T)  # the zero-shot label logits
+                        out[tree[r][3]] = torch.cat(parts).cpu().numpy()
+                    if kids[r]:  # its children's prefix: the parent's keys and values, then its own
+                        own = [(layer.keys[b:b + 1, :, :n], layer.values[b:b + 1, :, :n]) for layer in res.past_key_values.layers]
+                        states[r] = ([(torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(kv, own, strict=True)]
+                                     if kv else [(k.clone(), v.clone()) for k, v in own], row_sums)
+                        todo.append(r)
     return out
-
-
-def _read_runs(backbone: Any, prefix: Any, encoded: Sequence[Sequence[int]],
-               tree: list[tuple[int, int, int, list[int], int]], kids: dict[int, list[int]], states: dict[int, Any],
-               todo: list[int], chosen: list[int], labels: torch.Tensor, out: np.ndarray, tokens_per_batch: int) -> None:
-    """embed_prompts_shared's walk of the tree: each parent's runs read in batches after its
-    keys and values (`prefix`: models.training.prefix_attention.PrefixAttention)."""
-    from models.training.supervised import length_batches
-
-    device = next(backbone.parameters()).device
-    while todo:
-        parent = todo.pop()
-        kv, sums = states.pop(parent)
-        runs = kids[parent]
-        for batch in length_batches([tree[r][2] - tree[r][1] for r in runs], tokens_per_batch):
-            rows = [runs[j] for j in batch]
-            start, longest = tree[rows[0]][1], max(tree[r][2] - tree[r][1] for r in rows)
-            ids = torch.zeros((len(rows), longest), dtype=torch.long)
-            for b, r in enumerate(rows):
-                ids[b, : tree[r][2] - start] = torch.tensor(list(encoded[tree[r][4]][start:tree[r][2]]))
-            prefix.kv = kv
-            res = backbone(input_ids=ids.to(device), use_cache=True, output_hidden_states=True,
-                           position_ids=torch.arange(start, start + longest, device=device).unsqueeze(0))
-            for b, r in enumerate(rows):
-                n = tree[r][2] - start
-                hidden = [res.hidden_states[i][b, :n].float() for i in chosen]
-                row_sums = [s + h.sum(0) for s, h in zip(sums, hidden, strict=True)]
-                if tree[r][3]:
-                    parts = []
-                    for s, h in zip(row_sums, hidden, strict=True):
-                        parts += [s / tree[r][2], h[-1]]
-                    parts.append(res.last_hidden_state[b, n - 1].float() @ labels.T)  # the zero-shot label logits
-                    out[tree[r][3]] = torch.cat(parts).cpu().numpy()
-                if kids[r]:  # its children's prefix: the parent's keys and values, then its own
-                    own = [(layer.keys[b:b + 1, :, :n], layer.values[b:b + 1, :, :n]) for layer in res.past_key_values.layers]
-                    states[r] = ([(torch.cat([pk, k], 2), torch.cat([pv, v], 2)) for (pk, pv), (k, v) in zip(kv, own, strict=True)]
-                                 if kv else [(k.clone(), v.clone()) for k, v in own], row_sums)
-                    todo.append(r)
 
 
 class BinHead(torch.nn.Module):

@@ -139,7 +139,7 @@ def test_prefix_then_causal_is_the_masked_attention_over_prefix_and_row(monkeypa
     assert torch.allclose(no_prefix, causal, atol=tol)
 
 
-def test_reads_from_two_threads_at_once_give_each_its_own_rows(tiny):
+def test_reads_from_several_threads_at_once_give_each_its_own_rows(tiny):
     """A served model may be asked from several threads: the prefix each pass reads is its own."""
     from concurrent.futures import ThreadPoolExecutor
 
